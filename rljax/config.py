@@ -1,0 +1,1227 @@
+"""verl's PPO-trainer configuration tree as an ml_collections ConfigDict.
+
+`get_base_config()` builds every key of verl's `ppo_trainer.yaml` (the key
+paths of `verl_ppo_keys.txt`) with the defaults verl's documents give; where
+the documents disagree, the newer one wins. verl's `${...}` interpolations are
+`FieldReference`s: `actor_rollout_ref.rollout.response_length` follows
+`data.max_response_length` until it is set itself.
+
+Three tables say what each key means in rljax:
+
+* `IGNORED_KEYS`: keys that only mean something to PyTorch, Ray, vLLM, SGLang
+  or Nsight. They are accepted so a verl launch line pastes over, and do
+  nothing.
+* `MAPPED_KEYS`: verl keys whose meaning changes on a JAX device mesh.
+* `RLJAX_KEYS`: keys rljax adds to the tree (mesh rules, engine buckets,
+  LoRA extras, cosmos-rl's loss terms), named in verl's style.
+
+`DEPRECATED_KEYS` are still read: `finalize()` maps them onto their
+replacements and warns once. `validate()` checks every cross-key rule before
+any work starts and raises `ConfigError`, which names the key, the bad value
+and the fix. `apply_overrides()` reads both override syntaxes
+(`--config.a.b=v` and verl's `a.b=v`) with one parser, so they agree.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import re
+from typing import Any, Iterable, Sequence
+
+import yaml
+from ml_collections import ConfigDict, FieldReference
+
+# The names kernels register under (`rljax.algos` registries); a test keeps
+# these tuples equal to the registries.
+ADV_ESTIMATORS = (
+    "gae", "grpo", "grpo_vectorized", "gdpo", "grpo_passk",
+    "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo",
+    "rloo_vectorized", "opo", "gpg", "optimal_token_baseline",
+    "tir_optimal_token_baseline",
+)
+POLICY_LOSSES = (
+    "vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov",
+    "kl_cov", "geo_mean", "dro", "cispo", "bypass_mode",
+)
+# Estimators that compare the n responses of one prompt with each other.
+GROUP_ESTIMATORS = (
+    "grpo", "grpo_vectorized", "gdpo", "grpo_passk",
+    "reinforce_plus_plus_baseline", "rloo", "rloo_vectorized", "opo", "gpg",
+    "optimal_token_baseline", "tir_optimal_token_baseline",
+)
+LOSS_AGG_MODES = (
+    "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+_KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_TYPES = _KL_BASE + tuple(k + "+" for k in _KL_BASE) + ("full",)
+TRUNCATIONS = ("error", "left", "right", "middle")
+RESUME_MODES = ("auto", "disable", "resume_path")
+LR_SCHEDULERS = ("constant", "cosine")
+KL_CONTROLLERS = ("fixed", "adaptive")
+REWARD_MANAGERS = ("naive", "prime", "dapo", "batch")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+ROLLOUT_NAMES = ("jetstream", "vllm", "sglang", "hf")
+DEVICES = ("auto", "cpu", "gpu", "cuda", "tpu")
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+ROLLOUT_IS_MODES = ("truncate", "mask")
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
+
+IGNORED_KEYS = {
+    "actor_rollout_ref.hybrid_engine": "rljax always shares one set of parameter arrays between trainer and rollout",
+    "actor_rollout_ref.model.external_lib": "registers PyTorch/HF classes; rljax models are chosen by config.json",
+    "actor_rollout_ref.model.trust_remote_code": "rljax runs no model code from checkpoints",
+    "actor_rollout_ref.model.use_remove_padding": "XLA needs static shapes; padding is masked instead",
+    "actor_rollout_ref.model.use_liger": "a Triton kernel library for PyTorch",
+    "actor_rollout_ref.model.use_fused_kernels": "XLA fuses on its own",
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "XLA fuses on its own",
+    "actor_rollout_ref.model.enable_activation_offload": "PyTorch activation offload",
+    "actor_rollout_ref.model.use_shm": "shared-memory model loading for Ray workers",
+    "actor_rollout_ref.model.override_config.attn_implementation": "one attention implementation, chosen by XLA",
+    "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router": "Megatron only",
+    "actor_rollout_ref.actor.strategy": "FSDP/Megatron choice; rljax shards with a device mesh",
+    "actor_rollout_ref.actor.use_torch_compile": "everything is jax.jit-compiled",
+    "actor_rollout_ref.actor.data_loader_seed": "a Megatron RNG work-around; data.seed drives the data order",
+    "actor_rollout_ref.actor.entropy_checkpointing": "rematerialisation is set by model.enable_gradient_checkpointing",
+    "actor_rollout_ref.actor.fsdp_config.param_offload": "PyTorch FSDP CPU offload",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "PyTorch FSDP CPU offload",
+    "actor_rollout_ref.actor.fsdp_config.offload_policy": "PyTorch FSDP2 offload",
+    "actor_rollout_ref.actor.fsdp_config.reshard_after_forward": "XLA schedules all-gathers",
+    "actor_rollout_ref.actor.fsdp_config.forward_prefetch": "XLA schedules all-gathers",
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params": "sharding follows logical-axis rules, not module wrapping",
+    "actor_rollout_ref.model.override_config.moe_config.*": "Megatron only",
+    "actor_rollout_ref.actor.profiler.*": "Nsight/torch profiler options",
+    "actor_rollout_ref.ref.strategy": "FSDP/Megatron choice",
+    "actor_rollout_ref.ref.use_torch_compile": "everything is jax.jit-compiled",
+    "actor_rollout_ref.ref.fsdp_config.*": "the reference model is sharded like the actor",
+    "actor_rollout_ref.ref.profiler.*": "Nsight/torch profiler options",
+    "actor_rollout_ref.rollout.mode": "the engine is always in-process",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "the KV cache is sized from max_num_seqs and the lengths",
+    "actor_rollout_ref.rollout.enforce_eager": "CUDA graphs; XLA compiles the decode step",
+    "actor_rollout_ref.rollout.load_format": "the engine reads the trainer's arrays in place",
+    "actor_rollout_ref.rollout.max_num_batched_tokens": "vLLM scheduler budget; prefill runs per request bucket",
+    "actor_rollout_ref.rollout.enable_chunked_prefill": "vLLM option",
+    "actor_rollout_ref.rollout.disable_log_stats": "vLLM option",
+    "actor_rollout_ref.rollout.use_fire_sampling": "not implemented by the JetStream engine",
+    "actor_rollout_ref.rollout.engine_kwargs.*": "vLLM/SGLang engine arguments",
+    "actor_rollout_ref.rollout.agent.*": "Ray async server classes",
+    "actor_rollout_ref.rollout.multi_turn.*": "multi-turn tool rollouts are not available yet",
+    "critic.strategy": "FSDP/Megatron choice",
+    "critic.model.external_lib": "registers PyTorch/HF classes",
+    "critic.model.trust_remote_code": "rljax runs no model code from checkpoints",
+    "critic.model.use_remove_padding": "XLA needs static shapes",
+    "critic.model.enable_activation_offload": "PyTorch activation offload",
+    "critic.model.fsdp_config.*": "the critic is sharded like the actor (model_dtype excepted)",
+    "critic.use_torch_compile": "everything is jax.jit-compiled",
+    "reward_model.strategy": "FSDP/Megatron choice",
+    "reward_model.model.external_lib": "registers PyTorch/HF classes",
+    "reward_model.model.trust_remote_code": "rljax runs no model code from checkpoints",
+    "reward_model.model.use_remove_padding": "XLA needs static shapes",
+    "reward_model.model.use_fused_kernels": "XLA fuses on its own",
+    "reward_model.model.use_shm": "shared-memory loading for Ray workers",
+    "reward_model.model.fsdp_config.*": "the reward model is sharded like the actor",
+    "reward_model.profiler.*": "Nsight/torch profiler options",
+    "reward_model.launch_reward_fn_async": "reward functions run in the reward manager's pool",
+    "reward_model.sandbox_fusion.*": "remote code sandboxes are not called; no scorer runs model output as code",
+    "data.use_shm": "shared-memory loading for Ray workers",
+    "data.trust_remote_code": "tokenizers run no remote code",
+    "data.image_key": "multimodal data is not supported yet",
+    "data.video_key": "multimodal data is not supported yet",
+    "ray_init.*": "no Ray: one JAX program per host",
+    "trainer.ray_wait_register_center_timeout": "no Ray",
+    "trainer.profile_steps": "Nsight profiling; use jax.profiler instead",
+    "trainer.controller_nsight_options.*": "Nsight profiling",
+    "trainer.worker_nsight_options.*": "Nsight profiling",
+    "trainer.default_hdfs_dir": "HDFS copy of checkpoints; default_local_dir may be any path orbax writes (gs:// included)",
+    "trainer.del_local_ckpt_after_load": "HDFS workflow",
+}
+
+MAPPED_KEYS = {
+    "trainer.nnodes": "number of JAX processes (hosts); 'auto' = jax.process_count()",
+    "trainer.n_gpus_per_node": "devices per process; 'auto' = jax.local_device_count()",
+    "trainer.device": "JAX platform: auto, cpu, gpu (cuda), tpu",
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size": "size of the mesh's fsdp axis; -1 = all devices left after tensor and sequence",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "size of the mesh's sequence axis",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "tensor-axis size of the rollout layout; parameters are resharded only when it differs from training's",
+    "actor_rollout_ref.rollout.name": "any value selects rljax's JetStream engine",
+    "actor_rollout_ref.rollout.dtype": "compute dtype of the decode step",
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": "dtype of the trained parameters (fp32, bf16, fp16)",
+    "critic.model.fsdp_config.model_dtype": "dtype of the critic's parameters",
+    "actor_rollout_ref.rollout.max_num_seqs": "decode slots of the engine (continuous batching)",
+    "actor_rollout_ref.rollout.max_model_len": "KV-cache length; default prompt_length + response_length",
+    "actor_rollout_ref.rollout.free_cache_engine": "drop the KV cache between rollouts",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "micro-batch rows per data-parallel device; the global micro-batch is this times the data*fsdp axis size",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "token budget per device for use_dynamic_bsz micro-batches",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": "jax.checkpoint (remat) per decoder layer",
+    "actor_rollout_ref.model.override_config.model_config": "fields that override the model's config.json",
+    "trainer.default_local_dir": "orbax CheckpointManager directory",
+    "trainer.logger": "console, jsonl, tensorboard, wandb (wandb honours WANDB_MODE=offline)",
+}
+
+RLJAX_KEYS = {
+    "trainer.seed": "seed of the JAX PRNG key (init, sampling, clip_cov)",
+    "trainer.logical_axis_rules": "logical axis -> mesh axis pairs; parallelism is a config change",
+    "actor_rollout_ref.actor.tensor_model_parallel_size": "size of the training mesh's tensor axis",
+    "actor_rollout_ref.model.scan_layers": "scan over decoder layers: compile time flat in depth",
+    "actor_rollout_ref.model.lora_rank": "LoRA rank; 0 = full fine-tuning (verl SFT name)",
+    "actor_rollout_ref.model.lora_alpha": "LoRA alpha (verl SFT name)",
+    "actor_rollout_ref.model.target_modules": "LoRA target modules: all-linear or a list (verl SFT name)",
+    "actor_rollout_ref.model.lora_dropout": "cosmos-rl LoRA dropout",
+    "actor_rollout_ref.model.use_rslora": "cosmos-rl: scale alpha/sqrt(r)",
+    "actor_rollout_ref.model.modules_to_save": "cosmos-rl: extra fully-trained modules",
+    "actor_rollout_ref.model.alpha_pattern": "cosmos-rl: per-module alpha overrides (regex -> alpha)",
+    "actor_rollout_ref.model.r_pattern": "cosmos-rl: per-module rank overrides (regex -> r)",
+    "actor_rollout_ref.model.init_lora_weights": "cosmos-rl: True (B=0) or 'gaussian'",
+    "actor_rollout_ref.rollout.prefill_length_buckets": "prompt lengths the engine pads to; one compilation per bucket",
+    "actor_rollout_ref.actor.positive_nll_coef": "cosmos-rl: NLL term on positive-advantage responses",
+    "actor_rollout_ref.actor.aipo_rho": "cosmos-rl: AIPO clip of the importance ratio",
+    "actor_rollout_ref.actor.unbiased_loss_max_tokens": "cosmos-rl (Dr.GRPO): divide token-loss sums by this constant",
+    "algorithm.unbiased_advantage": "cosmos-rl (Dr.GRPO): group mean removed, no std division",
+    "reward_model.overlong_buffer.enable": "DAPO overlong penalty (verl recipe / cosmos-rl overlong_reward)",
+    "reward_model.overlong_buffer.len": "DAPO overlong buffer length in tokens",
+    "reward_model.overlong_buffer.penalty_factor": "DAPO overlong penalty factor",
+    "reward_model.overlong_buffer.log": "log the overlong penalty per sample",
+}
+
+# old key -> (replacement, how the value moves).
+DEPRECATED_KEYS = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "global, in prompts: x rollout.n / data-parallel devices"),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "global, in prompts: x rollout.n / data-parallel devices"),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "global, in prompts: x rollout.n / data-parallel devices"),
+    "critic.ppo_micro_batch_size": ("critic.ppo_micro_batch_size_per_gpu", "global, in prompts: x rollout.n / data-parallel devices"),
+    "critic.forward_micro_batch_size": ("critic.forward_micro_batch_size_per_gpu", "global, in prompts: x rollout.n / data-parallel devices"),
+    "reward_model.micro_batch_size": ("reward_model.micro_batch_size_per_gpu", "global, in prompts: x rollout.n / data-parallel devices"),
+    "actor_rollout_ref.actor.optim.warmup_style": ("actor_rollout_ref.actor.optim.lr_scheduler_type", "same value"),
+    "critic.optim.warmup_style": ("critic.optim.lr_scheduler_type", "same value"),
+    "actor_rollout_ref.actor.checkpoint.contents": ("actor_rollout_ref.actor.checkpoint.save_contents", "same value; load_contents follows"),
+    "critic.checkpoint.contents": ("critic.checkpoint.save_contents", "same value; load_contents follows"),
+    "data.val_batch_size": (None, "validation streams the whole set through the engine's max_num_seqs slots; the value is not used"),
+}
+
+# Free-form dictionaries: any key may be added below these paths.
+OPEN_DICTS = (
+    "actor_rollout_ref.model.override_config.model_config",
+    "actor_rollout_ref.model.alpha_pattern",
+    "actor_rollout_ref.model.r_pattern",
+    "actor_rollout_ref.rollout.engine_kwargs.vllm",
+    "actor_rollout_ref.rollout.engine_kwargs.sglang",
+    "critic.model.override_config",
+)
+
+_LOG = logging.getLogger("rljax.config")
+_WARNED: set[str] = set()
+
+
+NO_VALUE = object()
+
+
+class ConfigError(ValueError):
+  """A bad configuration value: names the key path, the value and the fix."""
+
+  def __init__(self, key: str, value: Any, problem: str, fix: str):
+    self.key, self.value, self.problem, self.fix = key, value, problem, fix
+    shown = key if value is NO_VALUE else f"{key}={value!r}"
+    super().__init__(f"{shown}: {problem}. Fix: {fix}")
+
+
+def _null(kind: type) -> FieldReference:
+  """A field that is None by default and holds values of `kind`."""
+  return FieldReference(None, field_type=kind)
+
+
+def _any(value: Any) -> FieldReference:
+  """A field that accepts any type (e.g. an int or the string 'auto')."""
+  return FieldReference(value, field_type=object)
+
+
+def _follow(node: ConfigDict, key: str) -> FieldReference:
+  """verl's `${...}`: follows `node.key` until the new field is set itself."""
+  return node.get_ref(key).identity()
+
+
+def _data() -> ConfigDict:
+  return ConfigDict({
+      "tokenizer": _null(str),
+      "use_shm": False,
+      "train_files": "~/data/rlhf/gsm8k/train.parquet",
+      "val_files": "~/data/rlhf/gsm8k/test.parquet",
+      "train_max_samples": -1,
+      "val_max_samples": -1,
+      "prompt_key": "prompt",
+      "reward_fn_key": "data_source",
+      "max_prompt_length": 512,
+      "max_response_length": 512,
+      "train_batch_size": 1024,
+      "val_batch_size": _null(int),
+      "return_raw_input_ids": False,
+      "return_raw_chat": False,
+      "return_full_prompt": False,
+      "shuffle": True,
+      "validation_shuffle": False,
+      "seed": 42,
+      "filter_overlong_prompts": False,
+      "filter_overlong_prompts_workers": 1,
+      "truncation": "error",
+      "image_key": "images",
+      "video_key": "videos",
+      "trust_remote_code": True,
+      "custom_cls": {"path": _null(str), "name": _null(str)},
+  })
+
+
+def _optim(lr: float, weight_decay: float) -> ConfigDict:
+  return ConfigDict({
+      "lr": lr,
+      "lr_warmup_steps": -1,
+      "lr_warmup_steps_ratio": 0.0,
+      "min_lr_ratio": 0.0,
+      "num_cycles": 0.5,
+      "lr_scheduler_type": "constant",
+      "warmup_style": _null(str),
+      "total_training_steps": -1,
+      "weight_decay": weight_decay,
+  })
+
+
+def _fsdp_config() -> ConfigDict:
+  return ConfigDict({
+      "wrap_policy": {"min_num_params": 0},
+      "param_offload": False,
+      "optimizer_offload": False,
+      "offload_policy": False,
+      "reshard_after_forward": True,
+      "forward_prefetch": False,
+      "fsdp_size": -1,
+      "model_dtype": "fp32",
+  })
+
+
+def _profiler() -> ConfigDict:
+  return ConfigDict({"discrete": False, "all_ranks": False, "ranks": _null(list)})
+
+
+def _checkpoint() -> ConfigDict:
+  node = ConfigDict({
+      "contents": _null(list),
+      "save_contents": ["model", "optimizer", "extra"],
+  })
+  node.load_contents = _follow(node, "save_contents")
+  return node
+
+
+def _model() -> ConfigDict:
+  return ConfigDict({
+      "path": "~/models/deepseek-llm-7b-chat",
+      "external_lib": _null(str),
+      "override_config": {
+          "attn_implementation": "flash_attention_2",
+          "model_config": {},
+          "moe_config": {"freeze_moe_router": False},
+      },
+      "enable_gradient_checkpointing": False,
+      "enable_activation_offload": False,
+      "trust_remote_code": False,
+      "use_remove_padding": False,
+      "use_liger": False,
+      "use_fused_kernels": False,
+      "fused_kernel_options": {"impl_backend": "torch"},
+      "use_shm": False,
+      "scan_layers": False,
+      "lora_rank": 0,
+      "lora_alpha": 16,
+      "target_modules": _any("all-linear"),
+      "lora_dropout": 0.0,
+      "use_rslora": False,
+      "modules_to_save": _null(list),
+      "alpha_pattern": {},
+      "r_pattern": {},
+      "init_lora_weights": _any(True),
+  })
+
+
+def _actor() -> ConfigDict:
+  return ConfigDict({
+      "strategy": "fsdp",
+      "ppo_mini_batch_size": 256,
+      "ppo_micro_batch_size": _null(int),
+      "ppo_micro_batch_size_per_gpu": 8,
+      "use_dynamic_bsz": False,
+      "ppo_max_token_len_per_gpu": 16384,
+      "grad_clip": 1.0,
+      "clip_ratio": 0.2,
+      "clip_ratio_low": 0.2,
+      "clip_ratio_high": 0.2,
+      "clip_ratio_c": 3.0,
+      "tau_pos": 1.0,
+      "tau_neg": 1.05,
+      "loss_agg_mode": "token-mean",
+      "loss_scale_factor": _null(float),
+      "entropy_coeff": 0.0,
+      "entropy_from_logits_with_chunking": False,
+      "entropy_checkpointing": False,
+      "use_kl_loss": False,
+      "kl_loss_coef": 0.001,
+      "kl_loss_type": "low_var_kl",
+      "policy_loss": {
+          "loss_mode": "vanilla",
+          "clip_cov_ratio": 0.0002,
+          "clip_cov_lb": 1.0,
+          "clip_cov_ub": 5.0,
+          "kl_cov_ratio": 0.0002,
+          "ppo_kl_coef": 0.1,
+          "dro_beta": _null(float),
+      },
+      "positive_nll_coef": _null(float),
+      "aipo_rho": _null(float),
+      "unbiased_loss_max_tokens": _null(int),
+      "rollout_is": False,
+      "rollout_is_threshold": _null(float),
+      "rollout_is_threshold_lower": _null(float),
+      "rollout_is_level": "token",
+      "rollout_is_mode": "truncate",
+      "rollout_is_veto_threshold": _null(float),
+      "use_torch_compile": True,
+      "ppo_epochs": 1,
+      "data_loader_seed": _null(int),
+      "shuffle": False,
+      "ulysses_sequence_parallel_size": 1,
+      "tensor_model_parallel_size": 1,
+      "optim": _optim(lr=1e-6, weight_decay=0.01),
+      "fsdp_config": _fsdp_config(),
+      "checkpoint": _checkpoint(),
+      "profiler": _profiler(),
+  })
+
+
+def _ref(actor: ConfigDict) -> ConfigDict:
+  return ConfigDict({
+      "strategy": "fsdp",
+      "fsdp_config": {
+          "param_offload": False,
+          "reshard_after_forward": True,
+          "forward_prefetch": False,
+          "wrap_policy": {"min_num_params": 0},
+      },
+      "use_torch_compile": _follow(actor, "use_torch_compile"),
+      "log_prob_micro_batch_size": _null(int),
+      "log_prob_micro_batch_size_per_gpu": 16,
+      "log_prob_use_dynamic_bsz": _follow(actor, "use_dynamic_bsz"),
+      "log_prob_max_token_len_per_gpu": _follow(actor, "ppo_max_token_len_per_gpu"),
+      "ulysses_sequence_parallel_size": _follow(actor, "ulysses_sequence_parallel_size"),
+      "profiler": _profiler(),
+  })
+
+
+def _rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
+  return ConfigDict({
+      "name": "vllm",
+      "mode": "sync",
+      "temperature": 1.0,
+      "top_k": -1,
+      "top_p": 1.0,
+      "use_fire_sampling": False,
+      "prompt_length": _follow(data, "max_prompt_length"),
+      "response_length": _follow(data, "max_response_length"),
+      "dtype": "bfloat16",
+      "gpu_memory_utilization": 0.5,
+      "ignore_eos": False,
+      "enforce_eager": True,
+      "free_cache_engine": True,
+      "load_format": "dummy_dtensor",
+      "tensor_model_parallel_size": 2,
+      "max_num_batched_tokens": 8192,
+      "max_model_len": _null(int),
+      "max_num_seqs": 1024,
+      "prefill_length_buckets": [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192],
+      "log_prob_micro_batch_size": _null(int),
+      "log_prob_micro_batch_size_per_gpu": 16,
+      "log_prob_use_dynamic_bsz": _follow(actor, "use_dynamic_bsz"),
+      "log_prob_max_token_len_per_gpu": _follow(actor, "ppo_max_token_len_per_gpu"),
+      "disable_log_stats": True,
+      "enable_chunked_prefill": True,
+      "do_sample": True,
+      "n": 1,
+      "calculate_log_probs": False,
+      "engine_kwargs": {
+          "vllm": {"swap_space": _null(int)},
+          "sglang": {"attention_backend": _null(str)},
+      },
+      "val_kwargs": {
+          "top_k": -1,
+          "top_p": 1.0,
+          "temperature": 0.0,
+          "n": 1,
+          "do_sample": False,
+      },
+      "multi_turn": {
+          "enable": False,
+          "max_turns": _null(int),
+          "tool_config_path": _null(str),
+          "completion_callback": _null(str),
+          "use_inference_chat_template": False,
+          "enable_tokenization_sanity_check": True,
+      },
+      "agent": {"custom_async_server": {"path": _null(str), "name": _null(str)}},
+  })
+
+
+def _critic(arr: ConfigDict) -> ConfigDict:
+  actor, rollout, model = arr.actor, arr.rollout, arr.model
+  critic = ConfigDict({
+      "enable": _null(bool),
+      "rollout_n": _follow(rollout, "n"),
+      "strategy": "fsdp",
+      "optim": _optim(lr=1e-5, weight_decay=0.01),
+      "model": {
+          "path": _follow(model, "path"),
+          "tokenizer_path": _follow(model, "path"),
+          "override_config": {},
+          "external_lib": _follow(model, "external_lib"),
+          "enable_gradient_checkpointing": _follow(model, "enable_gradient_checkpointing"),
+          "enable_activation_offload": False,
+          "use_remove_padding": False,
+          "trust_remote_code": False,
+          "fsdp_config": _fsdp_config(),
+      },
+      "ppo_mini_batch_size": _follow(actor, "ppo_mini_batch_size"),
+      "ppo_micro_batch_size": _null(int),
+      "ppo_micro_batch_size_per_gpu": _follow(actor, "ppo_micro_batch_size_per_gpu"),
+      "forward_micro_batch_size": _null(int),
+      "use_dynamic_bsz": _follow(actor, "use_dynamic_bsz"),
+      "ppo_max_token_len_per_gpu": 32768,
+      "ulysses_sequence_parallel_size": 1,
+      "ppo_epochs": _follow(actor, "ppo_epochs"),
+      "shuffle": _follow(actor, "shuffle"),
+      "grad_clip": 1.0,
+      "cliprange_value": 0.5,
+      "loss_agg_mode": _follow(actor, "loss_agg_mode"),
+      "use_torch_compile": True,
+      "checkpoint": _checkpoint(),
+  })
+  critic.forward_micro_batch_size_per_gpu = _follow(critic, "ppo_micro_batch_size_per_gpu")
+  critic.forward_max_token_len_per_gpu = _follow(critic, "ppo_max_token_len_per_gpu")
+  return critic
+
+
+def _reward_model(model: ConfigDict, critic: ConfigDict) -> ConfigDict:
+  return ConfigDict({
+      "enable": False,
+      "strategy": "fsdp",
+      "model": {
+          "input_tokenizer": _follow(model, "path"),
+          "path": "~/models/Anomy-RM-v0.1",
+          "external_lib": _follow(model, "external_lib"),
+          "trust_remote_code": False,
+          "use_remove_padding": False,
+          "use_fused_kernels": False,
+          "use_shm": False,
+          "fsdp_config": {
+              "min_num_params": 0,
+              "wrap_policy": {"min_num_params": 0},
+              "param_offload": False,
+              "reshard_after_forward": True,
+              "forward_prefetch": False,
+              "fsdp_size": -1,
+          },
+      },
+      "micro_batch_size": _null(int),
+      "micro_batch_size_per_gpu": 16,
+      "max_length": _null(int),
+      "use_dynamic_bsz": _follow(critic, "use_dynamic_bsz"),
+      "forward_max_token_len_per_gpu": _follow(critic, "forward_max_token_len_per_gpu"),
+      "reward_manager": "naive",
+      "launch_reward_fn_async": False,
+      "sandbox_fusion": {"url": _null(str), "max_concurrent": 64},
+      "profiler": {"discrete": False},
+      "overlong_buffer": {
+          "enable": False,
+          "len": 0,
+          "penalty_factor": 0.0,
+          "log": False,
+      },
+  })
+
+
+def _algorithm() -> ConfigDict:
+  return ConfigDict({
+      "gamma": 1.0,
+      "lam": 1.0,
+      "adv_estimator": "gae",
+      "norm_adv_by_std_in_grpo": True,
+      "unbiased_advantage": False,
+      "use_kl_in_reward": False,
+      "kl_penalty": "kl",
+      "kl_ctrl": {
+          "type": "fixed",
+          "kl_coef": 0.005,
+          "horizon": 10000,
+          "target_kl": 0.1,
+      },
+      "use_pf_ppo": False,
+      "pf_ppo": {"reweight_method": "pow", "weight_pow": 2.0},
+      "rollout_is": False,
+      "rollout_is_threshold": _null(float),
+      "rollout_is_threshold_lower": _null(float),
+      "rollout_is_level": "token",
+      "rollout_is_mode": "truncate",
+      "rollout_is_veto_threshold": _null(float),
+      "rollout_correction": {
+          "rollout_is": _null(str),
+          "rollout_is_threshold": _any(2.0),
+          "rollout_is_batch_normalize": False,
+          "rollout_rs": _null(str),
+          "rollout_rs_threshold": _any(None),
+          "bypass_mode": False,
+      },
+  })
+
+
+def _trainer() -> ConfigDict:
+  trainer = ConfigDict({
+      "balance_batch": True,
+      "total_epochs": 30,
+      "total_training_steps": _null(int),
+      "profile_steps": _null(list),
+      "project_name": "verl_examples",
+      "experiment_name": "gsm8k",
+      "logger": ["console", "wandb"],
+      "log_val_generations": 0,
+      "rollout_data_dir": _null(str),
+      "validation_data_dir": _null(str),
+      "nnodes": _any(1),
+      "n_gpus_per_node": _any(8),
+      "device": "auto",
+      "save_freq": -1,
+      "resume_mode": "auto",
+      "resume_from_path": _null(str),
+      "val_before_train": True,
+      "val_only": False,
+      "test_freq": 2,
+      "critic_warmup": 0,
+      "default_hdfs_dir": _null(str),
+      "del_local_ckpt_after_load": False,
+      "remove_previous_ckpt_in_save": False,
+      "max_actor_ckpt_to_keep": _null(int),
+      "max_critic_ckpt_to_keep": _null(int),
+      "ray_wait_register_center_timeout": 300,
+      "seed": 1,
+      "logical_axis_rules": [
+          ["batch", ["data", "fsdp"]],
+          ["length", "sequence"],
+          ["embed", "fsdp"],
+          ["vocab", "tensor"],
+          ["mlp", "tensor"],
+          ["heads", "tensor"],
+          ["kv_heads", "tensor"],
+          ["head_dim", None],
+          ["layers", None],
+      ],
+      "controller_nsight_options": {
+          "trace": "cuda,nvtx,cublas,ucx",
+          "cuda-memory-usage": "true",
+          "cuda-graph-trace": "graph",
+      },
+      "worker_nsight_options": {
+          "trace": "cuda,nvtx,cublas,ucx",
+          "cuda-memory-usage": "true",
+          "cuda-graph-trace": "graph",
+          "capture-range": "cudaProfilerApi",
+          "capture-range-end": _null(str),
+          "kill": "none",
+      },
+  })
+  trainer.default_local_dir = (
+      "checkpoints/" + trainer.get_ref("project_name") + "/"
+      + trainer.get_ref("experiment_name")
+  )
+  return trainer
+
+
+def get_base_config() -> ConfigDict:
+  """The full verl PPO-trainer tree with verl's defaults, locked.
+
+  Returns:
+    A locked `ConfigDict`: unknown keys are errors; free-form dictionaries
+    (`OPEN_DICTS`) stay open.
+  """
+  config = ConfigDict()
+  config.data = _data()
+  arr = ConfigDict({"hybrid_engine": True, "model": _model()})
+  arr.actor = _actor()
+  arr.ref = _ref(arr.actor)
+  arr.rollout = _rollout(config.data, arr.actor)
+  config.actor_rollout_ref = arr
+  config.critic = _critic(arr)
+  config.reward_model = _reward_model(arr.model, config.critic)
+  config.custom_reward_function = {"path": _null(str), "name": "compute_score"}
+  config.algorithm = _algorithm()
+  config.trainer = _trainer()
+  config.ray_init = {"num_cpus": _null(int), "timeline_json_file": _null(str)}
+  config.lock()
+  for path in OPEN_DICTS:
+    get_node(config, path).unlock()
+  return config
+
+
+def get_node(config: ConfigDict, path: str) -> Any:
+  """Returns the value or sub-tree at a dotted `path`."""
+  node = config
+  for part in path.split("."):
+    node = node[part]
+  return node
+
+
+def leaf_paths(config: ConfigDict, prefix: str = "") -> list[str]:
+  """Every dotted path to a leaf (non-ConfigDict) value, in tree order."""
+  paths = []
+  for key in config.keys():
+    path = f"{prefix}{key}"
+    value = config[key]
+    if isinstance(value, ConfigDict) and len(value) and not _is_open(path):
+      paths.extend(leaf_paths(value, path + "."))
+    else:
+      paths.append(path)
+  return paths
+
+
+def _is_open(path: str) -> bool:
+  return any(path == p or path.startswith(p + ".") for p in OPEN_DICTS)
+
+
+def _unknown_key_error(config: ConfigDict, path: str) -> ConfigError:
+  known = leaf_paths(config)
+  last = path.rsplit(".", 1)[-1]
+  near = difflib.get_close_matches(path, known, n=3, cutoff=0.75)
+  near += [k for k in known if k.rsplit(".", 1)[-1] == last and k not in near]
+  if not near:
+    near = difflib.get_close_matches(path, known, n=3, cutoff=0.5)
+  hint = f"did you mean {' or '.join(near[:3])}?" if near else (
+      "see rljax.config.leaf_paths(get_base_config()) for every key")
+  return ConfigError(path, NO_VALUE, "unknown key", hint)
+
+
+def _parse_scalar(text: str) -> Any:
+  """Parses one override value as verl's Hydra would: YAML, plus 1e-6 floats."""
+  try:
+    value = yaml.safe_load(text) if text.strip() else ""
+  except yaml.YAMLError:
+    return text
+  if isinstance(value, str):
+    for cast in (int, float):
+      try:
+        return cast(value)
+      except ValueError:
+        pass
+  return value
+
+
+def _field_type(parent: ConfigDict, key: str) -> type | None:
+  """The declared type of `parent.key`, or None when any type is accepted."""
+  raw = parent._fields[key]  # pylint: disable=protected-access
+  if isinstance(raw, FieldReference):
+    kind = raw.get_type()
+    return None if kind is object else kind
+  if raw is None:
+    return None
+  return type(raw)
+
+
+def _coerce(path: str, value: Any, kind: type | None) -> Any:
+  """Casts a parsed override to the field's type, or raises ConfigError."""
+  if value is None or kind is None:
+    return value
+  if kind is bool:
+    if isinstance(value, bool):
+      return value
+    raise ConfigError(path, value, "expects a boolean", f"use {path}=true or {path}=false")
+  if kind is int:
+    if isinstance(value, int) and not isinstance(value, bool):
+      return value
+    if isinstance(value, float) and value.is_integer():
+      return int(value)
+    raise ConfigError(path, value, "expects an integer", f"give a whole number, e.g. {path}=8")
+  if kind is float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+    raise ConfigError(path, value, "expects a number", f"give a number, e.g. {path}=0.5")
+  if kind is str:
+    if isinstance(value, (list, dict)):
+      raise ConfigError(path, value, "expects a string", f"give one value, e.g. {path}=name")
+    return value if isinstance(value, str) else str(value)
+  if kind in (list, tuple):
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+  if kind is ConfigDict:
+    if isinstance(value, dict):
+      return value
+    raise ConfigError(path, value, "is a section, not a value", f"set one of its keys, e.g. {path}.KEY=VALUE")
+  return value
+
+
+def set_value(config: ConfigDict, path: str, value: Any) -> None:
+  """Sets `path` to `value` (already parsed), checking key and type.
+
+  Setting a field that follows another (`${...}` in verl) cuts the link:
+  from then on it keeps its own value.
+  """
+  *parents, key = path.split(".")
+  node = config
+  walked = []
+  for part in parents:
+    walked.append(part)
+    if not isinstance(node, ConfigDict) or part not in node:
+      if isinstance(node, ConfigDict) and _is_open(".".join(walked[:-1])):
+        with node.unlocked():
+          node[part] = {}
+      else:
+        raise _unknown_key_error(config, path)
+    node = node[part]
+  if not isinstance(node, ConfigDict):
+    raise _unknown_key_error(config, path)
+  if key not in node:
+    if _is_open(".".join(parents)):
+      with node.unlocked():
+        node[key] = value
+      return
+    raise _unknown_key_error(config, path)
+  kind = _field_type(node, key)
+  if kind is ConfigDict and isinstance(value, dict):
+    for sub_key, sub_value in value.items():
+      set_value(config, f"{path}.{sub_key}", sub_value)
+    return
+  value = _coerce(path, value, kind)
+  raw = node._fields[key]  # pylint: disable=protected-access
+  if isinstance(raw, FieldReference):
+    raw.set(value, type_safe=False)
+  else:
+    node[key] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+  """Splits `a.b.c=value` (verl / Hydra syntax, `+` prefix allowed)."""
+  if "=" not in text:
+    raise ConfigError(text, NO_VALUE, "an override needs KEY=VALUE", f"write {text}=VALUE")
+  path, raw = text.split("=", 1)
+  path = path.strip().lstrip("+")
+  if path.startswith("--config."):
+    path = path[len("--config."):]
+  return path, _parse_scalar(raw)
+
+
+def apply_overrides(config: ConfigDict, overrides: Iterable[str]) -> ConfigDict:
+  """Applies `KEY=VALUE` overrides in order; both CLI syntaxes land here."""
+  for text in overrides:
+    path, value = parse_override(text)
+    set_value(config, path, value)
+  return config
+
+
+def _warn_once(key: str, message: str) -> None:
+  if key not in _WARNED:
+    _WARNED.add(key)
+    _LOG.warning(message)
+
+
+def resolve_world_size(config: ConfigDict, device_count: int | None = None) -> int:
+  """Devices in the job: nnodes * n_gpus_per_node, or JAX's count for 'auto'."""
+  nodes, per_node = config.trainer.nnodes, config.trainer.n_gpus_per_node
+  if nodes == "auto" or per_node == "auto":
+    if device_count is None:
+      import jax  # pylint: disable=import-outside-toplevel
+      device_count = jax.device_count()
+    return device_count
+  for key, value in (("trainer.nnodes", nodes), ("trainer.n_gpus_per_node", per_node)):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ConfigError(key, value, "must be a positive integer or 'auto'", f"set {key}=auto to use every visible device")
+  return nodes * per_node
+
+
+def data_parallel_size(config: ConfigDict, world_size: int) -> int:
+  """Devices that split the batch: world size over tensor and sequence axes."""
+  actor = config.actor_rollout_ref.actor
+  return max(1, world_size // (actor.tensor_model_parallel_size * actor.ulysses_sequence_parallel_size))
+
+
+def _map_global_micro_batch(config: ConfigDict, old: str, new: str, dp: int) -> None:
+  value = get_node(config, old)
+  n = config.actor_rollout_ref.rollout.n
+  per_device = value * n // dp
+  if per_device < 1:
+    raise ConfigError(old, value, f"x rollout.n ({n}) is smaller than the {dp} data-parallel devices", f"set {new} directly (rows per device)")
+  set_value(config, new, per_device)
+
+
+def _map_rollout_is(config: ConfigDict, section: str) -> None:
+  """Maps the documented `rollout_is*` keys onto `algorithm.rollout_correction`.
+
+  truncate -> truncated IS (upper clamp); mask -> IcePop "lower_upper"
+  (lower defaults to 1/upper); level token/sequence is kept.
+  """
+  node = get_node(config, section)
+  if not node.rollout_is:
+    return
+  if node.rollout_is_veto_threshold is not None:
+    raise ConfigError(f"{section}.rollout_is_veto_threshold", node.rollout_is_veto_threshold,
+                      "veto rejection was replaced in verl 0.9 by rejection sampling",
+                      "set algorithm.rollout_correction.rollout_rs=token_k1 with rollout_rs_threshold")
+  upper = node.rollout_is_threshold
+  if upper is None or upper <= 0:
+    raise ConfigError(f"{section}.rollout_is_threshold", upper, "rollout_is=True needs a positive upper threshold", f"set {section}.rollout_is_threshold=2.0")
+  lower = node.rollout_is_threshold_lower
+  if node.rollout_is_mode == "truncate":
+    if lower is not None:
+      raise ConfigError(f"{section}.rollout_is_threshold_lower", lower, "truncated IS has no lower bound",
+                        f"set {section}.rollout_is_mode=mask to zero weights outside [lower, upper]")
+    threshold = upper
+  else:
+    threshold = f"{lower if lower is not None else 1.0 / upper}_{upper}"
+  target = config.algorithm.rollout_correction
+  target.rollout_is = node.rollout_is_level
+  target.rollout_is_threshold = threshold
+
+
+def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
+  """Maps deprecated keys onto their replacements (warning once each).
+
+  Args:
+    config: the tree after overrides.
+    device_count: devices in the job (default: from `trainer.*`, or JAX).
+
+  Returns:
+    The same config, with replacements filled in.
+  """
+  world = resolve_world_size(config, device_count)
+  dp = data_parallel_size(config, world)
+  for old, (new, how) in DEPRECATED_KEYS.items():
+    value = get_node(config, old)
+    if value is None:
+      continue
+    _warn_once(old, f"{old} is deprecated; {'use ' + new if new else 'ignored'} ({how})")
+    if new is None:
+      continue
+    if "micro_batch_size" in old:
+      _map_global_micro_batch(config, old, new, dp)
+    else:
+      set_value(config, new, value)
+  for section in ("algorithm", "actor_rollout_ref.actor"):
+    _map_rollout_is(config, section)
+  return config
+
+
+def _check(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
+  if not ok:
+    raise ConfigError(key, value, problem, fix)
+
+
+def _check_enum(config: ConfigDict, key: str, allowed: Sequence[str]) -> None:
+  value = get_node(config, key)
+  if value not in allowed:
+    near = difflib.get_close_matches(str(value), allowed, n=1)
+    hint = f"did you mean {near[0]}? " if near else ""
+    raise ConfigError(key, value, f"must be one of {', '.join(allowed)}", f"{hint}set {key} to one of them")
+
+
+def _check_positive(config: ConfigDict, key: str, allow_zero: bool = False) -> None:
+  value = get_node(config, key)
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+      value >= 0 if allow_zero else value > 0)
+  _check(ok, key, value, "must be " + ("non-negative" if allow_zero else "positive"), f"set {key} to a value {'>= 0' if allow_zero else '> 0'}")
+
+
+def _check_range(config: ConfigDict, key: str, lo: float, hi: float, lo_open: bool = False) -> None:
+  value = get_node(config, key)
+  ok = value is not None and (lo < value if lo_open else lo <= value) and value <= hi
+  _check(ok, key, value, f"must lie in {'(' if lo_open else '['}{lo}, {hi}]", f"set {key} inside that range")
+
+
+def _check_batches(config: ConfigDict, world_size: int | None) -> None:
+  data, actor = config.data, config.actor_rollout_ref.actor
+  n = config.actor_rollout_ref.rollout.n
+  mini_key = "actor_rollout_ref.actor.ppo_mini_batch_size"
+  _check_positive(config, "data.train_batch_size")
+  _check_positive(config, mini_key)
+  _check_positive(config, "actor_rollout_ref.rollout.n")
+  _check(actor.ppo_mini_batch_size <= data.train_batch_size, mini_key, actor.ppo_mini_batch_size,
+         f"is larger than data.train_batch_size ({data.train_batch_size})", f"set {mini_key} <= {data.train_batch_size}")
+  _check((data.train_batch_size * n) % (actor.ppo_mini_batch_size * n) == 0, mini_key, actor.ppo_mini_batch_size,
+         f"data.train_batch_size * rollout.n ({data.train_batch_size * n}) is not divisible by ppo_mini_batch_size * rollout.n ({actor.ppo_mini_batch_size * n})",
+         f"set {mini_key} to a divisor of {data.train_batch_size}")
+  if actor.use_dynamic_bsz:
+    key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    need = data.max_prompt_length + data.max_response_length
+    _check(actor.ppo_max_token_len_per_gpu >= need, key, actor.ppo_max_token_len_per_gpu,
+           f"must hold one whole sequence (max_prompt_length + max_response_length = {need})", f"set {key} >= {need}")
+    return
+  micro_key = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+  micro = actor.ppo_micro_batch_size_per_gpu
+  _check(isinstance(micro, int) and not isinstance(micro, bool) and micro > 0, micro_key, micro,
+         "must be a positive integer (or set use_dynamic_bsz=true)", f"set {micro_key}=8")
+  mini_rows = actor.ppo_mini_batch_size * n
+  dp = data_parallel_size(config, world_size) if world_size else 1
+  _check(mini_rows % dp == 0, mini_key, actor.ppo_mini_batch_size,
+         f"ppo_mini_batch_size * rollout.n ({mini_rows}) rows do not split over {dp} data-parallel devices",
+         f"make ppo_mini_batch_size * rollout.n a multiple of {dp}")
+  per_device = mini_rows // dp
+  _check(per_device % micro == 0, micro_key, micro,
+         f"the mini-batch per device ({per_device} rows = ppo_mini_batch_size {actor.ppo_mini_batch_size} x rollout.n {n} / {dp} devices) is not divisible by it",
+         f"set {micro_key} to a divisor of {per_device}")
+
+
+def _check_lengths(config: ConfigDict) -> None:
+  for key in ("data.max_prompt_length", "data.max_response_length",
+              "actor_rollout_ref.rollout.prompt_length",
+              "actor_rollout_ref.rollout.response_length",
+              "actor_rollout_ref.rollout.max_num_seqs"):
+    _check_positive(config, key)
+  buckets = config.actor_rollout_ref.rollout.prefill_length_buckets
+  key = "actor_rollout_ref.rollout.prefill_length_buckets"
+  _check(bool(buckets) and all(isinstance(b, int) and b > 0 for b in buckets) and list(buckets) == sorted(set(buckets)),
+         key, buckets, "must be a non-empty increasing list of positive lengths", f"e.g. {key}=[64,128,256,512]")
+
+
+def _check_sampling(config: ConfigDict) -> None:
+  for prefix in ("actor_rollout_ref.rollout", "actor_rollout_ref.rollout.val_kwargs"):
+    _check_range(config, f"{prefix}.top_p", 0.0, 1.0, lo_open=True)
+    _check_positive(config, f"{prefix}.temperature", allow_zero=True)
+    _check_positive(config, f"{prefix}.n")
+    top_k = get_node(config, f"{prefix}.top_k")
+    _check(isinstance(top_k, int) and top_k >= -1, f"{prefix}.top_k", top_k, "must be -1 or 0 (off) or a positive integer", f"set {prefix}.top_k=-1 to disable")
+  _check_enum(config, "actor_rollout_ref.rollout.name", ROLLOUT_NAMES)
+  for key in ("actor_rollout_ref.rollout.dtype", "actor_rollout_ref.actor.fsdp_config.model_dtype",
+              "critic.model.fsdp_config.model_dtype"):
+    _check_enum(config, key, DTYPES)
+
+
+def _check_algorithm(config: ConfigDict) -> None:
+  alg, actor = config.algorithm, config.actor_rollout_ref.actor
+  _check_enum(config, "algorithm.adv_estimator", ADV_ESTIMATORS)
+  _check_enum(config, "algorithm.kl_penalty", KL_TYPES)
+  _check_enum(config, "algorithm.kl_ctrl.type", KL_CONTROLLERS)
+  _check_enum(config, "actor_rollout_ref.actor.kl_loss_type", KL_TYPES)
+  _check_enum(config, "actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES)
+  _check_enum(config, "critic.loss_agg_mode", LOSS_AGG_MODES)
+  _check_enum(config, "actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSSES)
+  for key in ("algorithm.gamma", "algorithm.lam"):
+    _check_range(config, key, 0.0, 1.0)
+  for key in ("actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.clip_ratio_low",
+              "actor_rollout_ref.actor.clip_ratio_high", "actor_rollout_ref.actor.entropy_coeff",
+              "actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_ctrl.kl_coef",
+              "actor_rollout_ref.actor.grad_clip", "critic.cliprange_value"):
+    _check_positive(config, key, allow_zero=True)
+  _check(actor.clip_ratio_c > 1.0, "actor_rollout_ref.actor.clip_ratio_c", actor.clip_ratio_c,
+         "dual-clip needs a lower bound > 1", "set actor_rollout_ref.actor.clip_ratio_c=3.0")
+  _check_positive(config, "actor_rollout_ref.actor.ppo_epochs")
+  n = config.actor_rollout_ref.rollout.n
+  _check(alg.adv_estimator not in GROUP_ESTIMATORS or n > 1, "actor_rollout_ref.rollout.n", n,
+         f"algorithm.adv_estimator={alg.adv_estimator} compares several responses per prompt",
+         "set actor_rollout_ref.rollout.n to 2 or more (e.g. 5)")
+  _check(not (alg.adv_estimator == "gae" and config.critic.enable is False), "critic.enable", False,
+         "algorithm.adv_estimator=gae needs a critic for its values",
+         "set critic.enable=null (auto) or choose a critic-free estimator such as grpo")
+  for key in ("algorithm.rollout_is_level", "actor_rollout_ref.actor.rollout_is_level"):
+    _check_enum(config, key, ROLLOUT_IS_LEVELS)
+  for key in ("algorithm.rollout_is_mode", "actor_rollout_ref.actor.rollout_is_mode"):
+    _check_enum(config, key, ROLLOUT_IS_MODES)
+
+
+def _check_optim(config: ConfigDict) -> None:
+  for prefix in ("actor_rollout_ref.actor.optim", "critic.optim"):
+    _check_enum(config, f"{prefix}.lr_scheduler_type", LR_SCHEDULERS)
+    _check_positive(config, f"{prefix}.lr", allow_zero=True)
+    _check_positive(config, f"{prefix}.weight_decay", allow_zero=True)
+    _check_range(config, f"{prefix}.lr_warmup_steps_ratio", 0.0, 1.0)
+    _check_range(config, f"{prefix}.min_lr_ratio", 0.0, 1.0)
+    _check_positive(config, f"{prefix}.num_cycles", allow_zero=True)
+
+
+def _check_trainer(config: ConfigDict) -> None:
+  trainer = config.trainer
+  _check_enum(config, "trainer.resume_mode", RESUME_MODES)
+  _check_enum(config, "trainer.device", DEVICES)
+  _check_enum(config, "data.truncation", TRUNCATIONS)
+  _check_enum(config, "reward_model.reward_manager", REWARD_MANAGERS)
+  _check_positive(config, "trainer.total_epochs")
+  if trainer.total_training_steps is not None:
+    _check_positive(config, "trainer.total_training_steps")
+  for key in ("trainer.save_freq", "trainer.test_freq"):
+    value = get_node(config, key)
+    _check(value == -1 or value > 0, key, value, "must be -1 (never) or a positive step count", f"set {key}=-1 or a step count")
+  _check(trainer.resume_mode != "resume_path" or bool(trainer.resume_from_path), "trainer.resume_from_path",
+         trainer.resume_from_path, "trainer.resume_mode=resume_path needs a checkpoint path",
+         "set trainer.resume_from_path=DIR or trainer.resume_mode=auto")
+  loggers = trainer.logger if isinstance(trainer.logger, (list, tuple)) else [trainer.logger]
+  for name in loggers:
+    _check(name in LOGGERS, "trainer.logger", list(loggers), f"{name!r} is not a logger rljax has", f"choose from {', '.join(LOGGERS)}")
+  for key in ("actor_rollout_ref.actor.checkpoint.save_contents", "critic.checkpoint.save_contents"):
+    contents = get_node(config, key)
+    bad = [c for c in contents if c not in CHECKPOINT_CONTENTS]
+    _check(not bad, key, list(contents), f"unknown entries {bad}", f"choose from {', '.join(CHECKPOINT_CONTENTS)}")
+  for key in ("data.train_max_samples", "data.val_max_samples"):
+    value = get_node(config, key)
+    _check(value == -1 or value > 0, key, value, "must be -1 (all rows) or a positive count", f"set {key}=-1")
+  _check_positive(config, "data.filter_overlong_prompts_workers")
+
+
+def _check_lora(config: ConfigDict) -> None:
+  model = config.actor_rollout_ref.model
+  _check_positive(config, "actor_rollout_ref.model.lora_rank", allow_zero=True)
+  _check_range(config, "actor_rollout_ref.model.lora_dropout", 0.0, 1.0)
+  _check(model.init_lora_weights in (True, "gaussian"), "actor_rollout_ref.model.init_lora_weights",
+         model.init_lora_weights, "must be true (B=0) or 'gaussian'", "set actor_rollout_ref.model.init_lora_weights=true")
+
+
+def _check_mesh(config: ConfigDict, world_size: int | None) -> None:
+  actor = config.actor_rollout_ref.actor
+  for key in ("actor_rollout_ref.actor.tensor_model_parallel_size",
+              "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+              "actor_rollout_ref.rollout.tensor_model_parallel_size"):
+    _check_positive(config, key)
+  fsdp = actor.fsdp_config.fsdp_size
+  _check(fsdp == -1 or fsdp > 0, "actor_rollout_ref.actor.fsdp_config.fsdp_size", fsdp, "must be -1 (all remaining devices) or positive", "set it to -1")
+  if world_size is None:
+    return
+  model_axes = actor.tensor_model_parallel_size * actor.ulysses_sequence_parallel_size
+  _check(world_size % model_axes == 0, "actor_rollout_ref.actor.tensor_model_parallel_size", actor.tensor_model_parallel_size,
+         f"tensor x sequence ({model_axes}) does not divide the {world_size} devices", f"choose sizes whose product divides {world_size}")
+  if fsdp != -1:
+    _check((world_size // model_axes) % fsdp == 0, "actor_rollout_ref.actor.fsdp_config.fsdp_size", fsdp,
+           f"does not divide the {world_size // model_axes} devices left after tensor x sequence", "set it to -1 or a divisor")
+  tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
+  _check(world_size % tp == 0, "actor_rollout_ref.rollout.tensor_model_parallel_size", tp,
+         f"does not divide the {world_size} devices", f"set it to a divisor of {world_size}")
+
+
+def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
+  """Checks every cross-key rule; raises ConfigError on the first failure.
+
+  Args:
+    config: a finalized config.
+    world_size: devices in the job; enables the per-device divisibility and
+      mesh rules (None checks only what does not depend on devices).
+
+  Returns:
+    The config, unchanged.
+  """
+  _check_mesh(config, world_size)
+  _check_lengths(config)
+  _check_batches(config, world_size)
+  _check_sampling(config)
+  _check_algorithm(config)
+  _check_optim(config)
+  _check_trainer(config)
+  _check_lora(config)
+  return config
+
+
+def to_plain(config: ConfigDict) -> dict:
+  """The resolved tree as plain Python (references followed, lists as lists)."""
+  def plain(value):
+    if isinstance(value, dict):
+      return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+      return [plain(v) for v in value]
+    if isinstance(value, float) and math.isinf(value):
+      return str(value)
+    return value
+  return plain(config.to_dict())
+
+
+def to_yaml(config: ConfigDict) -> str:
+  """The resolved config as YAML in verl's layout (ppo_trainer.yaml keys)."""
+  return yaml.safe_dump(to_plain(config), sort_keys=False, default_flow_style=None, width=100)
+
+
+def _flatten(tree: dict, prefix: str = "") -> Iterable[tuple[str, Any]]:
+  for key, value in tree.items():
+    path = f"{prefix}{key}"
+    if isinstance(value, dict) and value and not _is_open(path):
+      yield from _flatten(value, path + ".")
+    else:
+      yield path, value
+
+
+def from_yaml(text: str, base: ConfigDict | None = None) -> ConfigDict:
+  """Loads a verl-style YAML tree onto `base` (default: the base config).
+
+  Every leaf is applied with the same checks as a command-line override, so
+  an unknown key names the closest valid one.
+  """
+  config = base if base is not None else get_base_config()
+  tree = yaml.safe_load(text) or {}
+  if not isinstance(tree, dict):
+    raise ConfigError("<yaml>", type(tree).__name__, "the top level must be a mapping", "write KEY: VALUE lines")
+  for path, value in _flatten(tree):
+    set_value(config, path, value)
+  return config
+
+
+_CONFIG_ARG = re.compile(r"^--config\.(?P<path>[^=]+)(=(?P<value>.*))?$")
+_VERL_ARG = re.compile(r"^\+?[A-Za-z_][\w\-]*(\.[\w\-]+)*=")
+
+
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+  """Separates config overrides from the other command-line arguments.
+
+  Both `--config.KEY=VALUE` (also `--config.KEY VALUE`) and verl's positional
+  `KEY=VALUE` become `KEY=VALUE` strings, kept in command-line order so the
+  last one wins whatever its syntax.
+
+  Returns:
+    (overrides, remaining arguments for absl).
+  """
+  overrides, rest = [], []
+  args = list(argv)
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    match = _CONFIG_ARG.match(arg)
+    if match:
+      value = match.group("value")
+      if value is None:
+        if i + 1 >= len(args):
+          raise ConfigError(match.group("path"), NO_VALUE, "the flag has no value", f"write --config.{match.group('path')}=VALUE")
+        i += 1
+        value = args[i]
+      overrides.append(f"{match.group('path')}={value}")
+    elif _VERL_ARG.match(arg):
+      overrides.append(arg)
+    else:
+      rest.append(arg)
+    i += 1
+  return overrides, rest
+
+
+def load_config_file(spec: str) -> ConfigDict:
+  """Imports an experiment file and returns its `get_config(arg)`.
+
+  Args:
+    spec: `path/to/file.py` or `path/to/file.py:ARG` (ml_collections'
+      config_flags spelling; ARG picks a preset).
+  """
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+
+  path, _, arg = spec.partition(":")
+  path = os.path.expanduser(path)
+  if not os.path.isfile(path):
+    raise ConfigError("--config", spec, "no such file", "pass an experiment file such as configs/grpo.py")
+  module_spec = importlib.util.spec_from_file_location(
+      "rljax_experiment_" + re.sub(r"\W", "_", os.path.abspath(path)), path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not callable(getattr(module, "get_config", None)):
+    raise ConfigError("--config", spec, "defines no get_config(arg=None)", "add def get_config(arg=None) returning a ConfigDict")
+  config = module.get_config(arg) if arg else module.get_config()
+  if not isinstance(config, ConfigDict):
+    raise ConfigError("--config", spec, f"get_config returned {type(config).__name__}", "return a ConfigDict built from rljax.config.get_base_config()")
+  return config
+
+
+__all__ = [
+    "ConfigError", "get_base_config", "load_config_file", "apply_overrides", "split_overrides",
+    "finalize", "validate",
+    "to_yaml", "from_yaml", "leaf_paths", "get_node", "set_value",
+    "IGNORED_KEYS", "MAPPED_KEYS", "RLJAX_KEYS", "DEPRECATED_KEYS",
+]

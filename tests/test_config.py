@@ -1,0 +1,414 @@
+"""The config tree against verl's documents, overrides, validation, CLI."""
+
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from rljax import config as C
+from rljax import presets
+from rljax import train
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+REFERENCE = ROOT.parent / "shared" / "reference"
+CONFIGS = ["grpo", "ppo", "rloo", "reinforce_plus_plus", "dapo", "gspo"]
+
+
+def experiment(name, arg=None):
+  return C.load_config_file(f"{ROOT / 'configs' / name}.py" + (f":{arg}" if arg else ""))
+
+
+def resolved(config, overrides=(), devices=1):
+  return train.resolve(config, list(overrides), device_count=devices)
+
+
+def verl_keys():
+  path = REFERENCE / "verl_ppo_keys.txt"
+  if not path.exists():
+    pytest.fail(f"{path} is missing: the spec must sit beside the checkout")
+  return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_every_verl_key_resolves_on_the_grpo_config():
+  config = experiment("grpo")
+  keys = verl_keys()
+  assert len(keys) > 200
+  missing = []
+  for key in keys:
+    try:
+      C.get_node(config, key)
+    except (KeyError, AttributeError):
+      missing.append(key)
+  assert not missing
+
+
+# (key, value written in verl's documents; the newer document where they differ)
+DOCUMENTED_DEFAULTS = [
+    ("data.tokenizer", None),
+    ("data.train_files", "~/data/rlhf/gsm8k/train.parquet"),
+    ("data.val_files", "~/data/rlhf/gsm8k/test.parquet"),
+    ("data.train_max_samples", -1),
+    ("data.val_max_samples", -1),
+    ("data.prompt_key", "prompt"),
+    ("data.max_prompt_length", 512),
+    ("data.max_response_length", 512),
+    ("data.train_batch_size", 1024),
+    ("data.return_raw_input_ids", False),
+    ("data.return_raw_chat", False),
+    ("data.return_full_prompt", False),
+    ("data.shuffle", True),
+    ("data.seed", 42),
+    ("data.filter_overlong_prompts", False),
+    ("data.filter_overlong_prompts_workers", 1),
+    ("data.truncation", "error"),
+    ("data.image_key", "images"),
+    ("data.trust_remote_code", True),
+    ("data.custom_cls.path", None),
+    ("actor_rollout_ref.hybrid_engine", True),
+    ("actor_rollout_ref.model.path", "~/models/deepseek-llm-7b-chat"),
+    ("actor_rollout_ref.model.override_config.attn_implementation", "flash_attention_2"),
+    ("actor_rollout_ref.model.enable_gradient_checkpointing", False),
+    ("actor_rollout_ref.model.use_remove_padding", False),
+    ("actor_rollout_ref.actor.strategy", "fsdp"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size", 256),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size", None),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 8),
+    ("actor_rollout_ref.actor.use_dynamic_bsz", False),
+    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384),
+    ("actor_rollout_ref.actor.grad_clip", 1.0),
+    ("actor_rollout_ref.actor.clip_ratio", 0.2),
+    ("actor_rollout_ref.actor.entropy_coeff", 0.0),
+    ("actor_rollout_ref.actor.use_kl_loss", False),
+    ("actor_rollout_ref.actor.rollout_is", False),
+    ("actor_rollout_ref.actor.rollout_is_level", "token"),
+    ("actor_rollout_ref.actor.rollout_is_mode", "truncate"),
+    ("actor_rollout_ref.actor.use_torch_compile", True),
+    ("actor_rollout_ref.actor.kl_loss_coef", 0.001),
+    ("actor_rollout_ref.actor.kl_loss_type", "low_var_kl"),
+    ("actor_rollout_ref.actor.ppo_epochs", 1),
+    ("actor_rollout_ref.actor.shuffle", False),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1),
+    ("actor_rollout_ref.actor.optim.lr", 1e-6),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps", -1),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", 0.0),
+    ("actor_rollout_ref.actor.optim.min_lr_ratio", 0.0),
+    ("actor_rollout_ref.actor.optim.num_cycles", 0.5),
+    ("actor_rollout_ref.actor.optim.lr_scheduler_type", "constant"),
+    ("actor_rollout_ref.actor.optim.total_training_steps", -1),
+    ("actor_rollout_ref.actor.fsdp_config.param_offload", False),
+    ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", False),
+    ("actor_rollout_ref.actor.fsdp_config.fsdp_size", -1),
+    ("actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params", 0),
+    ("actor_rollout_ref.actor.checkpoint.save_contents", ["model", "optimizer", "extra"]),
+    ("actor_rollout_ref.actor.checkpoint.load_contents", ["model", "optimizer", "extra"]),
+    ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 16),
+    ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", False),
+    ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", 16384),
+    ("actor_rollout_ref.rollout.name", "vllm"),
+    ("actor_rollout_ref.rollout.temperature", 1.0),
+    ("actor_rollout_ref.rollout.top_k", -1),
+    ("actor_rollout_ref.rollout.top_p", 1.0),
+    ("actor_rollout_ref.rollout.prompt_length", 512),
+    ("actor_rollout_ref.rollout.response_length", 512),
+    ("actor_rollout_ref.rollout.dtype", "bfloat16"),
+    ("actor_rollout_ref.rollout.gpu_memory_utilization", 0.5),
+    ("actor_rollout_ref.rollout.ignore_eos", False),
+    ("actor_rollout_ref.rollout.enforce_eager", True),
+    ("actor_rollout_ref.rollout.free_cache_engine", True),
+    ("actor_rollout_ref.rollout.load_format", "dummy_dtensor"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size", 2),
+    ("actor_rollout_ref.rollout.max_num_batched_tokens", 8192),
+    ("actor_rollout_ref.rollout.max_num_seqs", 1024),
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 16),
+    ("actor_rollout_ref.rollout.do_sample", True),
+    ("actor_rollout_ref.rollout.n", 1),
+    ("actor_rollout_ref.rollout.calculate_log_probs", False),
+    ("actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space", None),
+    ("actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend", None),
+    ("actor_rollout_ref.rollout.val_kwargs.top_k", -1),
+    ("actor_rollout_ref.rollout.val_kwargs.top_p", 1.0),
+    ("actor_rollout_ref.rollout.val_kwargs.temperature", 0.0),
+    ("actor_rollout_ref.rollout.val_kwargs.n", 1),
+    ("actor_rollout_ref.rollout.val_kwargs.do_sample", False),
+    ("reward_model.enable", False),
+    ("reward_model.model.input_tokenizer", "~/models/deepseek-llm-7b-chat"),
+    ("reward_model.model.path", "~/models/Anomy-RM-v0.1"),
+    ("reward_model.micro_batch_size_per_gpu", 16),
+    ("reward_model.max_length", None),
+    ("reward_model.reward_manager", "naive"),
+    ("custom_reward_function.path", None),
+    ("custom_reward_function.name", "compute_score"),
+    ("algorithm.gamma", 1.0),
+    ("algorithm.lam", 1.0),
+    ("algorithm.adv_estimator", "gae"),
+    ("algorithm.use_kl_in_reward", False),
+    ("algorithm.kl_penalty", "kl"),
+    ("algorithm.kl_ctrl.type", "fixed"),
+    ("algorithm.kl_ctrl.kl_coef", 0.005),
+    ("algorithm.kl_ctrl.horizon", 10000),
+    ("algorithm.kl_ctrl.target_kl", 0.1),
+    ("algorithm.rollout_is", False),
+    ("algorithm.rollout_is_threshold", None),
+    ("algorithm.rollout_is_level", "token"),
+    ("algorithm.rollout_is_veto_threshold", None),
+    ("trainer.total_epochs", 30),
+    ("trainer.project_name", "verl_examples"),
+    ("trainer.experiment_name", "gsm8k"),
+    ("trainer.logger", ["console", "wandb"]),
+    ("trainer.log_val_generations", 0),
+    ("trainer.nnodes", 1),
+    ("trainer.n_gpus_per_node", 8),
+    ("trainer.save_freq", -1),
+    ("trainer.val_before_train", True),
+    ("trainer.test_freq", 2),
+    ("trainer.critic_warmup", 0),
+    ("trainer.default_hdfs_dir", None),
+    ("trainer.default_local_dir", "checkpoints/verl_examples/gsm8k"),
+    ("trainer.resume_mode", "auto"),
+    ("trainer.resume_from_path", None),
+    ("trainer.remove_previous_ckpt_in_save", False),
+    ("trainer.del_local_ckpt_after_load", False),
+    ("trainer.ray_wait_register_center_timeout", 300),
+]
+
+
+@pytest.mark.parametrize("key,documented", DOCUMENTED_DEFAULTS, ids=[k for k, _ in DOCUMENTED_DEFAULTS])
+def test_base_default_matches_verl_documents(key, documented):
+  value = C.get_node(C.get_base_config(), key)
+  assert value == documented and type(value) is type(documented)
+
+
+FOLLOWERS = [
+    ("data.max_response_length", "actor_rollout_ref.rollout.response_length", 300, 77),
+    ("data.max_prompt_length", "actor_rollout_ref.rollout.prompt_length", 300, 77),
+    ("actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz", True, False),
+    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", 4096, 999),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.ref.ulysses_sequence_parallel_size", 2, 1),
+    ("actor_rollout_ref.model.path", "critic.model.path", "/m/a", "/m/critic"),
+    ("actor_rollout_ref.actor.checkpoint.save_contents", "actor_rollout_ref.actor.checkpoint.load_contents", ["model"], ["model", "extra"]),
+    ("trainer.experiment_name", "trainer.default_local_dir", "exp2", "/ckpt"),
+]
+
+
+@pytest.mark.parametrize("source,follower,new_source,own", FOLLOWERS, ids=[f for _, f, _, _ in FOLLOWERS])
+def test_interpolation_follows_until_set(source, follower, new_source, own):
+  config = C.get_base_config()
+  C.set_value(config, source, new_source)
+  expected = "checkpoints/verl_examples/exp2" if follower == "trainer.default_local_dir" else new_source
+  assert C.get_node(config, follower) == expected
+  C.set_value(config, follower, own)
+  assert C.get_node(config, follower) == own
+  assert C.get_node(config, source) == new_source  # setting the follower left the source alone
+  C.set_value(config, source, new_source if not isinstance(new_source, int) or isinstance(new_source, bool) else new_source + 1)
+  assert C.get_node(config, follower) == own
+
+
+# (overrides, world size, fragment of the message)
+BAD_INPUTS = [
+    (["data.train_batchsize=4"], 1, "did you mean data.train_batch_size"),
+    (["actor_rollout_ref.rollout.ppo_mini_batch_size=4"], 1, "did you mean actor_rollout_ref.actor.ppo_mini_batch_size"),
+    (["trainer.loger=[console]"], 1, "did you mean trainer.logger"),
+    (["algorithm.adv_estimator=grop"], 1, "did you mean grpo"),
+    (["actor_rollout_ref.actor.loss_agg_mode=token_mean"], 1, "must be one of token-mean"),
+    (["actor_rollout_ref.actor.kl_loss_type=k4"], 1, "actor_rollout_ref.actor.kl_loss_type='k4'"),
+    (["data.truncation=both"], 1, "data.truncation='both': must be one of error, left, right, middle"),
+    (["trainer.resume_mode=latest"], 1, "trainer.resume_mode='latest'"),
+    (["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"], 1, "must be one of constant, cosine"),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=3"], 1, "is not divisible by ppo_mini_batch_size * rollout.n"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5"], 1, "set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu to a divisor of 32"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"], 8, "set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu to a divisor of 4"),
+    (["data.max_response_length=-5"], 1, "data.max_response_length=-5: must be positive"),
+    (["data.max_prompt_length=0"], 1, "data.max_prompt_length=0: must be positive"),
+    (["actor_rollout_ref.rollout.top_p=1.5"], 1, "must lie in (0.0, 1.0]"),
+    (["algorithm.gamma=2"], 1, "algorithm.gamma=2.0: must lie in [0.0, 1.0]"),
+    (["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"], 1, "algorithm.adv_estimator=grpo compares several responses"),
+    (["algorithm.adv_estimator=gae", "critic.enable=false"], 1, "needs a critic"),
+    (["data.train_batch_size=abc"], 1, "data.train_batch_size='abc': expects an integer"),
+    (["trainer.val_before_train=maybe"], 1, "expects a boolean"),
+    (["actor_rollout_ref.actor.optim.lr=fast"], 1, "expects a number"),
+    (["trainer.resume_mode=resume_path"], 1, "trainer.resume_from_path=None: trainer.resume_mode=resume_path needs a checkpoint path"),
+    (["trainer.logger=[console,mlflow]"], 1, "'mlflow' is not a logger"),
+    (["actor_rollout_ref.actor.clip_ratio_c=0.5"], 1, "dual-clip needs a lower bound > 1"),
+    (["actor_rollout_ref.actor.tensor_model_parallel_size=3"], 8, "tensor x sequence (3) does not divide the 8 devices"),
+    (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100"], 1, "must hold one whole sequence"),
+    (["data.train_batch_size"], 1, "an override needs KEY=VALUE"),
+    (["trainer.n_gpus_per_node=0"], None, "must be a positive integer or 'auto'"),
+    (["actor_rollout_ref.actor.checkpoint.save_contents=[model,weights]"], 1, "unknown entries ['weights']"),
+    (["actor_rollout_ref.rollout.dtype=int8"], 1, "actor_rollout_ref.rollout.dtype='int8'"),
+]
+
+
+@pytest.mark.parametrize("overrides,world,fragment", BAD_INPUTS, ids=[" ".join(o) for o, _, _ in BAD_INPUTS])
+def test_bad_input_names_key_and_fix(overrides, world, fragment):
+  config = experiment("grpo")
+  with pytest.raises(C.ConfigError) as info:
+    if world is None:
+      C.apply_overrides(config, overrides + ["trainer.nnodes=1"])
+      C.finalize(config)
+    else:
+      resolved(config, overrides, devices=world)
+  assert fragment in str(info.value)
+  assert "Fix:" in str(info.value)
+
+
+OVERRIDES = {
+    "data.train_batch_size": "64",
+    "actor_rollout_ref.rollout.n": "8",
+    "trainer.logger": "[console,tensorboard]",
+    "trainer.val_before_train": "true",
+    "actor_rollout_ref.actor.use_kl_loss": "False",
+    "actor_rollout_ref.actor.optim.lr": "3e-6",
+    "actor_rollout_ref.rollout.prefill_length_buckets": "[64,128]",
+    "trainer.default_local_dir": "/tmp/ckpt",
+    "trainer.total_training_steps": "null",
+}
+
+
+def test_both_override_syntaxes_give_the_same_config():
+  flag_style = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+  verl_style = [f"{k}={v}" for k, v in OVERRIDES.items()]
+  split_flags, rest_flags = C.split_overrides(flag_style + ["--dry_run"])
+  split_verl, rest_verl = C.split_overrides(verl_style + ["--dry_run"])
+  assert rest_flags == rest_verl == ["--dry_run"]
+  a = C.to_plain(resolved(experiment("grpo"), split_flags))
+  b = C.to_plain(resolved(experiment("grpo"), split_verl))
+  assert a == b
+  assert a["trainer"]["logger"] == ["console", "tensorboard"]
+  assert a["trainer"]["val_before_train"] is True
+  assert a["actor_rollout_ref"]["actor"]["use_kl_loss"] is False
+  assert a["actor_rollout_ref"]["actor"]["optim"]["lr"] == 3e-6
+  assert a["actor_rollout_ref"]["rollout"]["prefill_length_buckets"] == [64, 128]
+  assert a["trainer"]["total_training_steps"] is None
+  assert a["data"]["train_batch_size"] == 64
+
+
+def test_separated_flag_value_and_mixed_order():
+  overrides, rest = C.split_overrides(["--config.data.train_batch_size", "16", "data.train_batch_size=32", "--dry_run"])
+  assert overrides == ["data.train_batch_size=16", "data.train_batch_size=32"] and rest == ["--dry_run"]
+  assert resolved(experiment("grpo"), overrides).data.train_batch_size == 32
+
+
+def run_cli(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  return subprocess.run([sys.executable, "-m", "rljax.train", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+
+
+def test_cli_dry_run_round_trips_and_both_syntaxes_agree():
+  flag_run = run_cli("--config=configs/grpo.py", "--dry_run", *[f"--config.{k}={v}" for k, v in OVERRIDES.items()])
+  verl_run = run_cli("--config=configs/grpo.py", "--dry_run", *[f"{k}={v}" for k, v in OVERRIDES.items()])
+  assert flag_run.returncode == 0, flag_run.stderr
+  assert flag_run.stdout == verl_run.stdout
+  loaded = C.from_yaml(flag_run.stdout)
+  C.finalize(loaded, device_count=1)
+  assert C.to_plain(loaded) == yaml.safe_load(flag_run.stdout)
+  assert C.to_plain(loaded) == C.to_plain(resolved(experiment("grpo"), [f"{k}={v}" for k, v in OVERRIDES.items()]))
+
+
+def test_load_config_file_errors(tmp_path):
+  with pytest.raises(C.ConfigError, match="no such file"):
+    C.load_config_file(str(tmp_path / "missing.py"))
+  (tmp_path / "empty.py").write_text("x = 1\n")
+  with pytest.raises(C.ConfigError, match="defines no get_config"):
+    C.load_config_file(str(tmp_path / "empty.py"))
+
+
+def test_cli_errors_and_the_not_yet_message():
+  bad = run_cli("--config=configs/grpo.py", "--dry_run", "algorithm.adv_estimator=ppo")
+  assert bad.returncode == 2 and "algorithm.adv_estimator='ppo'" in bad.stderr
+  unknown = run_cli("--config=configs/grpo.py", "--dry_run", "--config.trainer.save_frq=3")
+  assert unknown.returncode == 2 and "did you mean trainer.save_freq" in unknown.stderr
+  train_run = run_cli("--config=configs/grpo.py")
+  assert train_run.returncode != 0 and "training is not available yet" in train_run.stderr
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("preset", [None, "qwen2_5_0_5b_gsm8k"])
+def test_experiment_files_validate(name, preset):
+  config = resolved(experiment(name, preset), devices=1)
+  assert config.trainer.experiment_name == f"{name}_{preset or presets.DEFAULT_PRESET}"
+
+
+def test_experiment_files_change_what_their_algorithm_needs():
+  dapo = experiment("dapo")
+  assert (dapo.actor_rollout_ref.actor.clip_ratio_low, dapo.actor_rollout_ref.actor.clip_ratio_high) == (0.2, 0.28)
+  assert dapo.actor_rollout_ref.actor.loss_agg_mode == "token-mean"
+  assert dapo.reward_model.overlong_buffer.enable and dapo.reward_model.overlong_buffer.len == 12
+  assert not dapo.actor_rollout_ref.actor.use_kl_loss and not dapo.algorithm.use_kl_in_reward
+  assert experiment("gspo").actor_rollout_ref.actor.policy_loss.loss_mode == "gspo"
+  ppo = experiment("ppo")
+  assert ppo.algorithm.adv_estimator == "gae" and ppo.actor_rollout_ref.rollout.n == 1
+  assert ppo.critic.model.path == ppo.actor_rollout_ref.model.path
+  assert experiment("rloo").algorithm.use_kl_in_reward
+  assert experiment("reinforce_plus_plus").actor_rollout_ref.actor.kl_loss_type == "mse"
+  grpo = experiment("grpo")
+  assert grpo.actor_rollout_ref.actor.use_kl_loss and grpo.algorithm.adv_estimator == "grpo"
+  with pytest.raises(C.ConfigError, match="unknown preset"):
+    experiment("grpo", "nope")
+
+
+def test_deprecated_keys_map_and_warn_once(caplog):
+  C._WARNED.clear()  # pylint: disable=protected-access
+  config = experiment("grpo")
+  overrides = [
+      "actor_rollout_ref.actor.ppo_micro_batch_size=4",
+      "actor_rollout_ref.ref.log_prob_micro_batch_size=8",
+      "actor_rollout_ref.rollout.log_prob_micro_batch_size=2",
+      "actor_rollout_ref.actor.optim.warmup_style=cosine",
+      "actor_rollout_ref.actor.checkpoint.contents=[model]",
+      "data.val_batch_size=16",
+  ]
+  with caplog.at_level(logging.WARNING, logger="rljax.config"):
+    resolved(config, overrides, devices=2)
+    C.finalize(config, device_count=2)
+  actor = config.actor_rollout_ref.actor
+  assert actor.ppo_micro_batch_size_per_gpu == 4 * 4 // 2
+  assert config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 8 * 4 // 2
+  assert config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu == 2 * 4 // 2
+  assert actor.optim.lr_scheduler_type == "cosine"
+  assert actor.checkpoint.save_contents == ["model"] and actor.checkpoint.load_contents == ["model"]
+  messages = [r.getMessage() for r in caplog.records]
+  for old in ("ppo_micro_batch_size", "warmup_style", "checkpoint.contents", "data.val_batch_size"):
+    assert sum(old in m and "deprecated" in m for m in messages) == 1, (old, messages)
+
+
+def test_documented_rollout_is_keys_map_onto_rollout_correction():
+  config = resolved(experiment("grpo"), ["algorithm.rollout_is=true", "algorithm.rollout_is_threshold=2.0",
+                                         "algorithm.rollout_is_level=sequence"])
+  assert config.algorithm.rollout_correction.rollout_is == "sequence"
+  assert config.algorithm.rollout_correction.rollout_is_threshold == 2.0
+  masked = resolved(experiment("grpo"), ["algorithm.rollout_is=true", "algorithm.rollout_is_threshold=4.0",
+                                         "algorithm.rollout_is_mode=mask"])
+  assert masked.algorithm.rollout_correction.rollout_is_threshold == "0.25_4.0"
+  with pytest.raises(C.ConfigError, match="rollout_is_veto_threshold"):
+    resolved(experiment("grpo"), ["algorithm.rollout_is=true", "algorithm.rollout_is_threshold=2.0",
+                                  "algorithm.rollout_is_veto_threshold=1e-4"])
+
+
+def test_open_dicts_take_new_keys_and_closed_ones_do_not():
+  config = resolved(experiment("grpo"), ["+actor_rollout_ref.model.override_config.model_config.rope_theta=50000",
+                                         "actor_rollout_ref.rollout.engine_kwargs.vllm.max_loras=2"])
+  assert config.actor_rollout_ref.model.override_config.model_config.rope_theta == 50000
+  with pytest.raises(C.ConfigError, match="unknown key"):
+    resolved(experiment("grpo"), ["+actor_rollout_ref.actor.brand_new=1"])
+
+
+def test_key_tables_name_real_keys():
+  config = C.get_base_config()
+  paths = C.leaf_paths(config)
+  for table in (C.IGNORED_KEYS, C.MAPPED_KEYS, C.RLJAX_KEYS):
+    for key in table:
+      prefix = key[:-2] if key.endswith(".*") else None
+      if prefix:
+        assert any(p.startswith(prefix + ".") for p in paths), key
+      else:
+        C.get_node(config, key)
+  for old, (new, _) in C.DEPRECATED_KEYS.items():
+    C.get_node(config, old)
+    if new:
+      C.get_node(config, new)
