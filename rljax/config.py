@@ -184,6 +184,9 @@ RLJAX_KEYS = {
     "reward_model.overlong_buffer.len": "DAPO overlong buffer length in tokens",
     "reward_model.overlong_buffer.penalty_factor": "DAPO overlong penalty factor",
     "reward_model.overlong_buffer.log": "log the overlong penalty per sample",
+    "reward_model.prime.num_workers": "processes of the prime reward manager (null = CPU count)",
+    "reward_model.prime.timeout_s": "per-sample scorer timeout of the prime reward manager",
+    "data.dataloader_num_workers": "grain worker processes (verl's key; rljax defaults to 0, in-process)",
 }
 
 # old key -> (replacement, how the value moves).
@@ -198,11 +201,12 @@ DEPRECATED_KEYS = {
     "critic.optim.warmup_style": ("critic.optim.lr_scheduler_type", "same value"),
     "actor_rollout_ref.actor.checkpoint.contents": ("actor_rollout_ref.actor.checkpoint.save_contents", "same value; load_contents follows"),
     "critic.checkpoint.contents": ("critic.checkpoint.save_contents", "same value; load_contents follows"),
-    "data.val_batch_size": (None, "validation streams the whole set through the engine's max_num_seqs slots; the value is not used"),
+    "data.val_batch_size": (None, "still honoured: validation prompts per batch (null = the whole set at once)"),
 }
 
 # Free-form dictionaries: any key may be added below these paths.
 OPEN_DICTS = (
+    "custom_reward_function.reward_kwargs",
     "actor_rollout_ref.model.override_config.model_config",
     "actor_rollout_ref.model.alpha_pattern",
     "actor_rollout_ref.model.r_pattern",
@@ -264,6 +268,7 @@ def _data() -> ConfigDict:
       "seed": 42,
       "filter_overlong_prompts": False,
       "filter_overlong_prompts_workers": 1,
+      "dataloader_num_workers": 0,
       "truncation": "error",
       "image_key": "images",
       "video_key": "videos",
@@ -535,6 +540,7 @@ def _reward_model(model: ConfigDict, critic: ConfigDict) -> ConfigDict:
       "reward_manager": "naive",
       "launch_reward_fn_async": False,
       "sandbox_fusion": {"url": _null(str), "max_concurrent": 64},
+      "prime": {"num_workers": _null(int), "timeout_s": 300.0},
       "profiler": {"discrete": False},
       "overlong_buffer": {
           "enable": False,
@@ -656,7 +662,7 @@ def get_base_config() -> ConfigDict:
   config.actor_rollout_ref = arr
   config.critic = _critic(arr)
   config.reward_model = _reward_model(arr.model, config.critic)
-  config.custom_reward_function = {"path": _null(str), "name": "compute_score"}
+  config.custom_reward_function = {"path": _null(str), "name": "compute_score", "reward_kwargs": {}}
   config.algorithm = _algorithm()
   config.trainer = _trainer()
   config.ray_init = {"num_cpus": _null(int), "timeline_json_file": _null(str)}
@@ -898,7 +904,7 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     value = get_node(config, old)
     if value is None:
       continue
-    _warn_once(old, f"{old} is deprecated; {'use ' + new if new else 'ignored'} ({how})")
+    _warn_once(old, f"{old} is deprecated; {'use ' + new + ' ' if new else ''}({how})")
     if new is None:
       continue
     if "micro_batch_size" in old:

@@ -1,0 +1,233 @@
+"""RLHFDataset: schema, templating, padding, truncation, filtering, bad input."""
+
+import os
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rljax import data
+from rljax.config import get_base_config
+from rljax.data import tokenization
+from tests.data.conftest import prompt_row, write_rows
+
+
+def data_config(**overrides):
+  config = get_base_config().data
+  config.update(overrides)
+  return config
+
+
+def test_schema_round_trip(tmp_path, tokenizer):
+  rows = [prompt_row(i, 3) for i in range(4)]
+  rows[1]["prompt"].insert(0, {"role": "system", "content": "be brief"})
+  path = write_rows(tmp_path / "train.parquet", rows)
+  assert data.read_parquet(path).to_pylist() == rows
+  dataset = data.make_dataset(path, tokenizer, data_config(max_prompt_length=8))
+  item = dataset[1]
+  for key in ("data_source", "ability", "reward_model", "extra_info"):
+    assert item[key] == rows[1][key]
+  assert "prompt" not in item
+  assert item["index"] == 1
+  text = "<system> be brief <user> w0 w1 w2 <assistant>"
+  assert list(item["raw_prompt_ids"]) == tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_file_list_and_home_expansion(tmp_path, tokenizer, monkeypatch):
+  monkeypatch.setenv("HOME", str(tmp_path))
+  write_rows(tmp_path / "a.parquet", [prompt_row(i, 2) for i in range(3)])
+  write_rows(tmp_path / "b.parquet", [prompt_row(i + 10, 2) for i in range(2)])
+  dataset = data.make_dataset(["~/a.parquet", "~/b.parquet"], tokenizer,
+                              data_config(max_prompt_length=8))
+  assert [dataset[i]["index"] for i in range(len(dataset))] == [0, 1, 2, 10, 11]
+
+
+def test_errors_name_the_file_and_its_row(tmp_path, tokenizer):
+  write_rows(tmp_path / "a.parquet", [prompt_row(i, 2) for i in range(3)])
+  write_rows(tmp_path / "b.parquet", [prompt_row(i, 2 + 5 * i) for i in range(2)])
+  dataset = data.make_dataset(
+      [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")], tokenizer,
+      data_config(max_prompt_length=6))
+  with pytest.raises(ValueError, match=r"b.parquet row 1: prompt is 9 tokens"):
+    dataset[4]
+
+
+def test_left_padding_mask_and_positions(tmp_path, tokenizer):
+  path = write_rows(tmp_path / "t.parquet", [prompt_row(0, 2)])
+  item = data.make_dataset(path, tokenizer, data_config(max_prompt_length=7))[0]
+  ids = tokenizer.encode("<user> w0 w1 <assistant>", add_special_tokens=False)
+  pad = tokenizer.pad_token_id
+  np.testing.assert_array_equal(item["input_ids"], [pad] * 3 + ids)
+  np.testing.assert_array_equal(item["attention_mask"], [0, 0, 0, 1, 1, 1, 1])
+  np.testing.assert_array_equal(item["position_ids"], [0, 0, 0, 0, 1, 2, 3])
+  assert item["input_ids"].dtype == np.int32
+
+
+@pytest.mark.parametrize("mode,keep", [
+    ("left", lambda ids: ids[-5:]),
+    ("right", lambda ids: ids[:5]),
+    ("middle", lambda ids: ids[:2] + ids[-3:]),
+])
+def test_truncation_modes(tmp_path, tokenizer, mode, keep):
+  # 6 words + "<user>" + "<assistant>" = 8 tokens, cut to 5.
+  path = write_rows(tmp_path / "t.parquet", [prompt_row(0, 6)])
+  full = tokenizer.encode("<user> w0 w1 w2 w3 w4 w5 <assistant>",
+                          add_special_tokens=False)
+  assert len(full) == 8
+  item = data.make_dataset(
+      path, tokenizer, data_config(max_prompt_length=5, truncation=mode))[0]
+  assert list(item["raw_prompt_ids"]) == keep(full)
+  np.testing.assert_array_equal(item["input_ids"], keep(full))
+  np.testing.assert_array_equal(item["attention_mask"], [1] * 5)
+
+
+def test_truncation_pure_function():
+  ids = list(range(7))
+  assert tokenization.truncate(ids, 4, "middle") == [0, 1, 5, 6]
+  assert tokenization.truncate(ids, 3, "middle") == [0, 5, 6]
+  assert tokenization.truncate(ids, 7, "error") == ids
+  with pytest.raises(ValueError, match="one of"):
+    tokenization.truncate(ids, 3, "sideways")
+
+
+def test_truncation_error_names_row_and_length(tmp_path, tokenizer):
+  path = write_rows(tmp_path / "t.parquet", [prompt_row(0, 1), prompt_row(1, 9)])
+  dataset = data.make_dataset(path, tokenizer, data_config(max_prompt_length=5))
+  dataset[0]
+  with pytest.raises(ValueError, match=r"t.parquet row 1: prompt is 11 tokens.*=5"):
+    dataset[1]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_filter_overlong_counts(tmp_path, tokenizer, workers):
+  # Prompt i has i % 5 + 1 words -> i % 5 + 3 tokens; keep those <= 5 tokens.
+  rows = [prompt_row(i, i % 5 + 1) for i in range(20)]
+  path = write_rows(tmp_path / "t.parquet", rows)
+  dataset = data.make_dataset(path, tokenizer, data_config(
+      max_prompt_length=5, filter_overlong_prompts=True,
+      filter_overlong_prompts_workers=workers))
+  assert dataset.num_filtered == 8
+  kept = [dataset[i]["index"] for i in range(len(dataset))]
+  assert kept == [i for i in range(20) if i % 5 + 3 <= 5]
+
+
+def test_filter_everything_is_an_error(tmp_path, tokenizer):
+  path = write_rows(tmp_path / "t.parquet", [prompt_row(i, 9) for i in range(3)])
+  with pytest.raises(ValueError, match="all 3 prompts"):
+    data.make_dataset(path, tokenizer, data_config(
+        max_prompt_length=4, filter_overlong_prompts=True))
+
+
+def test_max_samples(tmp_path, tokenizer):
+  path = write_rows(tmp_path / "t.parquet", [prompt_row(i, 2) for i in range(10)])
+  first = data.make_dataset(path, tokenizer, data_config(shuffle=False),
+                            max_samples=3)
+  assert [first[i]["index"] for i in range(3)] == [0, 1, 2]
+  picked = data.make_dataset(path, tokenizer, data_config(seed=3), max_samples=4)
+  again = data.make_dataset(path, tokenizer, data_config(seed=3), max_samples=4)
+  indices = [picked[i]["index"] for i in range(4)]
+  assert len(picked) == 4 and len(set(indices)) == 4
+  assert indices == [again[i]["index"] for i in range(4)]
+
+
+def test_return_flags(tmp_path, tokenizer):
+  path = write_rows(tmp_path / "t.parquet", [prompt_row(0, 2)])
+  plain = data.make_dataset(path, tokenizer, data_config())[0]
+  assert not {"raw_prompt", "full_prompts", "raw_input_ids"} & set(plain)
+  item = data.make_dataset(path, tokenizer, data_config(
+      return_raw_chat=True, return_full_prompt=True,
+      return_raw_input_ids=True))[0]
+  assert item["raw_prompt"] == [{"role": "user", "content": "w0 w1"}]
+  assert item["full_prompts"] == "<user> w0 w1 <assistant>"
+  assert list(item["raw_input_ids"]) == tokenizer.encode("w0 w1",
+                                                   add_special_tokens=False)
+
+
+def test_custom_prompt_key(tmp_path, tokenizer):
+  path = write_rows(tmp_path / "t.parquet",
+                    [prompt_row(0, 2, prompt_key="question")])
+  item = data.make_dataset(path, tokenizer, data_config(prompt_key="question"))[0]
+  assert item["attention_mask"].sum() == 4
+
+
+def test_missing_file_names_path(tmp_path, tokenizer):
+  missing = str(tmp_path / "nowhere.parquet")
+  with pytest.raises(FileNotFoundError, match="nowhere.parquet"):
+    data.make_dataset(missing, tokenizer, data_config())
+
+
+def test_missing_column_names_it_and_lists_present(tmp_path, tokenizer):
+  path = write_rows(tmp_path / "t.parquet", [prompt_row(0, 2)])
+  with pytest.raises(KeyError, match=r"'messages'.*data_source.*prompt"):
+    data.make_dataset(path, tokenizer, data_config(prompt_key="messages"))
+
+
+@pytest.mark.parametrize("bad", [[], [{"role": "user"}]])
+def test_malformed_prompt_names_row(tmp_path, tokenizer, bad):
+  rows = [prompt_row(i, 2) for i in range(3)]
+  rows[2]["prompt"] = bad
+  path = write_rows(tmp_path / "t.parquet", rows)
+  dataset = data.make_dataset(path, tokenizer, data_config())
+  dataset[0]
+  with pytest.raises(ValueError, match="t.parquet row 2: column .prompt."):
+    dataset[2]
+
+
+def test_malformed_string_prompt_column(tmp_path, tokenizer):
+  rows = [{**prompt_row(i, 2), "prompt": "plain text"} for i in range(2)]
+  path = write_rows(tmp_path / "t.parquet", rows)
+  dataset = data.make_dataset(path, tokenizer, data_config())
+  with pytest.raises(ValueError, match="t.parquet row 0: column .prompt."):
+    dataset[0]
+
+
+def test_empty_dataset_is_an_error(tmp_path, tokenizer):
+  path = str(tmp_path / "empty.parquet")
+  pq.write_table(pa.Table.from_pylist([prompt_row(0, 1)]).slice(0, 0), path)
+  with pytest.raises(ValueError, match="no rows"):
+    data.make_dataset(path, tokenizer, data_config())
+
+
+CUSTOM_CLS = textwrap.dedent("""
+    from rljax.data import RLHFDataset
+
+    class Shouting(RLHFDataset):
+      def process_row(self, row, row_number):
+        for message in row[self.prompt_key]:
+          message["content"] = message["content"].upper()
+        item = super().process_row(row, row_number)
+        item["shouted"] = True
+        return item
+
+    class Minimal:
+      def __init__(self, data_files, tokenizer, config):
+        self.files = data_files
+      def __len__(self):
+        return 2
+      def __getitem__(self, i):
+        return {"input_ids": [0, 1], "attention_mask": [1, 1],
+                "position_ids": [0, 1], "index": i}
+""")
+
+
+def test_custom_cls_from_file(tmp_path, tokenizer):
+  cls_path = tmp_path / "my_dataset.py"
+  cls_path.write_text(CUSTOM_CLS)
+  path = write_rows(tmp_path / "t.parquet", [prompt_row(0, 2)])
+  config = data_config(custom_cls={"path": str(cls_path), "name": "Shouting"})
+  item = data.make_dataset(path, tokenizer, config)[0]
+  assert item["shouted"]
+  assert list(item["raw_prompt_ids"]) == tokenizer.encode(
+      "<user> W0 W1 <assistant>", add_special_tokens=False)
+  minimal = data.make_dataset(path, tokenizer, data_config(
+      custom_cls={"path": str(cls_path), "name": "Minimal"}))
+  assert len(minimal) == 2 and minimal.files == path
+  with pytest.raises(AttributeError, match="'Nope'.*Minimal"):
+    data.make_dataset(path, tokenizer, data_config(
+        custom_cls={"path": str(cls_path), "name": "Nope"}))
+  with pytest.raises(FileNotFoundError, match="absent.py"):
+    data.make_dataset(path, tokenizer, data_config(
+        custom_cls={"path": os.path.join(tmp_path, "absent.py"),
+                    "name": "X"}))

@@ -1,0 +1,120 @@
+"""The offline arithmetic task: schema, determinism, difficulty, scoring."""
+
+import ast
+import operator
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from rljax import data
+from rljax import rewards
+from rljax.config import get_base_config
+from rljax.data import synthetic
+from rljax.data.synthetic import arithmetic
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def calculate(expression):
+  """An independent evaluator for +, -, * and parentheses over integers."""
+
+  def value(node):
+    if isinstance(node, ast.BinOp):
+      return _OPS[type(node.op)](value(node.left), value(node.right))
+    assert isinstance(node, ast.Constant) and isinstance(node.value, int)
+    return node.value
+
+  return value(ast.parse(expression, mode="eval").body)
+
+
+SCHEMA_COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+
+
+def test_cli_writes_verl_schema(tmp_path):
+  out = subprocess.run(
+      [sys.executable, "-m", "rljax.data.synthetic", "arithmetic",
+       "--local_dir", str(tmp_path), "--train_size", "30", "--test_size", "7",
+       "--difficulty", "1,2", "--seed", "3"],
+      check=True, capture_output=True, text=True)
+  assert out.stdout.split() == [str(tmp_path / "train.parquet"),
+                                str(tmp_path / "test.parquet")]
+  train = pq.read_table(tmp_path / "train.parquet")
+  assert train.num_rows == 30 and pq.read_table(tmp_path / "test.parquet").num_rows == 7
+  assert train.column_names == SCHEMA_COLUMNS
+  row = train.to_pylist()[0]
+  assert row["data_source"] == synthetic.DATA_SOURCE
+  assert [set(m) for m in row["prompt"]] == [{"role", "content"}]
+  assert set(row["reward_model"]) == {"style", "ground_truth"}
+  assert row["extra_info"]["split"] == "train"
+
+
+def test_deterministic_for_a_seed():
+  a = synthetic.make_rows("train", 50, (1, 3, 5), "mixed", seed=1)
+  assert a == synthetic.make_rows("train", 50, (1, 3, 5), "mixed", seed=1)
+  assert a != synthetic.make_rows("train", 50, (1, 3, 5), "mixed", seed=2)
+  assert a != synthetic.make_rows("test", 50, (1, 3, 5), "mixed", seed=1)
+
+
+@pytest.mark.parametrize("level", [1, 2, 3, 4, 5])
+def test_ground_truth_is_the_expression_value(level):
+  for row in synthetic.make_rows("train", 40, (level,), "arithmetic"):
+    info = row["extra_info"]
+    assert info["difficulty"] == level
+    value = calculate(info["expression"])
+    assert str(value) == row["reward_model"]["ground_truth"]
+    assert value >= 0
+    assert row["prompt"][0]["content"].startswith(f"What is {info['expression']}?")
+
+
+def test_level_one_is_one_digit_addition():
+  for row in synthetic.make_rows("train", 200, (1,)):
+    a, op, b = row["extra_info"]["expression"].split()
+    assert op == "+" and 1 <= int(a) <= 9 and 1 <= int(b) <= 9
+
+
+def test_word_problems_contain_the_operands():
+  for row in synthetic.make_rows("train", 20, (2,), "word"):
+    numbers = row["extra_info"]["expression"].replace("-", " ").replace("+", " ").split()
+    question = row["extra_info"]["question"]
+    assert question.endswith("?") and not question.startswith("What is")
+    assert all(n in question for n in numbers)
+
+
+def test_scorer_accepts_the_ground_truth():
+  for row in synthetic.make_rows("test", 20, (1, 2, 3, 4, 5), "mixed"):
+    truth = row["reward_model"]["ground_truth"]
+    assert rewards.default_compute_score(row["data_source"], truth, truth) == 1.0
+    assert rewards.default_compute_score(
+        row["data_source"], str(int(truth) + 1), truth) == 0.0
+
+
+def test_bad_arguments():
+  with pytest.raises(ValueError, match="levels"):
+    arithmetic.parse_levels("0,9")
+  with pytest.raises(ValueError, match="style"):
+    synthetic.make_rows("train", 1, (1,), "poetry")
+  with pytest.raises(ValueError, match="unknown synthetic task"):
+    synthetic.generate("/tmp/unused", task="chess")
+
+
+def test_ensure_generates_only_when_absent(tmp_path):
+  paths = data.ensure_synthetic_data(str(tmp_path), train_size=10, test_size=5)
+  stamps = [os.stat(p).st_mtime_ns for p in paths]
+  assert data.ensure_synthetic_data(str(tmp_path), train_size=99) == paths
+  assert [os.stat(p).st_mtime_ns for p in paths] == stamps
+  assert pq.read_table(paths[0]).num_rows == 10
+
+
+def test_default_paths_generate_on_first_use(tmp_path, monkeypatch, tokenizer):
+  monkeypatch.setenv("HOME", str(tmp_path))
+  config = get_base_config()
+  config.data.update(train_files="~/data/rljax/arithmetic/train.parquet",
+                     val_files="~/data/rljax/arithmetic/test.parquet",
+                     train_batch_size=4, max_prompt_length=32,
+                     truncation="left")
+  batches = data.make_val_batches(config, tokenizer)
+  assert os.path.isfile(tmp_path / "data/rljax/arithmetic/train.parquet")
+  assert batches[0]["input_ids"].shape == (500, 32)
