@@ -43,7 +43,7 @@ ADV_ESTIMATORS = (
 )
 POLICY_LOSSES = (
     "vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov",
-    "kl_cov", "geo_mean", "dro", "cispo", "bypass_mode",
+    "kl_cov", "geo_mean", "dro", "cispo", "bypass_mode", "aipo",
 )
 # Estimators that compare the n responses of one prompt with each other.
 GROUP_ESTIMATORS = (
@@ -177,9 +177,11 @@ RLJAX_KEYS = {
     "actor_rollout_ref.model.init_lora_weights": "cosmos-rl: True (B=0) or 'gaussian'",
     "actor_rollout_ref.rollout.prefill_length_buckets": "prompt lengths the engine pads to; one compilation per bucket",
     "actor_rollout_ref.actor.positive_nll_coef": "cosmos-rl: NLL term on positive-advantage responses",
-    "actor_rollout_ref.actor.aipo_rho": "cosmos-rl: AIPO clip of the importance ratio",
-    "actor_rollout_ref.actor.unbiased_loss_max_tokens": "cosmos-rl (Dr.GRPO): divide token-loss sums by this constant",
-    "algorithm.unbiased_advantage": "cosmos-rl (Dr.GRPO): group mean removed, no std division",
+    "actor_rollout_ref.actor.policy_loss.aipo_rho": "cosmos-rl: AIPO clip of the importance ratio (policy_loss.loss_mode=aipo)",
+    "actor_rollout_ref.actor.unbiased_loss_max_tokens": "cosmos-rl (Dr.GRPO): sets loss_agg_mode=seq-mean-token-sum-norm with loss_scale_factor=this",
+    "algorithm.gdpo_reward_keys": "gdpo: the reward components (extra-info keys) to normalise separately",
+    "algorithm.gdpo_reward_weights": "gdpo: their weights (null = all 1)",
+    "algorithm.unbiased_advantage": "cosmos-rl (Dr.GRPO): sets algorithm.norm_adv_by_std_in_grpo=false (group mean removed, no std division)",
     "reward_model.overlong_buffer.enable": "DAPO overlong penalty (verl recipe / cosmos-rl overlong_reward)",
     "reward_model.overlong_buffer.len": "DAPO overlong buffer length in tokens",
     "reward_model.overlong_buffer.penalty_factor": "DAPO overlong penalty factor",
@@ -378,9 +380,9 @@ def _actor() -> ConfigDict:
           "kl_cov_ratio": 0.0002,
           "ppo_kl_coef": 0.1,
           "dro_beta": _null(float),
+          "aipo_rho": _null(float),
       },
       "positive_nll_coef": _null(float),
-      "aipo_rho": _null(float),
       "unbiased_loss_max_tokens": _null(int),
       "rollout_is": False,
       "rollout_is_threshold": _null(float),
@@ -558,6 +560,8 @@ def _algorithm() -> ConfigDict:
       "adv_estimator": "gae",
       "norm_adv_by_std_in_grpo": True,
       "unbiased_advantage": False,
+      "gdpo_reward_keys": [],
+      "gdpo_reward_weights": _null(list),
       "use_kl_in_reward": False,
       "kl_penalty": "kl",
       "kl_ctrl": {
@@ -583,6 +587,15 @@ def _algorithm() -> ConfigDict:
           "bypass_mode": False,
       },
   })
+
+
+def _policy_rollout_correction(source: ConfigDict) -> ConfigDict:
+  """`actor.policy_loss.rollout_correction`: follows `algorithm.rollout_correction` (bypass mode reads it)."""
+  node = ConfigDict({"loss_type": "ppo_clip"})
+  for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+              "rollout_rs_threshold", "bypass_mode"):
+    node[key] = _follow(source, key)
+  return node
 
 
 def _trainer() -> ConfigDict:
@@ -664,6 +677,7 @@ def get_base_config() -> ConfigDict:
   config.reward_model = _reward_model(arr.model, config.critic)
   config.custom_reward_function = {"path": _null(str), "name": "compute_score", "reward_kwargs": {}}
   config.algorithm = _algorithm()
+  arr.actor.policy_loss.rollout_correction = _policy_rollout_correction(config.algorithm.rollout_correction)
   config.trainer = _trainer()
   config.ray_init = {"num_cpus": _null(int), "timeline_json_file": _null(str)}
   config.lock()
@@ -913,7 +927,18 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
       set_value(config, new, value)
   for section in ("algorithm", "actor_rollout_ref.actor"):
     _map_rollout_is(config, section)
+  _map_cosmos_keys(config)
   return config
+
+
+def _map_cosmos_keys(config: ConfigDict) -> None:
+  """cosmos-rl's Dr.GRPO keys onto verl's: unbiased loss and unbiased advantage."""
+  actor = config.actor_rollout_ref.actor
+  if actor.unbiased_loss_max_tokens is not None:
+    set_value(config, "actor_rollout_ref.actor.loss_agg_mode", "seq-mean-token-sum-norm")
+    set_value(config, "actor_rollout_ref.actor.loss_scale_factor", float(actor.unbiased_loss_max_tokens))
+  if config.algorithm.unbiased_advantage:
+    set_value(config, "algorithm.norm_adv_by_std_in_grpo", False)
 
 
 def _check(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
