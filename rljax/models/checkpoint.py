@@ -1,0 +1,300 @@
+"""Hugging Face checkpoints in and out: names, layouts, sharded placement.
+
+Each Flax parameter maps to one HF tensor per layer. An HF tensor is split
+into axes (``groups``: the sizes each HF axis factors into) and transposed
+(``perm``) to give the Flax layout, e.g. ``q_proj.weight`` [H*hd, D] ->
+split [H, hd, D] -> perm (2, 0, 1) -> ``q`` [D, H, hd]. Reading a shard of
+a Flax parameter reads only the rows of the HF tensor that cover it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from rljax.sharding.rules import Rules, logical_to_spec, param_names
+
+from rljax.models import config as config_lib
+from rljax.models import safetensors_io
+from rljax.models.config import ModelConfig
+from rljax.models.transformer import CausalLM
+
+# Tensors some checkpoints carry that the model rebuilds itself.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """How an HF tensor becomes a Flax parameter: split each axis, then transpose."""
+
+  groups: tuple[tuple[int, ...], ...]
+  perm: tuple[int, ...]
+
+  @property
+  def hf_shape(self) -> tuple[int, ...]:
+    return tuple(math.prod(g) for g in self.groups)
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    split = [s for g in self.groups for s in g]
+    return tuple(split[p] for p in self.perm)
+
+  def to_hf(self, x: np.ndarray) -> np.ndarray:
+    """Flax layout -> HF layout."""
+    return x.transpose(np.argsort(self.perm)).reshape(self.hf_shape)
+
+  def read(self, hf: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
+    """The block ``index`` (over Flax axes) of the Flax view of ``hf``, reading only its rows."""
+    split = [s for g in self.groups for s in g]
+    split_index: list[slice] = [slice(None)] * len(split)
+    for axis, p in enumerate(self.perm):
+      split_index[p] = slice(*index[axis].indices(split[p])) if axis < len(index) else slice(None)
+    split_index = [slice(*s.indices(n)) for s, n in zip(split_index, split)]
+    hf_index, block_shape, post, k = [], [], [], 0
+    for g in self.groups:
+      first, rest = split_index[k], math.prod(g[1:])
+      hf_index.append(slice(first.start * rest, first.stop * rest))
+      block_shape.extend([first.stop - first.start, *g[1:]])
+      post.extend([slice(None), *split_index[k + 1:k + len(g)]])
+      k += len(g)
+    block = np.asarray(hf[tuple(hf_index)]).reshape(block_shape)[tuple(post)]
+    return block.transpose(self.perm)
+
+
+def _block_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, Layout]]:
+  """Flax path inside a block -> (HF name inside ``model.layers.{i}.``, layout)."""
+  d, h, k, hd, f = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                    cfg.intermediate_size)
+  vec = lambda n: Layout(((n,),), (0,))  # noqa: E731
+  t = {
+      ("input_norm", "scale"): ("input_layernorm.weight", vec(d)),
+      ("post_attn_norm", "scale"): ("post_attention_layernorm.weight", vec(d)),
+      ("attn", "q"): ("self_attn.q_proj.weight", Layout(((h, hd), (d,)), (2, 0, 1))),
+      ("attn", "k"): ("self_attn.k_proj.weight", Layout(((k, hd), (d,)), (2, 0, 1))),
+      ("attn", "v"): ("self_attn.v_proj.weight", Layout(((k, hd), (d,)), (2, 0, 1))),
+      ("attn", "o"): ("self_attn.o_proj.weight", Layout(((d,), (h, hd)), (1, 2, 0))),
+      ("attn", "q_bias"): ("self_attn.q_proj.bias", Layout(((h, hd),), (0, 1))),
+      ("attn", "k_bias"): ("self_attn.k_proj.bias", Layout(((k, hd),), (0, 1))),
+      ("attn", "v_bias"): ("self_attn.v_proj.bias", Layout(((k, hd),), (0, 1))),
+      ("attn", "o_bias"): ("self_attn.o_proj.bias", vec(d)),
+      ("attn", "q_norm", "scale"): ("self_attn.q_norm.weight", vec(hd)),
+      ("attn", "k_norm", "scale"): ("self_attn.k_norm.weight", vec(hd)),
+      ("mlp", "gate"): ("mlp.gate_proj.weight", Layout(((f,), (d,)), (1, 0))),
+      ("mlp", "up"): ("mlp.up_proj.weight", Layout(((f,), (d,)), (1, 0))),
+      ("mlp", "down"): ("mlp.down_proj.weight", Layout(((d,), (f,)), (1, 0))),
+      ("mlp", "gate_bias"): ("mlp.gate_proj.bias", vec(f)),
+      ("mlp", "up_bias"): ("mlp.up_proj.bias", vec(f)),
+      ("mlp", "down_bias"): ("mlp.down_proj.bias", vec(d)),
+  }
+  return t
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """The HF tensors behind one Flax parameter: one name, or one per stacked layer."""
+
+  names: tuple[str, ...]
+  layout: Layout
+  stacked: bool
+
+
+def hf_sources(cfg: ModelConfig, path: tuple[Any, ...]) -> Source:
+  """The HF tensor(s) and layout for the Flax parameter at ``path``."""
+  top = Layout(((cfg.vocab_size,), (cfg.hidden_size,)), (0, 1))
+  if path == ("embed",):
+    return Source(("model.embed_tokens.weight",), top, False)
+  if path == ("lm_head",):
+    return Source(("lm_head.weight",), top, False)
+  if path == ("final_norm", "scale"):
+    return Source(("model.norm.weight",), Layout(((cfg.hidden_size,),), (0,)), False)
+  table = _block_table(cfg)
+  if path[0] == "layers" and cfg.scan_layers and path[1:] in table:
+    name, layout = table[path[1:]]
+    return Source(tuple(f"model.layers.{i}.{name}" for i in range(cfg.num_layers)),
+                  layout, True)
+  if path[0] == "layers" and isinstance(path[1], int) and path[2:] in table:
+    name, layout = table[path[2:]]
+    return Source((f"model.layers.{path[1]}.{name}",), layout, False)
+  raise KeyError(f"no HF tensor is known for parameter {'/'.join(map(str, path))}.")
+
+
+class TensorSource:
+  """A checkpoint's tensors by HF name: names() and tensor(name) (array-like)."""
+
+  def __init__(self, tensors: Mapping[str, Any], origin: str):
+    self._tensors = tensors
+    self.origin = origin
+
+  def names(self) -> list[str]:
+    return list(self._tensors)
+
+  def tensor(self, name: str) -> Any:
+    return self._tensors[name]
+
+
+def safetensors_source(path: str) -> TensorSource:
+  reader = safetensors_io.SafetensorsReader(path)
+  return TensorSource({n: reader.tensor(n) for n in reader.names()}, path)
+
+
+def _check_tensors(cfg: ModelConfig, sources: Mapping[tuple, Source], src: TensorSource) -> None:
+  """Raises ValueError naming any missing, unexpected or mis-shaped tensor."""
+  expected = {n: s.layout.hf_shape for s in sources.values() for n in s.names}
+  present = set(src.names())
+  missing = sorted(set(expected) - present)
+  if missing:
+    raise ValueError(
+        f"{src.origin}: missing tensor(s) for model_type={cfg.model_type!r}: "
+        f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}"
+    )
+  ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+  unexpected = sorted(n for n in present - set(expected)
+                      if n not in ignorable and not n.endswith(_IGNORED_SUFFIXES))
+  if unexpected:
+    raise ValueError(
+        f"{src.origin}: unexpected tensor(s) for model_type={cfg.model_type!r} "
+        f"(check config.json): {', '.join(unexpected[:10])}"
+        f"{' ...' if len(unexpected) > 10 else ''}"
+    )
+  for name, shape in expected.items():
+    found = tuple(src.tensor(name).shape)
+    if found != shape:
+      raise ValueError(
+          f"{src.origin}: tensor {name!r} has shape {found}, config.json implies {shape}."
+      )
+
+
+def _reader(src: TensorSource, source: Source, dtype: np.dtype) -> Callable[[tuple], np.ndarray]:
+  """Callback: a Flax-layout index -> that block of the parameter, as ``dtype``."""
+
+  def read(index: tuple[slice, ...]) -> np.ndarray:
+    if not source.stacked:
+      return source.layout.read(src.tensor(source.names[0]), index).astype(dtype)
+    layers = range(*index[0].indices(len(source.names)))
+    return np.stack([source.layout.read(src.tensor(source.names[i]), index[1:]).astype(dtype)
+                     for i in layers])
+
+  return read
+
+
+def load_state(
+    cfg: ModelConfig,
+    src: TensorSource,
+    mesh: Mesh | None = None,
+    rules: Rules | None = None,
+) -> CausalLM:
+  """Builds the model from ``src``; with a mesh each device reads only its shard."""
+  abstract = nnx.eval_shape(lambda: CausalLM(cfg, nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  flat = nnx.to_flat_state(state)
+  sources = {path: hf_sources(cfg, path) for path, _ in flat}
+  _check_tensors(cfg, sources, src)
+  dtype = np.dtype(cfg.param_dtype)
+  loaded = []
+  for path, var in flat:
+    read = _reader(src, sources[path], dtype)
+    shape = tuple(var.shape)
+    if mesh is None:
+      value = jax.device_put(read((slice(None),) * len(shape)))
+    else:
+      sharding = NamedSharding(mesh, logical_to_spec(param_names(var), shape, mesh, rules))
+      value = jax.make_array_from_callback(shape, sharding, read)
+    loaded.append((path, var.replace(value)))
+  return nnx.merge(graphdef, nnx.from_flat_state(loaded))
+
+
+def hf_tensors(model: CausalLM) -> dict[str, np.ndarray]:
+  """All parameters as host numpy arrays under their HF names and layouts."""
+  cfg = model.cfg
+  out: dict[str, np.ndarray] = {}
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    source = hf_sources(cfg, path)
+    value = np.asarray(jax.device_get(var[...]))
+    values = list(value) if source.stacked else [value]
+    for name, v in zip(source.names, values):
+      out[name] = source.layout.to_hf(v)
+  return out
+
+
+def _dtype_name(dtype: Any) -> str:
+  return {"bfloat16": "bfloat16", "float16": "float16"}.get(np.dtype(dtype).name, "float32")
+
+
+def save_pretrained(
+    model: CausalLM,
+    path: str,
+    tokenizer: Any = None,
+    max_shard_bytes: int = safetensors_io.SHARD_BYTES,
+) -> None:
+  """Writes an HF checkpoint directory that transformers opens.
+
+  Writes config.json, generation_config.json, model.safetensors (or shards of
+  at most ``max_shard_bytes`` and model.safetensors.index.json) and, when
+  given, the tokenizer files. Files are built in a temporary sibling
+  directory and moved into ``path`` only when complete.
+  """
+  cfg = model.cfg
+  tensors = hf_tensors(model)
+  tmp = path.rstrip("/") + ".rljax-tmp"
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  shards = safetensors_io.plan_shards(((n, t.nbytes) for n, t in tensors.items()),
+                                      max_shard_bytes)
+  files = safetensors_io.shard_file_names(len(shards))
+  for file, names in zip(files, shards):
+    safetensors_io.write_file(os.path.join(tmp, file), {n: tensors[n] for n in names})
+  if len(files) > 1:
+    safetensors_io.write_index(tmp, {n: f for f, ns in zip(files, shards) for n in ns},
+                               sum(t.nbytes for t in tensors.values()))
+  with open(os.path.join(tmp, "config.json"), "w") as f:
+    json.dump(config_lib.to_hf_dict(cfg, _dtype_name(cfg.param_dtype)), f, indent=2)
+  generation = {k: getattr(cfg, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                if getattr(cfg, k) is not None}
+  with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+    json.dump(generation, f, indent=2)
+  if tokenizer is not None:
+    tokenizer.save_pretrained(tmp)
+  os.makedirs(path, exist_ok=True)
+  for stale in os.listdir(path):
+    if stale.startswith("model") and stale.endswith((".safetensors", ".index.json")):
+      os.remove(os.path.join(path, stale))
+  for name in os.listdir(tmp):
+    os.replace(os.path.join(tmp, name), os.path.join(path, name))
+  os.rmdir(tmp)
+
+
+def hf_config_from_dir(path: str) -> dict[str, Any]:
+  file = os.path.join(path, "config.json")
+  if not os.path.exists(file):
+    raise FileNotFoundError(f"{path} has no config.json.")
+  with open(file) as f:
+    return json.load(f)
+
+
+def make_model(
+    hf_config: Mapping[str, Any],
+    src: TensorSource,
+    *,
+    dtype: Any = jnp.float32,
+    param_dtype: Any = None,
+    mesh: Mesh | None = None,
+    rules: Rules | None = None,
+    override_config: Mapping[str, Any] | None = None,
+    scan_layers: bool = False,
+    remat: bool = False,
+) -> CausalLM:
+  cfg = config_lib.from_hf_dict(
+      hf_config, override_config, dtype=dtype, param_dtype=param_dtype or dtype,
+      scan_layers=scan_layers, remat=remat,
+  )
+  return load_state(cfg, src, mesh, rules)

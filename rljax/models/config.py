@@ -1,0 +1,253 @@
+"""Model configuration: one dataclass for every supported decoder family.
+
+A model is identified by its Hugging Face ``config.json``. ``from_hf_dict``
+reads the fields the Flax modules need (both the transformers 4 spelling,
+``rope_theta`` + ``rope_scaling``, and the transformers 5 spelling,
+``rope_parameters``), and ``to_hf_dict`` writes them back so a saved
+checkpoint opens in ``transformers``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+# model_type -> family defaults that differ from Llama's.
+_FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {"qkv_bias": None, "o_bias": None, "qk_norm": False},
+    "mistral": {"qkv_bias": False, "o_bias": False, "qk_norm": False},
+    "qwen2": {"qkv_bias": True, "o_bias": False, "qk_norm": False},
+    "qwen3": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
+}
+
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shapes and options of a decoder-only causal LM.
+
+  Attributes:
+    model_type: HF ``model_type`` (llama, mistral, qwen2, qwen3).
+    vocab_size: V.
+    hidden_size: D, the residual width.
+    intermediate_size: F, the SwiGLU width.
+    num_layers: L.
+    num_heads: H, query heads.
+    num_kv_heads: K, key/value heads (GQA when K < H).
+    head_dim: per-head width (need not equal D / H).
+    rms_norm_eps: RMSNorm epsilon.
+    rope_theta: RoPE base.
+    rope_scaling: None or a dict with ``rope_type`` in default, linear,
+      llama3, yarn and that type's parameters (HF spelling).
+    max_position_embeddings: HF field, kept for round trips and YaRN.
+    tie_word_embeddings: LM head shares the embedding matrix.
+    qkv_bias: q/k/v projections have biases (Qwen2).
+    o_bias: output projection has a bias (Llama ``attention_bias``).
+    mlp_bias: gate/up/down projections have biases (Llama ``mlp_bias``).
+    qk_norm: per-head RMSNorm on queries and keys before RoPE (Qwen3).
+    sliding_window: None, or keys further back than this many positions are
+      masked (Mistral).
+    bos_token_id, eos_token_id, pad_token_id: HF token ids (eos may be a list).
+    dtype: activation/compute dtype.
+    param_dtype: parameter dtype.
+    scan_layers: stack layer parameters on a leading ``layers`` axis and run
+      them with ``lax.scan`` (compile time flat in depth).
+    remat: rematerialise each layer in the backward pass (gradient
+      checkpointing).
+    hf_extra: the remaining HF config fields, written back unchanged.
+  """
+
+  model_type: str = "llama"
+  vocab_size: int = 32000
+  hidden_size: int = 4096
+  intermediate_size: int = 11008
+  num_layers: int = 32
+  num_heads: int = 32
+  num_kv_heads: int = 32
+  head_dim: int = 128
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 10000.0
+  rope_scaling: Mapping[str, Any] | None = None
+  max_position_embeddings: int = 4096
+  tie_word_embeddings: bool = False
+  qkv_bias: bool = False
+  o_bias: bool = False
+  mlp_bias: bool = False
+  qk_norm: bool = False
+  sliding_window: int | None = None
+  bos_token_id: int | None = None
+  eos_token_id: int | list[int] | None = None
+  pad_token_id: int | None = None
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  scan_layers: bool = False
+  remat: bool = False
+  hf_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __hash__(self) -> int:
+    return hash(repr(self))
+
+  def replace(self, **changes: Any) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def rope_type(self) -> str:
+    if not self.rope_scaling:
+      return "default"
+    return self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
+
+
+def _require(d: Mapping[str, Any], key: str, model_type: str) -> Any:
+  if key not in d or d[key] is None:
+    raise ValueError(f"config.json for model_type={model_type!r} lacks the field {key!r}.")
+  return d[key]
+
+
+def _rope_from_hf(d: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
+  """(rope_theta, rope_scaling) from either HF spelling; top-level keys win."""
+  params = dict(d.get("rope_parameters") or {})
+  theta = float(d.get("rope_theta") or params.pop("rope_theta", 10000.0))
+  params.pop("rope_theta", None)
+  if "rope_scaling" in d:
+    scaling = dict(d["rope_scaling"]) if d["rope_scaling"] else None
+  else:
+    scaling = params or None
+  if scaling is not None:
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    if rope_type not in _ROPE_TYPES:
+      raise ValueError(
+          f"rope_scaling.rope_type={rope_type!r} is not supported; supported: {_ROPE_TYPES}."
+      )
+    scaling["rope_type"] = rope_type
+    scaling.pop("type", None)
+    if rope_type == "default":
+      scaling = None
+  return theta, scaling
+
+
+_KNOWN_KEYS = {
+    "model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size",
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters",
+    "max_position_embeddings", "tie_word_embeddings", "attention_bias", "mlp_bias",
+    "sliding_window", "use_sliding_window", "bos_token_id", "eos_token_id",
+    "pad_token_id", "hidden_act", "layer_types", "max_window_layers",
+}
+
+
+def from_hf_dict(
+    d: Mapping[str, Any], overrides: Mapping[str, Any] | None = None, **options: Any
+) -> ModelConfig:
+  """Builds a ModelConfig from an HF config.json dict.
+
+  Args:
+    d: the parsed config.json.
+    overrides: HF-named fields that replace those in ``d`` (verl's
+      ``actor_rollout_ref.model.override_config.model_config``).
+    **options: ModelConfig runtime fields (dtype, param_dtype, scan_layers,
+      remat).
+
+  Returns:
+    The config. Raises ValueError naming the field for an unsupported
+    model_type, activation or a missing field.
+  """
+  d = {**d, **(overrides or {})}
+  model_type = d.get("model_type")
+  if model_type is None:
+    archs = d.get("architectures") or []
+    by_arch = {v: k for k, v in _ARCHITECTURES.items()}
+    model_type = next((by_arch[a] for a in archs if a in by_arch), None)
+  if model_type not in _FAMILIES:
+    raise ValueError(
+        f"model_type={model_type!r} (architectures={d.get('architectures')}) is not "
+        f"supported; supported model_type values: {SUPPORTED_MODEL_TYPES}."
+    )
+  family = _FAMILIES[model_type]
+  act = d.get("hidden_act", "silu")
+  if act not in ("silu", "swish"):
+    raise ValueError(f"hidden_act={act!r} is not supported; only silu (SwiGLU) is.")
+  if model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
+    raise ValueError("use_sliding_window=True is not supported for qwen2/qwen3.")
+  hidden = int(_require(d, "hidden_size", model_type))
+  heads = int(_require(d, "num_attention_heads", model_type))
+  theta, scaling = _rope_from_hf(d)
+  attention_bias = bool(d.get("attention_bias", False))
+  qkv_bias = attention_bias if family["qkv_bias"] is None else family["qkv_bias"]
+  o_bias = attention_bias if family["o_bias"] is None else family["o_bias"]
+  window = d.get("sliding_window") if model_type == "mistral" else None
+  return ModelConfig(
+      model_type=model_type,
+      vocab_size=int(_require(d, "vocab_size", model_type)),
+      hidden_size=hidden,
+      intermediate_size=int(_require(d, "intermediate_size", model_type)),
+      num_layers=int(_require(d, "num_hidden_layers", model_type)),
+      num_heads=heads,
+      num_kv_heads=int(d.get("num_key_value_heads") or heads),
+      head_dim=int(d.get("head_dim") or hidden // heads),
+      rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+      rope_theta=theta,
+      rope_scaling=scaling,
+      max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+      tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+      qkv_bias=qkv_bias,
+      o_bias=o_bias,
+      mlp_bias=bool(d.get("mlp_bias", False)) if model_type == "llama" else False,
+      qk_norm=family["qk_norm"],
+      sliding_window=int(window) if window else None,
+      bos_token_id=d.get("bos_token_id"),
+      eos_token_id=d.get("eos_token_id"),
+      pad_token_id=d.get("pad_token_id"),
+      hf_extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS},
+      **options,
+  )
+
+
+def to_hf_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict[str, Any]:
+  """The HF config.json dict for ``cfg`` (readable by transformers 4 and 5)."""
+  d: dict[str, Any] = dict(cfg.hf_extra)
+  for stale in ("rope_parameters", "dtype", "torch_dtype", "transformers_version"):
+    d.pop(stale, None)
+  d.update(
+      model_type=cfg.model_type,
+      architectures=[_ARCHITECTURES[cfg.model_type]],
+      vocab_size=cfg.vocab_size,
+      hidden_size=cfg.hidden_size,
+      intermediate_size=cfg.intermediate_size,
+      num_hidden_layers=cfg.num_layers,
+      num_attention_heads=cfg.num_heads,
+      num_key_value_heads=cfg.num_kv_heads,
+      head_dim=cfg.head_dim,
+      hidden_act="silu",
+      rms_norm_eps=cfg.rms_norm_eps,
+      rope_theta=cfg.rope_theta,
+      rope_scaling=dict(cfg.rope_scaling) if cfg.rope_scaling else None,
+      max_position_embeddings=cfg.max_position_embeddings,
+      tie_word_embeddings=cfg.tie_word_embeddings,
+      bos_token_id=cfg.bos_token_id,
+      eos_token_id=cfg.eos_token_id,
+      pad_token_id=cfg.pad_token_id,
+      torch_dtype=torch_dtype,
+      dtype=torch_dtype,
+  )
+  if cfg.model_type in ("llama", "qwen3"):
+    d["attention_bias"] = cfg.qkv_bias
+  if cfg.model_type == "llama":
+    d["mlp_bias"] = cfg.mlp_bias
+  if cfg.model_type == "mistral":
+    d["sliding_window"] = cfg.sliding_window
+  if cfg.model_type in ("qwen2", "qwen3"):
+    d["use_sliding_window"] = False
+    d.setdefault("sliding_window", None)
+  return d

@@ -1,0 +1,197 @@
+"""Decoder layers: RMSNorm, GQA attention with RoPE, SwiGLU MLP, the block.
+
+Every parameter is an ``nnx.Param`` whose ``out_sharding`` metadata holds its
+logical axis names (``embed``, ``mlp``, ``heads``, ``kv_heads``,
+``head_dim``, ``vocab``, and ``layers`` first when layers are stacked for
+``lax.scan``). The sharding rules map those names onto a mesh.
+
+A module built with ``stack=L`` holds parameters for L layers at once (a
+leading ``layers`` axis); its ``__call__`` is written for one layer and runs
+on a slice of that state inside ``lax.scan``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rljax.models import rope
+from rljax.models.config import ModelConfig
+
+Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
+_NORMAL = jax.nn.initializers.normal(0.02)
+_ZEROS = jax.nn.initializers.zeros
+_ONES = jax.nn.initializers.ones
+
+
+def make_param(
+    rngs: nnx.Rngs,
+    shape: tuple[int, ...],
+    names: tuple[str, ...],
+    init: Initializer,
+    dtype: Any,
+    stack: int | None = None,
+) -> nnx.Param:
+  """A Param of ``shape`` with logical axis ``names`` (``layers`` prepended if stacked)."""
+  if stack is not None:
+    shape, names = (stack, *shape), ("layers", *names)
+  return nnx.Param(
+      init(rngs.params(), shape, dtype), out_sharding=names, eager_sharding=False
+  )
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """x / rms(x) * scale over the last axis, computed in float32."""
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm over a last axis of size ``dim`` named ``name``."""
+
+  def __init__(
+      self, dim: int, eps: float, rngs: nnx.Rngs, *, name: str = "embed",
+      dtype: Any = jnp.float32, stack: int | None = None,
+  ):
+    self.eps = eps
+    self.scale = make_param(rngs, (dim,), (name,), _ONES, dtype, stack)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return rms_norm(x, self.scale[...], self.eps)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with RoPE, optional biases and q/k norm."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None):
+    d, h, k, hd, pd = (
+        cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.param_dtype
+    )
+    if h % k:
+      raise ValueError(f"num_attention_heads={h} is not a multiple of num_key_value_heads={k}.")
+    self.cfg = cfg
+    self.q = make_param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), _NORMAL, pd, stack)
+    self.k = make_param(rngs, (d, k, hd), ("embed", "kv_heads", "head_dim"), _NORMAL, pd, stack)
+    self.v = make_param(rngs, (d, k, hd), ("embed", "kv_heads", "head_dim"), _NORMAL, pd, stack)
+    self.o = make_param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), _NORMAL, pd, stack)
+    if cfg.qkv_bias:
+      self.q_bias = make_param(rngs, (h, hd), ("heads", "head_dim"), _ZEROS, pd, stack)
+      self.k_bias = make_param(rngs, (k, hd), ("kv_heads", "head_dim"), _ZEROS, pd, stack)
+      self.v_bias = make_param(rngs, (k, hd), ("kv_heads", "head_dim"), _ZEROS, pd, stack)
+    if cfg.o_bias:
+      self.o_bias = make_param(rngs, (d,), ("embed",), _ZEROS, pd, stack)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, rngs, name="head_dim", dtype=pd, stack=stack)
+      self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, rngs, name="head_dim", dtype=pd, stack=stack)
+
+  def _project(self, x: jax.Array, kernel: nnx.Param, bias_name: str) -> jax.Array:
+    """x [B, T, D] -> [B, T, N, head_dim]."""
+    y = jnp.einsum("btd,dnh->btnh", x, kernel[...].astype(x.dtype))
+    if self.cfg.qkv_bias:
+      y = y + getattr(self, bias_name)[...].astype(x.dtype)
+    return y
+
+  def __call__(
+      self,
+      x: jax.Array,
+      cos: jax.Array,
+      sin: jax.Array,
+      mask: jax.Array,
+      kv: tuple[jax.Array, jax.Array] | None = None,
+      write_index: jax.Array | None = None,
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """Self-attention.
+
+    Args:
+      x: [B, T, D] inputs.
+      cos, sin: [B, T, head_dim] RoPE tables for the T new tokens.
+      mask: [B, T, S] True where query t may attend key s (S = T without a
+        cache, the cache length with one).
+      kv: optional cache (k, v), each [B, S, K, head_dim]; the new keys and
+        values are written at ``write_index`` and attention runs over all S.
+      write_index: [B] int32 first cache slot of the new tokens, per row.
+
+    Returns:
+      ([B, T, D] outputs, the updated (k, v) cache or None).
+    """
+    cfg = self.cfg
+    q = self._project(x, self.q, "q_bias")
+    k = self._project(x, self.k, "k_bias")
+    v = self._project(x, self.v, "v_bias")
+    if cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q, k = rope.apply_rope(q, cos, sin), rope.apply_rope(k, cos, sin)
+    if kv is not None:
+      write = jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 0))
+      k = write(kv[0], k.astype(kv[0].dtype), write_index)
+      v = write(kv[1], v.astype(kv[1].dtype), write_index)
+      kv = (k, v)
+    b, t, h, hd = q.shape
+    groups = h // cfg.num_kv_heads
+    q = q.reshape(b, t, cfg.num_kv_heads, groups, hd)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k.astype(q.dtype)).astype(jnp.float32)
+    scores = scores * (hd ** -0.5)
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v.astype(x.dtype)).reshape(b, t, h, hd)
+    y = jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(x.dtype))
+    if cfg.o_bias:
+      y = y + self.o_bias[...].astype(x.dtype)
+    return y, kv
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None):
+    d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
+    self.bias = cfg.mlp_bias
+    self.gate = make_param(rngs, (d, f), ("embed", "mlp"), _NORMAL, pd, stack)
+    self.up = make_param(rngs, (d, f), ("embed", "mlp"), _NORMAL, pd, stack)
+    self.down = make_param(rngs, (f, d), ("mlp", "embed"), _NORMAL, pd, stack)
+    if cfg.mlp_bias:
+      self.gate_bias = make_param(rngs, (f,), ("mlp",), _ZEROS, pd, stack)
+      self.up_bias = make_param(rngs, (f,), ("mlp",), _ZEROS, pd, stack)
+      self.down_bias = make_param(rngs, (d,), ("embed",), _ZEROS, pd, stack)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[B, T, D] -> [B, T, D]."""
+    gate = x @ self.gate[...].astype(x.dtype)
+    up = x @ self.up[...].astype(x.dtype)
+    if self.bias:
+      gate = gate + self.gate_bias[...].astype(x.dtype)
+      up = up + self.up_bias[...].astype(x.dtype)
+    y = (jax.nn.silu(gate) * up) @ self.down[...].astype(x.dtype)
+    if self.bias:
+      y = y + self.down_bias[...].astype(x.dtype)
+    return y
+
+
+class Block(nnx.Module):
+  """Pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(x))."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None):
+    pd = cfg.param_dtype
+    self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=pd, stack=stack)
+    self.attn = Attention(cfg, rngs, stack)
+    self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=pd, stack=stack)
+    self.mlp = MLP(cfg, rngs, stack)
+
+  def __call__(
+      self,
+      x: jax.Array,
+      cos: jax.Array,
+      sin: jax.Array,
+      mask: jax.Array,
+      kv: tuple[jax.Array, jax.Array] | None = None,
+      write_index: jax.Array | None = None,
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """[B, T, D] -> ([B, T, D], updated kv); see Attention for the arguments."""
+    attn_out, kv = self.attn(self.input_norm(x), cos, sin, mask, kv, write_index)
+    x = x + attn_out
+    x = x + self.mlp(self.post_attn_norm(x))
+    return x, kv

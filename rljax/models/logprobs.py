@@ -1,0 +1,87 @@
+"""Token log-probs and entropy without materialising [B, T, V] float32 logits.
+
+For tokens n with final hidden state h_n and LM-head weight W [V, D]:
+
+  z_n = W h_n / temperature               logits, [V]
+  log p_n = z_n[y_n] - logsumexp(z_n)
+  H_n = logsumexp(z_n) - sum_v softmax(z_n)_v z_n,v
+
+Tokens are processed in chunks of ``chunk_size`` inside ``lax.scan``, and
+each chunk is rematerialised in the backward pass, so at any time only one
+[chunk_size, V] block of logits (and its softmax) is alive.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+def _chunk_stats(
+    h: jax.Array, weight: jax.Array, targets: jax.Array, temperature: float,
+    with_entropy: bool,
+) -> tuple[jax.Array, jax.Array]:
+  """(log_probs [C], entropy [C]) for hidden [C, D], weight [V, D], targets [C]."""
+  logits = jnp.einsum("cd,vd->cv", h, weight, preferred_element_type=jnp.float32)
+  logits = logits.astype(jnp.float32) / temperature
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  target = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+  if not with_entropy:
+    return target - lse, jnp.zeros_like(lse)
+  probs = jnp.exp(logits - lse[:, None])
+  entropy = lse - jnp.sum(probs * logits, axis=-1)
+  return target - lse, entropy
+
+
+@functools.partial(jax.jit, static_argnames=("chunk_size", "temperature", "with_entropy"))
+def token_log_probs(
+    hidden: jax.Array,
+    weight: jax.Array,
+    targets: jax.Array,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+) -> tuple[jax.Array, jax.Array]:
+  """Log-probs of ``targets`` and the entropy of each next-token distribution.
+
+  Args:
+    hidden: [B, T, D] final hidden states (after the final norm).
+    weight: [V, D] LM-head weight (``CausalLM.lm_head_weight()``).
+    targets: [B, T] int token ids to score (the next tokens).
+    chunk_size: tokens per chunk; peak extra memory is about
+      3 * chunk_size * V float32 values.
+    temperature: logits are divided by it first (as verl does).
+    with_entropy: compute the entropy (zeros otherwise; skips a [C, V] pass).
+
+  Returns:
+    (log_probs [B, T], entropy [B, T]), float32; differentiable in hidden and
+    weight.
+  """
+  b, t, d = hidden.shape
+  n = b * t
+  chunk = min(chunk_size, n)
+  pad = -n % chunk
+  h = jnp.pad(hidden.reshape(n, d), ((0, pad), (0, 0))).reshape(-1, chunk, d)
+  y = jnp.pad(targets.reshape(n), (0, pad)).reshape(-1, chunk)
+  stats = jax.checkpoint(
+      functools.partial(_chunk_stats, temperature=temperature, with_entropy=with_entropy))
+
+  def body(_, xs):
+    return None, stats(xs[0], weight, xs[1])
+
+  _, (logp, ent) = jax.lax.scan(body, None, (h, y))
+  return logp.reshape(-1)[:n].reshape(b, t), ent.reshape(-1)[:n].reshape(b, t)
+
+
+def naive_token_log_probs(
+    hidden: jax.Array, weight: jax.Array, targets: jax.Array, temperature: float = 1.0
+) -> tuple[jax.Array, jax.Array]:
+  """Reference: full [B, T, V] float32 logits. Same signature and results."""
+  logits = jnp.einsum("btd,vd->btv", hidden, weight,
+                      preferred_element_type=jnp.float32).astype(jnp.float32) / temperature
+  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  return logp, entropy

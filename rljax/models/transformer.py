@@ -1,0 +1,220 @@
+"""The causal LM: embeddings, a stack of decoder blocks, final norm, LM head.
+
+Left-padded batches are the RL norm: positions come from the attention mask
+(``cumsum(mask) - 1``) and attention is causal AND masked by padding (and by
+``segment_ids`` for packed rows). ``step`` runs prefill or decode against a
+KV cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rljax.models import rope
+from rljax.models.config import ModelConfig
+from rljax.models.layers import Block, RMSNorm, make_param
+
+_EMBED_INIT = jax.nn.initializers.normal(0.02)
+
+
+class KVCache(NamedTuple):
+  """Keys and values for L layers and S slots, with one write index per row.
+
+  Attributes:
+    k, v: [L, B, S, K, head_dim].
+    mask: [B, S] bool, True for slots holding a real (non-pad) token.
+    index: [B] int32, the slot where each row's next token is written.
+  """
+
+  k: jax.Array
+  v: jax.Array
+  mask: jax.Array
+  index: jax.Array
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+  """An empty cache for ``batch`` rows of up to ``max_len`` tokens."""
+  shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  dtype = dtype or cfg.dtype
+  return KVCache(
+      k=jnp.zeros(shape, dtype),
+      v=jnp.zeros(shape, dtype),
+      mask=jnp.zeros((batch, max_len), bool),
+      index=jnp.zeros((batch,), jnp.int32),
+  )
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+  """[B, T] positions cumsum(mask) - 1, clipped at 0 for left padding."""
+  return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def attention_mask_3d(
+    key_valid: jax.Array,
+    query_slots: jax.Array,
+    key_slots: jax.Array,
+    sliding_window: int | None = None,
+    segment_ids: jax.Array | None = None,
+) -> jax.Array:
+  """[B, T, S] bool: causal by slot, key not padding, same segment, in window.
+
+  Args:
+    key_valid: [B, S] True for real keys.
+    query_slots: [B, T] slot (sequence index) of each query.
+    key_slots: [S] slot of each key.
+    sliding_window: keys more than this many slots back are masked.
+    segment_ids: [B, T] (T == S) packed-sequence ids; attention stays within
+      a segment.
+  """
+  diff = query_slots[:, :, None] - key_slots[None, None, :]
+  mask = (diff >= 0) & key_valid[:, None, :]
+  if sliding_window is not None:
+    mask &= diff < sliding_window
+  if segment_ids is not None:
+    mask &= segment_ids[:, :, None] == segment_ids[:, None, :]
+  return mask
+
+
+class CausalLM(nnx.Module):
+  """Decoder-only LM for the Llama, Mistral, Qwen2 and Qwen3 families."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    pd = cfg.param_dtype
+    self.embed = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"),
+                            _EMBED_INIT, pd)
+    if cfg.scan_layers:
+      self.layers = Block(cfg, rngs, stack=cfg.num_layers)
+    else:
+      self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=pd)
+    if not cfg.tie_word_embeddings:
+      self.lm_head = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"),
+                                _EMBED_INIT, pd)
+
+  def lm_head_weight(self) -> jax.Array:
+    """[V, D] output projection (the embedding matrix when tied)."""
+    return (self.embed if self.cfg.tie_word_embeddings else self.lm_head)[...]
+
+  def _run_layers(
+      self,
+      x: jax.Array,
+      positions: jax.Array,
+      mask: jax.Array,
+      cache: KVCache | None,
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """x [B, T, D] through every block; returns (x, new (k, v) [L, ...] or None)."""
+    cfg = self.cfg
+    inv_freq, attention_factor = rope.inv_frequencies(
+        cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+    cos, sin = rope.cos_sin(positions, inv_freq, attention_factor)
+    write_index = None if cache is None else cache.index
+
+    def apply(graphdef, state, x, kv):
+      return nnx.merge(graphdef, state)(x, cos, sin, mask, kv, write_index)
+
+    if cfg.remat:
+      apply = jax.checkpoint(apply, static_argnums=(0,))
+    if cfg.scan_layers:
+      graphdef, state = nnx.split(self.layers)
+
+      def body(x, xs):
+        layer_state, kv = xs
+        x, kv = apply(graphdef, layer_state, x, kv)
+        return x, kv
+
+      kv_in = None if cache is None else (cache.k, cache.v)
+      x, kv_out = jax.lax.scan(body, x, (state, kv_in))
+      return x, kv_out
+    new_k, new_v = [], []
+    for i, block in enumerate(self.layers):
+      graphdef, state = nnx.split(block)
+      kv = None if cache is None else (cache.k[i], cache.v[i])
+      x, kv = apply(graphdef, state, x, kv)
+      if kv is not None:
+        new_k.append(kv[0])
+        new_v.append(kv[1])
+    return x, (None if cache is None else (jnp.stack(new_k), jnp.stack(new_v)))
+
+  def hidden_states(
+      self,
+      input_ids: jax.Array,
+      attention_mask: jax.Array | None = None,
+      positions: jax.Array | None = None,
+      segment_ids: jax.Array | None = None,
+  ) -> jax.Array:
+    """Final (normed) hidden states [B, T, D] for input_ids [B, T].
+
+    Args:
+      input_ids: [B, T] token ids.
+      attention_mask: [B, T] 1 for real tokens, 0 for padding (default all 1).
+      positions: [B, T] RoPE positions (default cumsum(mask) - 1).
+      segment_ids: [B, T] packed-sequence ids (attention stays within one).
+    """
+    b, t = input_ids.shape
+    if attention_mask is None:
+      attention_mask = jnp.ones((b, t), jnp.int32)
+    if positions is None:
+      positions = positions_from_mask(attention_mask)
+    slots = jnp.arange(t, dtype=jnp.int32)
+    mask = attention_mask_3d(attention_mask.astype(bool), jnp.broadcast_to(slots, (b, t)),
+                             slots, self.cfg.sliding_window, segment_ids)
+    x = self.embed[...][input_ids].astype(self.cfg.dtype)
+    x, _ = self._run_layers(x, positions, mask, None)
+    return self.final_norm(x)
+
+  def __call__(
+      self,
+      input_ids: jax.Array,
+      attention_mask: jax.Array | None = None,
+      positions: jax.Array | None = None,
+      segment_ids: jax.Array | None = None,
+  ) -> jax.Array:
+    """Logits [B, T, V]; arguments as in ``hidden_states``."""
+    h = self.hidden_states(input_ids, attention_mask, positions, segment_ids)
+    return h @ self.lm_head_weight().astype(h.dtype).T
+
+  def step(
+      self,
+      input_ids: jax.Array,
+      cache: KVCache,
+      attention_mask: jax.Array | None = None,
+      positions: jax.Array | None = None,
+      last_only: bool = False,
+  ) -> tuple[jax.Array, KVCache]:
+    """Prefill or decode T new tokens per row against a KV cache.
+
+    Row b's tokens go to slots ``cache.index[b] .. + T`` (the caller keeps
+    ``index + T <= S``); every row then advances by T.
+
+    Args:
+      input_ids: [B, T] new tokens (a left-padded prompt, or one token).
+      cache: the KVCache; see ``init_cache``.
+      attention_mask: [B, T] 1 for real new tokens (default all 1).
+      positions: [B, T] (default: real tokens already cached + cumsum - 1).
+      last_only: return logits for the last new token only ([B, 1, V]), so
+        a long prefill never holds [B, T, V] logits.
+
+    Returns:
+      (logits [B, T, V] or [B, 1, V], the updated cache).
+    """
+    b, t = input_ids.shape
+    if attention_mask is None:
+      attention_mask = jnp.ones((b, t), jnp.int32)
+    if positions is None:
+      seen = jnp.sum(cache.mask, axis=-1, dtype=jnp.int32)[:, None]
+      positions = seen + positions_from_mask(attention_mask)
+    write = jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 0))
+    key_valid = write(cache.mask, attention_mask.astype(bool), cache.index)
+    query_slots = cache.index[:, None] + jnp.arange(t, dtype=jnp.int32)
+    key_slots = jnp.arange(cache.mask.shape[1], dtype=jnp.int32)
+    mask = attention_mask_3d(key_valid, query_slots, key_slots, self.cfg.sliding_window)
+    x = self.embed[...][input_ids].astype(self.cfg.dtype)
+    x, (k, v) = self._run_layers(x, positions, mask, cache)
+    h = self.final_norm(x[:, -1:] if last_only else x)
+    logits = h @ self.lm_head_weight().astype(h.dtype).T
+    return logits, KVCache(k=k, v=v, mask=key_valid, index=cache.index + t)

@@ -1,0 +1,90 @@
+"""Multi-host start-up with JAX's own distributed runtime.
+
+One JAX process per host; `initialize()` connects them before any array is
+made. On Cloud TPU VMs and pods JAX finds the topology itself. Elsewhere
+(GPU or CPU clusters, or several processes on one machine for tests) the
+coordinator comes from the environment:
+
+* `JAX_COORDINATOR_ADDRESS` (host:port of process 0),
+* `JAX_NUM_PROCESSES`, defaulting to `trainer.nnodes` when that is a number,
+* `JAX_PROCESS_ID`.
+
+CPU processes exchange collectives over gloo.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+from ml_collections import ConfigDict
+
+from rljax import config as config_lib
+
+_ENV_ADDRESS = "JAX_COORDINATOR_ADDRESS"
+_ENV_COUNT = "JAX_NUM_PROCESSES"
+_ENV_ID = "JAX_PROCESS_ID"
+
+
+def _on_tpu_vm() -> bool:
+  return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0") or bool(os.environ.get("TPU_WORKER_HOSTNAMES"))
+
+
+def _env_int(name: str) -> int | None:
+  value = os.environ.get(name)
+  if value is None:
+    return None
+  try:
+    return int(value)
+  except ValueError:
+    raise config_lib.ConfigError(name, value, "must be an integer", f"export {name}=0") from None
+
+
+def distributed_args(config: ConfigDict | None = None) -> dict | None:
+  """`jax.distributed.initialize` keyword arguments from env and config.
+
+  Returns:
+    None for a single-process run, {} to let JAX detect a TPU pod, or the
+    explicit coordinator/process arguments.
+  """
+  address = os.environ.get(_ENV_ADDRESS)
+  count = _env_int(_ENV_COUNT)
+  if count is None and config is not None and isinstance(config.trainer.nnodes, int):
+    count = config.trainer.nnodes
+  if address is None:
+    if _on_tpu_vm() and (count is None or count > 1):
+      return {}
+    if count not in (None, 1):
+      raise config_lib.ConfigError(
+          "trainer.nnodes", count, f"a {count}-process run needs a coordinator",
+          f"export {_ENV_ADDRESS}=HOST:PORT, {_ENV_ID}=RANK on every process (or run on a TPU VM)")
+    return None
+  process_id = _env_int(_ENV_ID)
+  if count is None or process_id is None:
+    raise config_lib.ConfigError(
+        _ENV_ADDRESS, address, f"needs {_ENV_COUNT} and {_ENV_ID} beside it",
+        f"export {_ENV_COUNT}=N and {_ENV_ID}=RANK on every process")
+  if not 0 <= process_id < count:
+    raise config_lib.ConfigError(_ENV_ID, process_id, f"must lie in [0, {count})", f"number processes 0..{count - 1}")
+  return {"coordinator_address": address, "num_processes": count, "process_id": process_id}
+
+
+def initialize(config: ConfigDict | None = None) -> bool:
+  """Starts the distributed runtime when this is a multi-process job.
+
+  Returns:
+    True if `jax.distributed.initialize` was called.
+  """
+  args = distributed_args(config)
+  if args is None:
+    return False
+  if args:
+    # Only the CPU client reads this; it must be set before any backend starts.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(**args)
+  return True
+
+
+def is_main_process() -> bool:
+  """Only process 0 writes logs and plots."""
+  return jax.process_index() == 0

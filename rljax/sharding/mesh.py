@@ -1,0 +1,105 @@
+"""One device mesh per job, built from the config.
+
+Axis style: every mesh axis is `AxisType.Auto`. jax 0.10's `jax.make_mesh`
+defaults to Explicit axes (sharding in types), which would make every
+operation's output sharding part of its type and every model line answer
+for it. rljax instead places parameters, optimizer state and batches with
+`NamedSharding`s at the jit boundary (`in_shardings` / `out_shardings`,
+`jax.device_put`) and lets XLA's partitioner propagate them through the
+model, adding `jax.lax.with_sharding_constraint` only where a layout must be
+pinned. Every mesh in rljax is made by `make_mesh` / `build_mesh`, so this
+choice holds everywhere.
+
+Axes, in order: `data` (pure data parallel), `fsdp` (data parallel with
+parameters and optimizer state sharded), `tensor` (tensor parallel),
+`sequence` (sequence parallel). Their sizes come from verl's keys:
+
+* devices: `trainer.nnodes * trainer.n_gpus_per_node`, or every visible
+  device when either says `auto`;
+* tensor: `actor_rollout_ref.actor.tensor_model_parallel_size`;
+* sequence: `actor_rollout_ref.actor.ulysses_sequence_parallel_size`;
+* fsdp: `actor_rollout_ref.actor.fsdp_config.fsdp_size` (-1: every device
+  left after tensor and sequence);
+* data: whatever is left.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+from ml_collections import ConfigDict
+
+from rljax import config as config_lib
+
+AXES = ("data", "fsdp", "tensor", "sequence")
+
+_TENSOR_KEY = "actor_rollout_ref.actor.tensor_model_parallel_size"
+_SEQUENCE_KEY = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+_FSDP_KEY = "actor_rollout_ref.actor.fsdp_config.fsdp_size"
+
+
+def mesh_shape(config: ConfigDict, device_count: int) -> dict[str, int]:
+  """Axis sizes {data, fsdp, tensor, sequence} for `device_count` devices.
+
+  Raises:
+    ConfigError: naming the keys, when the sizes do not factor the devices.
+  """
+  actor = config.actor_rollout_ref.actor
+  tensor, sequence = actor.tensor_model_parallel_size, actor.ulysses_sequence_parallel_size
+  fsdp = actor.fsdp_config.fsdp_size
+  model = tensor * sequence
+  if tensor < 1 or sequence < 1 or device_count % model:
+    raise config_lib.ConfigError(
+        _TENSOR_KEY, tensor,
+        f"tensor ({tensor}) x sequence ({_SEQUENCE_KEY}={sequence}) does not divide the {device_count} devices",
+        f"choose sizes whose product divides {device_count}")
+  rest = device_count // model
+  if fsdp == -1:
+    fsdp = rest
+  if fsdp < 1 or rest % fsdp:
+    raise config_lib.ConfigError(
+        _FSDP_KEY, fsdp,
+        f"does not divide the {rest} devices left after tensor x sequence ({device_count} devices / {model})",
+        f"set {_FSDP_KEY}=-1 (all of them) or a divisor of {rest}")
+  return {"data": rest // fsdp, "fsdp": fsdp, "tensor": tensor, "sequence": sequence}
+
+
+def build_mesh(shape: dict[str, int] | Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A Mesh with rljax's four Auto axes; `shape` as a dict or in AXES order."""
+  sizes = tuple(shape[a] for a in AXES) if isinstance(shape, dict) else tuple(shape)
+  if len(sizes) != len(AXES):
+    raise ValueError(f"a mesh shape has {len(AXES)} sizes ({', '.join(AXES)}), got {sizes}")
+  devices = list(devices) if devices is not None else jax.devices()
+  if int(np.prod(sizes)) != len(devices):
+    raise ValueError(f"mesh {dict(zip(AXES, sizes))} needs {int(np.prod(sizes))} devices, {len(devices)} given")
+  return jax.make_mesh(sizes, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+
+
+def make_mesh(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """The job's mesh from `config` (see the module docstring for the keys).
+
+  Raises:
+    ConfigError: the configured device count differs from the devices JAX
+      sees, or the axis sizes do not factor it.
+  """
+  devices = list(devices) if devices is not None else jax.devices()
+  wanted = config_lib.resolve_world_size(config, len(devices))
+  if wanted != len(devices):
+    raise config_lib.ConfigError(
+        "trainer.n_gpus_per_node", config.trainer.n_gpus_per_node,
+        f"trainer.nnodes x trainer.n_gpus_per_node = {wanted} devices, but JAX sees {len(devices)}",
+        "set trainer.n_gpus_per_node=auto (and trainer.nnodes=auto) to use every visible device")
+  return build_mesh(mesh_shape(config, len(devices)), devices)
+
+
+def check_model_fits(mesh: Mesh, num_heads: int, num_kv_heads: int, key: str = _TENSOR_KEY) -> None:
+  """Tensor parallelism splits attention heads: it must divide both head counts."""
+  tensor = mesh.shape["tensor"]
+  for what, count in (("num_key_value_heads", num_kv_heads), ("num_attention_heads", num_heads)):
+    if count % tensor:
+      raise config_lib.ConfigError(
+          key, tensor, f"the tensor axis must divide the model's {what} ({count})",
+          f"choose a divisor of {count} for {key}")

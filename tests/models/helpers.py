@@ -1,0 +1,113 @@
+"""Tiny HF reference models (transformers, PyTorch CPU) for the parity tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tokenizers
+import torch
+import transformers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+torch.set_num_threads(1)
+
+_BASE = dict(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+
+# Each family with something unusual.
+FAMILIES: dict[str, tuple[type, dict[str, Any]]] = {
+    # llama3 RoPE scaling, tied embeddings, attention and MLP biases.
+    "llama3": (transformers.LlamaConfig, dict(
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+        rope_theta=500000.0, tie_word_embeddings=True, attention_bias=True, mlp_bias=True)),
+    # linear RoPE scaling, head_dim != hidden / heads, untied.
+    "llama_linear": (transformers.LlamaConfig, dict(
+        head_dim=16, rope_scaling={"rope_type": "linear", "factor": 2.0},
+        tie_word_embeddings=False)),
+    # q/k/v biases, YaRN, untied.
+    "qwen2": (transformers.Qwen2Config, dict(
+        rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                      "original_max_position_embeddings": 16},
+        tie_word_embeddings=False)),
+    # q/k RMSNorm, head_dim != hidden / heads, tied.
+    "qwen3": (transformers.Qwen3Config, dict(head_dim=16, tie_word_embeddings=True)),
+    # sliding window shorter than the sequence, MQA-ish GQA (4 -> 1).
+    "mistral": (transformers.MistralConfig, dict(
+        sliding_window=4, num_key_value_heads=1, tie_word_embeddings=False)),
+}
+
+
+def hf_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
+  """A float32 HF model with every parameter random (norms ~1, biases nonzero)."""
+  cls, extra = FAMILIES[family]
+  cfg = cls(**{**_BASE, **extra})
+  cfg._attn_implementation = "eager"
+  torch.manual_seed(seed)
+  model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith("norm.weight"):
+        p.copy_(1.0 + 0.2 * torch.randn_like(p))
+      else:
+        p.copy_(0.15 * torch.randn_like(p))
+  return model.eval()
+
+
+def batch(vocab: int = 128, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Left-padded [3, 10] ids and mask (row 0 full, rows 1-2 padded)."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(3, vocab, size=(3, 10)).astype(np.int32)
+  mask = np.ones((3, 10), np.int32)
+  mask[1, :3] = 0
+  mask[2, :6] = 0
+  ids[mask == 0] = 0
+  return ids, mask
+
+
+def hf_logits(model: transformers.PreTrainedModel, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """[B, T, V] logits with positions cumsum(mask) - 1 (left padding)."""
+  positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(ids, dtype=torch.long),
+                attention_mask=torch.tensor(mask, dtype=torch.long),
+                position_ids=torch.tensor(positions, dtype=torch.long))
+  return out.logits.float().numpy()
+
+
+def max_diff_on_mask(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
+  return float(np.abs(np.asarray(a) - np.asarray(b))[mask.astype(bool)].max())
+
+
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+HARD_STRINGS = [
+    "Hello, world! It's 2024-06-01; we'll see.",
+    "naïve café — Größe, 日本語のテキスト, emoji 🤖👩‍💻 and ŝ̷̨t̸r̷a̴n̶g̵e",
+    "digits 1234567890 3.14159 -42 1e-9 0x1F",
+    "def f(x):\n    return x ** 2  # square\n\n\tif x != 0: pass\r\n",
+    "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n",
+    "   leading spaces,\n\n\ntrailing   ",
+    "",
+]
+
+
+def train_tokenizer() -> tokenizers.Tokenizer:
+  """A byte-level BPE with SmolLM's pre-tokenizer (single digits) and ChatML specials."""
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Digits(individual_digits=True),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+  tok.decoder = decoders.ByteLevel()
+  corpus = [s * 3 for s in HARD_STRINGS] + ["the quick brown fox jumps over the lazy dog"] * 5
+  trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIALS,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(corpus, trainer)
+  return tok

@@ -1,0 +1,78 @@
+"""Tokenizers from HF directories: chat-template sources, jinja helpers, special ids."""
+
+import json
+import os
+import shutil
+
+import jinja2
+import pytest
+import transformers
+
+import rljax.models as M
+from tests.models import helpers
+
+TOOL_TEMPLATE = (
+    "{% if tools %}{{ 'TOOLS:' + (tools | tojson) + '\n' }}{% endif %}"
+    "{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+    "{{ raise_exception('bad role ' + m['role']) }}{% endif %}"
+    "{{ bos_token + m['role'] + ': ' + m['content'] + eos_token }}{% endfor %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("tok"))
+  transformers.PreTrainedTokenizerFast(
+      tokenizer_object=helpers.train_tokenizer(), bos_token="<|im_start|>",
+      eos_token="<|endoftext|>", chat_template=TOOL_TEMPLATE).save_pretrained(path)
+  return path
+
+
+def _set_template(path, template):
+  file = os.path.join(path, "tokenizer_config.json")
+  with open(file) as f:
+    cfg = json.load(f)
+  cfg["chat_template"] = template
+  with open(file, "w") as f:
+    json.dump(cfg, f)
+
+
+def test_tojson_tools_and_raise_exception_match_transformers(tok_dir):
+  ours = M.load_tokenizer(tok_dir)
+  ref = transformers.AutoTokenizer.from_pretrained(tok_dir)
+  tools = [{"type": "function", "function": {"name": "f", "description": "é ü"}}]
+  msgs = [{"role": "user", "content": "sum 1 2"}, {"role": "assistant", "content": "3"}]
+  assert ours.apply_chat_template(msgs, tools=tools, tokenize=False) == \
+      ref.apply_chat_template(msgs, tools=tools, tokenize=False)
+  with pytest.raises(jinja2.TemplateError, match="bad role system"):
+    ours.apply_chat_template([{"role": "system", "content": "x"}])
+
+
+def test_pad_falls_back_to_eos_and_ids(tok_dir):
+  tok = M.load_tokenizer(tok_dir)
+  assert tok.pad_token == tok.eos_token == "<|endoftext|>"
+  assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (1, 0, 0)
+  assert tok.eos_token_ids == [0]
+
+
+def test_chat_template_sources(tok_dir, tmp_path):
+  path = str(tmp_path / "t")
+  shutil.copytree(tok_dir, path)
+  msgs = [{"role": "user", "content": "hi"}]
+  _set_template(path, [{"name": "tool_use", "template": "TOOL"},
+                       {"name": "default", "template": "{{ messages[0]['content'] }}!"}])
+  assert M.load_tokenizer(path).apply_chat_template(msgs, tokenize=False) == "hi!"
+  _set_template(path, None)
+  for name in os.listdir(path):
+    if name.endswith(".jinja"):
+      os.remove(os.path.join(path, name))
+  with pytest.raises(ValueError, match="no chat_template"):
+    M.load_tokenizer(path).apply_chat_template(msgs)
+  with open(os.path.join(path, "chat_template.jinja"), "w") as f:
+    f.write("[{{ messages[0]['content'] }}]")
+  assert M.load_tokenizer(path).apply_chat_template(msgs, tokenize=False) == "[hi]"
+
+
+def test_missing_tokenizer_json_is_named(tmp_path):
+  with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    M.load_tokenizer(str(tmp_path))
