@@ -19,6 +19,7 @@ from typing import Sequence
 from absl import app, flags
 
 from rljax import config as config_lib
+from rljax import sharding
 
 _CONFIG = flags.DEFINE_string(
     "config", None, "Experiment file, e.g. configs/grpo.py or configs/grpo.py:PRESET.")
@@ -43,9 +44,15 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     sys.exit(2)
 
 
-def resolve(config, overrides: Sequence[str], device_count: int | None = None):
-  """Overrides -> deprecated-key mapping -> validation; returns the config."""
+def resolve(config, overrides: Sequence[str], device_count: int | None = None, distributed: bool = False):
+  """Overrides -> (multi-host start-up) -> deprecated-key mapping -> validation.
+
+  With `distributed`, JAX's distributed runtime starts before anything asks
+  JAX for its devices (it must come first).
+  """
   config_lib.apply_overrides(config, overrides)
+  if distributed:
+    sharding.initialize(config)
   config_lib.finalize(config, device_count)
   world = config_lib.resolve_world_size(config, device_count)
   return config_lib.validate(config, world)
@@ -59,17 +66,16 @@ def main(argv: Sequence[str]) -> int:
     print("--config is required, e.g. --config=configs/grpo.py", file=sys.stderr)
     return 2
   try:
-    config = resolve(config_lib.load_config_file(_CONFIG.value), _OVERRIDES)
+    config = resolve(config_lib.load_config_file(_CONFIG.value), _OVERRIDES, distributed=not _DRY_RUN.value)
   except config_lib.ConfigError as error:
     print(f"config error: {error}", file=sys.stderr)
     return 2
   if _DRY_RUN.value:
     sys.stdout.write(config_lib.to_yaml(config))
     return 0
-  print("rljax: the config is valid, but training is not available yet: the RL "
-        "trainer (issue 8) has not landed. Use --dry_run to inspect the config.",
-        file=sys.stderr)
-  return 3
+  from rljax.trainer import loop  # pylint: disable=import-outside-toplevel
+  loop.run(config)
+  return 0
 
 
 def run() -> None:

@@ -1,0 +1,155 @@
+"""Exports a trained actor from an rljax checkpoint as a Hugging Face directory.
+
+  python -m rljax.export --checkpoint DIR [--step N] --out HF_DIR
+
+DIR is `trainer.default_local_dir` of the run: it holds `config.yaml` (the
+run's resolved config) and `global_step_N/` checkpoints. The architecture and
+tokenizer come from `actor_rollout_ref.model.path` (an HF directory, a .gguf
+file or an alias such as smollm2-135m-instruct) with the run's
+`override_config.model_config` and `scan_layers`; the weights are the
+checkpoint's "actor" arrays (`nnx.state(model, nnx.Param)`), written in
+their saved dtype. The output opens with
+`transformers.AutoModelForCausalLM.from_pretrained(HF_DIR)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from etils import epath
+from flax import nnx
+from ml_collections import ConfigDict
+
+from rljax import config as config_lib
+from rljax import models
+from rljax.models import checkpoint as model_checkpoint
+from rljax.models import config as model_config_lib
+from rljax.models import gguf_io
+from rljax.trainer import checkpointing
+
+ACTOR = "actor"
+
+
+def load_run_config(checkpoint_dir: str) -> ConfigDict:
+  """The run config saved beside the checkpoints (`DIR/config.yaml`)."""
+  directory = epath.Path(checkpointing.absolute(checkpoint_dir))
+  if not directory.is_dir():
+    raise FileNotFoundError(f"checkpoint directory {directory} does not exist.")
+  path = directory / checkpointing.CONFIG_FILE
+  if not path.is_file():
+    raise FileNotFoundError(
+        f"{path} does not exist: export needs the run config saved beside the checkpoints "
+        "(the trainer writes it; Checkpointer.save_config(config) writes it by hand)."
+    )
+  return config_lib.from_yaml(path.read_text())
+
+
+def _hf_config(model_path: str) -> dict[str, Any]:
+  if model_path.endswith(".gguf"):
+    hf_config, _ = gguf_io.read_gguf(model_path)
+    return dict(hf_config)
+  return model_checkpoint.hf_config_from_dir(model_path)
+
+
+def _names(tree: Any) -> dict[str, Any]:
+  """'layers/0/attn/q' -> leaf, whatever the key types (dict keys, attributes)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    parts = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    out["/".join(p for p in parts if p != "value")] = leaf
+  return out
+
+
+def _check_matches(saved: Any, abstract: Any, where: str, model_path: str) -> None:
+  saved_names, model_names = _names(saved), _names(abstract)
+  missing = sorted(set(model_names) - set(saved_names))
+  extra = sorted(set(saved_names) - set(model_names))
+  if missing or extra:
+    raise ValueError(
+        f"{where}: the checkpoint's actor parameters do not match the model built from "
+        f"actor_rollout_ref.model.path={model_path} (missing: {missing[:5]}, unexpected: "
+        f"{extra[:5]}); check actor_rollout_ref.model.scan_layers and override_config."
+    )
+  for name, leaf in model_names.items():
+    if tuple(saved_names[name].shape) != tuple(leaf.shape):
+      raise ValueError(
+          f"{where}: actor parameter {name} has shape {tuple(saved_names[name].shape)} but the "
+          f"model built from actor_rollout_ref.model.path={model_path} needs {tuple(leaf.shape)}."
+      )
+
+
+def _model_path(config: ConfigDict) -> str:
+  """`actor_rollout_ref.model.path` resolved (~, aliases); errors name the key."""
+  path = config.actor_rollout_ref.model.path
+  try:
+    return models.resolve_path(os.path.expanduser(path))
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f"actor_rollout_ref.model.path={path} in the run config: {e}") from e
+
+
+def _saved_dtype(saved: Any) -> np.dtype:
+  return np.dtype(jax.tree.leaves(saved)[0].dtype)
+
+
+def restore_actor(checkpoint_dir: str, step: int | None = None) -> tuple[models.CausalLM, ConfigDict, int]:
+  """(actor model with the checkpoint's parameters, run config, step)."""
+  config = load_run_config(checkpoint_dir)
+  model_cfg = config.actor_rollout_ref.model
+  model_path = _model_path(config)
+  with checkpointing.Checkpointer(checkpoint_dir, read_only=True) as ckpt:
+    step = ckpt.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(
+          f"no complete checkpoint (global_step_N with {checkpointing.COMMIT_MARKER}) "
+          f"under {checkpoint_dir}.")
+    where = checkpointing.step_dir(ckpt.directory, step)
+    metadata = ckpt.array_metadata(step)
+    if ACTOR not in metadata:
+      raise ValueError(f"{where} has no {ACTOR!r} arrays (it has {sorted(metadata)}).")
+    dtype = _saved_dtype(metadata[ACTOR])
+    cfg = model_config_lib.from_hf_dict(
+        _hf_config(model_path), model_cfg.override_config.model_config.to_dict(),
+        dtype=dtype, param_dtype=dtype, scan_layers=model_cfg.scan_layers,
+    )
+    abstract = nnx.eval_shape(lambda: models.CausalLM(cfg, nnx.Rngs(0)))
+    graphdef, params = nnx.split(abstract, nnx.Param)
+    _check_matches(metadata[ACTOR], params, where, model_path)
+    arrays, _ = ckpt.restore(step, {ACTOR: params})
+  return nnx.merge(graphdef, arrays[ACTOR]), config, step
+
+
+def _tokenizer(model_path: str) -> Any:
+  try:
+    return models.load_tokenizer(model_path)
+  except FileNotFoundError as e:
+    print(f"rljax.export: no tokenizer written ({e}).", file=sys.stderr)
+    return None
+
+
+def export(checkpoint_dir: str, out_dir: str, step: int | None = None) -> str:
+  """Writes the actor of `step` (default: latest complete) under `checkpoint_dir` to `out_dir`."""
+  model, config, step = restore_actor(checkpoint_dir, step)
+  models.save_pretrained(model, out_dir, tokenizer=_tokenizer(_model_path(config)))
+  return out_dir
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(prog="python -m rljax.export", description=__doc__.split("\n")[0])
+  parser.add_argument("--checkpoint", required=True, help="trainer.default_local_dir of the run")
+  parser.add_argument("--step", type=int, default=None, help="global step (default: latest complete)")
+  parser.add_argument("--out", required=True, help="output Hugging Face directory")
+  args = parser.parse_args(argv)
+  try:
+    out = export(args.checkpoint, args.out, args.step)
+  except (FileNotFoundError, ValueError) as e:
+    parser.exit(1, f"rljax.export: error: {e}\n")
+  print(f"rljax.export: wrote {out}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,55 @@
+"""Optimizers from verl's `optim` config nodes (actor and critic).
+
+AdamW (betas 0.9/0.999, eps 1e-8, as torch's) after clipping the global
+gradient norm at `grad_clip`. The learning rate follows verl's schedulers,
+stepped once per training step (verl steps its scheduler after each
+`update_actor`, not after each mini-batch):
+
+    warmup = lr_warmup_steps if > 0 else int(lr_warmup_steps_ratio * total)
+    constant: lr * min(1, s / max(1, warmup))
+    cosine:   lr * f(s),  f = min_lr_ratio + (1 - min_lr_ratio) * s / warmup    (s < warmup)
+                          f = max(min_lr_ratio, c * cos(2π * num_cycles * p) + i) (after)
+              p = (s - warmup) / max(1, total - warmup),
+              c = (1 - min_lr_ratio) / 2, i = (1 + min_lr_ratio) / 2
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax.numpy as jnp
+import optax
+
+
+def warmup_steps(optim, total_steps: int) -> int:
+  """`lr_warmup_steps` when positive, else `lr_warmup_steps_ratio * total_steps`."""
+  if optim.lr_warmup_steps is not None and optim.lr_warmup_steps > 0:
+    return int(optim.lr_warmup_steps)
+  return int(optim.lr_warmup_steps_ratio * total_steps)
+
+
+def lr_factor(step, optim, total_steps: int):
+  """The scheduler's multiplier of `optim.lr` at training step `step` (0-based)."""
+  warmup = warmup_steps(optim, total_steps)
+  step = jnp.asarray(step, jnp.float32)
+  if optim.lr_scheduler_type == "constant":
+    return jnp.minimum(1.0, step / max(1, warmup)) if warmup > 0 else jnp.ones_like(step)
+  floor = float(optim.min_lr_ratio or 0.0)
+  ramp = floor + (1.0 - floor) * step / max(1, warmup)
+  progress = (step - warmup) / max(1, total_steps - warmup)
+  wave = (1.0 - floor) * 0.5 * jnp.cos(math.pi * float(optim.num_cycles) * 2.0 * progress) + (1.0 + floor) * 0.5
+  return jnp.where(step < warmup, ramp, jnp.maximum(floor, wave))
+
+
+def make_schedule(optim, total_steps: int, updates_per_step: int) -> Callable:
+  """Learning rate as a function of optax's update count."""
+  return lambda count: optim.lr * lr_factor(count // updates_per_step, optim, total_steps)
+
+
+def make_optimizer(optim, grad_clip: float, total_steps: int, updates_per_step: int) -> optax.GradientTransformation:
+  """clip_by_global_norm(grad_clip) -> AdamW(verl's schedule, weight_decay)."""
+  schedule = make_schedule(optim, total_steps, updates_per_step)
+  parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip and grad_clip > 0 else []
+  parts.append(optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=float(optim.weight_decay)))
+  return optax.chain(*parts)

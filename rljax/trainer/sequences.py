@@ -1,0 +1,70 @@
+"""Prompt + response rows as the actor, reference and critic read them.
+
+Prompts arrive left-padded to P = data.max_prompt_length, responses
+right-padded to R = rollout.response_length, so every row is [P + R] and one
+compilation serves every step. The hidden state at position P - 1 + t
+predicts response token t.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.models import positions_from_mask, token_log_probs
+
+
+def make_sequences(prompt_ids: np.ndarray, prompt_mask: np.ndarray, responses: np.ndarray,
+                   response_mask: np.ndarray) -> dict[str, np.ndarray]:
+  """Rows for the model.
+
+  Args:
+    prompt_ids, prompt_mask: [N, P] left-padded prompts (already repeated n times).
+    responses, response_mask: [N, R] right-padded responses.
+
+  Returns:
+    input_ids, attention_mask, positions [N, P + R]; responses, response_mask [N, R].
+  """
+  input_ids = np.concatenate([prompt_ids, responses], axis=1).astype(np.int32)
+  attention_mask = np.concatenate([prompt_mask, response_mask], axis=1).astype(np.int32)
+  return {"input_ids": input_ids, "attention_mask": attention_mask,
+          "positions": np.asarray(positions_from_mask(attention_mask)),
+          "responses": responses.astype(np.int32), "response_mask": response_mask.astype(np.int32)}
+
+
+def response_hidden(model: Any, batch: dict[str, jax.Array]) -> jax.Array:
+  """[N, R, D] hidden states at the positions that predict each response token."""
+  hidden = model.hidden_states(batch["input_ids"], batch["attention_mask"], batch["positions"])
+  prompt_len = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+  return hidden[:, prompt_len - 1:-1]
+
+
+def response_log_probs(model: Any, batch: dict[str, jax.Array], temperature: float,
+                       with_entropy: bool = True, chunk_size: int = 1024) -> tuple[jax.Array, jax.Array]:
+  """(log-probs [N, R], entropy [N, R]) of the response tokens, logits / temperature.
+
+  Never materialises the [N, R, V] logits at once (chunked over tokens).
+  """
+  hidden = response_hidden(model, batch)
+  return token_log_probs(hidden, model.lm_head_weight(), batch["responses"], chunk_size=chunk_size,
+                         temperature=temperature, with_entropy=with_entropy)
+
+
+def as_micro_batches(batch: dict[str, np.ndarray], micro_batches: int) -> dict[str, np.ndarray]:
+  """[M, ...] -> [micro_batches, M / micro_batches, ...] for each array."""
+  def split(x):
+    x = np.asarray(x)
+    return x.reshape(micro_batches, x.shape[0] // micro_batches, *x.shape[1:])
+  return {k: split(v) for k, v in batch.items()}
+
+
+def masked_row_mean(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """Per-row mean over valid tokens."""
+  return (x * mask).sum(-1) / np.maximum(mask.sum(-1), 1)
+
+
+def tree_zeros_like(tree: Any) -> Any:
+  return jax.tree.map(jnp.zeros_like, tree)

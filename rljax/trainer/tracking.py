@@ -1,0 +1,234 @@
+"""Experiment tracking for `trainer.logger`: console, jsonl, tensorboard, wandb.
+
+Each backend receives the same flat `{metric name: float}` dict per step,
+under verl's metric names. Only process 0 writes. `plot_curves` draws the
+score and response-length curves of a `metrics.jsonl` file as a PNG.
+
+Files under the run directory::
+
+  metrics.jsonl       one {"step": N, name: value|null, ...} per step
+  generations.jsonl   one {"step": N, ...sample} per validation generation (with jsonl)
+  tensorboard/        event files (tensorboardX; no TensorFlow or torch)
+  wandb/              wandb's local files (WANDB_MODE=offline honoured)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+import tqdm
+from ml_collections import ConfigDict
+
+from rljax import config as config_lib
+
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+CONSOLE_KEYS = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "timing_s/step")
+METRICS_FILE = "metrics.jsonl"
+GENERATIONS_FILE = "generations.jsonl"
+
+
+def to_float(name: str, value: Any) -> float:
+  """A Python float from a Python/numpy/jax scalar; errors name the metric."""
+  array = np.asarray(jax.device_get(value))
+  if array.size != 1 or array.dtype.kind in "USOV":
+    raise TypeError(
+        f"metric {name!r} must be a numeric scalar, got {array.dtype} of shape {array.shape}.")
+  return float(array.reshape(()))
+
+
+def _json_value(value: float) -> float | None:
+  return value if math.isfinite(value) else None
+
+
+def _logger_names(config: ConfigDict) -> list[str]:
+  names = config.trainer.logger
+  names = [names] if isinstance(names, str) else list(names or [])
+  unknown = [n for n in names if n not in LOGGERS]
+  if unknown:
+    raise ValueError(f"trainer.logger={names}: unknown logger(s) {unknown}; choose from {list(LOGGERS)}.")
+  return names
+
+
+def _import_wandb() -> Any:
+  try:
+    import wandb  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(
+        "trainer.logger includes 'wandb' but the wandb package is not installed: "
+        "pip install wandb (or remove wandb from trainer.logger, e.g. trainer.logger=[console,jsonl])."
+    ) from e
+  return wandb
+
+
+class Tracker:
+  """Writes per-step metrics and validation generations to `trainer.logger`'s backends.
+
+  Args:
+    config: the run config (`trainer.logger`, `trainer.project_name`,
+      `trainer.experiment_name`).
+    run_dir: directory for metrics.jsonl, generations.jsonl, tensorboard/
+      and wandb/.
+    total_steps: length of the console progress bar (None: unbounded).
+  """
+
+  def __init__(self, config: ConfigDict, run_dir: str, total_steps: int | None = None):
+    self.names = _logger_names(config)
+    self.run_dir = run_dir
+    self.active = jax.process_index() == 0
+    self._bar = self._metrics = self._tb = self._wandb = self._wandb_lib = None
+    if not self.active:
+      return
+    os.makedirs(run_dir, exist_ok=True)
+    if "console" in self.names:
+      self._bar = tqdm.tqdm(total=total_steps, desc="training", unit="step", dynamic_ncols=True,
+                            file=sys.stderr)
+    if "jsonl" in self.names:
+      self._metrics = open(os.path.join(run_dir, METRICS_FILE), "a", encoding="utf-8")
+    if "tensorboard" in self.names:
+      self._tb = self._tensorboard_writer()
+    if "wandb" in self.names:
+      self._wandb = self._wandb_run(config)
+
+  def _tensorboard_writer(self) -> Any:
+    try:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise ImportError(
+          "trainer.logger includes 'tensorboard' but tensorboardX is not installed: "
+          "pip install tensorboardX."
+      ) from e
+    return SummaryWriter(logdir=os.path.join(self.run_dir, "tensorboard"))
+
+  def _wandb_run(self, config: ConfigDict) -> Any:
+    self._wandb_lib = wandb = _import_wandb()
+    return wandb.init(
+        project=config.trainer.project_name,
+        name=config.trainer.experiment_name,
+        config=config_lib.to_plain(config),
+        dir=self.run_dir,
+    )
+
+  def log(self, metrics: Mapping[str, Any], step: int) -> None:
+    """Writes one step's metrics (scalars of any kind) to every backend."""
+    if not self.active:
+      return
+    values = {name: to_float(name, value) for name, value in metrics.items()}
+    if self._bar is not None:
+      self._bar.update(max(0, step - self._bar.n))
+      tqdm.tqdm.write(self._console_line(values, step), file=sys.stdout)
+    if self._metrics is not None:
+      row = {"step": step, **{k: _json_value(v) for k, v in values.items()}}
+      self._metrics.write(json.dumps(row) + "\n")
+      self._metrics.flush()
+    if self._tb is not None:
+      for name, value in values.items():
+        self._tb.add_scalar(name, value, step)
+      self._tb.flush()
+    if self._wandb is not None:
+      self._wandb.log(values, step=step)
+
+  def _console_line(self, values: Mapping[str, float], step: int) -> str:
+    total = f"/{self._bar.total}" if self._bar is not None and self._bar.total else ""
+    parts = [f"step {step}{total}"]
+    parts += [f"{name} {values[name]:.4g}" for name in CONSOLE_KEYS if name in values]
+    return " | ".join(parts)
+
+  def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+    """Writes validation generations (dicts such as input/output/score) as text."""
+    if not self.active or not samples:
+      return
+    plain = [{k: _text_value(v) for k, v in sample.items()} for sample in samples]
+    rows = [{"step": step, **sample} for sample in plain]
+    if self._metrics is not None:
+      with open(os.path.join(self.run_dir, GENERATIONS_FILE), "a", encoding="utf-8") as f:
+        for row in rows:
+          f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    text = "\n".join(_format_sample(sample) for sample in plain)
+    if self._bar is not None:
+      tqdm.tqdm.write(f"[validation generations, step {step}]\n{text}", file=sys.stdout)
+    if self._tb is not None:
+      self._tb.add_text("val/generations", text.replace("\n", "  \n"), step)
+    if self._wandb is not None:
+      self._wandb.log({"val/generations": _wandb_table(self._wandb_lib, rows)}, step=step)
+
+  def close(self) -> None:
+    """Flushes and closes every backend."""
+    if self._bar is not None:
+      self._bar.close()
+    if self._metrics is not None:
+      self._metrics.close()
+    if self._tb is not None:
+      self._tb.close()
+    if self._wandb is not None:
+      self._wandb.finish()
+    self._bar = self._metrics = self._tb = self._wandb = None
+
+  def __enter__(self) -> "Tracker":
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.close()
+
+
+def _text_value(value: Any) -> Any:
+  """Strings and Python numbers as they are; array scalars as floats; the rest as str."""
+  if value is None or isinstance(value, (str, bool, int, float)):
+    return value
+  if hasattr(value, "shape") and np.size(value) == 1:
+    return to_float("sample", value)
+  return str(value)
+
+
+def _format_sample(sample: Mapping[str, Any]) -> str:
+  return " | ".join(f"{key}: {value}" for key, value in sample.items())
+
+
+def _wandb_table(wandb: Any, rows: Sequence[Mapping[str, Any]]) -> Any:
+  columns = list(dict.fromkeys(key for row in rows for key in row))
+  return wandb.Table(columns=columns, data=[[str(row.get(c, "")) for c in columns] for row in rows])
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+  """The rows of a metrics.jsonl file."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"metrics file {path} does not exist (trainer.logger needs 'jsonl').")
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _series(rows: Sequence[Mapping[str, Any]], name: str) -> tuple[list[int], list[float]]:
+  points = [(row["step"], row[name]) for row in rows if row.get(name) is not None]
+  return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_curves(
+    metrics_jsonl_path: str,
+    out_png: str,
+    names: Sequence[str] = ("critic/score/mean", "response_length/mean"),
+) -> str:
+  """Draws each metric in `names` against step, one panel each, into `out_png`."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  rows = read_metrics(metrics_jsonl_path)
+  if not any(row.get(name) is not None for row in rows for name in names):
+    raise ValueError(f"{metrics_jsonl_path} has no values for {list(names)}.")
+  fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3.6), squeeze=False)
+  for ax, name in zip(axes[0], names):
+    steps, values = _series(rows, name)
+    ax.plot(steps, values, marker="." if len(steps) < 50 else None)
+    ax.set_title(name if steps else f"{name} (not logged)")
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
+  fig.savefig(out_png, dpi=100)
+  plt.close(fig)
+  return out_png

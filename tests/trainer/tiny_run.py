@@ -1,0 +1,51 @@
+"""A tiny random model with SmolLM2's tokenizer, synthetic data, and run configs for trainer tests."""
+
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rljax import config as config_lib
+from rljax.data import ensure_synthetic_data
+from rljax.models import CausalLM, ModelConfig, load_tokenizer, save_pretrained
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def tiny_model_dir(path: pathlib.Path) -> str:
+  """Saves a 2-layer width-64 Llama with SmolLM2's vocabulary and tokenizer."""
+  tokenizer = load_tokenizer("smollm2-135m-instruct")
+  cfg = ModelConfig(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=100000.0, tie_word_embeddings=True,
+                    bos_token_id=1, eos_token_id=2, pad_token_id=2)
+  save_pretrained(CausalLM(cfg, nnx.Rngs(0)), str(path), tokenizer=tokenizer)
+  return str(path)
+
+
+def overrides(model_dir: str, data_dir: str, run_dir: str, *extra: str) -> list[str]:
+  """Shrinks an experiment to 2 steps of 4 prompts x 2 responses of 8 tokens on one device."""
+  ensure_synthetic_data(data_dir)
+  return [
+      f"actor_rollout_ref.model.path={model_dir}",
+      f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+      "data.train_batch_size=4", "data.max_prompt_length=96", "data.max_response_length=8",
+      "data.val_max_samples=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=2",
+      "actor_rollout_ref.actor.optim.lr=1e-3", "critic.optim.lr=1e-3",
+      "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=-1",
+      "trainer.val_before_train=false", "trainer.logger=[jsonl]", f"trainer.default_local_dir={run_dir}",
+      "reward_model.overlong_buffer.len=2", "trainer.n_gpus_per_node=1",
+      *extra]
+
+
+def run_config(name: str, model_dir: str, data_dir: str, run_dir: str, *extra: str):
+  """configs/<name>.py with `overrides`, finalized and validated."""
+  config = config_lib.load_config_file(str(ROOT / "configs" / f"{name}.py"))
+  config_lib.apply_overrides(config, overrides(model_dir, data_dir, run_dir, *extra))
+  if name == "ppo":
+    config_lib.apply_overrides(config, ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                        "actor_rollout_ref.rollout.n=1"])
+  config_lib.finalize(config, device_count=1)
+  return config_lib.validate(config)
