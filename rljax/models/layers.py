@@ -12,6 +12,7 @@ on a slice of that state inside ``lax.scan``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -109,15 +110,19 @@ class Attention(nnx.Module):
     Args:
       x: [B, T, D] inputs.
       cos, sin: [B, T, head_dim] RoPE tables for the T new tokens.
-      mask: [B, T, S] True where query t may attend key s (S = T without a
-        cache, the cache length with one).
-      kv: optional cache (k, v), each [B, S, K, head_dim]; the new keys and
-        values are written at ``write_index`` and attention runs over all S.
-      write_index: [B] int32 first cache slot of the new tokens, per row.
+      mask: without a cache, [B, T, T] True where query t may attend key s.
+        With a cache, a pair ([B, T, S] over the cached keys, [B, T, T] over
+        the new ones).
+      kv: optional cache (k, v), each [B, K, S, head_dim], read only:
+        attention runs over the S cached keys and the T new ones, and the
+        caller writes the returned new keys and values into its cache once
+        for all layers (no per-layer copy of the cache).
+      write_index: unused here (the caller writes); kept for the signature.
 
     Returns:
-      ([B, T, D] outputs, the updated (k, v) cache or None).
+      ([B, T, D] outputs, the new (k, v) [B, K, T, head_dim] with a cache, else None).
     """
+    del write_index
     cfg = self.cfg
     q = self._project(x, self.q, "q_bias")
     k = self._project(x, self.k, "k_bias")
@@ -125,23 +130,41 @@ class Attention(nnx.Module):
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = rope.apply_rope(q, cos, sin), rope.apply_rope(k, cos, sin)
-    if kv is not None:
-      write = jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 0))
-      k = write(kv[0], k.astype(kv[0].dtype), write_index)
-      v = write(kv[1], v.astype(kv[1].dtype), write_index)
-      kv = (k, v)
     b, t, h, hd = q.shape
     groups = h // cfg.num_kv_heads
-    q = q.reshape(b, t, cfg.num_kv_heads, groups, hd)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k.astype(q.dtype)).astype(jnp.float32)
-    scores = scores * (hd ** -0.5)
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v.astype(x.dtype)).reshape(b, t, h, hd)
-    y = jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(x.dtype))
+    q = q.reshape(b, t, cfg.num_kv_heads, groups, hd) * jnp.asarray(hd ** -0.5, q.dtype)
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    if kv is None:
+      out = _attend(q, [(k, v, mask)], x.dtype)
+      new_kv = None
+    else:
+      cache_mask, new_mask = mask
+      out = _attend(q, [(kv[0], kv[1], cache_mask), (k, v, new_mask)], x.dtype)
+      new_kv = (k.astype(kv[0].dtype), v.astype(kv[1].dtype))
+    y = jnp.einsum("bthk,hkd->btd", out.reshape(b, t, h, hd), self.o[...].astype(x.dtype))
     if cfg.o_bias:
       y = y + self.o_bias[...].astype(x.dtype)
-    return y, kv
+    return y, new_kv
+
+
+def _attend(q: jax.Array, parts: list[tuple[jax.Array, jax.Array, jax.Array]], dtype) -> jax.Array:
+  """Softmax attention of scaled queries q [B, T, K, G, hd] over several key/value parts.
+
+  Each part is (keys [B, K, S_i, hd], values [B, K, S_i, hd], mask [B, T, S_i]);
+  the softmax runs over all parts' keys together, as over their concatenation,
+  without building it. Keys and values are laid out head-major ([B, K, S, hd]),
+  so the score and value contractions are plain batched matmuls over (B, K)
+  with no transpose of the (cached) keys.
+  """
+  neg = jnp.finfo(jnp.float32).min
+  scores = [jnp.where(m[:, None, None], jnp.einsum("btkgh,bksh->bkgts", q, k.astype(q.dtype)).astype(jnp.float32), neg)
+            for k, _, m in parts]
+  top = functools.reduce(jnp.maximum, [s.max(axis=-1, keepdims=True) for s in scores])
+  weights = [jnp.exp(s - top) for s in scores]
+  total = functools.reduce(jnp.add, [w.sum(axis=-1, keepdims=True) for w in weights])
+  out = functools.reduce(jnp.add, [jnp.einsum("bkgts,bksh->btkgh", (w / total).astype(dtype), v.astype(dtype))
+                                   for w, (_, v, _) in zip(weights, parts)])
+  return out
 
 
 class MLP(nnx.Module):

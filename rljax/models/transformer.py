@@ -25,7 +25,7 @@ class KVCache(NamedTuple):
   """Keys and values for L layers and S slots, with one write index per row.
 
   Attributes:
-    k, v: [L, B, S, K, head_dim].
+    k, v: [L, B, K, S, head_dim] (head-major: attention reads them without a transpose).
     mask: [B, S] bool, True for slots holding a real (non-pad) token.
     index: [B] int32, the slot where each row's next token is written.
   """
@@ -38,7 +38,7 @@ class KVCache(NamedTuple):
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
   """An empty cache for ``batch`` rows of up to ``max_len`` tokens."""
-  shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
   dtype = dtype or cfg.dtype
   return KVCache(
       k=jnp.zeros(shape, dtype),
@@ -46,6 +46,25 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) ->
       mask=jnp.zeros((batch, max_len), bool),
       index=jnp.zeros((batch,), jnp.int32),
   )
+
+
+def write_cache(cache: KVCache, k_new: jax.Array, v_new: jax.Array, valid: jax.Array) -> KVCache:
+  """Writes T new tokens per row at its index, for every layer at once.
+
+  Args:
+    cache: the cache before the step.
+    k_new, v_new: [L, B, K, T, head_dim] the new keys and values.
+    valid: [B, T] True for real new tokens.
+
+  Returns:
+    The cache with row b's tokens in slots index[b] .. index[b] + T and every
+    index advanced by T (one in-place update of a donated cache).
+  """
+  rows = lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 0)
+  slots = lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 1)
+  per_layer = jax.vmap(jax.vmap(slots, in_axes=(0, 0, 0)), in_axes=(0, 0, None))
+  return KVCache(k=per_layer(cache.k, k_new, cache.index), v=per_layer(cache.v, v_new, cache.index),
+                 mask=jax.vmap(rows)(cache.mask, valid, cache.index), index=cache.index + k_new.shape[3])
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
@@ -107,7 +126,7 @@ class CausalLM(nnx.Module):
       mask: jax.Array,
       cache: KVCache | None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """x [B, T, D] through every block; returns (x, new (k, v) [L, ...] or None)."""
+    """x [B, T, D] through every block; returns (x, the new tokens' (k, v) [L, B, K, T, hd] or None)."""
     cfg = self.cfg
     inv_freq, attention_factor = rope.inv_frequencies(
         cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
@@ -208,13 +227,14 @@ class CausalLM(nnx.Module):
     if positions is None:
       seen = jnp.sum(cache.mask, axis=-1, dtype=jnp.int32)[:, None]
       positions = seen + positions_from_mask(attention_mask)
-    write = jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 0))
-    key_valid = write(cache.mask, attention_mask.astype(bool), cache.index)
+    new_valid = attention_mask.astype(bool)
     query_slots = cache.index[:, None] + jnp.arange(t, dtype=jnp.int32)
-    key_slots = jnp.arange(cache.mask.shape[1], dtype=jnp.int32)
-    mask = attention_mask_3d(key_valid, query_slots, key_slots, self.cfg.sliding_window)
+    cache_mask = attention_mask_3d(cache.mask, query_slots, jnp.arange(cache.mask.shape[1], dtype=jnp.int32),
+                                   self.cfg.sliding_window)
+    relative = jnp.arange(t, dtype=jnp.int32)
+    new_mask = attention_mask_3d(new_valid, jnp.broadcast_to(relative, (b, t)), relative, self.cfg.sliding_window)
     x = self.embed[...][input_ids].astype(self.cfg.dtype)
-    x, (k, v) = self._run_layers(x, positions, mask, cache)
+    x, (k_new, v_new) = self._run_layers(x, positions, (cache_mask, new_mask), cache)
     h = self.final_norm(x[:, -1:] if last_only else x)
     logits = h @ self.lm_head_weight().astype(h.dtype).T
-    return logits, KVCache(k=k, v=v, mask=key_valid, index=cache.index + t)
+    return logits, write_cache(cache, k_new, v_new, new_valid)

@@ -9,7 +9,7 @@ JetStream's orchestrator can serve it; without it (the core install, no
 TensorFlow) the same class works with a local `ResultTokens` of the same
 layout.
 
-Layout. The decode state holds one KV cache `[L, slots, S, K, head_dim]`
+Layout. The decode state holds one KV cache `[L, slots, K, S, head_dim]`
 (`S = max_prefill_length + max_decode_length`) sharded over the mesh (slots
 over data/fsdp, KV heads over tensor), the next-token logits of every slot,
 and per-slot counters. Prompts arrive right-padded to a length bucket (one
@@ -84,7 +84,7 @@ class DecodeState(NamedTuple):
   """Everything `generate` transforms.
 
   Attributes:
-    cache: KVCache [L, slots, S, K, head_dim] (+ mask [slots, S], index [slots]).
+    cache: KVCache [L, slots, K, S, head_dim] (+ mask [slots, S], index [slots]).
     logits: [slots, V] float32 next-token logits per slot.
     generated: [slots] int32, tokens generated so far.
     done: [slots] bool, True for empty or finished slots.
@@ -211,8 +211,8 @@ class Engine(_EngineBase):
   def decode_state_shardings(self) -> DecodeState:
     """NamedShardings of the decode state: slots over the batch rule, KV heads over tensor."""
     cfg, slots, length = self.cfg, self._slots, self.cache_length
-    kv_shape = (cfg.num_layers, slots, length, cfg.num_kv_heads, cfg.head_dim)
-    kv = self._sharding(("layers", "batch", "length", "kv_heads", "head_dim"), kv_shape)
+    kv_shape = (cfg.num_layers, slots, cfg.num_kv_heads, length, cfg.head_dim)
+    kv = self._sharding(("layers", "batch", "kv_heads", "length", "head_dim"), kv_shape)
     per_slot = self._sharding(("batch",), (slots,))
     return DecodeState(
         cache=KVCache(k=kv, v=kv, mask=self._sharding(("batch", "length"), (slots, length)), index=per_slot),
@@ -227,7 +227,7 @@ class Engine(_EngineBase):
     dtype = cfg.dtype
 
     def make():
-      kv_shape = (cfg.num_layers, slots, length, cfg.num_kv_heads, cfg.head_dim)
+      kv_shape = (cfg.num_layers, slots, cfg.num_kv_heads, length, cfg.head_dim)
       return DecodeState(
           cache=KVCache(k=jnp.zeros(kv_shape, dtype), v=jnp.zeros(kv_shape, dtype),
                         mask=jnp.zeros((slots, length), bool), index=jnp.zeros((slots,), jnp.int32)),
@@ -366,7 +366,7 @@ class Engine(_EngineBase):
 
 
 def _empty_cache(cfg, batch: int, length: int) -> KVCache:
-  shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+  shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
   return KVCache(k=jnp.zeros(shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype),
                  mask=jnp.zeros((batch, length), bool), index=jnp.zeros((batch,), jnp.int32))
 

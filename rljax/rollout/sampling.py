@@ -67,6 +67,18 @@ def top_p_filter(logits: jax.Array, p: float) -> jax.Array:
   return jnp.where(keep, logits, NEG_INF)
 
 
+def inverse_cdf_sample(key: jax.Array, probs: jax.Array) -> jax.Array:
+  """[N, V] probabilities -> [N] int32 draws: the first token whose CDF exceeds u ~ U[0, 1).
+
+  One uniform number per row instead of V Gumbel draws (the PRNG dominates
+  a CPU decode step otherwise). u is scaled by the row's total mass, so
+  float32 rounding of the CDF never runs past the last token.
+  """
+  cdf = jnp.cumsum(probs, axis=-1)
+  u = jax.random.uniform(key, (probs.shape[0], 1), jnp.float32) * cdf[:, -1:]
+  return jnp.minimum(jnp.sum(cdf <= u, axis=-1), probs.shape[-1] - 1).astype(jnp.int32)
+
+
 def sample(key: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
   """Draws one token per row.
 
@@ -86,6 +98,6 @@ def sample(key: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[j
   else:
     scaled = logits / params.temperature
     filtered = top_p_filter(top_k_filter(scaled, params.top_k), params.top_p)
-    tokens = jax.random.categorical(key, filtered, axis=-1).astype(jnp.int32)
+    tokens = inverse_cdf_sample(key, jax.nn.softmax(filtered, axis=-1))
   logp = jax.nn.log_softmax(scaled, axis=-1)
   return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]

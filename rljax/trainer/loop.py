@@ -156,7 +156,7 @@ class RLTrainer:
     self.actor_opt, self.actor_opt_sh = sharding.init_optimizer(actor_tx, self.actor_params, self.param_sh, self.mesh)
     self.actor_update = make_actor_update(self.graphdef, arr.actor, actor_tx, self.temperature,
                                           (self.param_sh, self.actor_opt_sh))
-    self.log_prob_fn = make_log_prob_fn(self.graphdef, self.temperature)
+    self.log_prob_fn = make_log_prob_fn(self.graphdef, self.temperature, with_entropy=False)
 
     alg = config.algorithm
     self.need_ref = bool(arr.actor.use_kl_loss or alg.use_kl_in_reward)

@@ -88,17 +88,22 @@ def make_actor_update(graphdef: nnx.GraphDef, actor_config: Any, tx: optax.Gradi
                       temperature: float, shardings: tuple[Any, Any] | None = None) -> Callable:
   """jit: (params, opt_state, mini, rng) -> (params, opt_state, metrics).
 
+  The entropy is always reported (actor/entropy); it enters the loss, and
+  the backward pass, only when entropy_coeff is non-zero.
+
   `mini` holds responses, input rows, response_mask, advantages, and
   optionally old_log_probs (absent: on-policy, the current log-probs with
   their gradient stopped, which is what a recomputation with the same
   parameters gives), ref_log_prob, rollout_is_weights and positive [rows].
   """
+  entropy_in_loss = bool(actor_config.entropy_coeff)
+
   def loss_fn(params, micro, info, key):
     log_prob, entropy = response_log_probs(nnx.merge(graphdef, params), micro, temperature)
     old = micro.get("old_log_probs", jax.lax.stop_gradient(log_prob))
     loss, metrics = policy_loss.ppo_loss(
         actor_config, log_prob, old, micro["advantages"], micro["response_mask"],
-        entropy=entropy, ref_log_prob=micro.get("ref_log_prob"),
+        entropy=entropy if entropy_in_loss else None, ref_log_prob=micro.get("ref_log_prob"),
         rollout_is_weights=micro.get("rollout_is_weights"), positive=micro.get("positive"),
         global_batch_info=info, rng=key)
     mask = micro["response_mask"].astype(jnp.float32)
