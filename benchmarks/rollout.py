@@ -53,7 +53,7 @@ def prompts(batch: int, length: int, vocab: int, seed: int = 0):
 def bench_rljax(model, ids, mask, new, greedy):
   params = nnx.state(model, nnx.Param)
   batch = ids.shape[0]
-  engine = make_engine(model, max_concurrent_decodes=batch, prefill_buckets=(64, 128, 256),
+  engine = make_engine(model, max_concurrent_decodes=batch, prefill_buckets=(ids.shape[1],),
                        max_decode_length=new, ignore_eos=True,
                        sampling_params=SamplingParams(temperature=1.0, greedy=greedy))
   sampler = RolloutSampler(engine, pad_id=0, steps_per_sync=16)
