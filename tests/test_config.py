@@ -219,13 +219,17 @@ BAD_INPUTS = [
     (["trainer.resume_mode=latest"], 1, "trainer.resume_mode='latest'"),
     (["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"], 1, "must be one of constant, cosine"),
     (["actor_rollout_ref.actor.ppo_mini_batch_size=3"], 1, "is not divisible by ppo_mini_batch_size * rollout.n"),
-    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5"], 1, "set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu to a divisor of 32"),
-    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"], 8, "set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu to a divisor of 4"),
+    (["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5"], 1,
+     "set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu to a divisor of 32"),
+    (["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"], 8,
+     "set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu to a divisor of 4"),
     (["data.max_response_length=-5"], 1, "data.max_response_length=-5: must be positive"),
     (["data.max_prompt_length=0"], 1, "data.max_prompt_length=0: must be positive"),
     (["actor_rollout_ref.rollout.top_p=1.5"], 1, "must lie in (0.0, 1.0]"),
     (["algorithm.gamma=2"], 1, "algorithm.gamma=2.0: must lie in [0.0, 1.0]"),
-    (["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"], 1, "algorithm.adv_estimator=grpo compares several responses"),
+    (["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"], 1, "algorithm.adv_estimator=grpo compares several responses"),
     (["algorithm.adv_estimator=gae", "critic.enable=false"], 1, "needs a critic"),
     (["data.train_batch_size=abc"], 1, "data.train_batch_size='abc': expects an integer"),
     (["trainer.val_before_train=maybe"], 1, "expects a boolean"),
@@ -234,7 +238,7 @@ BAD_INPUTS = [
     (["trainer.logger=[console,mlflow]"], 1, "'mlflow' is not a logger"),
     (["actor_rollout_ref.actor.clip_ratio_c=0.5"], 1, "dual-clip needs a lower bound > 1"),
     (["actor_rollout_ref.actor.tensor_model_parallel_size=3"], 8, "tensor x sequence (3) does not divide the 8 devices"),
-    (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100"], 1, "must hold one whole sequence"),
+    (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=50"], 1, "must hold one whole sequence"),
     (["data.train_batch_size"], 1, "an override needs KEY=VALUE"),
     (["trainer.n_gpus_per_node=0"], None, "must be a positive integer or 'auto'"),
     (["actor_rollout_ref.actor.checkpoint.save_contents=[model,weights]"], 1, "unknown entries ['weights']"),
@@ -338,7 +342,8 @@ def test_experiment_files_change_what_their_algorithm_needs():
   dapo = experiment("dapo")
   assert (dapo.actor_rollout_ref.actor.clip_ratio_low, dapo.actor_rollout_ref.actor.clip_ratio_high) == (0.2, 0.28)
   assert dapo.actor_rollout_ref.actor.loss_agg_mode == "token-mean"
-  assert dapo.reward_model.overlong_buffer.enable and dapo.reward_model.overlong_buffer.len == 12
+  assert dapo.reward_model.overlong_buffer.enable
+  assert dapo.reward_model.overlong_buffer.len == dapo.data.max_response_length // 4
   assert not dapo.actor_rollout_ref.actor.use_kl_loss and not dapo.algorithm.use_kl_in_reward
   assert experiment("gspo").actor_rollout_ref.actor.policy_loss.loss_mode == "gspo"
   ppo = experiment("ppo")
