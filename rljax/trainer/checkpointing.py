@@ -42,6 +42,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import SingleDeviceSharding
 from ml_collections import ConfigDict
 
+from rljax.sharding.distributed import is_main_process
 from rljax import config as config_lib
 
 STEP_PREFIX = "global_step"
@@ -114,7 +115,7 @@ def _remove_incomplete_steps(directory: str) -> None:
   Temporary `*.orbax-checkpoint-tmp-*` directories are orbax's to clean.
   """
   directory = epath.Path(directory)
-  if jax.process_index() == 0 and directory.is_dir():
+  if is_main_process() and directory.is_dir():
     for path in directory.iterdir():
       if _STEP_DIR.match(path.name) and not is_complete(path):
         logging.warning("removing incomplete checkpoint %s (no %s)", path, COMMIT_MARKER)
@@ -187,7 +188,7 @@ class Checkpointer:
   def save_config(self, config: ConfigDict) -> str:
     """Writes the resolved config to `directory/config.yaml` (process 0); returns the path."""
     path = epath.Path(self.directory) / CONFIG_FILE
-    if jax.process_index() == 0:
+    if is_main_process():
       tmp = path.parent / (CONFIG_FILE + ".tmp")
       tmp.write_text(config_lib.to_yaml(config))
       tmp.replace(path)

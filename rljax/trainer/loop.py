@@ -32,6 +32,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from ml_collections import ConfigDict
 
+from rljax.sharding.distributed import is_main_process
 from rljax import config as config_lib
 from rljax import data as data_lib
 from rljax import models, sharding
@@ -451,7 +452,7 @@ def run(config: ConfigDict) -> dict[str, float]:
     metrics = trainer.fit()
   finally:
     trainer.close()
-  if jax.process_index() == 0:
+  if is_main_process():
     print(f"rljax: run directory {trainer.run_dir} (metrics.jsonl, curves.png, checkpoints)")
   return metrics
 

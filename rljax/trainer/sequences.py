@@ -61,10 +61,5 @@ def as_micro_batches(batch: dict[str, np.ndarray], micro_batches: int) -> dict[s
   return {k: split(v) for k, v in batch.items()}
 
 
-def masked_row_mean(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-  """Per-row mean over valid tokens."""
-  return (x * mask).sum(-1) / np.maximum(mask.sum(-1), 1)
-
-
 def tree_zeros_like(tree: Any) -> Any:
   return jax.tree.map(jnp.zeros_like, tree)

@@ -25,6 +25,7 @@ import numpy as np
 import tqdm
 from ml_collections import ConfigDict
 
+from rljax.sharding.distributed import is_main_process
 from rljax import config as config_lib
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
@@ -80,7 +81,7 @@ class Tracker:
   def __init__(self, config: ConfigDict, run_dir: str, total_steps: int | None = None):
     self.names = _logger_names(config)
     self.run_dir = run_dir
-    self.active = jax.process_index() == 0
+    self.active = is_main_process()
     self._bar = self._metrics = self._tb = self._wandb = self._wandb_lib = None
     if not self.active:
       return
