@@ -1,0 +1,245 @@
+"""The config trees of offline generation and evaluation, and their checks.
+
+`get_generate_config()` holds verl's `generation.yaml` keys with verl's
+defaults (`data.path`, `data.prompt_key`, `data.n_samples`,
+`data.output_path`, `data.batch_size`, `model.path`, `rollout.*`,
+`trainer.{nnodes, n_gpus_per_node}`), plus the keys rljax adds
+(`GENERATE_RLJAX_KEYS`). `get_eval_config()` holds verl's `evaluation.yaml`
+keys (`data.{path, prompt_key, response_key, data_source_key,
+reward_model_key}`, `custom_reward_function.{path, name}`) plus
+`EVAL_RLJAX_KEYS`. Both trees are locked: overrides go through
+`rljax.config.apply_overrides`, so an unknown key names the closest valid
+one, and `validate_*` raise `rljax.config.ConfigError` naming the key, the
+value and the fix.
+
+Keys listed in `GENERATE_IGNORED_KEYS` / `EVAL_IGNORED_KEYS` are accepted so a
+verl launch line pastes over, and do nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ml_collections import ConfigDict, FieldReference
+
+from rljax import config as config_lib
+
+GENERATE_RLJAX_KEYS = {
+    "data.truncation": "error (default), left, right or middle: what a prompt longer than rollout.prompt_length gets",
+    "data.tokenizer": "tokenizer path or alias (default: the model's)",
+    "model.checkpoint": "an rljax run directory (trainer.default_local_dir) or one of its global_step_N "
+                        "directories: generate with that actor instead of model.path",
+    "rollout.prefill_length_buckets": "prompt lengths the engine pads to; one compilation per bucket",
+    "trainer.seed": "seed of the sampling PRNG key",
+}
+GENERATE_IGNORED_KEYS = {
+    "model.external_lib": "registers PyTorch/HF classes; rljax models are chosen by config.json",
+    "rollout.name": "any value selects rljax's JetStream engine",
+    "rollout.mode": "the engine is always in-process",
+    "rollout.gpu_memory_utilization": "the KV cache is sized from max_num_seqs and the lengths",
+    "rollout.enforce_eager": "CUDA graphs; XLA compiles the decode step",
+    "rollout.load_format": "the engine reads the loaded arrays in place",
+    "rollout.max_num_batched_tokens": "vLLM scheduler budget",
+    "rollout.max_model_len": "the KV cache holds prompt_length + response_length",
+    "rollout.log_prob_micro_batch_size": "generation computes no log-probs",
+    "rollout.log_prob_micro_batch_size_per_gpu": "generation computes no log-probs",
+    "rollout.use_fire_sampling": "not implemented by the JetStream engine",
+    "rollout.disable_log_stats": "vLLM option",
+    "rollout.enable_chunked_prefill": "vLLM option",
+    "actor.*": "FSDP options of verl's rollout worker",
+    "ray_init.*": "no Ray: one JAX process",
+}
+EVAL_RLJAX_KEYS = {
+    "data.output_path": "the JSON report (default: beside data.path, NAME-eval.json)",
+    "custom_reward_function.reward_kwargs": "keyword arguments added to each call of the custom function",
+    "eval.pass_threshold": "a response passes when its score is >= this (pass@k)",
+}
+EVAL_IGNORED_KEYS = {
+    "data.prompt_key": "scores do not depend on the prompt; read by nothing",
+    "ray_init.*": "no Ray: responses are scored in this process",
+}
+DEFAULT_PREFILL_BUCKETS = [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+
+
+def _null(kind: type) -> FieldReference:
+  """A field that is None by default and holds values of `kind`."""
+  return FieldReference(None, field_type=kind)
+
+
+def _any(value: Any) -> FieldReference:
+  """A field that accepts any type (an int or the string 'auto')."""
+  return FieldReference(value, field_type=object)
+
+
+def _locked(tree: dict[str, Any]) -> ConfigDict:
+  config = ConfigDict(tree)
+  config.lock()
+  return config
+
+
+def get_generate_config() -> ConfigDict:
+  """verl's generation.yaml tree with its defaults (plus rljax's keys), locked."""
+  return _locked({
+      "trainer": {"nnodes": _any(1), "n_gpus_per_node": _any(8), "seed": 1},
+      "data": {
+          "path": "~/data/rlhf/math/test.parquet",
+          "prompt_key": "prompt",
+          "n_samples": 5,
+          "output_path": _null(str),
+          "batch_size": 128,
+          "truncation": "error",
+          "tokenizer": _null(str),
+      },
+      "model": {"path": "~/models/Qwen2-7B-Instruct", "external_lib": _null(str), "checkpoint": _null(str)},
+      "rollout": {
+          "name": "vllm",
+          "mode": "sync",
+          "temperature": 1.0,
+          "top_k": 50,
+          "top_p": 0.7,
+          "prompt_length": 1536,
+          "response_length": 512,
+          "dtype": "bfloat16",
+          "gpu_memory_utilization": 0.5,
+          "ignore_eos": False,
+          "enforce_eager": True,
+          "free_cache_engine": True,
+          "load_format": "dummy_dtensor",
+          "tensor_model_parallel_size": 1,
+          "max_num_batched_tokens": 8192,
+          "max_model_len": _null(int),
+          "max_num_seqs": 1024,
+          "log_prob_micro_batch_size": _null(int),
+          "log_prob_micro_batch_size_per_gpu": 8,
+          "use_fire_sampling": False,
+          "do_sample": True,
+          "disable_log_stats": True,
+          "enable_chunked_prefill": True,
+          "n": 1,
+          "prefill_length_buckets": list(DEFAULT_PREFILL_BUCKETS),
+      },
+      "actor": {"strategy": "fsdp", "ulysses_sequence_parallel_size": 1, "fsdp_config": {"fsdp_size": -1}},
+      "ray_init": {"num_cpus": _null(int), "timeline_json_file": _null(str)},
+  })
+
+
+def get_eval_config() -> ConfigDict:
+  """verl's evaluation.yaml tree with its defaults (plus rljax's keys), locked.
+
+  `custom_reward_function.reward_kwargs` stays open (any key may be added).
+  """
+  config = _locked({
+      "data": {
+          "path": "/tmp/math_Qwen2-7B-Instruct.parquet",
+          "prompt_key": "prompt",
+          "response_key": "responses",
+          "data_source_key": "data_source",
+          "reward_model_key": "reward_model",
+          "output_path": _null(str),
+      },
+      "custom_reward_function": {"path": _null(str), "name": "compute_score", "reward_kwargs": {}},
+      "eval": {"pass_threshold": 1.0},
+      "ray_init": {"num_cpus": _null(int)},
+  })
+  config.custom_reward_function.reward_kwargs.unlock()
+  return config
+
+
+def _check(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
+  if not ok:
+    raise config_lib.ConfigError(key, value, problem, fix)
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_positive_int(config: ConfigDict, key: str, example: int) -> None:
+  value = config_lib.get_node(config, key)
+  _check(_is_int(value) and value > 0, key, value, "must be a positive integer", f"set {key}={example}")
+
+
+def _check_text(config: ConfigDict, key: str, example: str) -> None:
+  value = config_lib.get_node(config, key)
+  _check(isinstance(value, str) and bool(value.strip()), key, value, "must be a non-empty string",
+         f"set {key}={example}")
+
+
+def greedy(rollout: ConfigDict) -> bool:
+  """verl's rule: do_sample=False or temperature=0 decodes greedily."""
+  return (not rollout.do_sample) or rollout.temperature == 0
+
+
+def _check_generate_sampling(config: ConfigDict) -> None:
+  rollout = config.rollout
+  temperature, top_p, top_k = rollout.temperature, rollout.top_p, rollout.top_k
+  _check(_is_number(temperature) and temperature >= 0, "rollout.temperature", temperature, "must be >= 0",
+         "set rollout.temperature=1.0")
+  _check(_is_number(top_p) and 0 < top_p <= 1, "rollout.top_p", top_p, "must be in (0, 1]",
+         "set rollout.top_p=1.0 to disable")
+  _check(_is_int(top_k) and top_k >= -1, "rollout.top_k", top_k, "must be -1 or 0 (off) or a positive integer",
+         "set rollout.top_k=-1 to disable")
+  _check(rollout.n == 1, "rollout.n", rollout.n, "generation draws data.n_samples responses per prompt",
+         f"set rollout.n=1 and data.n_samples={rollout.n * config.data.n_samples}")
+  _check(not (greedy(rollout) and config.data.n_samples > 1), "data.n_samples", config.data.n_samples,
+         "greedy decoding (rollout.do_sample=false or rollout.temperature=0) gives n identical responses",
+         "set data.n_samples=1, or rollout.do_sample=true with rollout.temperature > 0")
+
+
+def _check_generate_lengths(config: ConfigDict) -> None:
+  for key, example in (("rollout.prompt_length", 512), ("rollout.response_length", 512),
+                       ("rollout.max_num_seqs", 256), ("rollout.tensor_model_parallel_size", 1)):
+    _check_positive_int(config, key, example)
+  key = "rollout.prefill_length_buckets"
+  buckets = list(config.rollout.prefill_length_buckets)
+  _check(bool(buckets) and all(_is_int(b) and b > 0 for b in buckets) and buckets == sorted(set(buckets)),
+         key, buckets, "must be a non-empty increasing list of positive lengths", f"e.g. {key}=[64,128,256,512]")
+
+
+def validate_generate(config: ConfigDict) -> ConfigDict:
+  """Checks a generation config before any work starts.
+
+  Returns:
+    The config, unchanged.
+
+  Raises:
+    ConfigError: naming the first bad key, its value and the fix.
+  """
+  _check_text(config, "data.path", "~/data/gsm8k/test.parquet")
+  _check_text(config, "data.prompt_key", "prompt")
+  _check_positive_int(config, "data.n_samples", 5)
+  _check_positive_int(config, "data.batch_size", 128)
+  _check(config.data.truncation in config_lib.TRUNCATIONS, "data.truncation", config.data.truncation,
+         "is not a truncation mode", f"choose one of {', '.join(config_lib.TRUNCATIONS)}")
+  _check(bool(config.model.path) or bool(config.model.checkpoint), "model.path", config.model.path,
+         "no model to generate with", "set model.path=DIR (or an alias) or model.checkpoint=RUN_DIR")
+  _check(config.trainer.nnodes in (1, "auto"), "trainer.nnodes", config.trainer.nnodes,
+         "generation runs in one process", "set trainer.nnodes=1")
+  _check_generate_sampling(config)
+  _check_generate_lengths(config)
+  return config
+
+
+def validate_eval(config: ConfigDict) -> ConfigDict:
+  """Checks an evaluation config before any file is read.
+
+  Returns:
+    The config, unchanged.
+
+  Raises:
+    ConfigError: naming the first bad key, its value and the fix.
+  """
+  _check_text(config, "data.path", "~/data/gsm8k/test-output.parquet")
+  for key, example in (("data.response_key", "responses"), ("data.data_source_key", "data_source"),
+                       ("data.reward_model_key", "reward_model")):
+    _check_text(config, key, example)
+  reward = config.custom_reward_function
+  if reward.path:
+    _check_text(config, "custom_reward_function.name", "compute_score")
+  threshold = config.eval.pass_threshold
+  _check(_is_number(threshold), "eval.pass_threshold", threshold, "must be a number", "set eval.pass_threshold=1.0")
+  return config

@@ -1,0 +1,314 @@
+"""Offline generation: `data.n_samples` responses to every prompt of a parquet file.
+
+verl's `main_generation` on rljax's pieces. Each row's chat messages
+(`data.prompt_key`) are templated and tokenised as the RL data path does
+(`rljax.data.tokenization`); a prompt longer than `rollout.prompt_length` is
+an error naming its row unless `data.truncation` is left, right or middle.
+Prompts go `data.batch_size` at a time through `RolloutSampler.generate`
+over a JetStream engine (the trainer's rollout), with the sampling keys of
+`rollout.*` (temperature, top_k, top_p, do_sample, response_length,
+ignore_eos). Responses are decoded with special tokens skipped, as verl
+decodes them.
+
+The model is `model.path` (an HF directory, a .gguf file or an alias) or, with
+`model.checkpoint`, the actor of an rljax run: its latest complete step (or
+the `global_step_N` directory named), on the architecture and tokenizer of
+the run's saved config (`rljax.export.restore_actor`), in its saved dtype.
+
+The output (`data.output_path`, default `NAME-responses.parquet` beside the
+input) is the input table with a `responses` column: row i holds the
+`data.n_samples` decoded responses to prompt i (a list of strings), which
+`rljax.eval` reads with its default `data.response_key`. An input column of
+that name is replaced, as verl replaces it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pyarrow as pa
+from flax import nnx
+from jax.sharding import Mesh
+from ml_collections import ConfigDict
+
+from rljax import config as config_lib
+from rljax import export
+from rljax import models
+from rljax import sharding
+from rljax.data import dataset as dataset_lib
+from rljax.data import tokenization
+from rljax.evaluation import cli
+from rljax.evaluation import table as table_lib
+from rljax.rollout import RolloutSampler, SamplingParams, make_engine
+from rljax.trainer import checkpointing
+
+RESPONSES_COLUMN = table_lib.RESPONSES_COLUMN
+_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_LOG = logging.getLogger(cli.LOGGER_NAME)
+
+
+@dataclasses.dataclass
+class Policy:
+  """What generates: a model, its parameters on the mesh, its tokenizer.
+
+  Attributes:
+    model: the CausalLM (graph and config).
+    params: `nnx.state(model, nnx.Param)`, placed on the mesh.
+    tokenizer: see `rljax.data.tokenization`.
+    source: where the parameters came from, for the log.
+  """
+
+  model: models.CausalLM
+  params: Any
+  tokenizer: Any
+  source: str
+
+
+def compute_dtype(name: str) -> jnp.dtype:
+  """`rollout.dtype` (fp32, bf16, fp16 or a numpy name) -> a JAX dtype."""
+  return jnp.dtype(_DTYPE_NAMES.get(name, name))
+
+
+def output_path(config: ConfigDict) -> str:
+  """`data.output_path`, or `NAME-responses.parquet` beside `data.path`."""
+  if config.data.output_path:
+    return os.path.abspath(os.path.expanduser(config.data.output_path))
+  return table_lib.beside(config.data.path, "-responses.parquet")
+
+
+def prefill_buckets(prompt_length: int, buckets: Sequence[int]) -> list[int]:
+  """The configured buckets below `prompt_length`, then `prompt_length` itself (as the trainer pads)."""
+  return sorted({b for b in buckets if b < prompt_length} | {prompt_length})
+
+
+def fit_prompt(ids: Sequence[int], max_length: int, truncation: str, where: str) -> list[int]:
+  """One prompt's ids, at most `max_length` long.
+
+  Args:
+    ids: L token ids.
+    max_length: P, `rollout.prompt_length`.
+    truncation: `data.truncation`; "error" refuses L > P, the others cut as
+      `rljax.data.tokenization.truncate` does.
+    where: 'FILE row N', for the message.
+
+  Raises:
+    ValueError: L > P with truncation "error", naming the row and the keys.
+  """
+  if len(ids) > max_length and truncation == "error":
+    raise ValueError(
+        f"{where}: the templated prompt is {len(ids)} tokens, longer than rollout.prompt_length={max_length}. "
+        "Raise rollout.prompt_length or set data.truncation to left, right or middle.")
+  return tokenization.truncate(ids, max_length, truncation, where)
+
+
+def encode_prompts(messages: Sequence[Any], tokenizer: Any, prompt_key: str, max_length: int,
+                   truncation: str, source: str) -> list[list[int]]:
+  """Chat messages of N rows -> N lists of prompt token ids (templated, unpadded).
+
+  Raises:
+    ValueError: naming the row, for malformed messages or an over-long prompt.
+  """
+  prompts = []
+  for row, value in enumerate(messages):
+    where = table_lib.describe_row(source, row)
+    chat = dataset_lib.check_messages(value, where, prompt_key)
+    ids = tokenization.encode_text(tokenizer, tokenization.chat_prompt(tokenizer, chat))
+    prompts.append(fit_prompt(ids, max_length, truncation, where))
+  return prompts
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """B prompts -> (ids [B, L], mask [B, L]) int32, left-padded to the longest, L."""
+  width = max(len(p) for p in prompts)
+  rows = [tokenization.left_pad(p, width, pad_id)[:2] for p in prompts]
+  return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+
+
+def eos_ids(tokenizer: Any, model_cfg: models.ModelConfig) -> tuple[int, ...]:
+  """Every id that ends a response: the tokenizer's and the model config's."""
+  ids = tokenization.eos_token_ids(tokenizer)
+  eos = model_cfg.eos_token_id
+  ids += eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+  return tuple(sorted({int(i) for i in ids}))
+
+
+def decode_responses(responses: np.ndarray, lengths: np.ndarray, n: int, tokenizer: Any) -> list[list[str]]:
+  """Rollout rows -> texts per prompt.
+
+  Args:
+    responses: [B * n, R] token ids; row p * n + j is sample j of prompt p.
+    lengths: [B * n] generated token counts.
+    n: samples per prompt.
+    tokenizer: decodes with special tokens skipped.
+
+  Returns:
+    B lists of n strings.
+  """
+  texts = [tokenization.decode_ids(tokenizer, row[:length]) for row, length in zip(responses, lengths)]
+  return [texts[p * n:(p + 1) * n] for p in range(len(texts) // n)]
+
+
+def generate_responses(sampler: RolloutSampler, params: Any, prompts: Sequence[Sequence[int]], n: int,
+                       batch_size: int, key: jax.Array, tokenizer: Any) -> list[list[str]]:
+  """n decoded responses per prompt, `batch_size` prompts per sampler call.
+
+  Args:
+    sampler: the rollout sampler (its engine holds the sampling settings).
+    params: the model parameters.
+    prompts: B prompts' token ids.
+    n: responses per prompt.
+    batch_size: prompts per `sampler.generate` call.
+    key: PRNG key; batch b samples with `fold_in(key, b)`.
+    tokenizer: decodes the responses.
+
+  Returns:
+    B lists of n strings, in prompt order.
+  """
+  out: list[list[str]] = []
+  count = -(-len(prompts) // batch_size)
+  for b in range(count):
+    chunk = prompts[b * batch_size:(b + 1) * batch_size]
+    _LOG.info("batch %d/%d: %d prompts x %d samples", b + 1, count, len(chunk), n)
+    ids, mask = pad_prompts(chunk, sampler.pad_id)
+    rollout = sampler.generate(params, ids, mask, n, jax.random.fold_in(key, b))
+    out.extend(decode_responses(rollout.responses, rollout.response_lengths, n, tokenizer))
+  return out
+
+
+def with_responses(table: pa.Table, responses: Sequence[Sequence[str]]) -> pa.Table:
+  """`table` plus a `responses` column (list<string>), replacing one of that name."""
+  column = pa.array([list(r) for r in responses], pa.list_(pa.string()))
+  if RESPONSES_COLUMN in table.column_names:
+    return table.set_column(table.column_names.index(RESPONSES_COLUMN), RESPONSES_COLUMN, column)
+  return table.append_column(RESPONSES_COLUMN, column)
+
+
+def checkpoint_location(path: str) -> tuple[str, int | None]:
+  """`model.checkpoint` -> (run directory, step).
+
+  A global_step_N directory names its step; a run directory gives None (its
+  latest complete step).
+  """
+  path = checkpointing.absolute(path.rstrip("/"))
+  if os.path.basename(path).startswith(checkpointing.STEP_PREFIX + "_"):
+    return checkpointing.split_step_path(path)
+  return path, None
+
+
+def tokenizer_path(config: ConfigDict) -> str:
+  """data.tokenizer, else the run's tokenizer (model.checkpoint), else model.path."""
+  if config.data.tokenizer:
+    return config.data.tokenizer
+  if config.model.checkpoint:
+    run = export.load_run_config(checkpoint_location(config.model.checkpoint)[0])
+    return run.data.tokenizer or run.actor_rollout_ref.model.path
+  return config.model.path
+
+
+def load_tokenizer(config: ConfigDict) -> Any:
+  """The tokenizer `tokenizer_path` names; a missing one names the key behind it."""
+  key = "data.tokenizer" if config.data.tokenizer else "model.checkpoint" if config.model.checkpoint else "model.path"
+  try:
+    return models.load_tokenizer(os.path.expanduser(tokenizer_path(config)))
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f"{key}={config_lib.get_node(config, key)}: {e}") from e
+
+
+def make_mesh(config: ConfigDict) -> tuple[Mesh, list[tuple[str, Any]]]:
+  """(mesh, logical-axis rules) over trainer.n_gpus_per_node devices of this process.
+
+  The rollout's tensor axis is `rollout.tensor_model_parallel_size`; the
+  rest of the devices split the decode slots (data axis). The rules are the
+  trainer's defaults.
+
+  Raises:
+    ConfigError: more devices asked for than JAX sees, or a tensor size
+      that does not divide them.
+  """
+  devices = jax.local_devices()
+  world = config_lib.resolve_world_size(config, len(devices))
+  _check_devices(world, len(devices), config.trainer.n_gpus_per_node)
+  tensor = config.rollout.tensor_model_parallel_size
+  if world % tensor:
+    raise config_lib.ConfigError("rollout.tensor_model_parallel_size", tensor, f"does not divide the {world} devices",
+                                 f"choose a divisor of {world}")
+  mesh = sharding.build_mesh({"data": world // tensor, "fsdp": 1, "tensor": tensor, "sequence": 1}, devices[:world])
+  return mesh, sharding.rules_from_config(config_lib.get_base_config())
+
+
+def _check_devices(wanted: int, available: int, per_node: Any) -> None:
+  if wanted > available:
+    raise config_lib.ConfigError(
+        "trainer.n_gpus_per_node", per_node, f"asks for {wanted} devices but JAX sees {available}",
+        "set trainer.n_gpus_per_node=auto to use every visible device")
+
+
+def _restore_checkpoint(path: str) -> tuple[models.CausalLM, str]:
+  directory, step = checkpoint_location(path)
+  try:
+    model, _, step = export.restore_actor(directory, step)
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f"model.checkpoint={path}: {e}") from e
+  return model, checkpointing.step_dir(directory, step)
+
+
+def load_policy(config: ConfigDict, mesh: Mesh, rules: Any, tokenizer: Any) -> Policy:
+  """The model of `model.checkpoint` (if set) or `model.path`, parameters placed on `mesh`."""
+  if config.model.checkpoint:
+    model, source = _restore_checkpoint(config.model.checkpoint)
+  else:
+    source = os.path.expanduser(config.model.path)
+    try:
+      model = models.from_pretrained(source, dtype=compute_dtype(config.rollout.dtype), mesh=mesh, rules=rules)
+    except FileNotFoundError as e:
+      raise FileNotFoundError(f"model.path={config.model.path}: {e}") from e
+  sharding.check_model_fits(mesh, model.cfg.num_heads, model.cfg.num_kv_heads, "rollout.tensor_model_parallel_size")
+  params = nnx.state(model, nnx.Param)
+  params = sharding.shard_like(params, sharding.param_shardings(params, mesh, rules))
+  return Policy(model=model, params=params, tokenizer=tokenizer, source=source)
+
+
+def make_sampler(policy: Policy, config: ConfigDict, mesh: Mesh, rules: Any) -> RolloutSampler:
+  """The JetStream engine and RolloutSampler for `rollout.*`, as the trainer builds them."""
+  rollout = config.rollout
+  engine = make_engine(
+      policy.model, max_concurrent_decodes=min(rollout.max_num_seqs, config.data.batch_size * config.data.n_samples),
+      prefill_buckets=prefill_buckets(rollout.prompt_length, rollout.prefill_length_buckets),
+      max_decode_length=rollout.response_length, sampling_params=SamplingParams.from_rollout_config(rollout),
+      eos_ids=eos_ids(policy.tokenizer, policy.model.cfg), ignore_eos=rollout.ignore_eos, mesh=mesh, rules=rules)
+  return RolloutSampler(engine, pad_id=tokenization.pad_token_id(policy.tokenizer),
+                        free_cache=rollout.free_cache_engine)
+
+
+def run(config: ConfigDict) -> str:
+  """Generates for every row of `data.path` and writes the output parquet.
+
+  Args:
+    config: a validated generation config (`rljax.evaluation.config`).
+
+  Returns:
+    The output path.
+  """
+  source = os.path.abspath(os.path.expanduser(config.data.path))
+  table = table_lib.read_table(source)
+  if table.num_rows == 0:
+    raise ValueError(f"{source} has no rows to generate for (data.path).")
+  table_lib.require_columns(table, {"data.prompt_key": config.data.prompt_key}, source)
+  tokenizer = load_tokenizer(config)
+  prompts = encode_prompts(table.column(config.data.prompt_key).to_pylist(), tokenizer, config.data.prompt_key,
+                           config.rollout.prompt_length, config.data.truncation, source)
+  mesh, rules = make_mesh(config)
+  policy = load_policy(config, mesh, rules, tokenizer)
+  _LOG.info("%d prompts from %s, model %s on %d device(s)", len(prompts), source, policy.source, mesh.size)
+  sampler = make_sampler(policy, config, mesh, rules)
+  responses = generate_responses(sampler, policy.params, prompts, config.data.n_samples, config.data.batch_size,
+                                 jax.random.key(config.trainer.seed), tokenizer)
+  path = table_lib.write_parquet(with_responses(table, responses), output_path(config))
+  _LOG.info("wrote %s", path)
+  return path
