@@ -8,6 +8,11 @@ logical axis names (``embed``, ``mlp``, ``heads``, ``kv_heads``,
 A module built with ``stack=L`` holds parameters for L layers at once (a
 leading ``layers`` axis); its ``__call__`` is written for one layer and runs
 on a slice of that state inside ``lax.scan``.
+
+A projection may carry an adapter (``rljax.models.lora``): the module's
+``adapters`` dict maps the kernel's attribute name (``q``, ``down``, ...) to
+a module taking the projection's input and returning a delta of the
+projection's output shape, added to it.
 """
 
 from __future__ import annotations
@@ -42,6 +47,21 @@ def make_param(
   return nnx.Param(
       init(rngs.params(), shape, dtype), out_sharding=names, eager_sharding=False
   )
+
+
+def with_adapter(module: nnx.Module, name: str, x: jax.Array, y: jax.Array) -> jax.Array:
+  """y plus ``module.adapters[name](x)`` when the projection ``name`` has an adapter, else y.
+
+  Args:
+    module: the Attention or MLP holding the projection.
+    name: the kernel's attribute name (``q``, ``o``, ``gate``, ...).
+    x: the projection's input [..., *in].
+    y: the projection's output [..., *out].
+  """
+  adapters = getattr(module, "adapters", None)
+  if adapters is None or name not in adapters:
+    return y
+  return y + adapters[name](x).astype(y.dtype)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -89,11 +109,12 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, rngs, name="head_dim", dtype=pd, stack=stack)
       self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, rngs, name="head_dim", dtype=pd, stack=stack)
 
-  def _project(self, x: jax.Array, kernel: nnx.Param, bias_name: str) -> jax.Array:
-    """x [B, T, D] -> [B, T, N, head_dim]."""
-    y = jnp.einsum("btd,dnh->btnh", x, kernel[...].astype(x.dtype))
+  def _project(self, x: jax.Array, name: str) -> jax.Array:
+    """x [B, T, D] -> [B, T, N, head_dim] through kernel ``name`` (q, k or v), its adapter and bias."""
+    y = jnp.einsum("btd,dnh->btnh", x, getattr(self, name)[...].astype(x.dtype))
+    y = with_adapter(self, name, x, y)
     if self.cfg.qkv_bias:
-      y = y + getattr(self, bias_name)[...].astype(x.dtype)
+      y = y + getattr(self, f"{name}_bias")[...].astype(x.dtype)
     return y
 
   def __call__(
@@ -110,23 +131,22 @@ class Attention(nnx.Module):
     Args:
       x: [B, T, D] inputs.
       cos, sin: [B, T, head_dim] RoPE tables for the T new tokens.
-      mask: without a cache, [B, T, T] True where query t may attend key s.
-        With a cache, a pair ([B, T, S] over the cached keys, [B, T, T] over
-        the new ones).
-      kv: optional cache (k, v), each [B, K, S, head_dim], read only:
-        attention runs over the S cached keys and the T new ones, and the
-        caller writes the returned new keys and values into its cache once
-        for all layers (no per-layer copy of the cache).
-      write_index: unused here (the caller writes); kept for the signature.
+      mask: [B, T, T] without a cache; [B, T, S] over the cache's slots
+        (the new tokens' slots included) with one.
+      kv: optional cache (k, v), each [B, K, S, head_dim]: the T new keys
+        and values are written at row b's slots write_index[b] .. + T first,
+        then attention runs over the whole cache. Written before it is read,
+        a donated cache is updated in place (reading the old cache and
+        writing afterwards makes XLA copy it).
+      write_index: [B] the slot of each row's first new token (with kv).
 
     Returns:
-      ([B, T, D] outputs, the new (k, v) [B, K, T, head_dim] with a cache, else None).
+      ([B, T, D] outputs, the updated (k, v) with a cache, else None).
     """
-    del write_index
     cfg = self.cfg
-    q = self._project(x, self.q, "q_bias")
-    k = self._project(x, self.k, "k_bias")
-    v = self._project(x, self.v, "v_bias")
+    q = self._project(x, "q")
+    k = self._project(x, "k")
+    v = self._project(x, "v")
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = rope.apply_rope(q, cos, sin), rope.apply_rope(k, cos, sin)
@@ -138,13 +158,19 @@ class Attention(nnx.Module):
       out = _attend(q, [(k, v, mask)], x.dtype)
       new_kv = None
     else:
-      cache_mask, new_mask = mask
-      out = _attend(q, [(kv[0], kv[1], cache_mask), (k, v, new_mask)], x.dtype)
-      new_kv = (k.astype(kv[0].dtype), v.astype(kv[1].dtype))
-    y = jnp.einsum("bthk,hkd->btd", out.reshape(b, t, h, hd), self.o[...].astype(x.dtype))
+      new_kv = (write_slots(kv[0], k.astype(kv[0].dtype), write_index),
+                write_slots(kv[1], v.astype(kv[1].dtype), write_index))
+      out = _attend(q, [(new_kv[0], new_kv[1], mask)], x.dtype)
+    out = out.reshape(b, t, h, hd)
+    y = with_adapter(self, "o", out, jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(x.dtype)))
     if cfg.o_bias:
       y = y + self.o_bias[...].astype(x.dtype)
     return y, new_kv
+
+
+def write_slots(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
+  """[B, K, S, hd] cache with row b's T new slots [B, K, T, hd] written at index[b]."""
+  return jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 1))(cache, new, index)
 
 
 def _attend(q: jax.Array, parts: list[tuple[jax.Array, jax.Array, jax.Array]], dtype) -> jax.Array:
@@ -183,12 +209,13 @@ class MLP(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """[B, T, D] -> [B, T, D]."""
-    gate = x @ self.gate[...].astype(x.dtype)
-    up = x @ self.up[...].astype(x.dtype)
+    gate = with_adapter(self, "gate", x, x @ self.gate[...].astype(x.dtype))
+    up = with_adapter(self, "up", x, x @ self.up[...].astype(x.dtype))
     if self.bias:
       gate = gate + self.gate_bias[...].astype(x.dtype)
       up = up + self.up_bias[...].astype(x.dtype)
-    y = (jax.nn.silu(gate) * up) @ self.down[...].astype(x.dtype)
+    hidden = jax.nn.silu(gate) * up
+    y = with_adapter(self, "down", hidden, hidden @ self.down[...].astype(x.dtype))
     if self.bias:
       y = y + self.down_bias[...].astype(x.dtype)
     return y

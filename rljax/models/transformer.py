@@ -25,46 +25,36 @@ class KVCache(NamedTuple):
   """Keys and values for L layers and S slots, with one write index per row.
 
   Attributes:
-    k, v: [L, B, K, S, head_dim] (head-major: attention reads them without a transpose).
+    k, v: L arrays [B, K, S, head_dim], one per layer (head-major: attention
+      reads them without a transpose). Separate arrays, not one [L, ...]
+      array, so each layer reads its cache directly and each decode step
+      updates each layer's donated buffer in place: slicing a stacked cache
+      per layer makes XLA copy every slice and the whole cache per step.
     mask: [B, S] bool, True for slots holding a real (non-pad) token.
     index: [B] int32, the slot where each row's next token is written.
   """
 
-  k: jax.Array
-  v: jax.Array
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
   mask: jax.Array
   index: jax.Array
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
   """An empty cache for ``batch`` rows of up to ``max_len`` tokens."""
-  shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+  shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
   dtype = dtype or cfg.dtype
   return KVCache(
-      k=jnp.zeros(shape, dtype),
-      v=jnp.zeros(shape, dtype),
+      k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
+      v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
       mask=jnp.zeros((batch, max_len), bool),
       index=jnp.zeros((batch,), jnp.int32),
   )
 
 
-def write_cache(cache: KVCache, k_new: jax.Array, v_new: jax.Array, valid: jax.Array) -> KVCache:
-  """Writes T new tokens per row at its index, for every layer at once.
-
-  Args:
-    cache: the cache before the step.
-    k_new, v_new: [L, B, K, T, head_dim] the new keys and values.
-    valid: [B, T] True for real new tokens.
-
-  Returns:
-    The cache with row b's tokens in slots index[b] .. index[b] + T and every
-    index advanced by T (one in-place update of a donated cache).
-  """
-  rows = lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 0)
-  slots = lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 1)
-  per_layer = jax.vmap(jax.vmap(slots, in_axes=(0, 0, 0)), in_axes=(0, 0, None))
-  return KVCache(k=per_layer(cache.k, k_new, cache.index), v=per_layer(cache.v, v_new, cache.index),
-                 mask=jax.vmap(rows)(cache.mask, valid, cache.index), index=cache.index + k_new.shape[3])
+def write_mask(cache: KVCache, valid: jax.Array) -> jax.Array:
+  """[B, S] slot mask with each row's T new tokens' validity [B, T] written at its index."""
+  return jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 0))(cache.mask, valid, cache.index)
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
@@ -126,7 +116,11 @@ class CausalLM(nnx.Module):
       mask: jax.Array,
       cache: KVCache | None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """x [B, T, D] through every block; returns (x, the new tokens' (k, v) [L, B, K, T, hd] or None)."""
+    """x [B, T, D] through every block; returns (x, the updated caches (k, v), L arrays [B, K, S, hd] each, or None).
+
+    With scan_layers the per-layer caches are stacked for the scan (a copy
+    per step: scanning trades decode speed for compile time).
+    """
     cfg = self.cfg
     inv_freq, attention_factor = rope.inv_frequencies(
         cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
@@ -146,9 +140,9 @@ class CausalLM(nnx.Module):
         x, kv = apply(graphdef, layer_state, x, kv)
         return x, kv
 
-      kv_in = None if cache is None else (cache.k, cache.v)
+      kv_in = None if cache is None else (jnp.stack(cache.k), jnp.stack(cache.v))
       x, kv_out = jax.lax.scan(body, x, (state, kv_in))
-      return x, kv_out
+      return x, (None if kv_out is None else (tuple(kv_out[0]), tuple(kv_out[1])))
     new_k, new_v = [], []
     for i, block in enumerate(self.layers):
       graphdef, state = nnx.split(block)
@@ -157,7 +151,7 @@ class CausalLM(nnx.Module):
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
-    return x, (None if cache is None else (jnp.stack(new_k), jnp.stack(new_v)))
+    return x, (None if cache is None else (tuple(new_k), tuple(new_v)))
 
   def hidden_states(
       self,
@@ -227,14 +221,12 @@ class CausalLM(nnx.Module):
     if positions is None:
       seen = jnp.sum(cache.mask, axis=-1, dtype=jnp.int32)[:, None]
       positions = seen + positions_from_mask(attention_mask)
-    new_valid = attention_mask.astype(bool)
+    slots_mask = write_mask(cache, attention_mask.astype(bool))
     query_slots = cache.index[:, None] + jnp.arange(t, dtype=jnp.int32)
-    cache_mask = attention_mask_3d(cache.mask, query_slots, jnp.arange(cache.mask.shape[1], dtype=jnp.int32),
-                                   self.cfg.sliding_window)
-    relative = jnp.arange(t, dtype=jnp.int32)
-    new_mask = attention_mask_3d(new_valid, jnp.broadcast_to(relative, (b, t)), relative, self.cfg.sliding_window)
+    mask = attention_mask_3d(slots_mask, query_slots, jnp.arange(slots_mask.shape[1], dtype=jnp.int32),
+                             self.cfg.sliding_window)
     x = self.embed[...][input_ids].astype(self.cfg.dtype)
-    x, (k_new, v_new) = self._run_layers(x, positions, (cache_mask, new_mask), cache)
+    x, (k, v) = self._run_layers(x, positions, mask, cache)
     h = self.final_norm(x[:, -1:] if last_only else x)
     logits = h @ self.lm_head_weight().astype(h.dtype).T
-    return logits, write_cache(cache, k_new, v_new, new_valid)
+    return logits, KVCache(k=k, v=v, mask=slots_mask, index=cache.index + t)

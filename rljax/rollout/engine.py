@@ -9,7 +9,7 @@ JetStream's orchestrator can serve it; without it (the core install, no
 TensorFlow) the same class works with a local `ResultTokens` of the same
 layout.
 
-Layout. The decode state holds one KV cache `[L, slots, K, S, head_dim]`
+Layout. The decode state holds a KV cache of L arrays `[slots, K, S, head_dim]`
 (`S = max_prefill_length + max_decode_length`) sharded over the mesh (slots
 over data/fsdp, KV heads over tensor), the next-token logits of every slot,
 and per-slot counters. Prompts arrive right-padded to a length bucket (one
@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rljax.models import CausalLM, KVCache, ModelConfig
+from rljax.models import CausalLM, KVCache, ModelConfig, init_cache
 from rljax.rollout import jetstream_compat, sampling
 from rljax.sharding import rules as rules_lib
 
@@ -84,7 +84,7 @@ class DecodeState(NamedTuple):
   """Everything `generate` transforms.
 
   Attributes:
-    cache: KVCache [L, slots, K, S, head_dim] (+ mask [slots, S], index [slots]).
+    cache: KVCache, L arrays [slots, K, S, head_dim] (+ mask [slots, S], index [slots]).
     logits: [slots, V] float32 next-token logits per slot.
     generated: [slots] int32, tokens generated so far.
     done: [slots] bool, True for empty or finished slots.
@@ -139,7 +139,8 @@ class Engine(_EngineBase):
     """Builds the engine.
 
     Args:
-      graphdef: the model's graph (`nnx.split(model, nnx.Param)[0]`).
+      graphdef: the model's graph (`nnx.graphdef(model)`); with LoRA adapters
+        decoding runs x @ W + scale * (x @ A) @ B, never a merged W.
       cfg: the model's ModelConfig.
       max_concurrent_decodes: decode slots (rollout.max_num_seqs).
       prefill_buckets: increasing prompt lengths prompts are padded to.
@@ -211,8 +212,8 @@ class Engine(_EngineBase):
   def decode_state_shardings(self) -> DecodeState:
     """NamedShardings of the decode state: slots over the batch rule, KV heads over tensor."""
     cfg, slots, length = self.cfg, self._slots, self.cache_length
-    kv_shape = (cfg.num_layers, slots, cfg.num_kv_heads, length, cfg.head_dim)
-    kv = self._sharding(("layers", "batch", "kv_heads", "length", "head_dim"), kv_shape)
+    kv_shape = (slots, cfg.num_kv_heads, length, cfg.head_dim)
+    kv = (self._sharding(("batch", "kv_heads", "length", "head_dim"), kv_shape),) * cfg.num_layers
     per_slot = self._sharding(("batch",), (slots,))
     return DecodeState(
         cache=KVCache(k=kv, v=kv, mask=self._sharding(("batch", "length"), (slots, length)), index=per_slot),
@@ -224,13 +225,10 @@ class Engine(_EngineBase):
     """Empty slots, all marked done; the cache is created on its devices."""
     del args, kwargs
     cfg, slots, length = self.cfg, self._slots, self.cache_length
-    dtype = cfg.dtype
 
     def make():
-      kv_shape = (cfg.num_layers, slots, cfg.num_kv_heads, length, cfg.head_dim)
       return DecodeState(
-          cache=KVCache(k=jnp.zeros(kv_shape, dtype), v=jnp.zeros(kv_shape, dtype),
-                        mask=jnp.zeros((slots, length), bool), index=jnp.zeros((slots,), jnp.int32)),
+          cache=init_cache(cfg, slots, length),
           logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
           generated=jnp.zeros((slots,), jnp.int32),
           done=jnp.ones((slots,), bool),
@@ -251,7 +249,7 @@ class Engine(_EngineBase):
     left = jax.vmap(lambda row, k: jnp.roll(row, k))(tokens, shift)
     mask = jnp.arange(bucket)[None, :] >= shift[:, None]
     model = nnx.merge(self.graphdef, params)
-    logits, cache = model.step(left, _empty_cache(self.cfg, n, bucket), attention_mask=mask.astype(jnp.int32),
+    logits, cache = model.step(left, init_cache(self.cfg, n, bucket), attention_mask=mask.astype(jnp.int32),
                                last_only=True)
     return Prefix(cache=cache, logits=logits[:, -1].astype(jnp.float32))
 
@@ -281,8 +279,9 @@ class Engine(_EngineBase):
 
       def write(st: DecodeState) -> DecodeState:
         c, p = st.cache, prefix.cache
-        k = jax.lax.dynamic_update_slice(c.k, p.k[:, row][:, None], (0, slot, 0, 0, 0))
-        v = jax.lax.dynamic_update_slice(c.v, p.v[:, row][:, None], (0, slot, 0, 0, 0))
+        put = lambda dst, src: jax.lax.dynamic_update_slice(dst, src[row][None], (slot, 0, 0, 0))
+        k = tuple(map(put, c.k, p.k))
+        v = tuple(map(put, c.v, p.v))
         mask_row = jnp.zeros((c.mask.shape[1],), bool).at[:bucket].set(p.mask[row])
         cache = KVCache(k=k, v=v, mask=c.mask.at[slot].set(mask_row), index=c.index.at[slot].set(p.index[row]))
         return st._replace(cache=cache, logits=st.logits.at[slot].set(prefix.logits[row]),
@@ -365,12 +364,6 @@ class Engine(_EngineBase):
     return JetStreamTokenizer(self.tokenizer, self.buckets, self.eos_ids)
 
 
-def _empty_cache(cfg, batch: int, length: int) -> KVCache:
-  shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
-  return KVCache(k=jnp.zeros(shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype),
-                 mask=jnp.zeros((batch, length), bool), index=jnp.zeros((batch,), jnp.int32))
-
-
 class JetStreamTokenizer:
   """JetStream's tokenizer API over an rljax tokenizer (encode pads to a bucket)."""
 
@@ -414,6 +407,20 @@ def pad_to_bucket(ids: Sequence[int], buckets: Sequence[int], pad_id: int) -> np
   return out
 
 
-def make_engine(model: CausalLM, **kwargs) -> Engine:
-  """An Engine for `model`'s graph; pass its parameters to each call."""
-  return Engine(nnx.split(model, nnx.Param)[0], model.cfg, **kwargs)
+def make_engine(model: CausalLM, compute_dtype: Any = None, **kwargs) -> Engine:
+  """An Engine for `model`'s graph; pass its parameters to each call.
+
+  Args:
+    model: the model whose parameters the engine will be given.
+    compute_dtype: activation and KV-cache dtype of prefill and decode
+      (`rollout.dtype`); default the model's. Parameters keep their own
+      dtype and are read in place; each matmul casts its weight on the fly.
+    **kwargs: Engine arguments.
+  """
+  cfg = model.cfg
+  if compute_dtype is None or jnp.dtype(compute_dtype) == jnp.dtype(cfg.dtype):
+    return Engine(nnx.graphdef(model), cfg, **kwargs)
+  cfg = dataclasses.replace(cfg, dtype=jnp.dtype(compute_dtype))
+  view = nnx.merge(*nnx.split(model))  # new modules over the same arrays, LoRA adapters included
+  view.set_attributes(cfg=cfg, raise_if_not_found=False)
+  return Engine(nnx.graphdef(view), cfg, **kwargs)

@@ -219,7 +219,7 @@ def test_sharded_engine_equals_one_device(twins):
   placed = sharding.shard_like(params, sharding.param_shardings(params, mesh, rules))
   sampler = sampler_for(model, slots=8, eos=(7,), mesh=mesh, rules=rules)
   state = sampler.engine.init_decode_state()
-  assert state.cache.k.sharding.spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"), "tensor", None, None)
+  assert state.cache.k[0].sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"), "tensor", None, None)
   got = sampler.generate(placed, ids, mask, 1, jax.random.key(0))
   np.testing.assert_array_equal(got.responses, expected.responses)
 
