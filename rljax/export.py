@@ -1,6 +1,6 @@
 """Exports a trained actor from an rljax checkpoint as a Hugging Face directory.
 
-  python -m rljax.export --checkpoint DIR [--step N] --out HF_DIR
+  python -m rljax.export --checkpoint DIR [--step N] --out HF_DIR [--format merged|peft]
 
 DIR is `trainer.default_local_dir` of the run: it holds `config.yaml` (the
 run's resolved config) and `global_step_N/` checkpoints. The architecture and
@@ -10,6 +10,13 @@ file or an alias such as smollm2-135m-instruct) with the run's
 checkpoint's "actor" arrays (`nnx.state(model, nnx.Param)`), written in
 their saved dtype. The output opens with
 `transformers.AutoModelForCausalLM.from_pretrained(HF_DIR)`.
+
+A LoRA run (`actor_rollout_ref.model.lora_rank > 0`) saves only the adapters
+and modules_to_save; export loads the base weights from `model.path`, adds
+the run's adapters and either writes the merged model (W + scale * A @ B,
+the default) or, with `--format peft`, PEFT's adapter directory
+(adapter_config.json + adapter_model.safetensors) for
+`peft.PeftModel.from_pretrained(base, HF_DIR)`.
 """
 
 from __future__ import annotations
@@ -30,9 +37,11 @@ from rljax import models
 from rljax.models import checkpoint as model_checkpoint
 from rljax.models import config as model_config_lib
 from rljax.models import gguf_io
+from rljax.models import lora
 from rljax.trainer import checkpointing
 
 ACTOR = "actor"
+FORMATS = ("merged", "peft")
 
 
 def load_run_config(checkpoint_dir: str) -> ConfigDict:
@@ -73,7 +82,8 @@ def _check_matches(saved: Any, abstract: Any, where: str, model_path: str) -> No
     raise ValueError(
         f"{where}: the checkpoint's actor parameters do not match the model built from "
         f"actor_rollout_ref.model.path={model_path} (missing: {missing[:5]}, unexpected: "
-        f"{extra[:5]}); check actor_rollout_ref.model.scan_layers and override_config."
+        f"{extra[:5]}); check actor_rollout_ref.model.scan_layers, override_config and the LoRA keys "
+        "(lora_rank, target_modules, r_pattern, modules_to_save) in config.yaml."
     )
   for name, leaf in model_names.items():
     if tuple(saved_names[name].shape) != tuple(leaf.shape):
@@ -96,8 +106,17 @@ def _saved_dtype(saved: Any) -> np.dtype:
   return np.dtype(jax.tree.leaves(saved)[0].dtype)
 
 
+def _lora_model(config: ConfigDict, model_path: str, dtype: np.dtype) -> models.CausalLM:
+  """The run's base model (weights from `model.path`) with the run's adapters, freshly initialised."""
+  model_cfg = config.actor_rollout_ref.model
+  model = models.from_pretrained(model_path, dtype=dtype,
+                                 override_config=model_cfg.override_config.model_config.to_dict(),
+                                 scan_layers=model_cfg.scan_layers)
+  return lora.apply_lora(model, lora.LoRAConfig.from_model_config(model_cfg))
+
+
 def restore_actor(checkpoint_dir: str, step: int | None = None) -> tuple[models.CausalLM, ConfigDict, int]:
-  """(actor model with the checkpoint's parameters, run config, step)."""
+  """(actor model with the checkpoint's parameters, run config, step); with LoRA, the base model plus adapters."""
   config = load_run_config(checkpoint_dir)
   model_cfg = config.actor_rollout_ref.model
   model_path = _model_path(config)
@@ -112,6 +131,11 @@ def restore_actor(checkpoint_dir: str, step: int | None = None) -> tuple[models.
     if ACTOR not in metadata:
       raise ValueError(f"{where} has no {ACTOR!r} arrays (it has {sorted(metadata)}).")
     dtype = _saved_dtype(metadata[ACTOR])
+    if model_cfg.lora_rank > 0:
+      graphdef, params, frozen = lora.split_trainable(_lora_model(config, model_path, dtype))
+      _check_matches(metadata[ACTOR], params, where, model_path)
+      arrays, _ = ckpt.restore(step, {ACTOR: params})
+      return nnx.merge(graphdef, arrays[ACTOR], frozen), config, step
     cfg = model_config_lib.from_hf_dict(
         _hf_config(model_path), model_cfg.override_config.model_config.to_dict(),
         dtype=dtype, param_dtype=dtype, scan_layers=model_cfg.scan_layers,
@@ -131,10 +155,24 @@ def _tokenizer(model_path: str) -> Any:
     return None
 
 
-def export(checkpoint_dir: str, out_dir: str, step: int | None = None) -> str:
-  """Writes the actor of `step` (default: latest complete) under `checkpoint_dir` to `out_dir`."""
+def export(checkpoint_dir: str, out_dir: str, step: int | None = None, fmt: str = "merged") -> str:
+  """Writes the actor of `step` (default: latest complete) under `checkpoint_dir` to `out_dir`.
+
+  fmt: "merged" (a full HF model; LoRA adapters folded into their kernels)
+  or "peft" (a LoRA run's PEFT adapter directory).
+  """
+  if fmt not in FORMATS:
+    raise ValueError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}.")
+  if fmt == "peft" and load_run_config(checkpoint_dir).actor_rollout_ref.model.lora_rank == 0:
+    raise ValueError("--format peft needs a LoRA run (actor_rollout_ref.model.lora_rank > 0); this run trained "
+                     "every parameter: export the merged model (the default).")
   model, config, step = restore_actor(checkpoint_dir, step)
-  models.save_pretrained(model, out_dir, tokenizer=_tokenizer(_model_path(config)))
+  model_cfg = config.actor_rollout_ref.model
+  if fmt == "peft":
+    lora.save_peft(model, lora.LoRAConfig.from_model_config(model_cfg), out_dir, model_cfg.path)
+    return out_dir
+  plain = lora.merge_lora(model) if model_cfg.lora_rank > 0 else model
+  models.save_pretrained(plain, out_dir, tokenizer=_tokenizer(_model_path(config)))
   return out_dir
 
 
@@ -143,9 +181,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--checkpoint", required=True, help="trainer.default_local_dir of the run")
   parser.add_argument("--step", type=int, default=None, help="global step (default: latest complete)")
   parser.add_argument("--out", required=True, help="output Hugging Face directory")
+  parser.add_argument("--format", choices=FORMATS, default="merged",
+                      help="merged: a full HF model (LoRA folded in); peft: a LoRA run's PEFT adapter")
   args = parser.parse_args(argv)
   try:
-    out = export(args.checkpoint, args.out, args.step)
+    out = export(args.checkpoint, args.out, args.step, args.format)
   except (FileNotFoundError, ValueError) as e:
     parser.exit(1, f"rljax.export: error: {e}\n")
   print(f"rljax.export: wrote {out}")

@@ -2,7 +2,9 @@
 
 from_pretrained / save_pretrained read and write HF safetensors directories
 (and read GGUF files); load_tokenizer gives a tokenizer with a chat template;
-token_log_probs scores tokens without materialising full logits.
+token_log_probs scores tokens without materialising full logits;
+rljax.models.lora adds LoRA adapters (apply_lora, split_trainable, merge_lora,
+save_peft).
 """
 
 from rljax.models.api import ALIASES, from_pretrained, load_tokenizer, resolve_path
@@ -15,6 +17,7 @@ from rljax.models.config import (
 )
 from rljax.models.generate import greedy_generate
 from rljax.models.logprobs import naive_token_log_probs, token_log_probs
+from rljax.models.lora import LoRAConfig, apply_lora, merge_lora, save_peft, split_trainable, trainable_filter
 from rljax.models.tokenizer import Tokenizer
 from rljax.models.transformer import (
     CausalLM,
@@ -27,18 +30,24 @@ __all__ = [
     "ALIASES",
     "CausalLM",
     "KVCache",
+    "LoRAConfig",
     "ModelConfig",
     "SUPPORTED_MODEL_TYPES",
     "Tokenizer",
+    "apply_lora",
     "from_hf_dict",
     "from_pretrained",
     "greedy_generate",
     "init_cache",
     "load_tokenizer",
+    "merge_lora",
     "naive_token_log_probs",
     "positions_from_mask",
     "resolve_path",
+    "save_peft",
     "save_pretrained",
+    "split_trainable",
     "to_hf_dict",
     "token_log_probs",
+    "trainable_filter",
 ]

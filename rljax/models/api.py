@@ -22,6 +22,7 @@ ALIASES: dict[str, tuple[str, str]] = {
 
 def resolve_path(path: str) -> str:
   """A local path, or the installed file behind a short alias (e.g. smollm2-135m-instruct)."""
+  path = os.path.expanduser(path)
   key = path.lower()
   if key in ALIASES and not os.path.exists(path):
     package, file = ALIASES[key]

@@ -125,7 +125,9 @@ def hf_sources(cfg: ModelConfig, path: tuple[Any, ...]) -> Source:
   if path[0] == "layers" and isinstance(path[1], int) and path[2:] in table:
     name, layout = table[path[2:]]
     return Source((f"model.layers.{path[1]}.{name}",), layout, False)
-  raise KeyError(f"no HF tensor is known for parameter {'/'.join(map(str, path))}.")
+  hint = (" (a LoRA adapter: write rljax.models.lora.merge_lora(model), or save_peft for PEFT's format)"
+          if "adapters" in path else "")
+  raise KeyError(f"no HF tensor is known for parameter {'/'.join(map(str, path))}{hint}.")
 
 
 class TensorSource:

@@ -10,6 +10,7 @@ applies one optax update. Parameters and optimizer state are donated.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -18,7 +19,7 @@ import optax
 from flax import nnx
 
 from rljax.algos import agg, policy_loss, value_loss
-from rljax.models import CausalLM, ModelConfig
+from rljax.models import CausalLM, ModelConfig, lora
 from rljax.trainer.sequences import response_hidden, response_log_probs, tree_zeros_like
 
 Metrics = dict[str, jax.Array]
@@ -84,9 +85,27 @@ def make_value_fn(graphdef: nnx.GraphDef) -> Callable:
   return jax.jit(lambda params, batch: nnx.merge(graphdef, params).response_values(batch))
 
 
+def training_model(graphdef: nnx.GraphDef, params: Any, frozen: Any, key: jax.Array) -> Any:
+  """The model from its trained and frozen state, in training mode.
+
+  Training mode turns LoRA dropout on, its masks drawn from `key`
+  (rljax.models.lora.seed_dropout); a model without dropout is unchanged.
+  """
+  frozen = nnx.State({}) if frozen is None else lora.seed_dropout(frozen, jax.random.fold_in(key, 1))
+  model = nnx.merge(graphdef, params, frozen)
+  model.train()
+  return model
+
+
 def make_actor_update(graphdef: nnx.GraphDef, actor_config: Any, tx: optax.GradientTransformation,
                       temperature: float, shardings: tuple[Any, Any] | None = None) -> Callable:
-  """jit: (params, opt_state, mini, rng) -> (params, opt_state, metrics).
+  """jit: (params, opt_state, mini, rng, frozen=None) -> (params, opt_state, metrics).
+
+  `params` is what trains (every parameter, or with LoRA the adapters and
+  modules_to_save: `rljax.models.lora.split_trainable`) and is donated with
+  the optimizer state; `frozen` is the rest of the model's state (the base
+  weights under LoRA), read and never copied. Gradients and optimizer state
+  cover `params` only.
 
   The entropy is always reported (actor/entropy); it enters the loss, and
   the backward pass, only when entropy_coeff is non-zero.
@@ -98,8 +117,8 @@ def make_actor_update(graphdef: nnx.GraphDef, actor_config: Any, tx: optax.Gradi
   """
   entropy_in_loss = bool(actor_config.entropy_coeff)
 
-  def loss_fn(params, micro, info, key):
-    log_prob, entropy = response_log_probs(nnx.merge(graphdef, params), micro, temperature)
+  def loss_fn(params, micro, info, key, frozen=None):
+    log_prob, entropy = response_log_probs(training_model(graphdef, params, frozen, key), micro, temperature)
     old = micro.get("old_log_probs", jax.lax.stop_gradient(log_prob))
     loss, metrics = policy_loss.ppo_loss(
         actor_config, log_prob, old, micro["advantages"], micro["response_mask"],
@@ -110,8 +129,8 @@ def make_actor_update(graphdef: nnx.GraphDef, actor_config: Any, tx: optax.Gradi
     metrics["actor/entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return loss, metrics
 
-  def step(params, opt_state, mini, rng):
-    grads, metrics = _accumulate(loss_fn, params, mini, rng)
+  def step(params, opt_state, mini, rng, frozen=None):
+    grads, metrics = _accumulate(functools.partial(loss_fn, frozen=frozen), params, mini, rng)
     params, opt_state, grad_norm = _apply(tx, params, opt_state, grads)
     return params, opt_state, {**_reduce_metrics(metrics), "actor/grad_norm": grad_norm}
 

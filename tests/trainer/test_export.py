@@ -155,3 +155,9 @@ def test_missing_base_model_names_the_key(tmp_path, capsys):
     ckpt.save(1, {"actor": {"w": jnp.ones(2)}})
   err = _cli_error(capsys, "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "o"))
   assert f"actor_rollout_ref.model.path={tmp_path / 'gone'}" in err
+
+
+def test_peft_format_needs_a_lora_run(run, tmp_path, capsys):
+  err = _cli_error(capsys, "--checkpoint", run["ckpt"], "--out", str(tmp_path / "o"), "--format", "peft")
+  assert "needs a LoRA run (actor_rollout_ref.model.lora_rank > 0)" in err
+  assert not (tmp_path / "o").exists()

@@ -1,0 +1,538 @@
+"""LoRA adapters on rljax's causal LMs (Flax NNX), from verl's and cosmos-rl's keys.
+
+A targeted projection keeps its frozen kernel W [*in, *out] (q [D, H, hd],
+o [H, hd, D], gate [D, F], ...) and gains an adapter::
+
+    y = x @ W + scale * (dropout(x) @ A) @ B,    A [*in, r], B [r, *out]
+
+with scale = alpha / r, or alpha / sqrt(r) with use_rslora. Training and
+rollout never form W + scale * A @ B; `merge_lora` forms it once, for export.
+
+Names. target_modules, r_pattern, alpha_pattern and modules_to_save use
+Hugging Face module names, as PEFT does: q_proj, k_proj, v_proj, o_proj of
+`model.layers.{i}.self_attn` and gate_proj, up_proj, down_proj of
+`model.layers.{i}.mlp` (rljax's attn.q ... mlp.down); "all-linear" is those
+seven (never lm_head). A pattern key is a regex that matches a module when
+it matches the whole name or a dotted suffix of it (`q_proj` matches every
+layer's q_proj, `layers\\.0\\..*` every module of layer 0); the first key in
+insertion order wins. A modules_to_save entry selects every module whose
+name ends with it, PEFT's rule (`norm` selects every norm, `lm_head` the
+output layer). With scan_layers (one stacked adapter per projection)
+r_pattern must give a projection the same rank in every layer; alpha may
+differ per layer.
+
+State. A and B are `LoRAParam`s (an nnx.Param subclass) with logical axis
+names: A takes the kernel's input axis names then `lora_rank`, B
+`lora_rank` then the kernel's output names (`layers` first when stacked),
+so adapters shard on the mesh like their base weights (`lora_rank` itself
+is replicated). Base parameters named in modules_to_save become
+`TrainedParam`s. The scale (`LoRAScale`) and the dropout seed
+(`LoRADropoutKey`) are constants. `trainable_filter(model)` selects what an
+optimizer holds; `split_trainable` gives (graphdef, trainable, frozen).
+
+Reference policy. `reference_split(model)` is the base model without
+adapters over the model's own frozen arrays (no copy), except the
+modules_to_save parameters, copied before they train: the reference keeps
+their original values (PEFT's `original_module`).
+
+Dropout. lora_dropout drops adapter inputs only in training mode
+(`model.train()`; modules start in eval mode), with masks drawn from each
+adapter's LoRADropoutKey; `seed_dropout(state, key)` sets them all from one
+key, so a key gives the same masks on every run.
+
+Export. `merge_lora` gives a plain CausalLM (`save_pretrained` writes it);
+`save_peft` writes PEFT's adapter directory (adapter_config.json and
+adapter_model.safetensors, `...q_proj.lora_A.weight` [r, in],
+`...lora_B.weight` [out, r]).
+
+The RL trainer applies LoRA to the actor only; the critic trains in full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+from typing import Any, Iterator, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from rljax import config as config_lib
+from rljax.models import checkpoint, safetensors_io
+from rljax.models.config import ModelConfig
+from rljax.models.transformer import CausalLM
+from rljax.sharding.rules import Rules, logical_to_spec, param_names
+
+RANK_AXIS = "lora_rank"
+PEFT_PREFIX = "base_model.model."
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+# HF projection name -> (rljax sub-module, kernel attribute, number of the kernel's input axes).
+PROJECTIONS: dict[str, tuple[str, str, int]] = {
+    "q_proj": ("attn", "q", 1),
+    "k_proj": ("attn", "k", 1),
+    "v_proj": ("attn", "v", 1),
+    "o_proj": ("attn", "o", 2),
+    "gate_proj": ("mlp", "gate", 1),
+    "up_proj": ("mlp", "up", 1),
+    "down_proj": ("mlp", "down", 1),
+}
+_HF_PARENT = {"attn": "self_attn", "mlp": "mlp"}
+_BY_KERNEL = {(parent, attr): proj for proj, (parent, attr, _) in PROJECTIONS.items()}
+
+
+class LoRAParam(nnx.Param):
+  """An adapter matrix, A [*in, r] or B [r, *out]: trained."""
+
+
+class TrainedParam(nnx.Param):
+  """A base parameter named in modules_to_save: trained in full beside the adapters."""
+
+
+class LoRAScale(nnx.Variable):
+  """An adapter's alpha / r (or alpha / sqrt(r)), float32 [] or [layers]: a constant."""
+
+
+class LoRADropoutKey(nnx.Variable):
+  """Raw PRNG key data seeding an adapter's dropout mask, [k] or [layers, k]."""
+
+
+TRAINABLE = nnx.Any(LoRAParam, TrainedParam)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRAConfig:
+  """verl's lora_rank / lora_alpha / target_modules and cosmos-rl's LoRA extras.
+
+  Attributes:
+    rank: r of every adapter without an r_pattern match (> 0 here).
+    alpha: alpha of every adapter without an alpha_pattern match.
+    target_modules: "all-linear", a list of projection names, or a comma string.
+    dropout: probability of dropping an adapter input in training mode.
+    use_rslora: scale alpha / sqrt(r) instead of alpha / r.
+    modules_to_save: base modules trained in full (HF names, e.g. lm_head).
+    alpha_pattern, r_pattern: {regex: value} overrides per HF module name.
+    init_lora_weights: True (A uniform +-1/sqrt(in), B = 0) or "gaussian"
+      (A normal with std 1/r, B = 0).
+    key_prefix: where these keys live in the run config, for error messages.
+  """
+
+  rank: int
+  alpha: float = 16.0
+  target_modules: Any = "all-linear"
+  dropout: float = 0.0
+  use_rslora: bool = False
+  modules_to_save: tuple[str, ...] = ()
+  alpha_pattern: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  r_pattern: Mapping[str, int] = dataclasses.field(default_factory=dict)
+  init_lora_weights: bool | str = True
+  key_prefix: str = "actor_rollout_ref.model"
+
+  def __post_init__(self):
+    config_lib.check_lora(self.as_keys(), self.key_prefix)
+    if self.rank == 0:
+      raise config_lib.ConfigError(f"{self.key_prefix}.lora_rank", 0,
+                                   "LoRA needs a rank > 0 (0 means full fine-tuning)",
+                                   f"set {self.key_prefix}.lora_rank=8, or do not apply LoRA")
+
+  @classmethod
+  def from_model_config(cls, node: Any, key_prefix: str = "actor_rollout_ref.model") -> "LoRAConfig":
+    """From a config node holding verl's names (lora_rank, lora_alpha, target_modules, ...)."""
+    as_dict = lambda v: dict(v.to_dict() if hasattr(v, "to_dict") else v)  # noqa: E731
+    target = node.target_modules
+    return cls(
+        rank=node.lora_rank, alpha=node.lora_alpha,
+        target_modules=tuple(target) if isinstance(target, (list, tuple)) else target,
+        dropout=node.lora_dropout, use_rslora=node.use_rslora,
+        modules_to_save=tuple(node.modules_to_save or ()),
+        alpha_pattern=as_dict(node.alpha_pattern), r_pattern=as_dict(node.r_pattern),
+        init_lora_weights=node.init_lora_weights, key_prefix=key_prefix)
+
+  def as_keys(self) -> dict[str, Any]:
+    """The values under verl's key names."""
+    return {"lora_rank": self.rank, "lora_alpha": self.alpha, "target_modules": self.target_modules,
+            "lora_dropout": self.dropout, "use_rslora": self.use_rslora,
+            "modules_to_save": list(self.modules_to_save), "alpha_pattern": dict(self.alpha_pattern),
+            "r_pattern": dict(self.r_pattern), "init_lora_weights": self.init_lora_weights}
+
+  @property
+  def targets(self) -> tuple[str, ...]:
+    """The targeted HF projection names."""
+    return config_lib.lora_targets(self.target_modules, f"{self.key_prefix}.target_modules")
+
+
+# ----- the adapter ---------------------------------------------------------------------
+
+
+def lora_scale(rank: int, alpha: float, use_rslora: bool) -> float:
+  """alpha / r, or alpha / sqrt(r) (rank-stabilised LoRA)."""
+  return alpha / math.sqrt(rank) if use_rslora else alpha / rank
+
+
+def pattern_value(patterns: Mapping[str, Any], name: str, default: Any) -> Any:
+  """The value of the first pattern (insertion order) matching module `name`, else `default`.
+
+  A pattern matches when it matches the whole name or a dotted suffix of it.
+  """
+  for pattern, value in patterns.items():
+    if re.fullmatch(rf"(?:.*\.)?(?:{pattern})", name):
+      return value
+  return default
+
+
+def names_module(entry: str, name: str) -> bool:
+  """Whether a modules_to_save `entry` selects module `name`: the name ends with it (PEFT's rule)."""
+  return name.endswith(entry)
+
+
+def init_a(key: jax.Array, shape: tuple[int, ...], fan_in: int, rank: int, how: bool | str) -> jax.Array:
+  """A [..., *in, r] in float32.
+
+  True: uniform in +-1/sqrt(fan_in) (PEFT's kaiming-uniform with a=sqrt(5)).
+  "gaussian": normal with std 1/r.
+  """
+  if how == "gaussian":
+    return jax.random.normal(key, shape, jnp.float32) / rank
+  bound = 1.0 / math.sqrt(fan_in)
+  return jax.random.uniform(key, shape, jnp.float32, -bound, bound)
+
+
+def dropout(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
+  """x with each element zeroed with probability `rate`, the others scaled by 1 / (1 - rate)."""
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+class LoRA(nnx.Module):
+  """One projection's adapter: scale * (dropout(x) @ A) @ B.
+
+  Stacked for lax.scan, every variable has a leading `layers` axis and the
+  call runs on one layer's slice.
+  """
+
+  def __init__(self, a: LoRAParam, b: LoRAParam, scale: LoRAScale, rate: float,
+               dropout_key: LoRADropoutKey | None = None):
+    self.a = a
+    self.b = b
+    self.scale = scale
+    self.rate = float(rate)
+    self.deterministic = True
+    if dropout_key is not None:
+      self.dropout_key = dropout_key
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """x [..., *in] -> [..., *out] for one layer's A [*in, r] and B [r, *out]."""
+    a = self.a[...]
+    if self.rate > 0 and not self.deterministic:
+      x = dropout(x, self.rate, jax.random.wrap_key_data(self.dropout_key[...]))
+    h = jnp.tensordot(x, a.astype(x.dtype), axes=a.ndim - 1)
+    return jnp.tensordot(h * self.scale[...].astype(x.dtype), self.b[...].astype(x.dtype), axes=1)
+
+
+def adapter_delta(adapter: LoRA) -> jax.Array:
+  """scale * A @ B in float32, shaped like the adapted kernel [(layers,) *in, *out]."""
+  a, b, scale = (adapter.a[...].astype(jnp.float32), adapter.b[...].astype(jnp.float32),
+                 adapter.scale[...])
+  product = lambda a, b, s: s * jnp.tensordot(a, b, axes=1, precision=jax.lax.Precision.HIGHEST)  # noqa: E731
+  return jax.vmap(product)(a, b, scale) if scale.ndim else product(a, b, scale)
+
+
+# ----- applying adapters ----------------------------------------------------------------
+
+
+def module_name(layer: int, proj: str) -> str:
+  """The HF module name of projection `proj` in decoder layer `layer`."""
+  parent = _HF_PARENT[PROJECTIONS[proj][0]]
+  return f"model.layers.{layer}.{parent}.{proj}"
+
+
+def _blocks(model: CausalLM) -> list[tuple[nnx.Module, tuple[int, ...]]]:
+  """(decoder block, the layers it holds): one stacked block, or one block per layer."""
+  if model.cfg.scan_layers:
+    return [(model.layers, tuple(range(model.cfg.num_layers)))]
+  return [(block, (i,)) for i, block in enumerate(model.layers)]
+
+
+def _place(value: jax.Array, names: tuple, mesh: Mesh | None, rules: Rules | None) -> jax.Array:
+  if mesh is None:
+    return value
+  return jax.device_put(value, NamedSharding(mesh, logical_to_spec(names, value.shape, mesh, rules)))
+
+
+def _layer_rank(config: LoRAConfig, names: list[str]) -> int:
+  ranks = {pattern_value(config.r_pattern, n, config.rank) for n in names}
+  if len(ranks) > 1:
+    raise config_lib.ConfigError(
+        f"{config.key_prefix}.r_pattern", dict(config.r_pattern),
+        f"gives the layers of {names[0].split('.')[-1]} different ranks {sorted(ranks)}, but scan_layers "
+        "stacks them into one adapter", f"use one rank per projection, or set {config.key_prefix}.scan_layers=false")
+  return ranks.pop()
+
+
+def _new_adapter(kernel: nnx.Variable, n_in: int, names: list[str], stacked: bool, config: LoRAConfig,
+                 key: jax.Array, mesh: Mesh | None, rules: Rules | None) -> LoRA:
+  """The adapter of `kernel` [(layers,) *in, *out] for the HF modules `names` (one per layer)."""
+  shape, axes = tuple(kernel.shape), param_names(kernel)
+  lead = 1 if stacked else 0
+  rank = _layer_rank(config, names)
+  in_shape = shape[lead:lead + n_in]
+  a_names = axes[:lead] + axes[lead:lead + n_in] + (RANK_AXIS,)
+  b_names = axes[:lead] + (RANK_AXIS,) + axes[lead + n_in:]
+  a = init_a(key, shape[:lead] + in_shape + (rank,), math.prod(in_shape), rank, config.init_lora_weights)
+  b = jnp.zeros(shape[:lead] + (rank,) + shape[lead + n_in:], kernel.dtype)
+  scales = [lora_scale(rank, pattern_value(config.alpha_pattern, n, config.alpha), config.use_rslora) for n in names]
+  scale = jnp.asarray(scales if stacked else scales[0], jnp.float32)
+  drop_key = None
+  if config.dropout > 0:
+    data = jax.random.key_data(jax.random.key(0))
+    drop_key = LoRADropoutKey(jnp.zeros(shape[:lead] + data.shape, data.dtype))
+  return LoRA(
+      LoRAParam(_place(a.astype(kernel.dtype), a_names, mesh, rules), out_sharding=a_names, eager_sharding=False),
+      LoRAParam(_place(b, b_names, mesh, rules), out_sharding=b_names, eager_sharding=False),
+      LoRAScale(_place(scale, axes[:lead], mesh, rules), out_sharding=axes[:lead], eager_sharding=False),
+      config.dropout, drop_key)
+
+
+def apply_lora(model: CausalLM, config: LoRAConfig, key: jax.Array | None = None, mesh: Mesh | None = None,
+               rules: Rules | None = None) -> CausalLM:
+  """Adds adapters to `model`'s targeted projections and marks modules_to_save trainable, in place.
+
+  Args:
+    model: a CausalLM without adapters.
+    config: the LoRA settings.
+    key: PRNG key of the A initialisation (default jax.random.key(0)).
+    mesh, rules: place the adapters by their logical axis names (default:
+      JAX's default device).
+
+  Returns:
+    `model`, now with adapters.
+  """
+  if has_lora(model):
+    raise ValueError("the model already has LoRA adapters; apply_lora once per model.")
+  key = jax.random.key(0) if key is None else key
+  stacked = model.cfg.scan_layers
+  for block, layers in _blocks(model):
+    for p, proj in enumerate(config.targets):
+      parent_name, attr, n_in = PROJECTIONS[proj]
+      parent = getattr(block, parent_name)
+      names = [module_name(i, proj) for i in layers]
+      adapter = _new_adapter(getattr(parent, attr), n_in, names, stacked, config,
+                             jax.random.fold_in(key, layers[0] * len(PROJECTIONS) + p), mesh, rules)
+      if getattr(parent, "adapters", None) is None:
+        parent.adapters = nnx.Dict()
+      parent.adapters[attr] = adapter
+  _train_modules(model, config)
+  return model
+
+
+def _node(model: nnx.Module, path: tuple) -> Any:
+  """The object at a state `path` (attributes, list indices and dict keys)."""
+  node = model
+  for part in path:
+    node = node[part] if isinstance(part, int) or isinstance(node, nnx.Dict) else getattr(node, part)
+  return node
+
+
+def _module_names(cfg: ModelConfig, path: tuple) -> list[str]:
+  """HF module names behind the parameter at `path`, one per layer it holds."""
+  return [name.rsplit(".", 1)[0] for name in checkpoint.hf_sources(cfg, path).names]
+
+
+def _train_modules(model: CausalLM, config: LoRAConfig) -> None:
+  """Turns the Params of the modules_to_save into TrainedParams (same arrays)."""
+  if not config.modules_to_save:
+    return
+  key = f"{config.key_prefix}.modules_to_save"
+  targeted = {module_name(0, proj).rsplit(".", 1)[-1] for proj in config.targets}
+  used = set()
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    if isinstance(var, LoRAParam):
+      continue
+    modules = _module_names(model.cfg, path)
+    hits = [[e for e in config.modules_to_save if names_module(e, m)] for m in modules]
+    if not any(hits):
+      continue
+    if not all(hits):
+      raise config_lib.ConfigError(key, list(config.modules_to_save),
+                                   f"selects only some layers of {path[-2]}, which scan_layers stacks",
+                                   f"name every layer, or set {config.key_prefix}.scan_layers=false")
+    if modules[0].rsplit(".", 1)[-1] in targeted:
+      raise config_lib.ConfigError(key, list(config.modules_to_save),
+                                   f"{modules[0]} is also a LoRA target", f"drop it from {key} or from target_modules")
+    used.update(e for h in hits for e in h)
+    setattr(_node(model, path[:-1]), path[-1], TrainedParam(var[...], **var.get_metadata()))
+  unused = [e for e in config.modules_to_save if e not in used]
+  if unused:
+    tied = " (tie_word_embeddings: lm_head is embed_tokens here)" if model.cfg.tie_word_embeddings else ""
+    raise config_lib.ConfigError(key, list(config.modules_to_save), f"{unused} name no module of this model{tied}",
+                                 "use HF module names such as embed_tokens, lm_head, norm, input_layernorm")
+
+
+# ----- trainable / frozen -------------------------------------------------------------
+
+
+def has_lora(model: nnx.Module) -> bool:
+  """Whether `model` carries adapters."""
+  return bool(jax.tree.leaves(nnx.state(model, LoRAParam)))
+
+
+def trainable_filter(model: nnx.Module) -> Any:
+  """The nnx filter of what an optimizer trains: adapters and modules_to_save with LoRA, else every Param."""
+  return TRAINABLE if has_lora(model) else nnx.Param
+
+
+def split_trainable(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+  """(graphdef, trainable state, frozen state); the frozen one is empty without LoRA.
+
+  `nnx.merge(graphdef, trainable, frozen)` rebuilds the model from the same arrays.
+  """
+  return nnx.split(model, trainable_filter(model), ...)
+
+
+def seed_dropout(state: nnx.State, key: jax.Array) -> nnx.State:
+  """`state` with every LoRADropoutKey drawn from `key`; unchanged when it holds none.
+
+  Adapter k (in state order) gets fold_in(key, k), split over its layers
+  when stacked.
+  """
+  flat = nnx.to_flat_state(state)
+  if not any(isinstance(var, LoRADropoutKey) for _, var in flat):
+    return state
+  seeded, k = [], 0
+  for path, var in flat:
+    if isinstance(var, LoRADropoutKey):
+      sub = jax.random.fold_in(key, k)
+      layers = tuple(var.shape[:-1])
+      var = var.replace(jax.random.key_data(jax.random.split(sub, layers) if layers else sub))
+      k += 1
+    seeded.append((path, var))
+  return nnx.from_flat_state(seeded)
+
+
+# ----- without adapters: reference and merged ----------------------------------------
+
+
+def _adapted(model: CausalLM) -> Iterator[tuple[nnx.Module, tuple[int, ...], str, nnx.Module]]:
+  """(attn or mlp module holding adapters, its layers, its rljax name, the module)."""
+  for block, layers in _blocks(model):
+    for parent_name in _HF_PARENT:
+      parent = getattr(block, parent_name)
+      if getattr(parent, "adapters", None) is not None:
+        yield parent, layers, parent_name, parent.adapters
+
+
+def _without_adapters(model: CausalLM, merge: bool) -> CausalLM:
+  """A new CausalLM without adapters over `model`'s arrays.
+
+  merge: kernels become W + scale * A @ B (else stay W) and TrainedParams
+  keep their values (else are copied: a snapshot of the originals).
+  """
+  plain = nnx.merge(*nnx.split(model))
+  for path, var in nnx.to_flat_state(nnx.state(plain, TrainedParam)):
+    value = var[...] if merge else jnp.copy(var[...])
+    setattr(_node(plain, path[:-1]), path[-1], nnx.Param(value, **var.get_metadata()))
+  for parent, _, _, adapters in list(_adapted(plain)):
+    if merge:
+      for attr, adapter in adapters.items():
+        kernel = getattr(parent, attr)
+        merged = kernel[...].astype(jnp.float32) + adapter_delta(adapter)
+        setattr(parent, attr, kernel.replace(merged.astype(kernel.dtype)))
+    del parent.adapters
+  return plain
+
+
+def reference_split(model: CausalLM) -> tuple[nnx.GraphDef, nnx.State]:
+  """(graphdef, state) of the base model: no adapters, the frozen arrays themselves.
+
+  Call it before training: modules_to_save parameters are copied as they are now.
+  """
+  return nnx.split(_without_adapters(model, merge=False))
+
+
+def merge_lora(model: CausalLM) -> CausalLM:
+  """A plain CausalLM with every adapted kernel W + scale * A @ B (for save_pretrained)."""
+  return _without_adapters(model, merge=True)
+
+
+# ----- PEFT's adapter format --------------------------------------------------------------
+
+
+def _host(x: jax.Array) -> np.ndarray:
+  return np.asarray(jax.device_get(x))
+
+
+def peft_tensors(model: CausalLM) -> dict[str, np.ndarray]:
+  """PEFT's adapter_model tensors.
+
+  For each adapted module M: `base_model.model.M.lora_A.weight` [r, in] and
+  `.lora_B.weight` [out, r] (in / out flattened in HF's order); for each
+  modules_to_save parameter: `base_model.model.<HF tensor name>`.
+  """
+  out: dict[str, np.ndarray] = {}
+  for _, layers, parent_name, adapters in _adapted(model):
+    for attr, adapter in adapters.items():
+      proj = _BY_KERNEL[(parent_name, attr)]
+      a, b = _host(adapter.a[...]), _host(adapter.b[...])
+      for j, layer in enumerate(layers):
+        a_l, b_l = (a[j], b[j]) if model.cfg.scan_layers else (a, b)
+        rank = a_l.shape[-1]
+        name = PEFT_PREFIX + module_name(layer, proj)
+        out[f"{name}.lora_A.weight"] = a_l.reshape(-1, rank).T
+        out[f"{name}.lora_B.weight"] = b_l.reshape(rank, -1).T
+  for path, var in nnx.to_flat_state(nnx.state(model, TrainedParam)):
+    source = checkpoint.hf_sources(model.cfg, path)
+    value = _host(var[...])
+    for name, v in zip(source.names, list(value) if source.stacked else [value]):
+      out[PEFT_PREFIX + name] = source.layout.to_hf(v)
+  return out
+
+
+def peft_adapter_config(config: LoRAConfig, base_model_name_or_path: str | None) -> dict[str, Any]:
+  """adapter_config.json for PEFT (its LoraConfig fields; rank_pattern is cosmos-rl's r_pattern)."""
+  return {
+      "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path,
+      "r": config.rank, "lora_alpha": config.alpha, "lora_dropout": config.dropout,
+      "target_modules": list(config.targets), "use_rslora": config.use_rslora,
+      "modules_to_save": list(config.modules_to_save) or None,
+      "rank_pattern": dict(config.r_pattern), "alpha_pattern": dict(config.alpha_pattern),
+      "init_lora_weights": config.init_lora_weights, "bias": "none", "fan_in_fan_out": False,
+      "inference_mode": True,
+  }
+
+
+def save_peft(model: CausalLM, config: LoRAConfig, path: str, base_model_name_or_path: str | None = None) -> None:
+  """Writes PEFT's adapter directory (adapter_config.json, adapter_model.safetensors) to `path`.
+
+  Files are built in a temporary sibling directory and moved in when complete.
+  """
+  if not has_lora(model):
+    raise ValueError("the model has no LoRA adapters to write in PEFT's format.")
+  if model.cfg.tie_word_embeddings and any(names_module(e, "model.embed_tokens") for e in config.modules_to_save):
+    raise ValueError(
+        f"{config.key_prefix}.modules_to_save trains the tied embedding, which PEFT's format cannot "
+        "express (PEFT would untie lm_head); export the merged model instead.")
+  tmp = path.rstrip("/") + ".rljax-tmp"
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  safetensors_io.write_file(os.path.join(tmp, ADAPTER_WEIGHTS), peft_tensors(model))
+  with open(os.path.join(tmp, ADAPTER_CONFIG), "w") as f:
+    json.dump(peft_adapter_config(config, base_model_name_or_path), f, indent=2)
+  os.makedirs(path, exist_ok=True)
+  for name in os.listdir(tmp):
+    os.replace(os.path.join(tmp, name), os.path.join(path, name))
+  os.rmdir(tmp)
+
+
+__all__ = [
+    "LoRA", "LoRAConfig", "LoRADropoutKey", "LoRAParam", "LoRAScale", "PROJECTIONS", "TRAINABLE", "TrainedParam",
+    "adapter_delta", "apply_lora", "has_lora", "lora_scale", "merge_lora", "pattern_value", "peft_adapter_config",
+    "peft_tensors", "reference_split", "save_peft", "seed_dropout", "split_trainable", "trainable_filter",
+]
