@@ -137,6 +137,14 @@ IGNORED_KEYS = {
     "trainer.worker_nsight_options.*": "Nsight profiling",
     "trainer.default_hdfs_dir": "HDFS copy of checkpoints; default_local_dir may be any path orbax writes (gs:// included)",
     "trainer.del_local_ckpt_after_load": "HDFS workflow",
+    "trainer.remove_previous_ckpt_in_save": "deprecated in verl; trainer.max_actor_ckpt_to_keep=1 keeps only the latest",
+    "actor_rollout_ref.actor.checkpoint.save_contents": "an orbax checkpoint always holds model, optimizer and extra state; HF weights come from rljax.export",
+    "actor_rollout_ref.actor.checkpoint.load_contents": "a resume always restores model, optimizer and extra state",
+    "critic.checkpoint.save_contents": "an orbax checkpoint always holds model, optimizer and extra state",
+    "critic.checkpoint.load_contents": "a resume always restores model, optimizer and extra state",
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": "entropy is always computed in vocabulary-sized chunks of tokens",
+    "critic.rollout_n": "the critic's batch follows actor_rollout_ref.rollout.n",
+    "algorithm.pf_ppo.*": "read only with algorithm.use_pf_ppo, which rljax does not implement (an error when true)",
 }
 
 MAPPED_KEYS = {
@@ -147,11 +155,12 @@ MAPPED_KEYS = {
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "size of the mesh's sequence axis",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "tensor-axis size of the rollout layout; parameters are resharded only when it differs from training's",
     "actor_rollout_ref.rollout.name": "any value selects rljax's JetStream engine",
-    "actor_rollout_ref.rollout.dtype": "compute dtype of the decode step",
+    "actor_rollout_ref.rollout.dtype": "activation and KV-cache dtype of prefill and decode; weights are read in place in their own dtype and cast per matmul",
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "dtype of the trained parameters (fp32, bf16, fp16)",
     "critic.model.fsdp_config.model_dtype": "dtype of the critic's parameters",
     "actor_rollout_ref.rollout.max_num_seqs": "decode slots of the engine (continuous batching)",
-    "actor_rollout_ref.rollout.max_model_len": "KV-cache length; default prompt_length + response_length",
+    "actor_rollout_ref.rollout.max_model_len": "checked only: the KV cache holds exactly max_prompt_length + response_length slots, so it must be at least that",
+    "actor_rollout_ref.rollout.calculate_log_probs": "always on: the sampler returns each sampled token's log-prob (rollout_log_probs)",
     "actor_rollout_ref.rollout.free_cache_engine": "drop the KV cache between rollouts",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "micro-batch rows per data-parallel device; the global micro-batch is this times the data*fsdp axis size",
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "token budget per device for use_dynamic_bsz micro-batches",
@@ -166,15 +175,15 @@ RLJAX_KEYS = {
     "trainer.logical_axis_rules": "logical axis -> mesh axis pairs; parallelism is a config change",
     "actor_rollout_ref.actor.tensor_model_parallel_size": "size of the training mesh's tensor axis",
     "actor_rollout_ref.model.scan_layers": "scan over decoder layers: compile time flat in depth",
-    "actor_rollout_ref.model.lora_rank": "LoRA rank; 0 = full fine-tuning (verl SFT name)",
-    "actor_rollout_ref.model.lora_alpha": "LoRA alpha (verl SFT name)",
-    "actor_rollout_ref.model.target_modules": "LoRA target modules: all-linear or a list (verl SFT name)",
-    "actor_rollout_ref.model.lora_dropout": "cosmos-rl LoRA dropout",
-    "actor_rollout_ref.model.use_rslora": "cosmos-rl: scale alpha/sqrt(r)",
-    "actor_rollout_ref.model.modules_to_save": "cosmos-rl: extra fully-trained modules",
-    "actor_rollout_ref.model.alpha_pattern": "cosmos-rl: per-module alpha overrides (regex -> alpha)",
-    "actor_rollout_ref.model.r_pattern": "cosmos-rl: per-module rank overrides (regex -> r)",
-    "actor_rollout_ref.model.init_lora_weights": "cosmos-rl: True (B=0) or 'gaussian'",
+    "actor_rollout_ref.model.lora_rank": "LoRA rank (verl's name); > 0 trains only the actor's adapters (rljax.models.lora), 0 = full fine-tuning; the critic stays full",
+    "actor_rollout_ref.model.lora_alpha": "LoRA alpha (verl's name): adapter scale alpha / r",
+    "actor_rollout_ref.model.target_modules": "LoRA targets (verl's name): all-linear, or a list (or comma string) of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj",
+    "actor_rollout_ref.model.lora_dropout": "cosmos-rl: dropout on the adapter input in the actor update only, seeded by the update's key",
+    "actor_rollout_ref.model.use_rslora": "cosmos-rl: scale alpha / sqrt(r) instead of alpha / r",
+    "actor_rollout_ref.model.modules_to_save": "cosmos-rl: base modules trained in full beside the adapters (embed_tokens, lm_head, norm, ...)",
+    "actor_rollout_ref.model.alpha_pattern": "cosmos-rl: {regex: alpha} per HF module name (model.layers.0.self_attn.q_proj); first match wins",
+    "actor_rollout_ref.model.r_pattern": "cosmos-rl: {regex: r} per HF module name; first match wins (uniform over layers with scan_layers)",
+    "actor_rollout_ref.model.init_lora_weights": "cosmos-rl: true (A uniform +-1/sqrt(in), B=0) or gaussian (A normal std 1/r, B=0)",
     "actor_rollout_ref.rollout.prefill_length_buckets": "prompt lengths the engine pads to; one compilation per bucket",
     "actor_rollout_ref.actor.positive_nll_coef": "cosmos-rl: NLL term on positive-advantage responses",
     "actor_rollout_ref.actor.policy_loss.aipo_rho": "cosmos-rl: AIPO clip of the importance ratio (policy_loss.loss_mode=aipo)",
@@ -191,6 +200,9 @@ RLJAX_KEYS = {
     "data.dataloader_num_workers": "grain worker processes (verl's key; rljax defaults to 0, in-process)",
 }
 
+# Estimators whose extra inputs the RL loop does not produce.
+TRAINER_UNSUPPORTED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+
 # old key -> (replacement, how the value moves).
 DEPRECATED_KEYS = {
     "actor_rollout_ref.actor.ppo_micro_batch_size": ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "global, in prompts: x rollout.n / data-parallel devices"),
@@ -206,12 +218,24 @@ DEPRECATED_KEYS = {
     "data.val_batch_size": (None, "still honoured: validation prompts per batch (null = the whole set at once)"),
 }
 
+# Fields whose value is one whole dictionary (regex keys hold dots, which
+# ConfigDict keys cannot): set as `KEY={'layers\.0\..*': 4}`.
+DICT_FIELDS = (
+    "actor_rollout_ref.model.alpha_pattern",
+    "actor_rollout_ref.model.r_pattern",
+    "model.alpha_pattern",  # rljax.sft's model node
+    "model.r_pattern",
+)
+# The names LoRA's target_modules and modules_to_save take (HF module names;
+# rljax.models.lora maps them onto rljax's layers, and a test keeps them equal).
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_SAVABLE_MODULES = LORA_TARGET_MODULES + (
+    "embed_tokens", "lm_head", "norm", "input_layernorm", "post_attention_layernorm", "q_norm", "k_norm")
+
 # Free-form dictionaries: any key may be added below these paths.
 OPEN_DICTS = (
     "custom_reward_function.reward_kwargs",
     "actor_rollout_ref.model.override_config.model_config",
-    "actor_rollout_ref.model.alpha_pattern",
-    "actor_rollout_ref.model.r_pattern",
     "actor_rollout_ref.rollout.engine_kwargs.vllm",
     "actor_rollout_ref.rollout.engine_kwargs.sglang",
     "critic.model.override_config",
@@ -343,8 +367,8 @@ def _model() -> ConfigDict:
       "lora_dropout": 0.0,
       "use_rslora": False,
       "modules_to_save": _null(list),
-      "alpha_pattern": {},
-      "r_pattern": {},
+      "alpha_pattern": _any({}),
+      "r_pattern": _any({}),
       "init_lora_weights": _any(True),
   })
 
@@ -1034,6 +1058,11 @@ def _check_algorithm(config: ConfigDict) -> None:
   _check_enum(config, "actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES)
   _check_enum(config, "critic.loss_agg_mode", LOSS_AGG_MODES)
   _check_enum(config, "actor_rollout_ref.actor.policy_loss.loss_mode", POLICY_LOSSES)
+  _check(alg.adv_estimator not in TRAINER_UNSUPPORTED_ESTIMATORS, "algorithm.adv_estimator", alg.adv_estimator,
+         "needs sum_pi_squared (the sum of squared token probabilities), which the RL trainer does not compute",
+         "use the kernel from rljax.algos directly, or choose grpo, rloo, reinforce_plus_plus or gae")
+  _check(not alg.use_pf_ppo, "algorithm.use_pf_ppo", alg.use_pf_ppo, "PF-PPO batch reweighting is not implemented",
+         "set algorithm.use_pf_ppo=false")
   for key in ("algorithm.gamma", "algorithm.lam"):
     _check_range(config, key, 0.0, 1.0)
   for key in ("actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.clip_ratio_low",
@@ -1095,12 +1124,97 @@ def _check_trainer(config: ConfigDict) -> None:
   _check_positive(config, "data.filter_overlong_prompts_workers")
 
 
+def _check_cache_length(config: ConfigDict) -> None:
+  rollout = config.actor_rollout_ref.rollout
+  needed = config.data.max_prompt_length + rollout.response_length
+  _check(rollout.max_model_len is None or rollout.max_model_len >= needed, "actor_rollout_ref.rollout.max_model_len",
+         rollout.max_model_len, f"is shorter than a prompt and its response ({needed} tokens)",
+         f"set it to at least {needed} or null")
+
+
+def _check_reward_model(config: ConfigDict) -> None:
+  rm = config.reward_model
+  if not rm.enable:
+    return
+  if rm.max_length is not None:
+    _check_positive(config, "reward_model.max_length")
+  own_tokens = rm.model.input_tokenizer not in (None, config.actor_rollout_ref.model.path)
+  _check(not own_tokens or config.data.return_raw_chat, "data.return_raw_chat", config.data.return_raw_chat,
+         "reward_model.model.input_tokenizer differs from the actor's, so the chat must be re-rendered "
+         "from the prompt messages", "set data.return_raw_chat=true, or reward_model.model.input_tokenizer=null "
+         "when both models share a tokenizer")
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def lora_targets(value: Any, key: str = "actor_rollout_ref.model.target_modules") -> tuple[str, ...]:
+  """target_modules as HF projection names: 'all-linear', a list, or a comma-separated string."""
+  if value == "all-linear":
+    return LORA_TARGET_MODULES
+  names = [n.strip() for n in value.split(",")] if isinstance(value, str) else value
+  ok = isinstance(names, (list, tuple)) and bool(names) and all(isinstance(n, str) for n in names)
+  _check(ok, key, value, "must be all-linear or a non-empty list of module names", f"e.g. {key}=[q_proj,v_proj]")
+  unknown = [n for n in names if n not in LORA_TARGET_MODULES]
+  _check(not unknown, key, value, f"unknown module(s) {unknown}; LoRA targets are {', '.join(LORA_TARGET_MODULES)}",
+         f"set {key}=all-linear or choose from those names")
+  return tuple(dict.fromkeys(names))
+
+
+def _check_patterns(values: Any, key: str, value_ok, kind: str) -> None:
+  values = values.to_dict() if isinstance(values, ConfigDict) else values
+  _check(isinstance(values, dict), key, values, "must be a mapping {regex: value}",
+         f"e.g. {key}={{'q_proj': 16}} (quote regex keys: {{'layers\\.0\\..*': 16}})")
+  for pattern, value in values.items():
+    try:
+      re.compile(pattern)
+    except (re.error, TypeError) as e:
+      raise ConfigError(key, values, f"key {pattern!r} is not a regular expression ({e})",
+                        "write a Python regex matched against names like model.layers.0.self_attn.q_proj") from e
+    _check(value_ok(value), key, values, f"value {value!r} of {pattern!r} must be {kind}", f"give each pattern {kind}")
+
+
+def check_lora(values: Any, prefix: str = "actor_rollout_ref.model") -> None:
+  """Checks a model node's LoRA keys (verl's and cosmos-rl's); ConfigError names `prefix.KEY`.
+
+  Args:
+    values: a mapping with lora_rank, lora_alpha, target_modules, lora_dropout,
+      use_rslora, modules_to_save, alpha_pattern, r_pattern, init_lora_weights.
+    prefix: the node's key path, for the messages.
+  """
+  key = lambda name: f"{prefix}.{name}"  # noqa: E731
+  rank, alpha, dropout = values["lora_rank"], values["lora_alpha"], values["lora_dropout"]
+  _check(_is_int(rank) and rank >= 0, key("lora_rank"), rank, "must be an integer >= 0 (0 = full fine-tuning)",
+         f"set {key('lora_rank')}=8, or 0 to train every parameter")
+  _check(_is_number(alpha) and alpha > 0, key("lora_alpha"), alpha, "must be a positive number",
+         f"set {key('lora_alpha')}=16")
+  _check(_is_number(dropout) and 0.0 <= dropout < 1.0, key("lora_dropout"), dropout, "must lie in [0, 1)",
+         f"set {key('lora_dropout')}=0.0")
+  _check(isinstance(values["use_rslora"], bool), key("use_rslora"), values["use_rslora"], "must be true or false",
+         f"set {key('use_rslora')}=false")
+  lora_targets(values["target_modules"], key("target_modules"))
+  saved = values["modules_to_save"]
+  ok = saved is None or (isinstance(saved, (list, tuple)) and all(isinstance(n, str) for n in saved))
+  _check(ok, key("modules_to_save"), saved, "must be null or a list of module names",
+         f"e.g. {key('modules_to_save')}=[lm_head]")
+  unknown = [n for n in saved or () if n.rsplit(".", 1)[-1] not in LORA_SAVABLE_MODULES]
+  _check(not unknown, key("modules_to_save"), saved,
+         f"unknown module(s) {unknown}; names end in one of {', '.join(LORA_SAVABLE_MODULES)}",
+         "list HF module names such as lm_head, embed_tokens or model.layers.0.input_layernorm")
+  _check_patterns(values["alpha_pattern"], key("alpha_pattern"), lambda v: _is_number(v) and v > 0, "a positive number")
+  _check_patterns(values["r_pattern"], key("r_pattern"), lambda v: _is_int(v) and v > 0, "a positive integer")
+  init = values["init_lora_weights"]
+  _check(init is True or init == "gaussian", key("init_lora_weights"), init, "must be true (B=0) or gaussian",
+         f"set {key('init_lora_weights')}=true")
+
+
 def _check_lora(config: ConfigDict) -> None:
-  model = config.actor_rollout_ref.model
-  _check_positive(config, "actor_rollout_ref.model.lora_rank", allow_zero=True)
-  _check_range(config, "actor_rollout_ref.model.lora_dropout", 0.0, 1.0)
-  _check(model.init_lora_weights in (True, "gaussian"), "actor_rollout_ref.model.init_lora_weights",
-         model.init_lora_weights, "must be true (B=0) or 'gaussian'", "set actor_rollout_ref.model.init_lora_weights=true")
+  check_lora(config.actor_rollout_ref.model)
 
 
 def _check_mesh(config: ConfigDict, world_size: int | None) -> None:
@@ -1142,6 +1256,8 @@ def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
   _check_algorithm(config)
   _check_optim(config)
   _check_trainer(config)
+  _check_reward_model(config)
+  _check_cache_length(config)
   _check_lora(config)
   return config
 
@@ -1167,10 +1283,25 @@ def to_yaml(config: ConfigDict) -> str:
 def _flatten(tree: dict, prefix: str = "") -> Iterable[tuple[str, Any]]:
   for key, value in tree.items():
     path = f"{prefix}{key}"
-    if isinstance(value, dict) and value and not _is_open(path):
+    if isinstance(value, dict) and value and not _is_open(path) and path not in DICT_FIELDS:
       yield from _flatten(value, path + ".")
     else:
       yield path, value
+
+
+class YamlLoader(yaml.SafeLoader):
+  """YAML as OmegaConf (verl) reads it: `1e-6` is a float (PyYAML alone reads a string)."""
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def parse_yaml(text: str) -> Any:
+  """Parses YAML text with OmegaConf's float rule (verl's files write `lr: 1e-6`)."""
+  return yaml.load(text, Loader=YamlLoader)  # noqa: S506 (a SafeLoader subclass)
 
 
 def from_yaml(text: str, base: ConfigDict | None = None) -> ConfigDict:
@@ -1180,7 +1311,7 @@ def from_yaml(text: str, base: ConfigDict | None = None) -> ConfigDict:
   an unknown key names the closest valid one.
   """
   config = base if base is not None else get_base_config()
-  tree = yaml.safe_load(text) or {}
+  tree = parse_yaml(text) or {}
   if not isinstance(tree, dict):
     raise ConfigError("<yaml>", type(tree).__name__, "the top level must be a mapping", "write KEY: VALUE lines")
   for path, value in _flatten(tree):
@@ -1255,4 +1386,5 @@ __all__ = [
     "finalize", "validate",
     "to_yaml", "from_yaml", "leaf_paths", "get_node", "set_value",
     "IGNORED_KEYS", "MAPPED_KEYS", "RLJAX_KEYS", "DEPRECATED_KEYS",
+    "check_lora", "lora_targets", "LORA_TARGET_MODULES", "LORA_SAVABLE_MODULES",
 ]

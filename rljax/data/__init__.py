@@ -8,6 +8,7 @@ from rljax.data.dataset import collate
 from rljax.data.dataset import load_dataset_class
 from rljax.data.dataset import make_dataset
 from rljax.data.dataset import RLHFDataset
+from rljax.data.parquet import as_file_list
 from rljax.data.parquet import read_parquet
 from rljax.data.pipeline import batch_dataset
 from rljax.data.pipeline import BatchIterator
@@ -21,6 +22,7 @@ __all__ = [
     "BatchIterator",
     "RLHFDataset",
     "Tokenizer",
+    "as_file_list",
     "batch_dataset",
     "collate",
     "ensure_synthetic_data",

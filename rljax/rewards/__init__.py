@@ -5,6 +5,7 @@ token-level rewards (see `rljax.rewards.managers` for the call signature).
 
 from rljax.rewards.custom import FileFunction
 from rljax.rewards.custom import load_from_file
+from rljax.rewards.default import check_data_sources
 from rljax.rewards.default import default_compute_score
 from rljax.rewards.default import known_data_sources
 from rljax.rewards.managers import BatchRewardManager
@@ -27,6 +28,7 @@ __all__ = [
     "PrimeRewardManager",
     "RewardManager",
     "RewardResult",
+    "check_data_sources",
     "default_compute_score",
     "known_data_sources",
     "load_compute_score",

@@ -17,8 +17,19 @@ from rljax.trainer.checkpointing import (
     split_step_path,
 )
 from rljax.trainer.faults import NonFiniteError, PreemptionGuard, check_finite
-from rljax.trainer.loop import RLTrainer, run
 from rljax.trainer.tracking import Tracker, plot_curves
+
+_LAZY = {"RLTrainer", "run"}
+
+
+def __getattr__(name: str):
+  """RLTrainer and run load rljax.trainer.loop (and the rollout engine) on first use only,
+  so importing the checkpoint or tracking helpers stays fast."""
+  if name in _LAZY:
+    from rljax.trainer import loop  # pylint: disable=import-outside-toplevel
+    return getattr(loop, name)
+  raise AttributeError(f"module 'rljax.trainer' has no attribute {name!r}")
+
 
 __all__ = [
     "Checkpointer",

@@ -185,11 +185,11 @@ class Checkpointer:
     ckpt.save_config(config)
     return ckpt
 
-  def save_config(self, config: ConfigDict) -> str:
-    """Writes the resolved config to `directory/config.yaml` (process 0); returns the path."""
-    path = epath.Path(self.directory) / CONFIG_FILE
+  def save_config(self, config: ConfigDict, file_name: str = CONFIG_FILE) -> str:
+    """Writes the resolved config to `directory/file_name` (process 0); returns the path."""
+    path = epath.Path(self.directory) / file_name
     if is_main_process():
-      tmp = path.parent / (CONFIG_FILE + ".tmp")
+      tmp = path.parent / (file_name + ".tmp")
       tmp.write_text(config_lib.to_yaml(config))
       tmp.replace(path)
     return str(path)

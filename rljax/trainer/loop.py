@@ -11,14 +11,23 @@ Each step, for `data.train_batch_size` prompts:
 
 On-policy shortcut: with one PPO epoch over a single mini-batch and nothing
 that needs them before the update (KL in reward, rollout correction, bypass
-mode), the old log-probs equal the current ones at the update; the update
-uses `stop_gradient(log_prob)` instead of a separate forward pass, which is
-the same number a recomputation gives.
+mode, LoRA dropout), the old log-probs equal the current ones at the update;
+the update uses `stop_gradient(log_prob)` instead of a separate forward
+pass, which is the same number a recomputation gives.
+
+LoRA (actor_rollout_ref.model.lora_rank > 0): the actor's state splits into
+`actor_trainable` (adapters and modules_to_save: the only gradients,
+optimizer state and checkpointed "actor" arrays) and `actor_frozen` (the base
+weights, read in place by rollout, log-probs and the update). The reference
+policy is the base model without adapters over those same frozen arrays.
+The critic trains in full.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import dataclasses
 import logging
 import os
@@ -39,11 +48,14 @@ from rljax import models, sharding
 from rljax.algos import advantages as adv_lib
 from rljax.algos import kl as kl_lib
 from rljax.algos import rollout_corr
+from rljax.models import lora as lora_lib
+from rljax import rewards
 from rljax.rewards import managers
 from rljax.rollout import RolloutSampler, SamplingParams, make_engine
 from rljax.trainer import checkpointing, faults, metrics as metrics_lib, tracking
+from rljax.trainer.reward_model import ModelReward
 from rljax.trainer.optim import make_optimizer, make_schedule
-from rljax.trainer.sequences import as_micro_batches, make_sequences
+from rljax.trainer.sequences import as_micro_batches, make_sequences, map_micro_batches, merge_micro_batches
 from rljax.trainer.updates import (
     ValueModel, make_actor_update, make_critic_update, make_log_prob_fn, make_value_fn,
 )
@@ -77,6 +89,11 @@ class Layout:
     return self.rows // self.mini_rows
 
 
+def largest_divisor(n: int, cap: int) -> int:
+  """The largest divisor of n that is at most cap (at least 1)."""
+  return max(d for d in range(1, n + 1) if n % d == 0 and d <= max(1, cap))
+
+
 def micro_batch_count(config: ConfigDict, mini_rows: int, data_parallel: int, row_tokens: int) -> int:
   """Micro-batches per mini-batch from the per-device micro size or token budget.
 
@@ -87,11 +104,24 @@ def micro_batch_count(config: ConfigDict, mini_rows: int, data_parallel: int, ro
   actor = config.actor_rollout_ref.actor
   per_device = mini_rows // data_parallel
   if actor.use_dynamic_bsz:
-    budget = max(1, actor.ppo_max_token_len_per_gpu // row_tokens)
-    micro = max(d for d in range(1, per_device + 1) if per_device % d == 0 and d <= budget)
+    micro = largest_divisor(per_device, actor.ppo_max_token_len_per_gpu // row_tokens)
   else:
     micro = actor.ppo_micro_batch_size_per_gpu
   return per_device // micro
+
+
+def forward_micro_batches(rows: int, data_parallel: int, row_tokens: int, micro_per_device: int | None,
+                          use_dynamic_bsz: bool, max_token_len: int | None) -> int:
+  """Micro-batches a forward pass (old/ref log-probs, values, rewards) over `rows` takes.
+
+  Each device holds at most `micro_per_device` rows at once (None: all its
+  rows), or with use_dynamic_bsz `max_token_len // row_tokens` rows; the
+  count is rounded so the micro-batches are equal (results do not depend on
+  it, only peak memory does).
+  """
+  per_device = rows // data_parallel
+  cap = (max_token_len // row_tokens) if use_dynamic_bsz and max_token_len else (micro_per_device or per_device)
+  return per_device // largest_divisor(per_device, cap)
 
 
 def make_layout(config: ConfigDict, batches_per_epoch: int, data_parallel: int) -> Layout:
@@ -120,6 +150,41 @@ def balance_order(lengths: np.ndarray, parts: int) -> np.ndarray:
   return np.concatenate([np.asarray(b, np.int64) for b in blocks])
 
 
+COMPONENT_PREFIX = "reward_extra/"
+
+
+def reward_components(extra_info: dict[str, Any], rows: int) -> dict[str, np.ndarray]:
+  """The numeric per-row entries of a reward manager's extra info, as float32 [rows] row arrays."""
+  out = {}
+  for key, values in extra_info.items():
+    array = np.asarray(values)
+    if array.shape == (rows,) and array.dtype.kind in "biuf":
+      out[COMPONENT_PREFIX + key] = array.astype(np.float32)
+  return out
+
+
+def gdpo_components(rows: dict[str, np.ndarray], alg: ConfigDict) -> dict[str, np.ndarray]:
+  """gdpo's reward components by key; a clear error when the reward function did not return them."""
+  components = {k[len(COMPONENT_PREFIX):]: v for k, v in rows.items() if k.startswith(COMPONENT_PREFIX)}
+  missing = [k for k in alg.gdpo_reward_keys if k not in components]
+  if missing:
+    raise ValueError(f"algorithm.gdpo_reward_keys names {missing}, but the reward function returned "
+                     f"{sorted(components) or 'no numeric components'}; return a dict with a number for each "
+                     "key (custom_reward_function) or change algorithm.gdpo_reward_keys.")
+  return components
+
+
+def dump_generations(directory: str, step: int, records: list[dict[str, Any]]) -> str:
+  """verl's trainer.rollout_data_dir / validation_data_dir dump: DIR/<step>.jsonl, one record per row."""
+  directory = os.path.expanduser(directory)
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, f"{step}.jsonl")
+  with open(path, "w", encoding="utf-8") as f:
+    for record in records:
+      f.write(json.dumps({**record, "step": step}, ensure_ascii=False) + "\n")
+  return path
+
+
 @contextlib.contextmanager
 def timed(timing: dict[str, float], name: str):
   start = time.perf_counter()
@@ -138,34 +203,44 @@ class RLTrainer:
     self.data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     arr = config.actor_rollout_ref
     self.temperature = float(arr.rollout.temperature) or 1.0
-    self.run_dir = os.path.expanduser(config.trainer.default_local_dir)
+    self.run_dir = tracking.local_run_dir(config.trainer.default_local_dir, config.trainer.project_name,
+                                          config.trainer.experiment_name)
     self.base_key = jax.random.key(config.trainer.seed)
 
     model = self._load_model(arr.model.path)
+    self.lora = lora_lib.LoRAConfig.from_model_config(arr.model) if arr.model.lora_rank > 0 else None
+    if self.lora is not None:
+      lora_lib.apply_lora(model, self.lora, jax.random.fold_in(self.base_key, 7), self.mesh, self.rules)
     self.cfg = model.cfg
     sharding.check_model_fits(self.mesh, self.cfg.num_heads, self.cfg.num_kv_heads)
     self.tokenizer = models.load_tokenizer(config.data.tokenizer or arr.model.path)
-    self.graphdef, self.actor_params = nnx.split(model)
-    self.param_sh = jax.tree.map(lambda x: x.sharding, self.actor_params)
+    self.graphdef, self.actor_trainable, self.actor_frozen = lora_lib.split_trainable(model)
+    self.param_sh = jax.tree.map(lambda x: x.sharding, self.actor_trainable)
     self.row_axes = sharding.batch_sharding(self.mesh, self.rules, ndim=1).spec[0]
 
     self.train_iter = data_lib.make_train_iterator(config, self.tokenizer, jax.process_index(), jax.process_count())
+    if not (config.reward_model.enable or config.custom_reward_function.path):
+      rewards.check_data_sources(data_lib.as_file_list(config.data.train_files)
+                                 + data_lib.as_file_list(config.data.val_files))
     self.layout = make_layout(config, self.train_iter.batches_per_epoch, self.data_parallel)
     updates_per_step = arr.actor.ppo_epochs * self.layout.minis
     actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, self.layout.total_steps, updates_per_step)
     self.actor_lr = make_schedule(arr.actor.optim, self.layout.total_steps, updates_per_step)
-    self.actor_opt, self.actor_opt_sh = sharding.init_optimizer(actor_tx, self.actor_params, self.param_sh, self.mesh)
+    self.actor_opt, self.actor_opt_sh = sharding.init_optimizer(actor_tx, self.actor_trainable, self.param_sh, self.mesh)
     self.actor_update = make_actor_update(self.graphdef, arr.actor, actor_tx, self.temperature,
                                           (self.param_sh, self.actor_opt_sh))
-    self.log_prob_fn = make_log_prob_fn(self.graphdef, self.temperature, with_entropy=False)
+    self.log_prob_fn = map_micro_batches(make_log_prob_fn(self.graphdef, self.temperature, with_entropy=False))
+    self.forward_micros = self._forward_micro_batches()
 
     alg = config.algorithm
     self.need_ref = bool(arr.actor.use_kl_loss or alg.use_kl_in_reward)
-    self.ref_params = jax.tree.map(jnp.copy, self.actor_params) if self.need_ref else None
+    ref_graphdef, self.ref_params = self._reference(model) if self.need_ref else (self.graphdef, None)
+    self.ref_log_prob_fn = map_micro_batches(make_log_prob_fn(ref_graphdef, self.temperature, with_entropy=False))
     corr = alg.rollout_correction
     self.rollout_correction = bool(corr.rollout_is or corr.rollout_rs)
     self.on_policy = (arr.actor.ppo_epochs == 1 and self.layout.minis == 1 and not alg.use_kl_in_reward
-                      and not self.rollout_correction and not corr.bypass_mode)
+                      and not self.rollout_correction and not corr.bypass_mode
+                      and not (self.lora is not None and self.lora.dropout > 0))
     self.kl_ctrl = kl_lib.get_kl_controller(alg.kl_ctrl)
 
     self.use_critic = config.critic.enable if config.critic.enable is not None else alg.adv_estimator == "gae"
@@ -175,19 +250,35 @@ class RLTrainer:
     eos = self._eos_ids()
     buckets = sorted({b for b in arr.rollout.prefill_length_buckets if b < config.data.max_prompt_length}
                      | {config.data.max_prompt_length})
-    engine = make_engine(model, max_concurrent_decodes=min(arr.rollout.max_num_seqs, self.layout.rows),
+    engine = make_engine(model, compute_dtype=_DTYPES[arr.rollout.dtype], max_concurrent_decodes=min(arr.rollout.max_num_seqs, self.layout.rows),
                          prefill_buckets=buckets, max_decode_length=arr.rollout.response_length,
                          sampling_params=SamplingParams.from_rollout_config(arr.rollout), eos_ids=eos,
                          ignore_eos=arr.rollout.ignore_eos, mesh=self.mesh, rules=self.rules)
     self.sampler = RolloutSampler(engine, pad_id=self._pad_id(), free_cache=arr.rollout.free_cache_engine)
     self.val_sampling = SamplingParams.from_rollout_config(arr.rollout.val_kwargs)
     self.reward_manager = managers.make_reward_manager(config, self.tokenizer)
+    self.model_reward = (ModelReward(config, self.tokenizer, self.mesh, self.rules,
+                                     _DTYPES[arr.actor.fsdp_config.model_dtype], self._place,
+                                     self.forward_micros["reward_model"])
+                         if config.reward_model.enable else None)
     self.checkpointer = checkpointing.Checkpointer.from_config(config)
     self.tracker = tracking.Tracker(config, self.run_dir, self.layout.total_steps)
     self.step = 0
     self.saved_step = -1
 
   # ----- construction -----------------------------------------------------------
+
+  @property
+  def actor_params(self) -> nnx.State:
+    """The actor's whole state: what trains and, under LoRA, the frozen base (one view, no copy)."""
+    return nnx.merge_state(self.actor_trainable, self.actor_frozen)
+
+  def _reference(self, model: models.CausalLM) -> tuple[nnx.GraphDef, nnx.State]:
+    """The reference policy: a copy of the initial actor, or under LoRA the base model
+    without adapters over the actor's own frozen arrays (only modules_to_save are copied)."""
+    if self.lora is not None:
+      return lora_lib.reference_split(model)
+    return self.graphdef, jax.tree.map(jnp.copy, self.actor_params)
 
   def _load_model(self, path: str) -> models.CausalLM:
     arr = self.config.actor_rollout_ref
@@ -206,7 +297,28 @@ class RLTrainer:
     tx = make_optimizer(critic.optim, critic.grad_clip, self.layout.total_steps, critic.ppo_epochs * self.layout.minis)
     self.critic_opt, opt_sh = sharding.init_optimizer(tx, self.critic_params, critic_sh, self.mesh)
     self.critic_update = make_critic_update(self.critic_graphdef, critic, tx, (critic_sh, opt_sh))
-    self.value_fn = make_value_fn(self.critic_graphdef)
+    self.value_fn = map_micro_batches(make_value_fn(self.critic_graphdef))
+
+  def _forward_micro_batches(self) -> dict[str, int]:
+    """Micro-batch counts of the forward passes, from their verl keys."""
+    config, arr = self.config, self.config.actor_rollout_ref
+    fwd = functools.partial(forward_micro_batches, self.layout.rows, self.data_parallel,
+                            config.data.max_prompt_length + arr.rollout.response_length)
+    critic, rm = config.critic, config.reward_model
+    return {
+        "old_log_prob": fwd(arr.rollout.log_prob_micro_batch_size_per_gpu, arr.rollout.log_prob_use_dynamic_bsz,
+                            arr.rollout.log_prob_max_token_len_per_gpu),
+        "ref": fwd(arr.ref.log_prob_micro_batch_size_per_gpu, arr.ref.log_prob_use_dynamic_bsz,
+                   arr.ref.log_prob_max_token_len_per_gpu),
+        "values": fwd(critic.forward_micro_batch_size_per_gpu, critic.use_dynamic_bsz,
+                      critic.forward_max_token_len_per_gpu),
+        "reward_model": fwd(rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu),
+    }
+
+  def _forward(self, fn: Any, params: Any, rows: dict[str, np.ndarray], phase: str) -> Any:
+    """fn(params, micro-batch) over `rows` in forward_micros[phase] micro-batches, merged on the host."""
+    micro = self.forward_micros[phase]
+    return jax.tree.map(merge_micro_batches, fn(params, self._place(as_micro_batches(rows, micro), micro=True)))
 
   def _eos_ids(self) -> tuple[int, ...]:
     ids = list(getattr(self.tokenizer, "eos_token_ids", None) or [])
@@ -233,6 +345,37 @@ class RLTrainer:
   def _key(self, purpose: int) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(self.base_key, self.step), purpose)
 
+  def _score(self, batch: dict[str, Any], rollout: Any, use_model: bool = True) -> managers.RewardResult:
+    """Token-level scores [N, R] of a rollout: the reward model's (when enabled and use_model), else the
+    reward manager's."""
+    idx = rollout.prompt_index
+    if self.model_reward is not None and use_model:
+      rows = make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
+                            rollout.response_mask)
+      raw = np.asarray(batch["raw_prompt"])[idx] if "raw_prompt" in batch else None
+      return managers.RewardResult(self.model_reward(rows, raw), {}, {})
+    return self.reward_manager({"responses": rollout.responses, "response_mask": rollout.response_mask,
+                                **{k: np.asarray(batch[k])[idx] for k in _ROW_KEYS if k in batch}})
+
+  def _records(self, batch: dict[str, Any], idx: np.ndarray, responses: np.ndarray, response_mask: np.ndarray,
+               scores: np.ndarray) -> list[dict[str, Any]]:
+    """Decoded input, output, ground truth and score of each row (for the generation dumps)."""
+    truths = np.asarray(batch["reward_model"])[idx] if "reward_model" in batch else [None] * len(idx)
+    return [{"input": self.tokenizer.decode(batch["input_ids"][p][batch["attention_mask"][p] > 0],
+                                            skip_special_tokens=True),
+             "output": self.tokenizer.decode(r[m > 0], skip_special_tokens=True),
+             "gts": (t or {}).get("ground_truth") if isinstance(t, dict) else None, "score": float(sc)}
+            for p, r, m, t, sc in zip(idx, responses, response_mask, truths, scores)]
+
+  def _greedy_baselines(self, batch: dict[str, Any], idx: np.ndarray, timing: dict[str, float]) -> np.ndarray:
+    """remax: [N] the reward of each row's prompt's greedy response."""
+    with timed(timing, "gen_max"):
+      greedy = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"], 1,
+                                     self._key(1), SamplingParams(greedy=True))
+    per_prompt = np.zeros(len(batch["input_ids"]), np.float32)
+    per_prompt[greedy.prompt_index] = self._score(batch, greedy).reward_tensor.sum(-1)
+    return per_prompt[idx]
+
   def _rollout(self, batch: dict[str, Any], timing: dict[str, float]) -> dict[str, np.ndarray]:
     with timed(timing, "gen"):
       rollout = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"],
@@ -244,25 +387,30 @@ class RLTrainer:
     rows["rollout_log_probs"] = rollout.log_probs
     rows["group"] = idx.astype(np.int32)
     with timed(timing, "reward"):
-      result = self.reward_manager({"responses": rollout.responses, "response_mask": rollout.response_mask,
-                                    **{k: np.asarray(batch[k])[idx] for k in _ROW_KEYS if k in batch}})
-    rows["token_level_scores"] = result.reward_tensor.astype(np.float32)
+      result = self._score(batch, rollout)
+    rows["token_level_scores"] = np.asarray(result.reward_tensor, np.float32)
+    rows.update(reward_components(result.reward_extra_info, len(idx)))
     timing.update({k: float(v) for k, v in result.metrics.items()})
+    if self.config.algorithm.adv_estimator == "remax":
+      rows["reward_baselines"] = self._greedy_baselines(batch, idx, timing)
+    if self.config.trainer.rollout_data_dir and is_main_process():
+      dump_generations(self.config.trainer.rollout_data_dir, self.step + 1, self._records(
+          batch, idx, rollout.responses, rollout.response_mask, rows["token_level_scores"].sum(-1)))
     return rows
 
   def _experience(self, rows: dict[str, np.ndarray], timing: dict[str, float], step_metrics: dict) -> None:
     """Adds old/ref log-probs, values, rewards, advantages and returns to `rows`."""
     model_keys = ("input_ids", "attention_mask", "positions", "responses", "response_mask")
-    placed = self._place({k: rows[k] for k in model_keys})
+    model_rows = {k: rows[k] for k in model_keys}
     if not self.on_policy:
       with timed(timing, "old_log_prob"):
-        rows["old_log_probs"] = np.asarray(self.log_prob_fn(self.actor_params, placed)[0])
+        rows["old_log_probs"] = self._forward(self.log_prob_fn, self.actor_params, model_rows, "old_log_prob")[0]
     if self.need_ref:
       with timed(timing, "ref"):
-        rows["ref_log_prob"] = np.asarray(self.log_prob_fn(self.ref_params, placed)[0])
+        rows["ref_log_prob"] = self._forward(self.ref_log_prob_fn, self.ref_params, model_rows, "ref")[0]
     if self.use_critic:
       with timed(timing, "values"):
-        rows["values"] = np.asarray(self.value_fn(self.critic_params, placed))
+        rows["values"] = self._forward(self.value_fn, self.critic_params, model_rows, "values")
     alg = self.config.algorithm
     with timed(timing, "adv"):
       rewards = rows["token_level_scores"]
@@ -273,9 +421,12 @@ class RLTrainer:
       rows["token_level_rewards"] = np.asarray(rewards, np.float32)
       if self.rollout_correction:
         self._rollout_correction(rows, step_metrics)
+      components = gdpo_components(rows, alg) if alg.adv_estimator == "gdpo" else None
       adv, ret = adv_lib.compute_advantage(
           alg.adv_estimator, rows["token_level_rewards"], rows["response_mask"], index=rows["group"], config=alg,
           values=rows.get("values"), old_log_probs=rows.get("old_log_probs"), gamma=alg.gamma, lam=alg.lam,
+          reward_baselines=rows.get("reward_baselines"), non_tensor_batch=components,
+          batch=rows if components is not None else None,
           norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, num_groups=self.config.data.train_batch_size)
       rows["advantages"], rows["returns"] = np.asarray(adv, np.float32), np.asarray(ret, np.float32)
 
@@ -318,10 +469,10 @@ class RLTrainer:
       with timed(timing, "update_actor"):
         for epoch in range(actor.ppo_epochs):
           for i, mini in enumerate(self._minibatches(rows, keys, epoch)):
-            self.actor_params, self.actor_opt, m = self.actor_update(
-                self.actor_params, self.actor_opt, mini, self._key(300 + epoch * 1000 + i))
+            self.actor_trainable, self.actor_opt, m = self.actor_update(
+                self.actor_trainable, self.actor_opt, mini, self._key(300 + epoch * 1000 + i), self.actor_frozen)
             collected.append(m)
-        jax.block_until_ready(self.actor_params)
+        jax.block_until_ready(self.actor_trainable)
       step_metrics["actor/lr"] = float(self.actor_lr(self.step * actor.ppo_epochs * self.layout.minis))
     for m in jax.device_get(collected):
       for k, v in m.items():
@@ -354,17 +505,18 @@ class RLTrainer:
   def validate(self) -> dict[str, float]:
     """Greedy (val_kwargs) responses to data.val_files, scored per data source."""
     val = self.config.actor_rollout_ref.rollout.val_kwargs
-    scores, sources, samples = [], [], []
+    scores, sources, samples, records = [], [], [], []
     for i, batch in enumerate(data_lib.make_val_batches(self.config, self.tokenizer, jax.process_index(),
                                                         jax.process_count())):
       rollout = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"], val.n,
                                       jax.random.fold_in(self._key(400), i), self.val_sampling)
       idx = rollout.prompt_index
-      result = self.reward_manager({"responses": rollout.responses, "response_mask": rollout.response_mask,
-                                    **{k: np.asarray(batch[k])[idx] for k in _ROW_KEYS if k in batch}})
+      result = self._score(batch, rollout, use_model=False)
       row_scores = result.reward_tensor.sum(-1)
       scores.append(row_scores)
       sources.append(np.asarray(batch["data_source"])[idx])
+      if self.config.trainer.validation_data_dir:
+        records += self._records(batch, idx, rollout.responses, rollout.response_mask, row_scores)
       if len(samples) < self.config.trainer.log_val_generations:
         for row in range(min(len(idx), self.config.trainer.log_val_generations - len(samples))):
           samples.append({"prompt": self.tokenizer.decode(batch["input_ids"][idx[row]][batch["attention_mask"][idx[row]] > 0]),
@@ -373,12 +525,14 @@ class RLTrainer:
     out = metrics_lib.validation_metrics(np.concatenate(sources), np.concatenate(scores), val.n)
     if samples:
       self.tracker.log_generations(samples, self.step)
+    if records and is_main_process():
+      dump_generations(self.config.trainer.validation_data_dir, self.step, records)
     return out
 
   # ----- checkpoints -----------------------------------------------------------------
 
   def _arrays(self) -> dict[str, Any]:
-    arrays = {"actor": self.actor_params, "actor_opt": self.actor_opt}
+    arrays = {"actor": self.actor_trainable, "actor_opt": self.actor_opt}
     if self.use_critic:
       arrays.update(critic=self.critic_params, critic_opt=self.critic_opt)
     return arrays
@@ -388,12 +542,14 @@ class RLTrainer:
               "kl_coef": float(self.kl_ctrl.value)}
     self.checkpointer.save(self.step, self._arrays(), extras)
     self.saved_step = self.step
-    tracking.plot_curves(os.path.join(self.run_dir, "metrics.jsonl"), os.path.join(self.run_dir, "curves.png"))
+    metrics_file = os.path.join(self.run_dir, tracking.METRICS_FILE)
+    if is_main_process() and os.path.exists(metrics_file):
+      tracking.plot_curves(metrics_file, os.path.join(self.run_dir, "curves.png"))
 
   def restore(self, path: str) -> None:
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self._arrays())
     arrays, extras = checkpointing.restore_from_path(path, abstract)
-    self.actor_params, self.actor_opt = arrays["actor"], arrays["actor_opt"]
+    self.actor_trainable, self.actor_opt = arrays["actor"], arrays["actor_opt"]
     if self.use_critic:
       self.critic_params, self.critic_opt = arrays["critic"], arrays["critic_opt"]
     self.step = int(extras["step"])
@@ -453,7 +609,7 @@ def run(config: ConfigDict) -> dict[str, float]:
   finally:
     trainer.close()
   if is_main_process():
-    print(f"rljax: run directory {trainer.run_dir} (metrics.jsonl, curves.png, checkpoints)")
+    print(f"rljax: logs and curves in {trainer.run_dir}, checkpoints in {config.trainer.default_local_dir}")
   return metrics
 
 

@@ -1,7 +1,8 @@
-"""Optimizers from verl's `optim` config nodes (actor and critic).
+"""Optimizers from verl's `optim` config nodes (actor, critic, and SFT via `rljax.sft.config.optim_view`).
 
-AdamW (betas 0.9/0.999, eps 1e-8, as torch's) after clipping the global
-gradient norm at `grad_clip`. The learning rate follows verl's schedulers,
+AdamW (betas `optim.betas` where the node has them, as verl's SFT trainer
+does, else 0.9/0.999 as torch's; eps 1e-8) after clipping the global gradient
+norm at `grad_clip`. The learning rate follows verl's schedulers,
 stepped once per training step (verl steps its scheduler after each
 `update_actor`, not after each mini-batch):
 
@@ -11,6 +12,13 @@ stepped once per training step (verl steps its scheduler after each
                           f = max(min_lr_ratio, c * cos(2π * num_cycles * p) + i) (after)
               p = (s - warmup) / max(1, total - warmup),
               c = (1 - min_lr_ratio) / 2, i = (1 + min_lr_ratio) / 2
+    wsd:      lr * g(s)  (warm-up, stable, decay; verl's SFT `lr_scheduler: wsd`)
+              stable = int(0.9 * max(0, total - warmup)), decay = max(0, total - warmup) - stable
+              g = s / max(1, warmup)                                          (s < warmup)
+              g = 1                                                           (s < warmup + stable)
+              g = m + (1 - m) * max(0, (1 + cos(2π * num_cycles * q)) / 2)    (s < total)
+              g = m                                                           (after)
+              q = (s - warmup - stable) / max(1, decay), m = min_lr_ratio
 """
 
 from __future__ import annotations
@@ -29,9 +37,30 @@ def warmup_steps(optim, total_steps: int) -> int:
   return int(optim.lr_warmup_steps_ratio * total_steps)
 
 
+WSD_STABLE_RATIO = 0.9
+
+
+def wsd_factor(step, warmup: int, total_steps: int, min_lr_ratio: float, num_cycles: float,
+               stable_ratio: float = WSD_STABLE_RATIO):
+  """The wsd multiplier g(step) of the module docstring (step 0-based, any array shape)."""
+  step = jnp.asarray(step, jnp.float32)
+  remaining = max(0, total_steps - warmup)
+  stable = int(remaining * stable_ratio)
+  decay = remaining - stable
+  ramp = step / max(1, warmup)
+  progress = (step - warmup - stable) / max(1, decay)
+  wave = jnp.maximum(0.0, 0.5 * (1.0 + jnp.cos(math.pi * float(num_cycles) * 2.0 * progress)))
+  decayed = min_lr_ratio + (1.0 - min_lr_ratio) * wave
+  return jnp.where(step < warmup, ramp,
+                   jnp.where(step < warmup + stable, 1.0,
+                             jnp.where(step < total_steps, decayed, min_lr_ratio)))
+
+
 def lr_factor(step, optim, total_steps: int):
   """The scheduler's multiplier of `optim.lr` at training step `step` (0-based)."""
   warmup = warmup_steps(optim, total_steps)
+  if optim.lr_scheduler_type == "wsd":
+    return wsd_factor(step, warmup, total_steps, float(optim.min_lr_ratio or 0.0), float(optim.num_cycles))
   step = jnp.asarray(step, jnp.float32)
   if optim.lr_scheduler_type == "constant":
     return jnp.minimum(1.0, step / max(1, warmup)) if warmup > 0 else jnp.ones_like(step)
@@ -51,5 +80,6 @@ def make_optimizer(optim, grad_clip: float, total_steps: int, updates_per_step: 
   """clip_by_global_norm(grad_clip) -> AdamW(verl's schedule, weight_decay)."""
   schedule = make_schedule(optim, total_steps, updates_per_step)
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip and grad_clip > 0 else []
-  parts.append(optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=float(optim.weight_decay)))
+  b1, b2 = optim.get("betas", None) or (0.9, 0.999)
+  parts.append(optax.adamw(schedule, b1=float(b1), b2=float(b2), eps=1e-8, weight_decay=float(optim.weight_decay)))
   return optax.chain(*parts)

@@ -24,6 +24,7 @@ from ml_collections import ConfigDict
 
 from rljax import models
 from rljax.models.reward import load_reward_model, token_level_scores
+from rljax.trainer.sequences import as_micro_batches, map_micro_batches, merge_micro_batches
 
 
 def uses_actor_tokens(config: ConfigDict) -> bool:
@@ -56,7 +57,17 @@ class ModelReward:
   """Scores trainer rows with the reward model; see the module docstring."""
 
   def __init__(self, config: ConfigDict, actor_tokenizer: models.Tokenizer, mesh: jax.sharding.Mesh,
-               rules: Any, dtype: Any, place_rows):
+               rules: Any, dtype: Any, place_rows, micro_batches: int = 1):
+    """Loads reward_model.model.path.
+
+    Args:
+      config: the full config.
+      actor_tokenizer: decodes responses when the reward model re-renders chats.
+      mesh, rules: where the reward model's parameters live.
+      dtype: its parameter and compute dtype.
+      place_rows: (dict of [M, rows, ...] host arrays, micro=True) -> device arrays.
+      micro_batches: M, forward passes per scoring call.
+    """
     rm = config.reward_model
     model = load_reward_model(rm.model.path, dtype=dtype, mesh=mesh, rules=rules)
     self.graphdef, self.params = nnx.split(model)
@@ -66,8 +77,9 @@ class ModelReward:
     self.max_length = rm.max_length or (config.data.max_prompt_length
                                         + config.actor_rollout_ref.rollout.response_length)
     self.place_rows = place_rows
-    self._scores = jax.jit(lambda params, ids, mask, pos: nnx.merge(self.graphdef, params).sequence_scores(
-        ids, mask, pos))
+    self.micro_batches = micro_batches
+    self._scores = map_micro_batches(lambda params, b: nnx.merge(self.graphdef, params).sequence_scores(
+        b["ids"], b["mask"], b["pos"]))
 
   def _inputs(self, rows: dict[str, np.ndarray], raw_prompts: Sequence[Any] | None) -> tuple[np.ndarray, ...]:
     if self.same_tokens:
@@ -80,6 +92,6 @@ class ModelReward:
   def __call__(self, rows: dict[str, np.ndarray], raw_prompts: Sequence[Any] | None = None) -> np.ndarray:
     """[N, R] token-level scores for the rows (raw prompts needed only to re-render)."""
     ids, mask, pos = self._inputs(rows, raw_prompts)
-    placed = self.place_rows({"ids": ids, "mask": mask, "pos": pos})
-    scores = np.asarray(self._scores(self.params, placed["ids"], placed["mask"], placed["pos"]))
+    placed = self.place_rows(as_micro_batches({"ids": ids, "mask": mask, "pos": pos}, self.micro_batches), micro=True)
+    scores = merge_micro_batches(self._scores(self.params, placed))
     return token_level_scores(scores, rows["response_mask"])

@@ -8,7 +8,7 @@ predicts response token t.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +59,21 @@ def as_micro_batches(batch: dict[str, np.ndarray], micro_batches: int) -> dict[s
     x = np.asarray(x)
     return x.reshape(micro_batches, x.shape[0] // micro_batches, *x.shape[1:])
   return {k: split(v) for k, v in batch.items()}
+
+
+def map_micro_batches(fn: Callable) -> Callable:
+  """jit: (params, batch of [M, rows, ...] arrays) -> fn(params, micro) for each of the M micro-batches.
+
+  Outputs are stacked [M, rows, ...]; `lax.map` keeps one micro-batch's
+  activations live at a time.
+  """
+  return jax.jit(lambda params, batch: jax.lax.map(lambda micro: fn(params, micro), batch))
+
+
+def merge_micro_batches(x: Any) -> np.ndarray:
+  """[M, rows, ...] -> [M * rows, ...] on the host."""
+  x = np.asarray(x)
+  return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
 def tree_zeros_like(tree: Any) -> Any:

@@ -76,11 +76,15 @@ class Tracker:
     run_dir: directory for metrics.jsonl, generations.jsonl, tensorboard/
       and wandb/.
     total_steps: length of the console progress bar (None: unbounded).
+    console_keys: the metrics the console line shows, when logged (default:
+      the RL trainer's CONSOLE_KEYS).
   """
 
-  def __init__(self, config: ConfigDict, run_dir: str, total_steps: int | None = None):
+  def __init__(self, config: ConfigDict, run_dir: str, total_steps: int | None = None,
+               console_keys: Sequence[str] = CONSOLE_KEYS):
     self.names = _logger_names(config)
     self.run_dir = run_dir
+    self.console_keys = tuple(console_keys)
     self.active = is_main_process()
     self._bar = self._metrics = self._tb = self._wandb = self._wandb_lib = None
     if not self.active:
@@ -137,7 +141,7 @@ class Tracker:
   def _console_line(self, values: Mapping[str, float], step: int) -> str:
     total = f"/{self._bar.total}" if self._bar is not None and self._bar.total else ""
     parts = [f"step {step}{total}"]
-    parts += [f"{name} {values[name]:.4g}" for name in CONSOLE_KEYS if name in values]
+    parts += [f"{name} {values[name]:.4g}" for name in self.console_keys if name in values]
     return " | ".join(parts)
 
   def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
@@ -206,6 +210,18 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
 def _series(rows: Sequence[Mapping[str, Any]], name: str) -> tuple[list[int], list[float]]:
   points = [(row["step"], row[name]) for row in rows if row.get(name) is not None]
   return [p[0] for p in points], [p[1] for p in points]
+
+
+def local_run_dir(default_local_dir: str, project_name: str, experiment_name: str) -> str:
+  """The directory for metrics, generations and plots.
+
+  `trainer.default_local_dir` itself, unless it is a remote URI (gs://...,
+  where orbax writes checkpoints but files are not opened as local paths):
+  then ~/rljax_runs/<project_name>/<experiment_name> on this host.
+  """
+  if "://" in default_local_dir:
+    return os.path.join(os.path.expanduser("~/rljax_runs"), project_name, experiment_name)
+  return os.path.expanduser(default_local_dir)
 
 
 def plot_curves(

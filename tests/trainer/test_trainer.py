@@ -84,7 +84,7 @@ def test_eight_devices_equal_one(model_dir, data_dir, tmp_path):
 def test_nan_stops_the_run_naming_step_and_metric(model_dir, data_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"))
   trainer = loop.RLTrainer(config, mesh=one_device())
-  trainer.actor_params = jax.tree.map(lambda x: x * np.nan, trainer.actor_params)
+  trainer.actor_trainable = jax.tree.map(lambda x: x * np.nan, trainer.actor_trainable)
   try:
     with pytest.raises(NonFiniteError, match=r"step 1.*actor/"):
       trainer.fit()

@@ -133,10 +133,31 @@ def test_rollout_dtype_sets_the_engine_compute_dtype_and_keeps_weights_in_place(
   trainer, batch, rows = first_rollout(config)
   engine = trainer.sampler.engine
   assert engine.cfg.dtype == jnp.bfloat16
-  assert engine.init_decode_state().cache.k.dtype == jnp.bfloat16
+  assert engine.init_decode_state().cache.k[0].dtype == jnp.bfloat16
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(trainer.actor_params))
   assert rows["responses"].shape == (8, 8) and np.isfinite(rows["rollout_log_probs"]).all()
   del batch
+
+
+def run_metrics(config):
+  trainer = loop.RLTrainer(config, mesh=one_device())
+  try:
+    trainer.fit()
+  finally:
+    trainer.close()
+  return trainer, [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
+
+
+def test_forward_micro_batches_change_memory_not_results(model_dir, data_dir, tmp_path):
+  common = ("trainer.total_training_steps=1", "actor_rollout_ref.actor.ppo_epochs=2")
+  _, whole = run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "whole"), *common))
+  micro, split = run_metrics(tiny_run.run_config(
+      "grpo", model_dir, data_dir, str(tmp_path / "micro"), *common,
+      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+      "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=420"))
+  assert micro.forward_micros["old_log_prob"] == 4 and micro.forward_micros["ref"] == 2
+  drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/"))}
+  assert drop(split[0]) == pytest.approx(drop(whole[0]), rel=1e-5, abs=1e-6)
 
 
 def test_validation_logs_per_source_metrics_and_generations(model_dir, data_dir, tmp_path):
@@ -191,3 +212,56 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(model_dir, data_dir, tmp_p
   last = max(steps)
   assert last < 200 and "SIGTERM" in output
   assert (tmp_path / f"global_step_{last}" / "commit_success.txt").exists()
+
+
+def test_remax_uses_the_greedy_response_reward_as_baseline(model_dir, data_dir, tmp_path):
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "algorithm.adv_estimator=remax",
+                               "trainer.total_training_steps=1")
+  trainer, batch, rows = first_rollout(config)
+  assert rows["reward_baselines"].shape == (8,)
+  np.testing.assert_array_equal(rows["reward_baselines"][0::2], rows["reward_baselines"][1::2])
+  _, records = run_metrics(config)
+  assert "timing_s/gen_max" in records[0] and np.isfinite(records[0]["actor/pg_loss"])
+  del trainer, batch
+
+
+GDPO_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+  fmt = float(solution_str.strip() != "")
+  acc = float(ground_truth in solution_str)
+  return {"score": fmt + acc, "fmt": fmt, "acc": acc}
+'''
+
+
+def test_gdpo_reads_reward_components_and_names_missing_ones(model_dir, data_dir, tmp_path):
+  reward = tmp_path / "reward.py"
+  reward.write_text(GDPO_REWARD)
+  common = ("algorithm.adv_estimator=gdpo", "trainer.total_training_steps=1", f"custom_reward_function.path={reward}")
+  _, records = run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "ok"), *common,
+                                               "algorithm.gdpo_reward_keys=[fmt,acc]"))
+  assert np.isfinite(records[0]["actor/pg_loss"])
+  with pytest.raises(ValueError, match=r"gdpo_reward_keys names \['length'\].*'acc', 'fmt', 'score'"):
+    run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "bad"), *common,
+                                    "algorithm.gdpo_reward_keys=[acc,length]"))
+
+
+def test_rollout_and_validation_dumps(model_dir, data_dir, tmp_path):
+  run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "trainer.total_training_steps=1",
+                                  "trainer.val_before_train=true", f"trainer.rollout_data_dir={tmp_path}/rollouts",
+                                  f"trainer.validation_data_dir={tmp_path}/val"))
+  rollouts = [json.loads(line) for line in open(tmp_path / "rollouts" / "1.jsonl")]
+  val = [json.loads(line) for line in open(tmp_path / "val" / "0.jsonl")]
+  assert len(rollouts) == 8 and len(val) == 4
+  for record in rollouts + val:
+    assert {"input", "output", "gts", "score", "step"} <= record.keys() and record["gts"] is not None
+  metrics = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  assert np.mean([r["score"] for r in rollouts]) == pytest.approx(metrics[-1]["critic/score/mean"])
+
+
+def test_trainer_unsupported_settings_are_config_errors(model_dir, data_dir, tmp_path):
+  from rljax.config import ConfigError  # pylint: disable=import-outside-toplevel
+  for extra, key in (("algorithm.adv_estimator=optimal_token_baseline", "algorithm.adv_estimator"),
+                     ("algorithm.use_pf_ppo=true", "algorithm.use_pf_ppo"),
+                     ("actor_rollout_ref.rollout.max_model_len=50", "actor_rollout_ref.rollout.max_model_len")):
+    with pytest.raises(ConfigError, match=key):
+      tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), extra)
