@@ -12,8 +12,10 @@ import pytest
 from rljax import data
 from rljax import rewards
 from rljax.config import get_base_config
+from rljax.sft.config import get_sft_config
 from rljax.data import synthetic
 from rljax.data.synthetic import arithmetic
+from rljax.sft import data as sft_data
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
@@ -49,6 +51,8 @@ def test_cli_writes_verl_schema(tmp_path):
   assert [set(m) for m in row["prompt"]] == [{"role", "content"}]
   assert set(row["reward_model"]) == {"style", "ground_truth"}
   assert row["extra_info"]["split"] == "train"
+  assert set(row["extra_info"]) == {"split", "index", "difficulty", "expression",
+                                    "question", "answer", "solution"}
 
 
 def test_deterministic_for_a_seed():
@@ -67,6 +71,29 @@ def test_ground_truth_is_the_expression_value(level):
     assert str(value) == row["reward_model"]["ground_truth"]
     assert value >= 0
     assert row["prompt"][0]["content"].startswith(f"What is {info['expression']}?")
+
+
+@pytest.mark.parametrize("level", [1, 2, 3, 4, 5])
+def test_solution_works_the_expression_to_the_answer(level):
+  for row in synthetic.make_rows("train", 40, (level,), "mixed"):
+    info = row["extra_info"]
+    steps = info["solution"].split(" = ")
+    assert steps[0] == info["expression"] and steps[-1] == info["answer"]
+    # one step per operation: a + b = c; a * b + c = ab + c = d
+    assert len(steps) == 1 + len(info["expression"].split()) // 2
+    assert all(calculate(step) == int(info["answer"]) for step in steps)
+
+
+def test_existing_fields_keep_their_values():
+  row = synthetic.make_rows("test", 1, (1, 2), "word")[0]
+  assert row["prompt"][0]["content"] == (
+      "Priya has 6 coins. Priya gets 9 more coins. How many coins does Priya "
+      "have now? Reply with just the final number.")
+  assert row["extra_info"] == {
+      "split": "test", "index": 0, "difficulty": 2, "expression": "6 + 9",
+      "question": row["prompt"][0]["content"].removesuffix(
+          " " + arithmetic.INSTRUCTION),
+      "answer": "15", "solution": "6 + 9 = 15"}
 
 
 def test_level_one_is_one_digit_addition():
@@ -106,6 +133,33 @@ def test_ensure_generates_only_when_absent(tmp_path):
   assert data.ensure_synthetic_data(str(tmp_path), train_size=99) == paths
   assert [os.stat(p).st_mtime_ns for p in paths] == stamps
   assert pq.read_table(paths[0]).num_rows == 10
+
+
+def test_word_default_directory_generates_on_first_use(tmp_path, monkeypatch):
+  monkeypatch.setenv("HOME", str(tmp_path))
+  path = os.path.join(synthetic.WORD_LOCAL_DIR, "test.parquet")
+  synthetic.maybe_generate_default(path)
+  rows = pq.read_table(os.path.expanduser(path)).to_pylist()
+  assert {r["extra_info"]["difficulty"] for r in rows} == {1, 2}
+  assert all(not r["extra_info"]["question"].startswith("What is") for r in rows)
+  synthetic.maybe_generate_default(str(tmp_path / "elsewhere" / "test.parquet"))
+  assert not os.path.exists(tmp_path / "elsewhere")
+
+
+def test_sft_on_a_file_without_solution_says_how_to_regenerate(tmp_path,
+                                                                tokenizer):
+  rows = synthetic.make_rows("train", 2, (1,))
+  for row in rows:
+    del row["extra_info"]["solution"]
+  path = str(tmp_path / "old" / "train.parquet")
+  arithmetic.write_parquet(rows, path)
+  config = get_sft_config().data
+  config.update(prompt_key="prompt", response_key="extra_info",
+                response_dict_keys=["solution"])
+  with pytest.raises(KeyError, match=(
+      r"old/train\.parquet row \d: extra_info has no key 'solution' .*Fix: .*"
+      r"python -m rljax\.data\.synthetic arithmetic --local_dir DIR")):
+    sft_data.SFTDataset(path, tokenizer, config)[0]
 
 
 def test_default_paths_generate_on_first_use(tmp_path, monkeypatch, tokenizer):

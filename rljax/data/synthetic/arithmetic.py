@@ -5,6 +5,11 @@
 is a whole number written as a string; `rljax.rewards` scores a response by
 its last number (data_source "rljax/arithmetic").
 
+`extra_info` holds split, index, difficulty, expression, question, answer
+and `solution`: the worked answer an SFT run trains on, the expression, each
+intermediate value of a two-operation problem, then the answer, joined by
+" = " ("3 + 4 = 7", "12 * 3 + 5 = 36 + 5 = 41", "(2 + 3) * 4 = 5 * 4 = 20").
+
 Difficulty levels (one level, or several sampled uniformly):
 
 1. a + b, one-digit operands.
@@ -16,6 +21,11 @@ Difficulty levels (one level, or several sampled uniformly):
 Style "arithmetic" asks "What is 3 + 4?"; "word" tells the same sum as a
 short GSM8K-like story; "mixed" picks either per problem. The same arguments
 and seed always give the same files.
+
+Two default directories are written on first use (`maybe_generate_default`):
+`~/data/rljax/arithmetic` (level 1, arithmetic style: the RL presets' task)
+and `~/data/rljax/arithmetic_word` (levels 1-2 told as word problems: the
+SFT preset's task).
 """
 
 from __future__ import annotations
@@ -31,6 +41,14 @@ import pyarrow.parquet as pq
 
 DATA_SOURCE = "rljax/arithmetic"
 DEFAULT_LOCAL_DIR = "~/data/rljax/arithmetic"
+WORD_LOCAL_DIR = "~/data/rljax/arithmetic_word"
+# default directory -> the `generate` arguments its files are written with on first use.
+DEFAULT_TASKS: dict[str, dict[str, str]] = {
+    DEFAULT_LOCAL_DIR: {},
+    WORD_LOCAL_DIR: {"difficulty": "1,2", "style": "word"},
+}
+# extra_info fields that files written by older versions of this module lack.
+LATER_FIELDS = ("solution",)
 LEVELS = (1, 2, 3, 4, 5)
 STYLES = ("arithmetic", "word", "mixed")
 INSTRUCTION = "Reply with just the final number."
@@ -43,11 +61,17 @@ _ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books",
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-  """One problem: the expression, its value and its two phrasings."""
+  """One problem: the expression, its value, its worked solution and its two phrasings."""
   expression: str
   answer: int
   story: str
   difficulty: int
+  solution: str
+
+
+def _solution(expression: str, *steps: int | str) -> str:
+  """"EXPRESSION = STEP = ... = ANSWER": the expression, then each form it reduces to."""
+  return " = ".join([expression, *(str(s) for s in steps)])
 
 
 def _story_add(rng: random.Random, a: int, b: int) -> str:
@@ -67,8 +91,10 @@ def _add_or_sub(rng: random.Random, lo: int, hi: int, level: int,
   a, b = rng.randint(lo, hi), rng.randint(lo, hi)
   if allow_sub and rng.random() < 0.5:
     a, b = max(a, b), min(a, b)
-    return Problem(f"{a} - {b}", a - b, _story_sub(rng, a, b), level)
-  return Problem(f"{a} + {b}", a + b, _story_add(rng, a, b), level)
+    return Problem(f"{a} - {b}", a - b, _story_sub(rng, a, b), level,
+                   _solution(f"{a} - {b}", a - b))
+  return Problem(f"{a} + {b}", a + b, _story_add(rng, a, b), level,
+                 _solution(f"{a} + {b}", a + b))
 
 
 def _level1(rng: random.Random) -> Problem:
@@ -89,12 +115,13 @@ def _level4(rng: random.Random) -> Problem:
     a, b = rng.randint(2, 9), rng.randint(2, 9)
     story = (f"{name} buys {a} bags with {b} {item} in each bag. "
              f"How many {item} does {name} buy?")
-    return Problem(f"{a} * {b}", a * b, story, 4)
+    return Problem(f"{a} * {b}", a * b, story, 4, _solution(f"{a} * {b}", a * b))
   a, b = rng.randint(10, 60), rng.randint(10, 39)
   c = rng.randint(1, a + b)
   story = (f"{name} has {a} {item}, buys {b} more and then gives {c} away. "
            f"How many {item} does {name} have now?")
-  return Problem(f"{a} + {b} - {c}", a + b - c, story, 4)
+  return Problem(f"{a} + {b} - {c}", a + b - c, story, 4,
+                 _solution(f"{a} + {b} - {c}", f"{a + b} - {c}", a + b - c))
 
 
 def _level5(rng: random.Random) -> Problem:
@@ -103,11 +130,13 @@ def _level5(rng: random.Random) -> Problem:
   if rng.random() < 0.5:
     story = (f"{name} has {c} {item} and buys {a} boxes with {b} {item} in "
              f"each box. How many {item} does {name} have now?")
-    return Problem(f"{a} * {b} + {c}", a * b + c, story, 5)
+    return Problem(f"{a} * {b} + {c}", a * b + c, story, 5,
+                   _solution(f"{a} * {b} + {c}", f"{a * b} + {c}", a * b + c))
   c = rng.randint(2, 9)
   story = (f"There are {a} red boxes and {b} blue boxes. Each box holds {c} "
            f"{item}. How many {item} are there in all?")
-  return Problem(f"({a} + {b}) * {c}", (a + b) * c, story, 5)
+  return Problem(f"({a} + {b}) * {c}", (a + b) * c, story, 5,
+                 _solution(f"({a} + {b}) * {c}", f"{a + b} * {c}", (a + b) * c))
 
 
 _GENERATORS: dict[int, Callable[[random.Random], Problem]] = {
@@ -152,7 +181,7 @@ def make_rows(split: str, size: int, levels: Sequence[int],
         "reward_model": {"style": "rule", "ground_truth": answer},
         "extra_info": {"split": split, "index": i, "difficulty": level,
                        "expression": problem.expression, "question": question,
-                       "answer": answer},
+                       "answer": answer, "solution": problem.solution},
     })
   return rows
 
@@ -202,9 +231,21 @@ def ensure_synthetic_data(local_dir: str = DEFAULT_LOCAL_DIR,
 
 
 def maybe_generate_default(path: str) -> None:
-  """Generates the default task if `path` is its absent train or test file."""
+  """Generates a `DEFAULT_TASKS` directory if `path` is its absent train or test file."""
   path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-  default = os.path.abspath(os.path.expanduser(DEFAULT_LOCAL_DIR))
-  if (not os.path.exists(path) and os.path.dirname(path) == default
-      and os.path.basename(path) in ("train.parquet", "test.parquet")):
-    ensure_synthetic_data(default)
+  if os.path.exists(path) or os.path.basename(path) not in ("train.parquet", "test.parquet"):
+    return
+  for directory, kwargs in DEFAULT_TASKS.items():
+    if os.path.dirname(path) == os.path.abspath(os.path.expanduser(directory)):
+      ensure_synthetic_data(directory, **kwargs)
+
+
+def regenerate_hint(field: str) -> str:
+  """How to rewrite files that lack `field`, a `LATER_FIELDS` entry ("" for any other name)."""
+  if field not in LATER_FIELDS:
+    return ""
+  defaults = ", ".join(DEFAULT_TASKS)
+  return (f"files written by rljax.data.synthetic before it added extra_info.{field} lack it: write them "
+          "again with `python -m rljax.data.synthetic arithmetic --local_dir DIR` and the --difficulty and "
+          f"--style they were made with, or, for a default directory ({defaults}), delete its train.parquet "
+          "and test.parquet and they are written again on first use")

@@ -1,0 +1,86 @@
+"""Supervised fine-tuning (verl's `fsdp_sft_trainer` with `sft_trainer.yaml` keys).
+
+    python -m rljax.sft --config=configs/sft.py[:PRESET] [KEY=VALUE ...]
+
+Presets:
+
+* `smollm2_arithmetic` (default): SmolLM2-135M-Instruct (the offline
+  `smollm2-135m-instruct` alias) on the synthetic arithmetic task's word
+  problems (levels 1-2: one-digit sums and differences told as short
+  stories), generated on first use under `~/data/rljax/arithmetic_word/`.
+  The chat prompt is the RL prompt; the response is the worked solution
+  `extra_info.solution` ("6 + 9 = 15"), so the model learns to write the
+  sum the story tells and then its value. Sized for a 2-core CPU (a few
+  minutes): 16 steps of 8 examples at lr 5e-5. The base model mostly
+  retells the story and its greedy task reward on these prompts is low;
+  `benchmarks/sft_reward.py` measures val loss and greedy reward before and
+  after this run.
+* `qwen2_5_0_5b_gsm8k`: verl's GSM8K SFT example (question -> worked
+  answer from `extra_info`) on Qwen2.5-0.5B-Instruct, packed, for a TPU VM.
+"""
+
+from typing import Any
+
+from rljax import config as config_lib
+from rljax.data.synthetic import arithmetic
+from rljax.sft.config import get_sft_config
+
+SMOLLM2_ARITHMETIC: dict[str, Any] = {
+    "model.partial_pretrain": "smollm2-135m-instruct",
+    "data.train_files": f"{arithmetic.WORD_LOCAL_DIR}/train.parquet",
+    "data.val_files": f"{arithmetic.WORD_LOCAL_DIR}/test.parquet",
+    "data.prompt_key": "prompt",
+    "data.response_key": "extra_info",
+    "data.response_dict_keys": ["solution"],
+    "data.max_length": 80,
+    "data.train_batch_size": 8,
+    "data.micro_batch_size_per_gpu": 8,
+    "data.val_max_samples": 64,
+    "optim.lr": 5e-5,
+    "trainer.n_gpus_per_node": "auto",
+    "trainer.total_epochs": 1,
+    "trainer.total_training_steps": 16,
+    "trainer.project_name": "rljax",
+    "trainer.experiment_name": "sft_smollm2_arithmetic",
+    "trainer.logger": ["console", "jsonl"],
+    "trainer.test_freq": 8,
+    "trainer.save_freq": -1,
+}
+
+QWEN2_5_0_5B_GSM8K: dict[str, Any] = {
+    "model.partial_pretrain": "~/models/Qwen2.5-0.5B-Instruct",
+    "model.enable_gradient_checkpointing": True,
+    "data.train_files": "~/data/gsm8k/train.parquet",
+    "data.val_files": "~/data/gsm8k/test.parquet",
+    "data.prompt_key": "extra_info",
+    "data.prompt_dict_keys": ["question"],
+    "data.response_key": "extra_info",
+    "data.response_dict_keys": ["answer"],
+    "data.max_length": 1024,
+    "data.micro_batch_size_per_gpu": 4,
+    "use_remove_padding": True,
+    "optim.lr": 1e-5,
+    "trainer.nnodes": "auto",
+    "trainer.n_gpus_per_node": "auto",
+    "trainer.device": "tpu",
+    "trainer.total_epochs": 1,
+    "trainer.project_name": "rljax_gsm8k_sft",
+    "trainer.experiment_name": "qwen2_5_0_5b",
+    "trainer.logger": ["console", "tensorboard"],
+    "trainer.test_freq": 20,
+    "trainer.save_freq": 100,
+}
+
+PRESETS = {"smollm2_arithmetic": SMOLLM2_ARITHMETIC, "qwen2_5_0_5b_gsm8k": QWEN2_5_0_5B_GSM8K}
+DEFAULT_PRESET = "smollm2_arithmetic"
+
+
+def get_config(arg=None):
+  name = arg or DEFAULT_PRESET
+  if name not in PRESETS:
+    raise config_lib.ConfigError("--config", f":{name}", "unknown preset",
+                                 f"choose one of {', '.join(sorted(PRESETS))}")
+  config = get_sft_config()
+  for path, value in PRESETS[name].items():
+    config_lib.set_value(config, path, value)
+  return config
