@@ -1,0 +1,287 @@
+"""Generates docs/configuration.md from the config tree.
+
+    python -m rljax.docs_reference > docs/configuration.md
+    python -m rljax.docs_reference --write      # the same, in place
+
+Every key of `rljax.config.get_base_config()` becomes one table row: its
+default (and the key it follows, verl's `${...}`), its type, its meaning
+(`rljax.config_docs.DESCRIPTIONS`) and what rljax does with it (the tables
+`IGNORED_KEYS`, `MAPPED_KEYS`, `RLJAX_KEYS`, `DEPRECATED_KEYS` of
+`rljax.config`). `tests/test_docs.py` fails when the checked-in page differs
+from `render_config_reference()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from typing import Any, Iterable
+
+from ml_collections import ConfigDict, FieldReference
+
+from rljax import config as config_lib
+from rljax import config_docs
+
+DOC_PATH = pathlib.Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+REGENERATE = "python -m rljax.docs_reference --write"
+
+# Table groups, in the order of verl's ppo_trainer.yaml; a key belongs to the
+# longest group that prefixes it.
+GROUPS = (
+    "data",
+    "actor_rollout_ref",
+    "actor_rollout_ref.model",
+    "actor_rollout_ref.actor",
+    "actor_rollout_ref.ref",
+    "actor_rollout_ref.rollout",
+    "critic",
+    "reward_model",
+    "custom_reward_function",
+    "algorithm",
+    "trainer",
+    "ray_init",
+)
+
+_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", list: "list", tuple: "list"}
+
+
+def reference_paths(config: ConfigDict) -> list[str]:
+  """Every documented key: leaves, and empty (free-form) mappings, in tree order.
+
+  Unlike `config.leaf_paths`, the defaults inside free-form mappings
+  (`engine_kwargs.vllm.swap_space`) get their own rows.
+  """
+  paths = []
+  for key in config.keys():
+    value = config[key]
+    if isinstance(value, ConfigDict) and len(value):
+      paths.extend(f"{key}.{sub}" for sub in reference_paths(value))
+    else:
+      paths.append(key)
+  return paths
+
+
+def group_of(path: str) -> str:
+  """The longest entry of `GROUPS` that prefixes `path`.
+
+  Raises:
+    KeyError: no group holds the key (a new top-level section needs one).
+  """
+  matches = [g for g in GROUPS if path == g or path.startswith(g + ".")]
+  if not matches:
+    raise KeyError(f"{path} belongs to no group of rljax.docs_reference.GROUPS; add its section there")
+  return max(matches, key=len)
+
+
+def _split(path: str) -> tuple[str, str]:
+  parent, _, key = path.rpartition(".")
+  return parent, key
+
+
+def _raw_field(config: ConfigDict, path: str) -> Any:
+  """The stored field at `path`: a FieldReference for linked or typed-null keys."""
+  parent, key = _split(path)
+  node = config_lib.get_node(config, parent) if parent else config
+  return node._fields[key]  # pylint: disable=protected-access
+
+
+def _reference_ids(config: ConfigDict) -> dict[int, str]:
+  """id(FieldReference) -> key path, for every key stored as a reference."""
+  ids = {}
+  for path in reference_paths(config):
+    raw = _raw_field(config, path)
+    if isinstance(raw, FieldReference):
+      ids[id(raw)] = path
+  return ids
+
+
+def _sources(ref: FieldReference, known: dict[int, str]) -> list[str]:
+  """The keys a reference is computed from (verl's `${...}`), in order.
+
+  Walks the reference's pointer and the arguments of its operations
+  (ml_collections keeps them in `_value` and `_ops`) until it meets a
+  reference that is itself a key.
+  """
+  found = []
+  pending = [ref._value] + [a for op in ref._ops for a in op.args]  # pylint: disable=protected-access
+  for item in pending:
+    if not isinstance(item, FieldReference):
+      continue
+    if id(item) in known:
+      found.append(known[id(item)])
+    else:
+      found.extend(_sources(item, known))
+  return found
+
+
+def followed_keys(config: ConfigDict) -> dict[str, list[str]]:
+  """key -> the keys its default follows, for every linked key."""
+  known = _reference_ids(config)
+  links = {}
+  for path in reference_paths(config):
+    raw = _raw_field(config, path)
+    if isinstance(raw, FieldReference):
+      sources = [s for s in _sources(raw, known) if s != path]
+      if sources:
+        links[path] = sources
+  return links
+
+
+def format_value(value: Any) -> str:
+  """A default as YAML flow text: null, true, 1e-06, [a, b], {k: v}."""
+  if value is None:
+    return "null"
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, str):
+    return value if value else "''"
+  if isinstance(value, (list, tuple)):
+    return "[" + ", ".join(format_value(v) for v in value) + "]"
+  if isinstance(value, (dict, ConfigDict)):
+    return "{" + ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) + "}"
+  return repr(value)
+
+
+def type_name(config: ConfigDict, path: str) -> str:
+  """The key's type as the reference shows it (`int or null`, `mapping`)."""
+  if path in config_docs.TYPE_NOTES:
+    return config_docs.TYPE_NOTES[path]
+  parent, key = _split(path)
+  node = config_lib.get_node(config, parent) if parent else config
+  kind = node.get_type(key)
+  if kind is ConfigDict:
+    return "mapping (free-form)"
+  name = _TYPE_NAMES.get(kind, "any")
+  return f"{name} or null" if config_lib.get_node(config, path) is None else name
+
+
+def _matches(path: str, table_key: str) -> bool:
+  """Whether a table key (exact, or `prefix.*`) covers `path`."""
+  if table_key.endswith(".*"):
+    return path.startswith(table_key[:-1])
+  return path == table_key
+
+
+def ignored_reason(path: str) -> str | None:
+  """Why rljax ignores the key (`IGNORED_KEYS`, `prefix.*` entries included), or None."""
+  for key, reason in config_lib.IGNORED_KEYS.items():
+    if _matches(path, key):
+      return reason
+  return None
+
+
+def rljax_status(path: str) -> str:
+  """What rljax does with the key, from config.py's tables."""
+  if path in config_lib.DEPRECATED_KEYS:
+    new, how = config_lib.DEPRECATED_KEYS[path]
+    return f"deprecated: read as `{new}` ({how})" if new else f"deprecated: {how}"
+  reason = ignored_reason(path)
+  if reason is not None:
+    return f"accepted, ignored: {reason}"
+  if path in config_lib.MAPPED_KEYS:
+    return f"mapped: {config_lib.MAPPED_KEYS[path]}"
+  if path in config_lib.RLJAX_KEYS:
+    return f"rljax key: {config_lib.RLJAX_KEYS[path]}"
+  return "as in verl"
+
+
+def _cell(text: str) -> str:
+  """Table-cell text: pipes escaped, no line breaks."""
+  return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _default_cell(config: ConfigDict, path: str, links: dict[str, list[str]]) -> str:
+  cell = f"`{format_value(config_lib.get_node(config, path))}`"
+  if path in links:
+    cell += " (follows " + ", ".join(f"`{s}`" for s in links[path]) + ")"
+  return cell
+
+
+def render_row(config: ConfigDict, path: str, links: dict[str, list[str]]) -> str:
+  """One Markdown table row for `path`.
+
+  Raises:
+    KeyError: the key has no entry in `config_docs.DESCRIPTIONS`.
+  """
+  if path not in config_docs.DESCRIPTIONS:
+    raise KeyError(f"{path} has no description: add it to rljax/config_docs.py DESCRIPTIONS")
+  cells = (f"`{path}`", _default_cell(config, path, links), type_name(config, path),
+           config_docs.DESCRIPTIONS[path], rljax_status(path))
+  return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def _count(paths: Iterable[str], prefix: str) -> int:
+  return sum(rljax_status(p).startswith(prefix) for p in paths)
+
+
+def _header(paths: list[str]) -> list[str]:
+  return [
+      "# Configuration reference",
+      "",
+      f"Generated from `rljax/config.py` and `rljax/config_docs.py` by `{REGENERATE}`;",
+      "edit those files, not this page (`tests/test_docs.py` checks that it is current).",
+      "",
+      "rljax reads verl's `ppo_trainer.yaml` tree: every key below can be set on the command line",
+      "as `--config.KEY=VALUE` or verl's `KEY=VALUE`, in an experiment file (`configs/*.py`), or in",
+      "a verl YAML file (`--config=configs/verl_yaml.py:FILE.yaml`). The tree is locked: a key that",
+      "is not listed here is an error that names the closest one. Keys typed `mapping (free-form)`",
+      "take any sub-keys.",
+      "",
+      "Columns: **Default** is verl's default (`follows` marks verl's `${...}`: the key copies the",
+      "other one until it is set itself); **In rljax** says what rljax does with the key:",
+      "",
+      "- `as in verl`: the key means what verl's documents say.",
+      "- `mapped`: verl's key, with the meaning it takes on a JAX device mesh.",
+      "- `rljax key`: a key rljax adds, named in verl's style.",
+      "- `accepted, ignored`: a key for PyTorch, Ray, vLLM, SGLang or Nsight; it is accepted so a",
+      "  verl launch line pastes over, and does nothing.",
+      "- `deprecated`: still read, mapped onto its replacement with a warning.",
+      "",
+      f"{len(paths)} keys: {_count(paths, 'as in verl')} as in verl, {_count(paths, 'mapped')} mapped, "
+      f"{_count(paths, 'rljax key')} added by rljax, {_count(paths, 'accepted, ignored')} accepted and ignored, "
+      f"{_count(paths, 'deprecated')} deprecated.",
+      "",
+  ]
+
+
+def render_config_reference(config: ConfigDict | None = None) -> str:
+  """The whole configuration reference page as Markdown.
+
+  Args:
+    config: the tree to document (default: `get_base_config()`).
+  """
+  config = config if config is not None else config_lib.get_base_config()
+  paths = reference_paths(config)
+  links = followed_keys(config)
+  by_group = {group: [] for group in GROUPS}
+  for path in paths:
+    by_group[group_of(path)].append(path)
+  lines = _header(paths)
+  for group, members in by_group.items():
+    if not members:
+      continue
+    lines += [f"## `{group}`", "", config_docs.SECTIONS[group], "",
+              "| Key | Default | Type | Meaning | In rljax |", "| --- | --- | --- | --- | --- |"]
+    lines += [render_row(config, path, links) for path in members]
+    lines.append("")
+  return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Prints the reference, or writes it to docs/configuration.md with --write."""
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--write", action="store_true", help=f"write {DOC_PATH} instead of printing")
+  args = parser.parse_args(argv)
+  text = render_config_reference()
+  if args.write:
+    DOC_PATH.parent.mkdir(parents=True, exist_ok=True)
+    DOC_PATH.write_text(text)
+    print(f"wrote {DOC_PATH}", file=sys.stderr)
+  else:
+    sys.stdout.write(text)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

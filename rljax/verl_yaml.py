@@ -1,0 +1,374 @@
+"""verl's `ppo_trainer.yaml` files, loaded onto rljax's base config.
+
+    python -m rljax.train --config=configs/verl_yaml.py:my_ppo_trainer.yaml \
+        data.train_batch_size=64 --dry_run
+
+A verl YAML file is a nested tree of verl keys. Each leaf is set with the same
+checks as a command-line override (`rljax.config.set_value`), so an unknown
+key is a `ConfigError` that names the key, the closest valid keys, the file
+and the line. Overrides on the command line are applied afterwards, as in
+verl.
+
+OmegaConf interpolations are kept as links, so they follow later overrides
+the way verl resolves them at run time:
+
+* `${a.b.c}` (absolute) and `${.x}`, `${..x}` (relative to the key's node):
+  the key follows `a.b.c` until it is set itself (a whole section is copied
+  instead);
+* a string with interpolations inside (`checkpoints/${trainer.project_name}`)
+  follows every key it names;
+* `${oc.select:a.b.c,DEFAULT}`: follows `a.b.c`, or takes DEFAULT when rljax
+  has no such key;
+* `${oc.env:NAME}` / `${oc.env:NAME,DEFAULT}`: the environment variable's
+  value, read once at load time.
+
+Other resolvers are an error. Numbers such as `1e-6` are floats, as
+OmegaConf reads them (PyYAML alone reads a string). Hydra's top-level `defaults:` list is skipped:
+it composes verl's sub-files, and rljax's base config already holds every key
+they define. `_target_` entries (Hydra's dataclass hints) are skipped too.
+
+Keys rljax accepts but ignores (`rljax.config.IGNORED_KEYS`) are reported in
+one warning per file, listing those the file sets to something other than
+verl's default, with the reason in docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from typing import Any, Iterator
+
+import yaml
+from ml_collections import ConfigDict, FieldReference
+from ml_collections.config_dict import MutabilityError
+
+from rljax import config as config_lib
+from rljax import docs_reference
+
+DEFAULTS_KEY = "defaults"
+TARGET_KEY = "_target_"
+
+_LOG = logging.getLogger("rljax.verl_yaml")
+_INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
+_RESOLVER = re.compile(r"^(?P<name>[A-Za-z_][\w.]*):(?P<args>.*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One leaf of a YAML file: dotted key path, parsed value, 1-based line."""
+
+  path: str
+  value: Any
+  line: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+  """An interpolated key: the key path whose value is followed."""
+
+  source: str
+
+
+def _where(source: str, line: int | None) -> str:
+  return f"in {source}, line {line}" if line else f"in {source}"
+
+
+def _key_lines(node: yaml.Node, prefix: str = "") -> Iterator[tuple[str, int]]:
+  """(dotted key path, 1-based line) for every mapping key of a composed YAML node."""
+  if not isinstance(node, yaml.MappingNode):
+    return
+  for key_node, value_node in node.value:
+    path = f"{prefix}{key_node.value}"
+    yield path, key_node.start_mark.line + 1
+    yield from _key_lines(value_node, path + ".")
+
+
+def _leaves(tree: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+  """Dotted paths to the leaves of a parsed tree, skipping `_target_` entries.
+
+  A mapping stays whole where the key takes one dictionary as its value
+  (`config.DICT_FIELDS`: regex keys may hold dots).
+  """
+  for key, value in tree.items():
+    if key == TARGET_KEY:
+      continue
+    path = f"{prefix}{key}"
+    if isinstance(value, dict) and path not in config_lib.DICT_FIELDS:
+      yield from _leaves(value, path + ".")
+    else:
+      yield path, value
+
+
+def read_entries(text: str, source: str = "<yaml>") -> list[Entry]:
+  """The leaves of a verl YAML document, in file order, without Hydra's `defaults:`.
+
+  Raises:
+    ConfigError: the text is not YAML, or its top level is not a mapping.
+  """
+  try:
+    tree = config_lib.parse_yaml(text)
+    lines = dict(_key_lines(yaml.compose(text, Loader=config_lib.YamlLoader)))
+  except yaml.YAMLError as error:
+    raise config_lib.ConfigError(source, config_lib.NO_VALUE, f"is not valid YAML ({error})",
+                                 "fix the YAML syntax at the position shown") from None
+  if tree is None:
+    return []
+  if not isinstance(tree, dict):
+    raise config_lib.ConfigError(source, type(tree).__name__, "the top level must be a mapping of verl keys",
+                                 "write nested KEY: VALUE lines as in verl's ppo_trainer.yaml")
+  if DEFAULTS_KEY in tree:
+    _LOG.info("%s: Hydra's defaults list is skipped; rljax's base config holds every key it composes", source)
+  body = {str(k): v for k, v in tree.items() if k != DEFAULTS_KEY}
+  return [Entry(path, value, lines.get(path)) for path, value in _leaves(body)]
+
+
+def _relative(expression: str, path: str) -> str:
+  """OmegaConf's `.x` (sibling of `path`) and `..x` (one node up) as an absolute path."""
+  dots = len(expression) - len(expression.lstrip("."))
+  node = path.split(".")[:-1]
+  up = dots - 1
+  if up > len(node):
+    raise ValueError(f"${{{expression}}} climbs above the top of the tree from {path}")
+  return ".".join(node[:len(node) - up] + [expression[dots:]])
+
+
+def _has_key(config: ConfigDict, path: str) -> bool:
+  try:
+    config_lib.get_node(config, path)
+  except (KeyError, AttributeError, TypeError):
+    return False
+  return True
+
+
+def _split_args(args: str) -> tuple[str, str | None]:
+  """`a,b` -> ('a', 'b'); `a` -> ('a', None). The default may itself hold commas."""
+  first, comma, rest = args.partition(",")
+  return first.strip(), (rest.strip() if comma else None)
+
+
+def _scalar(text: str | None) -> Any:
+  """A resolver's default or an environment value, read as YAML (`8` -> 8, `null` -> None)."""
+  if text is None:
+    return None
+  return config_lib.parse_yaml(text) if text else ""
+
+
+def _environment(entry: Entry, name: str, default: str | None) -> Any:
+  """`${oc.env:NAME,DEFAULT}`: the variable's value now, else the default."""
+  if name in os.environ:
+    return _scalar(os.environ[name])
+  if default is None:
+    raise config_lib.ConfigError(entry.path, entry.value, f"environment variable {name} is not set",
+                                 f"export {name}=VALUE or give a default: ${{oc.env:{name},VALUE}}")
+  return _scalar(default)
+
+
+def _key_path(entry: Entry, expression: str) -> str:
+  """The absolute key an interpolation names (relative ones resolved from `entry.path`)."""
+  if not expression.startswith("."):
+    return expression.strip()
+  try:
+    return _relative(expression, entry.path)
+  except ValueError as error:
+    raise config_lib.ConfigError(entry.path, entry.value, str(error),
+                                 "write an absolute key path such as ${data.max_response_length}") from None
+
+
+def resolve_interpolation(config: ConfigDict, expression: str, entry: Entry) -> Link | Any:
+  """One `${...}` of `entry`: a Link to the key it follows, or a value read now.
+
+  Raises:
+    ConfigError: naming the key and the interpolation, for an unknown key, a
+      missing environment variable or an unsupported resolver.
+  """
+  resolver = _RESOLVER.match(expression)
+  if resolver is None:
+    target = _key_path(entry, expression)
+    if not _has_key(config, target):
+      near = config_lib._unknown_key_error(config, target)  # pylint: disable=protected-access
+      raise config_lib.ConfigError(entry.path, entry.value, f"interpolates {target}, which is not a key of rljax's config",
+                                   near.fix)
+    return Link(target)
+  name = resolver.group("name")
+  first, default = _split_args(resolver.group("args"))
+  if name == "oc.env":
+    return _environment(entry, first, default)
+  if name == "oc.select":
+    target = _key_path(entry, first)
+    return Link(target) if _has_key(config, target) else _scalar(default)
+  raise config_lib.ConfigError(entry.path, entry.value, f"uses the resolver {name}, which rljax does not evaluate",
+                               "write the value itself")
+
+
+def interpolation_parts(config: ConfigDict, entry: Entry) -> list[Any]:
+  """A string value cut into literal text and resolved `${...}` parts (Links or values)."""
+  parts, position = [], 0
+  for match in _INTERPOLATION.finditer(entry.value):
+    if match.start() > position:
+      parts.append(entry.value[position:match.start()])
+    parts.append(resolve_interpolation(config, match.group(1), entry))
+    position = match.end()
+  if position < len(entry.value):
+    parts.append(entry.value[position:])
+  return parts
+
+
+def _parent_and_key(config: ConfigDict, path: str) -> tuple[ConfigDict, str]:
+  parent, _, key = path.rpartition(".")
+  return (config_lib.get_node(config, parent) if parent else config), key
+
+
+def _source_ref(config: ConfigDict, link: Link) -> FieldReference | None:
+  """The followed key as a reference (None for a null entry of a free-form mapping)."""
+  node, key = _parent_and_key(config, link.source)
+  try:
+    return node.get_ref(key)
+  except ValueError:
+    return None
+
+
+def _point(config: ConfigDict, entry: Entry, expression: FieldReference) -> None:
+  """Makes the (already set) key `entry.path` follow `expression`.
+
+  A null entry of a free-form mapping cannot hold a reference and keeps the
+  value it was set to.
+  """
+  node, key = _parent_and_key(config, entry.path)
+  try:
+    target = node.get_ref(key)
+  except ValueError:
+    return
+  if target.get_type() is float and expression.get_type() is int:
+    expression = expression.to_float()
+  try:
+    target.set(expression)
+  except TypeError:
+    raise config_lib.ConfigError(entry.path, entry.value, f"holds a {target.get_type().__name__} but would follow a "
+                                 f"{expression.get_type().__name__}", "write the value itself") from None
+  except MutabilityError:
+    raise config_lib.ConfigError(entry.path, entry.value, "the interpolation makes keys follow each other in a cycle",
+                                 "write the value of one of them") from None
+
+
+def _follow(config: ConfigDict, entry: Entry, link: Link) -> None:
+  """Sets `entry.path` to the linked key's value now and makes it follow that key."""
+  value = config_lib.get_node(config, link.source)
+  if isinstance(value, ConfigDict):
+    config_lib.set_value(config, entry.path, value.to_dict())
+    return
+  config_lib.set_value(config, entry.path, value)
+  reference = _source_ref(config, link)
+  if reference is not None:
+    _point(config, entry, reference)
+
+
+def _concatenate(config: ConfigDict, parts: list[Any]) -> FieldReference | str:
+  """Text and followed keys joined into one string; a reference when any key is followed."""
+  joined: FieldReference | str = ""
+  for part in parts:
+    reference = _source_ref(config, part) if isinstance(part, Link) else None
+    if reference is not None:
+      joined = joined + reference.to_str()
+    else:
+      value = config_lib.get_node(config, part.source) if isinstance(part, Link) else part
+      joined = joined + format_scalar(value)
+  return joined
+
+
+def format_scalar(value: Any) -> str:
+  """A value as OmegaConf writes it inside a string (`null`, `true`, `8`)."""
+  if value is None:
+    return "null"
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  return str(value)
+
+
+def apply_entry(config: ConfigDict, entry: Entry) -> None:
+  """Sets one YAML leaf on `config`, keeping `${...}` interpolations as links.
+
+  Raises:
+    ConfigError: for an unknown or mistyped key or interpolation.
+  """
+  if isinstance(entry.value, list) and any(isinstance(v, str) and "${" in v for v in entry.value):
+    raise config_lib.ConfigError(entry.path, entry.value, "interpolations inside a list are not evaluated",
+                                 "write the list's values themselves")
+  if not (isinstance(entry.value, str) and _INTERPOLATION.search(entry.value)):
+    config_lib.set_value(config, entry.path, entry.value)
+    return
+  parts = interpolation_parts(config, entry)
+  if len(parts) == 1 and isinstance(parts[0], Link):
+    _follow(config, entry, parts[0])
+    return
+  if len(parts) == 1:
+    config_lib.set_value(config, entry.path, parts[0])
+    return
+  joined = _concatenate(config, parts)
+  config_lib.set_value(config, entry.path, joined if isinstance(joined, str) else joined.get())
+  if isinstance(joined, FieldReference):
+    _point(config, entry, joined)
+
+
+def ignored_settings(config: ConfigDict, entries: list[Entry]) -> list[str]:
+  """`key=value` for each ignored key the file sets to something other than verl's default.
+
+  A key the base config lacks (a new entry of a free-form mapping such as
+  `engine_kwargs.vllm`) has no default, so it is always listed.
+  """
+  base = config_lib.get_base_config()
+  settings = []
+  for entry in entries:
+    if docs_reference.ignored_reason(entry.path) is None:
+      continue
+    value = config_lib.get_node(config, entry.path)
+    if not _has_key(base, entry.path) or value != config_lib.get_node(base, entry.path):
+      settings.append(f"{entry.path}={docs_reference.format_value(value)}")
+  return settings
+
+
+def load_text(text: str, source: str = "<yaml>", base: ConfigDict | None = None) -> ConfigDict:
+  """Applies a verl YAML document onto `base` (default: the base config).
+
+  Args:
+    text: the YAML text.
+    source: the file name, for messages.
+    base: the config to change in place.
+
+  Returns:
+    The config.
+
+  Raises:
+    ConfigError: naming the key, the file and the line, and how to fix it.
+  """
+  config = base if base is not None else config_lib.get_base_config()
+  entries = read_entries(text, source)
+  for entry in entries:
+    try:
+      apply_entry(config, entry)
+    except config_lib.ConfigError as error:
+      raise config_lib.ConfigError(error.key, error.value, f"{error.problem} ({_where(source, entry.line)})",
+                                   error.fix) from None
+  ignored = ignored_settings(config, entries)
+  if ignored:
+    _LOG.warning("%s sets %d verl key(s) that have no effect in rljax (docs/configuration.md says why): %s",
+                 source, len(ignored), ", ".join(ignored))
+  return config
+
+
+def load_file(path: str | None) -> ConfigDict:
+  """Loads the verl YAML file at `path` onto the base config.
+
+  Raises:
+    ConfigError: no path given, no such file, or a bad key in it.
+  """
+  if not path:
+    raise config_lib.ConfigError("--config", "configs/verl_yaml.py", "needs the verl YAML file after a colon",
+                                 "pass --config=configs/verl_yaml.py:path/to/ppo_trainer.yaml")
+  expanded = os.path.expanduser(path)
+  if not os.path.isfile(expanded):
+    raise config_lib.ConfigError("--config", f"configs/verl_yaml.py:{path}", "no such YAML file",
+                                 "give the path of a verl ppo_trainer.yaml-style file")
+  with open(expanded, encoding="utf-8") as handle:
+    return load_text(handle.read(), source=path)

@@ -1,0 +1,177 @@
+"""The docs/ pages against the code: generated reference, names, keys, quoted errors."""
+
+import os
+import pathlib
+import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rljax import algos, config_docs, docs_reference, sharding
+from rljax import config as C
+from rljax.data import parquet
+from rljax.models import api
+from rljax.rewards import default
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = ["configuration.md", "algorithms.md", "coming_from_verl.md", "coming_from_tunix.md", "troubleshooting.md"]
+SECTIONS = ("data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function", "algorithm", "trainer",
+            "ray_init")
+KEY_MENTION = re.compile(r"(?<![\w./])((?:%s)(?:\.[A-Za-z_][\w\-]*)+)" % "|".join(SECTIONS))
+
+
+def page(name):
+  return (DOCS / name).read_text()
+
+
+def test_configuration_page_is_generated_from_the_config():
+  assert (DOCS / "configuration.md").exists(), f"docs/configuration.md is missing: run `{docs_reference.REGENERATE}`"
+  assert page("configuration.md") == docs_reference.render_config_reference(), (
+      f"docs/configuration.md is out of date with rljax/config.py or rljax/config_docs.py: "
+      f"run `{docs_reference.REGENERATE}`")
+
+
+def test_every_key_has_a_description_and_no_description_is_stale():
+  paths = docs_reference.reference_paths(C.get_base_config())
+  missing = [p for p in paths if not config_docs.DESCRIPTIONS.get(p, "").strip()]
+  assert not missing, f"keys without a description in rljax/config_docs.py DESCRIPTIONS: {missing}"
+  stale = sorted(set(config_docs.DESCRIPTIONS) - set(paths))
+  assert not stale, f"descriptions of keys the config does not have: {stale}"
+  assert not set(config_docs.TYPE_NOTES) - set(paths)
+
+
+def test_every_key_has_a_group_a_section_text_and_a_type():
+  config = C.get_base_config()
+  paths = docs_reference.reference_paths(config)
+  assert {docs_reference.group_of(p) for p in paths} <= set(config_docs.SECTIONS)
+  untyped = [p for p in paths if docs_reference.type_name(config, p) == "any"]
+  assert not untyped, f"keys of no single type need a TYPE_NOTES entry in rljax/config_docs.py: {untyped}"
+
+
+def test_reference_rows_say_what_rljax_does():
+  text = docs_reference.render_config_reference()
+  rows = {line.split(" | ")[0].strip("| `"): line for line in text.splitlines() if line.startswith("| `")}
+  assert len(rows) == len(docs_reference.reference_paths(C.get_base_config()))
+  assert "accepted, ignored: PyTorch FSDP CPU offload" in rows["actor_rollout_ref.actor.fsdp_config.param_offload"]
+  assert "accepted, ignored: vLLM/SGLang engine arguments" in rows["actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space"]
+  assert "mapped: size of the mesh's fsdp axis" in rows["actor_rollout_ref.actor.fsdp_config.fsdp_size"]
+  assert "deprecated: read as `actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu`" in rows["actor_rollout_ref.actor.ppo_micro_batch_size"]
+  assert "rljax key:" in rows["trainer.logical_axis_rules"]
+  assert "`512` (follows `data.max_response_length`)" in rows["actor_rollout_ref.rollout.response_length"]
+  assert "(follows `trainer.project_name`, `trainer.experiment_name`)" in rows["trainer.default_local_dir"]
+  assert "| int or 'auto' |" in rows["trainer.nnodes"]
+  assert "| str or null |" in rows["data.tokenizer"]
+
+
+def test_missing_description_names_the_key_and_the_file(monkeypatch):
+  monkeypatch.delitem(config_docs.DESCRIPTIONS, "data.seed")
+  with pytest.raises(KeyError, match=r"data\.seed has no description: add it to rljax/config_docs.py"):
+    docs_reference.render_config_reference()
+
+
+@pytest.mark.parametrize("name", algos.ADV_ESTIMATOR_REGISTRY.names())
+def test_every_advantage_estimator_is_documented(name):
+  text = page("algorithms.md")
+  assert f"`{name}`" in text
+  assert f"algorithm.adv_estimator={name}" in text
+
+
+@pytest.mark.parametrize("name", algos.POLICY_LOSS_REGISTRY.names())
+def test_every_policy_loss_is_documented(name):
+  text = page("algorithms.md")
+  assert f"`{name}`" in text
+  assert f"actor_rollout_ref.actor.policy_loss.loss_mode={name}" in text
+
+
+def _resolves(config, key):
+  try:
+    C.get_node(config, key)
+  except (KeyError, AttributeError, TypeError):
+    return False
+  return True
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_every_key_a_page_names_exists(name):
+  config = C.get_base_config()
+  mentioned = {m.rstrip(".") for m in KEY_MENTION.findall(page(name))}
+  assert mentioned
+  unknown = sorted(k for k in mentioned if not _resolves(config, k))
+  assert not unknown, f"docs/{name} names keys the config does not have: {unknown}"
+
+
+def test_readme_lists_every_page():
+  readme = (ROOT / "README.md").read_text()
+  for name in PAGES:
+    assert f"docs/{name}" in readme
+
+
+def _validate_error(overrides, world):
+  config = C.apply_overrides(C.get_base_config(), overrides)
+  with pytest.raises(C.ConfigError) as info:
+    C.validate(config, world)
+  return str(info.value)
+
+
+VALIDATE_ERRORS = [
+    (["data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=24"], 8),
+    (["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.rollout.n=3"], 8),
+    (["data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.rollout.n=4",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"], 8),
+    (["actor_rollout_ref.actor.tensor_model_parallel_size=3"], 8),
+    (["actor_rollout_ref.actor.tensor_model_parallel_size=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=3"], 8),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=3"], 8),
+    ([], 1),
+    (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"], 8),
+    (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512"], 8),
+    (["actor_rollout_ref.rollout.prefill_length_buckets=[128,64]"], 8),
+]
+
+
+@pytest.mark.parametrize("overrides,world", VALIDATE_ERRORS, ids=[" ".join(o) or "base" for o, _ in VALIDATE_ERRORS])
+def test_troubleshooting_quotes_validate_exactly(overrides, world):
+  message = _validate_error(overrides, world)
+  assert message in page("troubleshooting.md"), f"quote this message in docs/troubleshooting.md:\n{message}"
+
+
+def _raised(exception, fn, *args):
+  with pytest.raises(exception) as info:
+    fn(*args)
+  return str(info.value)
+
+
+def test_troubleshooting_quotes_mesh_and_file_errors_exactly():
+  text = page("troubleshooting.md")
+  mismatch = C.apply_overrides(C.get_base_config(), ["trainer.n_gpus_per_node=4"])
+  mesh = sharding.build_mesh({"data": 1, "fsdp": 4, "tensor": 2, "sequence": 1})
+  messages = [
+      _raised(C.ConfigError, sharding.make_mesh, mismatch),
+      _raised(C.ConfigError, sharding.check_model_fits, mesh, 9, 3),
+      _raised(FileNotFoundError, api.resolve_path, "/models/Qwen2.5-0.5B-Instruct"),
+      _raised(FileNotFoundError, parquet.read_parquet, "/data/gsm8k/train.parquet"),
+  ]
+  for message in messages:
+    assert message in text, f"quote this message in docs/troubleshooting.md:\n{message}"
+
+
+def test_troubleshooting_quotes_the_unknown_data_source_error(tmp_path):
+  path = tmp_path / "train.parquet"
+  pq.write_table(pa.table({"data_source": ["my_task"], "prompt": ["hi"]}), path)
+  message = _raised(ValueError, default.check_data_sources, [str(path)])
+  quoted = message.replace(str(path), "/data/my_task/train.parquet")
+  assert quoted in page("troubleshooting.md"), f"quote this message in docs/troubleshooting.md:\n{quoted}"
+
+
+@pytest.mark.skipif(os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0"), reason="a TPU VM finds its pod")
+def test_troubleshooting_quotes_the_multi_host_errors(monkeypatch):
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "TPU_WORKER_HOSTNAMES"):
+    monkeypatch.delenv(name, raising=False)
+  text = page("troubleshooting.md")
+  two_nodes = C.apply_overrides(C.get_base_config(), ["trainer.nnodes=2"])
+  no_coordinator = _raised(C.ConfigError, sharding.distributed_args, two_nodes)
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
+  half_set = _raised(C.ConfigError, sharding.distributed_args, C.get_base_config())
+  for message in (no_coordinator, half_set):
+    assert message in text, f"quote this message in docs/troubleshooting.md:\n{message}"

@@ -1,0 +1,264 @@
+"""verl ppo_trainer.yaml files as experiments: values, links, errors, the ignored-key report, the CLI."""
+
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from rljax import config as C
+from rljax import train, verl_yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# An excerpt of a verl GRPO ppo_trainer.yaml as users write it: Hydra's
+# defaults list and _target_ hints, absolute, relative, embedded, oc.select
+# and oc.env interpolations, keys rljax ignores (some changed from verl's
+# default, some not), a deprecated key and a free-form mapping.
+PPO_TRAINER_YAML = """\
+defaults:
+  - actor@actor_rollout_ref.actor: dp_actor
+  - _self_
+
+data:
+  tokenizer: null
+  train_files: ~/data/gsm8k/train.parquet
+  val_files: ~/data/gsm8k/test.parquet
+  prompt_key: prompt
+  max_prompt_length: 256
+  max_response_length: 128
+  train_batch_size: 32
+  filter_overlong_prompts: True
+  truncation: error
+
+actor_rollout_ref:
+  hybrid_engine: True
+  model:
+    path: ~/models/Qwen2.5-0.5B-Instruct
+    use_remove_padding: True
+    enable_gradient_checkpointing: True
+    override_config:
+      model_config:
+        rope_theta: 50000
+  actor:
+    _target_: verl.workers.config.FSDPActorConfig
+    strategy: fsdp
+    ppo_mini_batch_size: 16
+    ppo_micro_batch_size_per_gpu: 4
+    ppo_max_token_len_per_gpu: ${oc.select:data.max_prompt_length,1024}
+    use_kl_loss: True
+    kl_loss_coef: 0.001
+    kl_loss_type: low_var_kl
+    entropy_coeff: 0
+    use_torch_compile: True
+    optim:
+      lr: 1e-6
+      warmup_style: cosine
+    fsdp_config:
+      param_offload: True
+      optimizer_offload: False
+  ref:
+    log_prob_micro_batch_size_per_gpu: 8
+    log_prob_max_token_len_per_gpu: ${..actor.ppo_max_token_len_per_gpu}
+    log_prob_use_dynamic_bsz: ${actor_rollout_ref.actor.use_dynamic_bsz}
+  rollout:
+    name: vllm
+    temperature: 1.0
+    prompt_length: ${data.max_prompt_length}
+    response_length: ${data.max_response_length}
+    gpu_memory_utilization: 0.6
+    tensor_model_parallel_size: 1
+    log_prob_micro_batch_size_per_gpu: 8
+    n: 4
+    engine_kwargs:
+      vllm:
+        swap_space: 32
+        max_loras: 2
+
+critic:
+  model:
+    path: ${actor_rollout_ref.model.path}
+
+custom_reward_function:
+  path: ${oc.env:RLJAX_TEST_REWARD_FILE,null}
+  name: compute_score
+
+algorithm:
+  adv_estimator: grpo
+  use_kl_in_reward: False
+
+trainer:
+  logger: [console, jsonl]
+  project_name: verl_grpo_example_gsm8k
+  experiment_name: qwen2_5_0_5b
+  default_local_dir: checkpoints/${trainer.project_name}/${trainer.experiment_name}
+  n_gpus_per_node: 8
+  nnodes: 1
+  save_freq: 20
+  test_freq: 5
+  total_epochs: 15
+"""
+
+EXPECTED = {
+    "data.max_prompt_length": 256,
+    "data.train_batch_size": 32,
+    "data.filter_overlong_prompts": True,
+    "actor_rollout_ref.model.path": "~/models/Qwen2.5-0.5B-Instruct",
+    "actor_rollout_ref.model.override_config.model_config.rope_theta": 50000,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 256,
+    "actor_rollout_ref.actor.optim.lr": 1e-6,
+    "actor_rollout_ref.actor.optim.warmup_style": "cosine",
+    "actor_rollout_ref.actor.fsdp_config.param_offload": True,
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 256,
+    "actor_rollout_ref.rollout.response_length": 128,
+    "actor_rollout_ref.rollout.n": 4,
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space": 32,
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.max_loras": 2,
+    "critic.model.path": "~/models/Qwen2.5-0.5B-Instruct",
+    "custom_reward_function.path": None,
+    "algorithm.adv_estimator": "grpo",
+    "trainer.logger": ["console", "jsonl"],
+    "trainer.default_local_dir": "checkpoints/verl_grpo_example_gsm8k/qwen2_5_0_5b",
+    "trainer.n_gpus_per_node": 8,
+}
+
+
+@pytest.fixture
+def yaml_file(tmp_path, monkeypatch):
+  monkeypatch.delenv("RLJAX_TEST_REWARD_FILE", raising=False)
+  path = tmp_path / "ppo_trainer.yaml"
+  path.write_text(PPO_TRAINER_YAML)
+  return path
+
+
+def test_excerpt_loads_to_the_written_values(yaml_file):
+  config = verl_yaml.load_file(str(yaml_file))
+  for key, value in EXPECTED.items():
+    assert C.get_node(config, key) == value, key
+  assert config.data.val_batch_size is None and config.actor_rollout_ref.rollout.top_p == 1.0  # verl's defaults
+  resolved = train.resolve(config, [], device_count=8)
+  assert resolved.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"  # the deprecated key still maps
+
+
+def test_interpolations_follow_later_overrides_until_set(yaml_file):
+  config = verl_yaml.load_file(str(yaml_file))
+  C.apply_overrides(config, ["data.max_response_length=64", "data.max_prompt_length=100",
+                             "trainer.experiment_name=run2", "actor_rollout_ref.model.path=/m/other"])
+  assert config.actor_rollout_ref.rollout.response_length == 64
+  assert config.actor_rollout_ref.rollout.prompt_length == 100
+  assert config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 100  # oc.select
+  assert config.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 100  # relative ${..actor.x}
+  assert config.trainer.default_local_dir == "checkpoints/verl_grpo_example_gsm8k/run2"
+  assert config.critic.model.path == "/m/other"
+  C.apply_overrides(config, ["actor_rollout_ref.rollout.response_length=7", "data.max_response_length=9"])
+  assert config.actor_rollout_ref.rollout.response_length == 7
+
+
+def test_oc_env_reads_the_environment(yaml_file, monkeypatch):
+  monkeypatch.setenv("RLJAX_TEST_REWARD_FILE", "/rewards/mine.py")
+  assert verl_yaml.load_file(str(yaml_file)).custom_reward_function.path == "/rewards/mine.py"
+
+
+def test_unknown_key_names_the_key_the_file_and_the_line(tmp_path):
+  path = tmp_path / "bad.yaml"
+  path.write_text(PPO_TRAINER_YAML.replace("    ppo_mini_batch_size: 16\n", "    ppo_mini_batchsize: 16\n"))
+  line = PPO_TRAINER_YAML.splitlines().index("    ppo_mini_batch_size: 16") + 1
+  with pytest.raises(C.ConfigError) as info:
+    verl_yaml.load_file(str(path))
+  message = str(info.value)
+  assert message.startswith("actor_rollout_ref.actor.ppo_mini_batchsize: unknown key")
+  assert f"(in {path}, line {line})" in message
+  assert "did you mean actor_rollout_ref.actor.ppo_mini_batch_size" in message
+
+
+BAD_ENTRIES = [
+    ("data:\n  max_response_length: ${data.max_respons_length}\n", "interpolates data.max_respons_length, which is not a key",
+     "did you mean data.max_response_length"),
+    ("data:\n  train_files: ${oc.env:RLJAX_TEST_UNSET_VARIABLE}\n", "environment variable RLJAX_TEST_UNSET_VARIABLE is not set",
+     "export RLJAX_TEST_UNSET_VARIABLE=VALUE or give a default"),
+    ("data:\n  seed: ${oc.decode:'42'}\n", "uses the resolver oc.decode", "write the value itself"),
+    ("data:\n  seed: ${...seed}\n", "climbs above the top of the tree", "write an absolute key path"),
+    ("trainer:\n  logger: ['${trainer.project_name}']\n", "interpolations inside a list", "write the list's values"),
+    ("data:\n  max_prompt_length: ${data.max_prompt_length}\n", "in a cycle", "write the value of one of them"),
+    ("data:\n  max_prompt_length: ${data.train_files}\n", "expects an integer", "give a whole number"),
+    ("data:\n  train_batch_size: many\n", "data.train_batch_size='many': expects an integer", "give a whole number"),
+    ("- data\n", "the top level must be a mapping", "write nested KEY: VALUE lines"),
+]
+
+
+@pytest.mark.parametrize("text,problem,fix", BAD_ENTRIES, ids=[p for _, p, _ in BAD_ENTRIES])
+def test_bad_entries_name_the_problem_the_file_and_the_fix(tmp_path, monkeypatch, text, problem, fix):
+  monkeypatch.delenv("RLJAX_TEST_UNSET_VARIABLE", raising=False)
+  path = tmp_path / "bad.yaml"
+  path.write_text(text)
+  with pytest.raises(C.ConfigError) as info:
+    verl_yaml.load_file(str(path))
+  message = str(info.value)
+  assert problem in message and str(path) in message and f"Fix: {fix}" in message.replace("Fix: e.g. ", "Fix: ")
+
+
+def test_missing_path_and_missing_file_say_how_to_call_it(tmp_path):
+  with pytest.raises(C.ConfigError, match="needs the verl YAML file after a colon"):
+    C.load_config_file(str(ROOT / "configs" / "verl_yaml.py"))
+  with pytest.raises(C.ConfigError, match="no such YAML file"):
+    C.load_config_file(f"{ROOT / 'configs' / 'verl_yaml.py'}:{tmp_path / 'nope.yaml'}")
+
+
+def test_ignored_keys_are_reported_once_by_name(yaml_file, caplog):
+  with caplog.at_level(logging.INFO, logger="rljax.verl_yaml"):
+    verl_yaml.load_file(str(yaml_file))
+  warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  assert len(warnings) == 1, warnings
+  report = warnings[0]
+  for changed in ("actor_rollout_ref.model.use_remove_padding=true",
+                  "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                  "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+                  "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=32",
+                  "actor_rollout_ref.rollout.engine_kwargs.vllm.max_loras=2"):
+    assert changed in report
+  for at_default in ("use_torch_compile", "optimizer_offload", "hybrid_engine", "actor.strategy"):
+    assert at_default not in report
+  assert str(yaml_file) in report and "5 verl key(s)" in report
+  assert any("defaults list is skipped" in r.getMessage() for r in caplog.records)
+
+
+def test_a_file_with_only_honoured_keys_warns_nothing(tmp_path, caplog):
+  path = tmp_path / "plain.yaml"
+  path.write_text("data:\n  train_batch_size: 64\nactor_rollout_ref:\n  rollout:\n    n: 8\n")
+  with caplog.at_level(logging.WARNING, logger="rljax.verl_yaml"):
+    config = verl_yaml.load_file(str(path))
+  assert not caplog.records
+  assert (config.data.train_batch_size, config.actor_rollout_ref.rollout.n) == (64, 8)
+
+
+def test_rljax_dry_run_yaml_loads_back_unchanged():
+  config = train.resolve(C.load_config_file(str(ROOT / "configs" / "grpo.py")), [], device_count=1)
+  loaded = train.resolve(verl_yaml.load_text(C.to_yaml(config), source="dry_run.yaml"), [], device_count=1)
+  assert C.to_plain(loaded) == C.to_plain(config)
+
+
+def run_cli(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  env.pop("RLJAX_TEST_REWARD_FILE", None)
+  return subprocess.run([sys.executable, "-m", "rljax.train", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)
+
+
+def test_cli_dry_run_with_verl_overrides_after_the_file(yaml_file):
+  run = run_cli(f"--config=configs/verl_yaml.py:{yaml_file}", "--dry_run", "data.max_response_length=64",
+                "trainer.experiment_name=run2", "--config.actor_rollout_ref.rollout.n=8")
+  assert run.returncode == 0, run.stderr
+  printed = yaml.safe_load(run.stdout)
+  assert printed["data"]["max_response_length"] == 64
+  assert printed["actor_rollout_ref"]["rollout"]["response_length"] == 64
+  assert printed["actor_rollout_ref"]["rollout"]["n"] == 8
+  assert printed["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] == 16
+  assert printed["trainer"]["default_local_dir"] == "checkpoints/verl_grpo_example_gsm8k/run2"
+  assert run.stderr.count("have no effect in rljax") == 1
+  bad = run_cli(f"--config=configs/verl_yaml.py:{yaml_file}", "--dry_run", "trainer.experiment_nam=run2")
+  assert bad.returncode == 2 and "did you mean trainer.experiment_name" in bad.stderr
