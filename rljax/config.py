@@ -361,15 +361,7 @@ def _model() -> ConfigDict:
       "fused_kernel_options": {"impl_backend": "torch"},
       "use_shm": False,
       "scan_layers": False,
-      "lora_rank": 0,
-      "lora_alpha": 16,
-      "target_modules": _any("all-linear"),
-      "lora_dropout": 0.0,
-      "use_rslora": False,
-      "modules_to_save": _null(list),
-      "alpha_pattern": _any({}),
-      "r_pattern": _any({}),
-      "init_lora_weights": _any(True),
+      **lora_defaults(),
   })
 
 
@@ -1177,6 +1169,21 @@ def _check_patterns(values: Any, key: str, value_ok, kind: str) -> None:
       raise ConfigError(key, values, f"key {pattern!r} is not a regular expression ({e})",
                         "write a Python regex matched against names like model.layers.0.self_attn.q_proj") from e
     _check(value_ok(value), key, values, f"value {value!r} of {pattern!r} must be {kind}", f"give each pattern {kind}")
+
+
+def lora_defaults() -> dict[str, Any]:
+  """verl's LoRA keys and cosmos-rl's extras with their defaults (a model node's; LoRA off)."""
+  return {
+      "lora_rank": 0,
+      "lora_alpha": 16,
+      "target_modules": _any("all-linear"),
+      "lora_dropout": 0.0,
+      "use_rslora": False,
+      "modules_to_save": _null(list),
+      "alpha_pattern": _any({}),
+      "r_pattern": _any({}),
+      "init_lora_weights": _any(True),
+  }
 
 
 def check_lora(values: Any, prefix: str = "actor_rollout_ref.model") -> None:

@@ -1,0 +1,71 @@
+"""The command line `python -m rljax.train` and `python -m rljax.sft` share.
+
+    python -m rljax.{train,sft} --config=FILE[:PRESET] [--config.KEY=VALUE ...] [KEY=VALUE ...] [--dry_run]
+
+`--config` names an experiment file (`get_config(arg)`; `:ARG` picks a
+preset), spelled as ml_collections' config_flags spells it. Overrides come in
+two spellings that mean the same thing: `--config.data.train_batch_size=64`
+and verl's positional `data.train_batch_size=64`, so a verl launch line
+pastes over. Both go through one parser (`rljax.config.apply_overrides`) that
+reads values as verl's Hydra does (`[console,tensorboard]`, `true`, `null`,
+`1e-6`); config_flags' own override parser is not used because it cannot set
+list-valued keys such as `trainer.logger`. `--dry_run` prints the resolved,
+validated config as YAML and exits.
+"""
+
+import functools
+import sys
+from typing import Callable, Sequence
+
+from absl import app, flags
+from ml_collections import ConfigDict
+
+from rljax import config as config_lib
+
+_CONFIG = flags.DEFINE_string("config", None, "Experiment file, e.g. configs/grpo.py or configs/grpo.py:PRESET.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved, validated config as YAML and exit.")
+
+_OVERRIDES: list[str] = []
+
+# resolve(config, overrides, distributed=...) -> the resolved, validated config.
+Resolve = Callable[..., ConfigDict]
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+  """absl flag parser that first takes out both override syntaxes."""
+  try:
+    overrides, rest = config_lib.split_overrides(argv[1:])
+  except config_lib.ConfigError as error:
+    print(f"config error: {error}", file=sys.stderr)
+    sys.exit(2)
+  _OVERRIDES[:] = overrides
+  try:
+    return flags.FLAGS([argv[0], *rest])
+  except flags.Error as error:
+    print(f"{error}\nPass --helpfull to see the flags.", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv: Sequence[str], resolve: Resolve, train: Callable[[ConfigDict], object], example: str) -> int:
+  """Resolves the config from the flags, then prints it (--dry_run) or trains; returns the exit status."""
+  if len(argv) > 1:
+    print(f"unexpected arguments {argv[1:]}: overrides are KEY=VALUE or --config.KEY=VALUE", file=sys.stderr)
+    return 2
+  if _CONFIG.value is None:
+    print(f"--config is required, e.g. --config={example}", file=sys.stderr)
+    return 2
+  try:
+    config = resolve(config_lib.load_config_file(_CONFIG.value), _OVERRIDES, distributed=not _DRY_RUN.value)
+  except config_lib.ConfigError as error:
+    print(f"config error: {error}", file=sys.stderr)
+    return 2
+  if _DRY_RUN.value:
+    sys.stdout.write(config_lib.to_yaml(config))
+    return 0
+  train(config)
+  return 0
+
+
+def run(resolve: Resolve, train: Callable[[ConfigDict], object], example: str) -> None:
+  """Parses sys.argv and runs `main`; exits with its status."""
+  app.run(functools.partial(main, resolve=resolve, train=train, example=example), flags_parser=parse_flags)
