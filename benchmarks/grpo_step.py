@@ -119,7 +119,6 @@ def main():
   algorithm = ml_collections.ConfigDict({"norm_adv_by_std_in_grpo": True})
   steps, phases = [], []
   for step in range(args.steps):
-    phase = {}
     t0 = time.perf_counter()
     ids, mask = prompts()
     rollout = sampler.generate(params, ids, mask, G, jax.random.key(next(seed)))

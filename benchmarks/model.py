@@ -131,7 +131,6 @@ def run(batch: int, seq: int, iters: int) -> None:
   emit(name="fwd_bwd", batch=batch, seq=seq, tokens_per_s=round(tokens / dt, 1),
        gflops=round(3 * fwd_flops / dt / 1e9, 1), matmul_gflops=round(ref, 1),
        fraction_of_matmul=round(ratio, 3), scan_layers=True, loss="token_log_probs")
-  del state
 
   for layers in (10, base.num_layers):
     for scan in (False, True):

@@ -56,7 +56,7 @@ class Steps:
     self.mesh = sharding.build_mesh({"data": 1, "fsdp": jax.device_count(), "tensor": 1, "sequence": 1})
     rules = [("batch", ("data", "fsdp")), ("embed", "fsdp")]
     model = models.CausalLM(cfg, nnx.Rngs(0))
-    graphdef, params, frozen = step_lib.split_model(model, nnx.Param)
+    graphdef, params, frozen = models.split_trainable(model)
     self.params_sh = sharding.param_shardings(params, self.mesh, rules)
     self.params = sharding.shard_like(params, self.params_sh)
     self.frozen = frozen
@@ -78,7 +78,8 @@ class Steps:
     grads = self.zeros(self.params)
     losses = []
     for micro in packing.micro_batches(rows, self.micro_rows):
-      grads, loss = self.grad(self.params, self.frozen, sharding.global_batch(micro, self.rows_sh), grads, normaliser)
+      grads, loss = self.grad(self.params, self.frozen, sharding.global_batch(micro, self.rows_sh), grads, normaliser,
+                              jax.random.key(0))
       losses.append(loss)
     self.params, self.opt, _ = self.apply(self.params, self.opt, grads)
     jax.block_until_ready(self.params)

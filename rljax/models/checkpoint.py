@@ -14,7 +14,7 @@ import json
 import math
 import os
 import shutil
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp

@@ -13,7 +13,7 @@ from flax import nnx
 from jax.sharding import AxisType, PartitionSpec
 
 import rljax.models as M
-from rljax.models import checkpoint, safetensors_io
+from rljax.models import safetensors_io
 from rljax.sharding import rules as sharding_rules
 from tests.models import helpers
 

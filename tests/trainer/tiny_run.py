@@ -1,10 +1,7 @@
 """A tiny random model with SmolLM2's tokenizer, synthetic data, and run configs for trainer tests."""
 
-import os
 import pathlib
 
-import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from rljax import config as config_lib
