@@ -70,13 +70,7 @@ def make_mesh(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -
   Raises:
     ConfigError: the configured device count differs from the devices given.
   """
-  devices = list(devices) if devices is not None else jax.devices()
-  wanted = config_lib.resolve_world_size(config, len(devices))
-  if wanted != len(devices):
-    raise config_lib.ConfigError(
-        "trainer.n_gpus_per_node", config.trainer.n_gpus_per_node,
-        f"trainer.nnodes x trainer.n_gpus_per_node = {wanted} devices, but JAX sees {len(devices)}",
-        "set trainer.n_gpus_per_node=auto (and trainer.nnodes=auto) to use every visible device")
+  devices = sharding.job_devices(config, devices)
   sft_config.validate(config, len(devices))
   sequence = config.ulysses_sequence_parallel_size
   return sharding.build_mesh({"data": 1, "fsdp": len(devices) // sequence, "tensor": 1, "sequence": sequence},

@@ -78,12 +78,11 @@ def build_mesh(shape: dict[str, int] | Sequence[int], devices: Sequence[jax.Devi
   return jax.make_mesh(sizes, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
 
 
-def make_mesh(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """The job's mesh from `config` (see the module docstring for the keys).
+def job_devices(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -> list[jax.Device]:
+  """`devices` (default: every device JAX sees), checked against trainer.nnodes x trainer.n_gpus_per_node.
 
   Raises:
-    ConfigError: the configured device count differs from the devices JAX
-      sees, or the axis sizes do not factor it.
+    ConfigError: the configured device count differs from the devices given.
   """
   devices = list(devices) if devices is not None else jax.devices()
   wanted = config_lib.resolve_world_size(config, len(devices))
@@ -92,6 +91,17 @@ def make_mesh(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -
         "trainer.n_gpus_per_node", config.trainer.n_gpus_per_node,
         f"trainer.nnodes x trainer.n_gpus_per_node = {wanted} devices, but JAX sees {len(devices)}",
         "set trainer.n_gpus_per_node=auto (and trainer.nnodes=auto) to use every visible device")
+  return devices
+
+
+def make_mesh(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """The job's mesh from `config` (see the module docstring for the keys).
+
+  Raises:
+    ConfigError: the configured device count differs from the devices JAX
+      sees, or the axis sizes do not factor it.
+  """
+  devices = job_devices(config, devices)
   return build_mesh(mesh_shape(config, len(devices)), devices)
 
 

@@ -22,20 +22,6 @@ LORA = ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alp
 MODEL_KEYS = ("input_ids", "attention_mask", "positions", "responses", "response_mask")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  return tiny_run.tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("data"))
-
-
-def one_device():
-  return sharding.build_mesh({"data": 1, "fsdp": 1, "tensor": 1, "sequence": 1}, jax.devices()[:1])
-
-
 def flat(state):
   return {"/".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(state)}
 
@@ -73,7 +59,7 @@ def test_rl_step_on_eight_devices_trains_only_the_adapters(model_dir, data_dir, 
 
 def test_reference_log_probs_are_the_base_models(model_dir, data_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"), *LORA)
-  trainer = loop.RLTrainer(config, mesh=one_device())
+  trainer = loop.RLTrainer(config, mesh=tiny_run.one_device())
   try:
     keys = jax.random.split(jax.random.key(0), len(jax.tree.leaves(trainer.actor_trainable)))
     leaves, treedef = jax.tree.flatten(trainer.actor_trainable)
@@ -107,7 +93,7 @@ def test_checkpoint_holds_the_adapters_resumes_and_exports(model_dir, data_dir, 
   run_dir = tmp_path / "run"
   overrides = (*LORA, "actor_rollout_ref.actor.optim.lr=0.05")  # big enough steps that the adapters move the logits
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(run_dir), *overrides)
-  trainer = loop.RLTrainer(config, mesh=one_device())
+  trainer = loop.RLTrainer(config, mesh=tiny_run.one_device())
   try:
     trainer.fit()
     final, final_opt = flat(trainer.actor_trainable), trainer.actor_opt
@@ -119,7 +105,7 @@ def test_checkpoint_holds_the_adapters_resumes_and_exports(model_dir, data_dir, 
   assert len(saved) == len(final) == 2 * 7 * 2 and all("/adapters/" in name for name in saved)
 
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(run_dir), *overrides, "trainer.total_training_steps=3")
-  resumed = loop.RLTrainer(config, mesh=one_device())
+  resumed = loop.RLTrainer(config, mesh=tiny_run.one_device())
   try:
     resumed.restore(checkpointing.resolve_resume(config.trainer))
     assert resumed.step == 2

@@ -24,22 +24,8 @@ CORE = ["critic/score/mean", "critic/advantages/mean", "response_length/mean", "
         "timing_s/update_actor", "timing_s/step", "perf/throughput", "actor/pg_loss", "actor/grad_norm", "actor/lr"]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  return tiny_run.tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("data"))
-
-
-def one_device():
-  return sharding.build_mesh({"data": 1, "fsdp": 1, "tensor": 1, "sequence": 1}, jax.devices()[:1])
-
-
 def train(config, mesh=None):
-  trainer = loop.RLTrainer(config, mesh=mesh or one_device())
+  trainer = loop.RLTrainer(config, mesh=mesh or tiny_run.one_device())
   try:
     trainer.fit()
   finally:
@@ -83,7 +69,7 @@ def test_eight_devices_equal_one(model_dir, data_dir, tmp_path):
 
 def test_nan_stops_the_run_naming_step_and_metric(model_dir, data_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"))
-  trainer = loop.RLTrainer(config, mesh=one_device())
+  trainer = loop.RLTrainer(config, mesh=tiny_run.one_device())
   trainer.actor_trainable = jax.tree.map(lambda x: x * np.nan, trainer.actor_trainable)
   try:
     with pytest.raises(NonFiniteError, match=r"step 1.*actor/"):
@@ -148,7 +134,7 @@ def test_truncated_checkpoint_is_skipped_and_export_loads_in_transformers(model_
   first = train(tiny_run.run_config("grpo", model_dir, data_dir, str(run_dir)))
   (run_dir / "global_step_2" / "commit_success.txt").unlink()
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(run_dir))
-  trainer = loop.RLTrainer(config, mesh=one_device())
+  trainer = loop.RLTrainer(config, mesh=tiny_run.one_device())
   try:
     trainer.fit()
     params = trainer.actor_params

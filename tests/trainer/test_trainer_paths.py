@@ -15,21 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rljax import sharding
 from rljax.trainer import loop
 from tests.trainer import tiny_run
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-  return tiny_run.tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +41,6 @@ def reward_model_dir(tmp_path_factory, model_dir):
   return str(path)
 
 
-def one_device():
-  return sharding.build_mesh({"data": 1, "fsdp": 1, "tensor": 1, "sequence": 1}, jax.devices()[:1])
-
-
 def hf_scores(path, sequences):
   """transformers' reward for each unpadded token sequence."""
   import torch  # pylint: disable=import-outside-toplevel
@@ -66,7 +51,7 @@ def hf_scores(path, sequences):
 
 
 def first_rollout(config):
-  trainer = loop.RLTrainer(config, mesh=one_device())
+  trainer = loop.RLTrainer(config, mesh=tiny_run.one_device())
   try:
     batch = next(trainer.train_iter)
     return trainer, batch, trainer._rollout(batch, {})  # pylint: disable=protected-access
@@ -113,7 +98,7 @@ def test_reward_model_config_errors_name_the_key(model_dir, data_dir, reward_mod
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "reward_model.enable=true",
                                f"reward_model.model.path={model_dir}")
   with pytest.raises(ValueError, match="score.weight"):
-    loop.RLTrainer(config, mesh=one_device())
+    loop.RLTrainer(config, mesh=tiny_run.one_device())
 
 
 def test_unknown_data_source_fails_before_training(model_dir, data_dir, tmp_path):
@@ -125,7 +110,7 @@ def test_unknown_data_source_fails_before_training(model_dir, data_dir, tmp_path
                                   pa.array(sources)), path)
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"), f"data.train_files={path}")
   with pytest.raises(ValueError, match=r"train.parquet: row 3 has data_source 'my/new_task'.*custom_reward_function"):
-    loop.RLTrainer(config, mesh=one_device())
+    loop.RLTrainer(config, mesh=tiny_run.one_device())
 
 
 def test_rollout_dtype_sets_the_engine_compute_dtype_and_keeps_weights_in_place(model_dir, data_dir, tmp_path):
@@ -140,7 +125,7 @@ def test_rollout_dtype_sets_the_engine_compute_dtype_and_keeps_weights_in_place(
 
 
 def run_metrics(config):
-  trainer = loop.RLTrainer(config, mesh=one_device())
+  trainer = loop.RLTrainer(config, mesh=tiny_run.one_device())
   try:
     trainer.fit()
   finally:
@@ -166,7 +151,7 @@ def test_validation_logs_per_source_metrics_and_generations(model_dir, data_dir,
                                "trainer.log_val_generations=3", "actor_rollout_ref.rollout.val_kwargs.n=2",
                                "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
                                "actor_rollout_ref.rollout.val_kwargs.temperature=1.0")
-  trainer = loop.RLTrainer(config, mesh=one_device())
+  trainer = loop.RLTrainer(config, mesh=tiny_run.one_device())
   try:
     trainer.fit()
   finally:
@@ -184,7 +169,7 @@ def test_validation_logs_per_source_metrics_and_generations(model_dir, data_dir,
 def test_val_only_validates_and_stops(model_dir, data_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "trainer.val_before_train=true",
                                "trainer.val_only=true")
-  trainer = loop.RLTrainer(config, mesh=one_device())
+  trainer = loop.RLTrainer(config, mesh=tiny_run.one_device())
   try:
     metrics = trainer.fit()
   finally:

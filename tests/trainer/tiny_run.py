@@ -2,9 +2,11 @@
 
 import pathlib
 
+import jax
 from flax import nnx
 
 from rljax import config as config_lib
+from rljax import sharding
 from rljax.data import ensure_synthetic_data
 from rljax.models import CausalLM, ModelConfig, load_tokenizer, save_pretrained
 
@@ -46,3 +48,8 @@ def run_config(name: str, model_dir: str, data_dir: str, run_dir: str, *extra: s
                                         "actor_rollout_ref.rollout.n=1"])
   config_lib.finalize(config, device_count=1)
   return config_lib.validate(config)
+
+
+def one_device():
+  """A mesh of the first device alone (data = fsdp = tensor = sequence = 1)."""
+  return sharding.build_mesh({"data": 1, "fsdp": 1, "tensor": 1, "sequence": 1}, jax.devices()[:1])
