@@ -256,13 +256,13 @@ class SFTTrainer:
 
   # ----- the run ---------------------------------------------------------------------------
 
-  def _validation_due(self) -> bool:
+  def _validation_due(self, step: int) -> bool:
     freq = self.config.trainer.test_freq
-    return self.val_rows is not None and (self.step == self.total_steps or (freq > 0 and self.step % freq == 0))
+    return self.val_rows is not None and (step == self.total_steps or (freq > 0 and step % freq == 0))
 
-  def _save_due(self) -> bool:
+  def _save_due(self, step: int) -> bool:
     freq = self.config.trainer.save_freq
-    return self.step == self.total_steps or (freq > 0 and self.step % freq == 0)
+    return step == self.total_steps or (freq > 0 and step % freq == 0)
 
   def fit(self) -> dict[str, float]:
     """Trains to `total_steps` (or SIGTERM); returns the last step's metrics."""
@@ -270,26 +270,7 @@ class SFTTrainer:
     if resume is not None:
       self.restore(resume)
       _LOG.info("resumed from %s at step %d", resume, self.step)
-    last: dict[str, float] = {}
-    with faults.PreemptionGuard() as guard:
-      while self.step < self.total_steps:
-        metrics = self.train_step(next(self.train_iter))
-        faults.check_finite(metrics, self.step + 1)
-        self.step += 1
-        if self._validation_due():
-          metrics.update(self.validate())
-        self.tracker.log(metrics, self.step)
-        last = metrics
-        if guard.should_stop or self._save_due():
-          self.save()
-        if guard.should_stop:
-          _LOG.warning("SIGTERM: saved step %d, stopping", self.step)
-          break
-    if self.saved_step != self.step:
-      self.save()
-    self.checkpointer.wait()
-    self.tracker.close()
-    return last
+    return faults.run_steps(self, self.total_steps, self._validation_due, self._save_due)
 
   def close(self) -> None:
     self.train_iter.close()

@@ -3,15 +3,19 @@
 `check_finite` stops a run at the first NaN/Inf metric instead of training on
 (and checkpointing) garbage. `PreemptionGuard` turns SIGTERM (a preempted
 TPU VM, a cluster scheduler, `kill`) into a flag the loop polls, so it can
-save a checkpoint at the end of the step and exit cleanly.
+save a checkpoint at the end of the step and exit cleanly. `run_steps` is
+the step loop the RL and SFT trainers share, with both in place.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import signal
 import types
 from typing import Any, Callable, Mapping
+
+_LOG = logging.getLogger(__name__)
 
 
 class NonFiniteError(FloatingPointError):
@@ -82,3 +86,49 @@ class PreemptionGuard:
 
   def __exit__(self, *exc: Any) -> None:
     signal.signal(self.signum, self._previous if self._previous is not None else signal.SIG_DFL)
+
+
+def run_steps(job: Any, total_steps: int, validation_due: Callable[[int], bool],
+              save_due: Callable[[int], bool]) -> dict[str, float]:
+  """The training loop both trainers (RL and SFT) run, with its fault handling.
+
+  Steps `job` until `job.step == total_steps`, the data ends or SIGTERM
+  arrives: each step's metrics are checked for NaN/Inf (`check_finite`),
+  joined by validation metrics when `validation_due(step)`, and logged;
+  a checkpoint is saved when `save_due(step)`, on SIGTERM (then the loop
+  stops), and after the last step if that one was not saved. Waits for
+  asynchronous saves and closes the tracker before it returns.
+
+  Args:
+    job: a trainer with `step`, `saved_step`, `train_iter`, `train_step(batch)`,
+      `validate()`, `save()`, `tracker` and `checkpointer`.
+    total_steps: the step to stop at.
+    validation_due, save_due: whether step N (just finished) validates / saves.
+
+  Returns:
+    The last step's metrics ({} when no step ran).
+  """
+  last: dict[str, float] = {}
+  with PreemptionGuard() as guard:
+    while job.step < total_steps:
+      try:
+        batch = next(job.train_iter)
+      except StopIteration:
+        break
+      metrics = job.train_step(batch)
+      check_finite(metrics, job.step + 1)
+      job.step += 1
+      if validation_due(job.step):
+        metrics.update(job.validate())
+      job.tracker.log(metrics, job.step)
+      last = metrics
+      if guard.should_stop or save_due(job.step):
+        job.save()
+      if guard.should_stop:
+        _LOG.warning("SIGTERM: saved step %d, stopping", job.step)
+        break
+  if job.saved_step != job.step:
+    job.save()
+  job.checkpointer.wait()
+  job.tracker.close()
+  return last

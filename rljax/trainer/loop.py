@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -571,34 +571,18 @@ class RLTrainer:
       self.tracker.log(last, self.step)
       if trainer.val_only:
         return last
-    with faults.PreemptionGuard() as guard:
-      while self.step < self.layout.total_steps:
-        try:
-          batch = next(self.train_iter)
-        except StopIteration:
-          break
-        metrics = self.train_step(batch)
-        faults.check_finite(metrics, self.step + 1)
-        self.step += 1
-        if trainer.test_freq > 0 and self.step % trainer.test_freq == 0 and self.config.data.val_files:
-          metrics.update(self.validate())
-        self.tracker.log(metrics, self.step)
-        last = metrics
-        if guard.should_stop or (trainer.save_freq > 0 and self.step % trainer.save_freq == 0):
-          self.save()
-        if guard.should_stop:
-          _LOG.warning("SIGTERM: saved step %d, stopping", self.step)
-          break
-    if self.saved_step != self.step:
-      self.save()
-    self.checkpointer.wait()
-    self.tracker.close()
-    return last
+    test_freq = trainer.test_freq if self.config.data.val_files else 0
+    return faults.run_steps(self, self.layout.total_steps, _every(test_freq), _every(trainer.save_freq)) or last
 
   def close(self) -> None:
     self.train_iter.close()
     self.checkpointer.close()
     self.reward_manager.close()
+
+
+def _every(freq: int) -> Callable[[int], bool]:
+  """step -> whether it is a multiple of `freq` (never when freq <= 0, verl's "off")."""
+  return lambda step: freq > 0 and step % freq == 0
 
 
 def run(config: ConfigDict) -> dict[str, float]:
