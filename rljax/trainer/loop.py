@@ -26,9 +26,9 @@ The critic trains in full.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
-import dataclasses
 import logging
 import os
 import time
@@ -44,17 +44,16 @@ from ml_collections import ConfigDict
 from rljax.sharding.distributed import is_main_process
 from rljax import config as config_lib
 from rljax import data as data_lib
-from rljax import models, sharding
+from rljax import models, rewards, sharding
 from rljax.algos import advantages as adv_lib
 from rljax.algos import kl as kl_lib
 from rljax.algos import rollout_corr
 from rljax.models import lora as lora_lib
-from rljax import rewards
 from rljax.rewards import managers
 from rljax.rollout import RolloutSampler, SamplingParams, make_engine
 from rljax.trainer import checkpointing, faults, metrics as metrics_lib, tracking
-from rljax.trainer.reward_model import ModelReward
 from rljax.trainer.optim import make_optimizer, make_schedule
+from rljax.trainer.reward_model import ModelReward
 from rljax.trainer.sequences import as_micro_batches, make_sequences, map_micro_batches, merge_micro_batches
 from rljax.trainer.updates import (
     ValueModel, make_actor_update, make_critic_update, make_log_prob_fn, make_value_fn,
@@ -175,10 +174,15 @@ def gdpo_components(rows: dict[str, np.ndarray], alg: ConfigDict) -> dict[str, n
 
 
 def dump_generations(directory: str, step: int, records: list[dict[str, Any]]) -> str:
-  """verl's trainer.rollout_data_dir / validation_data_dir dump: DIR/<step>.jsonl, one record per row."""
+  """verl's trainer.rollout_data_dir / validation_data_dir dump, one record per row.
+
+  Every process writes the rows it holds: DIR/<step>.jsonl in a one-process
+  job, DIR/<step>.process<k>.jsonl in a multi-host one.
+  """
   directory = os.path.expanduser(directory)
   os.makedirs(directory, exist_ok=True)
-  path = os.path.join(directory, f"{step}.jsonl")
+  suffix = f".process{jax.process_index()}" if jax.process_count() > 1 else ""
+  path = os.path.join(directory, f"{step}{suffix}.jsonl")
   with open(path, "w", encoding="utf-8") as f:
     for record in records:
       f.write(json.dumps({**record, "step": step}, ensure_ascii=False) + "\n")
@@ -250,7 +254,8 @@ class RLTrainer:
     eos = self._eos_ids()
     buckets = sorted({b for b in arr.rollout.prefill_length_buckets if b < config.data.max_prompt_length}
                      | {config.data.max_prompt_length})
-    engine = make_engine(model, compute_dtype=_DTYPES[arr.rollout.dtype], max_concurrent_decodes=min(arr.rollout.max_num_seqs, self.layout.rows),
+    engine = make_engine(model, compute_dtype=_DTYPES[arr.rollout.dtype],
+                         max_concurrent_decodes=min(arr.rollout.max_num_seqs, self.layout.rows),
                          prefill_buckets=buckets, max_decode_length=arr.rollout.response_length,
                          sampling_params=SamplingParams.from_rollout_config(arr.rollout), eos_ids=eos,
                          ignore_eos=arr.rollout.ignore_eos, mesh=self.mesh, rules=self.rules)
@@ -393,7 +398,7 @@ class RLTrainer:
     timing.update({k: float(v) for k, v in result.metrics.items()})
     if self.config.algorithm.adv_estimator == "remax":
       rows["reward_baselines"] = self._greedy_baselines(batch, idx, timing)
-    if self.config.trainer.rollout_data_dir and is_main_process():
+    if self.config.trainer.rollout_data_dir:
       dump_generations(self.config.trainer.rollout_data_dir, self.step + 1, self._records(
           batch, idx, rollout.responses, rollout.response_mask, rows["token_level_scores"].sum(-1)))
     return rows
@@ -413,12 +418,12 @@ class RLTrainer:
         rows["values"] = self._forward(self.value_fn, self.critic_params, model_rows, "values")
     alg = self.config.algorithm
     with timed(timing, "adv"):
-      rewards = rows["token_level_scores"]
+      token_rewards = rows["token_level_scores"]
       if alg.use_kl_in_reward:
-        rewards, self.kl_ctrl, kl_metrics = kl_lib.apply_kl_penalty(
-            rewards, rows["old_log_probs"], rows["ref_log_prob"], rows["response_mask"], self.kl_ctrl, alg.kl_penalty)
+        token_rewards, self.kl_ctrl, kl_metrics = kl_lib.apply_kl_penalty(
+            token_rewards, rows["old_log_probs"], rows["ref_log_prob"], rows["response_mask"], self.kl_ctrl, alg.kl_penalty)
         step_metrics.update({k: float(v) for k, v in kl_metrics.items()})
-      rows["token_level_rewards"] = np.asarray(rewards, np.float32)
+      rows["token_level_rewards"] = np.asarray(token_rewards, np.float32)
       if self.rollout_correction:
         self._rollout_correction(rows, step_metrics)
       components = gdpo_components(rows, alg) if alg.adv_estimator == "gdpo" else None
@@ -525,7 +530,7 @@ class RLTrainer:
     out = metrics_lib.validation_metrics(np.concatenate(sources), np.concatenate(scores), val.n)
     if samples:
       self.tracker.log_generations(samples, self.step)
-    if records and is_main_process():
+    if records:
       dump_generations(self.config.trainer.validation_data_dir, self.step, records)
     return out
 
