@@ -181,3 +181,23 @@ def test_plot_curves_errors_name_the_file(tmp_path):
   path.write_text(json.dumps({"step": 1, "actor/pg_loss": 0.1}) + "\n")
   with pytest.raises(ValueError, match="m.jsonl has no values"):
     plot_curves(str(path), str(tmp_path / "x.png"))
+
+
+def test_real_wandb_in_offline_mode_writes_a_local_run(tmp_path, monkeypatch):
+  """The wandb package itself, WANDB_MODE=offline, no network: the run lands under run_dir/wandb/."""
+  import wandb  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  monkeypatch.delenv("WANDB_API_KEY", raising=False)
+  with Tracker(_config("wandb"), str(tmp_path)) as tracker:
+    run = tracker._wandb  # pylint: disable=protected-access
+    tracker.log(_metrics(1), 1)
+    tracker.log(_metrics(2), 2)
+    tracker.log_generations([{"input": "q", "output": "a"}], 2)
+    assert run.offline and run.project == "proj" and run.name == "exp"
+    # wandb commits a step's row when a later step arrives: step 1's values are in.
+    assert run.summary["critic/score/mean"] == pytest.approx(0.25)
+    assert run.summary["perf/total_num_tokens"] == 7
+  runs = list((tmp_path / "wandb").glob("offline-run-*"))
+  assert len(runs) == 1 and list(runs[0].glob("*.wandb")), runs
+  assert wandb.run is None  # finished
