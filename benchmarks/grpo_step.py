@@ -12,7 +12,10 @@ loss); PPO clip 0.2; seq-mean-token-mean aggregation; one AdamW update
 (lr 1e-6, b1 0.9, b2 0.99, weight decay 0.1, no clipping) on the whole batch
 with no micro-batching and no remat. rljax's own pieces run it: the
 JetStream engine and RolloutSampler (each prompt prefilled once for its G
-samples), make_log_prob_fn, make_actor_update, compute_advantage.
+samples), make_log_prob_fn, make_actor_update, compute_advantage. As in
+the trainer (actor_rollout_ref.model.share_prompt_forward, default on), the
+reference and update passes run each prompt once for its G samples;
+--no-share_prompt runs every row's prompt.
 
 Prints JSON lines: `sampler` (tokens/s of a rollout call, median of
 --sampler_reps after a warm-up) and `grpo` (steady step time = mean of steps
@@ -79,6 +82,7 @@ def main():
   parser.add_argument("--beta", type=float, default=0.04)
   parser.add_argument("--lr", type=float, default=1e-6)
   parser.add_argument("--steps_per_sync", type=int, default=8)
+  parser.add_argument("--share_prompt", action=argparse.BooleanOptionalAction, default=True)
   args = parser.parse_args()
   P, G, L, N = args.batch_prompts, args.num_generations, args.prompt_len, args.max_new_tokens
   B = P * G
@@ -90,7 +94,8 @@ def main():
                        sampling_params=SamplingParams(temperature=args.temperature))
   sampler = RolloutSampler(engine, pad_id=0, steps_per_sync=args.steps_per_sync)
   common = {"model": args.model, "P": P, "G": G, "B": B, "L": L, "N": N, "kv_cache_size": engine.cache_length,
-            "xla_flags": os.environ.get("XLA_FLAGS", ""), "devices": jax.device_count()}
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "devices": jax.device_count(),
+            "share_prompt": args.share_prompt}
 
   def prompts():
     ids = np.concatenate([np.ones((P, 1), np.int32), rng.integers(3, vocab, (P, L - 1), dtype=np.int32)], axis=1)
@@ -114,8 +119,9 @@ def main():
   ref_params = jax.tree.map(jnp.copy, params)
   tx = optax.adamw(args.lr, b1=0.9, b2=0.99, weight_decay=0.1)
   opt_state = jax.jit(tx.init)(params)
-  update = make_actor_update(graphdef, actor_config(args.beta), tx, args.temperature)
-  ref_fn = make_log_prob_fn(graphdef, args.temperature, with_entropy=False)
+  group = G if args.share_prompt else 1
+  update = make_actor_update(graphdef, actor_config(args.beta), tx, args.temperature, group_size=group)
+  ref_fn = make_log_prob_fn(graphdef, args.temperature, with_entropy=False, group_size=group)
   algorithm = ml_collections.ConfigDict({"norm_adv_by_std_in_grpo": True})
   steps, phases = [], []
   for step in range(args.steps):

@@ -175,6 +175,7 @@ RLJAX_KEYS = {
     "trainer.logical_axis_rules": "logical axis -> mesh axis pairs; parallelism is a config change",
     "actor_rollout_ref.actor.tensor_model_parallel_size": "size of the training mesh's tensor axis",
     "actor_rollout_ref.model.scan_layers": "scan over decoder layers: compile time flat in depth",
+    "actor_rollout_ref.model.share_prompt_forward": "run each prompt once for its rollout.n responses in the log-prob, value and update passes (same numbers, less work)",
     "actor_rollout_ref.model.lora_rank": "LoRA rank (verl's name); > 0 trains only the actor's adapters (rljax.models.lora), 0 = full fine-tuning; the critic stays full",
     "actor_rollout_ref.model.lora_alpha": "LoRA alpha (verl's name): adapter scale alpha / r",
     "actor_rollout_ref.model.target_modules": "LoRA targets (verl's name): all-linear, or a list (or comma string) of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj",
@@ -361,6 +362,7 @@ def _model() -> ConfigDict:
       "fused_kernel_options": {"impl_backend": "torch"},
       "use_shm": False,
       "scan_layers": False,
+      "share_prompt_forward": True,
       **lora_defaults(),
   })
 

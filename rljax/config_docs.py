@@ -124,6 +124,7 @@ DESCRIPTIONS = {
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "Backend of the fused kernels (torch or triton).",
     "actor_rollout_ref.model.use_shm": "Load the model through shared memory.",
     "actor_rollout_ref.model.scan_layers": "Run the decoder layers as one scanned layer.",
+    "actor_rollout_ref.model.share_prompt_forward": "Run each prompt's tokens once for its rollout.n responses when computing log-probs, values and updates.",
     "actor_rollout_ref.model.lora_rank": "Rank of LoRA adapters; 0 trains every weight.",
     "actor_rollout_ref.model.lora_alpha": "LoRA scaling numerator (the update is scaled by alpha / rank).",
     "actor_rollout_ref.model.target_modules": "Layers that get LoRA adapters: all-linear or a list of names.",

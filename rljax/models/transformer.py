@@ -191,7 +191,7 @@ class CausalLM(nnx.Module):
     h = self.hidden_states(input_ids, attention_mask, positions, segment_ids)
     return h @ self.lm_head_weight().astype(h.dtype).T
 
-  def step(
+  def step_hidden(
       self,
       input_ids: jax.Array,
       cache: KVCache,
@@ -199,7 +199,7 @@ class CausalLM(nnx.Module):
       positions: jax.Array | None = None,
       last_only: bool = False,
   ) -> tuple[jax.Array, KVCache]:
-    """Prefill or decode T new tokens per row against a KV cache.
+    """Final (normed) hidden states of T new tokens per row run against a KV cache.
 
     Row b's tokens go to slots ``cache.index[b] .. + T`` (the caller keeps
     ``index + T <= S``); every row then advances by T.
@@ -209,11 +209,10 @@ class CausalLM(nnx.Module):
       cache: the KVCache; see ``init_cache``.
       attention_mask: [B, T] 1 for real new tokens (default all 1).
       positions: [B, T] (default: real tokens already cached + cumsum - 1).
-      last_only: return logits for the last new token only ([B, 1, V]), so
-        a long prefill never holds [B, T, V] logits.
+      last_only: the last new token's hidden state only ([B, 1, D]).
 
     Returns:
-      (logits [B, T, V] or [B, 1, V], the updated cache).
+      (hidden [B, T, D] or [B, 1, D], the updated cache).
     """
     b, t = input_ids.shape
     if attention_mask is None:
@@ -228,5 +227,56 @@ class CausalLM(nnx.Module):
     x = self.embed[...][input_ids].astype(self.cfg.dtype)
     x, (k, v) = self._run_layers(x, positions, mask, cache)
     h = self.final_norm(x[:, -1:] if last_only else x)
-    logits = h @ self.lm_head_weight().astype(h.dtype).T
-    return logits, KVCache(k=k, v=v, mask=slots_mask, index=cache.index + t)
+    return h, KVCache(k=k, v=v, mask=slots_mask, index=cache.index + t)
+
+  def step(
+      self,
+      input_ids: jax.Array,
+      cache: KVCache,
+      attention_mask: jax.Array | None = None,
+      positions: jax.Array | None = None,
+      last_only: bool = False,
+  ) -> tuple[jax.Array, KVCache]:
+    """Prefill or decode against a KV cache: (logits [B, T, V] or [B, 1, V], the updated cache).
+
+    Arguments as in ``step_hidden``; ``last_only`` keeps a long prefill from
+    ever holding [B, T, V] logits.
+    """
+    h, cache = self.step_hidden(input_ids, cache, attention_mask, positions, last_only)
+    return h @ self.lm_head_weight().astype(h.dtype).T, cache
+
+  def shared_prompt_hidden(
+      self,
+      prompt_ids: jax.Array,
+      prompt_mask: jax.Array,
+      prompt_positions: jax.Array,
+      response_ids: jax.Array,
+      response_mask: jax.Array,
+      response_positions: jax.Array,
+  ) -> tuple[jax.Array, jax.Array]:
+    """Hidden states of G-sample groups whose rows share one prompt, the prompt run once per group.
+
+    Rows ``g * n .. g * n + n - 1`` answer prompt g (n = N / G). The prompt
+    pass fills a KV cache for G rows, which is repeated n times (a broadcast:
+    row-sharding stays local when each device holds whole groups, and the
+    backward pass sums the n copies' gradients), then the responses run
+    against it. The result equals running every row's prompt + response,
+    with the prompt's layers computed G instead of N times.
+
+    Args:
+      prompt_ids, prompt_mask, prompt_positions: [G, P] left-padded prompts.
+      response_ids, response_mask, response_positions: [N, R] responses
+        (response_mask: 1 for tokens other tokens may attend to).
+
+    Returns:
+      (the last prompt token's hidden state [G, D], response hidden states
+      [N, R, D]), final-normed.
+    """
+    g, p = prompt_ids.shape
+    rows, r = response_ids.shape
+    n = rows // g
+    cache = init_cache(self.cfg, g, p + r)
+    last, cache = self.step_hidden(prompt_ids, cache, prompt_mask, prompt_positions, last_only=True)
+    cache = jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), cache)
+    hidden, _ = self.step_hidden(response_ids, cache, response_mask, response_positions)
+    return last[:, 0], hidden

@@ -54,7 +54,8 @@ from rljax.rollout import RolloutSampler, SamplingParams, make_engine
 from rljax.trainer import checkpointing, faults, metrics as metrics_lib, tracking
 from rljax.trainer.optim import make_optimizer, make_schedule
 from rljax.trainer.reward_model import ModelReward
-from rljax.trainer.sequences import as_micro_batches, make_sequences, map_micro_batches, merge_micro_batches
+from rljax.trainer.sequences import (as_micro_batches, make_sequences, map_micro_batches, merge_micro_batches,
+                                     prompts_shared)
 from rljax.trainer.updates import (
     ValueModel, make_actor_update, make_critic_update, make_log_prob_fn, make_value_fn,
 )
@@ -135,18 +136,41 @@ def make_layout(config: ConfigDict, batches_per_epoch: int, data_parallel: int) 
                 total_steps=int(total))
 
 
-def balance_order(lengths: np.ndarray, parts: int) -> np.ndarray:
+def balance_order(lengths: np.ndarray, parts: int, group: int = 1) -> np.ndarray:
   """A permutation giving each of `parts` equal row blocks similar token totals.
 
-  Rows sorted by length are dealt snake-wise (0..k-1, k-1..0, ...) to the
-  blocks, then the blocks are laid out one after another.
+  Groups of `group` consecutive rows (one prompt's responses) move together:
+  groups sorted by their token total are dealt snake-wise (0..k-1, k-1..0,
+  ...) to the blocks, then the blocks are laid out one after another.
   """
-  order = np.argsort(-lengths, kind="stable")
+  totals = lengths.reshape(-1, group).sum(-1)
+  order = np.argsort(-totals, kind="stable")
   blocks = [[] for _ in range(parts)]
-  for i, row in enumerate(order):
+  for i, g in enumerate(order):
     lap, pos = divmod(i, parts)
-    blocks[pos if lap % 2 == 0 else parts - 1 - pos].append(row)
-  return np.concatenate([np.asarray(b, np.int64) for b in blocks])
+    blocks[pos if lap % 2 == 0 else parts - 1 - pos].append(g)
+  groups = np.concatenate([np.asarray(b, np.int64) for b in blocks])
+  return (groups[:, None] * group + np.arange(group)).reshape(-1)
+
+
+def prompt_group_size(config: ConfigDict, layout: Layout, data_parallel: int) -> int:
+  """Rows per shared prompt in the trainer's forward and update passes (1: no sharing).
+
+  Rollout rows come in verl's groups (row p * n + j answers prompt p), and
+  stay grouped unless balance_batch has to split groups to give every
+  data-parallel device equal rows.
+  """
+  n = layout.n
+  if not config.actor_rollout_ref.model.share_prompt_forward or n == 1:
+    return 1
+  if config.trainer.balance_batch and data_parallel > 1 and (layout.rows // n) % data_parallel:
+    return 1
+  return n
+
+
+def pass_group_size(group: int, rows: int, micro_batches: int) -> int:
+  """`group` when every micro-batch of rows // micro_batches rows holds whole groups, else 1."""
+  return group if (rows // micro_batches) % group == 0 else 1
 
 
 COMPONENT_PREFIX = "reward_extra/"
@@ -231,15 +255,21 @@ class RLTrainer:
     actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, self.layout.total_steps, updates_per_step)
     self.actor_lr = make_schedule(arr.actor.optim, self.layout.total_steps, updates_per_step)
     self.actor_opt, self.actor_opt_sh = sharding.init_optimizer(actor_tx, self.actor_trainable, self.param_sh, self.mesh)
+    self.group = prompt_group_size(config, self.layout, self.data_parallel)
+    lora_dropout = self.lora is not None and self.lora.dropout > 0
+    update_group = (1 if arr.actor.shuffle or lora_dropout
+                    else pass_group_size(self.group, self.layout.mini_rows, self.layout.micro_batches))
     self.actor_update = make_actor_update(self.graphdef, arr.actor, actor_tx, self.temperature,
-                                          (self.param_sh, self.actor_opt_sh))
-    self.log_prob_fn = map_micro_batches(make_log_prob_fn(self.graphdef, self.temperature, with_entropy=False))
+                                          (self.param_sh, self.actor_opt_sh), group_size=update_group)
     self.forward_micros = self._forward_micro_batches()
+    self.log_prob_fn = map_micro_batches(make_log_prob_fn(self.graphdef, self.temperature, with_entropy=False,
+                                                          group_size=self._forward_group("old_log_prob")))
 
     alg = config.algorithm
     self.need_ref = bool(arr.actor.use_kl_loss or alg.use_kl_in_reward)
     ref_graphdef, self.ref_params = self._reference(model) if self.need_ref else (self.graphdef, None)
-    self.ref_log_prob_fn = map_micro_batches(make_log_prob_fn(ref_graphdef, self.temperature, with_entropy=False))
+    self.ref_log_prob_fn = map_micro_batches(make_log_prob_fn(ref_graphdef, self.temperature, with_entropy=False,
+                                                              group_size=self._forward_group("ref")))
     corr = alg.rollout_correction
     self.rollout_correction = bool(corr.rollout_is or corr.rollout_rs)
     self.on_policy = (arr.actor.ppo_epochs == 1 and self.layout.minis == 1 and not alg.use_kl_in_reward
@@ -301,8 +331,11 @@ class RLTrainer:
     self.critic_params = sharding.shard_like(critic_params, critic_sh)
     tx = make_optimizer(critic.optim, critic.grad_clip, self.layout.total_steps, critic.ppo_epochs * self.layout.minis)
     self.critic_opt, opt_sh = sharding.init_optimizer(tx, self.critic_params, critic_sh, self.mesh)
-    self.critic_update = make_critic_update(self.critic_graphdef, critic, tx, (critic_sh, opt_sh))
-    self.value_fn = map_micro_batches(make_value_fn(self.critic_graphdef))
+    shuffled = self.config.actor_rollout_ref.actor.shuffle
+    update_group = 1 if shuffled else pass_group_size(self.group, self.layout.mini_rows, self.layout.micro_batches)
+    self.critic_update = make_critic_update(self.critic_graphdef, critic, tx, (critic_sh, opt_sh),
+                                            group_size=update_group)
+    self.value_fn = map_micro_batches(make_value_fn(self.critic_graphdef, self._forward_group("values")))
 
   def _forward_micro_batches(self) -> dict[str, int]:
     """Micro-batch counts of the forward passes, from their verl keys."""
@@ -319,6 +352,10 @@ class RLTrainer:
                       critic.forward_max_token_len_per_gpu),
         "reward_model": fwd(rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu),
     }
+
+  def _forward_group(self, phase: str) -> int:
+    """Rows per shared prompt in a forward pass (see prompt_group_size)."""
+    return pass_group_size(self.group, self.layout.rows, self.forward_micros[phase])
 
   def _forward(self, fn: Any, params: Any, rows: dict[str, np.ndarray], phase: str) -> Any:
     """fn(params, micro-batch) over `rows` in forward_micros[phase] micro-batches, merged on the host."""
@@ -407,6 +444,9 @@ class RLTrainer:
     """Adds old/ref log-probs, values, rewards, advantages and returns to `rows`."""
     model_keys = ("input_ids", "attention_mask", "positions", "responses", "response_mask")
     model_rows = {k: rows[k] for k in model_keys}
+    if not prompts_shared(model_rows, self.group):
+      raise RuntimeError(f"rows are not in groups of {self.group} sharing a prompt; set "
+                         "actor_rollout_ref.model.share_prompt_forward=false and report this")
     if not self.on_policy:
       with timed(timing, "old_log_prob"):
         rows["old_log_probs"] = self._forward(self.log_prob_fn, self.actor_params, model_rows, "old_log_prob")[0]
@@ -493,7 +533,7 @@ class RLTrainer:
     with timed(timing, "step"):
       rows = self._rollout(batch, timing)
       if self.config.trainer.balance_batch and self.data_parallel > 1:
-        order = balance_order(rows["attention_mask"].sum(-1), self.data_parallel)
+        order = balance_order(rows["attention_mask"].sum(-1), self.data_parallel, self.group)
         rows = {k: v[order] for k, v in rows.items()}
       self._experience(rows, timing, step_metrics)
       self._update(rows, timing, step_metrics)

@@ -39,9 +39,9 @@ class ValueModel(nnx.Module):
   def cfg(self) -> ModelConfig:
     return self.backbone.cfg
 
-  def response_values(self, batch: dict[str, jax.Array]) -> jax.Array:
-    """[N, R] value of the state before each response token."""
-    hidden = response_hidden(self.backbone, batch).astype(jnp.float32)
+  def response_values(self, batch: dict[str, jax.Array], group_size: int = 1) -> jax.Array:
+    """[N, R] value of the state before each response token (group_size: see `response_hidden`)."""
+    hidden = response_hidden(self.backbone, batch, group_size).astype(jnp.float32)
     return hidden @ self.value_head[...] + self.value_bias[...]
 
 
@@ -73,16 +73,22 @@ def _apply(tx: optax.GradientTransformation, params: Any, opt_state: Any, grads:
   return optax.apply_updates(params, updates), opt_state, optax.tree.norm(grads)
 
 
-def make_log_prob_fn(graphdef: nnx.GraphDef, temperature: float, with_entropy: bool = True) -> Callable:
-  """jit: (params, batch) -> (log_probs [N, R], entropy [N, R])."""
+def make_log_prob_fn(graphdef: nnx.GraphDef, temperature: float, with_entropy: bool = True,
+                     group_size: int = 1) -> Callable:
+  """jit: (params, batch) -> (log_probs [N, R], entropy [N, R]).
+
+  group_size n > 1: the batch's rows come in groups of n sharing a prompt,
+  which runs once per group (`rljax.trainer.sequences.response_hidden`).
+  """
   def fn(params, batch):
-    return response_log_probs(nnx.merge(graphdef, params), batch, temperature, with_entropy)
+    return response_log_probs(nnx.merge(graphdef, params), batch, temperature, with_entropy,
+                              group_size=group_size)
   return jax.jit(fn)
 
 
-def make_value_fn(graphdef: nnx.GraphDef) -> Callable:
-  """jit: (critic params, batch) -> values [N, R]."""
-  return jax.jit(lambda params, batch: nnx.merge(graphdef, params).response_values(batch))
+def make_value_fn(graphdef: nnx.GraphDef, group_size: int = 1) -> Callable:
+  """jit: (critic params, batch) -> values [N, R]; group_size as in `make_log_prob_fn`."""
+  return jax.jit(lambda params, batch: nnx.merge(graphdef, params).response_values(batch, group_size))
 
 
 def training_model(graphdef: nnx.GraphDef, params: Any, frozen: Any, key: jax.Array) -> Any:
@@ -98,7 +104,8 @@ def training_model(graphdef: nnx.GraphDef, params: Any, frozen: Any, key: jax.Ar
 
 
 def make_actor_update(graphdef: nnx.GraphDef, actor_config: Any, tx: optax.GradientTransformation,
-                      temperature: float, shardings: tuple[Any, Any] | None = None) -> Callable:
+                      temperature: float, shardings: tuple[Any, Any] | None = None,
+                      group_size: int = 1) -> Callable:
   """jit: (params, opt_state, mini, rng, frozen=None) -> (params, opt_state, metrics).
 
   `params` is what trains (every parameter, or with LoRA the adapters and
@@ -114,11 +121,14 @@ def make_actor_update(graphdef: nnx.GraphDef, actor_config: Any, tx: optax.Gradi
   optionally old_log_probs (absent: on-policy, the current log-probs with
   their gradient stopped, which is what a recomputation with the same
   parameters gives), ref_log_prob, rollout_is_weights and positive [rows].
+  With group_size n > 1 each micro-batch's rows come in groups of n sharing
+  a prompt, which runs forward and backward once per group.
   """
   entropy_in_loss = bool(actor_config.entropy_coeff)
 
   def loss_fn(params, micro, info, key, frozen=None):
-    log_prob, entropy = response_log_probs(training_model(graphdef, params, frozen, key), micro, temperature)
+    log_prob, entropy = response_log_probs(training_model(graphdef, params, frozen, key), micro, temperature,
+                                           group_size=group_size)
     old = micro.get("old_log_probs", jax.lax.stop_gradient(log_prob))
     loss, metrics = policy_loss.ppo_loss(
         actor_config, log_prob, old, micro["advantages"], micro["response_mask"],
@@ -139,14 +149,15 @@ def make_actor_update(graphdef: nnx.GraphDef, actor_config: Any, tx: optax.Gradi
 
 
 def make_critic_update(graphdef: nnx.GraphDef, critic_config: Any, tx: optax.GradientTransformation,
-                       shardings: tuple[Any, Any] | None = None) -> Callable:
+                       shardings: tuple[Any, Any] | None = None, group_size: int = 1) -> Callable:
   """jit: (params, opt_state, mini, rng) -> (params, opt_state, metrics); clipped value loss.
 
-  `mini` holds the input rows, response_mask, values (old), returns.
+  `mini` holds the input rows, response_mask, values (old), returns;
+  group_size as in `make_actor_update`.
   """
   def loss_fn(params, micro, info, key):
     del key
-    vpreds = nnx.merge(graphdef, params).response_values(micro)
+    vpreds = nnx.merge(graphdef, params).response_values(micro, group_size)
     loss, clipfrac = value_loss.compute_value_loss(
         vpreds, micro["returns"], micro["values"], micro["response_mask"], critic_config.cliprange_value,
         loss_agg_mode=critic_config.loss_agg_mode, **info)
