@@ -257,10 +257,9 @@ class RLTrainer:
     self.actor_opt, self.actor_opt_sh = sharding.init_optimizer(actor_tx, self.actor_trainable, self.param_sh, self.mesh)
     self.group = prompt_group_size(config, self.layout, self.data_parallel)
     lora_dropout = self.lora is not None and self.lora.dropout > 0
-    update_group = (1 if arr.actor.shuffle or lora_dropout
-                    else pass_group_size(self.group, self.layout.mini_rows, self.layout.micro_batches))
     self.actor_update = make_actor_update(self.graphdef, arr.actor, actor_tx, self.temperature,
-                                          (self.param_sh, self.actor_opt_sh), group_size=update_group)
+                                          (self.param_sh, self.actor_opt_sh),
+                                          group_size=self._update_group(per_row=lora_dropout))
     self.forward_micros = self._forward_micro_batches()
     self.log_prob_fn = map_micro_batches(make_log_prob_fn(self.graphdef, self.temperature, with_entropy=False,
                                                           group_size=self._forward_group("old_log_prob")))
@@ -331,10 +330,8 @@ class RLTrainer:
     self.critic_params = sharding.shard_like(critic_params, critic_sh)
     tx = make_optimizer(critic.optim, critic.grad_clip, self.layout.total_steps, critic.ppo_epochs * self.layout.minis)
     self.critic_opt, opt_sh = sharding.init_optimizer(tx, self.critic_params, critic_sh, self.mesh)
-    shuffled = self.config.actor_rollout_ref.actor.shuffle
-    update_group = 1 if shuffled else pass_group_size(self.group, self.layout.mini_rows, self.layout.micro_batches)
     self.critic_update = make_critic_update(self.critic_graphdef, critic, tx, (critic_sh, opt_sh),
-                                            group_size=update_group)
+                                            group_size=self._update_group())
     self.value_fn = map_micro_batches(make_value_fn(self.critic_graphdef, self._forward_group("values")))
 
   def _forward_micro_batches(self) -> dict[str, int]:
@@ -352,6 +349,13 @@ class RLTrainer:
                       critic.forward_max_token_len_per_gpu),
         "reward_model": fwd(rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu),
     }
+
+  def _update_group(self, per_row: bool = False) -> int:
+    """Rows per shared prompt in the actor and critic updates: 1 when mini-batches are shuffled
+    (groups split) or per_row (LoRA dropout draws a mask per row's prompt)."""
+    if per_row or self.config.actor_rollout_ref.actor.shuffle:
+      return 1
+    return pass_group_size(self.group, self.layout.mini_rows, self.layout.micro_batches)
 
   def _forward_group(self, phase: str) -> int:
     """Rows per shared prompt in a forward pass (see prompt_group_size)."""
