@@ -40,8 +40,8 @@ def response_hidden(model: Any, batch: dict[str, jax.Array], group_size: int = 1
 
   With group_size n > 1, rows come in groups of n consecutive rows sharing
   one prompt (verl's layout, checked by `prompts_shared`), and each group's
-  prompt runs once (`CausalLM.shared_prompt_hidden`): the same states for
-  about (P + R) / (P / n + R) times less work on the prompt.
+  prompt runs once (`CausalLM.shared_prompt_hidden`): the same states from
+  (P + R) / (P / n + R) times fewer token positions.
   """
   prompt_len = batch["input_ids"].shape[1] - batch["responses"].shape[1]
   if group_size == 1:
