@@ -83,6 +83,8 @@ def main():
   parser.add_argument("--lr", type=float, default=1e-6)
   parser.add_argument("--steps_per_sync", type=int, default=8)
   parser.add_argument("--share_prompt", action=argparse.BooleanOptionalAction, default=True)
+  parser.add_argument("--cpu_dot_library", default="auto", choices=("auto", "ynnpack", "eigen"),
+                      help="what runs the decode loop's dots on the CPU (actor_rollout_ref.rollout.cpu_dot_library)")
   args = parser.parse_args()
   P, G, L, N = args.batch_prompts, args.num_generations, args.prompt_len, args.max_new_tokens
   B = P * G
@@ -91,11 +93,12 @@ def main():
   graphdef, params = nnx.split(model)
   vocab = model.cfg.vocab_size
   engine = make_engine(model, max_concurrent_decodes=B, prefill_buckets=(L,), max_decode_length=N, ignore_eos=True,
-                       sampling_params=SamplingParams(temperature=args.temperature))
+                       sampling_params=SamplingParams(temperature=args.temperature),
+                       cpu_dot_library=args.cpu_dot_library)
   sampler = RolloutSampler(engine, pad_id=0, steps_per_sync=args.steps_per_sync)
   common = {"model": args.model, "P": P, "G": G, "B": B, "L": L, "N": N, "kv_cache_size": engine.cache_length,
             "xla_flags": os.environ.get("XLA_FLAGS", ""), "devices": jax.device_count(),
-            "share_prompt": args.share_prompt}
+            "share_prompt": args.share_prompt, "decode_compiler_options": engine.decode_compiler_options}
 
   def prompts():
     ids = np.concatenate([np.ones((P, 1), np.int32), rng.integers(3, vocab, (P, L - 1), dtype=np.int32)], axis=1)

@@ -2,6 +2,7 @@
 
     python benchmarks/rollout.py [--model smollm2-135m-instruct] [--batches 32,128]
                                  [--prompt 64] [--new 128] [--modes greedy,sampled] [--hf]
+                                 [--cpu_dot_library auto|ynnpack|eigen]
 
 For each batch size and mode: generated tokens/s of `RolloutSampler.generate`
 (continuous batching, slots = batch, every response forced to `--new` tokens
@@ -50,12 +51,12 @@ def prompts(batch: int, length: int, vocab: int, seed: int = 0):
   return ids, mask
 
 
-def bench_rljax(model, ids, mask, new, greedy):
+def bench_rljax(model, ids, mask, new, greedy, cpu_dot_library):
   params = nnx.state(model, nnx.Param)
   batch = ids.shape[0]
   engine = make_engine(model, max_concurrent_decodes=batch, prefill_buckets=(ids.shape[1],),
                        max_decode_length=new, ignore_eos=True,
-                       sampling_params=SamplingParams(temperature=1.0, greedy=greedy))
+                       sampling_params=SamplingParams(temperature=1.0, greedy=greedy), cpu_dot_library=cpu_dot_library)
   sampler = RolloutSampler(engine, pad_id=0, steps_per_sync=16)
   start = time.perf_counter()
   sampler.generate(params, ids, mask, 1, jax.random.key(0))
@@ -73,7 +74,8 @@ def bench_rljax(model, ids, mask, new, greedy):
   state, out_steps = engine.generate_steps(params, state, 16)
   jax.block_until_ready(out_steps)
   step_s = (time.perf_counter() - start) / 16
-  return {"tokens_per_s": batch * new / elapsed, "call_s": elapsed, "warmup_call_s": first, "decode_step_s": step_s}
+  return {"tokens_per_s": batch * new / elapsed, "call_s": elapsed, "warmup_call_s": first, "decode_step_s": step_s,
+          "decode_compiler_options": engine.decode_compiler_options}
 
 
 def bench_hf(path, ids, mask, new, greedy):
@@ -101,6 +103,8 @@ def main():
   parser.add_argument("--new", type=int, default=128)
   parser.add_argument("--modes", default="greedy,sampled")
   parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True)
+  parser.add_argument("--cpu_dot_library", default="auto", choices=("auto", "ynnpack", "eigen"),
+                      help="what runs the decode loop's dots on the CPU (actor_rollout_ref.rollout.cpu_dot_library)")
   args = parser.parse_args()
   model = from_pretrained(args.model)
   cfg = model.cfg
@@ -113,7 +117,7 @@ def main():
     ids, mask = prompts(batch, args.prompt, cfg.vocab_size)
     for mode in args.modes.split(","):
       greedy = mode == "greedy"
-      ours = bench_rljax(model, ids, mask, args.new, greedy)
+      ours = bench_rljax(model, ids, mask, args.new, greedy, args.cpu_dot_library)
       avg_cache = args.prompt + args.new / 2
       kv_bytes = 2 * cfg.num_layers * batch * avg_cache * cfg.num_kv_heads * cfg.head_dim * 4
       record = {"bench": "rollout", "model": args.model, "batch": batch, "prompt": args.prompt, "new": args.new,

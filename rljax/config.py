@@ -64,6 +64,7 @@ KL_CONTROLLERS = ("fixed", "adaptive")
 REWARD_MANAGERS = ("naive", "prime", "dapo", "batch")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 ROLLOUT_NAMES = ("jetstream", "vllm", "sglang", "hf")
+CPU_DOT_LIBRARIES = ("auto", "ynnpack", "eigen")
 DEVICES = ("auto", "cpu", "gpu", "cuda", "tpu")
 ROLLOUT_IS_LEVELS = ("token", "sequence")
 ROLLOUT_IS_MODES = ("truncate", "mask")
@@ -186,6 +187,7 @@ RLJAX_KEYS = {
     "actor_rollout_ref.model.r_pattern": "cosmos-rl: {regex: r} per HF module name; first match wins (uniform over layers with scan_layers)",
     "actor_rollout_ref.model.init_lora_weights": "cosmos-rl: true (A uniform +-1/sqrt(in), B=0) or gaussian (A normal std 1/r, B=0)",
     "actor_rollout_ref.rollout.prefill_length_buckets": "prompt lengths the engine pads to; one compilation per bucket",
+    "actor_rollout_ref.rollout.cpu_dot_library": "on the CPU, what runs the decode step's matmuls: auto (Eigen up to 24 slots per device, else YNNPACK), ynnpack or eigen",
     "actor_rollout_ref.actor.positive_nll_coef": "cosmos-rl: NLL term on positive-advantage responses",
     "actor_rollout_ref.actor.policy_loss.aipo_rho": "cosmos-rl: AIPO clip of the importance ratio (policy_loss.loss_mode=aipo)",
     "actor_rollout_ref.actor.unbiased_loss_max_tokens": "cosmos-rl (Dr.GRPO): sets loss_agg_mode=seq-mean-token-sum-norm with loss_scale_factor=this",
@@ -461,6 +463,7 @@ def _rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
       "max_model_len": _null(int),
       "max_num_seqs": 1024,
       "prefill_length_buckets": [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192],
+      "cpu_dot_library": "auto",
       "log_prob_micro_batch_size": _null(int),
       "log_prob_micro_batch_size_per_gpu": 16,
       "log_prob_use_dynamic_bsz": _follow(actor, "use_dynamic_bsz"),
@@ -1038,6 +1041,7 @@ def _check_sampling(config: ConfigDict) -> None:
     top_k = get_node(config, f"{prefix}.top_k")
     _check(isinstance(top_k, int) and top_k >= -1, f"{prefix}.top_k", top_k, "must be -1 or 0 (off) or a positive integer", f"set {prefix}.top_k=-1 to disable")
   _check_enum(config, "actor_rollout_ref.rollout.name", ROLLOUT_NAMES)
+  _check_enum(config, "actor_rollout_ref.rollout.cpu_dot_library", CPU_DOT_LIBRARIES)
   for key in ("actor_rollout_ref.rollout.dtype", "actor_rollout_ref.actor.fsdp_config.model_dtype",
               "critic.model.fsdp_config.model_dtype"):
     _check_enum(config, key, DTYPES)

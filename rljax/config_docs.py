@@ -229,6 +229,7 @@ DESCRIPTIONS = {
     "actor_rollout_ref.rollout.max_model_len": "Longest prompt plus response the engine holds; null = prompt_length + response_length.",
     "actor_rollout_ref.rollout.max_num_seqs": "Sequences the engine decodes at once.",
     "actor_rollout_ref.rollout.prefill_length_buckets": "Prompt lengths the engine pads prompts up to before prefill.",
+    "actor_rollout_ref.rollout.cpu_dot_library": "On the CPU, the library that runs the decode step's matrix products.",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size": "Old global micro-batch of old-policy log-probs; replaced by the per-GPU key.",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "Responses per old-policy log-prob forward pass on each device.",
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": "Pack those micro-batches by token count; follows the actor's use_dynamic_bsz.",

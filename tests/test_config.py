@@ -243,6 +243,8 @@ BAD_INPUTS = [
     (["trainer.n_gpus_per_node=0"], None, "must be a positive integer or 'auto'"),
     (["actor_rollout_ref.actor.checkpoint.save_contents=[model,weights]"], 1, "unknown entries ['weights']"),
     (["actor_rollout_ref.rollout.dtype=int8"], 1, "actor_rollout_ref.rollout.dtype='int8'"),
+    (["actor_rollout_ref.rollout.cpu_dot_library=mkl"], 1,
+     "actor_rollout_ref.rollout.cpu_dot_library='mkl': must be one of auto, ynnpack, eigen"),
 ]
 
 

@@ -30,6 +30,7 @@ GENERATE_RLJAX_KEYS = {
     "model.checkpoint": "an rljax run directory (trainer.default_local_dir) or one of its global_step_N "
                         "directories: generate with that actor instead of model.path",
     "rollout.prefill_length_buckets": "prompt lengths the engine pads to; one compilation per bucket",
+    "rollout.cpu_dot_library": config_lib.RLJAX_KEYS["actor_rollout_ref.rollout.cpu_dot_library"],
     "trainer.seed": "seed of the sampling PRNG key",
 }
 GENERATE_IGNORED_KEYS = {
@@ -117,6 +118,7 @@ def get_generate_config() -> ConfigDict:
           "enable_chunked_prefill": True,
           "n": 1,
           "prefill_length_buckets": list(DEFAULT_PREFILL_BUCKETS),
+          "cpu_dot_library": "auto",
       },
       "actor": {"strategy": "fsdp", "ulysses_sequence_parallel_size": 1, "fsdp_config": {"fsdp_size": -1}},
       "ray_init": {"num_cpus": _null(int), "timeline_json_file": _null(str)},
@@ -198,6 +200,9 @@ def _check_generate_lengths(config: ConfigDict) -> None:
   buckets = list(config.rollout.prefill_length_buckets)
   _check(bool(buckets) and all(_is_int(b) and b > 0 for b in buckets) and buckets == sorted(set(buckets)),
          key, buckets, "must be a non-empty increasing list of positive lengths", f"e.g. {key}=[64,128,256,512]")
+  library = config.rollout.cpu_dot_library
+  _check(library in config_lib.CPU_DOT_LIBRARIES, "rollout.cpu_dot_library", library,
+         f"must be one of {', '.join(config_lib.CPU_DOT_LIBRARIES)}", "set rollout.cpu_dot_library=auto")
 
 
 def validate_generate(config: ConfigDict) -> ConfigDict:

@@ -281,7 +281,8 @@ def make_sampler(policy: Policy, config: ConfigDict, mesh: Mesh, rules: Any) -> 
       policy.model, max_concurrent_decodes=min(rollout.max_num_seqs, config.data.batch_size * config.data.n_samples),
       prefill_buckets=prefill_buckets(rollout.prompt_length, rollout.prefill_length_buckets),
       max_decode_length=rollout.response_length, sampling_params=SamplingParams.from_rollout_config(rollout),
-      eos_ids=eos_ids(policy.tokenizer, policy.model.cfg), ignore_eos=rollout.ignore_eos, mesh=mesh, rules=rules)
+      eos_ids=eos_ids(policy.tokenizer, policy.model.cfg), ignore_eos=rollout.ignore_eos, mesh=mesh, rules=rules,
+      cpu_dot_library=rollout.cpu_dot_library)
   return RolloutSampler(engine, pad_id=tokenization.pad_token_id(policy.tokenizer),
                         free_cache=rollout.free_cache_engine)
 

@@ -287,7 +287,8 @@ class RLTrainer:
                          max_concurrent_decodes=min(arr.rollout.max_num_seqs, self.layout.rows),
                          prefill_buckets=buckets, max_decode_length=arr.rollout.response_length,
                          sampling_params=SamplingParams.from_rollout_config(arr.rollout), eos_ids=eos,
-                         ignore_eos=arr.rollout.ignore_eos, mesh=self.mesh, rules=self.rules)
+                         ignore_eos=arr.rollout.ignore_eos, mesh=self.mesh, rules=self.rules,
+                         cpu_dot_library=arr.rollout.cpu_dot_library)
     self.sampler = RolloutSampler(engine, pad_id=self._pad_id(), free_cache=arr.rollout.free_cache_engine)
     self.val_sampling = SamplingParams.from_rollout_config(arr.rollout.val_kwargs)
     self.reward_manager = managers.make_reward_manager(config, self.tokenizer)

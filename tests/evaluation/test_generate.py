@@ -202,6 +202,7 @@ def test_missing_model_names_the_key(tiny, capsys, override, needle):
     ("data.truncation=cut", "data.truncation='cut': is not a truncation mode"),
     ("rollout.temperature=0", "data.n_samples=4: greedy decoding"),
     ("trainer.n_gpus_per_node=64", "trainer.n_gpus_per_node=64: asks for 64 devices"),
+    ("rollout.cpu_dot_library=blas", "rollout.cpu_dot_library='blas': must be one of auto, ynnpack, eigen"),
 ])
 def test_bad_keys_are_config_errors(tiny, capsys, override, needle):
   assert generate_cli.main(generate_args(tiny, tiny["root"] / "never.parquet", override)) == 2

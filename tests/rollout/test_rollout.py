@@ -13,6 +13,7 @@ from flax import nnx
 
 from rljax import sharding
 from rljax.models import CausalLM, ModelConfig, from_pretrained
+from rljax.rollout import engine as engine_lib
 from rljax.rollout import (
     HAS_JETSTREAM, RolloutSampler, SamplingParams, make_driver, make_engine, sample, top_k_filter, top_p_filter,
 )
@@ -33,10 +34,11 @@ def left_padded(lengths, vocab, seed=0, width=16):
 
 
 def sampler_for(model, slots, greedy=True, eos=(), ignore_eos=False, response=RESPONSE, mesh=None, rules=None,
-                temperature=1.0, steps_per_sync=4):
+                temperature=1.0, steps_per_sync=4, cpu_dot_library="auto"):
   engine = make_engine(model, max_concurrent_decodes=slots, prefill_buckets=BUCKETS,
                        max_decode_length=response, eos_ids=eos, ignore_eos=ignore_eos, mesh=mesh, rules=rules,
-                       sampling_params=SamplingParams(temperature=temperature, greedy=greedy))
+                       sampling_params=SamplingParams(temperature=temperature, greedy=greedy),
+                       cpu_dot_library=cpu_dot_library)
   return RolloutSampler(engine, pad_id=0, steps_per_sync=steps_per_sync)
 
 
@@ -59,11 +61,13 @@ def hf_greedy(hf, ids, mask, new_tokens, eos):
   return out
 
 
-def test_greedy_equals_transformers_generate(twins):
+@pytest.mark.parametrize("library", ["eigen", "ynnpack"])
+def test_greedy_equals_transformers_generate(twins, library):
   hf, model = twins
   ids, mask = left_padded([3, 8, 11, 5, 16], 128)
   eos = 7
-  got = sampler_for(model, slots=3, eos=(eos,)).generate(nnx.state(model, nnx.Param), ids, mask, 1, jax.random.key(0))
+  sampler = sampler_for(model, slots=3, eos=(eos,), cpu_dot_library=library)
+  got = sampler.generate(nnx.state(model, nnx.Param), ids, mask, 1, jax.random.key(0))
   for row, expected in enumerate(hf_greedy(hf, ids, mask, RESPONSE, eos)):
     length = got.response_lengths[row]
     np.testing.assert_array_equal(got.responses[row, :length], expected[:length], err_msg=f"row {row}")
@@ -206,6 +210,44 @@ def test_parameters_are_read_in_place_and_updates_are_seen():
   reference = sampler_for(model, slots=2).generate(nnx.state(model, nnx.Param), ids, mask, 1, jax.random.key(0))
   np.testing.assert_array_equal(changed.responses, reference.responses)
   assert not np.array_equal(changed.responses, first.responses)
+
+
+def test_cpu_dot_library_rule():
+  eigen = {"xla_cpu_experimental_ynn_fusion_type": ""}
+  assert engine_lib.cpu_dot_options("auto", 1) == eigen
+  assert engine_lib.cpu_dot_options("auto", engine_lib.EIGEN_MAX_ROWS) == eigen
+  assert engine_lib.cpu_dot_options("auto", engine_lib.EIGEN_MAX_ROWS + 1) == {}
+  assert engine_lib.cpu_dot_options("eigen", 512) == eigen
+  assert engine_lib.cpu_dot_options("ynnpack", 1) == {}
+  with pytest.raises(ValueError, match="cpu_dot_library='blas': must be one of auto, ynnpack, eigen"):
+    engine_lib.cpu_dot_options("blas", 8)
+
+
+def decode_hlo(engine, params):
+  """The compiled text of the engine's decode loop (one step)."""
+  return engine._generate.lower(params, engine.init_decode_state(), 1, engine.sampling_params).compile().as_text()  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("slots,data,library,ynn", [
+    (4, 1, "auto", False),      # 4 rows per device: Eigen
+    (32, 1, "auto", True),      # 32 rows: YNNPACK, XLA's default
+    (64, 8, "auto", False),     # 64 slots over 8 devices: 8 rows each
+    (4, 1, "ynnpack", True),
+    (64, 1, "eigen", False),
+])
+def test_decode_dots_run_in_the_chosen_library(slots, data, library, ynn):
+  cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+  model = CausalLM(cfg, nnx.Rngs(0))
+  params = nnx.state(model, nnx.Param)
+  mesh = sharding.build_mesh({"data": data, "fsdp": 1, "tensor": 1, "sequence": 1}) if data > 1 else None
+  rules = [("batch", "data")] if data > 1 else None
+  engine = sampler_for(model, slots=slots, mesh=mesh, rules=rules, cpu_dot_library=library).engine
+  if data > 1:
+    params = sharding.shard_like(params, sharding.param_shardings(params, mesh, rules))
+  assert ("ynn_fusion" in decode_hlo(engine, params)) == ynn
+  assert "ynn_fusion" in engine._prefill.lower(  # pylint: disable=protected-access
+      params, jnp.zeros((4, BUCKETS[0]), jnp.int32), jnp.ones((4,), jnp.int32)).compile().as_text()
 
 
 def test_sharded_engine_equals_one_device(twins):
