@@ -67,16 +67,45 @@ def top_p_filter(logits: jax.Array, p: float) -> jax.Array:
   return jnp.where(keep, logits, NEG_INF)
 
 
-def inverse_cdf_sample(key: jax.Array, probs: jax.Array) -> jax.Array:
-  """[N, V] probabilities -> [N] int32 draws: the first token whose CDF exceeds u ~ U[0, 1).
+CDF_BLOCK = 128
 
-  One uniform number per row instead of V Gumbel draws (the PRNG dominates
-  a CPU decode step otherwise). u is scaled by the row's total mass, so
-  float32 rounding of the CDF never runs past the last token.
+
+def _last_positive(x: jax.Array) -> jax.Array:
+  """[N, M] -> [N] index of each row's last positive entry (0 if none)."""
+  m = x.shape[-1]
+  return jnp.maximum(m - 1 - jnp.argmax(x[:, ::-1] > 0, axis=-1), 0)
+
+
+def inverse_cdf_index(probs: jax.Array, u: jax.Array, block: int = CDF_BLOCK) -> jax.Array:
+  """[N, V] probabilities, [N] u in [0, 1] -> [N] int32: the first token whose CDF exceeds u * total.
+
+  Two levels instead of a cumulative sum over the vocabulary (a slow scan
+  on the CPU): the cumulative mass of blocks of `block` tokens picks the
+  block, then a cumulative sum inside that block picks the token. Where
+  float32 rounding would run past the mass (u at or near 1), the draw stays on the
+  last token of positive probability, so a filtered token is never drawn.
   """
-  cdf = jnp.cumsum(probs, axis=-1)
-  u = jax.random.uniform(key, (probs.shape[0], 1), jnp.float32) * cdf[:, -1:]
-  return jnp.minimum(jnp.sum(cdf <= u, axis=-1), probs.shape[-1] - 1).astype(jnp.int32)
+  n, v = probs.shape
+  blocks = -(-v // block)
+  tiles = jnp.pad(probs, ((0, 0), (0, blocks * block - v))).reshape(n, blocks, block)
+  mass = tiles.sum(axis=-1)
+  cum = jnp.cumsum(mass, axis=-1)
+  target = (u * cum[:, -1])[:, None]
+  b = jnp.minimum(jnp.sum(cum <= target, axis=-1), _last_positive(mass))
+  before = jnp.where(b > 0, jnp.take_along_axis(cum, jnp.maximum(b - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+  inside = jnp.take_along_axis(tiles, b[:, None, None], axis=1)[:, 0]
+  cdf = before[:, None] + jnp.cumsum(inside, axis=-1)
+  t = jnp.minimum(jnp.sum(cdf <= target, axis=-1), _last_positive(inside))
+  return (b * block + t).astype(jnp.int32)
+
+
+def inverse_cdf_sample(key: jax.Array, probs: jax.Array) -> jax.Array:
+  """[N, V] probabilities -> [N] int32 draws, one uniform number per row.
+
+  One uniform per row instead of V Gumbel draws (the PRNG dominates a CPU
+  decode step otherwise); `inverse_cdf_index` maps it to a token.
+  """
+  return inverse_cdf_index(probs, jax.random.uniform(key, (probs.shape[0],), jnp.float32))
 
 
 def sample(key: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:

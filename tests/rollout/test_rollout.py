@@ -14,6 +14,7 @@ from flax import nnx
 from rljax import sharding
 from rljax.models import CausalLM, ModelConfig, from_pretrained
 from rljax.rollout import engine as engine_lib
+from rljax.rollout import sampling
 from rljax.rollout import (
     HAS_JETSTREAM, RolloutSampler, SamplingParams, make_driver, make_engine, sample, top_k_filter, top_p_filter,
 )
@@ -141,6 +142,25 @@ def test_sampled_distribution_matches_filtered_softmax(temperature, k, p):
   ref = filtered_probs(logits, temperature, k, p)
   assert np.all(freq[ref == 0] == 0), (freq, ref)
   assert 0.5 * np.abs(freq - ref).sum() < 0.012, (freq, ref)
+
+
+@pytest.mark.parametrize("vocab,block", [(1000, 128), (300, 128), (64, 16)])
+def test_inverse_cdf_index_equals_a_full_cdf_search(vocab, block):
+  rng = np.random.default_rng(vocab)
+  probs = rng.random((6, vocab)) ** 4
+  probs[1, : vocab // 2] = 0.0                        # mass only in later blocks
+  probs[2, vocab // 3:] = 0.0                         # a filtered tail (top-k / top-p)
+  probs[3, rng.random(vocab) < 0.9] = 0.0             # sparse
+  probs = (probs / probs.sum(-1, keepdims=True)).astype(np.float32)
+  for u in [0.0, 1e-7, 0.25, 0.5, 0.999, 1 - 2.0 ** -24, 1.0, *rng.random(20)]:
+    got = np.asarray(sampling.inverse_cdf_index(jnp.asarray(probs), jnp.full((6,), u, jnp.float32), block))
+    cdf = np.cumsum(probs.astype(np.float64), -1)
+    for row in range(6):
+      token = got[row]
+      assert probs[row, token] > 0, f"u={u}: drew token {token} of zero probability in row {row}"
+      target = u * cdf[row, -1]
+      low = cdf[row, token] - probs[row, token]
+      assert low - 1e-5 <= target <= cdf[row, token] + 1e-5, (u, row, token, low, target, cdf[row, token])
 
 
 def test_filters_keep_the_right_sets():
