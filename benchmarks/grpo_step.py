@@ -36,6 +36,7 @@ import optax
 from flax import nnx
 
 from rljax.algos import compute_advantage
+from rljax.config import CPU_DOT_LIBRARIES
 from rljax.models import CausalLM, ModelConfig
 from rljax.rollout import RolloutSampler, SamplingParams, make_engine
 from rljax.trainer.sequences import as_micro_batches, make_sequences
@@ -83,7 +84,7 @@ def main():
   parser.add_argument("--lr", type=float, default=1e-6)
   parser.add_argument("--steps_per_sync", type=int, default=8)
   parser.add_argument("--share_prompt", action=argparse.BooleanOptionalAction, default=True)
-  parser.add_argument("--cpu_dot_library", default="auto", choices=("auto", "ynnpack", "eigen"),
+  parser.add_argument("--cpu_dot_library", default="auto", choices=CPU_DOT_LIBRARIES,
                       help="what runs the decode loop's dots on the CPU (actor_rollout_ref.rollout.cpu_dot_library)")
   args = parser.parse_args()
   P, G, L, N = args.batch_prompts, args.num_generations, args.prompt_len, args.max_new_tokens

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from rljax.config import CPU_DOT_LIBRARIES
 from rljax.models import from_pretrained, save_pretrained
 from rljax.rollout import RolloutSampler, SamplingParams, make_engine
 
@@ -103,7 +104,7 @@ def main():
   parser.add_argument("--new", type=int, default=128)
   parser.add_argument("--modes", default="greedy,sampled")
   parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True)
-  parser.add_argument("--cpu_dot_library", default="auto", choices=("auto", "ynnpack", "eigen"),
+  parser.add_argument("--cpu_dot_library", default="auto", choices=CPU_DOT_LIBRARIES,
                       help="what runs the decode loop's dots on the CPU (actor_rollout_ref.rollout.cpu_dot_library)")
   args = parser.parse_args()
   model = from_pretrained(args.model)
