@@ -187,7 +187,7 @@ RLJAX_KEYS = {
     "actor_rollout_ref.model.r_pattern": "cosmos-rl: {regex: r} per HF module name; first match wins (uniform over layers with scan_layers)",
     "actor_rollout_ref.model.init_lora_weights": "cosmos-rl: true (A uniform +-1/sqrt(in), B=0) or gaussian (A normal std 1/r, B=0)",
     "actor_rollout_ref.rollout.prefill_length_buckets": "prompt lengths the engine pads to; one compilation per bucket",
-    "actor_rollout_ref.rollout.cpu_dot_library": "on the CPU, what runs the decode step's matmuls: auto (Eigen up to 24 slots per device, else YNNPACK), ynnpack or eigen",
+    "actor_rollout_ref.rollout.cpu_dot_library": "on the CPU, what runs the decode step's matmuls: auto (Eigen at 8 to 24 slots per device, else YNNPACK), ynnpack or eigen",
     "actor_rollout_ref.actor.positive_nll_coef": "cosmos-rl: NLL term on positive-advantage responses",
     "actor_rollout_ref.actor.policy_loss.aipo_rho": "cosmos-rl: AIPO clip of the importance ratio (policy_loss.loss_mode=aipo)",
     "actor_rollout_ref.actor.unbiased_loss_max_tokens": "cosmos-rl (Dr.GRPO): sets loss_agg_mode=seq-mean-token-sum-norm with loss_scale_factor=this",

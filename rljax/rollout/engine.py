@@ -108,7 +108,7 @@ class StepOutput(NamedTuple):
   generated: jax.Array
 
 
-EIGEN_MAX_ROWS = 24
+EIGEN_ROWS = (8, 24)
 
 
 def cpu_dot_options(library: str, rows: int) -> dict[str, str]:
@@ -118,8 +118,9 @@ def cpu_dot_options(library: str, rows: int) -> dict[str, str]:
   have one row per slot held by the device ([rows, D] x [D, F]); on a
   2-core AVX2 host Eigen ran SmolLM2-135M's float32 decode step 1.25x
   faster than YNNPACK at 8 rows, 1.22x at 16, 1.11x at 24, the same at 32,
-  and YNNPACK was 1.07x faster at 64 (BENCHMARKS.md). "auto" picks Eigen up
-  to EIGEN_MAX_ROWS rows.
+  and YNNPACK was 1.07x faster at 64; below 8 rows Eigen was 2-3x slower
+  (2, 4 and 6 rows) or the same (1 row) (BENCHMARKS.md). "auto" picks Eigen
+  for EIGEN_ROWS[0] to EIGEN_ROWS[1] rows.
 
   Args:
     library: auto, ynnpack or eigen (actor_rollout_ref.rollout.cpu_dot_library).
@@ -130,7 +131,7 @@ def cpu_dot_options(library: str, rows: int) -> dict[str, str]:
   """
   if library not in CPU_DOT_LIBRARIES:
     raise ValueError(f"cpu_dot_library={library!r}: must be one of {', '.join(CPU_DOT_LIBRARIES)}")
-  eigen = library == "eigen" or (library == "auto" and rows <= EIGEN_MAX_ROWS)
+  eigen = library == "eigen" or (library == "auto" and EIGEN_ROWS[0] <= rows <= EIGEN_ROWS[1])
   return {"xla_cpu_experimental_ynn_fusion_type": ""} if eigen else {}
 
 

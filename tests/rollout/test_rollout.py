@@ -234,9 +234,12 @@ def test_parameters_are_read_in_place_and_updates_are_seen():
 
 def test_cpu_dot_library_rule():
   eigen = {"xla_cpu_experimental_ynn_fusion_type": ""}
-  assert engine_lib.cpu_dot_options("auto", 1) == eigen
-  assert engine_lib.cpu_dot_options("auto", engine_lib.EIGEN_MAX_ROWS) == eigen
-  assert engine_lib.cpu_dot_options("auto", engine_lib.EIGEN_MAX_ROWS + 1) == {}
+  low, high = engine_lib.EIGEN_ROWS
+  assert engine_lib.cpu_dot_options("auto", 1) == {}
+  assert engine_lib.cpu_dot_options("auto", low - 1) == {}
+  assert engine_lib.cpu_dot_options("auto", low) == eigen
+  assert engine_lib.cpu_dot_options("auto", high) == eigen
+  assert engine_lib.cpu_dot_options("auto", high + 1) == {}
   assert engine_lib.cpu_dot_options("eigen", 512) == eigen
   assert engine_lib.cpu_dot_options("ynnpack", 1) == {}
   with pytest.raises(ValueError, match="cpu_dot_library='blas': must be one of auto, ynnpack, eigen"):
@@ -249,7 +252,8 @@ def decode_hlo(engine, params):
 
 
 @pytest.mark.parametrize("slots,data,library,ynn", [
-    (4, 1, "auto", False),      # 4 rows per device: Eigen
+    (4, 1, "auto", True),       # 4 rows per device: YNNPACK (Eigen is slower below 8)
+    (16, 1, "auto", False),     # 16 rows: Eigen
     (32, 1, "auto", True),      # 32 rows: YNNPACK, XLA's default
     (64, 8, "auto", False),     # 64 slots over 8 devices: 8 rows each
     (4, 1, "ynnpack", True),
