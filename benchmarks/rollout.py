@@ -1,17 +1,21 @@
 """Rollout throughput: rljax's JetStream engine vs transformers' generate, same weights, same run.
 
     python benchmarks/rollout.py [--model smollm2-135m-instruct] [--batches 32,128]
-                                 [--prompt 64] [--new 128] [--modes greedy,sampled] [--hf]
-                                 [--cpu_dot_library auto|ynnpack|eigen]
+                                 [--prompt 64] [--new 128] [--modes greedy,sampled] [--pairs 3]
+                                 [--hf] [--cpu_dot_library auto|ynnpack|eigen]
 
 For each batch size and mode: generated tokens/s of `RolloutSampler.generate`
 (continuous batching, slots = batch, every response forced to `--new` tokens
-with ignore_eos) after one warm-up call, and of transformers'
-`generate(min_new_tokens=max_new_tokens)` on the same weights (exported with
-`save_pretrained`) and the same prompts. Also the decode step time and the
-fraction of memory bandwidth it reaches: bytes read per decode step
-(parameters + the KV cache so far) / step time, over the copy bandwidth of a
-256 MiB numpy copy measured in the same run. Prints one JSON object per line.
+with ignore_eos) and of transformers' `generate(min_new_tokens=max_new_tokens)`
+on the same weights (exported with `save_pretrained`) and the same prompts.
+Both are warmed up, then timed `--pairs` times alternately (rljax, then
+transformers), so that a slow spell of a shared machine hits both sides;
+`speedup` is the median of the pairs' ratios and each side's tokens/s is
+taken at its median call. Also the decode step time and the fraction of
+memory bandwidth it reaches: bytes read per decode step (parameters + the
+whole preallocated KV cache, which every step reads) / step time, over the
+copy bandwidth of a 256 MiB numpy copy measured in the same run. Prints
+one JSON object per line.
 """
 
 import argparse
@@ -52,7 +56,8 @@ def prompts(batch: int, length: int, vocab: int, seed: int = 0):
   return ids, mask
 
 
-def bench_rljax(model, ids, mask, new, greedy, cpu_dot_library):
+def rljax_runner(model, ids, mask, new, greedy, cpu_dot_library):
+  """A warmed-up timed call of `RolloutSampler.generate`, and the decode step's time."""
   params = nnx.state(model, nnx.Param)
   batch = ids.shape[0]
   engine = make_engine(model, max_concurrent_decodes=batch, prefill_buckets=(ids.shape[1],),
@@ -61,11 +66,7 @@ def bench_rljax(model, ids, mask, new, greedy, cpu_dot_library):
   sampler = RolloutSampler(engine, pad_id=0, steps_per_sync=16)
   start = time.perf_counter()
   sampler.generate(params, ids, mask, 1, jax.random.key(0))
-  first = time.perf_counter() - start
-  start = time.perf_counter()
-  out = sampler.generate(params, ids, mask, 1, jax.random.key(1))
-  elapsed = time.perf_counter() - start
-  assert out.response_lengths.min() == new
+  warmup_s = time.perf_counter() - start
   state = engine.init_decode_state()
   prefix = sampler._prefill(params, [row[m.astype(bool)] for row, m in zip(ids, mask)])  # pylint: disable=protected-access
   state = engine.insert_many(prefix, state, list(range(batch)), list(range(batch)))
@@ -74,12 +75,21 @@ def bench_rljax(model, ids, mask, new, greedy, cpu_dot_library):
   start = time.perf_counter()
   state, out_steps = engine.generate_steps(params, state, 16)
   jax.block_until_ready(out_steps)
-  step_s = (time.perf_counter() - start) / 16
-  return {"tokens_per_s": batch * new / elapsed, "call_s": elapsed, "warmup_call_s": first, "decode_step_s": step_s,
-          "decode_compiler_options": engine.decode_compiler_options}
+  info = {"warmup_call_s": warmup_s, "decode_step_s": (time.perf_counter() - start) / 16,
+          "decode_compiler_options": engine.decode_compiler_options, "cache_length": engine.cache_length}
+
+  def run(seed: int) -> float:
+    start = time.perf_counter()
+    out = sampler.generate(params, ids, mask, 1, jax.random.key(seed))
+    elapsed = time.perf_counter() - start
+    assert out.response_lengths.min() == new
+    return elapsed
+
+  return run, info
 
 
-def bench_hf(path, ids, mask, new, greedy):
+def hf_runner(path, ids, mask, new, greedy):
+  """A warmed-up timed call of transformers' `generate` on the exported weights."""
   import torch
   import transformers
   torch.set_num_threads(os.cpu_count())
@@ -90,10 +100,17 @@ def bench_hf(path, ids, mask, new, greedy):
     kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
   with torch.no_grad():
     hf.generate(torch.tensor(ids[:, -8:]), attention_mask=torch.tensor(mask[:, -8:]), max_new_tokens=2, pad_token_id=0)
-    start = time.perf_counter()
-    hf.generate(torch.tensor(ids, dtype=torch.long), **kwargs)
-    elapsed = time.perf_counter() - start
-  return {"tokens_per_s": ids.shape[0] * new / elapsed, "call_s": elapsed}
+
+  def run(seed: int) -> float:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+      start = time.perf_counter()
+      out = hf.generate(torch.tensor(ids, dtype=torch.long), **kwargs)
+      elapsed = time.perf_counter() - start
+    assert out.shape[1] == ids.shape[1] + new
+    return elapsed
+
+  return run
 
 
 def main():
@@ -103,6 +120,8 @@ def main():
   parser.add_argument("--prompt", type=int, default=64)
   parser.add_argument("--new", type=int, default=128)
   parser.add_argument("--modes", default="greedy,sampled")
+  parser.add_argument("--pairs", type=int, default=3,
+                      help="timed calls of each side, alternating rljax and transformers")
   parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True)
   parser.add_argument("--cpu_dot_library", default="auto", choices=CPU_DOT_LIBRARIES,
                       help="what runs the decode loop's dots on the CPU (actor_rollout_ref.rollout.cpu_dot_library)")
@@ -118,17 +137,23 @@ def main():
     ids, mask = prompts(batch, args.prompt, cfg.vocab_size)
     for mode in args.modes.split(","):
       greedy = mode == "greedy"
-      ours = bench_rljax(model, ids, mask, args.new, greedy, args.cpu_dot_library)
-      avg_cache = args.prompt + args.new / 2
-      kv_bytes = 2 * cfg.num_layers * batch * avg_cache * cfg.num_kv_heads * cfg.head_dim * 4
+      ours, info = rljax_runner(model, ids, mask, args.new, greedy, args.cpu_dot_library)
+      theirs = hf_runner(tmp, ids, mask, args.new, greedy) if args.hf else None
+      pairs = []
+      for seed in range(1, args.pairs + 1):
+        pairs.append((ours(seed), theirs(seed) if theirs else None))
+      tokens = batch * args.new
+      kv_bytes = 2 * cfg.num_layers * batch * info["cache_length"] * cfg.num_kv_heads * cfg.head_dim * 4
       record = {"bench": "rollout", "model": args.model, "batch": batch, "prompt": args.prompt, "new": args.new,
-                "mode": mode, "rljax": ours,
-                "bandwidth_fraction": (param_bytes + kv_bytes) / ours["decode_step_s"] / bandwidth,
+                "mode": mode, "rljax": {**info, "call_s": [a for a, _ in pairs],
+                                        "tokens_per_s": tokens / float(np.median([a for a, _ in pairs]))},
+                "bandwidth_fraction": (param_bytes + kv_bytes) / info["decode_step_s"] / bandwidth,
                 "copy_bandwidth_GBps": bandwidth / 1e9}
-      if args.hf:
-        theirs = bench_hf(tmp, ids, mask, args.new, greedy)
-        record["transformers"] = theirs
-        record["speedup"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
+      if theirs:
+        record["transformers"] = {"call_s": [b for _, b in pairs],
+                                  "tokens_per_s": tokens / float(np.median([b for _, b in pairs]))}
+        record["speedup_per_pair"] = [b / a for a, b in pairs]
+        record["speedup"] = float(np.median(record["speedup_per_pair"]))
       print(json.dumps(record), flush=True)
 
 
