@@ -36,35 +36,51 @@ def entropy_from_logits(logits: jax.Array) -> jax.Array:
   return lse - jnp.sum(probs * logits, axis=-1)
 
 
+def chunk_layout(tokens: int, chunk_size: int) -> tuple[int, int]:
+  """(chunks, rows per chunk): the fewest chunks of at most chunk_size rows, as equal as can be.
+
+  Padding is then under one row per chunk (2 chunks of 768 for 1536 rows,
+  not 2 of 1024 with 512 padding rows computed for nothing).
+  """
+  if chunk_size < 1:
+    raise ValueError(f"chunk_size={chunk_size}: must be a positive number of tokens")
+  chunks = max(1, -(-tokens // chunk_size))
+  return chunks, -(-tokens // chunks)
+
+
 def map_token_chunks(fn, arrays: tuple[jax.Array, ...], chunk_size: int):
-  """`fn(*arrays)` computed on `chunk_size` rows at a time (`lax.map`).
+  """`fn(*arrays)` computed on at most `chunk_size` rows at a time (`lax.map`).
 
   Every array is `[N, ...]` with the same N; `fn` maps `[chunk, ...]` slices
-  to a pytree of `[chunk, ...]` arrays. N is zero-padded up to a multiple of
-  `chunk_size` and the padding cut from the outputs. Each chunk is
-  rematerialised in the backward pass (`jax.checkpoint`), so neither pass
-  holds more than one chunk's intermediates (e.g. `[chunk, V]` logits).
+  to a pytree of `[chunk, ...]` arrays. N is split by `chunk_layout`,
+  zero-padded to whole chunks and the padding cut from the outputs. Each
+  chunk is rematerialised in the backward pass (`jax.checkpoint`), so
+  neither pass holds more than one chunk's intermediates (e.g. `[chunk, V]`
+  logits). When N fits in one chunk, `fn` runs once on the arrays as they
+  are: recomputing would save no memory.
 
   Args:
     fn: function of `len(arrays)` chunk arrays.
     arrays: tuple of `[N, ...]` arrays.
-    chunk_size: rows per chunk (static).
+    chunk_size: most rows per chunk (static).
 
   Returns:
     The pytree `fn` returns, with `[N, ...]` leaves.
   """
   n = arrays[0].shape[0]
-  num_chunks = -(-n // chunk_size)
-  pad = num_chunks * chunk_size - n
+  num_chunks, chunk = chunk_layout(n, chunk_size)
+  if num_chunks == 1:
+    return fn(*arrays)
+  pad = num_chunks * chunk - n
   chunked = tuple(
       jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)).reshape(
-          (num_chunks, chunk_size) + a.shape[1:]
+          (num_chunks, chunk) + a.shape[1:]
       )
       for a in arrays
   )
   out = jax.lax.map(jax.checkpoint(lambda xs: fn(*xs)), chunked)
   return jax.tree.map(
-      lambda o: o.reshape((num_chunks * chunk_size,) + o.shape[2:])[:n], out
+      lambda o: o.reshape((num_chunks * chunk,) + o.shape[2:])[:n], out
   )
 
 

@@ -6,9 +6,12 @@ For tokens n with final hidden state h_n and LM-head weight W [V, D]:
   log p_n = z_n[y_n] - logsumexp(z_n)
   H_n = logsumexp(z_n) - sum_v softmax(z_n)_v z_n,v
 
-Tokens are processed in chunks of ``chunk_size`` inside ``lax.scan``, and
-each chunk is rematerialised in the backward pass, so at any time only one
-[chunk_size, V] block of logits (and its softmax) is alive.
+Tokens are processed in equal chunks of at most ``chunk_size``
+(``rljax.algos.entropy.map_token_chunks``), and each chunk is
+rematerialised in the backward pass, so at any time only one [chunk, V]
+block of logits (and its softmax) is alive. When all tokens fit in one
+chunk there is nothing to save by recomputing, and the logits are computed
+once.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from rljax.algos.entropy import map_token_chunks
+
 
 def _chunk_stats(
-    h: jax.Array, weight: jax.Array, targets: jax.Array, temperature: float,
+    h: jax.Array, targets: jax.Array, weight: jax.Array, temperature: float,
     with_entropy: bool,
 ) -> tuple[jax.Array, jax.Array]:
   """(log_probs [C], entropy [C]) for hidden [C, D], weight [V, D], targets [C]."""
@@ -50,8 +55,8 @@ def token_log_probs(
     hidden: [B, T, D] final hidden states (after the final norm).
     weight: [V, D] LM-head weight (``CausalLM.lm_head_weight()``).
     targets: [B, T] int token ids to score (the next tokens).
-    chunk_size: tokens per chunk; peak extra memory is about
-      3 * chunk_size * V float32 values.
+    chunk_size: most tokens per chunk (`map_token_chunks`); peak extra memory
+      is about 3 * chunk_size * V float32 values.
     temperature: logits are divided by it first (as verl does).
     with_entropy: compute the entropy (zeros otherwise; skips a [C, V] pass).
 
@@ -60,19 +65,9 @@ def token_log_probs(
     weight.
   """
   b, t, d = hidden.shape
-  n = b * t
-  chunk = min(chunk_size, n)
-  pad = -n % chunk
-  h = jnp.pad(hidden.reshape(n, d), ((0, pad), (0, 0))).reshape(-1, chunk, d)
-  y = jnp.pad(targets.reshape(n), (0, pad)).reshape(-1, chunk)
-  stats = jax.checkpoint(
-      functools.partial(_chunk_stats, temperature=temperature, with_entropy=with_entropy))
-
-  def body(_, xs):
-    return None, stats(xs[0], weight, xs[1])
-
-  _, (logp, ent) = jax.lax.scan(body, None, (h, y))
-  return logp.reshape(-1)[:n].reshape(b, t), ent.reshape(-1)[:n].reshape(b, t)
+  stats = functools.partial(_chunk_stats, weight=weight, temperature=temperature, with_entropy=with_entropy)
+  logp, ent = map_token_chunks(stats, (hidden.reshape(b * t, d), targets.reshape(b * t)), chunk_size)
+  return logp.reshape(b, t), ent.reshape(b, t)
 
 
 def naive_token_log_probs(

@@ -1,10 +1,12 @@
 """Chunked token log-probs: equal to the full-logits reference, and much less memory."""
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import rljax.algos.entropy as rljax_entropy
 import rljax.models as M
 
 
@@ -30,7 +32,8 @@ def test_values_equal_naive(chunk_size, temperature):
   np.testing.assert_allclose(logp[1, 2], want, atol=1e-5)
 
 
-def test_gradients_equal_naive():
+@pytest.mark.parametrize("chunk_size", [4, 7, 1024])  # 6 chunks (padded), 3 equal chunks, one chunk
+def test_gradients_equal_naive(chunk_size):
   hidden, weight, targets = _inputs()
   coef = jax.random.normal(jax.random.key(1), targets.shape)
 
@@ -39,11 +42,40 @@ def test_gradients_equal_naive():
     return jnp.sum(coef * logp) + 0.1 * jnp.sum(ent)
 
   chunked = jax.grad(lambda h, w: loss(
-      lambda *a: M.token_log_probs(*a, chunk_size=4), h, w), argnums=(0, 1))(hidden, weight)
+      lambda *a: M.token_log_probs(*a, chunk_size=chunk_size), h, w), argnums=(0, 1))(hidden, weight)
   naive = jax.grad(lambda h, w: loss(M.naive_token_log_probs, h, w),
                    argnums=(0, 1))(hidden, weight)
   for a, b in zip(chunked, naive):
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def _logit_dots(jaxpr, vocab: int) -> list[int]:
+  """Row counts of the [rows, vocab] logits blocks the jaxpr computes, one per dot_general, nested ones included."""
+  rows = []
+  for eqn in jaxpr.eqns:
+    shape = eqn.outvars[0].aval.shape if eqn.outvars else ()
+    if eqn.primitive.name == "dot_general" and len(shape) == 2 and shape[1] == vocab:
+      rows.append(shape[0])
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      rows += _logit_dots(sub, vocab)
+  return rows
+
+
+def test_chunks_are_equal_and_one_chunk_is_not_recomputed():
+  assert [rljax_entropy.chunk_layout(n, 1024) for n in (1, 1024, 1025, 1536, 3000)] == [
+      (1, 1), (1, 1024), (2, 513), (2, 768), (3, 1000)]
+  with pytest.raises(ValueError, match="chunk_size=0: must be a positive number of tokens"):
+    rljax_entropy.chunk_layout(10, 0)
+  hidden, weight, targets = _inputs(b=3, t=7)  # 21 tokens, V = 50
+
+  def grad_dots(chunk_size):
+    loss = lambda h, w: jnp.sum(M.token_log_probs(h, w, targets, chunk_size=chunk_size)[0])
+    return _logit_dots(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(hidden, weight).jaxpr, 50)
+
+  # 3 chunks of 7 rows (not of 8 with 3 padding rows), each computed again in the backward pass.
+  assert grad_dots(8) == [7, 7]
+  # All 21 tokens in one chunk: the logits are computed once.
+  assert grad_dots(21) == [21]
 
 
 def test_without_entropy():
