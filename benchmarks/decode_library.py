@@ -64,6 +64,8 @@ def main():
   parser.add_argument("--new", type=int, default=128)
   parser.add_argument("--reps", type=int, default=6)
   args = parser.parse_args()
+  if args.reps < 1:
+    parser.error("--reps must be at least 1")
   if args.new < 2 * STEPS:
     parser.error(f"--new must be at least {2 * STEPS}: each rep runs {2 * STEPS} steps")
   model = from_pretrained(args.model)
@@ -85,6 +87,7 @@ def main():
     medians = {library: float(np.median(t)) for library, t in times.items()}
     print(json.dumps({"bench": "decode_library", "model": args.model, "rows": rows,
                       "cache_length": engines["eigen"].cache_length,
+                      "compiler_options": {library: e.decode_compiler_options for library, e in engines.items()},
                       **{f"{library}_step_ms": {"median": medians[library] * 1e3, "best": min(t) * 1e3}
                          for library, t in times.items()},
                       "ynnpack_over_eigen": medians["ynnpack"] / medians["eigen"]}), flush=True)

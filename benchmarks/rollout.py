@@ -11,7 +11,7 @@ on the same weights (exported with `save_pretrained`) and the same prompts.
 Both are warmed up, then timed `--pairs` times alternately (rljax, then
 transformers), so that a slow spell of a shared machine hits both sides;
 `speedup` is the median of the pairs' ratios and each side's tokens/s is
-taken at its median call. Also the decode step time and the fraction of
+taken at the median of its calls (use an odd `--pairs`). Also the decode step time and the fraction of
 memory bandwidth it reaches: bytes read per decode step (parameters + the
 whole preallocated KV cache, which every step reads) / step time, over the
 copy bandwidth of a 256 MiB numpy copy measured in the same run. Prints
@@ -126,6 +126,8 @@ def main():
   parser.add_argument("--cpu_dot_library", default="auto", choices=CPU_DOT_LIBRARIES,
                       help="what runs the decode loop's dots on the CPU (actor_rollout_ref.rollout.cpu_dot_library)")
   args = parser.parse_args()
+  if args.pairs < 1:
+    parser.error("--pairs must be at least 1")
   model = from_pretrained(args.model)
   cfg = model.cfg
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -6,8 +6,9 @@
 
 `entropy_from_logits_with_chunking` computes the same entropy over the token
 axis in chunks (`lax.map` over `[chunk, V]` blocks, each block rematerialised
-in the backward pass), so the float32 softmax of all `N x V` logits never
-exists at once: peak temporary memory is `O(chunk · V)` instead of `O(N · V)`.
+in the backward pass; a single chunk is computed once), so the float32
+softmax of all `N x V` logits never exists at once: peak temporary memory is
+`O(chunk · V)` instead of `O(N · V)`.
 
 Both compute in float32 whatever the logits' dtype (verl computes the
 unchunked entropy in the logits' dtype; for float32 logits the two agree).
@@ -91,7 +92,7 @@ def entropy_from_logits_with_chunking(
 
   Args:
     logits: `[..., V]`; all leading axes are flattened into the token axis.
-    chunk_size: tokens per chunk (static).
+    chunk_size: most tokens per chunk (static; equal chunks, `chunk_layout`).
 
   Returns:
     float32 `[...]`, equal to `entropy_from_logits(logits)`.

@@ -56,7 +56,7 @@ def token_log_probs(
     weight: [V, D] LM-head weight (``CausalLM.lm_head_weight()``).
     targets: [B, T] int token ids to score (the next tokens).
     chunk_size: most tokens per chunk (`map_token_chunks`); peak extra memory
-      is about 3 * chunk_size * V float32 values.
+      is about 3-4 * chunk_size * V float32 values (4 with the entropy).
     temperature: logits are divided by it first (as verl does).
     with_entropy: compute the entropy (zeros otherwise; skips a [C, V] pass).
 

@@ -108,3 +108,11 @@ def test_peak_memory_is_small_fraction_at_qwen_vocab():
   naive = _peak_bytes(grad_of(M.naive_token_log_probs), *shapes)
   assert naive > b * t * v * 4  # at least the full float32 logits.
   assert chunked < 0.05 * naive, (chunked, naive)
+
+
+def test_zero_tokens():
+  hidden, weight, targets = _inputs(b=2, t=0)
+  logp, ent = M.token_log_probs(hidden, weight, targets, chunk_size=4)
+  assert logp.shape == ent.shape == (2, 0)
+  grads = jax.grad(lambda h, w: jnp.sum(M.token_log_probs(h, w, targets)[0]), argnums=(0, 1))(hidden, weight)
+  assert grads[0].shape == (2, 0, 16) and not np.asarray(grads[1]).any()
