@@ -32,6 +32,8 @@ from rljax.config import CPU_DOT_LIBRARIES
 from rljax.models import from_pretrained, save_pretrained
 from rljax.rollout import RolloutSampler, SamplingParams, make_engine
 
+from decode_library import filled_state, timed_steps
+
 
 def copy_bandwidth(bytes_: int = 256 << 20, repeats: int = 5) -> float:
   """Bytes moved per second (read + write) by a large numpy copy."""
@@ -59,23 +61,19 @@ def prompts(batch: int, length: int, vocab: int, seed: int = 0):
 def rljax_runner(model, ids, mask, new, greedy, cpu_dot_library):
   """A warmed-up timed call of `RolloutSampler.generate`, and the decode step's time."""
   params = nnx.state(model, nnx.Param)
-  batch = ids.shape[0]
-  engine = make_engine(model, max_concurrent_decodes=batch, prefill_buckets=(ids.shape[1],),
+  engine = make_engine(model, max_concurrent_decodes=ids.shape[0], prefill_buckets=(ids.shape[1],),
                        max_decode_length=new, ignore_eos=True,
                        sampling_params=SamplingParams(temperature=1.0, greedy=greedy), cpu_dot_library=cpu_dot_library)
   sampler = RolloutSampler(engine, pad_id=0, steps_per_sync=16)
   start = time.perf_counter()
   sampler.generate(params, ids, mask, 1, jax.random.key(0))
   warmup_s = time.perf_counter() - start
-  state = engine.init_decode_state()
-  prefix = sampler._prefill(params, [row[m.astype(bool)] for row, m in zip(ids, mask)])  # pylint: disable=protected-access
-  state = engine.insert_many(prefix, state, list(range(batch)), list(range(batch)))
-  state, _ = engine.generate_steps(params, state, 16)
-  jax.block_until_ready(state)
-  start = time.perf_counter()
-  state, out_steps = engine.generate_steps(params, state, 16)
-  jax.block_until_ready(out_steps)
-  info = {"warmup_call_s": warmup_s, "decode_step_s": (time.perf_counter() - start) / 16,
+  lengths = mask.sum(axis=1).astype(np.int32)
+  right_padded = np.zeros_like(ids)
+  for i, (row, m) in enumerate(zip(ids, mask)):
+    right_padded[i, :lengths[i]] = row[m.astype(bool)]
+  _, step_s = timed_steps(engine, params, filled_state(engine, params, right_padded, lengths))
+  info = {"warmup_call_s": warmup_s, "decode_step_s": step_s,
           "decode_compiler_options": engine.decode_compiler_options, "cache_length": engine.cache_length}
 
   def run(seed: int) -> float:
