@@ -81,7 +81,7 @@ IGNORED_KEYS = {
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": "XLA fuses on its own",
     "actor_rollout_ref.model.enable_activation_offload": "PyTorch activation offload",
     "actor_rollout_ref.model.use_shm": "shared-memory model loading for Ray workers",
-    "actor_rollout_ref.model.override_config.attn_implementation": "one attention implementation, chosen by XLA",
+    "actor_rollout_ref.model.override_config.attn_implementation": "HF's attention choice; rljax's is actor_rollout_ref.model.attention_kernel",
     "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router": "Megatron only",
     "actor_rollout_ref.actor.strategy": "FSDP/Megatron choice; rljax shards with a device mesh",
     "actor_rollout_ref.actor.use_torch_compile": "everything is jax.jit-compiled",
@@ -115,7 +115,7 @@ IGNORED_KEYS = {
     "critic.model.trust_remote_code": "rljax runs no model code from checkpoints",
     "critic.model.use_remove_padding": "XLA needs static shapes",
     "critic.model.enable_activation_offload": "PyTorch activation offload",
-    "critic.model.fsdp_config.*": "the critic is sharded like the actor (model_dtype excepted)",
+    "critic.model.fsdp_config.*": "the critic is sharded like the actor (model_dtype and dtype excepted)",
     "critic.use_torch_compile": "everything is jax.jit-compiled",
     "reward_model.strategy": "FSDP/Megatron choice",
     "reward_model.model.external_lib": "registers PyTorch/HF classes",
@@ -159,6 +159,8 @@ MAPPED_KEYS = {
     "actor_rollout_ref.rollout.dtype": "activation and KV-cache dtype of prefill and decode; weights are read in place in their own dtype and cast per matmul",
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "dtype of the trained parameters (fp32, bf16, fp16)",
     "critic.model.fsdp_config.model_dtype": "dtype of the critic's parameters",
+    "actor_rollout_ref.actor.fsdp_config.dtype": "compute dtype of the actor's and reference's forward and backward passes (mixed precision: parameters and optimizer state stay in model_dtype, each matmul reads its weight cast to this)",
+    "critic.model.fsdp_config.dtype": "compute dtype of the critic's passes",
     "actor_rollout_ref.rollout.max_num_seqs": "decode slots of the engine (continuous batching)",
     "actor_rollout_ref.rollout.max_model_len": "checked only: the KV cache holds exactly max_prompt_length + response_length slots, so it must be at least that",
     "actor_rollout_ref.rollout.calculate_log_probs": "always on: the sampler returns each sampled token's log-prob (rollout_log_probs)",
@@ -176,6 +178,8 @@ RLJAX_KEYS = {
     "trainer.logical_axis_rules": "logical axis -> mesh axis pairs; parallelism is a config change",
     "actor_rollout_ref.actor.tensor_model_parallel_size": "size of the training mesh's tensor axis",
     "actor_rollout_ref.model.scan_layers": "scan over decoder layers: compile time flat in depth",
+    "actor_rollout_ref.model.remat_policy": "with enable_gradient_checkpointing, what each layer keeps for the backward pass: full (only its input), attention (also its attention output), dots (every matmul output)",
+    "actor_rollout_ref.model.attention_kernel": "auto (pallas on TPU, xla elsewhere), xla (dense dot-product attention) or pallas (splash attention for training, log-prob and prefill passes; ragged decode attention over the live cache)",
     "actor_rollout_ref.model.share_prompt_forward": "run each prompt once for its rollout.n responses in the log-prob, value and update passes (same numbers, less work)",
     "actor_rollout_ref.model.lora_rank": "LoRA rank (verl's name); > 0 trains only the actor's adapters (rljax.models.lora), 0 = full fine-tuning; the critic stays full",
     "actor_rollout_ref.model.lora_alpha": "LoRA alpha (verl's name): adapter scale alpha / r",
@@ -330,6 +334,7 @@ def _fsdp_config() -> ConfigDict:
       "forward_prefetch": False,
       "fsdp_size": -1,
       "model_dtype": "fp32",
+      "dtype": "bfloat16",
   })
 
 
@@ -364,6 +369,8 @@ def _model() -> ConfigDict:
       "fused_kernel_options": {"impl_backend": "torch"},
       "use_shm": False,
       "scan_layers": False,
+      "remat_policy": "full",
+      "attention_kernel": "auto",
       "share_prompt_forward": True,
       **lora_defaults(),
   })
@@ -1043,8 +1050,12 @@ def _check_sampling(config: ConfigDict) -> None:
   _check_enum(config, "actor_rollout_ref.rollout.name", ROLLOUT_NAMES)
   _check_enum(config, "actor_rollout_ref.rollout.cpu_dot_library", CPU_DOT_LIBRARIES)
   for key in ("actor_rollout_ref.rollout.dtype", "actor_rollout_ref.actor.fsdp_config.model_dtype",
-              "critic.model.fsdp_config.model_dtype"):
+              "actor_rollout_ref.actor.fsdp_config.dtype", "critic.model.fsdp_config.model_dtype",
+              "critic.model.fsdp_config.dtype"):
     _check_enum(config, key, DTYPES)
+  from rljax.models import attention, remat  # pylint: disable=import-outside-toplevel
+  _check_enum(config, "actor_rollout_ref.model.remat_policy", remat.POLICIES)
+  _check_enum(config, "actor_rollout_ref.model.attention_kernel", ("auto",) + attention.KERNELS)
 
 
 def _check_algorithm(config: ConfigDict) -> None:

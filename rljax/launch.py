@@ -22,7 +22,7 @@ from ml_collections import ConfigDict
 
 from rljax import config as config_lib
 
-_CONFIG = flags.DEFINE_string("config", None, "Experiment file, e.g. configs/grpo.py or configs/grpo.py:PRESET.")
+CONFIG = flags.DEFINE_string("config", None, "Experiment file, e.g. configs/grpo.py or configs/grpo.py:PRESET.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved, validated config as YAML and exit.")
 
 _OVERRIDES: list[str] = []
@@ -46,16 +46,21 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     sys.exit(2)
 
 
+def overrides() -> list[str]:
+  """The KEY=VALUE overrides `parse_flags` took out of the command line."""
+  return list(_OVERRIDES)
+
+
 def main(argv: Sequence[str], resolve: Resolve, train: Callable[[ConfigDict], object], example: str) -> int:
   """Resolves the config from the flags, then prints it (--dry_run) or trains; returns the exit status."""
   if len(argv) > 1:
     print(f"unexpected arguments {argv[1:]}: overrides are KEY=VALUE or --config.KEY=VALUE", file=sys.stderr)
     return 2
-  if _CONFIG.value is None:
+  if CONFIG.value is None:
     print(f"--config is required, e.g. --config={example}", file=sys.stderr)
     return 2
   try:
-    config = resolve(config_lib.load_config_file(_CONFIG.value), _OVERRIDES, distributed=not _DRY_RUN.value)
+    config = resolve(config_lib.load_config_file(CONFIG.value), _OVERRIDES, distributed=not _DRY_RUN.value)
   except config_lib.ConfigError as error:
     print(f"config error: {error}", file=sys.stderr)
     return 2

@@ -28,6 +28,8 @@ SMOLLM2_ARITHMETIC: dict[str, Any] = {
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16,
     "actor_rollout_ref.actor.optim.lr": 1e-5,
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
+    "actor_rollout_ref.actor.fsdp_config.dtype": "float32",
+    "critic.model.fsdp_config.dtype": "float32",
     "actor_rollout_ref.rollout.name": "jetstream",
     "actor_rollout_ref.rollout.n": 4,
     "actor_rollout_ref.rollout.dtype": "float32",
@@ -74,9 +76,62 @@ QWEN2_5_0_5B_GSM8K: dict[str, Any] = {
     "trainer.test_freq": 5,
 }
 
+
+def _gsm8k_7b(model: str) -> dict[str, Any]:
+  """verl's GSM8K GRPO example at 7-8B (its run_qwen2-7b / llama3.1-8b launch lines) on a TPU slice.
+
+  fp32 parameters and Adam state sharded over every chip (FSDP), bfloat16
+  compute, each layer rematerialised, splash / ragged decode attention
+  (attention_kernel=auto on TPU), and micro-batches from a token budget of
+  3072 tokens (2 rows of 512 + 1024) per chip: `python -m rljax.compile`
+  fits every step in HBM on v5p-8, v6e-8 and v5e-16 (BENCHMARKS.md).
+  """
+  return {
+      "actor_rollout_ref.model.path": f"~/models/{model}",
+      "data.train_files": "~/data/gsm8k/train.parquet",
+      "data.val_files": "~/data/gsm8k/test.parquet",
+      "data.train_batch_size": 1024,
+      "data.max_prompt_length": 512,
+      "data.max_response_length": 1024,
+      "data.filter_overlong_prompts": True,
+      "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
+      "actor_rollout_ref.actor.use_dynamic_bsz": True,
+      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 3072,
+      "actor_rollout_ref.actor.optim.lr": 1e-6,
+      "actor_rollout_ref.actor.use_kl_loss": True,
+      "actor_rollout_ref.actor.kl_loss_coef": 0.001,
+      "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+      "actor_rollout_ref.actor.entropy_coeff": 0.0,
+      "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
+      "actor_rollout_ref.actor.fsdp_config.dtype": "bfloat16",
+      "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+      "actor_rollout_ref.model.remat_policy": "full",
+      "actor_rollout_ref.model.scan_layers": True,
+      "actor_rollout_ref.rollout.name": "jetstream",
+      "actor_rollout_ref.rollout.n": 5,
+      "actor_rollout_ref.rollout.dtype": "bfloat16",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+      "actor_rollout_ref.rollout.max_num_seqs": 256,
+      "actor_rollout_ref.rollout.prefill_length_buckets": [128, 256, 512],
+      "trainer.nnodes": "auto",
+      "trainer.n_gpus_per_node": "auto",
+      "trainer.device": "tpu",
+      "trainer.total_epochs": 15,
+      "trainer.project_name": "rljax_gsm8k",
+      "trainer.logger": ["console", "tensorboard"],
+      "trainer.save_freq": 20,
+      "trainer.test_freq": 5,
+  }
+
+
+QWEN2_5_7B_GSM8K = _gsm8k_7b("Qwen2.5-7B-Instruct")
+LLAMA3_1_8B_GSM8K = _gsm8k_7b("Llama-3.1-8B-Instruct")
+
 PRESETS = {
     "smollm2_arithmetic": SMOLLM2_ARITHMETIC,
     "qwen2_5_0_5b_gsm8k": QWEN2_5_0_5B_GSM8K,
+    "qwen2_5_7b_gsm8k": QWEN2_5_7B_GSM8K,
+    "llama3_1_8b_gsm8k": LLAMA3_1_8B_GSM8K,
 }
 DEFAULT_PRESET = "smollm2_arithmetic"
 

@@ -31,6 +31,7 @@ GENERATE_RLJAX_KEYS = {
                         "directories: generate with that actor instead of model.path",
     "rollout.prefill_length_buckets": "prompt lengths the engine pads to; one compilation per bucket",
     "rollout.cpu_dot_library": config_lib.RLJAX_KEYS["actor_rollout_ref.rollout.cpu_dot_library"],
+    "rollout.attention_kernel": config_lib.RLJAX_KEYS["actor_rollout_ref.model.attention_kernel"],
     "trainer.seed": "seed of the sampling PRNG key",
 }
 GENERATE_IGNORED_KEYS = {
@@ -119,6 +120,7 @@ def get_generate_config() -> ConfigDict:
           "n": 1,
           "prefill_length_buckets": list(DEFAULT_PREFILL_BUCKETS),
           "cpu_dot_library": "auto",
+          "attention_kernel": "auto",
       },
       "actor": {"strategy": "fsdp", "ulysses_sequence_parallel_size": 1, "fsdp_config": {"fsdp_size": -1}},
       "ray_init": {"num_cpus": _null(int), "timeline_json_file": _null(str)},
@@ -203,6 +205,10 @@ def _check_generate_lengths(config: ConfigDict) -> None:
   library = config.rollout.cpu_dot_library
   _check(library in config_lib.CPU_DOT_LIBRARIES, "rollout.cpu_dot_library", library,
          f"must be one of {', '.join(config_lib.CPU_DOT_LIBRARIES)}", "set rollout.cpu_dot_library=auto")
+  from rljax.models import attention  # pylint: disable=import-outside-toplevel
+  kernels = ("auto",) + attention.KERNELS
+  _check(config.rollout.attention_kernel in kernels, "rollout.attention_kernel", config.rollout.attention_kernel,
+         f"must be one of {', '.join(kernels)}", "set rollout.attention_kernel=auto")
 
 
 def validate_generate(config: ConfigDict) -> ConfigDict:

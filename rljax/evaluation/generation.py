@@ -45,11 +45,10 @@ from rljax.data import dataset as dataset_lib
 from rljax.data import tokenization
 from rljax.evaluation import cli
 from rljax.evaluation import table as table_lib
-from rljax.rollout import RolloutSampler, SamplingParams, make_engine
+from rljax.rollout import RolloutSampler, factory as rollout_factory
 from rljax.trainer import checkpointing
 
 RESPONSES_COLUMN = table_lib.RESPONSES_COLUMN
-_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _LOG = logging.getLogger(cli.LOGGER_NAME)
 
 
@@ -70,21 +69,11 @@ class Policy:
   source: str
 
 
-def compute_dtype(name: str) -> jnp.dtype:
-  """`rollout.dtype` (fp32, bf16, fp16 or a numpy name) -> a JAX dtype."""
-  return jnp.dtype(_DTYPE_NAMES.get(name, name))
-
-
 def output_path(config: ConfigDict) -> str:
   """`data.output_path`, or `NAME-responses.parquet` beside `data.path`."""
   if config.data.output_path:
     return os.path.abspath(os.path.expanduser(config.data.output_path))
   return table_lib.beside(config.data.path, "-responses.parquet")
-
-
-def prefill_buckets(prompt_length: int, buckets: Sequence[int]) -> list[int]:
-  """The configured buckets below `prompt_length`, then `prompt_length` itself (as the trainer pads)."""
-  return sorted({b for b in buckets if b < prompt_length} | {prompt_length})
 
 
 def fit_prompt(ids: Sequence[int], max_length: int, truncation: str, where: str) -> list[int]:
@@ -128,14 +117,6 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarr
   width = max(len(p) for p in prompts)
   rows = [tokenization.left_pad(p, width, pad_id)[:2] for p in prompts]
   return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
-
-
-def eos_ids(tokenizer: Any, model_cfg: models.ModelConfig) -> tuple[int, ...]:
-  """Every id that ends a response: the tokenizer's and the model config's."""
-  ids = tokenization.eos_token_ids(tokenizer)
-  eos = model_cfg.eos_token_id
-  ids += eos if isinstance(eos, list) else ([eos] if eos is not None else [])
-  return tuple(sorted({int(i) for i in ids}))
 
 
 def decode_responses(responses: np.ndarray, lengths: np.ndarray, n: int, tokenizer: Any) -> list[list[str]]:
@@ -265,7 +246,10 @@ def load_policy(config: ConfigDict, mesh: Mesh, rules: Any, tokenizer: Any) -> P
   else:
     source = os.path.expanduser(config.model.path)
     try:
-      model = models.from_pretrained(source, dtype=compute_dtype(config.rollout.dtype), mesh=mesh, rules=rules)
+      model = models.from_pretrained(source, dtype=rollout_factory.dtype_of(config.rollout.dtype), mesh=mesh,
+                                     rules=rules,
+                                     attention_kernel=rollout_factory.attention_kernel(config.rollout.attention_kernel,
+                                                                                       mesh))
     except FileNotFoundError as e:
       raise FileNotFoundError(f"model.path={config.model.path}: {e}") from e
   sharding.check_model_fits(mesh, model.cfg.num_heads, model.cfg.num_kv_heads, "rollout.tensor_model_parallel_size")
@@ -275,16 +259,13 @@ def load_policy(config: ConfigDict, mesh: Mesh, rules: Any, tokenizer: Any) -> P
 
 
 def make_sampler(policy: Policy, config: ConfigDict, mesh: Mesh, rules: Any) -> RolloutSampler:
-  """The JetStream engine and RolloutSampler for `rollout.*`, as the trainer builds them."""
+  """The JetStream engine and RolloutSampler for `rollout.*`, built as the trainer builds them."""
   rollout = config.rollout
-  engine = make_engine(
-      policy.model, max_concurrent_decodes=min(rollout.max_num_seqs, config.data.batch_size * config.data.n_samples),
-      prefill_buckets=prefill_buckets(rollout.prompt_length, rollout.prefill_length_buckets),
-      max_decode_length=rollout.response_length, sampling_params=SamplingParams.from_rollout_config(rollout),
-      eos_ids=eos_ids(policy.tokenizer, policy.model.cfg), ignore_eos=rollout.ignore_eos, mesh=mesh, rules=rules,
-      cpu_dot_library=rollout.cpu_dot_library)
-  return RolloutSampler(engine, pad_id=tokenization.pad_token_id(policy.tokenizer),
-                        free_cache=rollout.free_cache_engine)
+  stop = rollout_factory.stop_ids(policy.tokenizer, policy.model.cfg)
+  engine = rollout_factory.build_engine(
+      policy.model, rollout, prompt_length=rollout.prompt_length, mesh=mesh, rules=rules, stop=stop,
+      slots=min(rollout.max_num_seqs, config.data.batch_size * config.data.n_samples))
+  return rollout_factory.build_sampler(engine, rollout, rollout_factory.pad_id(policy.tokenizer, stop))
 
 
 def run(config: ConfigDict) -> str:

@@ -51,8 +51,7 @@ def from_pretrained(
     *,
     param_dtype: Any = None,
     override_config: Mapping[str, Any] | None = None,
-    scan_layers: bool = False,
-    remat: bool = False,
+    **options: Any,
 ) -> CausalLM:
   """Loads a causal LM from an HF directory, a .gguf file or an alias.
 
@@ -66,8 +65,9 @@ def from_pretrained(
     param_dtype: parameter dtype (default ``dtype``).
     override_config: HF config fields to override
       (``actor_rollout_ref.model.override_config.model_config``).
-    scan_layers: stack layers and run them with lax.scan.
-    remat: rematerialise each layer in the backward pass.
+    **options: ModelConfig runtime fields: scan_layers (stack layers and run
+      them with lax.scan), remat (rematerialise each layer in the backward
+      pass), remat_policy, attention_kernel.
 
   Returns:
     The CausalLM with weights on device.
@@ -80,7 +80,7 @@ def from_pretrained(
     src = checkpoint.safetensors_source(path)
   return checkpoint.make_model(
       hf_config, src, dtype=dtype, param_dtype=param_dtype, mesh=mesh, rules=rules,
-      override_config=override_config, scan_layers=scan_layers, remat=remat,
+      override_config=override_config, **options,
   )
 
 

@@ -215,6 +215,22 @@ def load_state(
   return nnx.merge(graphdef, nnx.from_flat_state(loaded))
 
 
+def abstract_state(model: nnx.Module, mesh: Mesh, rules: Rules | None) -> nnx.Module:
+  """`model` (built under `nnx.eval_shape`) with each parameter a ShapeDtypeStruct sharded by its logical names."""
+  graphdef, state = nnx.split(model)
+
+  def leaf(var):
+    sharding = NamedSharding(mesh, logical_to_spec(param_names(var), var.shape, mesh, rules))
+    return var.replace(jax.ShapeDtypeStruct(var.shape, var.dtype, sharding=sharding))
+
+  return nnx.merge(graphdef, jax.tree.map(leaf, state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+
+
+def abstract_model(cfg: ModelConfig, mesh: Mesh, rules: Rules | None) -> CausalLM:
+  """The model of `cfg` with abstract, sharded parameters: its shapes and layout, no memory."""
+  return abstract_state(nnx.eval_shape(lambda: CausalLM(cfg, nnx.Rngs(0))), mesh, rules)
+
+
 def hf_tensors(model: CausalLM) -> dict[str, np.ndarray]:
   """All parameters as host numpy arrays under their HF names and layouts."""
   cfg = model.cfg
@@ -292,11 +308,7 @@ def make_model(
     mesh: Mesh | None = None,
     rules: Rules | None = None,
     override_config: Mapping[str, Any] | None = None,
-    scan_layers: bool = False,
-    remat: bool = False,
+    **options: Any,
 ) -> CausalLM:
-  cfg = config_lib.from_hf_dict(
-      hf_config, override_config, dtype=dtype, param_dtype=param_dtype or dtype,
-      scan_layers=scan_layers, remat=remat,
-  )
+  cfg = config_lib.from_hf_dict(hf_config, override_config, dtype=dtype, param_dtype=param_dtype or dtype, **options)
   return load_state(cfg, src, mesh, rules)

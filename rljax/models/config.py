@@ -66,6 +66,8 @@ class ModelConfig:
       them with ``lax.scan`` (compile time flat in depth).
     remat: rematerialise each layer in the backward pass (gradient
       checkpointing).
+    remat_policy: what a rematerialised layer saves (``rljax.models.remat``).
+    attention_kernel: ``xla`` or ``pallas`` (``rljax.models.attention``).
     hf_extra: the remaining HF config fields, written back unchanged.
   """
 
@@ -94,6 +96,8 @@ class ModelConfig:
   param_dtype: Any = jnp.float32
   scan_layers: bool = False
   remat: bool = False
+  remat_policy: str = "full"
+  attention_kernel: str = "xla"
   hf_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __hash__(self) -> int:
@@ -157,7 +161,7 @@ def from_hf_dict(
     overrides: HF-named fields that replace those in ``d`` (verl's
       ``actor_rollout_ref.model.override_config.model_config``).
     **options: ModelConfig runtime fields (dtype, param_dtype, scan_layers,
-      remat).
+      remat, remat_policy, attention_kernel).
 
   Returns:
     The config. Raises ValueError naming the field for an unsupported

@@ -17,15 +17,17 @@ projection's output shape, added to it.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from rljax.models import rope
+from rljax.models.attention import AttentionMask, attend
 from rljax.models.config import ModelConfig
+from rljax.sharding.rules import constrain, gather, gathers, param_names
 
 Initializer = Callable[[jax.Array, tuple[int, ...], Any], jax.Array]
 _NORMAL = jax.nn.initializers.normal(0.02)
@@ -47,6 +49,56 @@ def make_param(
   return nnx.Param(
       init(rngs.params(), shape, dtype), out_sharding=names, eager_sharding=False
   )
+
+
+@jax.custom_vjp
+def _cast(x: jax.Array, dtype_of: jax.Array) -> jax.Array:
+  return x.astype(dtype_of.dtype)
+
+
+def _cast_fwd(x, dtype_of):
+  return _cast(x, dtype_of), None
+
+
+def _cast_bwd(_, grad):
+  return grad, None
+
+
+_cast.defvjp(_cast_fwd, _cast_bwd)
+
+
+def compute_cast(x: jax.Array, dtype: Any) -> jax.Array:
+  """x cast to the compute dtype, its gradient left in that dtype.
+
+  A plain cast's transpose turns a bfloat16 gradient back into the
+  parameter's float32, so every layer's gradient of a micro-batch would
+  be held in float32 before it joins the (float32) accumulator; this keeps
+  it in bfloat16, the dtype it was computed in.
+  """
+  if jnp.dtype(x.dtype) == jnp.dtype(dtype):
+    return x
+  return _cast(x, jnp.zeros((), dtype))
+
+
+def gather_layer(state: nnx.State, dtype: Any) -> nnx.State:
+  """A layer's state with its floating parameters cast to `dtype` and FSDP-gathered (`rljax.sharding.rules.gather`).
+
+  Called where a layer starts, inside its rematerialised region: the cast
+  runs on each device's shard before the gather (half the bytes of a
+  float32 gather for bfloat16 compute), and the backward pass gathers once.
+  Outside a gathering context the state is returned as it is.
+  """
+  def one(var):
+    if not isinstance(var, nnx.Param) or not jnp.issubdtype(var.dtype, jnp.floating):
+      return var
+    names = param_names(var)
+    value = var[...]
+    names = names[len(names) - value.ndim:]
+    return var.replace(gather(compute_cast(value, dtype), names))
+
+  if not gathers():
+    return state
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def with_adapter(module: nnx.Module, name: str, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -122,7 +174,7 @@ class Attention(nnx.Module):
       x: jax.Array,
       cos: jax.Array,
       sin: jax.Array,
-      mask: jax.Array,
+      mask: AttentionMask,
       kv: tuple[jax.Array, jax.Array] | None = None,
       write_index: jax.Array | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
@@ -131,8 +183,8 @@ class Attention(nnx.Module):
     Args:
       x: [B, T, D] inputs.
       cos, sin: [B, T, head_dim] RoPE tables for the T new tokens.
-      mask: [B, T, T] without a cache; [B, T, S] over the cache's slots
-        (the new tokens' slots included) with one.
+      mask: which keys each query sees: over the T new tokens without a
+        cache, over the cache's S slots (the new tokens' included) with one.
       kv: optional cache (k, v), each [B, K, S, head_dim]: the T new keys
         and values are written at row b's slots write_index[b] .. + T first,
         then attention runs over the whole cache. Written before it is read,
@@ -144,9 +196,11 @@ class Attention(nnx.Module):
       ([B, T, D] outputs, the updated (k, v) with a cache, else None).
     """
     cfg = self.cfg
-    q = self._project(x, "q")
-    k = self._project(x, "k")
-    v = self._project(x, "v")
+    heads = ("cache_batch", "length", "heads", "head_dim")
+    kv_heads = ("cache_batch", "length", "kv_heads", "head_dim")
+    q = constrain(self._project(x, "q"), heads)
+    k = constrain(self._project(x, "k"), kv_heads)
+    v = constrain(self._project(x, "v"), kv_heads)
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = rope.apply_rope(q, cos, sin), rope.apply_rope(k, cos, sin)
@@ -155,13 +209,13 @@ class Attention(nnx.Module):
     q = q.reshape(b, t, cfg.num_kv_heads, groups, hd) * jnp.asarray(hd ** -0.5, q.dtype)
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     if kv is None:
-      out = _attend(q, [(k, v, mask)], x.dtype)
       new_kv = None
     else:
       new_kv = (write_slots(kv[0], k.astype(kv[0].dtype), write_index),
                 write_slots(kv[1], v.astype(kv[1].dtype), write_index))
-      out = _attend(q, [(new_kv[0], new_kv[1], mask)], x.dtype)
-    out = out.reshape(b, t, h, hd)
+      k, v = new_kv
+    out = attend(q, k, v, mask, cfg.attention_kernel).astype(x.dtype).reshape(b, t, h, hd)
+    out = checkpoint_name(constrain(out, ("batch", "length", "heads", "head_dim")), "attention_out")
     y = with_adapter(self, "o", out, jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(x.dtype)))
     if cfg.o_bias:
       y = y + self.o_bias[...].astype(x.dtype)
@@ -171,38 +225,6 @@ class Attention(nnx.Module):
 def write_slots(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
   """[B, K, S, hd] cache with row b's T new slots [B, K, T, hd] written at index[b]."""
   return jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 1))(cache, new, index)
-
-
-def _attend(q: jax.Array, parts: list[tuple[jax.Array, jax.Array, jax.Array]], dtype) -> jax.Array:
-  """Softmax attention of scaled queries q [B, T, K, G, hd] over several key/value parts.
-
-  Each part is (keys [B, K, S_i, hd], values [B, K, S_i, hd], mask [B, T, S_i]);
-  the softmax runs over all parts' keys together, as over their concatenation,
-  without building it. Keys and values are laid out head-major ([B, K, S, hd]),
-  so the score and value contractions are plain batched matmuls over (B, K)
-  with no transpose of the (cached) keys.
-  """
-  neg = jnp.finfo(jnp.float32).min
-  scores = [jnp.where(m[:, None, None], jnp.einsum("btkgh,bksh->bkgts", q, k.astype(q.dtype)).astype(jnp.float32), neg)
-            for k, _, m in parts]
-  top = functools.reduce(jnp.maximum, [s.max(axis=-1, keepdims=True) for s in scores])
-  weights = [jnp.exp(s - top) for s in scores]
-  total = functools.reduce(jnp.add, [w.sum(axis=-1, keepdims=True) for w in weights])
-  return functools.reduce(jnp.add, [_weighted_values((w / total).astype(dtype), v.astype(dtype))
-                                     for w, (_, v, _) in zip(weights, parts)])
-
-
-def _weighted_values(weights: jax.Array, v: jax.Array) -> jax.Array:
-  """Attention outputs [B, T, K, G, hd] from weights [B, K, G, T, S] and values [B, K, S, hd].
-
-  For one new token (a decode step) the contraction is written without the
-  T axis: with it, XLA on the CPU lays the [B, 1, K, G, hd] output out
-  through a slow per-layer transpose, and the decode step at 192 cached
-  slots took 1.6x longer.
-  """
-  if weights.shape[3] == 1:
-    return jnp.einsum("bkgs,bksh->bkgh", weights[:, :, :, 0], v)[:, None]
-  return jnp.einsum("bkgts,bksh->btkgh", weights, v)
 
 
 class MLP(nnx.Module):
@@ -221,8 +243,9 @@ class MLP(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """[B, T, D] -> [B, T, D]."""
-    gate = with_adapter(self, "gate", x, x @ self.gate[...].astype(x.dtype))
-    up = with_adapter(self, "up", x, x @ self.up[...].astype(x.dtype))
+    hidden_axes = ("batch", "length", "mlp")
+    gate = constrain(with_adapter(self, "gate", x, x @ self.gate[...].astype(x.dtype)), hidden_axes)
+    up = constrain(with_adapter(self, "up", x, x @ self.up[...].astype(x.dtype)), hidden_axes)
     if self.bias:
       gate = gate + self.gate_bias[...].astype(x.dtype)
       up = up + self.up_bias[...].astype(x.dtype)
@@ -253,7 +276,8 @@ class Block(nnx.Module):
       write_index: jax.Array | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """[B, T, D] -> ([B, T, D], updated kv); see Attention for the arguments."""
+    residual = ("batch", "length", "embed")
     attn_out, kv = self.attn(self.input_norm(x), cos, sin, mask, kv, write_index)
-    x = x + attn_out
-    x = x + self.mlp(self.post_attn_norm(x))
+    x = constrain(x + constrain(attn_out, residual), residual)
+    x = constrain(x + constrain(self.mlp(self.post_attn_norm(x)), residual), residual)
     return x, kv

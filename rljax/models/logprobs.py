@@ -6,12 +6,25 @@ For tokens n with final hidden state h_n and LM-head weight W [V, D]:
   log p_n = z_n[y_n] - logsumexp(z_n)
   H_n = logsumexp(z_n) - sum_v softmax(z_n)_v z_n,v
 
-Tokens are processed in equal chunks of at most ``chunk_size``
-(``rljax.algos.entropy.map_token_chunks``), and each chunk is
-rematerialised in the backward pass, so at any time only one [chunk, V]
-block of logits (and its softmax) is alive. When all tokens fit in one
-chunk there is nothing to save by recomputing, and the logits are computed
-once.
+The sequence axis is cut into equal chunks (``chunk_layout``) of about
+``chunk_size`` tokens per device: every chunk keeps all B rows, so a batch
+sharded over devices stays sharded and each device computes the logits of
+its own rows ([rows per device, chunk, V], vocabulary split by the tensor
+rule). The weight is cast to the hidden states' dtype and gathered once
+(not per chunk). The backward pass is written out (``jax.custom_vjp``): it
+walks the vocabulary in blocks instead, from each token's logsumexp and
+expected logit saved by the forward pass; a block's logits for every token,
+its share of the hidden gradient, and its weight gradient, which is
+reduce-scattered to the weight's sharding as soon as the block is done
+(laid out [D, block] while it is reduced: TPU reduce-scatters along the
+major axis, and lowers one along the minor axis as an all-reduce). No
+[V, D] partial sum is ever held, and only about chunk_size x V logits are
+alive at once in either pass. With p = softmax(z), the logit gradients are
+
+  d log p_n / d z_n = onehot(y_n) - p_n
+  d H_n / d z_n = -p_n * (z_n - sum_v p_n,v z_n,v)
+
+divided by the temperature for the raw logits W h_n.
 """
 
 from __future__ import annotations
@@ -21,26 +34,129 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from rljax.algos.entropy import map_token_chunks
+from rljax.algos.entropy import chunk_layout
+from rljax.sharding.rules import batch_shards, constrain, gather, reduce_partials
+
+_HIDDEN = ("batch", "length", "embed")
+_LOGITS = ("batch", "length", "vocab")
+_PARTIAL_WEIGHT = ("batch", None, "vocab")
+_WEIGHT_T = ("embed", "vocab")
 
 
-def _chunk_stats(
-    h: jax.Array, targets: jax.Array, weight: jax.Array, temperature: float,
-    with_entropy: bool,
-) -> tuple[jax.Array, jax.Array]:
-  """(log_probs [C], entropy [C]) for hidden [C, D], weight [V, D], targets [C]."""
-  logits = jnp.einsum("cd,vd->cv", h, weight, preferred_element_type=jnp.float32)
-  logits = logits.astype(jnp.float32) / temperature
-  lse = jax.nn.logsumexp(logits, axis=-1)
-  target = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+def _logits(h: jax.Array, weight: jax.Array, temperature: float) -> jax.Array:
+  """[B, C, V] float32 logits / temperature for hidden [B, C, D] and weight [V, D]."""
+  z = jnp.einsum("bcd,vd->bcv", constrain(h, _HIDDEN), weight, preferred_element_type=jnp.float32)
+  return constrain(z.astype(jnp.float32) / temperature, _LOGITS)
+
+
+def _chunk_stats(h: jax.Array, targets: jax.Array, weight: jax.Array, temperature: float,
+                 with_entropy: bool) -> tuple[jax.Array, jax.Array]:
+  """(log_probs [B, C], entropy [B, C]) for hidden [B, C, D], weight [V, D], targets [B, C]."""
+  z = _logits(h, weight, temperature)
+  lse = jax.nn.logsumexp(z, axis=-1)
+  target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
   if not with_entropy:
     return target - lse, jnp.zeros_like(lse)
-  probs = jnp.exp(logits - lse[:, None])
-  entropy = lse - jnp.sum(probs * logits, axis=-1)
-  return target - lse, entropy
+  probs = jnp.exp(z - lse[..., None])
+  return target - lse, lse - jnp.sum(probs * z, axis=-1)
 
 
-@functools.partial(jax.jit, static_argnames=("chunk_size", "temperature", "with_entropy"))
+def _split(x: jax.Array, chunks: int, width: int) -> jax.Array:
+  """[B, T, ...] -> [chunks, B, width, ...], T zero-padded to chunks * width."""
+  pad = chunks * width - x.shape[1]
+  x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+  return jnp.moveaxis(x.reshape(x.shape[0], chunks, width, *x.shape[2:]), 1, 0)
+
+
+def _join(x: jax.Array, length: int) -> jax.Array:
+  """[chunks, B, width, ...] -> [B, length, ...]."""
+  x = jnp.moveaxis(x, 0, 1)
+  return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :length]
+
+
+def _gathered(weight: jax.Array, dtype) -> jax.Array:
+  """The LM-head weight in the compute dtype, whole over the batch axes (one gather, not one per chunk)."""
+  return gather(weight.astype(dtype), ("vocab", "embed"))
+
+
+def _vocab_blocks(vocab: int, tokens: int, chunk_size: int) -> tuple[int, int]:
+  """(blocks, rows per block) of the LM head for the backward pass: about chunk_size * V logits at a time.
+
+  Blocks are equal and, when there are several, whole multiples of 128 rows
+  (TPU tiles), so each reduce-scatters as one; the last block is moved back
+  to end at V, and the rows it shares with its neighbour count once.
+  """
+  block = min(vocab, max(128, -(-(chunk_size * vocab // max(1, tokens)) // 128) * 128))
+  blocks = -(-vocab // block)
+  return blocks, vocab if blocks == 1 else -(-vocab // (blocks * 128)) * 128
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _chunked(hidden, weight, targets, chunks, width, temperature, with_entropy, chunk_size):
+  return _chunked_fwd(hidden, weight, targets, chunks, width, temperature, with_entropy, chunk_size)[0]
+
+
+def _chunked_fwd(hidden, weight, targets, chunks, width, temperature, with_entropy, chunk_size):
+  """Token chunks: each keeps its logsumexp and expected logit for the backward pass."""
+  del chunk_size
+  gathered = _gathered(weight, hidden.dtype)
+
+  def stats(h, y):
+    z = _logits(h, gathered, temperature)
+    lse = jax.nn.logsumexp(z, axis=-1)
+    target = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0]
+    mean = jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1) if with_entropy else jnp.zeros_like(lse)
+    return target - lse, lse - mean, lse, mean
+
+  out = jax.lax.map(lambda xs: stats(*xs), (_split(hidden, chunks, width), _split(targets, chunks, width)))
+  logp, ent, lse, mean = (_join(x, hidden.shape[1]) for x in out)
+  if not with_entropy:
+    ent = jnp.zeros_like(ent)
+  return (logp, ent), (hidden, weight, gathered, targets, lse, mean)
+
+
+def _chunked_bwd(chunks, width, temperature, with_entropy, chunk_size, residuals, cotangents):
+  """Vocabulary blocks: each block's logits for every token of the micro-batch, the hidden gradient summed over
+  blocks, and the block's weight gradient reduce-scattered as soon as it is complete (no [V, D] partial sum
+  is ever held)."""
+  del chunks, width
+  hidden, weight, gathered, targets, lse, mean = residuals
+  g_logp, g_ent = (g.astype(jnp.float32) for g in cotangents)
+  b, t, d = hidden.shape
+  vocab = weight.shape[0]
+  shards = batch_shards(b)
+  blocks, block = _vocab_blocks(vocab, max(1, b // shards) * t, chunk_size)
+  block = min(block, vocab)
+
+  def body(carry, index):
+    dh, dw = carry
+    first = index * block
+    start = jnp.minimum(first, vocab - block)  # the last block ends at V, overlapping its neighbour
+    ids = start + jnp.arange(block)
+    w = jax.lax.dynamic_slice_in_dim(gathered, start, block, axis=0)
+    z = _logits(hidden, w, temperature)
+    p = jnp.exp(z - lse[..., None])
+    dz = g_logp[..., None] * ((targets[..., None] == ids).astype(jnp.float32) - p)
+    if with_entropy:
+      dz = dz - g_ent[..., None] * p * (z - mean[..., None])
+    dz = constrain(jnp.where(ids >= first, dz / temperature, 0.0), _LOGITS).astype(hidden.dtype)
+    dh = dh + jnp.einsum("btv,vd->btd", dz, w, preferred_element_type=jnp.float32)
+    parts = jnp.einsum("sbtv,sbtd->sdv", dz.reshape(shards, b // shards, t, block),
+                       hidden.reshape(shards, b // shards, t, d), preferred_element_type=jnp.float32)
+    block_dw = reduce_partials(constrain(parts, _PARTIAL_WEIGHT).astype(hidden.dtype), ("embed", "vocab"))
+    dw = jax.lax.dynamic_update_slice_in_dim(
+        dw, jax.lax.dynamic_slice_in_dim(dw, start, block, axis=1) + block_dw.astype(jnp.float32), start, axis=1)
+    return (constrain(dh, _HIDDEN), constrain(dw, _WEIGHT_T)), None
+
+  zeros = (constrain(jnp.zeros((b, t, d), jnp.float32), _HIDDEN),
+           constrain(jnp.zeros((d, vocab), jnp.float32), _WEIGHT_T))
+  (dh, dw), _ = jax.lax.scan(body, zeros, jnp.arange(blocks))
+  return dh.astype(hidden.dtype), dw.T.astype(weight.dtype), None
+
+
+_chunked.defvjp(_chunked_fwd, _chunked_bwd)
+
+
 def token_log_probs(
     hidden: jax.Array,
     weight: jax.Array,
@@ -53,21 +169,25 @@ def token_log_probs(
 
   Args:
     hidden: [B, T, D] final hidden states (after the final norm).
-    weight: [V, D] LM-head weight (``CausalLM.lm_head_weight()``).
+    weight: [V, D] LM-head weight (``CausalLM.lm_head_weight()``); the
+      logits are computed in hidden's dtype, its gradient comes in its own.
     targets: [B, T] int token ids to score (the next tokens).
-    chunk_size: most tokens per chunk (`map_token_chunks`); peak extra memory
-      is about 3-4 * chunk_size * V float32 values (4 with the entropy).
+    chunk_size: about the most tokens per chunk on one device (at least one
+      position of every row); peak extra memory is about 3-4 * chunk_size
+      * V float32 values per device (4 with the entropy).
     temperature: logits are divided by it first (as verl does).
-    with_entropy: compute the entropy (zeros otherwise; skips a [C, V] pass).
+    with_entropy: compute the entropy (zeros otherwise; skips a [.., V] pass).
 
   Returns:
     (log_probs [B, T], entropy [B, T]), float32; differentiable in hidden and
     weight.
   """
-  b, t, d = hidden.shape
-  stats = functools.partial(_chunk_stats, weight=weight, temperature=temperature, with_entropy=with_entropy)
-  logp, ent = map_token_chunks(stats, (hidden.reshape(b * t, d), targets.reshape(b * t)), chunk_size)
-  return logp.reshape(b, t), ent.reshape(b, t)
+  b, t, _ = hidden.shape
+  rows = max(1, b // batch_shards(b))
+  chunks, width = chunk_layout(t, max(1, chunk_size // rows))
+  if chunks == 1:
+    return _chunk_stats(hidden, targets, _gathered(weight, hidden.dtype), temperature, with_entropy)
+  return _chunked(hidden, weight, targets, chunks, width, float(temperature), bool(with_entropy), int(chunk_size))
 
 
 def naive_token_log_probs(

@@ -15,8 +15,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rljax.models import rope
+from rljax.models.attention import AttentionMask
 from rljax.models.config import ModelConfig
-from rljax.models.layers import Block, RMSNorm, make_param
+from rljax.models.layers import Block, RMSNorm, gather_layer, make_param
+from rljax.models.remat import remat_policy
+from rljax.sharding.rules import constrain
+
+_RESIDUAL = ("batch", "length", "embed")
+_CACHE = ("cache_batch", "kv_heads", "length", "head_dim")
 
 _EMBED_INIT = jax.nn.initializers.normal(0.02)
 
@@ -30,6 +36,10 @@ class KVCache(NamedTuple):
       array, so each layer reads its cache directly and each decode step
       updates each layer's donated buffer in place: slicing a stacked cache
       per layer makes XLA copy every slice and the whole cache per step.
+      The engine's caches are always per layer (a model with stacked,
+      scanned layers runs them one by one against such a cache). A cache
+      made and dropped inside one pass (the shared-prompt passes) may be
+      stacked, [L, B, K, S, head_dim] each, for a scanned model.
     mask: [B, S] bool, True for slots holding a real (non-pad) token.
     index: [B] int32, the slot where each row's next token is written.
   """
@@ -40,10 +50,13 @@ class KVCache(NamedTuple):
   index: jax.Array
 
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
-  """An empty cache for ``batch`` rows of up to ``max_len`` tokens."""
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None, stacked: bool = False) -> KVCache:
+  """An empty cache for ``batch`` rows of up to ``max_len`` tokens (``stacked``: [L, ...] arrays)."""
   shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
   dtype = dtype or cfg.dtype
+  if stacked:
+    zeros = jnp.zeros((cfg.num_layers, *shape), dtype)
+    return KVCache(k=zeros, v=zeros, mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((batch,), jnp.int32))
   return KVCache(
       k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
       v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
@@ -55,6 +68,11 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) ->
 def write_mask(cache: KVCache, valid: jax.Array) -> jax.Array:
   """[B, S] slot mask with each row's T new tokens' validity [B, T] written at its index."""
   return jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 0))(cache.mask, valid, cache.index)
+
+
+def live_slots(mask: jax.Array, end: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """([B] first slot holding a real key, [B] end): every True slot of mask [B, S] lies before `end`."""
+  return jnp.argmax(mask, axis=-1).astype(jnp.int32), end.astype(jnp.int32)
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
@@ -109,17 +127,23 @@ class CausalLM(nnx.Module):
     """[V, D] output projection (the embedding matrix when tied)."""
     return (self.embed if self.cfg.tie_word_embeddings else self.lm_head)[...]
 
+  def _embed(self, input_ids: jax.Array) -> jax.Array:
+    """[B, T] ids -> [B, T, D] embeddings in the compute dtype."""
+    return constrain(self.embed[...][input_ids].astype(self.cfg.dtype), _RESIDUAL)
+
   def _run_layers(
       self,
       x: jax.Array,
       positions: jax.Array,
-      mask: jax.Array,
+      mask: AttentionMask,
       cache: KVCache | None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """x [B, T, D] through every block; returns (x, the updated caches (k, v), L arrays [B, K, S, hd] each, or None).
+    """x [B, T, D] through every block; returns (x, the updated caches (k, v) in the cache's layout, or None).
 
-    With scan_layers the per-layer caches are stacked for the scan (a copy
-    per step: scanning trades decode speed for compile time).
+    With scan_layers, a pass without a cache or with a stacked one scans the
+    stacked layers; against per-layer caches (the engine's) the layers run
+    one after another over static slices of the stacked parameters, so each
+    layer's cache is read and written in place.
     """
     cfg = self.cfg
     inv_freq, attention_factor = rope.inv_frequencies(
@@ -128,11 +152,11 @@ class CausalLM(nnx.Module):
     write_index = None if cache is None else cache.index
 
     def apply(graphdef, state, x, kv):
-      return nnx.merge(graphdef, state)(x, cos, sin, mask, kv, write_index)
+      return nnx.merge(graphdef, gather_layer(state, cfg.dtype))(x, cos, sin, mask, kv, write_index)
 
     if cfg.remat:
-      apply = jax.checkpoint(apply, static_argnums=(0,))
-    if cfg.scan_layers:
+      apply = jax.checkpoint(apply, static_argnums=(0,), policy=remat_policy(cfg.remat_policy))
+    if cfg.scan_layers and (cache is None or not isinstance(cache.k, tuple)):
       graphdef, state = nnx.split(self.layers)
 
       def body(x, xs):
@@ -140,12 +164,15 @@ class CausalLM(nnx.Module):
         x, kv = apply(graphdef, layer_state, x, kv)
         return x, kv
 
-      kv_in = None if cache is None else (jnp.stack(cache.k), jnp.stack(cache.v))
-      x, kv_out = jax.lax.scan(body, x, (state, kv_in))
-      return x, (None if kv_out is None else (tuple(kv_out[0]), tuple(kv_out[1])))
+      x, kv_out = jax.lax.scan(body, x, (state, None if cache is None else (cache.k, cache.v)))
+      return x, kv_out
+    if cfg.scan_layers:
+      graphdef, stacked = nnx.split(self.layers)
+      layers = [(graphdef, jax.tree.map(lambda p, i=i: p[i], stacked)) for i in range(cfg.num_layers)]
+    else:
+      layers = [nnx.split(block) for block in self.layers]
     new_k, new_v = [], []
-    for i, block in enumerate(self.layers):
-      graphdef, state = nnx.split(block)
+    for i, (graphdef, state) in enumerate(layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
       x, kv = apply(graphdef, state, x, kv)
       if kv is not None:
@@ -174,11 +201,13 @@ class CausalLM(nnx.Module):
     if positions is None:
       positions = positions_from_mask(attention_mask)
     slots = jnp.arange(t, dtype=jnp.int32)
-    mask = attention_mask_3d(attention_mask.astype(bool), jnp.broadcast_to(slots, (b, t)),
-                             slots, self.cfg.sliding_window, segment_ids)
-    x = self.embed[...][input_ids].astype(self.cfg.dtype)
-    x, _ = self._run_layers(x, positions, mask, None)
-    return self.final_norm(x)
+    valid = attention_mask.astype(bool)
+    segments = segment_ids if segment_ids is not None else valid.astype(jnp.int32)
+    mask = AttentionMask(
+        dense=attention_mask_3d(valid, jnp.broadcast_to(slots, (b, t)), slots, self.cfg.sliding_window, segment_ids),
+        query_segments=segments, key_segments=segments, offset=0, window=self.cfg.sliding_window)
+    x, _ = self._run_layers(self._embed(input_ids), positions, mask, None)
+    return constrain(self.final_norm(x), _RESIDUAL)
 
   def __call__(
       self,
@@ -198,6 +227,7 @@ class CausalLM(nnx.Module):
       attention_mask: jax.Array | None = None,
       positions: jax.Array | None = None,
       last_only: bool = False,
+      query_offset: int | None = None,
   ) -> tuple[jax.Array, KVCache]:
     """Final (normed) hidden states of T new tokens per row run against a KV cache.
 
@@ -210,6 +240,10 @@ class CausalLM(nnx.Module):
       attention_mask: [B, T] 1 for real new tokens (default all 1).
       positions: [B, T] (default: real tokens already cached + cumsum - 1).
       last_only: the last new token's hidden state only ([B, 1, D]).
+      query_offset: static ``cache.index`` of every row when the caller
+        knows it (a prefill into an empty cache: 0; the responses after a
+        shared prompt: its length), which lets attention run as a flash
+        kernel (``rljax.models.attention``).
 
     Returns:
       (hidden [B, T, D] or [B, 1, D], the updated cache).
@@ -222,11 +256,14 @@ class CausalLM(nnx.Module):
       positions = seen + positions_from_mask(attention_mask)
     slots_mask = write_mask(cache, attention_mask.astype(bool))
     query_slots = cache.index[:, None] + jnp.arange(t, dtype=jnp.int32)
-    mask = attention_mask_3d(slots_mask, query_slots, jnp.arange(slots_mask.shape[1], dtype=jnp.int32),
-                             self.cfg.sliding_window)
-    x = self.embed[...][input_ids].astype(self.cfg.dtype)
-    x, (k, v) = self._run_layers(x, positions, mask, cache)
-    h = self.final_norm(x[:, -1:] if last_only else x)
+    key_slots = jnp.arange(slots_mask.shape[1], dtype=jnp.int32)
+    mask = AttentionMask(
+        dense=attention_mask_3d(slots_mask, query_slots, key_slots, self.cfg.sliding_window),
+        query_segments=attention_mask.astype(jnp.int32), key_segments=slots_mask.astype(jnp.int32),
+        offset=query_offset, window=self.cfg.sliding_window,
+        live=live_slots(slots_mask, cache.index + t) if t == 1 else None)
+    x, (k, v) = self._run_layers(self._embed(input_ids), positions, mask, cache)
+    h = constrain(self.final_norm(x[:, -1:] if last_only else x), _RESIDUAL)
     return h, KVCache(k=k, v=v, mask=slots_mask, index=cache.index + t)
 
   def step(
@@ -236,14 +273,16 @@ class CausalLM(nnx.Module):
       attention_mask: jax.Array | None = None,
       positions: jax.Array | None = None,
       last_only: bool = False,
+      query_offset: int | None = None,
   ) -> tuple[jax.Array, KVCache]:
     """Prefill or decode against a KV cache: (logits [B, T, V] or [B, 1, V], the updated cache).
 
     Arguments as in ``step_hidden``; ``last_only`` keeps a long prefill from
     ever holding [B, T, V] logits.
     """
-    h, cache = self.step_hidden(input_ids, cache, attention_mask, positions, last_only)
-    return h @ self.lm_head_weight().astype(h.dtype).T, cache
+    h, cache = self.step_hidden(input_ids, cache, attention_mask, positions, last_only, query_offset)
+    logits = h @ self.lm_head_weight().astype(h.dtype).T
+    return constrain(logits, ("batch", "length", "vocab")), cache
 
   def shared_prompt_hidden(
       self,
@@ -275,8 +314,13 @@ class CausalLM(nnx.Module):
     g, p = prompt_ids.shape
     rows, r = response_ids.shape
     n = rows // g
-    cache = init_cache(self.cfg, g, p + r)
-    last, cache = self.step_hidden(prompt_ids, cache, prompt_mask, prompt_positions, last_only=True)
-    cache = jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), cache)
-    hidden, _ = self.step_hidden(response_ids, cache, response_mask, response_positions)
+    stacked = self.cfg.scan_layers
+    cache = init_cache(self.cfg, g, p + r, stacked=stacked)
+    last, cache = self.step_hidden(prompt_ids, cache, prompt_mask, prompt_positions, last_only=True, query_offset=0)
+    names, axis = ((None, *_CACHE), 1) if stacked else (_CACHE, 0)
+    repeat = lambda x: constrain(jnp.repeat(x, n, axis=axis), names)  # noqa: E731
+    layers = (lambda f, kv: f(kv)) if stacked else (lambda f, kv: tuple(map(f, kv)))  # noqa: E731
+    cache = KVCache(k=layers(repeat, cache.k), v=layers(repeat, cache.v), mask=jnp.repeat(cache.mask, n, axis=0),
+                    index=jnp.repeat(cache.index, n, axis=0))
+    hidden, _ = self.step_hidden(response_ids, cache, response_mask, response_positions, query_offset=p)
     return last[:, 0], hidden

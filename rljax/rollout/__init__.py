@@ -1,4 +1,7 @@
-"""Rollout: a JetStream engine over rljax models and the RL sampler on top of it."""
+"""Rollout: a JetStream engine over rljax models and the RL sampler on top of it.
+
+`factory` builds both from a config's rollout node (trainer, generation, compile).
+"""
 
 from rljax.rollout.engine import (
     HAS_JETSTREAM, DecodeState, Engine, JetStreamTokenizer, Prefix, ResultTokens, bucket_for,

@@ -10,9 +10,13 @@ TensorFlow) the same class works with a local `ResultTokens` of the same
 layout.
 
 Layout. The decode state holds a KV cache of L arrays `[slots, K, S, head_dim]`
-(`S = max_prefill_length + max_decode_length`) sharded over the mesh (slots
-over data/fsdp, KV heads over tensor), the next-token logits of every slot,
-and per-slot counters. Prompts arrive right-padded to a length bucket (one
+(`S = max_prefill_length + max_decode_length`, rounded up to whole
+128-slot blocks for the Pallas decode kernel) sharded over the mesh (slots
+by the `cache_batch` rule: data x fsdp; KV heads over tensor), the
+next-token logits of every slot, and per-slot counters. Prefill traces the
+model under the job's rules (rows over data x fsdp, weights gathered, like a
+training forward pass); decode under `rljax.sharding.decode_rules`, where
+each device multiplies by the weight shard it holds and no weight moves. Prompts arrive right-padded to a length bucket (one
 compilation per bucket, not per prompt length), as JetStream pads them; the
 prefill moves the padding to the left, so a slot's cache holds the prompt
 in slots `[bucket - true_length, bucket)` (the rest masked) and generated
@@ -37,10 +41,10 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rljax.config import CPU_DOT_LIBRARIES
 from rljax.models import CausalLM, KVCache, ModelConfig, init_cache
 from rljax.rollout import jetstream_compat, sampling
 from rljax.sharding import rules as rules_lib
+from rljax.sharding.placement import Step, abstract
 
 
 _JETSTREAM = jetstream_compat.import_quietly("jetstream.engine.engine_api")
@@ -108,33 +112,6 @@ class StepOutput(NamedTuple):
   generated: jax.Array
 
 
-EIGEN_ROWS = (8, 24)
-
-
-def cpu_dot_options(library: str, rows: int) -> dict[str, str]:
-  """XLA:CPU compiler options that run the decode loop's dots through `library`.
-
-  XLA's CPU backend sends dots to YNNPACK by default. A decode step's dots
-  have one row per slot held by the device ([rows, D] x [D, F]); on a
-  2-core AVX2 host Eigen ran SmolLM2-135M's float32 decode step 1.25x
-  faster than YNNPACK at 8 rows, 1.22x at 16, 1.11x at 24, the same at 32,
-  and YNNPACK was 1.07x faster at 64; below 8 rows Eigen was 2-3x slower
-  (2, 4 and 6 rows) or the same (1 row) (BENCHMARKS.md). "auto" picks Eigen
-  for EIGEN_ROWS[0] to EIGEN_ROWS[1] rows.
-
-  Args:
-    library: auto, ynnpack or eigen (actor_rollout_ref.rollout.cpu_dot_library).
-    rows: decode rows per device.
-
-  Returns:
-    Options for `jax.jit(compiler_options=...)`; empty keeps XLA's default.
-  """
-  if library not in CPU_DOT_LIBRARIES:
-    raise ValueError(f"cpu_dot_library={library!r}: must be one of {', '.join(CPU_DOT_LIBRARIES)}")
-  eigen = library == "eigen" or (library == "auto" and EIGEN_ROWS[0] <= rows <= EIGEN_ROWS[1])
-  return {"xla_cpu_experimental_ynn_fusion_type": ""} if eigen else {}
-
-
 def bucket_for(length: int, buckets: Sequence[int]) -> int:
   """The smallest bucket >= length."""
   for bucket in buckets:
@@ -163,7 +140,7 @@ class Engine(_EngineBase):
       tokenizer: Any = None,
       params: Any = None,
       seed: int = 0,
-      cpu_dot_library: str = "auto",
+      decode_compiler_options: dict[str, str] | None = None,
   ):
     """Builds the engine.
 
@@ -181,8 +158,8 @@ class Engine(_EngineBase):
       tokenizer: an rljax tokenizer, for JetStream's tokenizer hooks.
       params: parameters `load_params()` returns (JetStream serving).
       seed: seed of the decode state's PRNG key.
-      cpu_dot_library: on the CPU, the library that runs the decode loop's
-        dots (`cpu_dot_options`); ignored on accelerators.
+      decode_compiler_options: XLA options of the decode loop's compilation
+        (`rljax.rollout.factory.decode_compiler_options`).
     """
     self.graphdef = graphdef
     self.cfg = cfg
@@ -197,12 +174,15 @@ class Engine(_EngineBase):
     self.tokenizer = tokenizer
     self._params = params
     self.seed = seed
-    self.cache_length = self.buckets[-1] + self.max_decode_length
-    self._prefill = jax.jit(self._prefill_impl)
-    self._insert = jax.jit(self._insert_impl, donate_argnums=(1,))
-    self.decode_compiler_options = self._decode_compiler_options(cpu_dot_library)
-    self._generate = jax.jit(self._generate_impl, static_argnums=(2, 3), donate_argnums=(1,),
-                             compiler_options=self.decode_compiler_options)
+    self.cache_length = cache_length(self.buckets[-1] + self.max_decode_length, cfg.attention_kernel)
+    self.decode_compiler_options = dict(decode_compiler_options or {})
+    step_rules = rules_lib.decode_rules(rules)
+    self._prefills: dict[tuple[int, int], Any] = {}
+    self._insert = jax.jit(_traced(self._mesh, rules, self._insert_impl, gather_weights=False),
+                           donate_argnums=(1,), out_shardings=self.decode_state_shardings())
+    self._generate = jax.jit(_traced(self._mesh, step_rules, self._generate_impl, gather_weights=False),
+                             static_argnums=(2, 3),
+                             donate_argnums=(1,), compiler_options=self.decode_compiler_options)
 
   # ----- JetStream properties -------------------------------------------------
 
@@ -237,42 +217,76 @@ class Engine(_EngineBase):
   def get_prefix_destination_sharding(self) -> Any:
     return None
 
-  def _decode_compiler_options(self, cpu_dot_library: str) -> dict[str, str]:
-    """`cpu_dot_options` for the slots each device decodes; none off the CPU."""
-    options = cpu_dot_options(cpu_dot_library, self.decode_state_shardings().done.shard_shape((self._slots,))[0])
-    return options if self._mesh.devices.flat[0].platform == "cpu" else {}
-
   # ----- shardings ------------------------------------------------------------
 
   def _sharding(self, names: tuple[str | None, ...], shape: tuple[int, ...]) -> NamedSharding:
-    return NamedSharding(self._mesh, rules_lib.logical_to_spec(names, shape, self._mesh, self.rules))
+    rules = rules_lib.with_cache_batch(self.rules)
+    return NamedSharding(self._mesh, rules_lib.logical_to_spec(names, shape, self._mesh, rules))
 
   def decode_state_shardings(self) -> DecodeState:
-    """NamedShardings of the decode state: slots over the batch rule, KV heads over tensor."""
+    """NamedShardings of the decode state: slots over the `cache_batch` rule, KV heads over tensor."""
     cfg, slots, length = self.cfg, self._slots, self.cache_length
     kv_shape = (slots, cfg.num_kv_heads, length, cfg.head_dim)
-    kv = (self._sharding(("batch", "kv_heads", "length", "head_dim"), kv_shape),) * cfg.num_layers
-    per_slot = self._sharding(("batch",), (slots,))
+    kv = (self._sharding(("cache_batch", "kv_heads", "length", "head_dim"), kv_shape),) * cfg.num_layers
+    per_slot = self._sharding(("cache_batch",), (slots,))
     return DecodeState(
-        cache=KVCache(k=kv, v=kv, mask=self._sharding(("batch", "length"), (slots, length)), index=per_slot),
-        logits=self._sharding(("batch", "vocab"), (slots, cfg.vocab_size)),
+        cache=KVCache(k=kv, v=kv, mask=self._sharding(("cache_batch", "length"), (slots, length)), index=per_slot),
+        logits=self._sharding(("cache_batch", "vocab"), (slots, cfg.vocab_size)),
         generated=per_slot, done=per_slot,
         key=NamedSharding(self._mesh, PartitionSpec()))
+
+  def compute_params(self, params: Any) -> Any:
+    """`params` in the engine's compute dtype (`rollout.dtype`), laid out as they are.
+
+    The same arrays when their floating dtype already is it (the trainer's
+    arrays, read in place); else one cast copy, made once per rollout rather
+    than once per decode call, so every decode step reads compute-dtype
+    weights (float32 master weights would double a step's bytes).
+    """
+    dtype = jnp.dtype(self.cfg.dtype)
+    leaves = jax.tree.leaves(params)
+    if all(not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype) == dtype for x in leaves):
+      return params
+    cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
+    if all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+      return abstract(jax.eval_shape(lambda p: jax.tree.map(cast, p), params), jax.tree.map(lambda x: x.sharding, params))
+    return jax.jit(lambda p: jax.tree.map(cast, p), out_shardings=jax.tree.map(lambda x: x.sharding, params))(params)
+
+  def prefix_shardings(self, rows: int, bucket: int) -> Prefix:
+    """NamedShardings of a prefill's output for `rows` prompts of `bucket` tokens."""
+    cfg = self.cfg
+    kv = (self._sharding(("cache_batch", "kv_heads", "length", "head_dim"),
+                         (rows, cfg.num_kv_heads, bucket, cfg.head_dim)),) * cfg.num_layers
+    per_row = self._sharding(("cache_batch",), (rows,))
+    return Prefix(cache=KVCache(k=kv, v=kv, mask=self._sharding(("cache_batch", "length"), (rows, bucket)),
+                                index=per_row),
+                  logits=self._sharding(("cache_batch", "vocab"), (rows, cfg.vocab_size)))
+
+  def prefill_fn(self, rows: int, bucket: int) -> Any:
+    """The jitted prefill of `rows` prompts padded to `bucket`: (params, tokens, lengths) -> Prefix."""
+    key = (rows, bucket)
+    if key not in self._prefills:
+      self._prefills[key] = jax.jit(_traced(self._mesh, self.rules, self._prefill_impl),
+                                    out_shardings=self.prefix_shardings(rows, bucket))
+    return self._prefills[key]
+
+  def abstract_decode_state(self) -> DecodeState:
+    """The decode state as ShapeDtypeStructs with its shardings (for lowering without allocating it)."""
+    return abstract(jax.eval_shape(self._empty_state), self.decode_state_shardings())
+
+  def _empty_state(self) -> DecodeState:
+    cfg, slots, length = self.cfg, self._slots, self.cache_length
+    return DecodeState(
+        cache=init_cache(cfg, slots, length),
+        logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
+        generated=jnp.zeros((slots,), jnp.int32),
+        done=jnp.ones((slots,), bool),
+        key=jax.random.key(self.seed))
 
   def init_decode_state(self, *args, **kwargs) -> DecodeState:
     """Empty slots, all marked done; the cache is created on its devices."""
     del args, kwargs
-    cfg, slots, length = self.cfg, self._slots, self.cache_length
-
-    def make():
-      return DecodeState(
-          cache=init_cache(cfg, slots, length),
-          logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
-          generated=jnp.zeros((slots,), jnp.int32),
-          done=jnp.ones((slots,), bool),
-          key=jax.random.key(self.seed))
-
-    return jax.jit(make, out_shardings=self.decode_state_shardings())()
+    return jax.jit(self._empty_state, out_shardings=self.decode_state_shardings())()
 
   # ----- prefill / insert / generate -----------------------------------------
 
@@ -288,7 +302,7 @@ class Engine(_EngineBase):
     mask = jnp.arange(bucket)[None, :] >= shift[:, None]
     model = nnx.merge(self.graphdef, params)
     logits, cache = model.step(left, init_cache(self.cfg, n, bucket), attention_mask=mask.astype(jnp.int32),
-                               last_only=True)
+                               last_only=True, query_offset=0)
     return Prefix(cache=cache, logits=logits[:, -1].astype(jnp.float32))
 
   def prefill(self, *, params: Any, existing_prefix: Prefix | None = None,
@@ -305,50 +319,49 @@ class Engine(_EngineBase):
     lengths = jnp.asarray(true_length, jnp.int32)
     if tokens.ndim == 1:
       tokens, lengths = tokens[None], lengths.reshape(1)
-    return self._prefill(params, tokens, lengths)
+    return self.prefill_fn(*tokens.shape)(params, tokens, lengths)
 
-  def _insert_impl(self, prefix: Prefix, state: DecodeState, slots: jax.Array, rows: jax.Array,
-                   valid: jax.Array) -> DecodeState:
-    """Copies prefix row rows[i] into decode slot slots[i] wherever valid[i]."""
+  def _insert_impl(self, prefix: Prefix, state: DecodeState, source: jax.Array) -> DecodeState:
+    """Slot s takes prefix row source[s] where source[s] >= 0 (and keeps its state where it is -1).
+
+    One gather of the chosen prefix rows into slot order, then a select over
+    the first `bucket` cache positions of every slot: no per-slot loop, and
+    no update at a dynamic index of the sharded slot axis (which would make
+    XLA gather the whole cache for each slot).
+    """
     bucket = prefix.cache.mask.shape[1]
+    chosen = source >= 0
+    take = jnp.maximum(source, 0)
 
-    def one(i, st: DecodeState) -> DecodeState:
-      slot, row = slots[i], rows[i]
+    def rows(x: jax.Array, names: tuple) -> jax.Array:
+      return rules_lib.constrain(jnp.take(x, take, axis=0), names)
 
-      def write(st: DecodeState) -> DecodeState:
-        c, p = st.cache, prefix.cache
-        put = lambda dst, src: jax.lax.dynamic_update_slice(dst, src[row][None], (slot, 0, 0, 0))
-        k = tuple(map(put, c.k, p.k))
-        v = tuple(map(put, c.v, p.v))
-        mask_row = jnp.zeros((c.mask.shape[1],), bool).at[:bucket].set(p.mask[row])
-        cache = KVCache(k=k, v=v, mask=c.mask.at[slot].set(mask_row), index=c.index.at[slot].set(p.index[row]))
-        return st._replace(cache=cache, logits=st.logits.at[slot].set(prefix.logits[row]),
-                           generated=st.generated.at[slot].set(0), done=st.done.at[slot].set(False))
+    def put(dst: jax.Array, src: jax.Array) -> jax.Array:
+      new = rows(src, ("cache_batch", "kv_heads", "length", "head_dim"))
+      head = jax.lax.slice_in_dim(dst, 0, bucket, axis=2)
+      return jax.lax.dynamic_update_slice_in_dim(dst, jnp.where(chosen[:, None, None, None], new, head), 0, axis=2)
 
-      return jax.lax.cond(valid[i], write, lambda s: s, st)
-
-    return jax.lax.fori_loop(0, slots.shape[0], one, state)
+    c, p = state.cache, prefix.cache
+    mask = jnp.pad(rows(p.mask, ("cache_batch", "length")), ((0, 0), (0, c.mask.shape[1] - bucket)))
+    cache = KVCache(k=tuple(map(put, c.k, p.k)), v=tuple(map(put, c.v, p.v)),
+                    mask=jnp.where(chosen[:, None], mask, c.mask),
+                    index=jnp.where(chosen, rows(p.index, ("cache_batch",)), c.index))
+    return state._replace(cache=cache, logits=jnp.where(chosen[:, None], rows(prefix.logits, ("cache_batch", "vocab")),
+                                                        state.logits),
+                          generated=jnp.where(chosen, 0, state.generated), done=state.done & ~chosen)
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
     """Places a one-request prefix into `slot` (the decode state is donated)."""
-    one = jnp.zeros((1,), jnp.int32)
-    return self._insert(prefix, decode_state, jnp.full((1,), slot, jnp.int32), one, jnp.ones((1,), bool))
+    return self.insert_many(prefix, decode_state, [slot], [0])
 
   def insert_many(self, prefix: Prefix, decode_state: DecodeState, slots: Sequence[int],
                   rows: Sequence[int]) -> DecodeState:
-    """Places prefix row rows[i] into slot slots[i] for every i in one call.
-
-    The index arrays are padded to `max_concurrent_decodes` so the call
-    compiles once per prefill bucket, whatever the number of insertions.
-    """
-    count = len(slots)
-    if count > self._slots:
-      raise ValueError(f"{count} insertions for {self._slots} slots")
-    pad = self._slots - count
-    slots_a = jnp.asarray(list(slots) + [0] * pad, jnp.int32)
-    rows_a = jnp.asarray(list(rows) + [0] * pad, jnp.int32)
-    valid = jnp.asarray([True] * count + [False] * pad)
-    return self._insert(prefix, decode_state, slots_a, rows_a, valid)
+    """Places prefix row rows[i] into slot slots[i] for every i in one call (compiled once per prefix shape)."""
+    if len(slots) > self._slots:
+      raise ValueError(f"{len(slots)} insertions for {self._slots} slots")
+    source = np.full((self._slots,), -1, np.int32)
+    source[np.asarray(slots, np.int64)] = np.asarray(rows, np.int32)
+    return self._insert(prefix, decode_state, jnp.asarray(source))
 
   def _step(self, params, state: DecodeState, how: sampling.SamplingParams) -> tuple[DecodeState, StepOutput]:
     """Sample every active slot from its logits, then feed the sampled token."""
@@ -385,6 +398,32 @@ class Engine(_EngineBase):
     data = jnp.stack([out.tokens[:, 0], out.valid[:, 0].astype(jnp.int32), out.generated[:, 0]], axis=1)
     return state, ResultTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
                                samples_per_slot=1)
+
+  def lowering_steps(self, params: Any, steps_per_call: int = 1,
+                     how: sampling.SamplingParams | None = None) -> list[Step]:
+    """The engine's jitted calls on abstract arguments, at the shapes a rollout uses.
+
+    Prefill at every bucket for a full refill (`max_concurrent_decodes`
+    rows, as the sampler pads), insertion of those rows, and the decode
+    loop of `steps_per_call` steps. `params` are arrays or
+    ShapeDtypeStructs with shardings.
+    """
+    rows, how = self._slots, how or self.sampling_params
+    replicated = NamedSharding(self._mesh, PartitionSpec())
+    rows_sh = self._sharding(("batch",), (rows,))
+    params = self.compute_params(abstract(params))
+    state = self.abstract_decode_state()
+    out = []
+    for bucket in self.buckets:
+      tokens = jax.ShapeDtypeStruct((rows, bucket), jnp.int32, sharding=self._sharding(("batch", None), (rows, bucket)))
+      lengths = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=rows_sh)
+      out.append(Step(f"prefill[{rows}x{bucket}]", self.prefill_fn(rows, bucket), (params, tokens, lengths)))
+    prefix = abstract(jax.eval_shape(self._prefill_impl, params, tokens, lengths),
+                      self.prefix_shardings(rows, self.buckets[-1]))
+    source = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=replicated)
+    out.append(Step(f"insert[{rows}]", self._insert, (prefix, state, source)))
+    out.append(Step(f"decode[{rows} slots x {steps_per_call}]", self._generate, (params, state, steps_per_call, how)))
+    return out
 
   # ----- tokenizer hooks --------------------------------------------------------
 
@@ -443,6 +482,19 @@ def pad_to_bucket(ids: Sequence[int], buckets: Sequence[int], pad_id: int) -> np
   out = np.full((bucket,), pad_id, np.int32)
   out[:len(ids)] = ids
   return out
+
+
+def cache_length(length: int, attention_kernel: str) -> int:
+  """KV-cache slots for prompts and responses of `length` tokens: whole decode-kernel blocks under `pallas`."""
+  return -(-length // 128) * 128 if attention_kernel == "pallas" else length
+
+
+def _traced(mesh: Mesh, rules: Any, fn, gather_weights: bool = True):
+  """`fn` traced inside `activation_sharding(mesh, rules, gather_weights)`."""
+  def wrapped(*args):
+    with rules_lib.activation_sharding(mesh, rules, gather_weights):
+      return fn(*args)
+  return wrapped
 
 
 def make_engine(model: CausalLM, compute_dtype: Any = None, **kwargs) -> Engine:

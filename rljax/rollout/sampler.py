@@ -88,7 +88,8 @@ class RolloutSampler:
     """n responses per prompt.
 
     Args:
-      params: the model parameters (the trainer's arrays, used in place).
+      params: the model parameters (the trainer's arrays, used in place when
+        they are in the engine's compute dtype, else cast once for this call).
       prompt_ids: [B, P] left-padded prompt token ids.
       prompt_mask: [B, P] 1 for prompt tokens.
       n: responses per prompt.
@@ -98,6 +99,7 @@ class RolloutSampler:
     Returns:
       A Rollout of B * n rows.
     """
+    params = self.engine.compute_params(params)
     prompt_ids, prompt_mask = np.asarray(prompt_ids), np.asarray(prompt_mask).astype(bool)
     prompts = [row[m] for row, m in zip(prompt_ids, prompt_mask)]
     if any(len(p) == 0 for p in prompts):

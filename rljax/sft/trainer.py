@@ -172,9 +172,11 @@ class SFTTrainer:
     self.lr = make_schedule(optim, self.total_steps, 1)
     self.opt_state, opt_sh = sharding.init_optimizer(tx, self.trainable, trainable_sh, self.mesh)
     self.zeros = step_lib.make_zeros(trainable_sh)
-    self.grad_step = step_lib.make_grad_step(self.graphdef, self.mesh, trainable_sh, frozen_sh, self.rows_sh)
+    self.grad_step = step_lib.make_grad_step(self.graphdef, self.mesh, self.rules, trainable_sh, frozen_sh,
+                                             self.rows_sh)
     self.apply_step = step_lib.make_apply_step(tx, self.mesh, trainable_sh, opt_sh)
-    self.eval_step = step_lib.make_eval_step(self.graphdef, self.mesh, trainable_sh, frozen_sh, self.rows_sh)
+    self.eval_step = step_lib.make_eval_step(self.graphdef, self.mesh, self.rules, trainable_sh, frozen_sh,
+                                             self.rows_sh)
 
     self.val_rows = None
     if data.val_files:

@@ -1,20 +1,42 @@
 """Logical-axis rules: parameter and activation axis names -> mesh axes.
 
 Models name every parameter axis (`embed`, `mlp`, `heads`, `kv_heads`,
-`head_dim`, `vocab`, `layers`) and activations use `batch` and `length`.
-Rules are data, `trainer.logical_axis_rules` in the config: a list of
-`[logical, mesh_axis]` pairs where the mesh axis is one name, a list of
-names, or null (replicated). The defaults shard parameters over `fsdp` on
-`embed` (FSDP) and over `tensor` on `mlp`/`heads`/`kv_heads`/`vocab` (tensor
-parallelism); batches split over `data` and `fsdp` together.
+`head_dim`, `vocab`, `layers`) and activations use `batch` and `length`
+beside the parameter names of their other axes (a block's output is
+`(batch, length, embed)`, the MLP's hidden `(batch, length, mlp)`), and
+`cache_batch` for the rows of a KV cache. Rules are data,
+`trainer.logical_axis_rules` in the config: a list of `[logical, mesh_axis]`
+pairs where the mesh axis is one name, a list of names, or null
+(replicated). The defaults shard parameters over `fsdp` on `embed` (FSDP)
+and over `tensor` on `mlp`/`heads`/`kv_heads`/`vocab` (tensor parallelism);
+batches split over `data` and `fsdp` together.
+
+Activation constraints. Inside `activation_sharding(mesh, rules)`,
+`constrain(x, names)` pins an activation to the mesh axes its names map to
+(a mesh axis is used once per array, so a batch over `fsdp` leaves `embed`
+unsharded). The jitted steps trace the model inside that context, so XLA
+keeps activations batch-sharded and gathers the weights (FSDP) instead of
+contracting over the sharded embedding and all-reducing activations.
+Outside the context `constrain` does nothing.
+
+Decode is the other way round (`decode_rules`): a decode step holds one
+token per row, so activations are tiny and the weights are what costs.
+There the batch of the residual stream splits over `data` only and `embed`
+over `fsdp`, each device multiplies by the weight shard it holds (partial
+sums, all-reduced: a few KiB per row), and only the KV cache keeps its rows
+over `data` x `fsdp`. No weight is gathered.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from typing import Any, Sequence
+import threading
+from typing import Any, Iterator, Sequence
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -55,6 +77,185 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mes
     used.update(axes)
     spec.append(axes[0] if len(axes) == 1 else axes)
   return PartitionSpec(*spec)
+
+
+def _axes(rules: Rules | None, name: str) -> tuple[str, ...]:
+  """The mesh axes the first rule for `name` maps to (empty: replicated or unlisted)."""
+  for logical, axis in rules or ():
+    if logical == name:
+      return () if axis is None else (tuple(axis) if isinstance(axis, (tuple, list)) else (axis,))
+  return ()
+
+
+def with_cache_batch(rules: Rules | None) -> list[tuple[str, Any]]:
+  """`rules` with `cache_batch` (KV-cache rows) mapped like `batch` unless the rules name it."""
+  rules = list(rules or ())
+  if any(logical == "cache_batch" for logical, _ in rules):
+    return rules
+  return [("cache_batch", _axes(rules, "batch") or None), *rules]
+
+
+def decode_rules(rules: Rules | None) -> list[tuple[str, Any]]:
+  """The rules of a decode step: weight-stationary (see the module docstring).
+
+  `cache_batch` keeps the batch rule's axes; `batch` drops the axes that
+  `embed` uses, so the residual stream is sharded over the embedding like
+  the weights that read it.
+  """
+  rules = with_cache_batch(rules)
+  embed = set(_axes(rules, "embed"))
+  batch = tuple(a for a in _axes(rules, "batch") if a not in embed)
+  rest = [(logical, axis) for logical, axis in rules if logical != "batch"]
+  return [("batch", batch or None), *rest]
+
+
+_ACTIVE = threading.local()
+
+
+def gathered_rules(rules: Rules | None) -> list[tuple[str, Any]]:
+  """`rules` without the batch rule's mesh axes on parameter names: the layout a weight is computed in
+  once FSDP has gathered it (tensor-parallel axes kept)."""
+  rules = list(rules or ())
+  batch = set(_axes(rules, "batch"))
+  out = []
+  for logical, axis in rules:
+    if logical not in ("batch", "cache_batch", "length"):
+      axis = tuple(a for a in _axes([(logical, axis)], logical) if a not in batch) or None
+    out.append((logical, axis))
+  return out
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules: Rules | None, gather_weights: bool = True) -> Iterator[None]:
+  """Within it (while a step is traced), `constrain` pins activations by `rules` over `mesh`.
+
+  With `gather_weights`, `gather` all-gathers a layer's FSDP-sharded weights
+  where the layer starts (training, log-prob and prefill passes); without it
+  (decode) weights stay where they are.
+  """
+  previous = getattr(_ACTIVE, "value", None)
+  rules = with_cache_batch(rules)
+  _ACTIVE.value = (mesh, rules, gathered_rules(rules) if gather_weights else None)
+  try:
+    yield
+  finally:
+    _ACTIVE.value = previous
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  """`x` with a sharding constraint from its logical axis `names` (x unchanged outside `activation_sharding`)."""
+  active = getattr(_ACTIVE, "value", None)
+  if active is None:
+    return x
+  mesh, rules, _ = active
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(names, x.shape, mesh, rules)))
+
+
+def gathers() -> bool:
+  """Whether the enclosing context gathers weights (`activation_sharding(gather_weights=True)`)."""
+  active = getattr(_ACTIVE, "value", None)
+  return active is not None and active[2] is not None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _gathered(x: jax.Array, whole: NamedSharding, sharded: NamedSharding) -> jax.Array:
+  return jax.lax.with_sharding_constraint(x, whole)
+
+
+def _gathered_fwd(x, whole, sharded):
+  return _gathered(x, whole, sharded), None
+
+
+def _gathered_bwd(whole, sharded, _, grad):
+  return (jax.lax.with_sharding_constraint(grad, sharded),)
+
+
+_gathered.defvjp(_gathered_fwd, _gathered_bwd)
+
+
+def gather(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  """A weight with logical axis `names`, all-gathered over the batch axes where the context gathers weights.
+
+  An explicit gather is one value of the traced program: under
+  `jax.checkpoint` the backward pass recomputes it once and both the
+  recomputed forward and the gradient matmuls read it (XLA's own gathers,
+  inserted per use, would run once for each). Its gradient goes straight
+  to the weight's own sharding, which XLA reaches by a reduce-scatter (the
+  transpose of a plain sharding constraint would ask for the whole,
+  all-reduced gradient first).
+  """
+  active = getattr(_ACTIVE, "value", None)
+  if active is None or active[2] is None:
+    return x
+  mesh, rules, whole_rules = active
+  whole = NamedSharding(mesh, logical_to_spec(names, x.shape, mesh, whole_rules))
+  sharded = NamedSharding(mesh, logical_to_spec(names, x.shape, mesh, rules))
+  return _gathered(x, whole, sharded)
+
+
+def active_mesh() -> Mesh | None:
+  """The mesh of the enclosing `activation_sharding` (None outside one)."""
+  active = getattr(_ACTIVE, "value", None)
+  return None if active is None else active[0]
+
+
+def active_spec(names: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec:
+  """The PartitionSpec `constrain` would give an array of `shape` named `names` (replicated outside a context)."""
+  active = getattr(_ACTIVE, "value", None)
+  if active is None:
+    return PartitionSpec()
+  mesh, rules, _ = active
+  return logical_to_spec(names, shape, mesh, rules)
+
+
+def _as_tuple(entry: Any) -> tuple[str, ...]:
+  return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+
+
+def reduce_partials(parts: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  """The sum over axis 0 of per-device partial sums, reduce-scattered to the layout of `names`.
+
+  `parts` is [S, ...] with S split like the batch (one partial sum per group
+  of rows, computed where those rows live). Inside `activation_sharding`
+  each device holds its own partial; the sum is a `psum_scatter` straight to
+  the layout `names` asks for (a `psum` over batch axes that layout does not
+  use), never an all-reduce of the whole array. Outside, a plain sum.
+  """
+  active = getattr(_ACTIVE, "value", None)
+  if active is None:
+    return jnp.sum(parts, axis=0)
+  mesh, rules, _ = active
+  in_spec = logical_to_spec(("batch", *names), parts.shape, mesh, rules)
+  out_spec = logical_to_spec(names, parts.shape[1:], mesh, rules)
+  batch_axes = _as_tuple(in_spec[0])
+  if not batch_axes:
+    return jnp.sum(parts, axis=0)
+  inner_spec = PartitionSpec(*in_spec[1:])
+
+  def reduce(local):
+    value = local[0]
+    used = set()
+    for dim, entry in enumerate(out_spec):
+      axes = tuple(a for a in _as_tuple(entry) if a in batch_axes)
+      if axes:
+        value = jax.lax.psum_scatter(value, axes, scatter_dimension=dim, tiled=True)
+        used.update(axes)
+    rest = tuple(a for a in batch_axes if a not in used)
+    return jax.lax.psum(value, rest) if rest else value
+
+  return jax.shard_map(reduce, mesh=mesh, in_specs=(in_spec,), out_specs=out_spec, check_vma=False,
+                       axis_names=set(batch_axes) | {a for e in in_spec[1:] for a in _as_tuple(e)})(parts)
+
+
+def batch_shards(rows: int) -> int:
+  """Devices the batch axis of `rows` rows splits over in the active context (1 outside one)."""
+  active = getattr(_ACTIVE, "value", None)
+  if active is None:
+    return 1
+  mesh, rules, _ = active
+  spec = logical_to_spec(("batch",), (rows,), mesh, rules)[0]
+  axes = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
+  return math.prod(mesh.shape[a] for a in axes)
 
 
 def param_names(var: nnx.Variable) -> tuple[str | None, ...]:

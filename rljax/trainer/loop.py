@@ -21,13 +21,18 @@ optimizer state and checkpointed "actor" arrays) and `actor_frozen` (the base
 weights, read in place by rollout, log-probs and the update). The reference
 policy is the base model without adapters over those same frozen arrays.
 The critic trains in full.
+
+The jitted steps come from `rljax.trainer.steps` and the engine from
+`rljax.rollout.factory`, the same code `rljax.compile` lowers for a TPU.
+Random streams are named (`Stream`): each draw folds in the step, the
+stream and its indices (epoch, mini-batch), so no two draws share a key.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
+import enum
 import json
 import logging
 import os
@@ -35,10 +40,8 @@ import time
 from typing import Any, Callable, Iterator
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 from ml_collections import ConfigDict
 
 from rljax.sharding.distributed import is_main_process
@@ -50,127 +53,26 @@ from rljax.algos import kl as kl_lib
 from rljax.algos import rollout_corr
 from rljax.models import lora as lora_lib
 from rljax.rewards import managers
-from rljax.rollout import RolloutSampler, SamplingParams, make_engine
-from rljax.trainer import checkpointing, faults, metrics as metrics_lib, tracking
+from rljax.rollout import SamplingParams, factory as rollout_factory
+from rljax.trainer import checkpointing, faults, metrics as metrics_lib, policy, steps as steps_lib, tracking
+from rljax.trainer.layout import balance_order, make_layout
 from rljax.trainer.optim import make_optimizer, make_schedule
 from rljax.trainer.reward_model import ModelReward
-from rljax.trainer.sequences import (as_micro_batches, make_sequences, map_micro_batches, merge_micro_batches,
-                                     prompts_shared)
-from rljax.trainer.updates import (
-    ValueModel, make_actor_update, make_critic_update, make_log_prob_fn, make_value_fn,
-)
+from rljax.trainer.sequences import as_micro_batches, make_sequences, merge_micro_batches, prompts_shared
 
 _LOG = logging.getLogger("rljax.trainer")
-_DTYPES = {"fp32": jnp.float32, "float32": jnp.float32, "bf16": jnp.bfloat16, "bfloat16": jnp.bfloat16,
-           "fp16": jnp.float16, "float16": jnp.float16}
 _ROW_KEYS = ("data_source", "reward_model", "extra_info")
 
 
-@dataclasses.dataclass
-class Layout:
-  """Batch geometry derived from the config.
+class Stream(enum.IntEnum):
+  """The trainer's random streams; a key is (seed, step, stream, indices...)."""
 
-  Attributes:
-    n: responses per prompt.
-    rows: rows per step (train_batch_size * n).
-    mini_rows: rows per mini-batch.
-    micro_batches: micro-batches per mini-batch.
-    total_steps: training steps of the run.
-  """
-
-  n: int
-  rows: int
-  mini_rows: int
-  micro_batches: int
-  total_steps: int
-
-  @property
-  def minis(self) -> int:
-    return self.rows // self.mini_rows
-
-
-def largest_divisor(n: int, cap: int) -> int:
-  """The largest divisor of n that is at most cap (at least 1)."""
-  return max(d for d in range(1, n + 1) if n % d == 0 and d <= max(1, cap))
-
-
-def micro_batch_count(config: ConfigDict, mini_rows: int, data_parallel: int, row_tokens: int) -> int:
-  """Micro-batches per mini-batch from the per-device micro size or token budget.
-
-  With use_dynamic_bsz, rows are padded to P + R tokens (static shapes), so
-  the per-device budget `ppo_max_token_len_per_gpu` buys
-  budget // (P + R) rows per device.
-  """
-  actor = config.actor_rollout_ref.actor
-  per_device = mini_rows // data_parallel
-  if actor.use_dynamic_bsz:
-    micro = largest_divisor(per_device, actor.ppo_max_token_len_per_gpu // row_tokens)
-  else:
-    micro = actor.ppo_micro_batch_size_per_gpu
-  return per_device // micro
-
-
-def forward_micro_batches(rows: int, data_parallel: int, row_tokens: int, micro_per_device: int | None,
-                          use_dynamic_bsz: bool, max_token_len: int | None) -> int:
-  """Micro-batches a forward pass (old/ref log-probs, values, rewards) over `rows` takes.
-
-  Each device holds at most `micro_per_device` rows at once (None: all its
-  rows), or with use_dynamic_bsz `max_token_len // row_tokens` rows; the
-  count is rounded so the micro-batches are equal (results do not depend on
-  it, only peak memory does).
-  """
-  per_device = rows // data_parallel
-  cap = (max_token_len // row_tokens) if use_dynamic_bsz and max_token_len else (micro_per_device or per_device)
-  return per_device // largest_divisor(per_device, cap)
-
-
-def make_layout(config: ConfigDict, batches_per_epoch: int, data_parallel: int) -> Layout:
-  data, arr = config.data, config.actor_rollout_ref
-  n = arr.rollout.n
-  rows = data.train_batch_size * n
-  mini_rows = arr.actor.ppo_mini_batch_size * n
-  total = config.trainer.total_training_steps or batches_per_epoch * config.trainer.total_epochs
-  row_tokens = data.max_prompt_length + arr.rollout.response_length
-  return Layout(n=n, rows=rows, mini_rows=mini_rows,
-                micro_batches=micro_batch_count(config, mini_rows, data_parallel, row_tokens),
-                total_steps=int(total))
-
-
-def balance_order(lengths: np.ndarray, parts: int, group: int = 1) -> np.ndarray:
-  """A permutation giving each of `parts` equal row blocks similar token totals.
-
-  Groups of `group` consecutive rows (one prompt's responses) move together:
-  groups sorted by their token total are dealt snake-wise (0..k-1, k-1..0,
-  ...) to the blocks, then the blocks are laid out one after another.
-  """
-  totals = lengths.reshape(-1, group).sum(-1)
-  order = np.argsort(-totals, kind="stable")
-  blocks = [[] for _ in range(parts)]
-  for i, g in enumerate(order):
-    lap, pos = divmod(i, parts)
-    blocks[pos if lap % 2 == 0 else parts - 1 - pos].append(g)
-  groups = np.concatenate([np.asarray(b, np.int64) for b in blocks])
-  return (groups[:, None] * group + np.arange(group)).reshape(-1)
-
-
-def prompt_group_size(config: ConfigDict, layout: Layout, data_parallel: int) -> int:
-  """Rows per shared prompt in the trainer's forward and update passes (1: no sharing).
-
-  Rollout rows come in verl's groups (row p * n + j answers prompt p), and
-  stay grouped unless balance_batch has to split groups to give every
-  data-parallel device equal rows.
-  """
-  n = layout.n
-  if not config.actor_rollout_ref.model.share_prompt_forward or n == 1:
-    return 1
-  if config.trainer.balance_batch and data_parallel > 1 and (layout.rows // n) % data_parallel:
-    return 1
-  return n
-
-
-def pass_group_size(group: int, rows: int, micro_batches: int) -> int:
-  """`group` when every micro-batch of rows // micro_batches rows holds whole groups, else 1."""
-  return group if (rows // micro_batches) % group == 0 else 1
+  ROLLOUT = 1
+  GREEDY = 2
+  SHUFFLE = 3
+  CRITIC_UPDATE = 4
+  ACTOR_UPDATE = 5
+  VALIDATION = 6
 
 
 COMPONENT_PREFIX = "reward_extra/"
@@ -230,71 +132,60 @@ class RLTrainer:
     self.rules = sharding.rules_from_config(config)
     self.data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
     arr = config.actor_rollout_ref
-    self.temperature = float(arr.rollout.temperature) or 1.0
     self.run_dir = tracking.local_run_dir(config.trainer.default_local_dir, config.trainer.project_name,
                                           config.trainer.experiment_name)
     self.base_key = jax.random.key(config.trainer.seed)
 
-    model = self._load_model(arr.model.path)
-    self.lora = lora_lib.LoRAConfig.from_model_config(arr.model) if arr.model.lora_rank > 0 else None
-    if self.lora is not None:
-      lora_lib.apply_lora(model, self.lora, jax.random.fold_in(self.base_key, 7), self.mesh, self.rules)
+    model = policy.load_actor(config, self.mesh, self.rules, self.base_key)
+    self.lora = policy.lora_config(config)
     self.cfg = model.cfg
     sharding.check_model_fits(self.mesh, self.cfg.num_heads, self.cfg.num_kv_heads)
     self.tokenizer = models.load_tokenizer(config.data.tokenizer or arr.model.path)
     self.graphdef, self.actor_trainable, self.actor_frozen = lora_lib.split_trainable(model)
-    self.param_sh = jax.tree.map(lambda x: x.sharding, self.actor_trainable)
-    self.row_axes = sharding.batch_sharding(self.mesh, self.rules, ndim=1).spec[0]
 
     self.train_iter = data_lib.make_train_iterator(config, self.tokenizer, jax.process_index(), jax.process_count())
     if not (config.reward_model.enable or config.custom_reward_function.path):
       rewards.check_data_sources(data_lib.as_file_list(config.data.train_files)
                                  + data_lib.as_file_list(config.data.val_files))
     self.layout = make_layout(config, self.train_iter.batches_per_epoch, self.data_parallel)
+    self.need_ref = steps_lib.needs_reference(config)
+    self.ref_graphdef, self.ref_params = (policy.reference(model, self.graphdef, self.actor_params, self.lora)
+                                          if self.need_ref else (None, None))
+    lora_dropout = self.lora is not None and self.lora.dropout > 0
+    self.on_policy = steps_lib.on_policy(config, self.layout, lora_dropout)
+    self.use_critic = steps_lib.uses_critic(config)
     updates_per_step = arr.actor.ppo_epochs * self.layout.minis
     actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, self.layout.total_steps, updates_per_step)
     self.actor_lr = make_schedule(arr.actor.optim, self.layout.total_steps, updates_per_step)
-    self.actor_opt, self.actor_opt_sh = sharding.init_optimizer(actor_tx, self.actor_trainable, self.param_sh, self.mesh)
-    self.group = prompt_group_size(config, self.layout, self.data_parallel)
-    lora_dropout = self.lora is not None and self.lora.dropout > 0
-    self.actor_update = make_actor_update(self.graphdef, arr.actor, actor_tx, self.temperature,
-                                          (self.param_sh, self.actor_opt_sh),
-                                          group_size=self._update_group(per_row=lora_dropout))
-    self.forward_micros = self._forward_micro_batches()
-    self.log_prob_fn = map_micro_batches(make_log_prob_fn(self.graphdef, self.temperature, with_entropy=False,
-                                                          group_size=self._forward_group("old_log_prob")))
-
+    param_sh = steps_lib.shardings_of(self.actor_trainable)
+    self.actor_opt, actor_opt_sh = sharding.init_optimizer(actor_tx, self.actor_trainable, param_sh, self.mesh)
+    critic = None
+    if self.use_critic:
+      critic_graphdef, self.critic_params = nnx.split(policy.load_critic(config, self.mesh, self.rules))
+      critic_tx = make_optimizer(config.critic.optim, config.critic.grad_clip, self.layout.total_steps,
+                                 config.critic.ppo_epochs * self.layout.minis)
+      self.critic_opt, critic_opt_sh = sharding.init_optimizer(
+          critic_tx, self.critic_params, steps_lib.shardings_of(self.critic_params), self.mesh)
+      critic = (critic_graphdef, self.critic_params, critic_tx, critic_opt_sh)
+    self.steps = steps_lib.build_rl_steps(
+        config, self.layout, self.mesh, self.rules, graphdef=self.graphdef, trainable=self.actor_trainable,
+        frozen=self.actor_frozen, actor_tx=actor_tx, actor_opt_sh=actor_opt_sh, lora_dropout=lora_dropout,
+        reference=(self.ref_graphdef, self.ref_params) if self.need_ref else None, critic=critic)
     alg = config.algorithm
-    self.need_ref = bool(arr.actor.use_kl_loss or alg.use_kl_in_reward)
-    ref_graphdef, self.ref_params = self._reference(model) if self.need_ref else (self.graphdef, None)
-    self.ref_log_prob_fn = map_micro_batches(make_log_prob_fn(ref_graphdef, self.temperature, with_entropy=False,
-                                                              group_size=self._forward_group("ref")))
     corr = alg.rollout_correction
     self.rollout_correction = bool(corr.rollout_is or corr.rollout_rs)
-    self.on_policy = (arr.actor.ppo_epochs == 1 and self.layout.minis == 1 and not alg.use_kl_in_reward
-                      and not self.rollout_correction and not corr.bypass_mode
-                      and not (self.lora is not None and self.lora.dropout > 0))
     self.kl_ctrl = kl_lib.get_kl_controller(alg.kl_ctrl)
 
-    self.use_critic = config.critic.enable if config.critic.enable is not None else alg.adv_estimator == "gae"
-    if self.use_critic:
-      self._build_critic(updates_per_step)
-
-    eos = self._eos_ids()
-    buckets = sorted({b for b in arr.rollout.prefill_length_buckets if b < config.data.max_prompt_length}
-                     | {config.data.max_prompt_length})
-    engine = make_engine(model, compute_dtype=_DTYPES[arr.rollout.dtype],
-                         max_concurrent_decodes=min(arr.rollout.max_num_seqs, self.layout.rows),
-                         prefill_buckets=buckets, max_decode_length=arr.rollout.response_length,
-                         sampling_params=SamplingParams.from_rollout_config(arr.rollout), eos_ids=eos,
-                         ignore_eos=arr.rollout.ignore_eos, mesh=self.mesh, rules=self.rules,
-                         cpu_dot_library=arr.rollout.cpu_dot_library)
-    self.sampler = RolloutSampler(engine, pad_id=self._pad_id(), free_cache=arr.rollout.free_cache_engine)
+    stop = rollout_factory.stop_ids(self.tokenizer, self.cfg)
+    engine = rollout_factory.build_engine(model, arr.rollout, prompt_length=config.data.max_prompt_length,
+                                          slots=min(arr.rollout.max_num_seqs, self.layout.rows), mesh=self.mesh,
+                                          rules=self.rules, stop=stop)
+    self.sampler = rollout_factory.build_sampler(engine, arr.rollout, rollout_factory.pad_id(self.tokenizer, stop))
     self.val_sampling = SamplingParams.from_rollout_config(arr.rollout.val_kwargs)
     self.reward_manager = managers.make_reward_manager(config, self.tokenizer)
     self.model_reward = (ModelReward(config, self.tokenizer, self.mesh, self.rules,
-                                     _DTYPES[arr.actor.fsdp_config.model_dtype], self._place,
-                                     self.forward_micros["reward_model"])
+                                     rollout_factory.dtype_of(arr.actor.fsdp_config.model_dtype), self._place_micro,
+                                     self.layout.forward_micros["reward_model"])
                          if config.reward_model.enable else None)
     self.checkpointer = checkpointing.Checkpointer.from_config(config)
     self.tracker = tracking.Tracker(config, self.run_dir, self.layout.total_steps)
@@ -308,89 +199,32 @@ class RLTrainer:
     """The actor's whole state: what trains and, under LoRA, the frozen base (one view, no copy)."""
     return nnx.merge_state(self.actor_trainable, self.actor_frozen)
 
-  def _reference(self, model: models.CausalLM) -> tuple[nnx.GraphDef, nnx.State]:
-    """The reference policy: a copy of the initial actor, or under LoRA the base model
-    without adapters over the actor's own frozen arrays (only modules_to_save are copied)."""
-    if self.lora is not None:
-      return lora_lib.reference_split(model)
-    return self.graphdef, jax.tree.map(jnp.copy, self.actor_params)
+  @property
+  def group(self) -> int:
+    """Rows per shared prompt in the trainer's passes (1: no sharing)."""
+    return self.layout.group
 
-  def _load_model(self, path: str) -> models.CausalLM:
-    arr = self.config.actor_rollout_ref
-    return models.from_pretrained(
-        path, dtype=_DTYPES[arr.actor.fsdp_config.model_dtype], mesh=self.mesh, rules=self.rules,
-        override_config=arr.model.override_config.model_config.to_dict(), scan_layers=arr.model.scan_layers,
-        remat=arr.model.enable_gradient_checkpointing)
+  def forward(self, step: steps_lib.Step, params: Any, rows: dict[str, np.ndarray]) -> Any:
+    """A forward Step over `rows` in its micro-batches, merged on the host."""
+    spec = step.args[1]
+    micro = next(iter(spec.values())).shape[0]
+    return jax.tree.map(merge_micro_batches, step(params, steps_lib.place(as_micro_batches(rows, micro), spec)))
 
-  def _build_critic(self, updates_per_step: int) -> None:
-    critic = self.config.critic
-    backbone = self._load_model(critic.model.path)
-    value_model = ValueModel(backbone, nnx.Rngs(self.config.trainer.seed + 1))
-    self.critic_graphdef, critic_params = nnx.split(value_model)
-    critic_sh = sharding.param_shardings(critic_params, self.mesh, self.rules)
-    self.critic_params = sharding.shard_like(critic_params, critic_sh)
-    tx = make_optimizer(critic.optim, critic.grad_clip, self.layout.total_steps, critic.ppo_epochs * self.layout.minis)
-    self.critic_opt, opt_sh = sharding.init_optimizer(tx, self.critic_params, critic_sh, self.mesh)
-    self.critic_update = make_critic_update(self.critic_graphdef, critic, tx, (critic_sh, opt_sh),
-                                            group_size=self._update_group())
-    self.value_fn = map_micro_batches(make_value_fn(self.critic_graphdef, self._forward_group("values")))
-
-  def _forward_micro_batches(self) -> dict[str, int]:
-    """Micro-batch counts of the forward passes, from their verl keys."""
-    config, arr = self.config, self.config.actor_rollout_ref
-    fwd = functools.partial(forward_micro_batches, self.layout.rows, self.data_parallel,
-                            config.data.max_prompt_length + arr.rollout.response_length)
-    critic, rm = config.critic, config.reward_model
-    return {
-        "old_log_prob": fwd(arr.rollout.log_prob_micro_batch_size_per_gpu, arr.rollout.log_prob_use_dynamic_bsz,
-                            arr.rollout.log_prob_max_token_len_per_gpu),
-        "ref": fwd(arr.ref.log_prob_micro_batch_size_per_gpu, arr.ref.log_prob_use_dynamic_bsz,
-                   arr.ref.log_prob_max_token_len_per_gpu),
-        "values": fwd(critic.forward_micro_batch_size_per_gpu, critic.use_dynamic_bsz,
-                      critic.forward_max_token_len_per_gpu),
-        "reward_model": fwd(rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu),
-    }
-
-  def _update_group(self, per_row: bool = False) -> int:
-    """Rows per shared prompt in the actor and critic updates: 1 when mini-batches are shuffled
-    (groups split) or per_row (LoRA dropout draws a mask per row's prompt)."""
-    if per_row or self.config.actor_rollout_ref.actor.shuffle:
-      return 1
-    return pass_group_size(self.group, self.layout.mini_rows, self.layout.micro_batches)
-
-  def _forward_group(self, phase: str) -> int:
-    """Rows per shared prompt in a forward pass (see prompt_group_size)."""
-    return pass_group_size(self.group, self.layout.rows, self.forward_micros[phase])
-
-  def _forward(self, fn: Any, params: Any, rows: dict[str, np.ndarray], phase: str) -> Any:
-    """fn(params, micro-batch) over `rows` in forward_micros[phase] micro-batches, merged on the host."""
-    micro = self.forward_micros[phase]
-    return jax.tree.map(merge_micro_batches, fn(params, self._place(as_micro_batches(rows, micro), micro=True)))
-
-  def _eos_ids(self) -> tuple[int, ...]:
-    ids = list(getattr(self.tokenizer, "eos_token_ids", None) or [])
-    eos = self.cfg.eos_token_id
-    ids += eos if isinstance(eos, list) else ([eos] if eos is not None else [])
-    return tuple(sorted(set(int(i) for i in ids)))
-
-  def _pad_id(self) -> int:
-    pad = getattr(self.tokenizer, "pad_token_id", None)
-    return int(pad) if pad is not None else (self._eos_ids() or (0,))[0]
-
-  # ----- placement ----------------------------------------------------------------
-
-  def _rows(self, x: np.ndarray, micro: bool = False) -> jax.Array:
-    """Places a host array: rows over the batch axes (dim 1 for micro-batched arrays)."""
-    axes = (None, self.row_axes) if micro else (self.row_axes,)
-    return jax.device_put(x, NamedSharding(self.mesh, PartitionSpec(*axes)))
-
-  def _place(self, batch: dict[str, np.ndarray], micro: bool = False) -> dict[str, jax.Array]:
-    return {k: self._rows(v, micro) for k, v in batch.items()}
+  def _place_micro(self, batch: dict[str, np.ndarray], micro: bool = True) -> dict[str, jax.Array]:
+    """[M, rows, ...] host arrays with rows over the batch rule (the reward model's inputs)."""
+    del micro
+    shardings = {k: jax.sharding.NamedSharding(self.mesh, sharding.logical_to_spec(
+        (None, "batch") + (None,) * (np.ndim(v) - 2), np.shape(v), self.mesh, self.rules)) for k, v in batch.items()}
+    return {k: jax.device_put(v, shardings[k]) for k, v in batch.items()}
 
   # ----- one step -------------------------------------------------------------------
 
-  def _key(self, purpose: int) -> jax.Array:
-    return jax.random.fold_in(jax.random.fold_in(self.base_key, self.step), purpose)
+  def _key(self, stream: Stream, *indices: int) -> jax.Array:
+    """The key of draw `indices` of `stream` at this step."""
+    key = jax.random.fold_in(jax.random.fold_in(self.base_key, self.step), int(stream))
+    for index in indices:
+      key = jax.random.fold_in(key, index)
+    return key
 
   def _score(self, batch: dict[str, Any], rollout: Any, use_model: bool = True) -> managers.RewardResult:
     """Token-level scores [N, R] of a rollout: the reward model's (when enabled and use_model), else the
@@ -418,7 +252,7 @@ class RLTrainer:
     """remax: [N] the reward of each row's prompt's greedy response."""
     with timed(timing, "gen_max"):
       greedy = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"], 1,
-                                     self._key(1), SamplingParams(greedy=True))
+                                     self._key(Stream.GREEDY), SamplingParams(greedy=True))
     per_prompt = np.zeros(len(batch["input_ids"]), np.float32)
     per_prompt[greedy.prompt_index] = self._score(batch, greedy).reward_tensor.sum(-1)
     return per_prompt[idx]
@@ -426,7 +260,7 @@ class RLTrainer:
   def _rollout(self, batch: dict[str, Any], timing: dict[str, float]) -> dict[str, np.ndarray]:
     with timed(timing, "gen"):
       rollout = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"],
-                                      self.layout.n, self._key(0))
+                                      self.layout.n, self._key(Stream.ROLLOUT))
     idx = rollout.prompt_index
     rows = make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
                           rollout.response_mask)
@@ -449,18 +283,18 @@ class RLTrainer:
     """Adds old/ref log-probs, values, rewards, advantages and returns to `rows`."""
     model_keys = ("input_ids", "attention_mask", "positions", "responses", "response_mask")
     model_rows = {k: rows[k] for k in model_keys}
-    if not prompts_shared(model_rows, self.group):
+    if not prompts_shared(model_rows, self.layout.group):
       raise RuntimeError(f"rows are not in groups of {self.group} sharing a prompt; set "
                          "actor_rollout_ref.model.share_prompt_forward=false and report this")
     if not self.on_policy:
       with timed(timing, "old_log_prob"):
-        rows["old_log_probs"] = self._forward(self.log_prob_fn, self.actor_params, model_rows, "old_log_prob")[0]
+        rows["old_log_probs"] = self.forward(self.steps.old_log_prob, self.actor_params, model_rows)[0]
     if self.need_ref:
       with timed(timing, "ref"):
-        rows["ref_log_prob"] = self._forward(self.ref_log_prob_fn, self.ref_params, model_rows, "ref")[0]
+        rows["ref_log_prob"] = self.forward(self.steps.ref_log_prob, self.ref_params, model_rows)[0]
     if self.use_critic:
       with timed(timing, "values"):
-        rows["values"] = self._forward(self.value_fn, self.critic_params, model_rows, "values")
+        rows["values"] = self.forward(self.steps.values, self.critic_params, model_rows)
     alg = self.config.algorithm
     with timed(timing, "adv"):
       token_rewards = rows["token_level_scores"]
@@ -491,36 +325,36 @@ class RLTrainer:
       rows["rollout_is_weights"] = np.asarray(weights, np.float32)
     step_metrics.update({k: float(v) for k, v in corr_metrics.items()})
 
-  def _minibatches(self, rows: dict[str, np.ndarray], keys: tuple[str, ...], epoch: int) -> Iterator[dict]:
+  def _minibatches(self, rows: dict[str, np.ndarray], step: steps_lib.Step, epoch: int) -> Iterator[dict]:
+    """The mini-batches of one epoch, placed as `step` takes them (its batch argument's keys and shardings)."""
+    spec = step.args[2]
     order = np.arange(self.layout.rows)
     if self.config.actor_rollout_ref.actor.shuffle:
-      order = np.asarray(jax.random.permutation(self._key(100 + epoch), self.layout.rows))
+      order = np.asarray(jax.random.permutation(self._key(Stream.SHUFFLE, epoch), self.layout.rows))
     for m in range(self.layout.minis):
       take = order[m * self.layout.mini_rows:(m + 1) * self.layout.mini_rows]
-      yield self._place(as_micro_batches({k: rows[k][take] for k in keys if k in rows}, self.layout.micro_batches),
-                        micro=True)
+      yield steps_lib.place(as_micro_batches({k: rows[k][take] for k in spec}, self.layout.micro_batches), spec)
 
   def _update(self, rows: dict[str, np.ndarray], timing: dict[str, float], step_metrics: dict) -> None:
-    model_keys = ("input_ids", "attention_mask", "positions", "responses", "response_mask")
     actor, critic_cfg = self.config.actor_rollout_ref.actor, self.config.critic
     collected: list[dict] = []
     if self.use_critic:
       with timed(timing, "update_critic"):
         for epoch in range(critic_cfg.ppo_epochs):
-          for i, mini in enumerate(self._minibatches(rows, model_keys + ("values", "returns"), epoch)):
-            self.critic_params, self.critic_opt, m = self.critic_update(
-                self.critic_params, self.critic_opt, mini, self._key(200 + epoch * 1000 + i))
+          for i, mini in enumerate(self._minibatches(rows, self.steps.critic_update, epoch)):
+            self.critic_params, self.critic_opt, m = self.steps.critic_update(
+                self.critic_params, self.critic_opt, mini, self._key(Stream.CRITIC_UPDATE, epoch, i))
             collected.append(m)
         jax.block_until_ready(self.critic_params)
     if self.step >= self.config.trainer.critic_warmup:
       if actor.positive_nll_coef:
         rows["positive"] = (rows["token_level_scores"].sum(-1) > 0)
-      keys = model_keys + ("advantages", "old_log_probs", "ref_log_prob", "rollout_is_weights", "positive")
       with timed(timing, "update_actor"):
         for epoch in range(actor.ppo_epochs):
-          for i, mini in enumerate(self._minibatches(rows, keys, epoch)):
-            self.actor_trainable, self.actor_opt, m = self.actor_update(
-                self.actor_trainable, self.actor_opt, mini, self._key(300 + epoch * 1000 + i), self.actor_frozen)
+          for i, mini in enumerate(self._minibatches(rows, self.steps.actor_update, epoch)):
+            self.actor_trainable, self.actor_opt, m = self.steps.actor_update(
+                self.actor_trainable, self.actor_opt, mini, self._key(Stream.ACTOR_UPDATE, epoch, i),
+                self.actor_frozen)
             collected.append(m)
         jax.block_until_ready(self.actor_trainable)
       step_metrics["actor/lr"] = float(self.actor_lr(self.step * actor.ppo_epochs * self.layout.minis))
@@ -538,7 +372,7 @@ class RLTrainer:
     with timed(timing, "step"):
       rows = self._rollout(batch, timing)
       if self.config.trainer.balance_batch and self.data_parallel > 1:
-        order = balance_order(rows["attention_mask"].sum(-1), self.data_parallel, self.group)
+        order = balance_order(rows["attention_mask"].sum(-1), self.data_parallel, self.layout.group)
         rows = {k: v[order] for k, v in rows.items()}
       self._experience(rows, timing, step_metrics)
       self._update(rows, timing, step_metrics)
@@ -559,7 +393,7 @@ class RLTrainer:
     for i, batch in enumerate(data_lib.make_val_batches(self.config, self.tokenizer, jax.process_index(),
                                                         jax.process_count())):
       rollout = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"], val.n,
-                                      jax.random.fold_in(self._key(400), i), self.val_sampling)
+                                      self._key(Stream.VALIDATION, i), self.val_sampling)
       idx = rollout.prompt_index
       result = self._score(batch, rollout, use_model=False)
       row_scores = result.reward_tensor.sum(-1)
@@ -647,4 +481,4 @@ def run(config: ConfigDict) -> dict[str, float]:
   return metrics
 
 
-__all__ = ["RLTrainer", "run", "balance_order", "make_layout", "micro_batch_count"]
+__all__ = ["RLTrainer", "Stream", "run"]

@@ -18,7 +18,7 @@ from rljax.evaluation import cli
 from rljax.evaluation import config as eval_config
 from rljax.evaluation import generation
 from rljax.models import from_pretrained, load_tokenizer, save_pretrained
-from rljax.rollout import RolloutSampler, SamplingParams, make_engine
+from rljax.rollout import RolloutSampler, SamplingParams, factory, make_engine
 from rljax.trainer.checkpointing import Checkpointer
 from tests.trainer import tiny_run
 
@@ -203,6 +203,7 @@ def test_missing_model_names_the_key(tiny, capsys, override, needle):
     ("rollout.temperature=0", "data.n_samples=4: greedy decoding"),
     ("trainer.n_gpus_per_node=64", "trainer.n_gpus_per_node=64: asks for 64 devices"),
     ("rollout.cpu_dot_library=blas", "rollout.cpu_dot_library='blas': must be one of auto, ynnpack, eigen"),
+    ("rollout.attention_kernel=flash", "rollout.attention_kernel='flash': must be one of auto, xla, pallas"),
 ])
 def test_bad_keys_are_config_errors(tiny, capsys, override, needle):
   assert generate_cli.main(generate_args(tiny, tiny["root"] / "never.parquet", override)) == 2
@@ -213,7 +214,7 @@ def test_paths_buckets_and_dry_run(capsys):
   config = eval_config.get_generate_config()
   config_lib.apply_overrides(config, ["data.path=/data/x/test.parquet"])
   assert generation.output_path(config) == "/data/x/test-responses.parquet"
-  assert generation.prefill_buckets(96, [32, 64, 128]) == [32, 64, 96]
+  assert factory.prefill_buckets(96, [32, 64, 128]) == (32, 64, 96)
   assert generation.checkpoint_location("/runs/a/global_step_20/") == ("/runs/a", 20)
   assert generation.checkpoint_location("/runs/a") == ("/runs/a", None)
   assert generate_cli.main([GENERATE_CONFIG, "--dry_run", "data.batch_size=3"]) == 0

@@ -32,9 +32,12 @@ def test_values_equal_naive(chunk_size, temperature):
   np.testing.assert_allclose(logp[1, 2], want, atol=1e-5)
 
 
-@pytest.mark.parametrize("chunk_size", [4, 7, 1024])  # 6 chunks (padded), 3 equal chunks, one chunk
-def test_gradients_equal_naive(chunk_size):
-  hidden, weight, targets = _inputs()
+# 6 token chunks (padded) and 1 vocabulary block, 3 equal chunks, one chunk (no custom backward),
+# 3 equal vocabulary blocks of 100, 3 blocks of 101 with 2 padding rows, temperature 0.7
+@pytest.mark.parametrize("chunk_size,vocab,temperature", [(4, 50, 1.0), (7, 50, 1.0), (1024, 50, 1.0), (4, 300, 1.0),
+                                                          (4, 301, 1.0), (5, 301, 0.7)])
+def test_gradients_equal_naive(chunk_size, vocab, temperature):
+  hidden, weight, targets = _inputs(v=vocab)
   coef = jax.random.normal(jax.random.key(1), targets.shape)
 
   def loss(fn, h, w):
@@ -42,20 +45,22 @@ def test_gradients_equal_naive(chunk_size):
     return jnp.sum(coef * logp) + 0.1 * jnp.sum(ent)
 
   chunked = jax.grad(lambda h, w: loss(
-      lambda *a: M.token_log_probs(*a, chunk_size=chunk_size), h, w), argnums=(0, 1))(hidden, weight)
-  naive = jax.grad(lambda h, w: loss(M.naive_token_log_probs, h, w),
+      lambda *a: M.token_log_probs(*a, chunk_size=chunk_size, temperature=temperature), h, w),
+      argnums=(0, 1))(hidden, weight)
+  naive = jax.grad(lambda h, w: loss(lambda *a: M.naive_token_log_probs(*a, temperature=temperature), h, w),
                    argnums=(0, 1))(hidden, weight)
   for a, b in zip(chunked, naive):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def _logit_dots(jaxpr, vocab: int) -> list[int]:
-  """Row counts of the [rows, vocab] logits blocks the jaxpr computes, one per dot_general, nested ones included."""
+def _logit_dots(jaxpr, vocab: int) -> list[tuple[int, ...]]:
+  """(rows, positions) of the [rows, positions, vocab] logits blocks the jaxpr computes, one per dot_general,
+  nested ones included."""
   rows = []
   for eqn in jaxpr.eqns:
     shape = eqn.outvars[0].aval.shape if eqn.outvars else ()
-    if eqn.primitive.name == "dot_general" and len(shape) == 2 and shape[1] == vocab:
-      rows.append(shape[0])
+    if eqn.primitive.name == "dot_general" and len(shape) == 3 and shape[2] == vocab:
+      rows.append(shape[:2])
     for sub in jax.extend.core.jaxprs_in_params(eqn.params):
       rows += _logit_dots(sub, vocab)
   return rows
@@ -70,12 +75,14 @@ def test_chunks_are_equal_and_one_chunk_is_not_recomputed():
 
   def grad_dots(chunk_size):
     loss = lambda h, w: jnp.sum(M.token_log_probs(h, w, targets, chunk_size=chunk_size)[0])
-    return _logit_dots(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(hidden, weight).jaxpr, 50)
+    dots = _logit_dots(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(hidden, weight).jaxpr, 50)
+    return [shape for shape in dots if shape[0] == 3]  # [rows, positions, V] logits, not [1, D, V] weight grads
 
-  # 3 chunks of 7 rows (not of 8 with 3 padding rows), each computed again in the backward pass.
-  assert grad_dots(8) == [7, 7]
+  # 12 tokens a chunk: 4 positions of each of the 3 rows, 2 chunks (not 3 of 3 with 2 padding positions);
+  # the backward pass computes all 7 positions' logits one vocabulary block at a time (here one block).
+  assert grad_dots(12) == [(3, 4), (3, 7)]
   # All 21 tokens in one chunk: the logits are computed once.
-  assert grad_dots(21) == [21]
+  assert grad_dots(21) == [(3, 7)]
 
 
 def test_without_entropy():

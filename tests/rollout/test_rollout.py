@@ -13,7 +13,7 @@ from flax import nnx
 
 from rljax import sharding
 from rljax.models import CausalLM, ModelConfig, from_pretrained
-from rljax.rollout import engine as engine_lib
+from rljax.rollout import factory
 from rljax.rollout import sampling
 from rljax.rollout import (
     HAS_JETSTREAM, RolloutSampler, SamplingParams, make_driver, make_engine, sample, top_k_filter, top_p_filter,
@@ -36,10 +36,12 @@ def left_padded(lengths, vocab, seed=0, width=16):
 
 def sampler_for(model, slots, greedy=True, eos=(), ignore_eos=False, response=RESPONSE, mesh=None, rules=None,
                 temperature=1.0, steps_per_sync=4, cpu_dot_library="auto"):
+  mesh_ = mesh if mesh is not None else sharding.build_mesh((1, 1, 1, 1), jax.devices()[:1])
+  options = factory.decode_compiler_options(mesh_, cpu_dot_library, factory.slots_per_device(mesh_, rules, slots))
   engine = make_engine(model, max_concurrent_decodes=slots, prefill_buckets=BUCKETS,
                        max_decode_length=response, eos_ids=eos, ignore_eos=ignore_eos, mesh=mesh, rules=rules,
                        sampling_params=SamplingParams(temperature=temperature, greedy=greedy),
-                       cpu_dot_library=cpu_dot_library)
+                       decode_compiler_options=options)
   return RolloutSampler(engine, pad_id=0, steps_per_sync=steps_per_sync)
 
 
@@ -205,7 +207,8 @@ def test_no_recompilation_within_a_bucket():
   engine = sampler.engine
   # prefill and insert: one compilation per prefix shape (bucket 8 x power-of-two rows 1, 4, 2);
   # prompt lengths 1..8 and slot choices never add one; decode compiles once
-  assert engine._prefill._cache_size() == 3
+  assert sorted(engine._prefills) == [(1, 8), (2, 8), (4, 8)]  # pylint: disable=protected-access
+  assert all(fn._cache_size() == 1 for fn in engine._prefills.values())  # pylint: disable=protected-access
   assert engine._insert._cache_size() == 3
   assert engine._generate._cache_size() == 1
 
@@ -234,16 +237,16 @@ def test_parameters_are_read_in_place_and_updates_are_seen():
 
 def test_cpu_dot_library_rule():
   eigen = {"xla_cpu_experimental_ynn_fusion_type": ""}
-  low, high = engine_lib.EIGEN_ROWS
-  assert engine_lib.cpu_dot_options("auto", 1) == {}
-  assert engine_lib.cpu_dot_options("auto", low - 1) == {}
-  assert engine_lib.cpu_dot_options("auto", low) == eigen
-  assert engine_lib.cpu_dot_options("auto", high) == eigen
-  assert engine_lib.cpu_dot_options("auto", high + 1) == {}
-  assert engine_lib.cpu_dot_options("eigen", 512) == eigen
-  assert engine_lib.cpu_dot_options("ynnpack", 1) == {}
+  low, high = factory.EIGEN_ROWS
+  assert factory.cpu_dot_options("auto", 1) == {}
+  assert factory.cpu_dot_options("auto", low - 1) == {}
+  assert factory.cpu_dot_options("auto", low) == eigen
+  assert factory.cpu_dot_options("auto", high) == eigen
+  assert factory.cpu_dot_options("auto", high + 1) == {}
+  assert factory.cpu_dot_options("eigen", 512) == eigen
+  assert factory.cpu_dot_options("ynnpack", 1) == {}
   with pytest.raises(ValueError, match="cpu_dot_library='blas': must be one of auto, ynnpack, eigen"):
-    engine_lib.cpu_dot_options("blas", 8)
+    factory.cpu_dot_options("blas", 8)
 
 
 def decode_hlo(engine, params):
@@ -270,7 +273,7 @@ def test_decode_dots_run_in_the_chosen_library(slots, data, library, ynn):
   if data > 1:
     params = sharding.shard_like(params, sharding.param_shardings(params, mesh, rules))
   assert ("ynn_fusion" in decode_hlo(engine, params)) == ynn
-  assert "ynn_fusion" in engine._prefill.lower(  # pylint: disable=protected-access
+  assert "ynn_fusion" in engine.prefill_fn(4, BUCKETS[0]).lower(
       params, jnp.zeros((4, BUCKETS[0]), jnp.int32), jnp.ones((4,), jnp.int32)).compile().as_text()
 
 

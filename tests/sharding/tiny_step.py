@@ -1,4 +1,5 @@
-"""A tiny Llama train step shared by the sharding tests and the multi-host worker."""
+"""A tiny Llama train step (the trainer's gradient and optimizer cores) shared by the sharding tests and the
+multi-host worker."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ from flax import nnx
 from rljax import config as config_lib
 from rljax import sharding
 from rljax.models import CausalLM, ModelConfig
+from rljax.trainer import steps
 
 TINY = ModelConfig(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=128,
                    num_layers=2, num_heads=8, num_kv_heads=4, head_dim=8, rope_theta=10000.0)
@@ -55,7 +57,14 @@ def run_step(mesh, local_batch=None):
   full = batch()
   local = full if local_batch is None else local_batch(full)
   placed = sharding.global_batch(local, batch_sh)
-  step = sharding.make_train_step(loss_fn(graphdef), optimizer, param_sh, opt_sh, batch_sh)
+
+  def train(params, opt_state, batch):
+    (loss, aux), grads = steps.constrained_grad(loss_fn(graphdef), params, param_sh, batch)
+    params, opt_state, _ = steps.apply_gradients(optimizer, params, opt_state, grads)
+    return params, opt_state, loss, aux
+
+  step = jax.jit(steps.traced_in(mesh, rules, train), in_shardings=(param_sh, opt_sh, batch_sh),
+                 out_shardings=(param_sh, opt_sh, None, None), donate_argnums=(0, 1))
   params, opt_state, loss, _ = step(params, opt_state, placed)
   host = jax.tree.map(lambda x: np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True)), params)
   return float(loss), host, params, opt_state

@@ -11,7 +11,7 @@ from flax import nnx
 from rljax import export, models, sharding
 from rljax.models import lora
 from rljax.trainer import checkpointing, loop
-from rljax.trainer.updates import make_log_prob_fn
+from rljax.trainer import steps
 from tests.trainer import tiny_run
 
 torch = pytest.importorskip("torch")
@@ -67,12 +67,13 @@ def test_reference_log_probs_are_the_base_models(model_dir, data_dir, tmp_path):
         treedef, [x + 0.3 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
     rows = trainer._rollout(next(trainer.train_iter), {})
     model_rows = {k: rows[k] for k in MODEL_KEYS}
-    ref = trainer._forward(trainer.ref_log_prob_fn, trainer.ref_params, model_rows, "ref")[0]
+    ref = trainer.forward(trainer.steps.ref_log_prob, trainer.ref_params, model_rows)[0]
     graphdef, base = nnx.split(models.from_pretrained(model_dir))
-    log_probs = make_log_prob_fn(graphdef, trainer.temperature, with_entropy=False)
-    expected = np.asarray(log_probs(base, trainer._place(model_rows))[0])
-    np.testing.assert_allclose(ref, expected, rtol=0, atol=1e-6)
-    actor = trainer._forward(trainer.log_prob_fn, trainer.actor_params, model_rows, "old_log_prob")[0]
+    log_probs = jax.jit(steps.log_prob_fn(graphdef, 1.0, with_entropy=False))
+    expected = np.asarray(log_probs(base, {k: jnp.asarray(v) for k, v in model_rows.items()})[0])
+    # float32 sums of the same terms in another order: agree to a few units in the last place of ~10.
+    np.testing.assert_allclose(ref, expected, rtol=1e-6, atol=1e-6)
+    actor = trainer.forward(trainer.steps.old_log_prob, trainer.actor_params, model_rows)[0]
     assert np.abs(actor - expected)[rows["response_mask"] > 0].max() > 1e-3
     frozen = {p: v[...] for p, v in nnx.to_flat_state(trainer.actor_frozen)}
     assert all(v[...] is frozen[p] for p, v in nnx.to_flat_state(trainer.ref_params))

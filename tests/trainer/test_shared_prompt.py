@@ -12,7 +12,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 import rljax.models as M
 from rljax.trainer import loop
 from rljax.trainer.sequences import make_sequences, prompts_shared, response_log_probs
-from rljax.trainer.updates import ValueModel
+from rljax.trainer import layout
+from rljax.trainer.critic import ValueModel
 from tests.models import helpers
 from tests.trainer import tiny_run
 
@@ -111,7 +112,7 @@ def test_prompts_shared_needs_whole_groups_of_one_prompt():
 
 def test_balance_order_moves_whole_groups_and_evens_token_counts():
   lengths = np.array([10, 9, 1, 2, 8, 8, 3, 3, 7, 6, 4, 4])
-  order = loop.balance_order(lengths, 2, group=2)
+  order = layout.balance_order(lengths, 2, group=2)
   assert sorted(order.tolist()) == list(range(12))
   pairs = order.reshape(-1, 2)
   assert (pairs[:, 0] % 2 == 0).all() and (pairs[:, 1] == pairs[:, 0] + 1).all()
@@ -122,7 +123,7 @@ def test_balance_order_moves_whole_groups_and_evens_token_counts():
 def test_group_size_follows_the_config(model_dir, data_dir, tmp_path):
   def group(*extra, dp=1):
     config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), *extra)
-    return loop.prompt_group_size(config, loop.make_layout(config, 10, dp), dp)
+    return layout.make_layout(config, 10, dp).group
 
   assert group() == 2
   assert group("actor_rollout_ref.model.share_prompt_forward=false") == 1
@@ -130,7 +131,7 @@ def test_group_size_follows_the_config(model_dir, data_dir, tmp_path):
   assert group(dp=4) == 2
   assert group(dp=8) == 1  # balance_batch cannot deal 4 whole groups evenly to 8 devices
   assert group("trainer.balance_batch=false", dp=8) == 2
-  assert loop.pass_group_size(2, 8, 2) == 2 and loop.pass_group_size(2, 8, 8) == 1
+  assert layout.pass_group_size(2, 8, 2) == 2 and layout.pass_group_size(2, 8, 8) == 1
 
 
 def test_trainer_numbers_do_not_depend_on_sharing(model_dir, data_dir, tmp_path):

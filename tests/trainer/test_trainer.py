@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from rljax import sharding
-from rljax.trainer import loop
+from rljax.trainer import layout, loop
 from rljax.trainer.faults import NonFiniteError
 from tests.trainer import tiny_run
 
@@ -81,7 +81,7 @@ def test_nan_stops_the_run_naming_step_and_metric(model_dir, data_dir, tmp_path)
 
 def test_balance_order_evens_token_counts():
   lengths = np.array([10, 1, 9, 2, 8, 3, 7, 4])
-  order = loop.balance_order(lengths, 2)
+  order = layout.balance_order(lengths, 2)
   assert sorted(order.tolist()) == list(range(8))
   halves = lengths[order].reshape(2, 4).sum(1)
   assert abs(halves[0] - halves[1]) <= 2

@@ -140,7 +140,7 @@ def test_forward_micro_batches_change_memory_not_results(model_dir, data_dir, tm
       "grpo", model_dir, data_dir, str(tmp_path / "micro"), *common,
       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
       "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=420"))
-  assert micro.forward_micros["old_log_prob"] == 4 and micro.forward_micros["ref"] == 2
+  assert micro.layout.forward_micros["old_log_prob"] == 4 and micro.layout.forward_micros["ref"] == 2
   # actor/ppo_kl compares two passes of the same weights: it is float rounding (~1e-6) whatever the split.
   drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/", "actor/ppo_kl"))}
   assert drop(split[0]) == pytest.approx(drop(whole[0]), rel=1e-5, abs=1e-6)

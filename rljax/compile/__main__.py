@@ -1,0 +1,94 @@
+"""`python -m rljax.compile`: compile every step of a run for a TPU slice and say whether it fits.
+
+    python -m rljax.compile --config=configs/grpo.py:PRESET --topology=v5p-8 [--num_slices=N] [KEY=VALUE ...]
+
+With `--topology` the steps compile for that slice on any host (the `tpu`
+extra brings libtpu); without it, for the devices JAX sees (a TPU VM's own
+chips). Overrides are the trainer's (`rljax.launch`). Prints one row per
+step (per-device GiB, TFLOP, the compiler's time estimate, collective GiB by
+kind, the bound and measured/bound) and exits 1 when a step does not fit,
+with what to change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Sequence
+
+from absl import app, flags
+
+from rljax import launch
+
+_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU slice: v5p-8, v6e-8, v5litepod-16, v4-8 or v5p:2x2x1 "
+                                "(default: the devices JAX sees).")
+_NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined over the data-center network.")
+_ONLY = flags.DEFINE_list("only", [], "Compile only the steps whose names start with these (actor_update, decode, ...).")
+_JSON = flags.DEFINE_string("json", None, "Also write the reports to this JSON file.")
+
+FIXES = ("to fit, try: a larger fsdp axis (actor_rollout_ref.actor.fsdp_config.fsdp_size=-1 over more chips), "
+         "fewer rows per micro-batch (actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, or "
+         "use_dynamic_bsz with a smaller ppo_max_token_len_per_gpu; log_prob_micro_batch_size_per_gpu for the "
+         "forward passes), gradient checkpointing (actor_rollout_ref.model.enable_gradient_checkpointing=true, "
+         "remat_policy=full), bfloat16 compute (actor_rollout_ref.actor.fsdp_config.dtype=bfloat16), fewer decode "
+         "slots or a bfloat16 cache (actor_rollout_ref.rollout.max_num_seqs, rollout.dtype=bfloat16)")
+
+
+def main(argv: Sequence[str]) -> int:
+  if len(argv) > 1:
+    print(f"unexpected arguments {argv[1:]}: overrides are KEY=VALUE or --config.KEY=VALUE", file=sys.stderr)
+    return 2
+  if launch.CONFIG.value is None:
+    print("--config is required, e.g. --config=configs/grpo.py:qwen2_5_7b_gsm8k --topology=v5p-8", file=sys.stderr)
+    return 2
+  if _TOPOLOGY.value:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  # pylint: disable=import-outside-toplevel
+  import jax
+
+  from rljax import config as config_lib, sharding
+  from rljax.compile import plan, report, topology as topology_lib
+  from rljax.train import resolve
+
+  try:
+    if _TOPOLOGY.value:
+      target = topology_lib.parse(_TOPOLOGY.value, _NUM_SLICES.value)
+      devices, hbm, where = topology_lib.devices(target), target.hbm_bytes, f"{target.topology_name} x{target.num_slices}"
+    else:
+      devices = jax.devices()
+      hbm = int((devices[0].memory_stats() or {}).get("bytes_limit", 0)) or (1 << 62)
+      where = f"{len(devices)} x {devices[0].device_kind}"
+    config = resolve(config_lib.load_config_file(launch.CONFIG.value), launch.overrides(), device_count=len(devices))
+    mesh = sharding.make_mesh(config, devices=devices)
+    planned = plan.rl_steps(config, mesh)
+  except (config_lib.ConfigError, ValueError) as error:
+    print(f"config error: {error}", file=sys.stderr)
+    return 2
+  print(f"rljax.compile: {launch.CONFIG.value} on {where} ({len(devices)} devices), mesh {dict(mesh.shape)}", flush=True)
+  reports = []
+  for item in planned:
+    if _ONLY.value and not any(item.step.name.startswith(p) for p in _ONLY.value):
+      continue
+    result, _ = plan.compile_step(item, hbm)
+    reports.append(result)
+    status = "fits" if result.fits else f"does NOT fit: {result.error or 'over HBM'}"
+    print(f"  {result.name}: {status} ({result.compile_seconds:.0f} s)", flush=True)
+  print(report.table(reports))
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump({"config": launch.CONFIG.value, "topology": where, "mesh": dict(mesh.shape),
+                 "steps": [r.as_dict() for r in reports]}, f, indent=2)
+  failed = [r.name for r in reports if not r.fits]
+  if failed:
+    print(f"\n{', '.join(failed)} do not fit in {report.gib(hbm)} GiB per device; {FIXES}.", file=sys.stderr)
+    return 1
+  return 0
+
+
+def run() -> None:
+  app.run(main, flags_parser=launch.parse_flags)
+
+
+if __name__ == "__main__":
+  run()

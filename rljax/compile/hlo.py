@@ -1,0 +1,319 @@
+"""Collectives of a compiled XLA program, read from its HLO text.
+
+`jax.stages.Compiled.as_text()` is the per-device program after SPMD
+partitioning. This module parses it into computations and instructions and
+adds up the bytes each kind of collective moves, walking the call graph from
+the entry computation so that an instruction inside a loop counts once per
+iteration (a `lax.scan` over layers or micro-batches becomes a `while` whose
+condition compares the counter with a constant: that constant is the trip
+count).
+
+Bytes of a collective are what one device sends or receives over the
+interconnect, for a group of n devices: an all-gather receives the other
+n - 1 shards (its operand's size each), a reduce-scatter and an all-to-all
+move (n - 1) / n of their input, a ring all-reduce twice that, a
+collective-permute its operand. TPU programs implement some reduce-scatters
+as an all-reduce inside a fusion whose computation is named
+`all-reduce-scatter...` (the all-reduce of a padded input, then each
+device's slice); those count as reduce-scatters. One collective split over
+several fusions (TPU's asynchronous collective fusions) shares a
+channel_id and counts once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Iterator
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+_DTYPE_BYTES = {
+    "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3b11fnuz": 1,
+    "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8,
+    "c64": 8, "c128": 16,
+}
+_ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\((.*)$")
+_CALLED = re.compile(r"\b(calls|body|condition|to_apply|branch_computations|async_execution_thread)=\{?%?([\w.\-, %]+)\}?")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+@dataclasses.dataclass
+class Instruction:
+  """One HLO instruction: `name = shape opcode(operands), attributes`."""
+
+  name: str
+  shape: str
+  opcode: str
+  operands: list[str]
+  attributes: str
+  arguments: str = ""
+
+  @property
+  def bytes(self) -> int:
+    """Bytes of the result (every array of a tuple result)."""
+    return shape_bytes(self.shape)
+
+  @property
+  def op_name(self) -> str:
+    """The JAX source operation in the metadata (empty when absent)."""
+    match = _OP_NAME.search(self.attributes)
+    return match.group(1) if match else ""
+
+  def called(self) -> list[str]:
+    """Names of the computations this instruction calls (fusion, while, call, async, ...)."""
+    names = []
+    for match in _CALLED.finditer(self.attributes):
+      if match.group(1) == "async_execution_thread":
+        continue
+      names += [n.strip().lstrip("%") for n in match.group(2).split(",") if n.strip()]
+    return names
+
+
+@dataclasses.dataclass
+class Computation:
+  name: str
+  instructions: list[Instruction]
+  is_entry: bool = False
+
+  def by_name(self) -> dict[str, Instruction]:
+    return {i.name: i for i in self.instructions}
+
+
+def shape_bytes(shape: str) -> int:
+  """Bytes of an HLO shape string: `bf16[4,8]{1,0}` or a tuple `(f32[2], s32[])`."""
+  total = 0.0
+  for dtype, dims in _ARRAY.findall(shape):
+    if dtype not in _DTYPE_BYTES:
+      continue
+    total += _DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+  return int(total)
+
+
+def _split_operands(text: str) -> tuple[list[str], str, str]:
+  """`%a, %b), attrs` -> (['a', 'b'], 'attrs', '%a, %b'): operands up to the matching parenthesis."""
+  depth, end = 1, len(text)
+  for i, ch in enumerate(text):
+    if ch in "({[":
+      depth += 1
+    elif ch in ")}]":
+      depth -= 1
+      if depth == 0:
+        end = i
+        break
+  names = re.findall(r"%([\w.\-]+)", text[:end])
+  return names, text[end + 1:], text[:end]
+
+
+def parse(text: str) -> dict[str, Computation]:
+  """Computations of an HLO module's text, by name."""
+  computations: dict[str, Computation] = {}
+  current: Computation | None = None
+  for line in text.splitlines():
+    if current is None:
+      header = _HEADER.match(line)
+      if header:
+        current = Computation(header.group(2), [], is_entry=bool(header.group(1)))
+      continue
+    if line.strip() == "}":
+      computations[current.name] = current
+      current = None
+      continue
+    match = _INSTRUCTION.match(line)
+    if match:
+      operands, attributes, arguments = _split_operands(match.group(5))
+      current.instructions.append(
+          Instruction(match.group(2), match.group(3), match.group(4), operands, attributes, arguments))
+  return computations
+
+
+def _int_constant(computation: Computation, name: str) -> int | None:
+  inst = computation.by_name().get(name)
+  if inst is not None and inst.opcode == "constant" and re.fullmatch(r"-?\d+", inst.arguments.strip()):
+    return int(inst.arguments)
+  return None
+
+
+def _tuple_index(inst: Instruction) -> int | None:
+  match = re.search(r"index=(\d+)", inst.attributes)
+  return int(match.group(1)) if match else None
+
+
+def _counter(condition: Computation) -> tuple[Instruction, int] | None:
+  """(the counter's get-tuple-element, the limit) of a condition `counter < constant`."""
+  table = condition.by_name()
+  for inst in condition.instructions:
+    if inst.opcode != "compare" or "direction=LT" not in inst.attributes or len(inst.operands) != 2:
+      continue
+    limit = _int_constant(condition, inst.operands[1])
+    counter = table.get(inst.operands[0])
+    if limit is not None and counter is not None:
+      return counter, limit
+  return None
+
+
+def trip_count(condition: Computation, body: Computation | None = None, init: int = 0) -> int | None:
+  """Iterations of a `while` whose condition is `counter < constant` (JAX's scans and fori_loops).
+
+  The counter's step is read from the body (`counter + constant`: XLA may
+  unroll a loop and step by 2); it starts at `init`.
+  """
+  found = _counter(condition)
+  if found is None:
+    return None
+  counter, limit = found
+  step = 1
+  index = _tuple_index(counter) if counter.opcode == "get-tuple-element" else None
+  if body is not None and index is not None and body.instructions:
+    root = body.instructions[-1]
+    update = body.by_name().get(root.operands[index]) if root.opcode == "tuple" and index < len(root.operands) else None
+    if update is not None and update.opcode == "add":
+      step = next((v for v in (_int_constant(body, o) for o in update.operands) if v), 1)
+  return max(0, -(-(limit - init) // step))
+
+
+def _loop_start(loop: Instruction, computation: Computation, condition: Computation) -> int:
+  """The counter's value when the loop starts: the matching element of its init tuple, if a constant (else 0)."""
+  found = _counter(condition)
+  init = computation.by_name().get(loop.operands[0]) if loop.operands else None
+  if found is None or init is None or init.opcode != "tuple":
+    return 0
+  index = _tuple_index(found[0]) if found[0].opcode == "get-tuple-element" else None
+  if index is None or index >= len(init.operands):
+    return 0
+  return _int_constant(computation, init.operands[index]) or 0
+
+
+@dataclasses.dataclass
+class Collective:
+  """A collective instruction and how many times one run of the program executes it (bytes: per device, each)."""
+
+  kind: str
+  bytes: int
+  count: int
+  op_name: str
+  shape: str
+  channel: str = ""
+
+  @property
+  def total(self) -> int:
+    return self.bytes * self.count
+
+
+def _kind(inst: Instruction, computation: Computation) -> str | None:
+  """The collective kind of an instruction (None for other instructions and for async halves not counted)."""
+  op = inst.opcode
+  if op in ("all-gather", "all-gather-done"):
+    return "all-gather"
+  if op in ("reduce-scatter", "reduce-scatter-done"):
+    return "reduce-scatter"
+  if op in ("all-reduce", "all-reduce-start"):
+    return "reduce-scatter" if computation.name.startswith("all-reduce-scatter") else "all-reduce"
+  if op in ("all-to-all", "ragged-all-to-all"):
+    return "all-to-all"
+  if op in ("collective-permute", "collective-permute-done"):
+    return "collective-permute"
+  return None
+
+
+def group_size(attributes: str) -> int:
+  """Devices in one replica group of a collective (1 when the groups are not spelled in a known form)."""
+  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attributes)
+  if mesh:
+    sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh.group(1)))
+    return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", mesh.group(2)) if a in sizes)
+  iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attributes)
+  if iota:
+    return int(iota.group(2))
+  listed = re.search(r"replica_groups=\{\{([\d,]*)\}", attributes)
+  if listed:
+    return len([x for x in listed.group(1).split(",") if x])
+  return 1
+
+
+def _operand_bytes(inst: Instruction, computation: Computation) -> int | None:
+  """Bytes of the collective's input (for an async `-done`, the input of its `-start`)."""
+  table = computation.by_name()
+  source = table.get(inst.operands[0]) if inst.operands else None
+  if source is not None and inst.opcode.endswith("-done") and source.opcode.endswith("-start"):
+    source = table.get(source.operands[0]) if source.operands else None
+  return source.bytes if source is not None else None
+
+
+def _collective_bytes(kind: str, inst: Instruction, computation: Computation) -> int:
+  """What one device sends or receives for one execution of `inst` (see the module docstring)."""
+  if kind == "collective-permute":
+    return _operand_bytes(inst, computation) or inst.bytes
+  n = group_size(inst.attributes)
+  if n <= 1:
+    return 0
+  if kind == "all-gather":
+    operand = _operand_bytes(inst, computation)
+    return operand * (n - 1) if operand is not None else inst.bytes * (n - 1) // n
+  if kind == "reduce-scatter":
+    size = _operand_bytes(inst, computation) if inst.opcode.startswith("reduce-scatter") else inst.bytes
+    return (size or inst.bytes) * (n - 1) // n
+  if kind == "all-reduce":
+    return 2 * inst.bytes * (n - 1) // n
+  return inst.bytes * (n - 1) // n
+
+
+def _walk(computations: dict[str, Computation], name: str, count: int, seen: tuple[str, ...],
+          unknown_loops: list[str]) -> Iterator[Collective]:
+  computation = computations.get(name)
+  if computation is None or name in seen:
+    return
+  seen = seen + (name,)
+  for inst in computation.instructions:
+    kind = _kind(inst, computation)
+    if kind is not None:
+      channel = re.search(r"channel_id=(\d+)", inst.attributes)
+      yield Collective(kind, _collective_bytes(kind, inst, computation), count, inst.op_name, inst.shape,
+                       channel.group(1) if channel else "")
+    called = inst.called()
+    if inst.opcode == "while":
+      body = re.search(r"body=%?([\w.\-]+)", inst.attributes)
+      cond = re.search(r"condition=%?([\w.\-]+)", inst.attributes)
+      condition = computations.get(cond.group(1)) if cond else None
+      trips = None if condition is None else trip_count(
+          condition, computations.get(body.group(1)) if body else None, _loop_start(inst, computation, condition))
+      if trips is None:
+        unknown_loops.append(inst.name)
+        trips = 1
+      if body:
+        yield from _walk(computations, body.group(1), count * trips, seen, unknown_loops)
+      continue
+    for callee in called:
+      yield from _walk(computations, callee, count, seen, unknown_loops)
+
+
+@dataclasses.dataclass
+class CollectiveSummary:
+  """Bytes moved per device by each collective kind in one run of a program."""
+
+  by_kind: dict[str, int]
+  collectives: list[Collective]
+  unknown_loops: list[str]
+
+  def largest(self, kind: str, top: int = 5) -> list[Collective]:
+    return sorted((c for c in self.collectives if c.kind == kind), key=lambda c: -c.total)[:top]
+
+
+def collectives(text: str) -> CollectiveSummary:
+  """Collectives of a compiled program's HLO text, loop iterations counted."""
+  computations = parse(text)
+  entry = next((c.name for c in computations.values() if c.is_entry), None)
+  unknown: list[str] = []
+  found, channels = [], set()
+  for collective in (_walk(computations, entry, 1, (), unknown) if entry else ()):
+    if collective.channel and collective.channel in channels:
+      continue
+    channels.add(collective.channel)
+    found.append(collective)
+  by_kind = {k: 0 for k in KINDS}
+  for c in found:
+    by_kind[c.kind] += c.total
+  return CollectiveSummary(by_kind, found, unknown)

@@ -1,0 +1,187 @@
+"""What the compiler says of one step: memory against HBM, flops, time, collectives, and the bound to meet.
+
+Per device, from the compiled executable:
+
+* memory: `memory_analysis()` (arguments, outputs, aliased buffers,
+  temporaries); a step needs arguments + outputs - aliased + temporaries.
+  A step that does not fit fails to compile (RESOURCE_EXHAUSTED); its
+  requirement is read from the compiler's message.
+* flops and the compiler's time estimate: `cost_analysis()`. XLA counts a
+  loop body once (a scan over layers or micro-batches), so for scanned
+  programs these are per-iteration figures; the time estimate of libtpu
+  0.0.42 is negative on v5e and v6e. Both are printed as given.
+* collectives: bytes each device sends or receives, per kind, from the
+  HLO, loop iterations counted (`rljax.compile.hlo`).
+
+Bounds. An update's collectives are compared with the FSDP minimum
+(`fsdp_minimum`); a decode step's bytes accessed with the device's
+parameter shard plus its KV-cache shard (`decode_minimum`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+import jax
+import numpy as np
+
+from rljax.compile import hlo
+
+
+@dataclasses.dataclass
+class StepReport:
+  """One compiled step, per device."""
+
+  name: str
+  hbm: int
+  fits: bool = True
+  arguments: int = 0
+  outputs: int = 0
+  aliased: int = 0
+  temporaries: int = 0
+  required: int = 0
+  flops: float | None = None
+  seconds: float | None = None
+  bytes_accessed: float | None = None
+  collectives: dict[str, int] = dataclasses.field(default_factory=dict)
+  bound: tuple[str, float] | None = None
+  error: str | None = None
+  compile_seconds: float = 0.0
+
+  @property
+  def ratio(self) -> float | None:
+    """Measured / bound: collective bytes of an update, bytes accessed of a decode step."""
+    if self.bound is None or not self.bound[1]:
+      return None
+    measured = self.bytes_accessed if self.bound[0] == "param+cache" else sum(self.collectives.values())
+    return None if measured is None else measured / self.bound[1]
+
+  def as_dict(self) -> dict[str, Any]:
+    out = dataclasses.asdict(self)
+    out["ratio"] = self.ratio
+    return out
+
+
+_AMOUNT = r"([\d.]+)([GMK])"
+_REQUIRED = (re.compile(r"Used " + _AMOUNT), re.compile(r"required[^(]*\(" + _AMOUNT))
+_UNITS = {"G": 1 << 30, "M": 1 << 20, "K": 1 << 10}
+
+
+def required_from_error(message: str) -> int | None:
+  """The bytes a RESOURCE_EXHAUSTED compile error says the step needs (None when it says none).
+
+  libtpu says either "Used 50.1G of 31.25G hbm" or "memory required for HLO
+  temporaries (400.00G) exceeds available HBM".
+  """
+  for pattern in _REQUIRED:
+    match = pattern.search(message)
+    if match:
+      return int(float(match.group(1)) * _UNITS[match.group(2)])
+  return None
+
+
+def from_compiled(name: str, compiled: Any, hbm: int) -> StepReport:
+  """A report of a compiled executable."""
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis() or {}
+  if isinstance(cost, list):
+    cost = cost[0] if cost else {}
+  summary = hlo.collectives(compiled.as_text())
+  required = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
+              + memory.temp_size_in_bytes)
+  return StepReport(
+      name=name, hbm=hbm, fits=required <= hbm, arguments=memory.argument_size_in_bytes,
+      outputs=memory.output_size_in_bytes, aliased=memory.alias_size_in_bytes,
+      temporaries=memory.temp_size_in_bytes, required=required, flops=cost.get("flops"),
+      seconds=cost.get("optimal_seconds"), bytes_accessed=cost.get("bytes accessed"),
+      collectives={k: v for k, v in summary.by_kind.items() if v})
+
+
+def from_error(name: str, error: Exception, hbm: int) -> StepReport:
+  """A report of a step the compiler refused (out of memory, or another error)."""
+  message = str(error)
+  required = required_from_error(message) if "RESOURCE_EXHAUSTED" in message else None
+  first = next((line for line in message.splitlines() if line.strip()), message)[:300]
+  return StepReport(name=name, hbm=hbm, fits=False, required=required or 0, error=first)
+
+
+def shard_bytes(tree: Any, dtype: Any = None) -> int:
+  """Bytes one device holds of `tree` (ShapeDtypeStructs or arrays with shardings), in `dtype` if given."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+    total += math.prod(shape) * np.dtype(dtype or leaf.dtype).itemsize
+  return total
+
+
+def _full_bytes(leaf: Any, dtype: Any) -> int:
+  return math.prod(leaf.shape) * np.dtype(dtype or leaf.dtype).itemsize
+
+
+def _shards(leaf: Any) -> int:
+  """Devices a parameter is split over (1: replicated)."""
+  if leaf.sharding is None:
+    return 1
+  return math.prod(leaf.shape) // max(1, math.prod(leaf.sharding.shard_shape(leaf.shape)))
+
+
+def fsdp_minimum(gathered: Any, trainable: Any, micro_batches: int, compute_dtype: Any,
+                 data_parallel: int = 1) -> float:
+  """Interconnect bytes per device an FSDP update cannot avoid, counted as `hlo` counts them.
+
+  Per micro-batch, for each parameter split over n devices: the passes
+  all-gather it for the forward and again for the backward pass (2 x its
+  full size in the compute dtype x (n - 1) / n), and a trained one's
+  gradient is reduce-scattered ((n - 1) / n of its full size). With a
+  `data` axis of d devices each gradient shard is then all-reduced across
+  it (2 x shard x (d - 1) / d).
+
+  Args:
+    gathered: every parameter the passes read (trained and frozen).
+    trainable: the parameters that get gradients.
+    micro_batches: micro-batches per update.
+    compute_dtype: the dtype of the passes.
+    data_parallel: size of the mesh's `data` axis.
+  """
+  def moved(leaf):
+    n = _shards(leaf)
+    return _full_bytes(leaf, compute_dtype) * (n - 1) / n
+
+  per_micro = sum(2 * moved(x) for x in jax.tree.leaves(gathered))
+  per_micro += sum(moved(x) for x in jax.tree.leaves(trainable))
+  if data_parallel > 1:
+    per_micro += sum(2 * _full_bytes(x, compute_dtype) / _shards(x) * (data_parallel - 1) / data_parallel
+                     for x in jax.tree.leaves(trainable))
+  return float(micro_batches * per_micro)
+
+
+def decode_minimum(params: Any, state: Any) -> float:
+  """Bytes one decode step must read per device: its parameter shard and its KV-cache shard."""
+  return float(shard_bytes(params) + shard_bytes((state.cache.k, state.cache.v)))
+
+
+def gib(value: float | None) -> str:
+  return "-" if value is None else f"{value / (1 << 30):.2f}"
+
+
+def table(reports: list[StepReport]) -> str:
+  """The reports as a text table (GiB per device; collective bytes by kind)."""
+  header = ("step", "fits", "args", "temp", "need", "HBM", "TFLOP", "est s", "all-gath", "red-scat", "all-red",
+            "all2all", "permute", "bound", "ratio")
+  rows = [header]
+  for r in reports:
+    c = r.collectives
+    rows.append((
+        r.name, "yes" if r.fits else "NO", gib(r.arguments), gib(r.temporaries), gib(r.required), gib(r.hbm),
+        "-" if r.flops is None else f"{r.flops / 1e12:.2f}", "-" if r.seconds is None else f"{r.seconds:.3f}",
+        gib(c.get("all-gather")), gib(c.get("reduce-scatter")), gib(c.get("all-reduce")),
+        gib(c.get("all-to-all")), gib(c.get("collective-permute")),
+        "-" if r.bound is None else f"{r.bound[0]} {gib(r.bound[1])}",
+        "-" if r.ratio is None else f"{r.ratio:.2f}"))
+  widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+  lines = ["  ".join(str(v).rjust(w) if i else str(v).ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
+           for row in rows]
+  return "\n".join(lines)

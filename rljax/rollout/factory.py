@@ -1,0 +1,126 @@
+"""One way to build the rollout engine and sampler from a config's rollout node.
+
+The RL trainer (`actor_rollout_ref.rollout`), offline generation
+(`rollout`) and `rljax.compile` build their engines here, so prefill
+buckets, stop and pad ids, the compute dtype, the attention kernel and the
+decode loop's compiler options are chosen once.
+
+On the CPU the decode loop's matmuls may run through Eigen instead of XLA's
+default YNNPACK (`cpu_dot_options`); that choice is a compiler option of the
+decode jit alone and is never made for an accelerator.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from ml_collections import ConfigDict
+
+from rljax.config import CPU_DOT_LIBRARIES
+from rljax.data import tokenization
+from rljax.models import CausalLM, ModelConfig
+from rljax.rollout.engine import Engine, make_engine
+from rljax.rollout.sampler import RolloutSampler
+from rljax.rollout.sampling import SamplingParams
+from rljax.sharding import rules as rules_lib
+
+EIGEN_ROWS = (8, 24)
+
+
+def cpu_dot_options(library: str, rows: int) -> dict[str, str]:
+  """XLA:CPU compiler options that run the decode loop's dots through `library`.
+
+  XLA's CPU backend sends dots to YNNPACK by default. A decode step's dots
+  have one row per slot held by the device ([rows, D] x [D, F]); on a
+  2-core AVX2 host Eigen ran SmolLM2-135M's float32 decode step 1.25x
+  faster than YNNPACK at 8 rows, 1.22x at 16, 1.11x at 24, the same at 32,
+  and YNNPACK was 1.07x faster at 64; below 8 rows Eigen was 2-3x slower
+  (2, 4 and 6 rows) or the same (1 row) (BENCHMARKS.md). "auto" picks Eigen
+  for EIGEN_ROWS[0] to EIGEN_ROWS[1] rows.
+
+  Args:
+    library: auto, ynnpack or eigen (actor_rollout_ref.rollout.cpu_dot_library).
+    rows: decode rows per device.
+
+  Returns:
+    Options for `jax.jit(compiler_options=...)`; empty keeps XLA's default.
+  """
+  if library not in CPU_DOT_LIBRARIES:
+    raise ValueError(f"cpu_dot_library={library!r}: must be one of {', '.join(CPU_DOT_LIBRARIES)}")
+  eigen = library == "eigen" or (library == "auto" and EIGEN_ROWS[0] <= rows <= EIGEN_ROWS[1])
+  return {"xla_cpu_experimental_ynn_fusion_type": ""} if eigen else {}
+
+
+def decode_compiler_options(mesh: Mesh, library: str, rows_per_device: int) -> dict[str, str]:
+  """`cpu_dot_options` on a CPU mesh; none on an accelerator."""
+  return cpu_dot_options(library, rows_per_device) if mesh.devices.flat[0].platform == "cpu" else {}
+
+
+def slots_per_device(mesh: Mesh, rules: Any, slots: int) -> int:
+  """Decode slots each device holds: the share of the `cache_batch` rule (the batch rule's axes by default)."""
+  spec = rules_lib.logical_to_spec(("cache_batch",), (slots,), mesh, rules_lib.with_cache_batch(rules))
+  return NamedSharding(mesh, spec).shard_shape((slots,))[0]
+
+
+def prefill_buckets(prompt_length: int, buckets: Sequence[int]) -> tuple[int, ...]:
+  """The configured buckets below `prompt_length`, then `prompt_length` itself (the longest prompt)."""
+  return tuple(sorted({b for b in buckets if b < prompt_length} | {prompt_length}))
+
+
+def stop_ids(tokenizer: Any, model_cfg: ModelConfig) -> tuple[int, ...]:
+  """Every id that ends a response: the tokenizer's EOS ids and the model config's."""
+  ids = list(tokenization.eos_token_ids(tokenizer)) if tokenizer is not None else []
+  eos = model_cfg.eos_token_id
+  ids += eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+  return tuple(sorted({int(i) for i in ids}))
+
+
+def pad_id(tokenizer: Any, stop: Sequence[int]) -> int:
+  """The tokenizer's pad id, else the first stop id, else 0."""
+  pad = getattr(tokenizer, "pad_token_id", None)
+  return int(pad) if pad is not None else (int(stop[0]) if stop else 0)
+
+
+def dtype_of(name: str) -> jnp.dtype:
+  """A config dtype name (fp32, bf16, fp16 or a numpy name) as a JAX dtype."""
+  return jnp.dtype({"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(name, name))
+
+
+def attention_kernel(setting: str, mesh: Mesh) -> str:
+  """`actor_rollout_ref.model.attention_kernel` resolved for the mesh: auto is pallas on TPU, else xla."""
+  if setting != "auto":
+    return setting
+  return "pallas" if mesh.devices.flat[0].platform == "tpu" else "xla"
+
+
+def build_engine(model: CausalLM, rollout: ConfigDict, *, prompt_length: int, slots: int, mesh: Mesh, rules: Any,
+                 stop: Sequence[int], tokenizer: Any = None) -> Engine:
+  """The JetStream engine for `rollout` (a config's rollout node) over `model`'s graph.
+
+  Args:
+    model: the policy (its parameters are passed to each call, never copied).
+    rollout: `actor_rollout_ref.rollout` or a generation config's `rollout`.
+    prompt_length: the longest prompt (the last prefill bucket).
+    slots: decode slots (at most rollout.max_num_seqs).
+    mesh, rules: where the KV cache lives and how activations are laid out.
+    stop: ids that end a response.
+    tokenizer: for JetStream's tokenizer hooks.
+  """
+  return make_engine(
+      model, compute_dtype=dtype_of(rollout.dtype), max_concurrent_decodes=slots,
+      prefill_buckets=prefill_buckets(prompt_length, rollout.prefill_length_buckets),
+      max_decode_length=rollout.response_length, sampling_params=SamplingParams.from_rollout_config(rollout),
+      eos_ids=stop, ignore_eos=rollout.ignore_eos, mesh=mesh, rules=rules, tokenizer=tokenizer,
+      decode_compiler_options=decode_compiler_options(mesh, rollout.cpu_dot_library,
+                                                      slots_per_device(mesh, rules, slots)))
+
+
+def build_sampler(engine: Engine, rollout: ConfigDict, pad: int) -> RolloutSampler:
+  """The RL sampler over `engine` (`rollout.free_cache_engine` keeps or drops the cache between calls)."""
+  return RolloutSampler(engine, pad_id=pad, free_cache=rollout.free_cache_engine)
+
+
+__all__ = ["EIGEN_ROWS", "attention_kernel", "build_engine", "build_sampler", "cpu_dot_options",
+           "decode_compiler_options", "dtype_of", "pad_id", "prefill_buckets", "slots_per_device", "stop_ids"]
