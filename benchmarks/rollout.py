@@ -30,7 +30,7 @@ from flax import nnx
 
 from rljax.config import CPU_DOT_LIBRARIES
 from rljax.models import from_pretrained, save_pretrained
-from rljax.rollout import RolloutSampler, SamplingParams, make_engine
+from rljax.rollout import RolloutSampler, SamplingParams, factory, make_engine
 
 from decode_library import filled_state, timed_steps
 
@@ -63,7 +63,8 @@ def rljax_runner(model, ids, mask, new, greedy, cpu_dot_library):
   params = nnx.state(model, nnx.Param)
   engine = make_engine(model, max_concurrent_decodes=ids.shape[0], prefill_buckets=(ids.shape[1],),
                        max_decode_length=new, ignore_eos=True,
-                       sampling_params=SamplingParams(temperature=1.0, greedy=greedy), cpu_dot_library=cpu_dot_library)
+                       sampling_params=SamplingParams(temperature=1.0, greedy=greedy),
+                       decode_compiler_options=factory.cpu_dot_options(cpu_dot_library, ids.shape[0]))
   sampler = RolloutSampler(engine, pad_id=0, steps_per_sync=16)
   start = time.perf_counter()
   sampler.generate(params, ids, mask, 1, jax.random.key(0))

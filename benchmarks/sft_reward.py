@@ -39,7 +39,7 @@ from rljax import config as config_lib
 from rljax import rewards
 from rljax.data import parquet
 from rljax.evaluation import generation
-from rljax.rollout import RolloutSampler, SamplingParams, make_engine
+from rljax.rollout import RolloutSampler, SamplingParams, factory, make_engine
 from rljax.sft import config as sft_config
 from rljax.sft import data as sft_data
 from rljax.sft import trainer as trainer_lib
@@ -60,7 +60,7 @@ class GreedyScorer:
     model = self.model()
     engine = make_engine(model, max_concurrent_decodes=len(rows),
                          prefill_buckets=[max(len(p) for p in self.prompts)], max_decode_length=response_length,
-                         sampling_params=SamplingParams(greedy=True), eos_ids=generation.eos_ids(tokenizer, model.cfg),
+                         sampling_params=SamplingParams(greedy=True), eos_ids=factory.stop_ids(tokenizer, model.cfg),
                          mesh=trainer.mesh, rules=trainer.rules)
     self.sampler = RolloutSampler(engine, pad_id=trainer.pad_id)
 

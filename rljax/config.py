@@ -739,7 +739,7 @@ def _is_open(path: str) -> bool:
   return any(path == p or path.startswith(p + ".") for p in OPEN_DICTS)
 
 
-def _unknown_key_error(config: ConfigDict, path: str) -> ConfigError:
+def unknown_key_error(config: ConfigDict, path: str) -> ConfigError:
   known = leaf_paths(config)
   last = path.rsplit(".", 1)[-1]
   near = difflib.get_close_matches(path, known, n=3, cutoff=0.75)
@@ -824,16 +824,16 @@ def set_value(config: ConfigDict, path: str, value: Any) -> None:
         with node.unlocked():
           node[part] = {}
       else:
-        raise _unknown_key_error(config, path)
+        raise unknown_key_error(config, path)
     node = node[part]
   if not isinstance(node, ConfigDict):
-    raise _unknown_key_error(config, path)
+    raise unknown_key_error(config, path)
   if key not in node:
     if _is_open(".".join(parents)):
       with node.unlocked():
         node[key] = value
       return
-    raise _unknown_key_error(config, path)
+    raise unknown_key_error(config, path)
   kind = _field_type(node, key)
   if kind is ConfigDict and isinstance(value, dict):
     for sub_key, sub_value in value.items():

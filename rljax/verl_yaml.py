@@ -187,7 +187,7 @@ def resolve_interpolation(config: ConfigDict, expression: str, entry: Entry) -> 
   if resolver is None:
     target = _key_path(entry, expression)
     if not _has_key(config, target):
-      near = config_lib._unknown_key_error(config, target)  # pylint: disable=protected-access
+      near = config_lib.unknown_key_error(config, target)
       raise config_lib.ConfigError(entry.path, entry.value, f"interpolates {target}, which is not a key of rljax's config",
                                    near.fix)
     return Link(target)

@@ -160,6 +160,31 @@ def test_create_takes_settings_from_the_environment_and_flags_win(sandbox):
   assert "--spot" in argv
 
 
+def test_create_checks_the_run_compiles_for_the_slice_first(sandbox):
+  check, create = dry_run(sandbox, "create.sh", "--accelerator-type=v5p-8", "--check=configs/grpo.py:llama3_1_8b_gsm8k",
+                          "--check-override=data.train_batch_size=512", env={"RLJAX_PYTHON": "python3"})
+  assert check == ["python3", "-m", "rljax.compile", "--config=configs/grpo.py:llama3_1_8b_gsm8k", "--topology=v5p-8",
+                   "data.train_batch_size=512"]
+  assert create[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "create"]
+
+
+@pytest.mark.parametrize("fits", [False, True])
+def test_create_stops_before_spending_when_the_run_does_not_fit(sandbox, fits):
+  log = sandbox["tmp"] / "compile_calls.log"
+  python = sandbox["tmp"] / "fake_python"
+  python.write_text(f'#!/bin/sh\necho "python $*" >> "{log}"\nexit {0 if fits else 1}\n')
+  python.chmod(0o755)
+  env = {**sandbox["env"], **TARGET, "RLJAX_PYTHON": str(python)}
+  result = subprocess.run(["bash", str(SCRIPT_DIR / "create.sh"), "--accelerator-type=v6e-8", "--check=configs/grpo.py"],
+                          env=env, cwd=sandbox["tmp"], capture_output=True, text=True, timeout=30, check=False)
+  assert log.read_text().splitlines() == ["python -m rljax.compile --config=configs/grpo.py --topology=v6e-8"]
+  if fits:  # then the VM is created (the fake gcloud records the call and fails)
+    assert sandbox["calls"].read_text().startswith("gcloud compute tpus tpu-vm create rljax-v6e")
+  else:
+    assert result.returncode == 2 and not sandbox["calls"].exists()
+    assert "configs/grpo.py does not compile within a v6e-8" in result.stderr and "nothing was created" in result.stderr
+
+
 def test_create_queued_resource(sandbox):
   [argv] = dry_run(sandbox, "create.sh", "--accelerator-type=v4-32", "--queued", "--reserved",
                    "--service-account=trainer@my-project.iam.gserviceaccount.com")

@@ -11,10 +11,10 @@ from rljax.algos.advantages import (
     compute_multi_turn_optimal_token_baseline_advantage, compute_optimal_token_baseline_advantage,
     compute_opo_outcome_advantage, compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage, compute_remax_outcome_advantage,
-    compute_rloo_outcome_advantage, compute_rloo_vectorized_outcome_advantage, compute_unbiased_advantage,
-    get_adv_estimator, overlong_reward_penalty,
+    compute_rloo_outcome_advantage, compute_rloo_vectorized_outcome_advantage,
+    get_adv_estimator,
 )
-from rljax.algos.agg import LOSS_AGG_MODES, agg_loss, global_batch_info, unbiased_token_sum_loss
+from rljax.algos.agg import LOSS_AGG_MODES, agg_loss, global_batch_info
 from rljax.algos.entropy import (
     compute_entropy_loss, entropy_from_logits, entropy_from_logits_with_chunking, logprobs_from_logits,
 )
@@ -60,7 +60,6 @@ __all__ = [
     "compute_rollout_correction_and_rejection_mask",
     "compute_rollout_correction_weights",
     "compute_rollout_rejection_mask",
-    "compute_unbiased_advantage",
     "compute_value_loss",
     "entropy_from_logits",
     "entropy_from_logits_with_chunking",
@@ -76,8 +75,6 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
-    "overlong_reward_penalty",
     "positive_nll_loss",
     "ppo_loss",
-    "unbiased_token_sum_loss",
 ]

@@ -33,9 +33,9 @@ Deliberate differences from verl:
 ...), read by attribute like verl's dataclasses; a missing key or `None`
 config falls back to verl's default.
 
-Also here, from cosmos-rl: `overlong_reward_penalty` (DAPO's soft length
-penalty) and `compute_unbiased_advantage` (Dr.GRPO, cosmos-rl's
-`train_policy.unbiased_advantage`).
+cosmos-rl's Dr.GRPO `train_policy.unbiased_advantage` is verl's `grpo` with
+`norm_adv_by_std_in_grpo=false` (the config maps it); DAPO's overlong
+penalty is the reward manager's (`rljax.rewards.managers.overlong_penalty`).
 """
 
 import inspect
@@ -891,81 +891,6 @@ def compute_multi_turn_optimal_token_baseline_advantage(
     baseline = jnp.where(in_tail, 0.0, baseline)
   advantages = returns - baseline
   return _zero_padding(advantages, mask), _zero_padding(returns, mask)
-
-
-# ----------------------------------------------------------------------------
-# cosmos-rl extras.
-# ----------------------------------------------------------------------------
-
-
-def compute_unbiased_advantage(
-    token_level_rewards: jax.Array,
-    response_mask: jax.Array,
-    index: jax.Array,
-    num_groups: int | None = None,
-) -> tuple[jax.Array, jax.Array]:
-  """Dr.GRPO's unbiased advantage (cosmos-rl `train_policy.unbiased_advantage`).
-
-    A_i = s_i - mean_g         (no division by the std)
-
-  where `mean_g` is the plain mean over all rows of the group, so a singleton
-  gets 0, as in cosmos-rl. (verl's `grpo` with
-  `norm_adv_by_std_in_grpo=False` is the same except that a singleton keeps
-  its raw score.)
-
-  Args:
-    token_level_rewards: `[B, T]` rewards.
-    response_mask: `[B, T]`, 1 on valid tokens.
-    index: int `[B]` group ids in `[0, num_groups)`.
-    num_groups: static number of group slots; None means `B`.
-
-  Returns:
-    `(advantages, returns)`, equal, float32 `[B, T]`, 0 at padding.
-  """
-  group_ids = as_group_ids(index, num_groups)
-  mask = _as_mask(response_mask)
-  scores = outcome_scores(token_level_rewards)
-  mean, _ = group_mean_std(scores, group_ids, num_groups, eps=0.0)
-  size = _group_size(group_ids, num_groups)
-  row = jnp.where(size > 1.0, scores - mean[group_ids], 0.0)
-  advantages = _per_token(row, mask)
-  return advantages, advantages
-
-
-def overlong_reward_penalty(
-    response_length: jax.Array,
-    max_response_length: int,
-    buffer_length: int,
-    penalty_factor: float = 1.0,
-) -> jax.Array:
-  """DAPO's soft overlong penalty (cosmos-rl `train_policy.overlong_reward`).
-
-  With `L_0 = max_response_length - buffer_length`:
-
-    p(L) = 0                                  L <= L_0
-    p(L) = -(L - L_0) / buffer_length · f     L_0 < L <= max_response_length
-    p(L) = -f                                 L > max_response_length
-
-  a linear ramp from 0 to `-penalty_factor` over the last `buffer_length`
-  tokens. cosmos-rl computes `min(-(L - L_0)/buffer·f, 0)`, which agrees on
-  every length a rollout can produce (`L <= max_response_length`); beyond
-  it the penalty is held at `-f` here. Add it to the row's reward score.
-
-  Args:
-    response_length: `[B]` number of response tokens (e.g. `Σ_t m`).
-    max_response_length: the rollout's token limit.
-    buffer_length: length of the penalty ramp, `> 0`.
-    penalty_factor: the penalty at the limit.
-
-  Returns:
-    float32 `[B]` penalties, each in `[-penalty_factor, 0]`.
-  """
-  if buffer_length <= 0:
-    raise ValueError(f"overlong buffer_length must be > 0, got {buffer_length}")
-  start = max_response_length - buffer_length
-  excess = jnp.asarray(response_length, jnp.float32) - start
-  penalty = -excess / buffer_length * penalty_factor
-  return jnp.clip(penalty, -penalty_factor, 0.0)
 
 
 # ----------------------------------------------------------------------------

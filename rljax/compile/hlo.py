@@ -35,6 +35,7 @@ _DTYPE_BYTES = {
     "c64": 8, "c128": 16,
 }
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_ARRAY_LAYOUT = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\((.*)$")
 _CALLED = re.compile(r"\b(calls|body|condition|to_apply|branch_computations|async_execution_thread)=\{?%?([\w.\-, %]+)\}?")
@@ -88,6 +89,16 @@ def shape_bytes(shape: str) -> int:
   total = 0.0
   for dtype, dims in _ARRAY.findall(shape):
     if dtype not in _DTYPE_BYTES:
+      continue
+    total += _DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+  return int(total)
+
+
+def hbm_shape_bytes(shape: str) -> int:
+  """Bytes of the arrays of an HLO shape that live in HBM (not in an alternate memory space, `S(n)` with n > 0)."""
+  total = 0.0
+  for dtype, dims, layout in _ARRAY_LAYOUT.findall(shape):
+    if dtype not in _DTYPE_BYTES or re.search(r"S\([1-9]\d*\)", layout or ""):
       continue
     total += _DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
   return int(total)
@@ -317,3 +328,94 @@ def collectives(text: str) -> CollectiveSummary:
   for c in found:
     by_kind[c.kind] += c.total
   return CollectiveSummary(by_kind, found, unknown)
+
+
+_NO_TRAFFIC = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while", "call", "conditional",
+               "after-all", "partition-id", "replica-id", "iota"}
+
+
+def _read_bytes(fused: Computation, index: int, full: int, computations: dict[str, Computation]) -> int:
+  """Bytes a fusion reads of its operand `index`: what its slices and gathers take when that is all it does
+  with it (through nested fusions too); nothing for a buffer it updates in place; else the whole operand."""
+  param = next((i for i in fused.instructions if i.opcode == "parameter" and i.arguments.strip() == str(index)), None)
+  if param is None:
+    return full
+  taken = 0
+  for user in (i for i in fused.instructions if param.name in i.operands):
+    if user.opcode in ("slice", "dynamic-slice", "gather"):
+      taken += hbm_shape_bytes(user.shape)
+    elif user.opcode == "dynamic-update-slice" and user.operands[0] == param.name:
+      continue
+    elif user.opcode == "fusion" and user.called() and user.called()[0] in computations:
+      taken += _read_bytes(computations[user.called()[0]], user.operands.index(param.name), full, computations)
+    else:
+      return full
+  return min(taken, full)
+
+
+def _hbm_walk(computations: dict[str, Computation], name: str, count: int, seen: tuple[str, ...]) -> float:
+  computation = computations.get(name)
+  if computation is None or name in seen:
+    return 0.0
+  seen = seen + (name,)
+  table = computation.by_name()
+  total = 0.0
+  for inst in computation.instructions:
+    if inst.opcode == "while":
+      body = re.search(r"body=%?([\w.\-]+)", inst.attributes)
+      cond = re.search(r"condition=%?([\w.\-]+)", inst.attributes)
+      condition = computations.get(cond.group(1)) if cond else None
+      trips = None if condition is None else trip_count(
+          condition, computations.get(body.group(1)) if body else None, _loop_start(inst, computation, condition))
+      if body:
+        total += _hbm_walk(computations, body.group(1), count * (trips or 1), seen)
+      continue
+    if inst.opcode in ("call", "conditional"):
+      for callee in inst.called():
+        total += _hbm_walk(computations, callee, count, seen)
+      continue
+    if inst.opcode in _NO_TRAFFIC or inst.opcode.endswith("-done"):
+      continue
+    if inst.opcode == "dynamic-update-slice":
+      update = table.get(inst.operands[1]) if len(inst.operands) > 1 else None
+      total += count * 2 * (hbm_shape_bytes(update.shape) if update is not None else 0)
+      continue
+    if inst.opcode == "slice-start":  # an asynchronous slice reads its slice, not the whole operand
+      source = table.get(inst.operands[0]) if inst.operands else None
+      total += count * max(0, shape_bytes(inst.shape) - (shape_bytes(source.shape) if source is not None else 0))
+      continue
+    if inst.opcode in ("slice", "dynamic-slice", "gather"):  # reads what it takes, writes it
+      total += count * 2 * hbm_shape_bytes(inst.shape)
+      continue
+    fused = computations.get(inst.called()[0]) if inst.opcode == "fusion" and inst.called() else None
+    reads = 0
+    for index, operand in enumerate(inst.operands):
+      source = table.get(operand)
+      if source is None:
+        continue
+      full = hbm_shape_bytes(source.shape)
+      reads += _read_bytes(fused, index, full, computations) if fused is not None else full
+    writes = 0 if inst.opcode.endswith("-start") else hbm_shape_bytes(inst.shape)  # a -start's tuple aliases
+    if fused is not None and fused.instructions and fused.instructions[-1].opcode == "dynamic-update-slice":
+      root = fused.instructions[-1]
+      update = fused.by_name().get(root.operands[1]) if len(root.operands) > 1 else None
+      writes = hbm_shape_bytes(update.shape) if update is not None else writes
+    total += count * (reads + writes)
+  return total
+
+
+def hbm_bytes(text: str) -> float:
+  """HBM bytes one run of a compiled program reads and writes, per device, loop iterations counted.
+
+  Every instruction outside fusions reads its operands and writes its
+  result, except what lives in an alternate memory space (`S(1)`: XLA's
+  prefetches into on-chip memory count once, as the copy that reads HBM);
+  a fusion reads only the slices it takes of an operand, and an update in
+  place writes only the update. A bound on what the program moves (a Pallas
+  kernel is charged its whole operands, however few blocks it reads), not
+  a simulation.
+  """
+  computations = parse(text)
+  entry = next((c.name for c in computations.values() if c.is_entry), None)
+  return _hbm_walk(computations, entry, 1, ()) if entry else 0.0
+

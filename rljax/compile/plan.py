@@ -80,7 +80,7 @@ def rl_steps(config: ConfigDict, mesh: Mesh) -> list[PlannedStep]:
   rollout_params = engine.compute_params(actor_params)
   for step in engine.lowering_steps(actor_params, sampler_steps):
     bound = None
-    if step.name.startswith("decode"):
+    if step.name.startswith("decode_step"):
       bound = ("param+cache", report.decode_minimum(rollout_params, engine.abstract_decode_state()))
     planned.append(PlannedStep(step, bound))
   return planned

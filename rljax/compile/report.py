@@ -13,8 +13,13 @@ Per device, from the compiled executable:
 * collectives: bytes each device sends or receives, per kind, from the
   HLO, loop iterations counted (`rljax.compile.hlo`).
 
+* HBM traffic: what the program reads and writes in HBM, from the HLO
+  (`rljax.compile.hlo.hbm_bytes`). The compiler's own "bytes accessed" also
+  counts traffic to on-chip memory (XLA prefetches small weights there) and
+  is printed beside it.
+
 Bounds. An update's collectives are compared with the FSDP minimum
-(`fsdp_minimum`); a decode step's bytes accessed with the device's
+(`fsdp_minimum`); one decode step's HBM traffic with the device's
 parameter shard plus its KV-cache shard (`decode_minimum`).
 """
 
@@ -46,6 +51,7 @@ class StepReport:
   flops: float | None = None
   seconds: float | None = None
   bytes_accessed: float | None = None
+  hbm_traffic: float | None = None
   collectives: dict[str, int] = dataclasses.field(default_factory=dict)
   bound: tuple[str, float] | None = None
   error: str | None = None
@@ -56,7 +62,7 @@ class StepReport:
     """Measured / bound: collective bytes of an update, bytes accessed of a decode step."""
     if self.bound is None or not self.bound[1]:
       return None
-    measured = self.bytes_accessed if self.bound[0] == "param+cache" else sum(self.collectives.values())
+    measured = self.hbm_traffic if self.bound[0] == "param+cache" else sum(self.collectives.values())
     return None if measured is None else measured / self.bound[1]
 
   def as_dict(self) -> dict[str, Any]:
@@ -89,14 +95,15 @@ def from_compiled(name: str, compiled: Any, hbm: int) -> StepReport:
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, list):
     cost = cost[0] if cost else {}
-  summary = hlo.collectives(compiled.as_text())
+  text = compiled.as_text()
+  summary = hlo.collectives(text)
   required = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
               + memory.temp_size_in_bytes)
   return StepReport(
       name=name, hbm=hbm, fits=required <= hbm, arguments=memory.argument_size_in_bytes,
       outputs=memory.output_size_in_bytes, aliased=memory.alias_size_in_bytes,
       temporaries=memory.temp_size_in_bytes, required=required, flops=cost.get("flops"),
-      seconds=cost.get("optimal_seconds"), bytes_accessed=cost.get("bytes accessed"),
+      seconds=cost.get("optimal_seconds"), bytes_accessed=cost.get("bytes accessed"), hbm_traffic=hlo.hbm_bytes(text),
       collectives={k: v for k, v in summary.by_kind.items() if v})
 
 
@@ -168,16 +175,16 @@ def gib(value: float | None) -> str:
 
 
 def table(reports: list[StepReport]) -> str:
-  """The reports as a text table (GiB per device; collective bytes by kind)."""
-  header = ("step", "fits", "args", "temp", "need", "HBM", "TFLOP", "est s", "all-gath", "red-scat", "all-red",
-            "all2all", "permute", "bound", "ratio")
+  """The reports as a text table (GiB per device: memory, HBM traffic, collective bytes by kind)."""
+  header = ("step", "fits", "args", "temp", "need", "HBM", "TFLOP", "est s", "traffic", "all-gath", "red-scat",
+            "all-red", "all2all", "permute", "bound", "ratio")
   rows = [header]
   for r in reports:
     c = r.collectives
     rows.append((
         r.name, "yes" if r.fits else "NO", gib(r.arguments), gib(r.temporaries), gib(r.required), gib(r.hbm),
         "-" if r.flops is None else f"{r.flops / 1e12:.2f}", "-" if r.seconds is None else f"{r.seconds:.3f}",
-        gib(c.get("all-gather")), gib(c.get("reduce-scatter")), gib(c.get("all-reduce")),
+        gib(r.hbm_traffic), gib(c.get("all-gather")), gib(c.get("reduce-scatter")), gib(c.get("all-reduce")),
         gib(c.get("all-to-all")), gib(c.get("collective-permute")),
         "-" if r.bound is None else f"{r.bound[0]} {gib(r.bound[1])}",
         "-" if r.ratio is None else f"{r.ratio:.2f}"))

@@ -116,6 +116,9 @@ def devices(topology: Topology) -> list:
   """The JAX devices of `topology` (abstract TPU devices; compile with them, run nothing)."""
   os.environ["TPU_ACCELERATOR_TYPE"] = topology.accelerator_type
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  # Compiling touches no chip: let several processes load libtpu (its lock file is for processes that
+  # drive the TPU of a VM).
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
   desc = topologies.get_topology_desc(
       platform="tpu", topology_name=topology.topology_name, chip_config_name="default",

@@ -30,7 +30,6 @@ import os
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pyarrow as pa
 from flax import nnx

@@ -31,6 +31,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 _NEG = -1e30
 _LANES = 128
+# Mosaic has no "highest"-precision bfloat16 matmul: the kernel's own precision, whatever
+# jax_default_matmul_precision says (float32 inputs are exact either way in the interpreter).
+_PRECISION = jax.lax.Precision.DEFAULT
 
 
 def block_size(length: int) -> int:
@@ -63,7 +66,8 @@ def _kernel(starts_ref, ends_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l
   @pl.when((j >= first) & (j <= last))
   def _fold():
     q = q_ref[...]
-    scores = jax.lax.dot_general(q, k_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    scores = jax.lax.dot_general(q, k_ref[...], (((1,), (1,)), ((), ())), precision=_PRECISION,
+                                 preferred_element_type=jnp.float32)
     valid = mask_ref[...] != 0
     scores = jnp.where(valid, scores, _NEG)
     m_prev = m_ref[...][:, :1]
@@ -71,7 +75,7 @@ def _kernel(starts_ref, ends_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l
     p = jnp.where(valid, jnp.exp(scores - m_new), 0.0)
     alpha = jnp.exp(m_prev - m_new)
     l_new = alpha * l_ref[...][:, :1] + jnp.sum(p, axis=-1, keepdims=True)
-    pv = jax.lax.dot_general(p.astype(v_ref.dtype), v_ref[...], (((1,), (0,)), ((), ())),
+    pv = jax.lax.dot_general(p.astype(v_ref.dtype), v_ref[...], (((1,), (0,)), ((), ())), precision=_PRECISION,
                              preferred_element_type=jnp.float32)
     acc_ref[...] = alpha * acc_ref[...] + pv
     m_ref[...] = jnp.broadcast_to(m_new, m_ref.shape)

@@ -12,6 +12,11 @@ slot `offset + t` and attends to key slots `s <= offset + t` (and
 `s > offset + t - window` with a sliding window) of the same segment;
 segment 0 is padding. Lengths are padded to whole 128-slot blocks (padding
 is segment 0, and its outputs are cut off).
+
+Mosaic compiles no bfloat16 matmul at "highest" precision: trace TPU steps
+under the default `jax_default_matmul_precision` (the splash backward is
+traced when the gradient is, so a scope around the forward call is not
+enough).
 """
 
 from __future__ import annotations

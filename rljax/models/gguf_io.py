@@ -73,12 +73,6 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
   return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
 
-def permute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-  """llama.cpp's interleaving of q/k rows (the inverse of ``unpermute_rows``)."""
-  rest = w.shape[1:]
-  return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *rest).swapaxes(1, 2).reshape(w.shape)
-
-
 def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
   f = reader.fields.get(key)
   return default if f is None else f.contents()

@@ -282,7 +282,7 @@ class CausalLM(nnx.Module):
     """
     h, cache = self.step_hidden(input_ids, cache, attention_mask, positions, last_only, query_offset)
     logits = h @ self.lm_head_weight().astype(h.dtype).T
-    return constrain(logits, ("batch", "length", "vocab")), cache
+    return constrain(logits, ("cache_batch", "length", "vocab")), cache
 
   def shared_prompt_hidden(
       self,

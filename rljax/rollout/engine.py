@@ -404,9 +404,11 @@ class Engine(_EngineBase):
     """The engine's jitted calls on abstract arguments, at the shapes a rollout uses.
 
     Prefill at every bucket for a full refill (`max_concurrent_decodes`
-    rows, as the sampler pads), insertion of those rows, and the decode
-    loop of `steps_per_call` steps. `params` are arrays or
-    ShapeDtypeStructs with shardings.
+    rows, as the sampler pads), insertion of those rows, the decode loop of
+    `steps_per_call` steps (what a rollout calls), and one decode step
+    (its HBM traffic is a step's). `params` are arrays or ShapeDtypeStructs
+    with shardings, taken in the compute dtype as the sampler passes them
+    (`compute_params`).
     """
     rows, how = self._slots, how or self.sampling_params
     replicated = NamedSharding(self._mesh, PartitionSpec())
@@ -423,6 +425,8 @@ class Engine(_EngineBase):
     source = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=replicated)
     out.append(Step(f"insert[{rows}]", self._insert, (prefix, state, source)))
     out.append(Step(f"decode[{rows} slots x {steps_per_call}]", self._generate, (params, state, steps_per_call, how)))
+    if steps_per_call > 1:
+      out.append(Step(f"decode_step[{rows} slots]", self._generate, (params, state, 1, how)))
     return out
 
   # ----- tokenizer hooks --------------------------------------------------------

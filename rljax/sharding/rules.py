@@ -230,7 +230,6 @@ def reduce_partials(parts: jax.Array, names: Sequence[str | None]) -> jax.Array:
   batch_axes = _as_tuple(in_spec[0])
   if not batch_axes:
     return jnp.sum(parts, axis=0)
-  inner_spec = PartitionSpec(*in_spec[1:])
 
   def reduce(local):
     value = local[0]

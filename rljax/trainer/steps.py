@@ -28,13 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 from ml_collections import ConfigDict
 
 from rljax.algos import agg, policy_loss, value_loss
 from rljax.models import lora
 from rljax.sharding import rules as rules_lib
-from rljax.sharding.placement import Step, abstract, key_struct, replicated, shardings_of
+from rljax.sharding.placement import Step, abstract, key_struct, shardings_of
 from rljax.trainer.layout import Layout
 from rljax.trainer.sequences import response_log_probs
 
@@ -59,22 +59,22 @@ def place(host: dict[str, Any], spec: dict[str, jax.ShapeDtypeStruct]) -> dict[s
 # ----- batches ---------------------------------------------------------------------------------
 
 
-def row_shape(key: str, rows: int, layout: Layout) -> tuple[int, ...]:
+def row_shape(key: str, rows: int, prompt_length: int, response_length: int) -> tuple[int, ...]:
   """Shape of the array `key` for `rows` rows: [rows, P + R], [rows, R] or [rows]."""
   if key in _ROW_KEYS:
-    return (rows, layout.row_tokens)
+    return (rows, prompt_length + response_length)
   if key in _PER_ROW:
     return (rows,)
-  return (rows, layout.response_length)
+  return (rows, response_length)
 
 
-def micro_batch_spec(keys: tuple[str, ...], micro_batches: int, rows: int, layout: Layout, mesh: Mesh,
-                     rules: Any) -> dict[str, jax.ShapeDtypeStruct]:
-  """[micro_batches, rows / micro_batches, ...] arrays named `keys`, rows over the batch rule."""
+def micro_batch_spec(keys: tuple[str, ...], micro_batches: int, rows: int, prompt_length: int, response_length: int,
+                     mesh: Mesh, rules: Any) -> dict[str, jax.ShapeDtypeStruct]:
+  """[micro_batches, rows / micro_batches, ...] arrays named `keys` (rows of P + R tokens), rows over the batch rule."""
   per = rows // micro_batches
   out = {}
   for key in keys:
-    shape = (micro_batches, *row_shape(key, per, layout))
+    shape = (micro_batches, *row_shape(key, per, prompt_length, response_length))
     spec = rules_lib.logical_to_spec((None, "batch") + (None,) * (len(shape) - 2), shape, mesh, rules)
     out[key] = jax.ShapeDtypeStruct(shape, _DTYPES.get(key, jnp.float32), sharding=NamedSharding(mesh, spec))
   return out
@@ -109,7 +109,8 @@ def constrained_grad(loss_fn: Callable, params: Any, shardings: Any, *args) -> t
 
 def accumulate_gradients(loss_fn: Callable, params: Any, micro_batches: dict[str, jax.Array], keys: jax.Array,
                          shardings: Any) -> tuple[Any, Metrics]:
-  """Sum over micro-batches of grad `loss_fn(params, micro, key)`, and the stacked metrics.
+  """Sum over micro-batches of grad `loss_fn(params, micro, key)` (in the parameters' dtypes), and the
+  stacked metrics.
 
   Args:
     loss_fn: (params, micro-batch, key) -> (loss, metrics).
@@ -117,6 +118,12 @@ def accumulate_gradients(loss_fn: Callable, params: Any, micro_batches: dict[str
     keys: [M] PRNG keys.
     shardings: the parameters' shardings (gradients and the sum are laid out by them).
   """
+  as_params = lambda grads: jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)  # noqa: E731
+  if keys.shape[0] == 1:  # one micro-batch: no accumulator to hold beside the gradient
+    (_, metrics), grads = constrained_grad(loss_fn, params, shardings, *jax.tree.map(lambda x: x[0],
+                                                                                     (micro_batches, keys)))
+    return as_params(grads), jax.tree.map(lambda m: m[None], metrics)
+
   def body(total, xs):
     micro, key = xs
     (_, metrics), grads = constrained_grad(loss_fn, params, shardings, micro, key)
@@ -307,7 +314,8 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
   """
   arr = config.actor_rollout_ref
   temperature = float(arr.rollout.temperature) or 1.0
-  micro_rows = functools.partial(micro_batch_spec, layout=layout, mesh=mesh, rules=rules)
+  micro_rows = functools.partial(micro_batch_spec, prompt_length=layout.prompt_length,
+                                 response_length=layout.response_length, mesh=mesh, rules=rules)
   shuffled = bool(arr.actor.shuffle)
   actor_batch = micro_rows(actor_batch_keys(config, on_policy(config, layout, lora_dropout)),
                            layout.micro_batches, layout.mini_rows)

@@ -9,6 +9,9 @@ CLOUD_PLATFORM_SCOPE="https://www.googleapis.com/auth/cloud-platform"
 SPOT=${RLJAX_TPU_SPOT:-0}
 RESERVED=${RLJAX_TPU_RESERVED:-0}
 SERVICE_ACCOUNT=${RLJAX_TPU_SERVICE_ACCOUNT:-}
+CHECK=${RLJAX_TPU_CHECK:-}
+CHECK_OVERRIDES=()
+PYTHON=${RLJAX_PYTHON:-python3}
 
 usage() {
   cat <<EOF
@@ -27,6 +30,11 @@ $COMMON_HELP
   --spot                  RLJAX_TPU_SPOT=1    Spot VMs (cheaper, can be preempted)
   --reserved              RLJAX_TPU_RESERVED=1 use the project's reserved capacity
   --service-account=EMAIL RLJAX_TPU_SERVICE_ACCOUNT  default: the Compute Engine default
+  --check=CONFIG          RLJAX_TPU_CHECK     first compile every step of this run for the slice, here
+                                              (python -m rljax.compile --topology=TYPE; needs rljax's
+                                              tpu extra), and create nothing if a step does not fit,
+                                              e.g. configs/grpo.py:llama3_1_8b_gsm8k
+  --check-override=K=V                        an override for that run (repeatable)
 
 Example:
   $SCRIPT_NAME --project=my-project --zone=us-east5-b --name=rljax-v6e --accelerator-type=v6e-8
@@ -42,6 +50,8 @@ while (($#)); do
     --spot) SPOT=1; SHIFT=1 ;;
     --reserved) RESERVED=1; SHIFT=1 ;;
     --service-account | --service-account=*) take_value "$@"; SERVICE_ACCOUNT=$VALUE ;;
+    --check | --check=*) take_value "$@"; CHECK=$VALUE ;;
+    --check-override | --check-override=*) take_value "$@"; CHECK_OVERRIDES+=("$VALUE") ;;
     *) common_flag "$@" ;;
   esac
   shift "$SHIFT"
@@ -61,6 +71,14 @@ options=(--scopes="$CLOUD_PLATFORM_SCOPE")
 [[ $SPOT == 1 ]] && options+=(--spot)
 [[ $RESERVED == 1 ]] && options+=(--reserved)
 [[ -n $SERVICE_ACCOUNT ]] && options+=(--service-account="$SERVICE_ACCOUNT")
+
+[[ -n $CHECK || ${#CHECK_OVERRIDES[@]} == 0 ]] || die "--check-override needs --check=CONFIG (the run it overrides)."
+if [[ -n $CHECK ]]; then
+  note "checking that every step of $CHECK fits a $ACCELERATOR_TYPE before creating it"
+  if ! run "$PYTHON" -m rljax.compile --config="$CHECK" --topology="$ACCELERATOR_TYPE" "${CHECK_OVERRIDES[@]}"; then
+    die "$CHECK does not compile within a $ACCELERATOR_TYPE (see above); nothing was created. Change the run or --accelerator-type."
+  fi
+fi
 
 note "$ACCELERATOR_TYPE: $(hosts "$ACCELERATOR_TYPE") worker(s), TPU software $RUNTIME_VERSION"
 if [[ $QUEUED == 1 ]]; then

@@ -267,24 +267,6 @@ def test_tir_optimal_token_baseline_by_hand():
   assert_on_valid(a, expected, mask)
 
 
-def test_unbiased_advantage_by_hand():
-  a, r = adv.compute_unbiased_advantage(R, M, IDX)
-  assert_on_valid(a, rows_to_tokens([-2, 0, 0, 2]), M)  # singleton -> 0
-  assert_on_valid(r, a, M)
-
-
-def test_overlong_reward_penalty_by_hand():
-  lengths = np.array([10, 16, 17, 18, 20, 25])
-  # ramp starts at 20 - 4 = 16 and reaches -factor at 20.
-  out = adv.overlong_reward_penalty(lengths, 20, 4, 1.0)
-  np.testing.assert_allclose(out, [0, 0, -0.25, -0.5, -1, -1], atol=1e-7)
-  out = jax.jit(adv.overlong_reward_penalty, static_argnums=(1, 2, 3))(
-      lengths, 20, 4, 2.0)
-  np.testing.assert_allclose(out, [0, 0, -0.5, -1, -2, -2], atol=1e-7)
-  with pytest.raises(ValueError, match="buffer_length"):
-    adv.overlong_reward_penalty(lengths, 20, 0, 1.0)
-
-
 # ----------------------------------------------------------------------------
 # Masked helpers.
 # ----------------------------------------------------------------------------
@@ -546,7 +528,6 @@ def _all_estimators(rewards, mask, index, values, baselines, old, sps, isw):
         name, rewards, mask, index, config, values=values,
         reward_baselines=baselines, old_log_probs=old, sum_pi_squared=sps,
         rollout_is_weights=isw, num_groups=5)
-  outs["unbiased"] = adv.compute_unbiased_advantage(rewards, mask, index, 5)
   return outs
 
 

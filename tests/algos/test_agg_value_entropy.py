@@ -102,16 +102,6 @@ def test_micro_batch_gradients_sum_to_mini_batch_gradient():
   close(whole, ref.agg_weights(m, "token-mean", batch_num_tokens=float(m.sum())))
 
 
-def test_unbiased_token_sum_loss_is_dr_grpo():
-  L, m = make_loss_batch(6, empty_row=False)
-  got = agg.unbiased_token_sum_loss(jnp.asarray(L), jnp.asarray(m), max_tokens=32)
-  # cosmos-rl: mean over rows of (Σ_t L·m) / max_tokens.
-  want = np.mean([(L[b] * m[b]).sum() / 32 for b in range(L.shape[0])])
-  close(got, want)
-  with pytest.raises(ValueError, match="unbiased_loss_max_tokens"):
-    agg.unbiased_token_sum_loss(L, m, 0)
-
-
 # ----------------------------------------------------------- value loss --
 
 

@@ -1,0 +1,105 @@
+"""rljax.compile: a tiny model's steps compiled by the real TPU compiler (libtpu) on this CPU.
+
+The sharding properties are read from the compiled HLO: the actor update
+all-gathers weights and reduce-scatters gradients (no activation
+all-reduce) within 1.3x of the FSDP minimum, and decode moves no weight and
+reads about its parameter shard plus its KV-cache shard.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from rljax import config as config_lib, sharding
+from rljax.compile import hlo, plan, report, topology
+from rljax.train import resolve
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# Dimensions a TPU tiles without padding once split 4 ways (512 / 4 = 128).
+TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 4096, "hidden_size": 1024,
+        "intermediate_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "eos_token_id": 2}
+OVERRIDES = [
+    "data.train_batch_size=8", "data.max_prompt_length=128", "data.max_response_length=128",
+    "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.use_kl_loss=true",
+    "actor_rollout_ref.actor.fsdp_config.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.rollout.max_num_seqs=16",
+    "actor_rollout_ref.rollout.prefill_length_buckets=[128]", "actor_rollout_ref.model.share_prompt_forward=false",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+  path = tmp_path_factory.mktemp("tiny_tpu")
+  (path / "config.json").write_text(json.dumps(TINY))
+  return str(path)
+
+
+def planned(model_dir, name):
+  target = topology.parse(name)
+  devices = topology.devices(target)
+  config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),
+                   [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES], device_count=len(devices))
+  mesh = sharding.make_mesh(config, devices=devices)
+  return {p.step.name.split("[")[0]: p for p in plan.rl_steps(config, mesh)}, target
+
+
+def test_topologies_parse_to_their_slices():
+  assert topology.parse("v5p-8").topology_name == "v5p:2x2x1"
+  assert topology.parse("v5litepod-16").topology_name == "v5e:4x4"
+  assert topology.parse("v6e-8").grid == (2, 4) and topology.parse("v6e-8").host_bounds == (2, 4, 1)
+  assert topology.parse("v5p:2x2x1").accelerator_type == "v5p-8"
+  assert topology.parse("v5p-64").chips == 32 and topology.parse("v5p-64").host_bounds == (2, 2, 1)
+  assert topology.parse("v4-8", num_slices=2).chips == 8
+  with pytest.raises(ValueError, match="no v5p slice of 12 TensorCores"):
+    topology.parse("v5p-12")
+  with pytest.raises(ValueError, match="expected an accelerator type"):
+    topology.parse("h100-8")
+
+
+@jax.default_matmul_precision("default")  # Mosaic has no "highest" bfloat16 matmul (conftest sets highest)
+@pytest.mark.parametrize("name", ["v5p:2x2x1", "v5e:2x2"])
+def test_update_gathers_weights_and_reduce_scatters_gradients(model_dir, name):
+  steps, target = planned(model_dir, name)
+  update = steps["actor_update"]
+  result, compiled = plan.compile_step(update, target.hbm_bytes)
+  assert result.fits, result
+  summary = hlo.collectives(compiled.as_text())
+  assert not summary.unknown_loops
+  params = sum(x.size * 2 for x in jax.tree.leaves(update.step.args[0]))  # bfloat16 bytes of the weights
+  assert summary.by_kind["all-gather"] > params and summary.by_kind["reduce-scatter"] > params / 2
+  # what is all-reduced is scalars and norm-scale gradients, never activations or weight gradients
+  assert summary.by_kind["all-reduce"] < 0.01 * params, summary.largest("all-reduce")
+  assert result.ratio <= 1.3, (result.collectives, result.bound)
+
+
+@pytest.mark.parametrize("name", ["v5p:2x2x1", "v5e:2x2"])
+def test_decode_moves_no_weight_and_reads_its_shards(model_dir, name):
+  steps, target = planned(model_dir, name)
+  decode = steps["decode_step"]
+  result, compiled = plan.compile_step(decode, target.hbm_bytes)
+  assert result.fits
+  summary = hlo.collectives(compiled.as_text())
+  weights = report.shard_bytes(decode.step.args[0])
+  assert summary.by_kind["all-gather"] < 0.05 * weights, summary.largest("all-gather")
+  assert summary.by_kind["reduce-scatter"] == 0
+  assert "tpu_custom_call" in compiled.as_text()  # the Pallas decode kernel (attention_kernel=auto on TPU)
+  assert result.ratio <= 1.3, (result.hbm_traffic, result.bound)
+
+
+def test_cli_reports_a_step_that_does_not_fit_with_the_fix(model_dir):
+  command = [sys.executable, "-m", "rljax.compile", f"--config={ROOT / 'configs' / 'grpo.py'}", "--topology=v5e:2x2",
+             "--only=insert", f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES,
+             "actor_rollout_ref.rollout.max_num_seqs=4096", "data.train_batch_size=4096",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=4096", "data.max_response_length=8192"]
+  done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+  assert done.returncode == 1, done.stderr[-2000:]
+  assert "insert[4096]" in done.stdout and "NO" in done.stdout
+  assert "do not fit in 15.75 GiB per device" in done.stderr and "max_num_seqs" in done.stderr
