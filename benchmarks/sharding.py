@@ -36,6 +36,7 @@ def child(model: str, devices: int, steps: int, batch: int, length: int) -> dict
   from rljax import config as config_lib
   from rljax import sharding
   from rljax.models import CausalLM, ModelConfig
+  from rljax.trainer import steps as steps_lib
 
   config = config_lib.get_base_config()
   config_lib.apply_overrides(config, ["trainer.n_gpus_per_node=auto"])
@@ -56,7 +57,7 @@ def child(model: str, devices: int, steps: int, batch: int, length: int) -> dict
     logp = jax.nn.log_softmax(logits)
     return -jnp.mean(jnp.take_along_axis(logp, b["input_ids"][:, 1:, None], -1)), ()
 
-  step = sharding.make_train_step(loss_fn, optimizer, param_sh, opt_sh, batch_sh)
+  step = steps_lib.make_train_step(loss_fn, optimizer, mesh, rules, param_sh, opt_sh, batch_sh)
   state_bytes = sharding.addressable_bytes((params, opt_state))
   start = time.perf_counter()
   compiled = step.lower(params, opt_state, data).compile()

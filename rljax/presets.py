@@ -47,9 +47,8 @@ SMOLLM2_ARITHMETIC: dict[str, Any] = {
     "trainer.save_freq": 10,
 }
 
-# verl's GSM8K example on Qwen2.5-0.5B-Instruct, for a TPU VM (v5e/v6e).
-QWEN2_5_0_5B_GSM8K: dict[str, Any] = {
-    "actor_rollout_ref.model.path": "~/models/Qwen2.5-0.5B-Instruct",
+# verl's GSM8K example: data and batch sizes, and the trainer settings of a TPU VM run.
+_GSM8K: dict[str, Any] = {
     "data.train_files": "~/data/gsm8k/train.parquet",
     "data.val_files": "~/data/gsm8k/test.parquet",
     "data.train_batch_size": 1024,
@@ -57,15 +56,11 @@ QWEN2_5_0_5B_GSM8K: dict[str, Any] = {
     "data.max_response_length": 1024,
     "data.filter_overlong_prompts": True,
     "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16,
     "actor_rollout_ref.actor.optim.lr": 1e-6,
-    "actor_rollout_ref.model.enable_gradient_checkpointing": True,
     "actor_rollout_ref.rollout.name": "jetstream",
     "actor_rollout_ref.rollout.n": 5,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
     "actor_rollout_ref.rollout.max_num_seqs": 256,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 32,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 32,
     "trainer.nnodes": "auto",
     "trainer.n_gpus_per_node": "auto",
     "trainer.device": "tpu",
@@ -76,6 +71,16 @@ QWEN2_5_0_5B_GSM8K: dict[str, Any] = {
     "trainer.test_freq": 5,
 }
 
+# verl's GSM8K example on Qwen2.5-0.5B-Instruct, for a TPU VM (v5e/v6e).
+QWEN2_5_0_5B_GSM8K: dict[str, Any] = {
+    **_GSM8K,
+    "actor_rollout_ref.model.path": "~/models/Qwen2.5-0.5B-Instruct",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16,
+    "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 32,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 32,
+}
+
 
 def _gsm8k_7b(model: str) -> dict[str, Any]:
   """verl's GSM8K GRPO example at 7-8B (its run_qwen2-7b / llama3.1-8b launch lines) on a TPU slice.
@@ -83,21 +88,20 @@ def _gsm8k_7b(model: str) -> dict[str, Any]:
   fp32 parameters and Adam state sharded over every chip (FSDP), bfloat16
   compute, each layer rematerialised, splash / ragged decode attention
   (attention_kernel=auto on TPU), and micro-batches from a token budget of
-  3072 tokens (2 rows of 512 + 1024) per chip: `python -m rljax.compile`
-  fits every step in HBM on v5p-8, v6e-8 and v5e-16 (BENCHMARKS.md).
+  3072 tokens (2 rows of 512 + 1024) per chip for the update and 24576 (16
+  rows) for the log-prob passes, which hold no gradients: `python -m
+  rljax.compile` fits every step in HBM on v5p-8, v6e-8 and v5e-16
+  (BENCHMARKS.md). On a larger chip (v5p's 95 GB), a larger
+  actor_rollout_ref.actor.ppo_max_token_len_per_gpu gathers the weights
+  fewer times per update.
   """
   return {
+      **_GSM8K,
       "actor_rollout_ref.model.path": f"~/models/{model}",
-      "data.train_files": "~/data/gsm8k/train.parquet",
-      "data.val_files": "~/data/gsm8k/test.parquet",
-      "data.train_batch_size": 1024,
-      "data.max_prompt_length": 512,
-      "data.max_response_length": 1024,
-      "data.filter_overlong_prompts": True,
-      "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
       "actor_rollout_ref.actor.use_dynamic_bsz": True,
       "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 3072,
-      "actor_rollout_ref.actor.optim.lr": 1e-6,
+      "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 24576,
+      "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 24576,
       "actor_rollout_ref.actor.use_kl_loss": True,
       "actor_rollout_ref.actor.kl_loss_coef": 0.001,
       "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
@@ -107,20 +111,8 @@ def _gsm8k_7b(model: str) -> dict[str, Any]:
       "actor_rollout_ref.model.enable_gradient_checkpointing": True,
       "actor_rollout_ref.model.remat_policy": "full",
       "actor_rollout_ref.model.scan_layers": True,
-      "actor_rollout_ref.rollout.name": "jetstream",
-      "actor_rollout_ref.rollout.n": 5,
       "actor_rollout_ref.rollout.dtype": "bfloat16",
-      "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
-      "actor_rollout_ref.rollout.max_num_seqs": 256,
       "actor_rollout_ref.rollout.prefill_length_buckets": [128, 256, 512],
-      "trainer.nnodes": "auto",
-      "trainer.n_gpus_per_node": "auto",
-      "trainer.device": "tpu",
-      "trainer.total_epochs": 15,
-      "trainer.project_name": "rljax_gsm8k",
-      "trainer.logger": ["console", "tensorboard"],
-      "trainer.save_freq": 20,
-      "trainer.test_freq": 5,
   }
 
 

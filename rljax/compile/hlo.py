@@ -198,6 +198,17 @@ def _loop_start(loop: Instruction, computation: Computation, condition: Computat
   return _int_constant(computation, init.operands[index]) or 0
 
 
+def _loop(inst: Instruction, computation: Computation,
+          computations: dict[str, Computation]) -> tuple[str | None, int | None]:
+  """(body computation, iterations or None when unknown) of a `while` instruction."""
+  body = re.search(r"body=%?([\w.\-]+)", inst.attributes)
+  cond = re.search(r"condition=%?([\w.\-]+)", inst.attributes)
+  condition = computations.get(cond.group(1)) if cond else None
+  trips = None if condition is None else trip_count(
+      condition, computations.get(body.group(1)) if body else None, _loop_start(inst, computation, condition))
+  return (body.group(1) if body else None), trips
+
+
 @dataclasses.dataclass
 class Collective:
   """A collective instruction and how many times one run of the program executes it (bytes: per device, each)."""
@@ -212,6 +223,10 @@ class Collective:
   @property
   def total(self) -> int:
     return self.bytes * self.count
+
+  def arrays(self) -> list[tuple[int, ...]]:
+    """The dimensions of each array the collective works on."""
+    return [tuple(int(d) for d in dims.split(",") if d) for _, dims in _ARRAY.findall(self.shape)]
 
 
 def _kind(inst: Instruction, computation: Computation) -> str | None:
@@ -286,16 +301,11 @@ def _walk(computations: dict[str, Computation], name: str, count: int, seen: tup
                        channel.group(1) if channel else "")
     called = inst.called()
     if inst.opcode == "while":
-      body = re.search(r"body=%?([\w.\-]+)", inst.attributes)
-      cond = re.search(r"condition=%?([\w.\-]+)", inst.attributes)
-      condition = computations.get(cond.group(1)) if cond else None
-      trips = None if condition is None else trip_count(
-          condition, computations.get(body.group(1)) if body else None, _loop_start(inst, computation, condition))
+      body, trips = _loop(inst, computation, computations)
       if trips is None:
         unknown_loops.append(inst.name)
-        trips = 1
       if body:
-        yield from _walk(computations, body.group(1), count * trips, seen, unknown_loops)
+        yield from _walk(computations, body, count * (1 if trips is None else trips), seen, unknown_loops)
       continue
     for callee in called:
       yield from _walk(computations, callee, count, seen, unknown_loops)
@@ -362,13 +372,9 @@ def _hbm_walk(computations: dict[str, Computation], name: str, count: int, seen:
   total = 0.0
   for inst in computation.instructions:
     if inst.opcode == "while":
-      body = re.search(r"body=%?([\w.\-]+)", inst.attributes)
-      cond = re.search(r"condition=%?([\w.\-]+)", inst.attributes)
-      condition = computations.get(cond.group(1)) if cond else None
-      trips = None if condition is None else trip_count(
-          condition, computations.get(body.group(1)) if body else None, _loop_start(inst, computation, condition))
+      body, trips = _loop(inst, computation, computations)
       if body:
-        total += _hbm_walk(computations, body.group(1), count * (trips or 1), seen)
+        total += _hbm_walk(computations, body, count * (1 if trips is None else trips), seen)
       continue
     if inst.opcode in ("call", "conditional"):
       for callee in inst.called():

@@ -72,13 +72,16 @@ def rl_steps(config: ConfigDict, mesh: Mesh) -> list[PlannedStep]:
     planned.append(PlannedStep(built.critic_update, ("FSDP min", report.fsdp_minimum(
         critic[1], critic[1], layout.micro_batches, compute, mesh.shape["data"]))))
   planned += [PlannedStep(s) for s in (built.old_log_prob, built.ref_log_prob, built.values) if s is not None]
+  rollout_mesh = rollout_factory.rollout_mesh(mesh, arr.rollout.tensor_model_parallel_size)
+  sharding.check_model_fits(rollout_mesh, model.cfg.num_heads, model.cfg.num_kv_heads,
+                            "actor_rollout_ref.rollout.tensor_model_parallel_size")
   engine = rollout_factory.build_engine(
       model, arr.rollout, prompt_length=config.data.max_prompt_length,
-      slots=min(arr.rollout.max_num_seqs, layout.rows), mesh=mesh, rules=rules,
+      slots=min(arr.rollout.max_num_seqs, layout.rows), mesh=rollout_mesh, rules=rules,
       stop=rollout_factory.stop_ids(None, model.cfg))
   sampler_steps = rollout_factory.build_sampler(engine, arr.rollout, 0).steps_per_sync
   rollout_params = engine.compute_params(actor_params)
-  for step in engine.lowering_steps(actor_params, sampler_steps):
+  for step in engine.lowering_steps(actor_params, sampler_steps, samples_per_prompt=layout.n):
     bound = None
     if step.name.startswith("decode_step"):
       bound = ("param+cache", report.decode_minimum(rollout_params, engine.abstract_decode_state()))
@@ -95,7 +98,7 @@ def compile_step(planned: PlannedStep, hbm: int) -> tuple[report.StepReport, Any
     result = report.from_error(planned.step.name, error, hbm)
     result.compile_seconds = time.perf_counter() - start
     return result, None
-  result = report.from_compiled(planned.step.name, compiled, hbm)
+  result = report.from_compiled(planned.step.name, compiled, hbm, planned.step.args[0])
   result.bound = planned.bound
   result.compile_seconds = time.perf_counter() - start
   return result, compiled

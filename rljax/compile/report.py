@@ -11,7 +11,9 @@ Per device, from the compiled executable:
   programs these are per-iteration figures; the time estimate of libtpu
   0.0.42 is negative on v5e and v6e. Both are printed as given.
 * collectives: bytes each device sends or receives, per kind, from the
-  HLO, loop iterations counted (`rljax.compile.hlo`).
+  HLO, loop iterations counted (`rljax.compile.hlo`); "act-AR" is the part
+  of the all-reduces whose arrays have no parameter's shape: activations
+  (a gradient all-reduced whole has its parameter's shape).
 
 * HBM traffic: what the program reads and writes in HBM, from the HLO
   (`rljax.compile.hlo.hbm_bytes`). The compiler's own "bytes accessed" also
@@ -26,6 +28,7 @@ parameter shard plus its KV-cache shard (`decode_minimum`).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from typing import Any
@@ -53,6 +56,7 @@ class StepReport:
   bytes_accessed: float | None = None
   hbm_traffic: float | None = None
   collectives: dict[str, int] = dataclasses.field(default_factory=dict)
+  activation_all_reduce: int = 0
   bound: tuple[str, float] | None = None
   error: str | None = None
   compile_seconds: float = 0.0
@@ -89,8 +93,34 @@ def required_from_error(message: str) -> int | None:
   return None
 
 
-def from_compiled(name: str, compiled: Any, hbm: int) -> StepReport:
-  """A report of a compiled executable."""
+def parameter_shapes(params: Any) -> set[tuple[int, ...]]:
+  """Every shape a parameter (or its gradient) can take on one device: each axis whole or split as its sharding
+  splits it (a weight gathered over FSDP but split by tensor parallelism has one of these too)."""
+  shapes = set()
+  for leaf in jax.tree.leaves(params):
+    whole = tuple(leaf.shape)
+    split = tuple(leaf.sharding.shard_shape(whole)) if leaf.sharding is not None else whole
+    for choice in itertools.product(*[{w, s} for w, s in zip(whole, split)]):
+      shapes.add(choice)
+  return shapes
+
+
+def activation_all_reduce(summary: hlo.CollectiveSummary, params: Any, smallest: int = 1 << 16) -> int:
+  """Bytes of all-reduces whose arrays are no parameter's shape (activations), ignoring those under `smallest`."""
+  shapes = parameter_shapes(params)
+  squeeze = lambda dims: tuple(d for d in dims if d != 1)  # noqa: E731
+  known = {squeeze(s) for s in shapes}
+  total = 0
+  for collective in summary.collectives:
+    if collective.kind != "all-reduce" or collective.bytes < smallest:
+      continue
+    if any(squeeze(dims) not in known and math.prod(dims) > 1 for dims in collective.arrays()):
+      total += collective.total
+  return total
+
+
+def from_compiled(name: str, compiled: Any, hbm: int, params: Any = None) -> StepReport:
+  """A report of a compiled executable (`params`: the step's parameters, to tell activation all-reduces)."""
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, list):
@@ -104,7 +134,8 @@ def from_compiled(name: str, compiled: Any, hbm: int) -> StepReport:
       outputs=memory.output_size_in_bytes, aliased=memory.alias_size_in_bytes,
       temporaries=memory.temp_size_in_bytes, required=required, flops=cost.get("flops"),
       seconds=cost.get("optimal_seconds"), bytes_accessed=cost.get("bytes accessed"), hbm_traffic=hlo.hbm_bytes(text),
-      collectives={k: v for k, v in summary.by_kind.items() if v})
+      collectives={k: v for k, v in summary.by_kind.items() if v},
+      activation_all_reduce=0 if params is None else activation_all_reduce(summary, params))
 
 
 def from_error(name: str, error: Exception, hbm: int) -> StepReport:
@@ -177,7 +208,7 @@ def gib(value: float | None) -> str:
 def table(reports: list[StepReport]) -> str:
   """The reports as a text table (GiB per device: memory, HBM traffic, collective bytes by kind)."""
   header = ("step", "fits", "args", "temp", "need", "HBM", "TFLOP", "est s", "traffic", "all-gath", "red-scat",
-            "all-red", "all2all", "permute", "bound", "ratio")
+            "all-red", "act-AR", "all2all", "permute", "bound", "ratio")
   rows = [header]
   for r in reports:
     c = r.collectives
@@ -185,6 +216,7 @@ def table(reports: list[StepReport]) -> str:
         r.name, "yes" if r.fits else "NO", gib(r.arguments), gib(r.temporaries), gib(r.required), gib(r.hbm),
         "-" if r.flops is None else f"{r.flops / 1e12:.2f}", "-" if r.seconds is None else f"{r.seconds:.3f}",
         gib(r.hbm_traffic), gib(c.get("all-gather")), gib(c.get("reduce-scatter")), gib(c.get("all-reduce")),
+        gib(r.activation_all_reduce),
         gib(c.get("all-to-all")), gib(c.get("collective-permute")),
         "-" if r.bound is None else f"{r.bound[0]} {gib(r.bound[1])}",
         "-" if r.ratio is None else f"{r.ratio:.2f}"))

@@ -101,6 +101,14 @@ def _per_device(fn, specs: tuple[tuple[str | None, ...], ...], out: tuple[str | 
   return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_spec, check_vma=False)(*args)
 
 
+def _heads_split_alike(q: jax.Array, k: jax.Array) -> bool:
+  """Whether query heads and KV heads split over the same mesh axes (each device's query heads then use its own
+  KV heads, as the kernel assumes); rules that split one and not the other take the XLA path."""
+  heads = rules_lib.active_spec(("heads",), (q.shape[2] * q.shape[3],))
+  kv_heads = rules_lib.active_spec(("kv_heads",), (k.shape[1],))
+  return heads == kv_heads
+
+
 def _flash(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask) -> jax.Array:
   b, t, kh, g, hd = q.shape
   heads_first = q.reshape(b, t, kh * g, hd).transpose(0, 2, 1, 3)
@@ -139,7 +147,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, kernel
     raise ValueError(f"attention_kernel={kernel!r}: must be one of {', '.join(KERNELS)}")
   if kernel == "pallas" and q.shape[1] == 1 and mask.live is not None:
     return _decode(q, k, v, mask)
-  if kernel == "pallas" and mask.offset is not None and mask.query_segments is not None:
+  if kernel == "pallas" and mask.offset is not None and mask.query_segments is not None and _heads_split_alike(q, k):
     return _flash(q, k, v, mask)
   return dense_attention(q, k, v, mask.dense)
 

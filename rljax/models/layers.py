@@ -68,15 +68,18 @@ _cast.defvjp(_cast_fwd, _cast_bwd)
 
 
 def compute_cast(x: jax.Array, dtype: Any) -> jax.Array:
-  """x cast to the compute dtype, its gradient left in that dtype.
+  """x cast to the compute dtype; when that is narrower, its gradient is left in it.
 
   A plain cast's transpose turns a bfloat16 gradient back into the
   parameter's float32, so every layer's gradient of a micro-batch would
   be held in float32 before it joins the (float32) accumulator; this keeps
-  it in bfloat16, the dtype it was computed in.
+  it in bfloat16, the dtype it was computed in. A cast to a wider dtype is
+  a plain cast (its gradient comes back in the parameter's dtype).
   """
   if jnp.dtype(x.dtype) == jnp.dtype(dtype):
     return x
+  if jnp.dtype(dtype).itemsize >= jnp.dtype(x.dtype).itemsize:
+    return x.astype(dtype)
   return _cast(x, jnp.zeros((), dtype))
 
 
@@ -276,7 +279,7 @@ class Block(nnx.Module):
       write_index: jax.Array | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """[B, T, D] -> ([B, T, D], updated kv); see Attention for the arguments."""
-    residual = ("batch", "length", "embed")
+    residual = ("batch", "activation_length", "embed")
     attn_out, kv = self.attn(self.input_norm(x), cos, sin, mask, kv, write_index)
     x = constrain(x + constrain(attn_out, residual), residual)
     x = constrain(x + constrain(self.mlp(self.post_attn_norm(x)), residual), residual)

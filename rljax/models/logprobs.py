@@ -35,17 +35,21 @@ import jax
 import jax.numpy as jnp
 
 from rljax.algos.entropy import chunk_layout
-from rljax.sharding.rules import batch_shards, constrain, gather, reduce_partials
+from rljax.sharding.rules import batch_shards, constrain, gather, reduce_partials, relayout, vocab_shards
 
 _HIDDEN = ("batch", "length", "embed")
+_RESIDUAL = ("batch", "activation_length", "embed")  # the residual stream's layout (sequence-split under TP)
 _LOGITS = ("batch", "length", "vocab")
-_PARTIAL_WEIGHT = ("batch", None, "vocab")
-_WEIGHT_T = ("embed", "vocab")
+# the backward pass's views, the vocabulary as [parts, V / parts] (parts: its split over devices)
+_SPLIT_WEIGHT = ("vocab", None, None)
+_SPLIT_LOGITS = ("batch", "length", "vocab", None)
+_PARTIAL_WEIGHT = ("batch", None, "vocab", None)
+_WEIGHT_T = ("embed", "vocab", None)
 
 
 def _logits(h: jax.Array, weight: jax.Array, temperature: float) -> jax.Array:
   """[B, C, V] float32 logits / temperature for hidden [B, C, D] and weight [V, D]."""
-  z = jnp.einsum("bcd,vd->bcv", constrain(h, _HIDDEN), weight, preferred_element_type=jnp.float32)
+  z = jnp.einsum("bcd,vd->bcv", relayout(h, _HIDDEN, _RESIDUAL), weight, preferred_element_type=jnp.float32)
   return constrain(z.astype(jnp.float32) / temperature, _LOGITS)
 
 
@@ -118,40 +122,49 @@ def _chunked_fwd(hidden, weight, targets, chunks, width, temperature, with_entro
 def _chunked_bwd(chunks, width, temperature, with_entropy, chunk_size, residuals, cotangents):
   """Vocabulary blocks: each block's logits for every token of the micro-batch, the hidden gradient summed over
   blocks, and the block's weight gradient reduce-scattered as soon as it is complete (no [V, D] partial sum
-  is ever held)."""
+  is ever held).
+
+  With the vocabulary split over devices (tensor parallelism), each device
+  walks the blocks of its own part: the weight is viewed [shards, V / shards,
+  D] and the loop slices the second axis, which no device splits.
+  """
   del chunks, width
   hidden, weight, gathered, targets, lse, mean = residuals
   g_logp, g_ent = (g.astype(jnp.float32) for g in cotangents)
   b, t, d = hidden.shape
   vocab = weight.shape[0]
   shards = batch_shards(b)
-  blocks, block = _vocab_blocks(vocab, max(1, b // shards) * t, chunk_size)
-  block = min(block, vocab)
+  parts_of_vocab = vocab_shards(vocab)
+  local = vocab // parts_of_vocab
+  blocks, block = _vocab_blocks(local, max(1, b // shards) * t, chunk_size * parts_of_vocab)
+  split = constrain(gathered.reshape(parts_of_vocab, local, d), _SPLIT_WEIGHT)
+  offsets = (jnp.arange(parts_of_vocab) * local)[:, None]
 
   def body(carry, index):
     dh, dw = carry
     first = index * block
-    start = jnp.minimum(first, vocab - block)  # the last block ends at V, overlapping its neighbour
-    ids = start + jnp.arange(block)
-    w = jax.lax.dynamic_slice_in_dim(gathered, start, block, axis=0)
-    z = _logits(hidden, w, temperature)
-    p = jnp.exp(z - lse[..., None])
-    dz = g_logp[..., None] * ((targets[..., None] == ids).astype(jnp.float32) - p)
+    start = jnp.minimum(first, local - block)  # the last block ends at the part's end, overlapping its neighbour
+    local_ids = start + jnp.arange(block)
+    w = jax.lax.dynamic_slice_in_dim(split, start, block, axis=1)
+    z = jnp.einsum("btd,pvd->btpv", hidden, w, preferred_element_type=jnp.float32).astype(jnp.float32) / temperature
+    z = constrain(z, _SPLIT_LOGITS)
+    p = jnp.exp(z - lse[..., None, None])
+    dz = g_logp[..., None, None] * ((targets[..., None, None] == offsets + local_ids).astype(jnp.float32) - p)
     if with_entropy:
-      dz = dz - g_ent[..., None] * p * (z - mean[..., None])
-    dz = constrain(jnp.where(ids >= first, dz / temperature, 0.0), _LOGITS).astype(hidden.dtype)
-    dh = dh + jnp.einsum("btv,vd->btd", dz, w, preferred_element_type=jnp.float32)
-    parts = jnp.einsum("sbtv,sbtd->sdv", dz.reshape(shards, b // shards, t, block),
+      dz = dz - g_ent[..., None, None] * p * (z - mean[..., None, None])
+    dz = constrain(jnp.where(local_ids >= first, dz / temperature, 0.0), _SPLIT_LOGITS).astype(hidden.dtype)
+    dh = dh + constrain(jnp.einsum("btpv,pvd->btd", dz, w, preferred_element_type=jnp.float32), _RESIDUAL)
+    parts = jnp.einsum("sbtpv,sbtd->sdpv", dz.reshape(shards, b // shards, t, parts_of_vocab, block),
                        hidden.reshape(shards, b // shards, t, d), preferred_element_type=jnp.float32)
-    block_dw = reduce_partials(constrain(parts, _PARTIAL_WEIGHT).astype(hidden.dtype), ("embed", "vocab"))
+    block_dw = reduce_partials(constrain(parts, _PARTIAL_WEIGHT).astype(hidden.dtype), ("embed", "vocab", None))
     dw = jax.lax.dynamic_update_slice_in_dim(
-        dw, jax.lax.dynamic_slice_in_dim(dw, start, block, axis=1) + block_dw.astype(jnp.float32), start, axis=1)
-    return (constrain(dh, _HIDDEN), constrain(dw, _WEIGHT_T)), None
+        dw, jax.lax.dynamic_slice_in_dim(dw, start, block, axis=2) + block_dw.astype(jnp.float32), start, axis=2)
+    return (constrain(dh, _RESIDUAL), constrain(dw, _WEIGHT_T)), None
 
-  zeros = (constrain(jnp.zeros((b, t, d), jnp.float32), _HIDDEN),
-           constrain(jnp.zeros((d, vocab), jnp.float32), _WEIGHT_T))
+  zeros = (constrain(jnp.zeros((b, t, d), jnp.float32), _RESIDUAL),
+           constrain(jnp.zeros((d, parts_of_vocab, local), jnp.float32), _WEIGHT_T))
   (dh, dw), _ = jax.lax.scan(body, zeros, jnp.arange(blocks))
-  return dh.astype(hidden.dtype), dw.T.astype(weight.dtype), None
+  return dh.astype(hidden.dtype), dw.reshape(d, vocab).T.astype(weight.dtype), None
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)

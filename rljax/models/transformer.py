@@ -21,7 +21,7 @@ from rljax.models.layers import Block, RMSNorm, gather_layer, make_param
 from rljax.models.remat import remat_policy
 from rljax.sharding.rules import constrain
 
-_RESIDUAL = ("batch", "length", "embed")
+_RESIDUAL = ("batch", "activation_length", "embed")  # the residual stream: see rljax.sharding.rules
 _CACHE = ("cache_batch", "kv_heads", "length", "head_dim")
 
 _EMBED_INIT = jax.nn.initializers.normal(0.02)

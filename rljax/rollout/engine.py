@@ -26,13 +26,18 @@ token. Functions that update the decode state donate it, so the cache is
 updated in place.
 
 Parameters are an argument of every call: the engine reads whatever
-parameter pytree it is given (the trainer's own arrays), never a copy.
+parameter pytree it is given (the trainer's own arrays), never a host copy.
+The sampler passes them through `compute_params`, which leaves them as they
+are when they already are in the compute dtype (read in place) and
+otherwise casts them once per rollout (float32 master weights decoded in
+bfloat16: one device copy, not a cast per decode step).
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -178,6 +183,9 @@ class Engine(_EngineBase):
     self.decode_compiler_options = dict(decode_compiler_options or {})
     step_rules = rules_lib.decode_rules(rules)
     self._prefills: dict[tuple[int, int], Any] = {}
+    self._cast_impl = functools.partial(_cast_floats, dtype=jnp.dtype(cfg.dtype))
+    self._cast = jax.jit(self._cast_impl)
+    self._reshards: dict[Any, Any] = {}
     self._insert = jax.jit(_traced(self._mesh, rules, self._insert_impl, gather_weights=False),
                            donate_argnums=(1,), out_shardings=self.decode_state_shardings())
     self._generate = jax.jit(_traced(self._mesh, step_rules, self._generate_impl, gather_weights=False),
@@ -236,21 +244,28 @@ class Engine(_EngineBase):
         key=NamedSharding(self._mesh, PartitionSpec()))
 
   def compute_params(self, params: Any) -> Any:
-    """`params` in the engine's compute dtype (`rollout.dtype`), laid out as they are.
+    """`params` in the engine's compute dtype (`rollout.dtype`) and laid out on the engine's mesh.
 
-    The same arrays when their floating dtype already is it (the trainer's
-    arrays, read in place); else one cast copy, made once per rollout rather
-    than once per decode call, so every decode step reads compute-dtype
-    weights (float32 master weights would double a step's bytes).
+    The same arrays when they already are both (the trainer's arrays, read
+    in place); else one copy, cast and resharded, made once per rollout
+    rather than once per decode call, so every decode step reads
+    compute-dtype weights (float32 master weights would double a step's
+    bytes) in the rollout's layout (`rljax.rollout.factory.rollout_mesh`).
     """
     dtype = jnp.dtype(self.cfg.dtype)
+    target = rules_lib.param_shardings(params, self._mesh, self.rules)
+    same_layout = all(x.sharding == s for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
     leaves = jax.tree.leaves(params)
-    if all(not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype) == dtype for x in leaves):
+    if same_layout and all(not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype) == dtype for x in leaves):
       return params
-    cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
     if all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
-      return abstract(jax.eval_shape(lambda p: jax.tree.map(cast, p), params), jax.tree.map(lambda x: x.sharding, params))
-    return jax.jit(lambda p: jax.tree.map(cast, p), out_shardings=jax.tree.map(lambda x: x.sharding, params))(params)
+      return abstract(jax.eval_shape(self._cast, params), target)
+    if same_layout:
+      return self._cast(params)
+    key = jax.tree.structure(params)
+    if key not in self._reshards:
+      self._reshards[key] = jax.jit(self._cast_impl, out_shardings=target)
+    return self._reshards[key](params)
 
   def prefix_shardings(self, rows: int, bucket: int) -> Prefix:
     """NamedShardings of a prefill's output for `rows` prompts of `bucket` tokens."""
@@ -399,18 +414,22 @@ class Engine(_EngineBase):
     return state, ResultTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
                                samples_per_slot=1)
 
-  def lowering_steps(self, params: Any, steps_per_call: int = 1,
-                     how: sampling.SamplingParams | None = None) -> list[Step]:
+  def lowering_steps(self, params: Any, steps_per_call: int = 1, how: sampling.SamplingParams | None = None,
+                     samples_per_prompt: int = 1) -> list[Step]:
     """The engine's jitted calls on abstract arguments, at the shapes a rollout uses.
 
-    Prefill at every bucket for a full refill (`max_concurrent_decodes`
-    rows, as the sampler pads), insertion of those rows, the decode loop of
+    Prefill at every bucket for a full refill (the prompts of
+    `max_concurrent_decodes` requests of `samples_per_prompt` samples each,
+    padded to a power of two rows as the sampler pads them), insertion
+    into every slot, the decode loop of
     `steps_per_call` steps (what a rollout calls), and one decode step
     (its HBM traffic is a step's). `params` are arrays or ShapeDtypeStructs
     with shardings, taken in the compute dtype as the sampler passes them
     (`compute_params`).
     """
-    rows, how = self._slots, how or self.sampling_params
+    how = how or self.sampling_params
+    # a full refill's requests span at most slots / n + 1 prompts
+    rows = 1 << max(0, (min(self._slots, -(-self._slots // samples_per_prompt) + 1) - 1).bit_length())
     replicated = NamedSharding(self._mesh, PartitionSpec())
     rows_sh = self._sharding(("batch",), (rows,))
     params = self.compute_params(abstract(params))
@@ -422,11 +441,12 @@ class Engine(_EngineBase):
       out.append(Step(f"prefill[{rows}x{bucket}]", self.prefill_fn(rows, bucket), (params, tokens, lengths)))
     prefix = abstract(jax.eval_shape(self._prefill_impl, params, tokens, lengths),
                       self.prefix_shardings(rows, self.buckets[-1]))
-    source = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=replicated)
-    out.append(Step(f"insert[{rows}]", self._insert, (prefix, state, source)))
-    out.append(Step(f"decode[{rows} slots x {steps_per_call}]", self._generate, (params, state, steps_per_call, how)))
+    source = jax.ShapeDtypeStruct((self._slots,), jnp.int32, sharding=replicated)
+    slots = self._slots
+    out.append(Step(f"insert[{rows} into {slots}]", self._insert, (prefix, state, source)))
+    out.append(Step(f"decode[{slots} slots x {steps_per_call}]", self._generate, (params, state, steps_per_call, how)))
     if steps_per_call > 1:
-      out.append(Step(f"decode_step[{rows} slots]", self._generate, (params, state, 1, how)))
+      out.append(Step(f"decode_step[{slots} slots]", self._generate, (params, state, 1, how)))
     return out
 
   # ----- tokenizer hooks --------------------------------------------------------
@@ -488,6 +508,11 @@ def pad_to_bucket(ids: Sequence[int], buckets: Sequence[int], pad_id: int) -> np
   return out
 
 
+def _cast_floats(tree: Any, dtype: Any) -> Any:
+  """Every floating leaf of `tree` in `dtype` (elementwise: each keeps its sharding)."""
+  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
 def cache_length(length: int, attention_kernel: str) -> int:
   """KV-cache slots for prompts and responses of `length` tokens: whole decode-kernel blocks under `pallas`."""
   return -(-length // 128) * 128 if attention_kernel == "pallas" else length
@@ -508,7 +533,8 @@ def make_engine(model: CausalLM, compute_dtype: Any = None, **kwargs) -> Engine:
     model: the model whose parameters the engine will be given.
     compute_dtype: activation and KV-cache dtype of prefill and decode
       (`rollout.dtype`); default the model's. Parameters keep their own
-      dtype and are read in place; each matmul casts its weight on the fly.
+      dtype: read in place when it is this one, else cast once per rollout
+      by the sampler (`Engine.compute_params`).
     **kwargs: Engine arguments.
   """
   cfg = model.cfg

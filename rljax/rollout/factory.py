@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from ml_collections import ConfigDict
 
+from rljax import config as config_lib
 from rljax.config import CPU_DOT_LIBRARIES
 from rljax.data import tokenization
 from rljax.models import CausalLM, ModelConfig
@@ -25,6 +26,7 @@ from rljax.rollout.engine import Engine, make_engine
 from rljax.rollout.sampler import RolloutSampler
 from rljax.rollout.sampling import SamplingParams
 from rljax.sharding import rules as rules_lib
+from rljax.sharding.mesh import build_mesh
 
 EIGEN_ROWS = (8, 24)
 
@@ -56,6 +58,33 @@ def cpu_dot_options(library: str, rows: int) -> dict[str, str]:
 def decode_compiler_options(mesh: Mesh, library: str, rows_per_device: int) -> dict[str, str]:
   """`cpu_dot_options` on a CPU mesh; none on an accelerator."""
   return cpu_dot_options(library, rows_per_device) if mesh.devices.flat[0].platform == "cpu" else {}
+
+
+def rollout_mesh(mesh: Mesh, tensor: int) -> Mesh:
+  """The rollout's mesh over the training mesh's devices, with a tensor axis of `tensor`.
+
+  verl's `actor_rollout_ref.rollout.tensor_model_parallel_size`: decode is
+  weight-stationary (`rljax.sharding.decode_rules`), so each step moves
+  [slots, D / shards]-sized partial sums over the fsdp axis for every
+  [D, F] weight, and a tensor axis splits F instead (each device then
+  multiplies [slots, D / fsdp] by [D / fsdp, F / tensor]). The training mesh
+  itself when the sizes agree (weights then read in place); otherwise the
+  sampler reshards its cast copy of the weights once per rollout
+  (`Engine.compute_params`). The data axis is kept, fsdp takes the rest.
+
+  Raises:
+    ConfigError: naming the key when `tensor` does not divide the devices left after the data axis.
+  """
+  if mesh.shape["tensor"] == tensor and mesh.shape["sequence"] == 1:
+    return mesh
+  data = mesh.shape["data"]
+  rest = mesh.size // data
+  if tensor < 1 or rest % tensor:
+    raise config_lib.ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size", tensor,
+                                 f"does not divide the {rest} devices of a data-parallel replica",
+                                 f"choose a divisor of {rest}")
+  return build_mesh({"data": data, "fsdp": rest // tensor, "tensor": tensor, "sequence": 1},
+                    list(mesh.devices.flat))
 
 
 def slots_per_device(mesh: Mesh, rules: Any, slots: int) -> int:
@@ -123,4 +152,5 @@ def build_sampler(engine: Engine, rollout: ConfigDict, pad: int) -> RolloutSampl
 
 
 __all__ = ["EIGEN_ROWS", "attention_kernel", "build_engine", "build_sampler", "cpu_dot_options",
-           "decode_compiler_options", "dtype_of", "pad_id", "prefill_buckets", "slots_per_device", "stop_ids"]
+           "decode_compiler_options", "dtype_of", "pad_id", "prefill_buckets", "rollout_mesh", "slots_per_device",
+           "stop_ids"]

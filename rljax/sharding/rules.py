@@ -2,9 +2,14 @@
 
 Models name every parameter axis (`embed`, `mlp`, `heads`, `kv_heads`,
 `head_dim`, `vocab`, `layers`) and activations use `batch` and `length`
-beside the parameter names of their other axes (a block's output is
-`(batch, length, embed)`, the MLP's hidden `(batch, length, mlp)`), and
-`cache_batch` for the rows of a KV cache. Rules are data,
+beside the parameter names of their other axes (the MLP's hidden is
+`(batch, length, mlp)`), `cache_batch` for the rows of a KV cache, and
+`activation_length` for the positions of the residual stream between the
+blocks, `(batch, activation_length, embed)`. By default that splits over
+`sequence` and `tensor`: with tensor parallelism the residual stream is
+split along the sequence (Megatron's sequence parallelism), so a block's
+output projections reduce-scatter into it and its input projections
+all-gather from it, instead of all-reducing whole activations. Rules are data,
 `trainer.logical_axis_rules` in the config: a list of `[logical, mesh_axis]`
 pairs where the mesh axis is one name, a list of names, or null
 (replicated). The defaults shard parameters over `fsdp` on `embed` (FSDP)
@@ -173,6 +178,23 @@ def _gathered_bwd(whole, sharded, _, grad):
 _gathered.defvjp(_gathered_fwd, _gathered_bwd)
 
 
+def relayout(x: jax.Array, names: Sequence[str | None], grad_names: Sequence[str | None]) -> jax.Array:
+  """`x` laid out by `names`, its gradient by `grad_names` (inside `activation_sharding`; x itself outside).
+
+  Moving an activation from a sequence-split layout to a whole one (an
+  all-gather) with a plain constraint would make its gradient whole too: an
+  all-reduce of partial sums. Here the gradient goes back to `grad_names`'
+  layout, which XLA reaches by a reduce-scatter.
+  """
+  active = getattr(_ACTIVE, "value", None)
+  if active is None:
+    return x
+  mesh, rules, _ = active
+  to = NamedSharding(mesh, logical_to_spec(names, x.shape, mesh, rules))
+  back = NamedSharding(mesh, logical_to_spec(grad_names, x.shape, mesh, rules))
+  return _gathered(x, to, back)
+
+
 def gather(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   """A weight with logical axis `names`, all-gathered over the batch axes where the context gathers weights.
 
@@ -244,6 +266,13 @@ def reduce_partials(parts: jax.Array, names: Sequence[str | None]) -> jax.Array:
 
   return jax.shard_map(reduce, mesh=mesh, in_specs=(in_spec,), out_specs=out_spec, check_vma=False,
                        axis_names=set(batch_axes) | {a for e in in_spec[1:] for a in _as_tuple(e)})(parts)
+
+
+def vocab_shards(vocab: int) -> int:
+  """Devices a vocabulary of `vocab` entries splits over in the active context (1 outside one)."""
+  spec = active_spec(("vocab",), (vocab,))[0] if getattr(_ACTIVE, "value", None) is not None else None
+  active = getattr(_ACTIVE, "value", None)
+  return 1 if spec is None else math.prod(active[0].shape[a] for a in _as_tuple(spec))
 
 
 def batch_shards(rows: int) -> int:

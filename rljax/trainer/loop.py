@@ -2,7 +2,8 @@
 
 Each step, for `data.train_batch_size` prompts:
 
-    rollout (n responses each, the engine reading the actor's arrays in place)
+    rollout (n responses each, the engine reading the actor's arrays: in place
+    when they are in rollout.dtype, else cast once per rollout)
     -> rewards (reward manager) -> old log-probs (recomputed by the actor;
     skipped on-policy, see below) -> reference log-probs (use_kl_loss or
     use_kl_in_reward) -> critic values (gae) -> KL in reward
@@ -18,7 +19,8 @@ pass, which is the same number a recomputation gives.
 LoRA (actor_rollout_ref.model.lora_rank > 0): the actor's state splits into
 `actor_trainable` (adapters and modules_to_save: the only gradients,
 optimizer state and checkpointed "actor" arrays) and `actor_frozen` (the base
-weights, read in place by rollout, log-probs and the update). The reference
+weights, read in place by log-probs and the update, and by rollout when they
+are in rollout.dtype). The reference
 policy is the base model without adapters over those same frozen arrays.
 The critic trains in full.
 
@@ -177,8 +179,11 @@ class RLTrainer:
     self.kl_ctrl = kl_lib.get_kl_controller(alg.kl_ctrl)
 
     stop = rollout_factory.stop_ids(self.tokenizer, self.cfg)
+    rollout_mesh = rollout_factory.rollout_mesh(self.mesh, arr.rollout.tensor_model_parallel_size)
+    sharding.check_model_fits(rollout_mesh, self.cfg.num_heads, self.cfg.num_kv_heads,
+                              "actor_rollout_ref.rollout.tensor_model_parallel_size")
     engine = rollout_factory.build_engine(model, arr.rollout, prompt_length=config.data.max_prompt_length,
-                                          slots=min(arr.rollout.max_num_seqs, self.layout.rows), mesh=self.mesh,
+                                          slots=min(arr.rollout.max_num_seqs, self.layout.rows), mesh=rollout_mesh,
                                           rules=self.rules, stop=stop)
     self.sampler = rollout_factory.build_sampler(engine, arr.rollout, rollout_factory.pad_id(self.tokenizer, stop))
     self.val_sampling = SamplingParams.from_rollout_config(arr.rollout.val_kwargs)

@@ -105,6 +105,3 @@ def merge_micro_batches(x: Any) -> np.ndarray:
   x = np.asarray(x)
   return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
-
-def tree_zeros_like(tree: Any) -> Any:
-  return jax.tree.map(jnp.zeros_like, tree)

@@ -81,7 +81,7 @@ def micro_batch_spec(keys: tuple[str, ...], micro_batches: int, rows: int, promp
 
 
 def actor_batch_keys(config: ConfigDict, on_policy: bool) -> tuple[str, ...]:
-  """What an actor mini-batch holds besides the model rows and advantages (see `make_actor_update`)."""
+  """What an actor mini-batch holds besides the model rows and advantages (see `build_rl_steps`)."""
   actor, corr = config.actor_rollout_ref.actor, config.algorithm.rollout_correction
   keys = MODEL_KEYS + ("advantages",)
   if not on_policy:
@@ -127,7 +127,7 @@ def accumulate_gradients(loss_fn: Callable, params: Any, micro_batches: dict[str
   def body(total, xs):
     micro, key = xs
     (_, metrics), grads = constrained_grad(loss_fn, params, shardings, micro, key)
-    return jax.tree.map(jnp.add, total, grads), metrics
+    return jax.tree.map(lambda t, g: t + g.astype(t.dtype), total, grads), metrics
 
   zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params), shardings)
   return jax.lax.scan(body, zeros, (micro_batches, keys))
@@ -137,6 +137,22 @@ def apply_gradients(tx: optax.GradientTransformation, params: Any, opt_state: An
   """(params, opt_state) after one optimizer update, and the global gradient norm before clipping."""
   updates, opt_state = tx.update(grads, opt_state, params)
   return optax.apply_updates(params, updates), opt_state, optax.tree.norm(grads)
+
+
+def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, mesh: Mesh, rules: Any, param_shardings: Any,
+                    opt_shardings: Any, batch_shardings: Any) -> Callable:
+  """jitted `(params, opt_state, batch) -> (params, opt_state, loss, aux)`: one gradient and one update.
+
+  `loss_fn(params, batch) -> (loss, aux)`; the update cores of the RL and SFT
+  steps on a single batch (params and optimizer state donated).
+  """
+  def step(params, opt_state, batch):
+    (loss, aux), grads = constrained_grad(loss_fn, params, param_shardings, batch)
+    params, opt_state, _ = apply_gradients(tx, params, opt_state, grads)
+    return params, opt_state, loss, aux
+
+  return jax.jit(traced_in(mesh, rules, step), in_shardings=(param_shardings, opt_shardings, batch_shardings),
+                 out_shardings=(param_shardings, opt_shardings, None, None), donate_argnums=(0, 1))
 
 
 def traced_in(mesh: Mesh, rules: Any, fn: Callable) -> Callable:

@@ -42,11 +42,11 @@ def model_dir(tmp_path_factory):
   return str(path)
 
 
-def planned(model_dir, name):
+def planned(model_dir, name, *extra):
   target = topology.parse(name)
   devices = topology.devices(target)
   config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),
-                   [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES], device_count=len(devices))
+                   [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES, *extra], device_count=len(devices))
   mesh = sharding.make_mesh(config, devices=devices)
   return {p.step.name.split("[")[0]: p for p in plan.rl_steps(config, mesh)}, target
 
@@ -77,7 +77,22 @@ def test_update_gathers_weights_and_reduce_scatters_gradients(model_dir, name):
   assert summary.by_kind["all-gather"] > params and summary.by_kind["reduce-scatter"] > params / 2
   # what is all-reduced is scalars and norm-scale gradients, never activations or weight gradients
   assert summary.by_kind["all-reduce"] < 0.01 * params, summary.largest("all-reduce")
+  assert result.activation_all_reduce == 0
   assert result.ratio <= 1.3, (result.collectives, result.bound)
+
+
+@jax.default_matmul_precision("default")
+def test_tensor_parallel_update_reduce_scatters_activations_instead_of_all_reducing_them(model_dir):
+  steps, target = planned(model_dir, "v5p:2x2x1", "actor_rollout_ref.actor.tensor_model_parallel_size=2")
+  update = steps["actor_update"]
+  gate = update.step.args[0]["layers"][0]["mlp"]["gate"]
+  assert gate.get_value().sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+  result, compiled = plan.compile_step(update, target.hbm_bytes)
+  summary = hlo.collectives(compiled.as_text())
+  # Megatron's all-reduces of [rows, T, D] per layer are reduce-scatters into the sequence-split residual stream
+  # (and all-gathers out of it); only gradients of small parameters are all-reduced whole
+  assert result.activation_all_reduce == 0, summary.largest("all-reduce")
+  assert summary.by_kind["reduce-scatter"] > 0 and summary.by_kind["all-reduce"] < 0.2 * result.bound[1]
 
 
 @pytest.mark.parametrize("name", ["v5p:2x2x1", "v5e:2x2"])
@@ -101,5 +116,5 @@ def test_cli_reports_a_step_that_does_not_fit_with_the_fix(model_dir):
              "actor_rollout_ref.actor.ppo_mini_batch_size=4096", "data.max_response_length=8192"]
   done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
   assert done.returncode == 1, done.stderr[-2000:]
-  assert "insert[4096]" in done.stdout and "NO" in done.stdout
+  assert "into 4096]" in done.stdout and "NO" in done.stdout
   assert "do not fit in 15.75 GiB per device" in done.stderr and "max_num_seqs" in done.stderr

@@ -54,12 +54,12 @@ def test_gradients_equal_naive(chunk_size, vocab, temperature):
 
 
 def _logit_dots(jaxpr, vocab: int) -> list[tuple[int, ...]]:
-  """(rows, positions) of the [rows, positions, vocab] logits blocks the jaxpr computes, one per dot_general,
-  nested ones included."""
+  """(rows, positions) of the [rows, positions, (parts,) vocab] logits blocks the jaxpr computes, one per
+  dot_general, nested ones included."""
   rows = []
   for eqn in jaxpr.eqns:
     shape = eqn.outvars[0].aval.shape if eqn.outvars else ()
-    if eqn.primitive.name == "dot_general" and len(shape) == 3 and shape[2] == vocab:
+    if eqn.primitive.name == "dot_general" and len(shape) >= 3 and shape[-1] == vocab:
       rows.append(shape[:2])
     for sub in jax.extend.core.jaxprs_in_params(eqn.params):
       rows += _logit_dots(sub, vocab)

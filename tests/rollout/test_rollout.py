@@ -11,7 +11,7 @@ import pytest
 import torch
 from flax import nnx
 
-from rljax import sharding
+from rljax import config as config_lib, sharding
 from rljax.models import CausalLM, ModelConfig, from_pretrained
 from rljax.rollout import factory
 from rljax.rollout import sampling
@@ -342,3 +342,26 @@ class _BosOnly:
 
   def decode(self, ids):
     return " ".join(map(str, ids))
+
+
+def test_rollout_mesh_reshards_the_weights_once_and_decodes_the_same(twins):
+  _, model = twins
+  ids, mask = left_padded([3, 9, 16, 6, 2, 12, 7, 5], 128, seed=6)
+  params = nnx.state(model, nnx.Param)
+  expected = sampler_for(model, slots=8, eos=(7,)).generate(params, ids, mask, 1, jax.random.key(0))
+  train_mesh = sharding.build_mesh({"data": 1, "fsdp": 8, "tensor": 1, "sequence": 1})
+  rules = [("batch", ("data", "fsdp")), ("embed", "fsdp"), ("vocab", "tensor"), ("mlp", "tensor"),
+           ("heads", "tensor"), ("kv_heads", "tensor")]
+  placed = sharding.shard_like(params, sharding.param_shardings(params, train_mesh, rules))
+  mesh = factory.rollout_mesh(train_mesh, 2)
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2, "sequence": 1}
+  sampler = sampler_for(model, slots=8, eos=(7,), mesh=mesh, rules=rules)
+  copy = sampler.engine.compute_params(placed)
+  q = copy["layers"][0]["attn"]["q"].get_value()
+  assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
+  assert sampler.engine.compute_params(copy) is copy  # already the rollout's: read in place
+  got = sampler.generate(placed, ids, mask, 1, jax.random.key(0))
+  np.testing.assert_array_equal(got.responses, expected.responses)
+  assert factory.rollout_mesh(train_mesh, 1) is train_mesh
+  with pytest.raises(config_lib.ConfigError, match="rollout.tensor_model_parallel_size=3: does not divide the 8"):
+    factory.rollout_mesh(train_mesh, 3)

@@ -57,14 +57,7 @@ def run_step(mesh, local_batch=None):
   full = batch()
   local = full if local_batch is None else local_batch(full)
   placed = sharding.global_batch(local, batch_sh)
-
-  def train(params, opt_state, batch):
-    (loss, aux), grads = steps.constrained_grad(loss_fn(graphdef), params, param_sh, batch)
-    params, opt_state, _ = steps.apply_gradients(optimizer, params, opt_state, grads)
-    return params, opt_state, loss, aux
-
-  step = jax.jit(steps.traced_in(mesh, rules, train), in_shardings=(param_sh, opt_sh, batch_sh),
-                 out_shardings=(param_sh, opt_sh, None, None), donate_argnums=(0, 1))
+  step = steps.make_train_step(loss_fn(graphdef), optimizer, mesh, rules, param_sh, opt_sh, batch_sh)
   params, opt_state, loss, _ = step(params, opt_state, placed)
   host = jax.tree.map(lambda x: np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True)), params)
   return float(loss), host, params, opt_state

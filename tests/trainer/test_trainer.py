@@ -55,12 +55,14 @@ def test_same_seed_same_metrics(model_dir, data_dir, tmp_path):
 
 
 def test_eight_devices_equal_one(model_dir, data_dir, tmp_path):
-  # one device: 8 micro-batches of 1 row; eight devices: 1 micro-batch of 1 row each
+  # one device: 8 micro-batches of 1 row; eight devices: 1 micro-batch of 1 row each, and a rollout mesh
+  # of its own (fsdp 4 x tensor 2: the sampler reshards the weights for it)
   micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"
   one = train(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "one"), "trainer.total_training_steps=1",
                                   micro))
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "eight"), "trainer.total_training_steps=1",
-                               "trainer.n_gpus_per_node=auto", micro)
+                               "trainer.n_gpus_per_node=auto", micro,
+                               "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
   eight = train(config, mesh=sharding.make_mesh(config))
   for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm",
               "actor/entropy"):
