@@ -91,7 +91,12 @@ def _gsm8k_7b(model: str) -> dict[str, Any]:
   3072 tokens (2 rows of 512 + 1024) per chip for the update and 24576 (16
   rows) for the log-prob passes, which hold no gradients: `python -m
   rljax.compile` fits every step in HBM on v5p-8, v6e-8 and v5e-16
-  (BENCHMARKS.md). On a larger chip (v5p's 95 GB), a larger
+  (BENCHMARKS.md). The rollout decodes on a tensor axis of 4 (verl's
+  rollout.tensor_model_parallel_size; its 7B example uses 2): each chip
+  then reads a quarter of every weight per decode step instead of its
+  fsdp slice plus partial sums over all chips, which keeps a decode step's
+  HBM traffic within 1.2x of its parameter and KV-cache shard (1.3-2.1x
+  with 1). On a larger chip (v5p's 95 GB), a larger
   actor_rollout_ref.actor.ppo_max_token_len_per_gpu gathers the weights
   fewer times per update.
   """
@@ -113,6 +118,7 @@ def _gsm8k_7b(model: str) -> dict[str, Any]:
       "actor_rollout_ref.model.scan_layers": True,
       "actor_rollout_ref.rollout.dtype": "bfloat16",
       "actor_rollout_ref.rollout.prefill_length_buckets": [128, 256, 512],
+      "actor_rollout_ref.rollout.tensor_model_parallel_size": 4,
   }
 
 

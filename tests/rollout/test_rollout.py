@@ -277,16 +277,24 @@ def test_decode_dots_run_in_the_chosen_library(slots, data, library, ynn):
       params, jnp.zeros((4, BUCKETS[0]), jnp.int32), jnp.ones((4,), jnp.int32)).compile().as_text()
 
 
-def test_sharded_engine_equals_one_device(twins):
-  _, model = twins
+TENSOR_RULES = [("batch", ("data", "fsdp")), ("embed", "fsdp"), ("vocab", "tensor"), ("mlp", "tensor"),
+                ("heads", "tensor"), ("kv_heads", "tensor")]
+
+
+def one_device_generation(model):
+  """(ids, mask, params, the unsharded sampler's greedy result) for 8 prompts of several lengths."""
   ids, mask = left_padded([3, 9, 16, 6, 2, 12, 7, 5], 128, seed=6)
   params = nnx.state(model, nnx.Param)
   expected = sampler_for(model, slots=8, eos=(7,)).generate(params, ids, mask, 1, jax.random.key(0))
+  return ids, mask, params, expected
+
+
+def test_sharded_engine_equals_one_device(twins):
+  ids, mask, params, expected = one_device_generation(twins[1])
   mesh = sharding.build_mesh({"data": 2, "fsdp": 2, "tensor": 2, "sequence": 1})
-  rules = [("batch", ("data", "fsdp")), ("embed", "fsdp"), ("vocab", "tensor"), ("mlp", "tensor"),
-           ("heads", "tensor"), ("kv_heads", "tensor")]
+  rules = TENSOR_RULES
   placed = sharding.shard_like(params, sharding.param_shardings(params, mesh, rules))
-  sampler = sampler_for(model, slots=8, eos=(7,), mesh=mesh, rules=rules)
+  sampler = sampler_for(twins[1], slots=8, eos=(7,), mesh=mesh, rules=rules)
   state = sampler.engine.init_decode_state()
   assert state.cache.k[0].sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"), "tensor", None, None)
   got = sampler.generate(placed, ids, mask, 1, jax.random.key(0))
@@ -345,13 +353,10 @@ class _BosOnly:
 
 
 def test_rollout_mesh_reshards_the_weights_once_and_decodes_the_same(twins):
-  _, model = twins
-  ids, mask = left_padded([3, 9, 16, 6, 2, 12, 7, 5], 128, seed=6)
-  params = nnx.state(model, nnx.Param)
-  expected = sampler_for(model, slots=8, eos=(7,)).generate(params, ids, mask, 1, jax.random.key(0))
+  ids, mask, params, expected = one_device_generation(twins[1])
+  model = twins[1]
   train_mesh = sharding.build_mesh({"data": 1, "fsdp": 8, "tensor": 1, "sequence": 1})
-  rules = [("batch", ("data", "fsdp")), ("embed", "fsdp"), ("vocab", "tensor"), ("mlp", "tensor"),
-           ("heads", "tensor"), ("kv_heads", "tensor")]
+  rules = TENSOR_RULES
   placed = sharding.shard_like(params, sharding.param_shardings(params, train_mesh, rules))
   mesh = factory.rollout_mesh(train_mesh, 2)
   assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2, "sequence": 1}
