@@ -16,8 +16,9 @@ walks the vocabulary in blocks instead, from each token's logsumexp and
 expected logit saved by the forward pass; a block's logits for every token,
 its share of the hidden gradient, and its weight gradient, which is
 reduce-scattered to the weight's sharding as soon as the block is done
-(laid out [D, block] while it is reduced: TPU reduce-scatters along the
-major axis, and lowers one along the minor axis as an all-reduce). No
+(laid out [D, block] while it is reduced, and compiled with
+``rljax.sharding.gradient_compiler_options``: TPU would otherwise lower
+some of these reduce-scatters as all-reduces). No
 [V, D] partial sum is ever held, and only about chunk_size x V logits are
 alive at once in either pass. With p = softmax(z), the logit gradients are
 
@@ -156,7 +157,8 @@ def _chunked_bwd(chunks, width, temperature, with_entropy, chunk_size, residuals
     dh = dh + constrain(jnp.einsum("btpv,pvd->btd", dz, w, preferred_element_type=jnp.float32), _RESIDUAL)
     parts = jnp.einsum("sbtpv,sbtd->sdpv", dz.reshape(shards, b // shards, t, parts_of_vocab, block),
                        hidden.reshape(shards, b // shards, t, d), preferred_element_type=jnp.float32)
-    block_dw = reduce_partials(constrain(parts, _PARTIAL_WEIGHT).astype(hidden.dtype), ("embed", "vocab", None))
+    parts = constrain(parts, _PARTIAL_WEIGHT).astype(hidden.dtype).reshape(shards, d, parts_of_vocab * block)
+    block_dw = reduce_partials(parts, ("embed", "vocab")).reshape(d, parts_of_vocab, block)
     dw = jax.lax.dynamic_update_slice_in_dim(
         dw, jax.lax.dynamic_slice_in_dim(dw, start, block, axis=2) + block_dw.astype(jnp.float32), start, axis=2)
     return (constrain(dh, _RESIDUAL), constrain(dw, _WEIGHT_T)), None

@@ -41,7 +41,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rljax.models import CausalLM, token_log_probs
-from rljax.sharding.placement import replicated
+from rljax.sharding.placement import gradient_compiler_options, replicated
 from rljax.trainer.steps import apply_gradients, constrained_grad, traced_in, training_model
 
 Rows = dict[str, jax.Array]
@@ -80,7 +80,8 @@ def make_grad_step(graphdef: nnx.GraphDef, mesh: Mesh, rules: Any, trainable_sh:
   scalar = replicated(mesh)
   return jax.jit(traced_in(mesh, rules, step),
                  in_shardings=(trainable_sh, frozen_sh, rows_sh, trainable_sh, scalar, scalar),
-                 out_shardings=(trainable_sh, scalar), donate_argnums=(3,))
+                 out_shardings=(trainable_sh, scalar), donate_argnums=(3,),
+                 compiler_options=gradient_compiler_options(mesh))
 
 
 def make_apply_step(tx: optax.GradientTransformation, mesh: Mesh, trainable_sh: Any, opt_sh: Any) -> Callable:

@@ -34,7 +34,7 @@ from ml_collections import ConfigDict
 from rljax.algos import agg, policy_loss, value_loss
 from rljax.models import lora
 from rljax.sharding import rules as rules_lib
-from rljax.sharding.placement import Step, abstract, key_struct, shardings_of
+from rljax.sharding.placement import Step, abstract, gradient_compiler_options, key_struct, shardings_of
 from rljax.trainer.layout import Layout
 from rljax.trainer.sequences import response_log_probs
 
@@ -152,7 +152,8 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, mesh: M
     return params, opt_state, loss, aux
 
   return jax.jit(traced_in(mesh, rules, step), in_shardings=(param_shardings, opt_shardings, batch_shardings),
-                 out_shardings=(param_shardings, opt_shardings, None, None), donate_argnums=(0, 1))
+                 out_shardings=(param_shardings, opt_shardings, None, None), donate_argnums=(0, 1),
+                 compiler_options=gradient_compiler_options(mesh))
 
 
 def traced_in(mesh: Mesh, rules: Any, fn: Callable) -> Callable:
@@ -251,7 +252,8 @@ def make_update(name: str, loss_fn: Callable, tx: optax.GradientTransformation, 
   if frozen is not None:
     args += (abstract(frozen),)
   fn = jax.jit(step, in_shardings=jax.tree.map(lambda x: x.sharding, args),
-               out_shardings=(param_sh, opt_shardings, None), donate_argnums=(0, 1))
+               out_shardings=(param_sh, opt_shardings, None), donate_argnums=(0, 1),
+               compiler_options=gradient_compiler_options(mesh))
   return Step(name, fn, args)
 
 

@@ -12,7 +12,10 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rljax import config as config_lib, sharding
 from rljax.compile import hlo, plan, report, topology
@@ -62,6 +65,25 @@ def test_topologies_parse_to_their_slices():
     topology.parse("v5p-12")
   with pytest.raises(ValueError, match="expected an accelerator type"):
     topology.parse("h100-8")
+
+
+def scattered_bytes(mesh, shape, dim, options):
+  """{collective kind: bytes} of a bfloat16 [4, *shape] sum over its first axis, scattered over `dim`."""
+  out = [None] * len(shape)
+  out[dim] = "fsdp"
+  reduce = jax.shard_map(lambda x: jax.lax.psum_scatter(x[0], "fsdp", scatter_dimension=dim, tiled=True),
+                         mesh=mesh, in_specs=P("fsdp"), out_specs=P(*out), check_vma=False)
+  parts = jax.ShapeDtypeStruct((4, *shape), jnp.bfloat16, sharding=NamedSharding(mesh, P("fsdp")))
+  text = jax.jit(reduce, compiler_options=options).lower(parts).compile().as_text()
+  return {kind: size for kind, size in hlo.collectives(text).by_kind.items() if size}
+
+
+@pytest.mark.parametrize("shape,dim", [((18944, 3584), 1), ((4096, 64128), 0)])
+def test_gradient_options_keep_reduce_scatters_that_libtpu_would_all_reduce(shape, dim):
+  mesh = Mesh(np.array(topology.devices(topology.parse("v5p:2x2x1"))), ("fsdp",))
+  assert set(scattered_bytes(mesh, shape, dim, {})) == {"all-reduce"}  # why the options exist
+  assert set(scattered_bytes(mesh, shape, dim, sharding.gradient_compiler_options(mesh))) == {"reduce-scatter"}
+  assert sharding.gradient_compiler_options(Mesh(np.array(jax.devices()), ("fsdp",))) == {}
 
 
 @jax.default_matmul_precision("default")  # Mosaic has no "highest" bfloat16 matmul (conftest sets highest)
