@@ -25,10 +25,12 @@ parameters and optimizer state sharded), `tensor` (tensor parallel),
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 from ml_collections import ConfigDict
 
@@ -75,7 +77,34 @@ def build_mesh(shape: dict[str, int] | Sequence[int], devices: Sequence[jax.Devi
   devices = list(devices) if devices is not None else jax.devices()
   if int(np.prod(sizes)) != len(devices):
     raise ValueError(f"mesh {dict(zip(AXES, sizes))} needs {int(np.prod(sizes))} devices, {len(devices)} given")
-  return jax.make_mesh(sizes, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+  slices = len({getattr(d, "slice_index", 0) for d in devices})
+  if slices == 1:
+    return jax.make_mesh(sizes, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+  dcn = slice_shape(sizes, slices)
+  ici = tuple(size // across for size, across in zip(sizes, dcn))
+  return Mesh(mesh_utils.create_hybrid_device_mesh(ici, dcn, devices), AXES, axis_types=(AxisType.Auto,) * len(AXES))
+
+
+def slice_shape(sizes: Sequence[int], slices: int) -> tuple[int, ...]:
+  """How many slices each axis spans: the slices go to the outermost axes they divide (data, then fsdp).
+
+  Several TPU slices (`--num_slices`, multislice) talk over the data-center
+  network, much slower than a slice's own interconnect, so the axes that
+  communicate least (data parallel, then the fsdp gathers) span them; with
+  the default fsdp_size=-1 fsdp spans the slices, and
+  actor_rollout_ref.actor.fsdp_config.fsdp_size = chips per slice keeps it
+  within one.
+
+  Raises:
+    ValueError: naming the axis sizes when the slices do not factor over them.
+  """
+  across, left = [], slices
+  for size in sizes:
+    across.append(math.gcd(size, left))
+    left //= across[-1]
+  if left != 1:
+    raise ValueError(f"{slices} slices do not factor over the mesh axes {dict(zip(AXES, sizes))}")
+  return tuple(across)
 
 
 def job_devices(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -> list[jax.Device]:

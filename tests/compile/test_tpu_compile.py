@@ -67,6 +67,20 @@ def test_topologies_parse_to_their_slices():
     topology.parse("h100-8")
 
 
+def test_two_slices_span_the_outermost_axes_that_they_divide(model_dir):
+  devices = topology.devices(topology.parse("v5p-8", num_slices=2))
+  config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),
+                   [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES], device_count=len(devices))
+  mesh = sharding.make_mesh(config, devices=devices)  # fsdp_size=-1: fsdp over all 8 chips, across the slices
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1, "sequence": 1}
+  assert [{d.slice_index for d in half} for half in mesh.devices.reshape(2, 4)] == [{0}, {1}]
+  per_slice = sharding.build_mesh({"data": 2, "fsdp": 4, "tensor": 1, "sequence": 1}, devices)
+  assert [{d.slice_index for d in row.flat} for row in per_slice.devices] == [{0}, {1}]
+  assert sharding.mesh.slice_shape((2, 4, 1, 1), 2) == (2, 1, 1, 1)
+  with pytest.raises(ValueError, match="3 slices do not factor"):
+    sharding.mesh.slice_shape((2, 4, 1, 1), 3)
+
+
 def scattered_bytes(mesh, shape, dim, options):
   """{collective kind: bytes} of a bfloat16 [4, *shape] sum over its first axis, scattered over `dim`."""
   out = [None] * len(shape)
