@@ -92,11 +92,11 @@ def _gsm8k_7b(model: str) -> dict[str, Any]:
   rows) for the log-prob passes, which hold no gradients: `python -m
   rljax.compile` fits every step in HBM on v5p-8, v6e-8 and v5e-16
   (BENCHMARKS.md). The rollout decodes on a tensor axis of 4 (verl's
-  rollout.tensor_model_parallel_size; its 7B example uses 2): each chip
-  then reads a quarter of every weight per decode step instead of its
-  fsdp slice plus partial sums over all chips, which keeps a decode step's
-  HBM traffic within 1.2x of its parameter and KV-cache shard (1.3-2.1x
-  with 1). On a larger chip (v5p's 95 GB), a larger
+  rollout.tensor_model_parallel_size; its 7B example uses 2), which keeps
+  a decode step's HBM traffic within 1.16x of its parameter and KV-cache
+  shard on those slices; with 1, every chip holds a 1/chips slice of each
+  weight and moves the partial sums of all its slots through HBM, up to
+  2.07x. On a larger chip (v5p's 95 GB), a larger
   actor_rollout_ref.actor.ppo_max_token_len_per_gpu gathers the weights
   fewer times per update.
   """
