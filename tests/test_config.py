@@ -14,7 +14,7 @@ from rljax import presets
 from rljax import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-REFERENCE = ROOT.parent / "shared" / "reference"
+REFERENCE = ROOT / "tests" / "reference"  # verl's key paths, copied from the spec
 CONFIGS = ["grpo", "ppo", "rloo", "reinforce_plus_plus", "dapo", "gspo"]
 
 
@@ -28,8 +28,6 @@ def resolved(config, overrides=(), devices=1):
 
 def verl_keys():
   path = REFERENCE / "verl_ppo_keys.txt"
-  if not path.exists():
-    pytest.fail(f"{path} is missing: the spec must sit beside the checkout")
   return [line.strip() for line in path.read_text().splitlines() if line.strip()]
 
 
