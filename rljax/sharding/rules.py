@@ -270,8 +270,8 @@ def reduce_partials(parts: jax.Array, names: Sequence[str | None]) -> jax.Array:
 
 def vocab_shards(vocab: int) -> int:
   """Devices a vocabulary of `vocab` entries splits over in the active context (1 outside one)."""
-  spec = active_spec(("vocab",), (vocab,))[0] if getattr(_ACTIVE, "value", None) is not None else None
   active = getattr(_ACTIVE, "value", None)
+  spec = None if active is None else active_spec(("vocab",), (vocab,))[0]
   return 1 if spec is None else math.prod(active[0].shape[a] for a in _as_tuple(spec))
 
 
