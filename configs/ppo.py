@@ -21,5 +21,6 @@ def get_config(arg=None):
   config.data.train_batch_size *= 2
   config.actor_rollout_ref.actor.ppo_mini_batch_size *= 2
   actor = config.actor_rollout_ref.actor
-  actor.ppo_micro_batch_size_per_gpu = min(actor.ppo_micro_batch_size_per_gpu, actor.ppo_mini_batch_size)
+  if actor.ppo_micro_batch_size_per_gpu is not None:
+    actor.ppo_micro_batch_size_per_gpu = min(actor.ppo_micro_batch_size_per_gpu, actor.ppo_mini_batch_size)
   return config

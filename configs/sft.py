@@ -34,7 +34,7 @@ SMOLLM2_ARITHMETIC: dict[str, Any] = {
     "data.response_dict_keys": ["solution"],
     "data.max_length": 80,
     "data.train_batch_size": 8,
-    "data.micro_batch_size_per_gpu": 8,
+    "data.micro_batch_size_per_gpu": None,  # the whole per-device batch, any device count
     "data.val_max_samples": 64,
     "optim.lr": 5e-5,
     "trainer.n_gpus_per_node": "auto",

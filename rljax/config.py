@@ -171,7 +171,7 @@ MAPPED_KEYS = {
     "actor_rollout_ref.rollout.max_model_len": "checked only: the KV cache holds exactly max_prompt_length + response_length slots, so it must be at least that",
     "actor_rollout_ref.rollout.calculate_log_probs": "always on: the sampler returns each sampled token's log-prob (rollout_log_probs)",
     "actor_rollout_ref.rollout.free_cache_engine": "drop the KV cache between rollouts",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "micro-batch rows per data-parallel device; the global micro-batch is this times the data*fsdp axis size",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "micro-batch rows per data-parallel device; the global micro-batch is this times the data*fsdp axis size; null (an error in verl): the device's whole mini-batch in one pass, so a job runs on any device count",
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "token budget per device for use_dynamic_bsz micro-batches",
     "actor_rollout_ref.model.enable_gradient_checkpointing": "jax.checkpoint (remat) per decoder layer",
     "actor_rollout_ref.model.override_config.model_config": "fields that override the model's config.json",
@@ -387,7 +387,7 @@ def _actor() -> ConfigDict:
       "strategy": "fsdp",
       "ppo_mini_batch_size": 256,
       "ppo_micro_batch_size": _null(int),
-      "ppo_micro_batch_size_per_gpu": 8,
+      "ppo_micro_batch_size_per_gpu": FieldReference(8, field_type=int),
       "use_dynamic_bsz": False,
       "ppo_max_token_len_per_gpu": 16384,
       "grad_clip": 1.0,
@@ -908,6 +908,18 @@ def _map_global_micro_batch(config: ConfigDict, old: str, new: str, dp: int) -> 
   set_value(config, new, per_device)
 
 
+def _fill_micro_batch(config: ConfigDict, dp: int) -> None:
+  """An unset `ppo_micro_batch_size_per_gpu` becomes the device's whole mini-batch (rows per data-parallel device).
+
+  Left unset where the mini-batch does not split over `dp` devices (the
+  check names that key) or where use_dynamic_bsz sizes micro-batches.
+  """
+  actor = config.actor_rollout_ref.actor
+  rows = actor.ppo_mini_batch_size * config.actor_rollout_ref.rollout.n
+  if actor.ppo_micro_batch_size_per_gpu is None and not actor.use_dynamic_bsz and rows > 0 and rows % dp == 0:
+    set_value(config, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", rows // dp)
+
+
 def _map_rollout_is(config: ConfigDict, section: str) -> None:
   """Maps the documented `rollout_is*` keys onto `algorithm.rollout_correction`.
 
@@ -960,6 +972,7 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
       _map_global_micro_batch(config, old, new, dp)
     else:
       set_value(config, new, value)
+  _fill_micro_batch(config, dp)
   for section in ("algorithm", "actor_rollout_ref.actor"):
     _map_rollout_is(config, section)
   _map_cosmos_keys(config)
@@ -1020,15 +1033,16 @@ def _check_batches(config: ConfigDict, world_size: int | None) -> None:
     _check(actor.ppo_max_token_len_per_gpu >= need, key, actor.ppo_max_token_len_per_gpu,
            f"must hold one whole sequence (max_prompt_length + max_response_length = {need})", f"set {key} >= {need}")
     return
-  micro_key = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
-  micro = actor.ppo_micro_batch_size_per_gpu
-  _check(isinstance(micro, int) and not isinstance(micro, bool) and micro > 0, micro_key, micro,
-         "must be a positive integer (or set use_dynamic_bsz=true)", f"set {micro_key}=8")
   mini_rows = actor.ppo_mini_batch_size * n
   dp = data_parallel_size(config, world_size) if world_size else 1
   _check(mini_rows % dp == 0, mini_key, actor.ppo_mini_batch_size,
          f"ppo_mini_batch_size * rollout.n ({mini_rows}) rows do not split over {dp} data-parallel devices",
          f"make ppo_mini_batch_size * rollout.n a multiple of {dp}")
+  micro_key = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+  micro = actor.ppo_micro_batch_size_per_gpu
+  _check(isinstance(micro, int) and not isinstance(micro, bool) and micro > 0, micro_key, micro,
+         "must be a positive integer, or null for the whole per-device mini-batch (or set use_dynamic_bsz=true)",
+         f"set {micro_key}=8")
   per_device = mini_rows // dp
   _check(per_device % micro == 0, micro_key, micro,
          f"the mini-batch per device ({per_device} rows = ppo_mini_batch_size {actor.ppo_mini_batch_size} x rollout.n {n} / {dp} devices) is not divisible by it",

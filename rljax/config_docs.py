@@ -140,7 +140,7 @@ DESCRIPTIONS = {
     "actor_rollout_ref.actor.strategy": "Training backend (fsdp or megatron in verl).",
     "actor_rollout_ref.actor.ppo_mini_batch_size": "Prompts per optimizer step; each step updates on this many prompts times rollout.n responses.",
     "actor_rollout_ref.actor.ppo_micro_batch_size": "Old global micro-batch size; replaced by ppo_micro_batch_size_per_gpu.",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "Responses per forward/backward pass on each device; gradients accumulate over micro-batches.",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "Responses per forward/backward pass on each device; gradients accumulate over micro-batches. null: the device's whole mini-batch in one pass (verl requires a value).",
     "actor_rollout_ref.actor.use_dynamic_bsz": "Pack micro-batches by token count instead of a fixed number of responses.",
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": "Token budget of one packed micro-batch per device (use_dynamic_bsz).",
     "actor_rollout_ref.actor.grad_clip": "Global gradient-norm clip of the actor.",

@@ -25,7 +25,7 @@ SMOLLM2_ARITHMETIC: dict[str, Any] = {
     "data.max_response_length": 32,
     "data.val_max_samples": 64,
     "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": None,  # the whole per-device mini-batch, any device count
     "actor_rollout_ref.actor.optim.lr": 1e-5,
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
     "actor_rollout_ref.actor.fsdp_config.dtype": "float32",

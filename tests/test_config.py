@@ -333,9 +333,23 @@ def test_cli_errors_name_the_key():
 
 @pytest.mark.parametrize("name", CONFIGS)
 @pytest.mark.parametrize("preset", [None, "qwen2_5_0_5b_gsm8k"])
-def test_experiment_files_validate(name, preset):
-  config = resolved(experiment(name, preset), devices=1)
+@pytest.mark.parametrize("devices", [1, 2, 4, 8])
+def test_experiment_files_validate_on_any_device_count(name, preset, devices):
+  config = resolved(experiment(name, preset), devices=devices)
   assert config.trainer.experiment_name == f"{name}_{preset or presets.DEFAULT_PRESET}"
+
+
+def test_unset_micro_batch_is_the_whole_per_device_mini_batch_and_an_explicit_one_is_checked():
+  assert experiment("grpo").actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is None
+  for devices, rows in [(1, 16), (2, 8), (8, 2)]:
+    config = resolved(experiment("grpo"), devices=devices)
+    assert config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == rows
+    assert config.critic.ppo_micro_batch_size_per_gpu == rows
+  with pytest.raises(C.ConfigError, match="ppo_micro_batch_size_per_gpu=16: the mini-batch per device \\(2 rows"):
+    resolved(experiment("grpo"), ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"], devices=8)
+  with pytest.raises(C.ConfigError, match="ppo_mini_batch_size=3: ppo_mini_batch_size \\* rollout.n \\(6\\) rows do not split"):
+    resolved(experiment("grpo"), ["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+                                  "data.train_batch_size=3"], devices=4)
 
 
 def test_experiment_files_change_what_their_algorithm_needs():

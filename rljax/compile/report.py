@@ -95,18 +95,29 @@ def required_from_error(message: str) -> int | None:
 
 def parameter_shapes(params: Any) -> set[tuple[int, ...]]:
   """Every shape a parameter (or its gradient) can take on one device: each axis whole or split as its sharding
-  splits it (a weight gathered over FSDP but split by tensor parallelism has one of these too)."""
+  splits it (a weight gathered over FSDP but split by tensor parallelism has one of these too), and a stacked
+  parameter's per-layer slice (the gradient a scanned layer's loop body reduces)."""
   shapes = set()
   for leaf in jax.tree.leaves(params):
     whole = tuple(leaf.shape)
     split = tuple(leaf.sharding.shard_shape(whole)) if leaf.sharding is not None else whole
     for choice in itertools.product(*[{w, s} for w, s in zip(whole, split)]):
       shapes.add(choice)
+      if len(choice) > 2:
+        shapes.add(choice[1:])
   return shapes
 
 
+def _gradient_block(dims: tuple[int, ...], shapes: set[tuple[int, ...]]) -> bool:
+  """Whether `dims` is a block of an LM-head weight gradient as rljax.models.logprobs reduces it: [D, vocab
+  block] or [D, parts, block] for a [V, D] weight with V > D (activations lead with their batch axis)."""
+  return len(dims) >= 2 and any(
+      len(s) == 2 and s[0] > s[1] == dims[0] and math.prod(dims[1:]) <= s[0] for s in shapes)
+
+
 def activation_all_reduce(summary: hlo.CollectiveSummary, params: Any, smallest: int = 1 << 16) -> int:
-  """Bytes of all-reduces whose arrays are no parameter's shape (activations), ignoring those under `smallest`."""
+  """Bytes of all-reduces whose arrays are no parameter's shape nor gradient block (activations), ignoring
+  those under `smallest`."""
   shapes = parameter_shapes(params)
   squeeze = lambda dims: tuple(d for d in dims if d != 1)  # noqa: E731
   known = {squeeze(s) for s in shapes}
@@ -114,7 +125,8 @@ def activation_all_reduce(summary: hlo.CollectiveSummary, params: Any, smallest:
   for collective in summary.collectives:
     if collective.kind != "all-reduce" or collective.bytes < smallest:
       continue
-    if any(squeeze(dims) not in known and math.prod(dims) > 1 for dims in collective.arrays()):
+    if any(squeeze(dims) not in known and math.prod(dims) > 1 and not _gradient_block(squeeze(dims), known)
+           for dims in collective.arrays()):
       total += collective.total
   return total
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 
-from ml_collections import ConfigDict
+from ml_collections import ConfigDict, FieldReference
 
 from rljax import config as config_lib
 from rljax.config import ConfigError, _any, _check, _check_enum, _check_positive, _check_range, _null
@@ -65,7 +65,8 @@ MAPPED_KEYS = {
         "the loss is always divided by the response-token count of the whole global batch (verl's "
         "balance_dp_token=true), so true and false give the same numbers"),
     "data.micro_batch_size_per_gpu": (
-        "rows per data-parallel device in each gradient-accumulation step (packed rows with use_remove_padding)"),
+        "rows per data-parallel device in each gradient-accumulation step (packed rows with use_remove_padding); "
+        "null (an error in verl): the device's whole share of data.train_batch_size in one step"),
     "data.chat_template": "a jinja2 chat template (the text, or a path to a .jinja file) replacing the tokenizer's",
     "trainer.nnodes": "number of JAX processes (hosts); 'auto' = jax.process_count()",
     "trainer.n_gpus_per_node": "devices per process; 'auto' = jax.local_device_count()",
@@ -111,7 +112,7 @@ def _data() -> ConfigDict:
   return ConfigDict({
       "train_batch_size": 256,
       "micro_batch_size": _null(int),
-      "micro_batch_size_per_gpu": 4,
+      "micro_batch_size_per_gpu": FieldReference(4, field_type=int),
       "train_files": "~/data/gsm8k/train.parquet",
       "val_files": "~/data/gsm8k/test.parquet",
       "train_max_samples": -1,
@@ -231,13 +232,18 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     value = config_lib.get_node(config, alias)
     if value is not None:
       config_lib.set_value(config, key, value)
+  dp = data_parallel_size(config, config_lib.resolve_world_size(config, device_count))
+  if data.micro_batch_size_per_gpu is None and data.train_batch_size > 0 and data.train_batch_size % dp == 0:
+    config_lib.set_value(config, "data.micro_batch_size_per_gpu", data.train_batch_size // dp)
   return config
 
 
 def _check_data(config: ConfigDict, world_size: int | None) -> None:
   data = config.data
-  for key in ("data.train_batch_size", "data.micro_batch_size_per_gpu", "data.max_length"):
+  for key in ("data.train_batch_size", "data.max_length"):
     _check_positive(config, key)
+  if data.micro_batch_size_per_gpu is not None or world_size is None:
+    _check_positive(config, "data.micro_batch_size_per_gpu")
   _check_enum(config, "data.truncation", SFT_TRUNCATIONS)
   for key in ("data.train_max_samples", "data.val_max_samples"):
     value = config_lib.get_node(config, key)
@@ -252,6 +258,9 @@ def _check_data(config: ConfigDict, world_size: int | None) -> None:
   if world_size is None:
     return
   dp = data_parallel_size(config, world_size)
+  _check(data.micro_batch_size_per_gpu is not None, "data.train_batch_size", data.train_batch_size,
+         f"does not split over {dp} data-parallel devices (data.micro_batch_size_per_gpu is null: each device's "
+         "whole share)", f"make data.train_batch_size a multiple of {dp}")
   micro_rows = data.micro_batch_size_per_gpu * dp
   _check(data.train_batch_size % micro_rows == 0, "data.train_batch_size", data.train_batch_size,
          f"does not split into micro-batches of micro_batch_size_per_gpu ({data.micro_batch_size_per_gpu}) x "
