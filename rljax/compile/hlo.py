@@ -17,7 +17,9 @@ as an all-reduce inside a fusion whose computation is named
 `all-reduce-scatter...` (the all-reduce of a padded input, then each
 device's slice); those count as reduce-scatters. One collective split over
 several fusions (TPU's asynchronous collective fusions) shares a
-channel_id and counts once.
+channel_id and replica groups and counts once (collectives that share a
+channel_id over other groups, as a `psum_scatter` per device subgroup does,
+each count).
 """
 
 from __future__ import annotations
@@ -297,8 +299,9 @@ def _walk(computations: dict[str, Computation], name: str, count: int, seen: tup
     kind = _kind(inst, computation)
     if kind is not None:
       channel = re.search(r"channel_id=(\d+)", inst.attributes)
+      groups = re.search(r"replica_groups=(\S+)", inst.attributes)
       yield Collective(kind, _collective_bytes(kind, inst, computation), count, inst.op_name, inst.shape,
-                       channel.group(1) if channel else "")
+                       f"{channel.group(1)} {groups.group(1) if groups else ''}" if channel else "")
     called = inst.called()
     if inst.opcode == "while":
       body, trips = _loop(inst, computation, computations)

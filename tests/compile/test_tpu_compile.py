@@ -169,3 +169,16 @@ def test_activation_all_reduce_tells_weight_gradients_from_activations():
   assert report.activation_all_reduce(gradients, params) == 0
   activations = summary("bf16[8,1536,4096]{2,1,0}", "f32[12288,4096]{1,0}", "bf16[4096,256512]{1,0}")
   assert report.activation_all_reduce(activations, params) == 3 << 20
+
+
+def test_collectives_that_share_a_channel_over_other_groups_each_count():
+  mesh = Mesh(np.array(topology.devices(topology.parse("v5p:2x2x1"))), ("fsdp",))
+
+  def two_stages(x):  # a sum over 4 chips scattered in two halvings; JAX gives both one channel_id
+    half = jax.lax.psum_scatter(x[0], "fsdp", scatter_dimension=0, tiled=True, axis_index_groups=[[0, 1], [2, 3]])
+    return jax.lax.psum_scatter(half, "fsdp", scatter_dimension=0, tiled=True, axis_index_groups=[[0, 2], [1, 3]])
+
+  parts = jax.ShapeDtypeStruct((4, 1024, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P("fsdp")))
+  reduce = jax.shard_map(two_stages, mesh=mesh, in_specs=P("fsdp"), out_specs=P("fsdp"), check_vma=False)
+  summary = hlo.collectives(jax.jit(reduce).lower(parts).compile().as_text())
+  assert [c.bytes for c in summary.collectives] == [1 << 20, 1 << 19]  # half of 2 MiB, then half of 1 MiB
