@@ -208,6 +208,10 @@ RLJAX_KEYS = {
     "reward_model.overlong_buffer.len": "DAPO overlong buffer length in tokens",
     "reward_model.overlong_buffer.penalty_factor": "DAPO overlong penalty factor",
     "reward_model.overlong_buffer.log": "log the overlong penalty per sample",
+    "data.gen_batch_size": "DAPO recipe: prompts per generation round of dynamic sampling (algorithm.filter_groups)",
+    "algorithm.filter_groups.enable": "DAPO recipe: dynamic sampling, keeping only prompt groups whose metric varies",
+    "algorithm.filter_groups.metric": "DAPO recipe: acc, score (reward-function extra info), seq_reward or seq_final_reward",
+    "algorithm.filter_groups.max_num_gen_batches": "DAPO recipe: generation rounds per step before giving up (<= 0: no limit)",
     "reward_model.prime.num_workers": "processes of the prime reward manager (null = CPU count)",
     "reward_model.prime.timeout_s": "per-sample scorer timeout of the prime reward manager",
     "data.dataloader_num_workers": "grain worker processes (verl's key; rljax defaults to 0, in-process)",
@@ -286,7 +290,7 @@ def _follow(node: ConfigDict, key: str) -> FieldReference:
 
 
 def _data() -> ConfigDict:
-  return ConfigDict({
+  data = ConfigDict({
       "tokenizer": _null(str),
       "use_shm": False,
       "train_files": "~/data/rlhf/gsm8k/train.parquet",
@@ -314,6 +318,8 @@ def _data() -> ConfigDict:
       "trust_remote_code": True,
       "custom_cls": {"path": _null(str), "name": _null(str)},
   })
+  data.gen_batch_size = _follow(data, "train_batch_size")
+  return data
 
 
 def _optim(lr: float, weight_decay: float) -> ConfigDict:
@@ -606,6 +612,7 @@ def _algorithm() -> ConfigDict:
       },
       "use_pf_ppo": False,
       "pf_ppo": {"reweight_method": "pow", "weight_pow": 2.0},
+      "filter_groups": {"enable": False, "metric": _null(str), "max_num_gen_batches": 0},
       "rollout_is": False,
       "rollout_is_threshold": _null(float),
       "rollout_is_threshold_lower": _null(float),
@@ -1079,6 +1086,26 @@ def _check_sampling(config: ConfigDict) -> None:
   _check_enum(config, "actor_rollout_ref.model.attention_kernel", ("auto",) + attention.KERNELS)
 
 
+def _check_dynamic_sampling(config: ConfigDict) -> None:
+  """DAPO's dynamic sampling: a metric to filter on, and data.gen_batch_size only where it is used."""
+  groups, data = config.algorithm.filter_groups, config.data
+  _check_positive(config, "data.gen_batch_size")
+  if not groups.enable:
+    _check(data.gen_batch_size == data.train_batch_size, "data.gen_batch_size", data.gen_batch_size,
+           f"differs from data.train_batch_size ({data.train_batch_size}) but only dynamic sampling uses it",
+           "set algorithm.filter_groups.enable=true (and its metric), or drop data.gen_batch_size")
+    return
+  _check(isinstance(groups.metric, str) and bool(groups.metric), "algorithm.filter_groups.metric", groups.metric,
+         "dynamic sampling needs the per-response value whose spread decides which groups to keep",
+         "set algorithm.filter_groups.metric=acc (or score, seq_reward, seq_final_reward)")
+  _check(not (groups.metric == "seq_final_reward" and config.algorithm.use_kl_in_reward),
+         "algorithm.filter_groups.metric", groups.metric,
+         "the final reward with use_kl_in_reward needs old and reference log-probs of every generated response, "
+         "which rljax computes after filtering", "use algorithm.filter_groups.metric=seq_reward (the score)")
+  _check(isinstance(groups.max_num_gen_batches, int), "algorithm.filter_groups.max_num_gen_batches",
+         groups.max_num_gen_batches, "must be an integer", "set it to 0 for no limit")
+
+
 def _check_algorithm(config: ConfigDict) -> None:
   alg, actor = config.algorithm, config.actor_rollout_ref.actor
   _check_enum(config, "algorithm.adv_estimator", ADV_ESTIMATORS)
@@ -1299,6 +1326,7 @@ def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
   _check_batches(config, world_size)
   _check_sampling(config)
   _check_algorithm(config)
+  _check_dynamic_sampling(config)
   _check_optim(config)
   _check_trainer(config)
   _check_reward_model(config)

@@ -359,6 +359,11 @@ def test_experiment_files_change_what_their_algorithm_needs():
   assert dapo.reward_model.overlong_buffer.enable
   assert dapo.reward_model.overlong_buffer.len == dapo.data.max_response_length // 4
   assert not dapo.actor_rollout_ref.actor.use_kl_loss and not dapo.algorithm.use_kl_in_reward
+  assert dapo.algorithm.filter_groups.enable and dapo.algorithm.filter_groups.metric == "acc"
+  assert dapo.algorithm.filter_groups.max_num_gen_batches == 10
+  assert dapo.data.gen_batch_size == 3 * dapo.data.train_batch_size
+  C.apply_overrides(dapo, ["data.train_batch_size=8"])
+  assert dapo.data.gen_batch_size == 24  # follows the train batch, as the recipe's gen_prompt_bsz does
   assert experiment("gspo").actor_rollout_ref.actor.policy_loss.loss_mode == "gspo"
   ppo = experiment("ppo")
   assert ppo.algorithm.adv_estimator == "gae" and ppo.actor_rollout_ref.rollout.n == 1

@@ -220,6 +220,16 @@ def ensure_config_data(config: Any) -> None:
       synthetic.maybe_generate_default(path)
 
 
+def prompts_per_batch(config: Any) -> int:
+  """Prompts per training-data batch: data.gen_batch_size (one generation round) under DAPO's dynamic
+  sampling (algorithm.filter_groups.enable), else data.train_batch_size."""
+  data = config.data
+  groups = config_get(config_get(config, "algorithm", {}), "filter_groups", {})
+  if config_get(groups, "enable", False):
+    return int(data.gen_batch_size)
+  return int(data.train_batch_size)
+
+
 def make_train_iterator(config: Any, tokenizer: tokenization.Tokenizer,
                         process_index: int = 0,
                         process_count: int = 1) -> BatchIterator:
@@ -232,8 +242,8 @@ def make_train_iterator(config: Any, tokenizer: tokenization.Tokenizer,
     process_count: `jax.process_count()`.
 
   Returns:
-    A BatchIterator of dicts: input_ids, attention_mask, position_ids
-    [B / process_count, P] int32 and [B / process_count] object arrays for
+    A BatchIterator of dicts (B = `prompts_per_batch(config)`): input_ids,
+    attention_mask, position_ids [B / process_count, P] int32 and [B / process_count] object arrays for
     the other keys (data_source, reward_model, extra_info, index,
     raw_prompt_ids, ...).
   """
@@ -242,7 +252,7 @@ def make_train_iterator(config: Any, tokenizer: tokenization.Tokenizer,
   dataset = dataset_lib.make_dataset(
       data.train_files, tokenizer, data,
       max_samples=int(config_get(data, "train_max_samples", -1)))
-  batch_size = int(data.train_batch_size)
+  batch_size = prompts_per_batch(config)
   batches = batch_dataset(
       dataset, batch_size,
       num_epochs=int(config_get(config.trainer, "total_epochs", 1)),

@@ -6,7 +6,8 @@
 - prime: scores them in a process pool; a sample that runs past the
   per-sample timeout, or whose process dies, scores 0 and is counted.
 - dapo: naive plus DAPO's overlong penalty
-  (`reward_model.overlong_buffer.{enable, len, penalty_factor, log}`).
+  (`reward_model.overlong_buffer.{enable, len, penalty_factor, log}`); a
+  plain score is also reported as "acc" (verl's, for dynamic sampling).
 - batch: one call of the user function on the whole batch.
 
 Calling a manager:
@@ -282,6 +283,16 @@ class DAPORewardManager(RewardManager):
     self.overlong_len = overlong_len
     self.overlong_penalty_factor = overlong_penalty_factor
     self.overlong_log = overlong_log
+
+  def gather(self, outcomes: Sequence[pool_lib.Outcome]
+             ) -> tuple[np.ndarray, dict[str, list[Any]], dict[str, float]]:
+    """verl's dapo manager: a plain (float) score is also the row's "acc"; a dict score brings its own keys."""
+    scores, extra, metrics = super().gather(outcomes)
+    plain = [not isinstance(o.value, Mapping) for o in outcomes]
+    if any(plain):
+      given = extra.get("acc", [float("nan")] * len(outcomes))
+      extra["acc"] = [float(s) if p else a for s, p, a in zip(scores, plain, given)]
+    return scores, extra, metrics
 
   def __call__(self, batch: Mapping[str, Any]) -> RewardResult:
     result = super().__call__(batch)

@@ -92,9 +92,10 @@ def run_steps(job: Any, total_steps: int, validation_due: Callable[[int], bool],
               save_due: Callable[[int], bool]) -> dict[str, float]:
   """The training loop both trainers (RL and SFT) run, with its fault handling.
 
-  Steps `job` until `job.step == total_steps`, the data ends or SIGTERM
-  arrives: each step's metrics are checked for NaN/Inf (`check_finite`),
-  joined by validation metrics when `validation_due(step)`, and logged;
+  Steps `job` until `job.step == total_steps`, the data ends (also inside a
+  step that draws more batches) or SIGTERM arrives: each step's metrics are
+  checked for NaN/Inf (`check_finite`), joined by validation metrics when
+  `validation_due(step)`, and logged;
   a checkpoint is saved when `save_due(step)`, on SIGTERM (then the loop
   stops), and after the last step if that one was not saved. Waits for
   asynchronous saves and closes the tracker before it returns.
@@ -115,7 +116,12 @@ def run_steps(job: Any, total_steps: int, validation_due: Callable[[int], bool],
         batch = next(job.train_iter)
       except StopIteration:
         break
-      metrics = job.train_step(batch)
+      try:
+        metrics = job.train_step(batch)
+      except StopIteration:  # the step asked for more data (dynamic sampling) and the data ended
+        _LOG.warning("the training data ended inside step %d, before it had a full batch: not trained",
+                     job.step + 1)
+        break
       check_finite(metrics, job.step + 1)
       job.step += 1
       if validation_due(job.step):

@@ -56,7 +56,9 @@ from rljax.algos import rollout_corr
 from rljax.models import lora as lora_lib
 from rljax.rewards import managers
 from rljax.rollout import SamplingParams, factory as rollout_factory
-from rljax.trainer import checkpointing, faults, metrics as metrics_lib, policy, steps as steps_lib, tracking
+from rljax.trainer import checkpointing, dynamic_sampling, faults, metrics as metrics_lib, policy, steps as steps_lib
+from rljax.trainer import tracking
+from rljax.trainer.dynamic_sampling import COMPONENT_PREFIX
 from rljax.trainer.layout import balance_order, make_layout
 from rljax.trainer.optim import make_optimizer, make_schedule
 from rljax.trainer.reward_model import ModelReward
@@ -76,8 +78,6 @@ class Stream(enum.IntEnum):
   ACTOR_UPDATE = 5
   VALIDATION = 6
 
-
-COMPONENT_PREFIX = "reward_extra/"
 
 
 def reward_components(extra_info: dict[str, Any], rows: int) -> dict[str, np.ndarray]:
@@ -101,17 +101,18 @@ def gdpo_components(rows: dict[str, np.ndarray], alg: ConfigDict) -> dict[str, n
   return components
 
 
-def dump_generations(directory: str, step: int, records: list[dict[str, Any]]) -> str:
+def dump_generations(directory: str, step: int, records: list[dict[str, Any]], append: bool = False) -> str:
   """verl's trainer.rollout_data_dir / validation_data_dir dump, one record per row.
 
   Every process writes the rows it holds: DIR/<step>.jsonl in a one-process
-  job, DIR/<step>.process<k>.jsonl in a multi-host one.
+  job, DIR/<step>.process<k>.jsonl in a multi-host one; `append` adds to
+  the file (a step's later generation rounds under dynamic sampling).
   """
   directory = os.path.expanduser(directory)
   os.makedirs(directory, exist_ok=True)
   suffix = f".process{jax.process_index()}" if jax.process_count() > 1 else ""
   path = os.path.join(directory, f"{step}{suffix}.jsonl")
-  with open(path, "w", encoding="utf-8") as f:
+  with open(path, "a" if append else "w", encoding="utf-8") as f:
     for record in records:
       f.write(json.dumps({**record, "step": step}, ensure_ascii=False) + "\n")
   return path
@@ -262,10 +263,12 @@ class RLTrainer:
     per_prompt[greedy.prompt_index] = self._score(batch, greedy).reward_tensor.sum(-1)
     return per_prompt[idx]
 
-  def _rollout(self, batch: dict[str, Any], timing: dict[str, float]) -> dict[str, np.ndarray]:
+  def _rollout(self, batch: dict[str, Any], timing: dict[str, float], round_index: int = 0) -> dict[str, np.ndarray]:
+    """Responses to `batch`, scored: the rows of one generation round (the step's first unless dynamic
+    sampling needs more)."""
     with timed(timing, "gen"):
       rollout = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"],
-                                      self.layout.n, self._key(Stream.ROLLOUT))
+                                      self.layout.n, self._key(Stream.ROLLOUT, *([round_index] if round_index else [])))
     idx = rollout.prompt_index
     rows = make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
                           rollout.response_mask)
@@ -281,8 +284,30 @@ class RLTrainer:
       rows["reward_baselines"] = self._greedy_baselines(batch, idx, timing)
     if self.config.trainer.rollout_data_dir:
       dump_generations(self.config.trainer.rollout_data_dir, self.step + 1, self._records(
-          batch, idx, rollout.responses, rollout.response_mask, rows["token_level_scores"].sum(-1)))
+          batch, idx, rollout.responses, rollout.response_mask, rows["token_level_scores"].sum(-1)),
+          append=round_index > 0)
     return rows
+
+  def _kept_groups(self, batch: dict[str, Any], timing: dict[str, float], step_metrics: dict) -> dict[str, np.ndarray]:
+    """DAPO's dynamic sampling (`rljax.trainer.dynamic_sampling`): generation rounds, each on the next
+    data.gen_batch_size prompts, until data.train_batch_size groups whose filter metric varies are kept."""
+    groups = self.config.algorithm.filter_groups
+    wanted = self.config.data.train_batch_size
+    kept_rounds, kept, dropped, rounds = [], 0, 0, 0
+    while kept < wanted:
+      if rounds:
+        if 0 < groups.max_num_gen_batches <= rounds:
+          raise ValueError(dynamic_sampling.too_many_rounds(rounds, groups.max_num_gen_batches))
+        batch = next(self.train_iter)
+      rows = self._rollout(batch, timing, rounds)
+      rounds += 1
+      keep = dynamic_sampling.kept_rows(dynamic_sampling.metric_values(rows, groups.metric), rows["group"])
+      kept_rounds.append({k: v[keep] for k, v in rows.items()})
+      kept += int(keep.sum()) // self.layout.n
+      dropped += int((~keep).sum()) // self.layout.n
+    step_metrics.update({"train/num_gen_batches": float(rounds), "train/kept_groups": float(kept),
+                         "train/filtered_groups": float(dropped)})
+    return dynamic_sampling.join_rounds(kept_rounds, wanted, self.layout.n)
 
   def _experience(self, rows: dict[str, np.ndarray], timing: dict[str, float], step_metrics: dict) -> None:
     """Adds old/ref log-probs, values, rewards, advantages and returns to `rows`."""
@@ -375,7 +400,10 @@ class RLTrainer:
     timing: dict[str, float] = {}
     step_metrics: dict[str, Any] = {}
     with timed(timing, "step"):
-      rows = self._rollout(batch, timing)
+      if self.config.algorithm.filter_groups.enable:
+        rows = self._kept_groups(batch, timing, step_metrics)
+      else:
+        rows = self._rollout(batch, timing)
       if self.config.trainer.balance_batch and self.data_parallel > 1:
         order = balance_order(rows["attention_mask"].sum(-1), self.data_parallel, self.layout.group)
         rows = {k: v[order] for k, v in rows.items()}

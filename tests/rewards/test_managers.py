@@ -194,6 +194,13 @@ def test_dapo_manager_adds_penalty_and_logs():
     rewards.make_reward_manager(config)
 
 
+def test_dapo_manager_reports_a_plain_score_as_acc_as_verl_does():
+  result = rewards.make_reward_manager(reward_config("dapo"))(make_batch(["7", "8"], ["7", "7"], lengths=[3, 3]))
+  assert result.reward_extra_info["acc"] == [1.0, 0.0]
+  assert "acc" not in rewards.make_reward_manager(reward_config("naive"))(
+      make_batch(["7"], ["7"], lengths=[3])).reward_extra_info
+
+
 def test_unknown_manager_lists_names():
   with pytest.raises(ValueError, match="batch.*dapo.*naive.*prime"):
     rewards.make_reward_manager(reward_config("fancy"))
