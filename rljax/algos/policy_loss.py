@@ -11,7 +11,8 @@ with `[B, T]` float arrays, `config` the actor config node
 ActorConfig), `rollout_is_weights` an optional `[B, T]` weight multiplied into
 the per-token loss before aggregation, `global_batch_info` the
 `agg_loss` keywords (`dp_size, batch_num_tokens, global_batch_size,
-loss_scale_factor`) for micro-batches, and `rng` a `jax.random` key (used by
+loss_scale_factor`) for micro-batches (when None, `config.global_batch_info`
+as verl's losses read it), and `rng` a `jax.random` key (used by
 `clip_cov` only). `metrics` holds float32 scalars under verl's names
 (`actor/pg_clipfrac`, `actor/ppo_kl`, `actor/pg_clipfrac_lower`).
 
@@ -89,8 +90,16 @@ def _with_is_weights(pg_losses, rollout_is_weights):
   return pg_losses * jax.lax.stop_gradient(rollout_is_weights)
 
 
-def _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info):
-  return agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+def batch_info(global_batch_info: Mapping | None, config: Any) -> Mapping:
+  """The `agg_loss` keywords: the `global_batch_info` keyword when given, else the config's
+  `global_batch_info` (verl's losses read `config.global_batch_info`), else none (normalise locally)."""
+  if global_batch_info is not None:
+    return global_batch_info
+  return config_get(config, "global_batch_info") or {}
+
+
+def _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, config):
+  return agg_loss(pg_losses, response_mask, loss_agg_mode, **batch_info(global_batch_info, config))
 
 
 def _frac(condition, response_mask):
@@ -182,7 +191,7 @@ def compute_policy_loss_vanilla(
   l3 = -advantages * clip_c
   c2 = jnp.minimum(l3, c1)
   pg_losses = _with_is_weights(jnp.where(advantages < 0, c2, c1), rollout_is_weights)
-  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info)
+  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, config)
   return pg_loss, _clip_metrics(
       _frac(l2 > l1, response_mask),
       masked_mean(-lrc, response_mask),
@@ -213,7 +222,7 @@ def _dppo_loss(
   valid = jax.lax.stop_gradient(valid.astype(jnp.float32))
   pg_losses = -advantages * truncated * log_prob * valid
   pg_losses = _with_is_weights(pg_losses, rollout_is_weights)
-  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info)
+  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, config)
   return pg_loss, _clip_metrics(
       masked_mean(1.0 - valid, response_mask),
       masked_mean(-lrc, response_mask),
@@ -359,7 +368,7 @@ def compute_policy_loss_gspo(
   seq_ratio = jnp.exp(jnp.minimum(log_seq_ratio, 10.0))
   l1, l2 = _ppo_clip_terms(advantages, seq_ratio, low, high)
   pg_losses = _with_is_weights(jnp.maximum(l1, l2), rollout_is_weights)
-  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info)
+  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, config)
   return pg_loss, _clip_metrics(
       _frac(l2 > l1, response_mask),
       masked_mean(-log_ratio, response_mask),
@@ -402,7 +411,7 @@ def compute_policy_loss_sapo(
   gate = jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
   pg_losses = _with_is_weights(-gate * advantages, rollout_is_weights)
   pg_loss = _aggregate(
-      pg_losses, response_mask, "seq-mean-token-mean", global_batch_info
+      pg_losses, response_mask, "seq-mean-token-mean", global_batch_info, config
   )
   return pg_loss, _clip_metrics(
       jnp.float32(0.0), masked_mean(-lrc, response_mask), jnp.float32(0.0)
@@ -424,12 +433,12 @@ def compute_policy_loss_gpg(
 ) -> tuple[jax.Array, Metrics]:
   """GPG: plain policy gradient, `L = -log_prob · A [· w]` -> agg_loss.
 
-  Metrics: `{}` (as verl). `old_log_prob`, `config` and `rng` are unused.
+  Metrics: `{}` (as verl). `old_log_prob` and `rng` are unused.
   """
-  del old_log_prob, config, rng
+  del old_log_prob, rng
   log_prob, advantages = _zero_padding(response_mask, log_prob, advantages)
   pg_losses = _with_is_weights(-log_prob * advantages, rollout_is_weights)
-  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info)
+  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, config)
   return pg_loss, {}
 
 
@@ -509,7 +518,7 @@ def compute_policy_loss_clip_cov(
   )
   corr = 1.0 - detach.astype(log_prob.dtype)
   pg_losses = _with_is_weights(jnp.maximum(l1, l2) * corr, rollout_is_weights)
-  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info)
+  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, config)
   return pg_loss, {
       "actor/pg_clipfrac": _frac(detach, response_mask),
       "actor/ppo_kl": masked_mean(-log_ratio, response_mask),
@@ -580,7 +589,7 @@ def compute_policy_loss_kl_cov(
   lkl = l1 + ppo_kl_coef * abs_kl
   select = kl_cov_select_mask(advantages, log_prob, response_mask, kl_cov_ratio)
   pg_losses = _with_is_weights(jnp.where(select, lkl, l1), rollout_is_weights)
-  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info)
+  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, config)
   return pg_loss, {"actor/ppo_kl": masked_mean(abs_kl, response_mask)}
 
 
@@ -668,7 +677,7 @@ def compute_policy_loss_dro(
   log_ratio = log_prob - old_log_prob
   pg_losses = -(log_prob * advantages - 0.5 * beta * log_ratio**2)
   pg_losses = _with_is_weights(pg_losses, rollout_is_weights)
-  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info)
+  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, config)
   return pg_loss, {"actor/ppo_kl": masked_mean(-log_ratio, response_mask)}
 
 
@@ -701,7 +710,7 @@ def compute_policy_loss_cispo(
   clipped_ratio = jnp.clip(ratio, 1 - low, 1 + high)
   pg_losses = -jax.lax.stop_gradient(clipped_ratio) * advantages * log_prob
   pg_losses = _with_is_weights(pg_losses, rollout_is_weights)
-  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info)
+  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, config)
   return pg_loss, _clip_metrics(
       _frac(ratio != clipped_ratio, response_mask),
       masked_mean(-lrc, response_mask),
@@ -724,12 +733,11 @@ def compute_policy_loss_reinforce(
 
     L = -A · log_prob [· w]  -> agg_loss,  ppo_kl = masked_mean(rollout_log_prob - log_prob)
   """
-  del config
   rollout_log_prob, log_prob, advantages = _zero_padding(
       response_mask, rollout_log_prob, log_prob, advantages
   )
   pg_losses = _with_is_weights(-advantages * log_prob, rollout_is_weights)
-  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info)
+  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, config)
   return pg_loss, {
       "actor/ppo_kl": masked_mean(-(log_prob - rollout_log_prob), response_mask)
   }
@@ -835,7 +843,7 @@ def compute_policy_loss_aipo(
   )
   lrc, ratio = _ratio(log_prob, old_log_prob)
   pg_losses = _with_is_weights(-jnp.minimum(ratio, rho) * advantages, rollout_is_weights)
-  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info)
+  pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, global_batch_info, config)
   return pg_loss, _clip_metrics(
       _frac(ratio > rho, response_mask),
       masked_mean(-lrc, response_mask),
@@ -920,13 +928,13 @@ def ppo_loss(
     rollout_is_weights: optional `[B, T]` rollout-correction weights.
     positive: optional bool `[B]` marking positive examples.
     global_batch_info: `dp_size, batch_num_tokens, global_batch_size` of the
-      mini-batch (see `agg_loss`); None normalises locally.
+      mini-batch (see `agg_loss`); None reads `config.global_batch_info`, and without one normalises locally.
     rng: `jax.random` key for `clip_cov`.
 
   Returns:
     `(loss, metrics)`.
   """
-  info = dict(global_batch_info or {})
+  info = dict(batch_info(global_batch_info, config))
   info["loss_scale_factor"] = config_get(config, "loss_scale_factor")
   mode = config_get(config, "loss_agg_mode", "token-mean")
   loss_mode = config_get(config_get(config, "policy_loss"), "loss_mode", "vanilla")

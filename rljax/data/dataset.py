@@ -165,6 +165,13 @@ class RLHFDataset:
     self._file_ends = np.cumsum([parquet.num_rows(f) for f in self.data_files])
     parquet.check_columns(table, (self.prompt_key, *parquet.REQUIRED_COLUMNS),
                           source=", ".join(self.data_files))
+    for key in ("image_key", "video_key"):
+      column = config_get(config, key)
+      row = first_media_row(table, column)
+      if row is not None:  # training on the prompts without their media would be a different task
+        raise ValueError(f"{self.describe_row(row)}: column {column!r} (data.{key}) holds media, and rljax's "
+                         f"models read text only (multimodal training is not implemented). Fix: drop the "
+                         f"{column!r} column, or train on text-only data.")
     if table.num_rows == 0:
       raise ValueError(f"dataset {self.data_files} has no rows")
     rows = select_samples(table.num_rows, max_samples,
@@ -228,6 +235,17 @@ class RLHFDataset:
       row["raw_input_ids"] = np.asarray(tokenization.encode_text(
           self.tokenizer, "\n".join(m["content"] for m in messages)), np.int32)
     return row
+
+
+def first_media_row(table: Any, column: str | None) -> int | None:
+  """The first row whose media column `column` (data.image_key / data.video_key) holds anything (None: none
+  does, or there is no such column)."""
+  if not column or column not in table.column_names:
+    return None
+  for row, value in enumerate(table.column(column).to_pylist()):
+    if value is not None and not (hasattr(value, "__len__") and len(value) == 0):
+      return row
+  return None
 
 
 def collate(items: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:

@@ -686,3 +686,22 @@ def test_positive_nll_loss_hand_case():
   got = pl.positive_nll_loss(lp, m, jnp.array([True, False]))
   close(got, (math.log(2) + math.log(4)) / 2)
   close(pl.positive_nll_loss(lp, m, jnp.array([False, False])), 0.0)
+
+
+@pytest.mark.parametrize("name", VERL_NAMES + ["aipo"])
+def test_losses_read_global_batch_info_from_the_config_as_verl_does(name):
+  rng = np.random.default_rng(0)
+  shape = (4, 6)
+  old, new = (jnp.asarray(rng.normal(-1.0, 0.3, shape), jnp.float32) for _ in range(2))
+  adv = jnp.asarray(rng.normal(size=shape), jnp.float32)
+  mask = jnp.asarray(rng.random(shape) > 0.3, jnp.float32)
+  info = {"dp_size": 2, "batch_num_tokens": 40.0, "global_batch_size": 16, "loss_scale_factor": None}
+  cfg = make_config(loss_agg_mode="seq-mean-token-sum")
+  fn = pl.get_policy_loss(name)
+  keyword = fn(old, new, adv, mask, "seq-mean-token-sum", cfg, global_batch_info=info, rng=jax.random.key(0))[0]
+  local = fn(old, new, adv, mask, "seq-mean-token-sum", cfg, rng=jax.random.key(0))[0]
+  cfg.global_batch_info = info
+  from_config = fn(old, new, adv, mask, "seq-mean-token-sum", cfg, rng=jax.random.key(0))[0]
+  np.testing.assert_allclose(from_config, keyword, rtol=1e-6)
+  if name not in ("sapo", "geo_mean"):  # as verl's: seq-mean-token-mean (no batch info), a plain mean
+    assert not np.isclose(float(local), float(keyword))

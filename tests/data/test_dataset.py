@@ -231,3 +231,13 @@ def test_custom_cls_from_file(tmp_path, tokenizer):
     data.make_dataset(path, tokenizer, data_config(
         custom_cls={"path": os.path.join(tmp_path, "absent.py"),
                     "name": "X"}))
+
+
+def test_media_columns_are_an_error_naming_the_row_not_silently_dropped(tmp_path, tokenizer):
+  rows = [dict(prompt_row(i, 2), images=[]) for i in range(3)]
+  text_only = write_rows(tmp_path / "a.parquet", rows)
+  assert len(data.make_dataset(text_only, tokenizer, data_config(max_prompt_length=8))) == 3
+  rows[2]["images"] = [{"bytes": b"\x89PNG"}]
+  with_images = write_rows(tmp_path / "b.parquet", rows)
+  with pytest.raises(ValueError, match=r"b.parquet row 2: column 'images' \(data.image_key\) holds media"):
+    data.make_dataset([text_only, with_images], tokenizer, data_config(max_prompt_length=8))
