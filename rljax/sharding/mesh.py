@@ -19,8 +19,9 @@ parameters and optimizer state sharded), `tensor` (tensor parallel),
 * tensor: `actor_rollout_ref.actor.tensor_model_parallel_size`;
 * sequence: `actor_rollout_ref.actor.ulysses_sequence_parallel_size`;
 * fsdp: `actor_rollout_ref.actor.fsdp_config.fsdp_size` (-1: every device
-  left after tensor and sequence);
-* data: whatever is left.
+  left after tensor and sequence, within one slice when the devices span
+  several TPU slices);
+* data: whatever is left (across the slices, with fsdp_size=-1).
 """
 
 from __future__ import annotations
@@ -43,8 +44,14 @@ _SEQUENCE_KEY = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
 _FSDP_KEY = "actor_rollout_ref.actor.fsdp_config.fsdp_size"
 
 
-def mesh_shape(config: ConfigDict, device_count: int) -> dict[str, int]:
-  """Axis sizes {data, fsdp, tensor, sequence} for `device_count` devices.
+def mesh_shape(config: ConfigDict, device_count: int, slices: int = 1) -> dict[str, int]:
+  """Axis sizes {data, fsdp, tensor, sequence} for `device_count` devices in `slices` TPU slices.
+
+  fsdp_size=-1 takes the devices left after tensor x sequence in one slice
+  (all of them when one slice cannot hold the rest evenly), so that the
+  weight gathers and gradient reduce-scatters stay on a slice's own
+  interconnect and only the data axis crosses the data-center network, as
+  MaxText's multislice default does.
 
   Raises:
     ConfigError: naming the keys, when the sizes do not factor the devices.
@@ -60,7 +67,7 @@ def mesh_shape(config: ConfigDict, device_count: int) -> dict[str, int]:
         f"choose sizes whose product divides {device_count}")
   rest = device_count // model
   if fsdp == -1:
-    fsdp = rest
+    fsdp = rest // slices if rest % slices == 0 else rest
   if fsdp < 1 or rest % fsdp:
     raise config_lib.ConfigError(
         _FSDP_KEY, fsdp,
@@ -90,10 +97,8 @@ def slice_shape(sizes: Sequence[int], slices: int) -> tuple[int, ...]:
 
   Several TPU slices (`--num_slices`, multislice) talk over the data-center
   network, much slower than a slice's own interconnect, so the axes that
-  communicate least (data parallel, then the fsdp gathers) span them; with
-  the default fsdp_size=-1 fsdp spans the slices, and
-  actor_rollout_ref.actor.fsdp_config.fsdp_size = chips per slice keeps it
-  within one.
+  communicate least (data parallel, then the fsdp gathers) span them; the
+  default fsdp_size=-1 leaves fsdp within a slice (`mesh_shape`).
 
   Raises:
     ValueError: naming the axis sizes when the slices do not factor over them.
@@ -131,7 +136,8 @@ def make_mesh(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -
       sees, or the axis sizes do not factor it.
   """
   devices = job_devices(config, devices)
-  return build_mesh(mesh_shape(config, len(devices)), devices)
+  slices = len({getattr(d, "slice_index", 0) for d in devices})
+  return build_mesh(mesh_shape(config, len(devices), slices), devices)
 
 
 def check_model_fits(mesh: Mesh, num_heads: int, num_kv_heads: int, key: str = _TENSOR_KEY) -> None:

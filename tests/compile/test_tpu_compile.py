@@ -71,11 +71,11 @@ def test_two_slices_span_the_outermost_axes_that_they_divide(model_dir):
   devices = topology.devices(topology.parse("v5p-8", num_slices=2))
   config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),
                    [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES], device_count=len(devices))
-  mesh = sharding.make_mesh(config, devices=devices)  # fsdp_size=-1: fsdp over all 8 chips, across the slices
-  assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1, "sequence": 1}
-  assert [{d.slice_index for d in half} for half in mesh.devices.reshape(2, 4)] == [{0}, {1}]
-  per_slice = sharding.build_mesh({"data": 2, "fsdp": 4, "tensor": 1, "sequence": 1}, devices)
-  assert [{d.slice_index for d in row.flat} for row in per_slice.devices] == [{0}, {1}]
+  mesh = sharding.make_mesh(config, devices=devices)  # fsdp_size=-1: fsdp within a slice, data across them
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1, "sequence": 1}
+  assert [{d.slice_index for d in row.flat} for row in mesh.devices] == [{0}, {1}]
+  across = sharding.build_mesh({"data": 1, "fsdp": 8, "tensor": 1, "sequence": 1}, devices)  # fsdp_size=8
+  assert [{d.slice_index for d in half} for half in across.devices.reshape(2, 4)] == [{0}, {1}]
   assert sharding.mesh.slice_shape((2, 4, 1, 1), 2) == (2, 1, 1, 1)
   with pytest.raises(ValueError, match="3 slices do not factor"):
     sharding.mesh.slice_shape((2, 4, 1, 1), 3)
