@@ -19,7 +19,10 @@ Three tables say what each key means in rljax:
 replacements and warns once. `validate()` checks every cross-key rule before
 any work starts and raises `ConfigError`, which names the key, the bad value
 and the fix. `apply_overrides()` reads both override syntaxes
-(`--config.a.b=v` and verl's `a.b=v`) with one parser, so they agree.
+(`--config.a.b=v` and verl's `a.b=v`) with one parser, so they agree, and
+Hydra's `+a.b=v`, `++a.b=v` and `~a.b`. `VERL_FREE_FORM` maps the entries
+of verl's free-form dictionaries (DAPO's `reward_kwargs`, HF fields of
+`override_config`) onto rljax's keys.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from __future__ import annotations
 import difflib
 import logging
 import math
+import os
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 from ml_collections import ConfigDict, FieldReference
@@ -106,10 +110,10 @@ IGNORED_KEYS = {
     "actor_rollout_ref.rollout.max_num_batched_tokens": "vLLM scheduler budget; prefill runs per request bucket",
     "actor_rollout_ref.rollout.enable_chunked_prefill": "vLLM option",
     "actor_rollout_ref.rollout.disable_log_stats": "vLLM option",
-    "actor_rollout_ref.rollout.use_fire_sampling": "not implemented by the JetStream engine",
+    "actor_rollout_ref.rollout.use_fire_sampling": "not implemented by the JetStream engine (true is an error)",
     "actor_rollout_ref.rollout.engine_kwargs.*": "vLLM/SGLang engine arguments",
     "actor_rollout_ref.rollout.agent.*": "Ray async server classes",
-    "actor_rollout_ref.rollout.multi_turn.*": "multi-turn tool rollouts are not available yet",
+    "actor_rollout_ref.rollout.multi_turn.*": "multi-turn tool rollouts are not available yet (enable=true is an error)",
     "critic.strategy": "FSDP/Megatron choice",
     "critic.model.external_lib": "registers PyTorch/HF classes",
     "critic.model.trust_remote_code": "rljax runs no model code from checkpoints",
@@ -135,8 +139,8 @@ IGNORED_KEYS = {
     "reward_model.sandbox_fusion.*": "remote code sandboxes are not called; no scorer runs model output as code",
     "data.use_shm": "shared-memory loading for Ray workers",
     "data.trust_remote_code": "tokenizers run no remote code",
-    "data.image_key": "multimodal data is not supported yet",
-    "data.video_key": "multimodal data is not supported yet",
+    "data.image_key": "multimodal data is not supported yet (data with that column filled is an error)",
+    "data.video_key": "multimodal data is not supported yet (data with that column filled is an error)",
     "ray_init.*": "no Ray: one JAX program per host",
     "trainer.ray_wait_register_center_timeout": "no Ray",
     "trainer.profile_steps": "Nsight profiling; use jax.profiler instead",
@@ -208,6 +212,7 @@ RLJAX_KEYS = {
     "reward_model.overlong_buffer.len": "DAPO overlong buffer length in tokens",
     "reward_model.overlong_buffer.penalty_factor": "DAPO overlong penalty factor",
     "reward_model.overlong_buffer.log": "log the overlong penalty per sample",
+    "reward_model.overlong_buffer.max_resp_len": "DAPO recipe's max_resp_len (verl's reward_kwargs.max_resp_len); checked equal to data.max_response_length",
     "data.gen_batch_size": "DAPO recipe: prompts per generation round of dynamic sampling (algorithm.filter_groups)",
     "algorithm.filter_groups.enable": "DAPO recipe: dynamic sampling, keeping only prompt groups whose metric varies",
     "algorithm.filter_groups.metric": "DAPO recipe: acc, score (reward-function extra info), seq_reward or seq_final_reward",
@@ -215,6 +220,16 @@ RLJAX_KEYS = {
     "reward_model.prime.num_workers": "processes of the prime reward manager (null = CPU count)",
     "reward_model.prime.timeout_s": "per-sample scorer timeout of the prime reward manager",
     "data.dataloader_num_workers": "grain worker processes (verl's key; rljax defaults to 0, in-process)",
+}
+
+# Accepted keys whose non-default value would change the run: key -> (what rljax lacks, the fix).
+UNIMPLEMENTED_VALUES = {
+    "actor_rollout_ref.rollout.multi_turn.enable": (
+        "multi-turn tool rollouts are not implemented: the run would roll out single turns",
+        "set actor_rollout_ref.rollout.multi_turn.enable=false"),
+    "actor_rollout_ref.rollout.use_fire_sampling": (
+        "FIRE sampling (the first token at a higher temperature) is not implemented by the JetStream engine",
+        "set actor_rollout_ref.rollout.use_fire_sampling=false"),
 }
 
 # Estimators whose extra inputs the RL loop does not produce.
@@ -257,6 +272,25 @@ OPEN_DICTS = (
     "actor_rollout_ref.rollout.engine_kwargs.sglang",
     "critic.model.override_config",
 )
+# verl's free-form dictionaries whose entries rljax holds under keys of its
+# own (verl launch lines fill them with `+KEY=VALUE`); `verl_free_form_path`
+# maps an entry onto its key, or names it when rljax has none.
+VERL_FREE_FORM = {
+    "reward_model.reward_kwargs": (
+        "DAPO's reward-manager arguments: overlong_buffer_cfg.{enable, len, penalty_factor, log} are "
+        "reward_model.overlong_buffer.*, max_resp_len is reward_model.overlong_buffer.max_resp_len"),
+    "actor_rollout_ref.model.override_config": (
+        "Hugging Face config.json fields, held in actor_rollout_ref.model.override_config.model_config"),
+    "actor_rollout_ref.actor.optim.override_optimizer_config": "optimizer arguments: lr and weight_decay",
+    "critic.optim.override_optimizer_config": "optimizer arguments: lr and weight_decay",
+}
+_OVERLONG_BUFFER_KEYS = ("enable", "len", "penalty_factor", "log")
+# Optimizer arguments rljax's AdamW (rljax.trainer.optim) reads from an optim node.
+_OPTIMIZER_KWARGS = ("lr", "weight_decay")
+# Hydra's flags that pick a YAML file; --config-name alone reads it from here.
+HYDRA_CONFIG_FLAGS = ("--config-path", "--config-name")
+HYDRA_CONFIG_DIR = "configs"
+VERL_YAML_SUFFIXES = (".yaml", ".yml")
 
 _LOG = logging.getLogger("rljax.config")
 _WARNED: set[str] = set()
@@ -293,8 +327,8 @@ def _data() -> ConfigDict:
   data = ConfigDict({
       "tokenizer": _null(str),
       "use_shm": False,
-      "train_files": "~/data/rlhf/gsm8k/train.parquet",
-      "val_files": "~/data/rlhf/gsm8k/test.parquet",
+      "train_files": _any("~/data/rlhf/gsm8k/train.parquet"),
+      "val_files": _any("~/data/rlhf/gsm8k/test.parquet"),
       "train_max_samples": -1,
       "val_max_samples": -1,
       "prompt_key": "prompt",
@@ -589,6 +623,7 @@ def _reward_model(model: ConfigDict, critic: ConfigDict) -> ConfigDict:
           "len": 0,
           "penalty_factor": 0.0,
           "log": False,
+          "max_resp_len": _null(int),
       },
   })
 
@@ -765,10 +800,29 @@ def unknown_key_error(config: ConfigDict, path: str) -> ConfigError:
   return ConfigError(path, NO_VALUE, "unknown key", hint)
 
 
+# A mapping key written against its value, as Hydra allows (`{a:1}`; YAML needs `{a: 1}`).
+_GLUED_KEY = re.compile(r"([{,]\s*[A-Za-z_][\w.\-]*):(?=\S)")
+
+
+def _has_glued_key(value: Any) -> bool:
+  """Whether YAML read a Hydra `{a:1}` entry as the key 'a:1' with no value, at any depth."""
+  if isinstance(value, dict):
+    return any((isinstance(k, str) and ":" in k and v is None) or _has_glued_key(v) for k, v in value.items())
+  return isinstance(value, list) and any(_has_glued_key(v) for v in value)
+
+
 def _parse_scalar(text: str) -> Any:
-  """Parses one override value as verl's Hydra would: YAML, plus 1e-6 floats."""
+  """Parses one override value as verl's Hydra would.
+
+  YAML with OmegaConf's float rule (`1e-6`, inside lists too), and Hydra's
+  mappings without a space after the colon (`{a:1,b:2}`).
+  """
+  if not text.strip():
+    return ""
   try:
-    value = yaml.safe_load(text) if text.strip() else ""
+    value = parse_yaml(text)
+    if _has_glued_key(value):
+      value = parse_yaml(_GLUED_KEY.sub(r"\1: ", text))
   except yaml.YAMLError:
     return text
   if isinstance(value, str):
@@ -777,6 +831,15 @@ def _parse_scalar(text: str) -> Any:
         return cast(value)
       except ValueError:
         pass
+  return value
+
+
+def _unquoted_collection(value: Any) -> Any:
+  """A string that spells a list or a mapping (`"['a.parquet','b.parquet']"`, its quotes kept) as that value."""
+  if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+    parsed = _parse_scalar(value)
+    if isinstance(parsed, (list, dict)):
+      return parsed
   return value
 
 
@@ -793,6 +856,8 @@ def _field_type(parent: ConfigDict, key: str) -> type | None:
 
 def _coerce(path: str, value: Any, kind: type | None) -> Any:
   """Casts a parsed override to the field's type, or raises ConfigError."""
+  if kind in (None, list, tuple):
+    value = _unquoted_collection(value)
   if value is None or kind is None:
     return value
   if kind is bool:
@@ -826,8 +891,14 @@ def set_value(config: ConfigDict, path: str, value: Any) -> None:
   """Sets `path` to `value` (already parsed), checking key and type.
 
   Setting a field that follows another (`${...}` in verl) cuts the link:
-  from then on it keeps its own value.
+  from then on it keeps its own value. An entry of one of verl's free-form
+  dictionaries lands on the rljax key that holds it (`verl_free_form_path`).
   """
+  if isinstance(value, dict) and _in_verl_free_form(path):
+    for sub_key, sub_value in value.items():
+      set_value(config, f"{path}.{sub_key}", sub_value)
+    return
+  path = verl_free_form_path(config, path, value)
   *parents, key = path.split(".")
   node = config
   walked = []
@@ -861,22 +932,178 @@ def set_value(config: ConfigDict, path: str, value: Any) -> None:
     node[key] = value
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-  """Splits `a.b.c=value` (verl / Hydra syntax, `+` prefix allowed)."""
+def _in_verl_free_form(path: str) -> bool:
+  return any(path == root or path.startswith(root + ".") for root in VERL_FREE_FORM)
+
+
+def _section(config: ConfigDict, path: str) -> ConfigDict | None:
+  """The section at `path` (the root for ''), or None where the tree has no such section."""
+  node = config
+  for part in path.split(".") if path else ():
+    node = node.get(part) if isinstance(node, ConfigDict) else None
+  return node if isinstance(node, ConfigDict) else None
+
+
+def _reward_kwargs_path(path: str, rest: str, value: Any) -> str:
+  """`reward_model.reward_kwargs.REST` (DAPO's reward-manager arguments) as rljax's overlong-buffer key."""
+  if rest == "max_resp_len":
+    return "reward_model.overlong_buffer.max_resp_len"
+  group, _, key = rest.partition(".")
+  if group == "overlong_buffer_cfg" and key in _OVERLONG_BUFFER_KEYS:
+    return f"reward_model.overlong_buffer.{key}"
+  raise ConfigError(path, value, "is not a reward-manager argument rljax has",
+                    "reward_model.reward_kwargs takes DAPO's overlong_buffer_cfg.{enable, len, penalty_factor, log} "
+                    "and max_resp_len; give a custom reward function's arguments as "
+                    "custom_reward_function.reward_kwargs.NAME")
+
+
+def verl_free_form_path(config: ConfigDict, path: str, value: Any = NO_VALUE) -> str:
+  """The rljax key holding `path` where it is an entry of one of verl's free-form dictionaries.
+
+  `VERL_FREE_FORM` lists them: DAPO's `reward_model.reward_kwargs`, the HF
+  fields of `actor_rollout_ref.model.override_config` (held in its
+  `model_config`) and `*.optim.override_optimizer_config`. Other paths come
+  back unchanged.
+
+  Raises:
+    ConfigError: naming an entry rljax has no key for (`value` is shown).
+  """
+  root = next((r for r in VERL_FREE_FORM if path.startswith(r + ".")), None)
+  if root is None:
+    return path
+  rest = path[len(root) + 1:]
+  if root == "reward_model.reward_kwargs":
+    return _reward_kwargs_path(path, rest, value)
+  if root == "actor_rollout_ref.model.override_config":
+    own = rest.split(".", 1)[0] in (_section(config, root) or ())
+    return path if own else f"{root}.model_config.{rest}"
+  node = root.rsplit(".", 1)[0]
+  if rest in _OPTIMIZER_KWARGS:
+    return f"{node}.{rest}"
+  raise ConfigError(path, value, "is an optimizer argument rljax does not implement (its AdamW reads only lr and "
+                    "weight_decay from the config)", f"drop it, or set {node}.lr or {node}.weight_decay")
+
+
+def free_form_dicts() -> tuple[str, ...]:
+  """Every path below which an override may add a key: rljax's open dictionaries and verl's mapped ones."""
+  return tuple(p for p in OPEN_DICTS if not _in_verl_free_form(p)) + tuple(VERL_FREE_FORM)
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+  """Splits one override: verl's `a.b.c=value` (also `--config.a.b.c=value`) or Hydra's spellings.
+
+  Hydra's `+a.b=value` (add) and `++a.b=value` (add or override) set the
+  key like `a.b=value`; `~a.b` (delete) resets it, and `~a.b=value` resets
+  it only where it holds that value.
+
+  Returns:
+    (operation, key path, parsed value): operation is `set`, `add` or
+    `reset`; a reset without `=value` has the value NO_VALUE.
+  """
+  if text.lstrip().startswith("~"):
+    path, equals, raw = text.lstrip()[1:].partition("=")
+    return "reset", path.strip(), _parse_scalar(raw) if equals else NO_VALUE
   if "=" not in text:
     raise ConfigError(text, NO_VALUE, "an override needs KEY=VALUE", f"write {text}=VALUE")
   path, raw = text.split("=", 1)
-  path = path.strip().lstrip("+")
+  path = path.strip()
+  operation = "add" if path.startswith("+") else "set"
+  path = path.lstrip("+")
   if path.startswith("--config."):
     path = path[len("--config."):]
-  return path, _parse_scalar(raw)
+  return operation, path, _parse_scalar(raw)
 
 
-def apply_overrides(config: ConfigDict, overrides: Iterable[str]) -> ConfigDict:
-  """Applies `KEY=VALUE` overrides in order; both CLI syntaxes land here."""
-  for text in overrides:
-    path, value = parse_override(text)
+def add_value(config: ConfigDict, path: str, value: Any) -> None:
+  """Hydra's `+KEY=VALUE`: sets a key of the tree, or adds one below a free-form dictionary.
+
+  Raises:
+    ConfigError: an unknown key elsewhere, naming the closest keys and where `+` may add one.
+  """
+  try:
     set_value(config, path, value)
+  except ConfigError as error:
+    if error.problem != "unknown key":
+      raise
+    raise ConfigError(error.key, error.value, error.problem,
+                      f"{error.fix} (`+` adds keys only below the free-form dictionaries rljax knows: "
+                      f"{', '.join(free_form_dicts())})") from None
+
+
+def _plain_value(value: Any) -> Any:
+  if isinstance(value, ConfigDict):
+    return value.to_dict()
+  return list(value) if isinstance(value, tuple) else value
+
+
+def _reset(node: ConfigDict, default_node: ConfigDict | None, key: str) -> None:
+  """`node[key]` back to `default_node[key]`; removed where the defaults lack it; a section key by key."""
+  if not isinstance(default_node, ConfigDict) or key not in default_node:
+    with node.unlocked():
+      del node[key]
+    return
+  value, default = node[key], default_node[key]
+  if isinstance(value, ConfigDict) and isinstance(default, ConfigDict):
+    for sub_key in list(value.keys()):
+      _reset(value, default, sub_key)
+    return
+  raw = node._fields[key]  # pylint: disable=protected-access
+  if isinstance(raw, FieldReference):
+    raw.set(default, type_safe=False)
+  else:
+    node[key] = default
+
+
+def reset_value(config: ConfigDict, path: str, defaults: Callable[[], ConfigDict] = get_base_config,
+                expected: Any = NO_VALUE) -> None:
+  """Hydra's `~KEY`: `path` back to its value in `defaults()` (rljax's base config).
+
+  A key added below a free-form dictionary is removed; a section resets
+  every key below it. A key that followed another (verl's `${...}`) takes
+  the default's value and stays unlinked.
+
+  Args:
+    config: the tree to change.
+    path: the key (verl's free-form spellings map as in `set_value`).
+    defaults: builds the tree holding the defaults.
+    expected: with `~KEY=VALUE`, the value the key must hold (Hydra's rule).
+
+  Raises:
+    ConfigError: an unknown key, or a value other than `expected`.
+  """
+  path = verl_free_form_path(config, path)
+  parent, _, key = path.rpartition(".")
+  node = _section(config, parent)
+  if node is None or key not in node:
+    raise unknown_key_error(config, path)
+  current = _plain_value(node[key])
+  if expected is not NO_VALUE and current != expected:
+    raise ConfigError(path, current, f"~{path}={expected!r} resets the key only where it holds that value",
+                      f"write ~{path} to reset it whatever it holds")
+  _reset(node, _section(defaults(), parent), key)
+
+
+def apply_overrides(config: ConfigDict, overrides: Iterable[str],
+                    defaults: Callable[[], ConfigDict] = get_base_config) -> ConfigDict:
+  """Applies overrides in order; both CLI syntaxes and Hydra's `+`, `++` and `~` land here.
+
+  Args:
+    config: the tree to change.
+    overrides: `KEY=VALUE`, `+KEY=VALUE`, `++KEY=VALUE`, `~KEY` strings.
+    defaults: builds the tree whose values `~KEY` restores (rljax.sft and
+      rljax.generate/eval pass their own).
+
+  Returns:
+    The config.
+  """
+  for text in overrides:
+    operation, path, value = parse_override(text)
+    if operation == "reset":
+      reset_value(config, path, defaults, value)
+    elif operation == "add":
+      add_value(config, path, value)
+    else:
+      set_value(config, path, value)
   return config
 
 
@@ -1086,6 +1313,32 @@ def _check_sampling(config: ConfigDict) -> None:
   _check_enum(config, "actor_rollout_ref.model.attention_kernel", ("auto",) + attention.KERNELS)
 
 
+def ignored_reason(path: str) -> str | None:
+  """Why rljax accepts and ignores the key `path` (an `IGNORED_KEYS` entry, `prefix.*` ones included), or None."""
+  for key, reason in IGNORED_KEYS.items():
+    if path == key or (key.endswith(".*") and path.startswith(key[:-1])):
+      return reason
+  return None
+
+
+def ignored_overrides(overrides: Iterable[str]) -> list[str]:
+  """`KEY=VALUE` for each override that sets a key rljax accepts and ignores (its value changes nothing)."""
+  found = []
+  for text in overrides:
+    operation, path, value = parse_override(text)
+    if operation != "reset" and ignored_reason(path) is not None:
+      found.append(f"{path}={value}")
+  return found
+
+
+def _check_unimplemented(config: ConfigDict) -> None:
+  """Each `UNIMPLEMENTED_VALUES` key at its default (anything else would run something other than asked)."""
+  base = get_base_config()
+  for key, (problem, fix) in UNIMPLEMENTED_VALUES.items():
+    value = get_node(config, key)
+    _check(value == get_node(base, key), key, value, problem, fix)
+
+
 def _check_dynamic_sampling(config: ConfigDict) -> None:
   """DAPO's dynamic sampling: a metric to filter on, and data.gen_batch_size only where it is used."""
   groups, data = config.algorithm.filter_groups, config.data
@@ -1200,6 +1453,103 @@ def _check_reward_model(config: ConfigDict) -> None:
          "reward_model.model.input_tokenizer differs from the actor's, so the chat must be re-rendered "
          "from the prompt messages", "set data.return_raw_chat=true, or reward_model.model.input_tokenizer=null "
          "when both models share a tokenizer")
+
+
+def _check_overlong_buffer(config: ConfigDict) -> None:
+  """DAPO's max_resp_len (verl's reward_model.reward_kwargs.max_resp_len) is where rljax's penalty ramp ends."""
+  limit, length = config.reward_model.overlong_buffer.max_resp_len, config.data.max_response_length
+  _check(limit is None or limit == length, "reward_model.overlong_buffer.max_resp_len", limit,
+         f"differs from data.max_response_length ({length}), the length at which rljax's overlong penalty is full",
+         f"set them equal: reward_model.overlong_buffer.max_resp_len={length} "
+         f"(verl's +reward_model.reward_kwargs.max_resp_len) or data.max_response_length={limit}")
+
+
+def check_data_files(config: ConfigDict, key: str, required: bool = True) -> None:
+  """`key` holds one parquet path or a list of them (verl mixes data sets with a list).
+
+  Args:
+    config: the tree.
+    key: data.train_files or data.val_files.
+    required: without it, null or an empty value (no such data) passes.
+
+  Raises:
+    ConfigError: naming `key`.
+  """
+  files = get_node(config, key)
+  if not required and not files:
+    return
+  paths = [files] if isinstance(files, str) else files
+  ok = isinstance(paths, (list, tuple)) and bool(paths) and all(isinstance(p, str) and p for p in paths)
+  _check(ok, key, files, "must be a parquet file or a list of them", f"e.g. {key}=[a.parquet,b.parquet]")
+
+
+def _check_data_files(config: ConfigDict) -> None:
+  check_data_files(config, "data.train_files")
+  check_data_files(config, "data.val_files", required=False)
+
+
+def _check_model_overrides(config: ConfigDict) -> None:
+  """The HF fields of override_config.model_config must change the model rljax builds (or change nothing)."""
+  from rljax.models import config as model_config  # pylint: disable=import-outside-toplevel
+  prefix = "actor_rollout_ref.model.override_config.model_config"
+  for name, value in get_node(config, prefix).to_dict().items():
+    _check(model_config.override_applies(name, value), f"{prefix}.{name}", value,
+           "is a Hugging Face config field rljax's models do not read, so the override would not change the "
+           "model here as it does in verl",
+           f"drop it; rljax reads {', '.join(sorted(model_config.READ_FIELDS))} (dropout fields may be 0: "
+           "rljax's models have no dropout)")
+
+
+# A Hugging Face Hub repository id: ORG/NAME.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def check_model_path(key: str, path: Any, must_exist: bool = False) -> None:
+  """Raises a ConfigError naming `key` unless `path` names a model rljax can read.
+
+  rljax reads a local directory, a .gguf file or one of its aliases
+  (`rljax.models.api.ALIASES`) and downloads nothing. A Hugging Face Hub id
+  (`ORG/NAME` with no such local path) is always an error; another missing
+  path only with `must_exist` (when a run starts): presets name
+  `~/models/...` directories that need not exist where a config is only
+  validated, printed or compiled (rljax.compile knows architectures by name).
+
+  Args:
+    key: the key holding the path, for the message.
+    path: its value.
+    must_exist: also reject a missing local path.
+  """
+  from rljax.models.api import ALIASES  # pylint: disable=import-outside-toplevel
+  if not isinstance(path, str) or path.lower() in ALIASES or os.path.exists(os.path.expanduser(path)):
+    return
+  hub = _HUB_ID.match(path) is not None
+  if not (hub or must_exist):
+    return
+  local = f"~/models/{path.rsplit('/', 1)[-1]}" if hub else path
+  raise ConfigError(key, path, f"is not a local directory, a .gguf file or an alias ({', '.join(ALIASES)}); "
+                    "rljax downloads no weights",
+                    f"huggingface-cli download {path if hub else 'ORG/NAME'} --local-dir {local}, "
+                    f"then set {key}={local}")
+
+
+def model_path_keys(config: ConfigDict) -> list[str]:
+  """The keys naming the models an RL run loads.
+
+  The actor's; the critic's where it has one (critic.enable, by default
+  algorithm.adv_estimator=gae); the reward model's where it is enabled.
+  """
+  keys = ["actor_rollout_ref.model.path"]
+  critic = config.critic.enable
+  if critic or (critic is None and config.algorithm.adv_estimator == "gae"):
+    keys.append("critic.model.path")
+  if config.reward_model.enable:
+    keys.append("reward_model.model.path")
+  return keys
+
+
+def _check_model_paths(config: ConfigDict) -> None:
+  for key in model_path_keys(config):
+    check_model_path(key, get_node(config, key))
 
 
 def _is_int(value: Any) -> bool:
@@ -1326,10 +1676,15 @@ def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
   _check_batches(config, world_size)
   _check_sampling(config)
   _check_algorithm(config)
+  _check_unimplemented(config)
   _check_dynamic_sampling(config)
   _check_optim(config)
   _check_trainer(config)
   _check_reward_model(config)
+  _check_overlong_buffer(config)
+  _check_data_files(config)
+  _check_model_paths(config)
+  _check_model_overrides(config)
   _check_cache_length(config)
   _check_lora(config)
   return config
@@ -1393,7 +1748,8 @@ def from_yaml(text: str, base: ConfigDict | None = None) -> ConfigDict:
 
 
 _CONFIG_ARG = re.compile(r"^--config\.(?P<path>[^=]+)(=(?P<value>.*))?$")
-_VERL_ARG = re.compile(r"^\+?[A-Za-z_][\w\-]*(\.[\w\-]+)*=")
+_VERL_ARG = re.compile(r"^(\+\+?|~)?[A-Za-z_][\w\-]*(\.[\w\-]+)*=")
+_DELETE_ARG = re.compile(r"^~[A-Za-z_][\w\-]*(\.[\w\-]+)*$")
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -1401,7 +1757,8 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
   Both `--config.KEY=VALUE` (also `--config.KEY VALUE`) and verl's positional
   `KEY=VALUE` become `KEY=VALUE` strings, kept in command-line order so the
-  last one wins whatever its syntax.
+  last one wins whatever its syntax. Hydra's `+KEY=VALUE`, `++KEY=VALUE`
+  and `~KEY[=VALUE]` are kept as they are (`apply_overrides` reads them).
 
   Returns:
     (overrides, remaining arguments for absl).
@@ -1420,7 +1777,7 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         i += 1
         value = args[i]
       overrides.append(f"{match.group('path')}={value}")
-    elif _VERL_ARG.match(arg):
+    elif _VERL_ARG.match(arg) or _DELETE_ARG.match(arg):
       overrides.append(arg)
     else:
       rest.append(arg)
@@ -1428,16 +1785,70 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
   return overrides, rest
 
 
+def _flag_values(argv: Sequence[str], names: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+  """Takes the flags `names` (`--NAME=VALUE` or `--NAME VALUE`) out of `argv` -> (values, the rest)."""
+  values, rest = {}, []
+  args = list(argv)
+  i = 0
+  while i < len(args):
+    flag, equals, value = args[i].partition("=")
+    if flag not in names:
+      rest.append(args[i])
+    elif equals:
+      values[flag] = value
+    elif i + 1 < len(args):
+      i += 1
+      values[flag] = args[i]
+    else:
+      raise ConfigError(flag, NO_VALUE, "the flag has no value", f"write {flag}=VALUE")
+    i += 1
+  return values, rest
+
+
+def hydra_config_file(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+  """Takes Hydra's `--config-path DIR --config-name NAME` out of the command line.
+
+  verl launch lines pick their YAML file this way; `--config-name` alone
+  reads it from `configs/`, and NAME may leave out `.yaml`.
+
+  Returns:
+    (DIR/NAME.yaml, or None without those flags; the other arguments).
+
+  Raises:
+    ConfigError: a flag without a value, --config-path without
+      --config-name, --config given as well, or no such file.
+  """
+  values, rest = _flag_values(argv, HYDRA_CONFIG_FLAGS)
+  if not values:
+    return None, rest
+  name = values.get("--config-name")
+  if name is None:
+    raise ConfigError("--config-path", values["--config-path"], "names a directory but not the file in it",
+                      "add --config-name=NAME, the YAML file's name")
+  if any(arg == "--config" or arg.startswith("--config=") for arg in rest):
+    raise ConfigError("--config-name", name, "--config names an experiment as well",
+                      "use one: --config=FILE.py[:PRESET], or --config-path=DIR --config-name=NAME for a verl YAML file")
+  file = name if name.endswith(VERL_YAML_SUFFIXES) else name + ".yaml"
+  path = os.path.join(values.get("--config-path", HYDRA_CONFIG_DIR), file)
+  if not os.path.isfile(os.path.expanduser(path)):
+    raise ConfigError("--config-name", name, f"no such YAML file {path}",
+                      "give --config-path the directory that holds it (default: configs)")
+  return path, rest
+
+
 def load_config_file(spec: str) -> ConfigDict:
   """Imports an experiment file and returns its `get_config(arg)`.
 
   Args:
     spec: `path/to/file.py` or `path/to/file.py:ARG` (ml_collections'
-      config_flags spelling; ARG picks a preset).
+      config_flags spelling; ARG picks a preset), or a verl YAML file
+      (`FILE.yaml`), loaded as `configs/verl_yaml.py:FILE.yaml` loads it.
   """
   import importlib.util  # pylint: disable=import-outside-toplevel
-  import os  # pylint: disable=import-outside-toplevel
 
+  if spec.endswith(VERL_YAML_SUFFIXES) and os.path.isfile(os.path.expanduser(spec)):
+    from rljax import verl_yaml  # pylint: disable=import-outside-toplevel
+    return verl_yaml.load_file(spec)
   path, _, arg = spec.partition(":")
   path = os.path.expanduser(path)
   if not os.path.isfile(path):
@@ -1456,8 +1867,10 @@ def load_config_file(spec: str) -> ConfigDict:
 
 __all__ = [
     "ConfigError", "get_base_config", "load_config_file", "apply_overrides", "split_overrides",
+    "hydra_config_file", "reset_value", "add_value", "verl_free_form_path", "VERL_FREE_FORM",
     "finalize", "validate",
     "to_yaml", "from_yaml", "leaf_paths", "get_node", "set_value",
     "IGNORED_KEYS", "MAPPED_KEYS", "RLJAX_KEYS", "DEPRECATED_KEYS",
     "check_lora", "lora_targets", "LORA_TARGET_MODULES", "LORA_SAVABLE_MODULES",
+    "check_data_files", "check_model_path", "model_path_keys",
 ]

@@ -36,6 +36,8 @@ SECTIONS = {
 }
 
 TYPE_NOTES = {
+    "data.train_files": "str or list",
+    "data.val_files": "str or list",
     "trainer.nnodes": "int or 'auto'",
     "trainer.n_gpus_per_node": "int or 'auto'",
     "actor_rollout_ref.model.target_modules": "str or list",
@@ -114,7 +116,7 @@ DESCRIPTIONS = {
     "actor_rollout_ref.model.path": "Policy checkpoint: a Hugging Face directory, a GGUF file or a known alias.",
     "actor_rollout_ref.model.external_lib": "Python package imported first to register extra model or tokenizer classes.",
     "actor_rollout_ref.model.override_config.attn_implementation": "Attention implementation to request from transformers.",
-    "actor_rollout_ref.model.override_config.model_config": "Fields that replace the checkpoint's config.json values (e.g. rope_theta).",
+    "actor_rollout_ref.model.override_config.model_config": "Fields that replace the checkpoint's config.json values (e.g. rope_theta); verl's +override_config.FIELD=VALUE lands here. Only fields rljax's models read, and dropout fields set to 0, are accepted.",
     "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router": "Keep the mixture-of-experts router fixed (Megatron).",
     "actor_rollout_ref.model.enable_gradient_checkpointing": "Recompute activations in the backward pass instead of storing them.",
     "actor_rollout_ref.model.enable_activation_offload": "Move activations to host memory during training.",
@@ -328,6 +330,7 @@ DESCRIPTIONS = {
     "reward_model.overlong_buffer.len": "Length in tokens of the penalty ramp before max_response_length.",
     "reward_model.overlong_buffer.penalty_factor": "Penalty at the length limit (the ramp goes from 0 to minus this).",
     "reward_model.overlong_buffer.log": "Record the penalty per sample in the reward's extra info.",
+    "reward_model.overlong_buffer.max_resp_len": "DAPO's max_resp_len (verl's reward_kwargs.max_resp_len): the length at which the penalty is full; null means data.max_response_length, the only value rljax accepts.",
     # custom_reward_function
     "custom_reward_function.path": "Python file with your scoring function; null uses the built-in scorers.",
     "custom_reward_function.name": "Name of the function in that file (verl's signature: data_source, solution_str, ground_truth, extra_info).",

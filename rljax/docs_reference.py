@@ -156,19 +156,9 @@ def type_name(config: ConfigDict, path: str) -> str:
   return f"{name} or null" if config_lib.get_node(config, path) is None else name
 
 
-def _matches(path: str, table_key: str) -> bool:
-  """Whether a table key (exact, or `prefix.*`) covers `path`."""
-  if table_key.endswith(".*"):
-    return path.startswith(table_key[:-1])
-  return path == table_key
-
-
 def ignored_reason(path: str) -> str | None:
   """Why rljax ignores the key (`IGNORED_KEYS`, `prefix.*` entries included), or None."""
-  for key, reason in config_lib.IGNORED_KEYS.items():
-    if _matches(path, key):
-      return reason
-  return None
+  return config_lib.ignored_reason(path)
 
 
 def rljax_status(path: str) -> str:
@@ -224,9 +214,12 @@ def _header(paths: list[str]) -> list[str]:
       "",
       "rljax reads verl's `ppo_trainer.yaml` tree: every key below can be set on the command line",
       "as `--config.KEY=VALUE` or verl's `KEY=VALUE`, in an experiment file (`configs/*.py`), or in",
-      "a verl YAML file (`--config=configs/verl_yaml.py:FILE.yaml`). The tree is locked: a key that",
-      "is not listed here is an error that names the closest one. Keys typed `mapping (free-form)`",
-      "take any sub-keys.",
+      "a verl YAML file (`--config=configs/verl_yaml.py:FILE.yaml`, or Hydra's `--config-path DIR",
+      "--config-name NAME`). Hydra's `+KEY=VALUE` and `++KEY=VALUE` set a key like `KEY=VALUE`, and",
+      "`~KEY` resets it to the default below. The tree is locked: a key that is not listed here is",
+      "an error that names the closest one. Keys typed `mapping (free-form)` take any sub-keys; `+`",
+      "adds keys only there and in verl's free-form mappings rljax maps onto its own keys (DAPO's",
+      "`reward_kwargs`, HF fields of `override_config`, `override_optimizer_config`).",
       "",
       "Columns: **Default** is verl's default (`follows` marks verl's `${...}`: the key copies the",
       "other one until it is set itself); **In rljax** says what rljax does with the key:",

@@ -20,7 +20,7 @@ from rljax.evaluation import scoring
 def main(argv: Sequence[str] | None = None) -> int:
   """The command line (default `sys.argv[1:]`) -> exit status (see `rljax.evaluation.cli.main`)."""
   return cli.main(sys.argv[1:] if argv is None else argv, "rljax.eval", __doc__.split("\n")[0],
-                  eval_config.validate_eval, scoring.run)
+                  eval_config.validate_eval, scoring.run, eval_config.get_eval_config)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def run(config) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
   """The command line (default `sys.argv[1:]`) -> exit status (see `rljax.evaluation.cli.main`)."""
   return cli.main(sys.argv[1:] if argv is None else argv, "rljax.generate", __doc__.split("\n")[0],
-                  eval_config.validate_generate, run)
+                  eval_config.validate_generate, run, eval_config.get_generate_config)
 
 
 if __name__ == "__main__":

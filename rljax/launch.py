@@ -1,6 +1,7 @@
 """The command line `python -m rljax.train` and `python -m rljax.sft` share.
 
     python -m rljax.{train,sft} --config=FILE[:PRESET] [--config.KEY=VALUE ...] [KEY=VALUE ...] [--dry_run]
+    python -m rljax.train --config-path=DIR --config-name=NAME [KEY=VALUE ...]
 
 `--config` names an experiment file (`get_config(arg)`; `:ARG` picks a
 preset), spelled as ml_collections' config_flags spells it. Overrides come in
@@ -8,9 +9,13 @@ two spellings that mean the same thing: `--config.data.train_batch_size=64`
 and verl's positional `data.train_batch_size=64`, so a verl launch line
 pastes over. Both go through one parser (`rljax.config.apply_overrides`) that
 reads values as verl's Hydra does (`[console,tensorboard]`, `true`, `null`,
-`1e-6`); config_flags' own override parser is not used because it cannot set
-list-valued keys such as `trainer.logger`. `--dry_run` prints the resolved,
-validated config as YAML and exits.
+`1e-6`, `{a: 1}`); config_flags' own override parser is not used because it
+cannot set list-valued keys such as `trainer.logger`. Hydra's `+KEY=VALUE`
+and `++KEY=VALUE` set a key (adding one only below a free-form dictionary),
+`~KEY` resets it to its default. Hydra's `--config-path DIR --config-name
+NAME` loads the verl YAML file DIR/NAME.yaml (DIR defaults to configs/) as
+`--config=configs/verl_yaml.py:DIR/NAME.yaml` does (rljax.train only).
+`--dry_run` prints the resolved, validated config as YAML and exits.
 """
 
 import functools
@@ -32,12 +37,15 @@ Resolve = Callable[..., ConfigDict]
 
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
-  """absl flag parser that first takes out both override syntaxes."""
+  """absl flag parser that first takes out the overrides, and reads Hydra's `--config-name` as `--config=FILE.yaml`."""
   try:
     overrides, rest = config_lib.split_overrides(argv[1:])
+    yaml_file, rest = config_lib.hydra_config_file(rest)
   except config_lib.ConfigError as error:
     print(f"config error: {error}", file=sys.stderr)
     sys.exit(2)
+  if yaml_file is not None:
+    rest.append(f"--config={yaml_file}")
   _OVERRIDES[:] = overrides
   try:
     return flags.FLAGS([argv[0], *rest])
@@ -51,8 +59,21 @@ def overrides() -> list[str]:
   return list(_OVERRIDES)
 
 
-def main(argv: Sequence[str], resolve: Resolve, train: Callable[[ConfigDict], object], example: str) -> int:
-  """Resolves the config from the flags, then prints it (--dry_run) or trains; returns the exit status."""
+def _load(example: str, reads_verl_yaml: bool) -> ConfigDict:
+  """The config `--config` names; a verl YAML file only where the tool reads the RL tree."""
+  if not reads_verl_yaml and CONFIG.value.endswith(config_lib.VERL_YAML_SUFFIXES):
+    raise config_lib.ConfigError("--config", CONFIG.value, "is a verl YAML file, which configures rljax.train",
+                                 f"pass --config={example} and give the keys as KEY=VALUE overrides")
+  return config_lib.load_config_file(CONFIG.value)
+
+
+def main(argv: Sequence[str], resolve: Resolve, train: Callable[[ConfigDict], object], example: str,
+         reads_verl_yaml: bool = True) -> int:
+  """Resolves the config from the flags, then prints it (--dry_run) or trains; returns the exit status.
+
+  A ConfigError, from resolving or from `train` (a model path that is not
+  there), is printed as one line with exit status 2.
+  """
   if len(argv) > 1:
     print(f"unexpected arguments {argv[1:]}: overrides are KEY=VALUE or --config.KEY=VALUE", file=sys.stderr)
     return 2
@@ -60,17 +81,25 @@ def main(argv: Sequence[str], resolve: Resolve, train: Callable[[ConfigDict], ob
     print(f"--config is required, e.g. --config={example}", file=sys.stderr)
     return 2
   try:
-    config = resolve(config_lib.load_config_file(CONFIG.value), _OVERRIDES, distributed=not _DRY_RUN.value)
+    config = resolve(_load(example, reads_verl_yaml), _OVERRIDES, distributed=not _DRY_RUN.value)
+    if _DRY_RUN.value:
+      sys.stdout.write(config_lib.to_yaml(config))
+      return 0
+    train(config)
   except config_lib.ConfigError as error:
     print(f"config error: {error}", file=sys.stderr)
     return 2
-  if _DRY_RUN.value:
-    sys.stdout.write(config_lib.to_yaml(config))
-    return 0
-  train(config)
   return 0
 
 
-def run(resolve: Resolve, train: Callable[[ConfigDict], object], example: str) -> None:
-  """Parses sys.argv and runs `main`; exits with its status."""
-  app.run(functools.partial(main, resolve=resolve, train=train, example=example), flags_parser=parse_flags)
+def run(resolve: Resolve, train: Callable[[ConfigDict], object], example: str, reads_verl_yaml: bool = True) -> None:
+  """Parses sys.argv and runs `main`; exits with its status.
+
+  Args:
+    resolve: overrides, finalize and validate (`rljax.train.resolve`).
+    train: runs the resolved config.
+    example: the experiment file named in messages.
+    reads_verl_yaml: whether a verl YAML file (`--config-name`) configures this tool.
+  """
+  app.run(functools.partial(main, resolve=resolve, train=train, example=example, reads_verl_yaml=reads_verl_yaml),
+          flags_parser=parse_flags)

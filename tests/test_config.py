@@ -454,3 +454,21 @@ def test_cosmos_dr_grpo_keys_map_onto_verl_keys():
   follow = config.actor_rollout_ref.actor.policy_loss.rollout_correction
   C.set_value(config, "algorithm.rollout_correction.rollout_is", "token")
   assert follow.rollout_is == "token" and follow.loss_type == "ppo_clip"
+
+
+@pytest.mark.parametrize("key", ["actor_rollout_ref.rollout.multi_turn.enable", "actor_rollout_ref.rollout.use_fire_sampling"])
+def test_accepted_but_unimplemented_switches_are_errors_when_on(key):
+  resolved(experiment("grpo"), [f"{key}=false"])
+  with pytest.raises(C.ConfigError, match=f"{key}=True: .*not implemented.*Fix: set {key}=false"):
+    resolved(experiment("grpo"), [f"{key}=true"])
+
+
+def test_overrides_of_ignored_keys_are_listed_in_one_warning(caplog):
+  with caplog.at_level(logging.WARNING, logger="rljax.train"):
+    resolved(experiment("grpo"), ["actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+                                  "+actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                                  "data.train_batch_size=8"])
+  warnings = [r.getMessage() for r in caplog.records if r.name == "rljax.train"]
+  assert len(warnings) == 1 and warnings[0].startswith("2 override(s)")
+  assert "gpu_memory_utilization=0.3" in warnings[0] and "param_offload=True" in warnings[0]
+  assert "train_batch_size" not in warnings[0]

@@ -4,7 +4,9 @@
 
 Overrides take both spellings and go through the parser `rljax.train` uses
 (`rljax.config.split_overrides` / `apply_overrides`), so values read as
-verl's Hydra reads them and the last one wins whatever its spelling.
+verl's Hydra reads them, Hydra's `+KEY=VALUE` and `~KEY` work, and the last
+one wins whatever its spelling. A verl YAML file (Hydra's `--config-name`)
+configures only `rljax.train`, and is named as such an error here.
 `--config` and `--dry_run` are read with argparse rather than absl flags, so
 the entry points are plain functions (`main(argv) -> exit status`) that can
 share a process with `rljax.train`'s absl flags.
@@ -46,21 +48,28 @@ def parse(argv: Sequence[str], prog: str, description: str) -> Command:
   """Splits out the overrides, then reads --config and --dry_run.
 
   Raises:
-    ConfigError: an override flag without a value.
+    ConfigError: an override flag without a value, or a verl YAML file
+      (`--config-name`, `--config=FILE.yaml`).
     SystemExit: from argparse, for unknown arguments or a missing --config.
   """
   overrides, rest = config_lib.split_overrides(list(argv))
+  yaml_file, rest = config_lib.hydra_config_file(rest)
+  example = f"configs/{prog.rsplit('.', 1)[-1]}.py"
   parser = argparse.ArgumentParser(prog=prog, description=description)
-  parser.add_argument("--config", required=True, help=f"experiment file, e.g. configs/{prog.rsplit('.', 1)[-1]}.py")
+  parser.add_argument("--config", required=True, help=f"experiment file, e.g. {example}")
   parser.add_argument("--dry_run", action="store_true", help="print the resolved, validated config as YAML and exit")
-  args = parser.parse_args(rest)
+  args = parser.parse_args(rest if yaml_file is None else [*rest, f"--config={yaml_file}"])
+  if args.config.endswith(config_lib.VERL_YAML_SUFFIXES):
+    raise config_lib.ConfigError("--config", args.config, f"is a verl YAML file, which configures rljax.train, not {prog}",
+                                 f"pass --config={example} and give the keys as KEY=VALUE overrides")
   return Command(config=args.config, overrides=tuple(overrides), dry_run=args.dry_run)
 
 
-def resolve(command: Command, validate: Callable[[ConfigDict], ConfigDict]) -> ConfigDict:
-  """The experiment file's config with the overrides applied, validated."""
+def resolve(command: Command, validate: Callable[[ConfigDict], ConfigDict],
+            defaults: Callable[[], ConfigDict]) -> ConfigDict:
+  """The experiment file's config with the overrides applied (`~KEY` restores `defaults()`'s value), validated."""
   config = config_lib.load_config_file(command.config)
-  config_lib.apply_overrides(config, command.overrides)
+  config_lib.apply_overrides(config, command.overrides, defaults=defaults)
   return validate(config)
 
 
@@ -83,8 +92,10 @@ def enable_progress_log() -> None:
 
 
 def main(argv: Sequence[str], prog: str, description: str, validate: Callable[[ConfigDict], ConfigDict],
-         run: Callable[[ConfigDict], object]) -> int:
+         run: Callable[[ConfigDict], object], defaults: Callable[[], ConfigDict]) -> int:
   """Parses, resolves and validates the config, then calls `run(config)`.
+
+  `defaults` builds the tool's config tree with its defaults (`~KEY`).
 
   Returns:
     The exit status: 0 done, 1 bad input (the message names file, row or
@@ -92,7 +103,7 @@ def main(argv: Sequence[str], prog: str, description: str, validate: Callable[[C
   """
   try:
     command = parse(argv, prog, description)
-    config = resolve(command, validate)
+    config = resolve(command, validate, defaults)
   except config_lib.ConfigError as error:
     print(f"config error: {error}", file=sys.stderr)
     return 2

@@ -228,6 +228,8 @@ def validate_generate(config: ConfigDict) -> ConfigDict:
          "is not a truncation mode", f"choose one of {', '.join(config_lib.TRUNCATIONS)}")
   _check(bool(config.model.path) or bool(config.model.checkpoint), "model.path", config.model.path,
          "no model to generate with", "set model.path=DIR (or an alias) or model.checkpoint=RUN_DIR")
+  if not config.model.checkpoint:
+    config_lib.check_model_path("model.path", config.model.path)
   _check(config.trainer.nnodes in (1, "auto"), "trainer.nnodes", config.trainer.nnodes,
          "generation runs in one process", "set trainer.nnodes=1")
   _check_generate_sampling(config)

@@ -38,7 +38,8 @@ def resolve_path(path: str) -> str:
     return resolved
   if not os.path.exists(path):
     raise FileNotFoundError(
-        f"model path {path!r} does not exist (known aliases: {', '.join(ALIASES)})."
+        f"model path {path!r} does not exist (known aliases: {', '.join(ALIASES)}); rljax downloads no "
+        f"weights: huggingface-cli download ORG/NAME --local-dir {path}"
     )
   return path
 

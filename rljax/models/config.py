@@ -149,6 +149,21 @@ _KNOWN_KEYS = {
     "sliding_window", "use_sliding_window", "bos_token_id", "eos_token_id",
     "pad_token_id", "hidden_act", "layer_types", "max_window_layers",
 }
+# The fields from_hf_dict reads into a ModelConfig: overriding one changes the
+# built model (layer_types and max_window_layers are dropped unread).
+READ_FIELDS = frozenset(_KNOWN_KEYS - {"layer_types", "max_window_layers"})
+
+
+def override_applies(name: str, value: Any) -> bool:
+  """Whether an HF config override `name=value` means the same for rljax's models as for HF's.
+
+  True for the fields ``from_hf_dict`` reads, and for a dropout probability
+  of 0 (``attention_dropout``, ``resid_pdrop``, ...): the models have no
+  dropout, which is what 0 asks for.
+  """
+  dropout = "dropout" in name or name.endswith("pdrop")
+  is_zero = isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+  return name in READ_FIELDS or (dropout and is_zero)
 
 
 def from_hf_dict(

@@ -20,7 +20,7 @@ from rljax.sft import config as sft_config
 
 def resolve(config, overrides: Sequence[str], device_count: int | None = None, distributed: bool = False):
   """Overrides -> (multi-host start-up) -> deprecated keys and aliases -> validation."""
-  config_lib.apply_overrides(config, overrides)
+  config_lib.apply_overrides(config, overrides, defaults=sft_config.get_sft_config)
   if distributed:
     sharding.initialize(config)
   sft_config.finalize(config, device_count)
@@ -28,9 +28,11 @@ def resolve(config, overrides: Sequence[str], device_count: int | None = None, d
 
 
 def train(config: ConfigDict) -> None:
+  """Checks that model.partial_pretrain is on this machine (ConfigError naming it), then trains."""
+  config_lib.check_model_path("model.partial_pretrain", config.model.partial_pretrain, must_exist=True)
   from rljax.sft import trainer  # pylint: disable=import-outside-toplevel
   trainer.run(config)
 
 
 if __name__ == "__main__":
-  launch.run(resolve, train, "configs/sft.py")
+  launch.run(resolve, train, "configs/sft.py", reads_verl_yaml=False)

@@ -113,8 +113,8 @@ def _data() -> ConfigDict:
       "train_batch_size": 256,
       "micro_batch_size": _null(int),
       "micro_batch_size_per_gpu": FieldReference(4, field_type=int),
-      "train_files": "~/data/gsm8k/train.parquet",
-      "val_files": "~/data/gsm8k/test.parquet",
+      "train_files": _any("~/data/gsm8k/train.parquet"),
+      "val_files": _any("~/data/gsm8k/test.parquet"),
       "train_max_samples": -1,
       "val_max_samples": -1,
       "prompt_key": "question",
@@ -245,6 +245,8 @@ def _check_data(config: ConfigDict, world_size: int | None) -> None:
   if data.micro_batch_size_per_gpu is not None or world_size is None:
     _check_positive(config, "data.micro_batch_size_per_gpu")
   _check_enum(config, "data.truncation", SFT_TRUNCATIONS)
+  config_lib.check_data_files(config, "data.train_files")
+  config_lib.check_data_files(config, "data.val_files", required=False)
   for key in ("data.train_max_samples", "data.val_max_samples"):
     value = config_lib.get_node(config, key)
     _check(value == -1 or value > 0, key, value, "must be -1 (all rows) or a positive count", f"set {key}=-1")
@@ -274,6 +276,7 @@ def _check_model(config: ConfigDict) -> None:
   config_lib.check_lora(model, "model")
   _check(bool(model.partial_pretrain), "model.partial_pretrain", model.partial_pretrain,
          "names no model", "set model.partial_pretrain to an HF directory, a .gguf file or smollm2-135m-instruct")
+  config_lib.check_model_path("model.partial_pretrain", model.partial_pretrain)
 
 
 def _check_optim(config: ConfigDict) -> None:

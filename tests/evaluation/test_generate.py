@@ -64,7 +64,7 @@ def generate_args(tiny, out, *extra):
 
 def resolved(args):
   command = cli.parse(args, "rljax.generate", "")
-  return cli.resolve(command, eval_config.validate_generate)
+  return cli.resolve(command, eval_config.validate_generate, eval_config.get_generate_config)
 
 
 def sampler_greedy(model_dir, params=None):
