@@ -46,7 +46,7 @@ from ml_collections import ConfigDict
 
 from rljax.evaluation import cli
 from rljax.evaluation import table as table_lib
-from rljax.rewards import default_compute_score, known_data_sources, load_compute_score
+from rljax.rewards import default_compute_score, has_builtin_scorer, known_data_sources, load_compute_score
 
 EXTRA_INFO_COLUMN = "extra_info"
 _LOG = logging.getLogger(cli.LOGGER_NAME)
@@ -134,12 +134,11 @@ def check_same_k(rows: Sequence[Row], source: str, column: str) -> None:
 
 def check_known_sources(rows: Sequence[Row], source: str, column: str) -> None:
   """Without a custom reward, every data source needs a built-in scorer, or a ValueError names the row."""
-  known = set(known_data_sources())
   for i, row in enumerate(rows):
-    if row.data_source not in known:
+    if not has_builtin_scorer(row.data_source):
       raise ValueError(
           f"{table_lib.describe_row(source, i)}: column {column!r} is {row.data_source!r}, which has no built-in "
-          f"reward (built-in: {sorted(known)}). Set custom_reward_function.path to a file defining "
+          f"reward (built-in: {known_data_sources()}). Set custom_reward_function.path to a file defining "
           "compute_score(data_source, solution_str, ground_truth, extra_info=None).")
 
 

@@ -1,12 +1,15 @@
-"""Rewards: rule scorers (gsm8k, math, the synthetic task), user functions from
-files, and the reward managers that turn a batch of responses into
-token-level rewards (see `rljax.rewards.managers` for the call signature).
+"""Rewards: rule scorers (verl's gsm8k, MATH, DAPO, numina, geometry3k and
+Search-R1 scorers, and the synthetic task; see `rljax.rewards.default`),
+user functions from files, and the reward managers that turn a batch of
+responses into token-level rewards (see `rljax.rewards.managers` for the
+call signature).
 """
 
 from rljax.rewards.custom import FileFunction
 from rljax.rewards.custom import load_from_file
 from rljax.rewards.default import check_data_sources
 from rljax.rewards.default import default_compute_score
+from rljax.rewards.default import has_builtin_scorer
 from rljax.rewards.default import known_data_sources
 from rljax.rewards.managers import BatchRewardManager
 from rljax.rewards.managers import DAPORewardManager
@@ -30,6 +33,7 @@ __all__ = [
     "RewardResult",
     "check_data_sources",
     "default_compute_score",
+    "has_builtin_scorer",
     "known_data_sources",
     "load_compute_score",
     "load_from_file",

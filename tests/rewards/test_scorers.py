@@ -21,7 +21,7 @@ CASES = [
     (GSM8K, "#### 5\nwait, recompute\n#### 6", "6", 1.0),  # last one counts
     (GSM8K, "#### 5\nwait, recompute\n#### 6", "5", 0.0),
     (GSM8K, "#### -3", "-3", 1.0),
-    (GSM8K, "#### 42.", "42", 1.0),
+    (GSM8K, "#### 42.", "42", 0.0),  # verl keeps the trailing "."
     (GSM8K, "####7", "7", 0.0),  # malformed: no space
     (GSM8K, "", "7", 0.0),
     (GSM8K, "x" * 400 + "#### 9", "9", 1.0),  # long response, answer at end
@@ -41,7 +41,7 @@ CASES = [
     (MATH, r"\boxed{10\%}", "10", 1.0),
     (MATH, r"\boxed{3/4}", r"\frac{3}{4}", 1.0),
     (MATH, r"\boxed 7$", "7", 1.0),
-    (MATH, r"\fbox{12}", "12", 1.0),
+    (MATH, r"\fbox{12}", "12", 0.0),  # verl finds \fbox but cannot unwrap it
     (MATH, r"\boxed{\frac{1}{2}", r"\frac{1}{2}", 0.0),  # unclosed brace
     (MATH, "The answer is 5.", "5", 0.0),  # no box
     (MATH, r"\boxed{6}", "5", 0.0),
@@ -71,9 +71,12 @@ def test_table_is_large_and_mixed():
 
 
 def test_gsm8k_flexible_and_format_score():
-  assert gsm8k.extract_solution("So 3 + 4 = 7.", "flexible") == "7"
+  # verl's flexible answer is the last run of digits, "." and "," as it is.
+  assert gsm8k.extract_solution("So 3 + 4 = 7.", "flexible") == "7."
   assert gsm8k.extract_solution("no digits here", "flexible") is None
-  assert gsm8k.extract_solution("x = 5 ...", "flexible") == "5"
+  assert gsm8k.extract_solution("x = 5 ...", "flexible") == "..."
+  assert gsm8k.extract_solution("x = 5 .", "flexible") == "5"
+  assert gsm8k.extract_solution(". .", "flexible") == "."
   assert default_compute_score(GSM8K, "So it is 7", "7", method="flexible") == 1.0
   assert gsm8k.compute_score("#### 8", "7", format_score=0.1) == 0.1
   assert gsm8k.compute_score("no answer", "7", format_score=0.1) == 0.0
