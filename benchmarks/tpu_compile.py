@@ -1,6 +1,7 @@
 """rljax's actor update compiled for TPU slices at MaxText's train-step shapes, for a side-by-side.
 
     python benchmarks/tpu_compile.py [--presets llama3_1_8b_gsm8k,qwen2_5_7b_gsm8k] [--topologies v5p-8,v6e-8,v5e-16]
+        [--num_slices N] [--overrides KEY=VALUE ...]
 
 For each preset and topology: the preset's run (fp32 weights and Adam
 state, bfloat16 compute, full remat, scanned layers, splash attention) with
@@ -42,21 +43,24 @@ def main():
   parser.add_argument("--presets", default="llama3_1_8b_gsm8k,qwen2_5_7b_gsm8k")
   parser.add_argument("--topologies", default="v5p-8,v6e-8,v5e-16")
   parser.add_argument("--steps", default="actor_update", help="step name prefixes to compile")
+  parser.add_argument("--num_slices", type=int, default=1, help="slices of each topology (multislice)")
+  parser.add_argument("--overrides", nargs="*", default=[], help="KEY=VALUE config overrides after the shapes")
   args = parser.parse_args()
   versions = {p: importlib.metadata.version(p) for p in ("jax", "jaxlib", "libtpu", "flax")}
   for preset in args.presets.split(","):
     for name in args.topologies.split(","):
-      target = topology.parse(name)
+      target = topology.parse(name, num_slices=args.num_slices)
       devices = topology.devices(target)
-      config = resolve(config_lib.load_config_file(f"configs/grpo.py:{preset}"), maxtext_shapes(len(devices)),
-                       device_count=len(devices))
+      config = resolve(config_lib.load_config_file(f"configs/grpo.py:{preset}"),
+                       maxtext_shapes(len(devices)) + args.overrides, device_count=len(devices))
       mesh = sharding.make_mesh(config, devices=devices)
       for item in plan.rl_steps(config, mesh):
         if not any(item.step.name.startswith(p) for p in args.steps.split(",")):
           continue
         result, _ = plan.compile_step(item, target.hbm_bytes)
         print(json.dumps({
-            "library": "rljax", "preset": preset, "topology": name, "step": result.name, "versions": versions,
+            "library": "rljax", "preset": preset, "topology": name, "num_slices": args.num_slices,
+            "mesh": dict(mesh.shape), "overrides": args.overrides, "step": result.name, "versions": versions,
             "fits": result.fits, "argument_gib": result.arguments / GiB, "temp_gib": result.temporaries / GiB,
             "peak_gib": result.required / GiB, "hbm_gib": result.hbm / GiB,
             "tflop": None if result.flops is None else result.flops / 1e12, "estimated_s": result.seconds,

@@ -15,11 +15,14 @@ move (n - 1) / n of their input, a ring all-reduce twice that, a
 collective-permute its operand. TPU programs implement some reduce-scatters
 as an all-reduce inside a fusion whose computation is named
 `all-reduce-scatter...` (the all-reduce of a padded input, then each
-device's slice); those count as reduce-scatters. One collective split over
+device's slice); those count as reduce-scatters. Across TPU slices
+(multislice) a collective's data-center-network part is a `send` to the
+megascale runtime: `dcn` counts the bytes each device sends that way. One collective split over
 several fusions (TPU's asynchronous collective fusions) shares a
-channel_id and replica groups and counts once (collectives that share a
-channel_id over other groups, as a `psum_scatter` per device subgroup does,
-each count).
+channel_id and replica groups and counts once; collectives that share a
+channel_id over other groups (a `psum_scatter` per device subgroup) or in
+another loop (a rematerialised layer's gather, cloned into the backward
+loop) each count.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import math
 import re
 from typing import Iterator
 
-KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute", "dcn")
 
 _DTYPE_BYTES = {
     "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3b11fnuz": 1,
@@ -244,6 +247,8 @@ def _kind(inst: Instruction, computation: Computation) -> str | None:
     return "all-to-all"
   if op in ("collective-permute", "collective-permute-done"):
     return "collective-permute"
+  if op == "send" and "xla_megascale" in inst.attributes:
+    return "dcn"
   return None
 
 
@@ -273,7 +278,7 @@ def _operand_bytes(inst: Instruction, computation: Computation) -> int | None:
 
 def _collective_bytes(kind: str, inst: Instruction, computation: Computation) -> int:
   """What one device sends or receives for one execution of `inst` (see the module docstring)."""
-  if kind == "collective-permute":
+  if kind in ("collective-permute", "dcn"):
     return _operand_bytes(inst, computation) or inst.bytes
   n = group_size(inst.attributes)
   if n <= 1:
@@ -290,7 +295,8 @@ def _collective_bytes(kind: str, inst: Instruction, computation: Computation) ->
 
 
 def _walk(computations: dict[str, Computation], name: str, count: int, seen: tuple[str, ...],
-          unknown_loops: list[str]) -> Iterator[Collective]:
+          unknown_loops: list[str], loops: str = "") -> Iterator[Collective]:
+  """The collectives reachable from computation `name`; `loops` names the enclosing loop bodies."""
   computation = computations.get(name)
   if computation is None or name in seen:
     return
@@ -301,17 +307,18 @@ def _walk(computations: dict[str, Computation], name: str, count: int, seen: tup
       channel = re.search(r"channel_id=(\d+)", inst.attributes)
       groups = re.search(r"replica_groups=(\S+)", inst.attributes)
       yield Collective(kind, _collective_bytes(kind, inst, computation), count, inst.op_name, inst.shape,
-                       f"{channel.group(1)} {groups.group(1) if groups else ''}" if channel else "")
+                       f"{loops} {channel.group(1)} {groups.group(1) if groups else ''}" if channel else "")
     called = inst.called()
     if inst.opcode == "while":
       body, trips = _loop(inst, computation, computations)
       if trips is None:
         unknown_loops.append(inst.name)
       if body:
-        yield from _walk(computations, body, count * (1 if trips is None else trips), seen, unknown_loops)
+        yield from _walk(computations, body, count * (1 if trips is None else trips), seen, unknown_loops,
+                         f"{loops}/{body}")
       continue
     for callee in called:
-      yield from _walk(computations, callee, count, seen, unknown_loops)
+      yield from _walk(computations, callee, count, seen, unknown_loops, loops)
 
 
 @dataclasses.dataclass

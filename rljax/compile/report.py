@@ -220,7 +220,7 @@ def gib(value: float | None) -> str:
 def table(reports: list[StepReport]) -> str:
   """The reports as a text table (GiB per device: memory, HBM traffic, collective bytes by kind)."""
   header = ("step", "fits", "args", "temp", "need", "HBM", "TFLOP", "est s", "traffic", "all-gath", "red-scat",
-            "all-red", "act-AR", "all2all", "permute", "bound", "ratio")
+            "all-red", "act-AR", "all2all", "permute", "dcn", "bound", "ratio")
   rows = [header]
   for r in reports:
     c = r.collectives
@@ -229,7 +229,7 @@ def table(reports: list[StepReport]) -> str:
         "-" if r.flops is None else f"{r.flops / 1e12:.2f}", "-" if r.seconds is None else f"{r.seconds:.3f}",
         gib(r.hbm_traffic), gib(c.get("all-gather")), gib(c.get("reduce-scatter")), gib(c.get("all-reduce")),
         gib(r.activation_all_reduce),
-        gib(c.get("all-to-all")), gib(c.get("collective-permute")),
+        gib(c.get("all-to-all")), gib(c.get("collective-permute")), gib(c.get("dcn")),
         "-" if r.bound is None else f"{r.bound[0]} {gib(r.bound[1])}",
         "-" if r.ratio is None else f"{r.ratio:.2f}"))
   widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]

@@ -182,3 +182,13 @@ def test_collectives_that_share_a_channel_over_other_groups_each_count():
   reduce = jax.shard_map(two_stages, mesh=mesh, in_specs=P("fsdp"), out_specs=P("fsdp"), check_vma=False)
   summary = hlo.collectives(jax.jit(reduce).lower(parts).compile().as_text())
   assert [c.bytes for c in summary.collectives] == [1 << 20, 1 << 19]  # half of 2 MiB, then half of 1 MiB
+
+
+def test_the_data_center_network_part_of_a_multislice_sum_counts_as_dcn():
+  devices = topology.devices(topology.parse("v5p-8", num_slices=2))
+  mesh = sharding.build_mesh({"data": 2, "fsdp": 4, "tensor": 1, "sequence": 1}, devices)
+  total = jax.shard_map(lambda x: jax.lax.psum(x, "data"), mesh=mesh, in_specs=P("data", "fsdp"),
+                        out_specs=P(None, "fsdp"), check_vma=False)
+  parts = jax.ShapeDtypeStruct((2, 4096, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P("data", "fsdp")))
+  summary = hlo.collectives(jax.jit(total).lower(parts).compile().as_text())
+  assert summary.by_kind["dcn"] == 1024 * 1024 * 2  # each chip sends its [1, 1024, 1024] bfloat16 block once
