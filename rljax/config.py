@@ -1,8 +1,9 @@
 """verl's PPO-trainer configuration tree as an ml_collections ConfigDict.
 
 `get_base_config()` builds every key of verl's `ppo_trainer.yaml` (the key
-paths of `verl_ppo_keys.txt`) with the defaults verl's documents give; where
-the documents disagree, the newer one wins. verl's `${...}` interpolations are
+paths of `verl_ppo_keys.txt`, and every key of verl's generated FSDP and
+Megatron trainer configs in `tests/reference`) with the defaults verl's
+documents give; where the documents disagree, the newer one wins. verl's `${...}` interpolations are
 `FieldReference`s: `actor_rollout_ref.rollout.response_length` follows
 `data.max_response_length` until it is set itself.
 
@@ -73,7 +74,86 @@ DEVICES = ("auto", "cpu", "gpu", "cuda", "tpu")
 ROLLOUT_IS_LEVELS = ("token", "sequence")
 ROLLOUT_IS_MODES = ("truncate", "mask")
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+# `optim.optimizer` names that mean rljax's AdamW (verl's FSDP default, and Megatron's 'adam', also decoupled).
+ADAM_NAMES = ("adamw", "adam")
+# verl's default of `grad_clip` and `optim.clip_grad`.
+GRAD_CLIP_DEFAULT = 1.0
 DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
+
+# Keys of verl's FSDP engine config (`fsdp_config`) that only tune PyTorch:
+# key -> verl's default. Every one is ignored (`IGNORED_KEYS`).
+_FSDP_ENGINE_KEYS = {
+    "use_orig_params": False,
+    "seed": 42,
+    "full_determinism": False,
+    "ulysses_sequence_parallel_size": 1,
+    "entropy_from_logits_with_chunking": False,
+    "use_torch_compile": True,
+    "entropy_checkpointing": False,
+    "strategy": "fsdp",
+}
+# verl's Megatron parallel sizes that rljax maps onto the actor's mesh: key -> mesh key.
+MEGATRON_MESH_KEYS = {
+    "tensor_model_parallel_size": "actor_rollout_ref.actor.tensor_model_parallel_size",
+    "context_parallel_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+}
+# verl's Megatron engine config (`megatron`): key -> verl's default.
+_MEGATRON_KEYS = {
+    "param_offload": False,
+    "grad_offload": False,
+    "optimizer_offload": False,
+    "tensor_model_parallel_size": 1,
+    "expert_model_parallel_size": 1,
+    "expert_tensor_parallel_size": None,
+    "pipeline_model_parallel_size": 1,
+    "virtual_pipeline_model_parallel_size": None,
+    "context_parallel_size": 1,
+    "sequence_parallel": True,
+    "use_distributed_optimizer": True,
+    "use_dist_checkpointing": False,
+    "dist_checkpointing_path": None,
+    "dist_checkpointing_prefix": "",
+    "seed": 42,
+    "use_mbridge": True,
+    "vanilla_mbridge": True,
+    "use_remove_padding": True,
+    "forward_only": False,
+    "dtype": "bfloat16",
+}
+# Megatron optimizer keys that shape the learning-rate schedule (a non-default value is an error).
+_MEGATRON_SCHEDULE_KEYS = (
+    "lr_warmup_init", "lr_decay_steps", "lr_decay_style", "min_lr", "weight_decay_incr_style",
+    "lr_wsd_decay_style", "lr_wsd_decay_steps")
+_MEGATRON_FREE_FORM = ("override_ddp_config", "override_transformer_config", "override_mcore_model_config")
+_FSDP_ENGINE_SECTIONS = (
+    "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.model.fsdp_config")
+_PROFILED_SECTIONS = (
+    "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout", "critic", "reward_model")
+_OPTIM_SECTIONS = ("actor_rollout_ref.actor", "critic")
+
+
+def _engine_ignored() -> dict[str, str]:
+  """`IGNORED_KEYS` entries for the PyTorch-only keys of verl's engine configs."""
+  ignored = {f"{section}.{key}": "a PyTorch FSDP engine setting; the mesh and the actor's keys set rljax's sharding"
+             for section in _FSDP_ENGINE_SECTIONS for key in _FSDP_ENGINE_KEYS}
+  for section in _FSDP_ENGINE_SECTIONS:
+    ignored[f"{section}.mixed_precision.*"] = "PyTorch FSDP's dtypes; fsdp_config.model_dtype and dtype set rljax's"
+  ignored["actor_rollout_ref.actor.fsdp_config.forward_only"] = "verl's engine flag for roles that never update"
+  ignored["critic.model.fsdp_config.forward_only"] = "verl's engine flag for roles that never update"
+  for section in ("actor_rollout_ref.actor", "critic"):
+    ignored[f"{section}.optim.optimizer_impl"] = "the module verl imports the optimizer from; rljax's AdamW is optax's"
+  for section in _PROFILED_SECTIONS:
+    ignored[f"{section}.profiler.*"] = "Nsight/torch profiler options (enable=true is an error: use jax.profiler)"
+  for section in ("actor_rollout_ref.ref.megatron", "critic.megatron", "reward_model.megatron"):
+    ignored[f"{section}.*"] = "Megatron-LM settings; this model is sharded on the actor's mesh"
+  for key in _MEGATRON_KEYS:
+    if key not in MEGATRON_MESH_KEYS and key != "expert_model_parallel_size":
+      ignored[f"actor_rollout_ref.actor.megatron.{key}"] = (
+          "a Megatron-LM setting (offload, pipelining, checkpoint format, kernels)")
+  for key in _MEGATRON_FREE_FORM:
+    ignored[f"actor_rollout_ref.actor.megatron.{key}"] = "Megatron-LM settings"
+  return ignored
+
 
 IGNORED_KEYS = {
     "actor_rollout_ref.hybrid_engine": "rljax always shares one set of parameter arrays between trainer and rollout",
@@ -98,11 +178,9 @@ IGNORED_KEYS = {
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch": "XLA schedules all-gathers",
     "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params": "sharding follows logical-axis rules, not module wrapping",
     "actor_rollout_ref.model.override_config.moe_config.*": "Megatron only",
-    "actor_rollout_ref.actor.profiler.*": "Nsight/torch profiler options",
     "actor_rollout_ref.ref.strategy": "FSDP/Megatron choice",
     "actor_rollout_ref.ref.use_torch_compile": "everything is jax.jit-compiled",
     "actor_rollout_ref.ref.fsdp_config.*": "the reference model is sharded like the actor",
-    "actor_rollout_ref.ref.profiler.*": "Nsight/torch profiler options",
     "actor_rollout_ref.rollout.mode": "the engine is always in-process",
     "actor_rollout_ref.rollout.gpu_memory_utilization": "the KV cache is sized from max_num_seqs and the lengths",
     "actor_rollout_ref.rollout.enforce_eager": "CUDA graphs; XLA compiles the decode step",
@@ -115,6 +193,7 @@ IGNORED_KEYS = {
     "actor_rollout_ref.rollout.agent.*": "Ray async server classes",
     "actor_rollout_ref.rollout.multi_turn.*": "multi-turn tool rollouts are not available yet (enable=true is an error)",
     "critic.strategy": "FSDP/Megatron choice",
+    "critic.model.override_config.moe_config.freeze_moe_router": "Megatron only",
     "critic.model.external_lib": "registers PyTorch/HF classes",
     "critic.model.trust_remote_code": "rljax runs no model code from checkpoints",
     "critic.model.use_remove_padding": "XLA needs static shapes",
@@ -134,7 +213,6 @@ IGNORED_KEYS = {
     "reward_model.model.use_fused_kernels": "XLA fuses on its own",
     "reward_model.model.use_shm": "shared-memory loading for Ray workers",
     "reward_model.model.fsdp_config.*": "the reward model is sharded like the actor",
-    "reward_model.profiler.*": "Nsight/torch profiler options",
     "reward_model.launch_reward_fn_async": "reward functions run in the reward manager's pool",
     "reward_model.sandbox_fusion.*": "remote code sandboxes are not called; no scorer runs model output as code",
     "data.use_shm": "shared-memory loading for Ray workers",
@@ -156,6 +234,75 @@ IGNORED_KEYS = {
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking": "entropy is always computed in vocabulary-sized chunks of tokens",
     "critic.rollout_n": "the critic's batch follows actor_rollout_ref.rollout.n",
     "algorithm.pf_ppo.*": "read only with algorithm.use_pf_ppo, which rljax does not implement (an error when true)",
+    **_engine_ignored(),
+    "actor_rollout_ref.nccl_timeout": "NCCL collective timeout; XLA's collectives have none to set",
+    "actor_rollout_ref.actor.rollout_n": "verl's copy of actor_rollout_ref.rollout.n, which rljax reads",
+    "actor_rollout_ref.actor.freeze_vision_tower": "rljax has no vision towers (multimodal data is an error)",
+    "actor_rollout_ref.actor.calculate_entropy": "verl's engine switch for the entropy metric; it changes no update",
+    "actor_rollout_ref.actor.use_prefix_grouper": "PyTorch prefix sharing; rljax's is actor_rollout_ref.model.share_prompt_forward",
+    "actor_rollout_ref.actor.checkpoint.async_save": "orbax decides how a checkpoint is written; the saved state is the same",
+    "actor_rollout_ref.actor.use_fused_kernels": "XLA fuses on its own",
+    "actor_rollout_ref.actor.use_remove_padding": "XLA needs static shapes; padding is masked instead",
+    "actor_rollout_ref.actor.router_replay.*": "MoE router replay; rljax has no MoE models",
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": "read by the optimal-token-baseline estimators, which the trainer rejects",
+    "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "read by the optimal-token-baseline estimators, which the trainer rejects",
+    "actor_rollout_ref.ref.rollout_n": "verl's copy of actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.ref.router_replay.*": "MoE router replay; rljax has no MoE models",
+    "actor_rollout_ref.ref.entropy_from_logits_with_chunking": "entropy is always computed in vocabulary-sized chunks of tokens",
+    "actor_rollout_ref.ref.entropy_checkpointing": "rematerialisation is set by model.enable_gradient_checkpointing",
+    "actor_rollout_ref.rollout.cudagraph_capture_sizes": "CUDA graphs; XLA compiles the decode step",
+    "actor_rollout_ref.rollout.data_parallel_size": "the rollout's data axis is the training mesh's",
+    "actor_rollout_ref.rollout.expert_parallel_size": "rljax has no MoE models",
+    "actor_rollout_ref.rollout.pipeline_model_parallel_size": "the rollout's mesh has no pipeline axis; it changes no sample",
+    "actor_rollout_ref.rollout.enable_prefix_caching": "vLLM/SGLang prefix cache",
+    "actor_rollout_ref.rollout.scheduling_policy": "vLLM scheduler order",
+    "actor_rollout_ref.rollout.multi_stage_wake_up": "vLLM/SGLang memory wake-up order",
+    "actor_rollout_ref.rollout.checkpoint_engine.*": "how verl ships weights to the inference servers; the engine reads the trainer's arrays in place",
+    "actor_rollout_ref.rollout.trace.*": "rollout tracing to mlflow/weave",
+    "actor_rollout_ref.rollout.skip_dump_dir": "read only with skip_rollout, which rljax does not implement (an error when true)",
+    "actor_rollout_ref.rollout.skip_tokenizer_init": "vLLM/SGLang tokenizer start-up",
+    "actor_rollout_ref.rollout.enable_rollout_routing_replay": "MoE routing replay; rljax has no MoE models",
+    "actor_rollout_ref.rollout.prometheus.*": "the inference servers' Prometheus metrics",
+    "actor_rollout_ref.rollout.quantization_config_file": "read only with rollout.quantization, which rljax does not implement",
+    "actor_rollout_ref.rollout.mtp.*": "verl's copy of actor_rollout_ref.model.mtp (enable=true is an error there)",
+    "actor_rollout_ref.rollout.layered_summon": "PyTorch FSDP weight gathering for LoRA; the engine reads the trainer's arrays in place",
+    "actor_rollout_ref.model.tiled_mlp.*": "tiling the MLP to save GPU memory; it changes no result",
+    "actor_rollout_ref.model.mtp.*": "multi-token prediction heads (enable=true is an error)",
+    "data.tool_config_path": "read only by multi-turn tool rollouts (multi_turn.enable=true is an error)",
+    "data.image_patch_size": "multimodal data is not supported yet",
+    "data.return_multi_modal_inputs": "multimodal data is not supported yet",
+    "reward_manager.source": "where verl finds the reward manager; reward_manager.module.path set is an error",
+    "critic.optim.optimizer_impl": "the module verl imports the optimizer from; rljax's AdamW is optax's",
+    "critic.model.use_shm": "shared-memory model loading for Ray workers",
+    "critic.model.lora_alpha": "read only with critic.model.lora_rank > 0 (an error: the critic trains in full)",
+    "critic.model.target_modules": "read only with critic.model.lora_rank > 0 (an error: the critic trains in full)",
+    "critic.model.tiled_mlp.*": "tiling the MLP to save GPU memory; it changes no result",
+    "critic.data_loader_seed": "a Megatron RNG work-around; data.seed drives the data order",
+    "critic.checkpoint.async_save": "orbax decides how a checkpoint is written; the saved state is the same",
+    "reward_model.enable_resource_pool": "Ray resource pools",
+    "reward_model.n_gpus_per_node": "Ray resource pools; the reward model runs on the actor's mesh",
+    "reward_model.nnodes": "Ray resource pools; the reward model runs on the actor's mesh",
+    "reward_model.reward_loop_source": "where verl finds a reward loop; reward_loop_module_path set is an error",
+    "reward_model.reward_loop_class_name": "read only with reward_loop_module_path (an error when set)",
+    "reward_model.ulysses_sequence_parallel_size": "the reward model is sharded on the actor's mesh",
+    "reward_model.use_reward_loop": "verl's async reward workers; reward functions run in the reward manager's pool",
+    "reward_model.num_workers": "verl's reward-loop workers; reward_model.prime.num_workers sizes rljax's pool",
+    "reward_model.rollout.*": "an inference server for generative reward models; rljax's reward model is a scorer",
+    "critic.nccl_timeout": "NCCL collective timeout; XLA's collectives have none to set",
+    "reward_model.nccl_timeout": "NCCL collective timeout; XLA's collectives have none to set",
+    "actor_rollout_ref.rollout.layer_name_map.*": "Megatron-to-vLLM weight names; the engine reads the trainer's arrays in place",
+    **{f"{section}.optim.use_checkpoint_opt_param_scheduler": "a resume always restores the schedule's step"
+       for section in _OPTIM_SECTIONS},
+    "actor_rollout_ref.model.lora.*": "Megatron's LoRA config (lora.rank > 0 is an error: rljax's is model.lora_rank)",
+    "critic.model.lora.*": "Megatron's LoRA config (lora.rank > 0 is an error: the critic trains in full)",
+    "data.sampler.class_name": "read only with data.sampler.class_path (an error when set)",
+    "data.datagen.name": "read only with data.datagen.path (an error when set)",
+    "reward_manager.module.name": "read only with reward_manager.module.path (an error when set)",
+    "trainer.esi_redundant_time": "elastic-server preemption margin of verl's cloud jobs",
+    "trainer.use_legacy_worker_impl": "chooses between verl's Ray worker classes",
+    "global_profiler.*": "Nsight/torch profiler options (each role's profiler.enable=true is an error: use jax.profiler)",
+    "transfer_queue.*": "verl's Ray data-transfer queue",
+    "ray_kwargs.*": "no Ray: one JAX program per host",
 }
 
 MAPPED_KEYS = {
@@ -181,6 +328,14 @@ MAPPED_KEYS = {
     "actor_rollout_ref.model.override_config.model_config": "fields that override the model's config.json",
     "trainer.default_local_dir": "orbax CheckpointManager directory",
     "trainer.logger": "console, jsonl, tensorboard, wandb (wandb honours WANDB_MODE=offline)",
+    "actor_rollout_ref.actor.optim.clip_grad": "verl's newer name of actor_rollout_ref.actor.grad_clip: a value other than 1.0 sets it (both set, differently: an error)",
+    "critic.optim.clip_grad": "verl's newer name of critic.grad_clip: a value other than 1.0 sets it (both set, differently: an error)",
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": "a value other than 1 sets actor_rollout_ref.actor.tensor_model_parallel_size (the training mesh's tensor axis; both set, differently: an error)",
+    "actor_rollout_ref.actor.megatron.context_parallel_size": "a value other than 1 sets actor_rollout_ref.actor.ulysses_sequence_parallel_size (the mesh's sequence axis; both set, differently: an error)",
+    "actor_rollout_ref.actor.megatron.expert_model_parallel_size": "the mesh's expert axis; rljax has no MoE models yet, so a value above 1 is an error",
+    **{f"{section}.optim.optimizer": "AdamW or adam (Megatron's name) select rljax's optax AdamW; another name is an error"
+       for section in _OPTIM_SECTIONS},
+    "reward_manager.name": "verl's newer name of reward_model.reward_manager: a value set here is read as it",
 }
 
 RLJAX_KEYS = {
@@ -230,6 +385,67 @@ UNIMPLEMENTED_VALUES = {
     "actor_rollout_ref.rollout.use_fire_sampling": (
         "FIRE sampling (the first token at a higher temperature) is not implemented by the JetStream engine",
         "set actor_rollout_ref.rollout.use_fire_sampling=false"),
+    **{f"{section}.profiler.enable": (
+        "verl's Nsight/torch profilers do not run on JAX",
+        "set it to false and profile with jax.profiler (jax.profiler.trace or jax.profiler.start_server)")
+       for section in _PROFILED_SECTIONS},
+    "actor_rollout_ref.model.lora_adapter_path": (
+        "starting from saved LoRA adapters is not implemented: the adapters would start fresh",
+        "drop actor_rollout_ref.model.lora_adapter_path (merge the adapters into the model first)"),
+    "actor_rollout_ref.model.exclude_modules": (
+        "LoRA's exclude_modules is not implemented: the adapters would cover the excluded modules",
+        "list the modules to adapt in actor_rollout_ref.model.target_modules instead"),
+    "actor_rollout_ref.model.hf_config_path": (
+        "a config.json apart from the weights is not read: the model's own would be used",
+        "drop it, or copy the config.json into actor_rollout_ref.model.path"),
+    "actor_rollout_ref.model.tokenizer_path": (
+        "a tokenizer apart from the model is not read: the model's own would be used",
+        "drop it, or copy the tokenizer files into actor_rollout_ref.model.path"),
+    "actor_rollout_ref.model.custom_chat_template": (
+        "a custom chat template is not applied: the tokenizer's own would be used",
+        "drop it, or put the template in the tokenizer_config.json of actor_rollout_ref.model.path"),
+    "actor_rollout_ref.model.mtp.enable": (
+        "multi-token prediction is not implemented", "set actor_rollout_ref.model.mtp.enable=false"),
+    "actor_rollout_ref.rollout.quantization": (
+        "quantized rollouts are not implemented: the engine would sample at rollout.dtype",
+        "drop actor_rollout_ref.rollout.quantization (rollout.dtype=bfloat16 is the closest)"),
+    "actor_rollout_ref.rollout.logprobs_mode": (
+        "the engine returns the log-probs of the processed (temperature, top-k, top-p) distribution only",
+        "set actor_rollout_ref.rollout.logprobs_mode=processed_logprobs"),
+    "actor_rollout_ref.rollout.over_sample_rate": (
+        "over-sampling (aborting the slowest requests) is not implemented",
+        "set actor_rollout_ref.rollout.over_sample_rate=0"),
+    "actor_rollout_ref.rollout.skip_rollout": (
+        "replaying dumped rollouts is not implemented", "set actor_rollout_ref.rollout.skip_rollout=false"),
+    "critic.model.lora_rank": (
+        "LoRA for the critic is not implemented: the critic trains in full", "set critic.model.lora_rank=0"),
+    "critic.model.override_config": (
+        "the critic's Hugging Face config overrides are not applied", "drop critic.model.override_config"),
+    "reward_model.model.override_config": (
+        "the reward model's Hugging Face config overrides are not applied", "drop reward_model.model.override_config"),
+    "reward_model.reward_loop_module_path": (
+        "custom reward loops are not implemented", "give a scoring function as custom_reward_function.path"),
+    "reward_manager.module.path": (
+        "custom reward-manager classes are not implemented",
+        "give a scoring function as custom_reward_function.path, or pick reward_model.reward_manager"),
+    "data.apply_chat_template_kwargs": (
+        "extra chat-template arguments are not passed to the tokenizer", "drop data.apply_chat_template_kwargs"),
+    "data.sampler.class_path": (
+        "custom samplers are not implemented: the data order is data.shuffle's", "drop data.sampler.class_path"),
+    **{f"{section}.optim.{key}": (
+        "Megatron's learning-rate schedule is not implemented",
+        f"drop {section}.optim.{key}; {section}.optim.lr_scheduler_type, lr_warmup_steps and min_lr_ratio "
+        "set the schedule")
+       for section in _OPTIM_SECTIONS for key in _MEGATRON_SCHEDULE_KEYS},
+    **{f"{model}.lora.rank": (
+        "Megatron's LoRA config is not read", "set actor_rollout_ref.model.lora_rank (and lora_alpha, target_modules)")
+       for model in ("actor_rollout_ref.model", "critic.model")},
+    **{f"{role}.load_weight": (
+        "starting from random weights is not implemented: the checkpoint's weights would be loaded",
+        f"set {role}.load_weight=true")
+       for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")},
+    "data.datagen.path": (
+        "dynamic data generation is not implemented", "drop data.datagen.path"),
 }
 
 # Estimators whose extra inputs the RL loop does not produce.
@@ -271,6 +487,14 @@ OPEN_DICTS = (
     "actor_rollout_ref.rollout.engine_kwargs.vllm",
     "actor_rollout_ref.rollout.engine_kwargs.sglang",
     "critic.model.override_config",
+    "actor_rollout_ref.rollout.engine_kwargs.trtllm",
+    "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
+    "reward_model.rollout.engine_kwargs",
+    "reward_model.model.override_config",
+    "data.apply_chat_template_kwargs",
+    "global_profiler.global_tool_config.torch_memory.kw_args",
+    *(f"{role}.megatron.{key}" for key in _MEGATRON_FREE_FORM
+      for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")),
 )
 # verl's free-form dictionaries whose entries rljax holds under keys of its
 # own (verl launch lines fill them with `+KEY=VALUE`); `verl_free_form_path`
@@ -323,6 +547,13 @@ def _follow(node: ConfigDict, key: str) -> FieldReference:
   return node.get_ref(key).identity()
 
 
+def _nsight_options() -> dict[str, Any]:
+  """verl's Nsight Systems options of the controller and the workers (accepted, ignored)."""
+  controller = {"trace": "cuda,nvtx,cublas,ucx", "cuda-memory-usage": "true", "cuda-graph-trace": "graph"}
+  worker = {**controller, "capture-range": "cudaProfilerApi", "capture-range-end": _null(str), "kill": "none"}
+  return {"controller_nsight_options": controller, "worker_nsight_options": worker}
+
+
 def _data() -> ConfigDict:
   data = ConfigDict({
       "tokenizer": _null(str),
@@ -349,8 +580,13 @@ def _data() -> ConfigDict:
       "truncation": "error",
       "image_key": "images",
       "video_key": "videos",
-      "trust_remote_code": True,
+      "trust_remote_code": False,
       "custom_cls": {"path": _null(str), "name": _null(str)},
+      "image_patch_size": 14,
+      "return_multi_modal_inputs": True,
+      "sampler": {"class_path": _null(str), "class_name": _null(str)},
+      "datagen": {"path": _null(str), "name": _null(str)},
+      "apply_chat_template_kwargs": {},
   })
   data.gen_batch_size = _follow(data, "train_batch_size")
   return data
@@ -367,11 +603,56 @@ def _optim(lr: float, weight_decay: float) -> ConfigDict:
       "warmup_style": _null(str),
       "total_training_steps": -1,
       "weight_decay": weight_decay,
+      "optimizer": "AdamW",
+      "optimizer_impl": "torch.optim",
+      "betas": [0.9, 0.999],
+      "clip_grad": 1.0,
+      **_megatron_optim(),
   })
 
 
-def _fsdp_config() -> ConfigDict:
+def _megatron_optim() -> dict[str, Any]:
+  """The learning-rate schedule keys of verl's Megatron optimizer config."""
+  return {
+      "lr_warmup_init": 0.0,
+      "lr_decay_steps": _null(int),
+      "lr_decay_style": "constant",
+      "min_lr": 0.0,
+      "weight_decay_incr_style": "constant",
+      "lr_wsd_decay_style": "exponential",
+      "lr_wsd_decay_steps": _null(int),
+      "use_checkpoint_opt_param_scheduler": False,
+  }
+
+
+def _megatron_lora() -> ConfigDict:
+  """verl's Megatron LoRA config (`model.lora`)."""
   return ConfigDict({
+      "type": "lora",
+      "merge": False,
+      "rank": 0,
+      "alpha": 32,
+      "dropout": 0.0,
+      "target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+      "exclude_modules": [],
+      "dropout_position": "pre",
+      "lora_A_init_method": "xavier",
+      "lora_B_init_method": "zero",
+      "a2a_experimental": False,
+      "dtype": _null(str),
+      "adapter_path": _null(str),
+      "freeze_vision_model": True,
+      "freeze_vision_projection": True,
+      "freeze_language_model": True,
+  })
+
+
+def _fsdp_config(forward_only: bool = False) -> ConfigDict:
+  """verl's FSDP engine config; `forward_only` for a role that never updates (the reference)."""
+  return ConfigDict({
+      **_FSDP_ENGINE_KEYS,
+      "forward_only": forward_only,
+      "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
       "wrap_policy": {"min_num_params": 0},
       "param_offload": False,
       "optimizer_offload": False,
@@ -385,13 +666,68 @@ def _fsdp_config() -> ConfigDict:
 
 
 def _profiler() -> ConfigDict:
-  return ConfigDict({"discrete": False, "all_ranks": False, "ranks": _null(list)})
+  """verl's per-role profiler options (Nsight, NPU, torch)."""
+  return ConfigDict({
+      "tool": _null(str),
+      "enable": False,
+      "discrete": False,
+      "all_ranks": False,
+      "ranks": [],
+      "save_path": _null(str),
+      "tool_config": {
+          "nsys": {"discrete": False},
+          "npu": {"contents": [], "level": "level0", "analysis": True, "discrete": False},
+          "torch": {"contents": [], "discrete": False},
+          "torch_memory": {"trace_alloc_max_entries": 100000, "stack_depth": 32},
+      },
+  })
+
+
+def _megatron(forward_only: bool = False) -> ConfigDict:
+  """verl's Megatron engine config: parallel sizes, offload, checkpoint format and Megatron-LM overrides."""
+  nulls = {"expert_tensor_parallel_size": int, "virtual_pipeline_model_parallel_size": int,
+           "dist_checkpointing_path": str}
+  node = ConfigDict({key: _null(nulls[key]) if key in nulls else value for key, value in _MEGATRON_KEYS.items()})
+  node.forward_only = forward_only
+  node.override_ddp_config = {}
+  node.override_transformer_config = {
+      "recompute_granularity": _null(str),
+      "recompute_modules": ["core_attn"],
+      "recompute_method": _null(str),
+      "recompute_num_layers": _null(int),
+      "attention_backend": "flash",
+  }
+  node.override_mcore_model_config = {}
+  return node
+
+
+def _mtp() -> ConfigDict:
+  """verl's multi-token-prediction options."""
+  return ConfigDict({
+      "enable": False,
+      "enable_train": False,
+      "enable_rollout": False,
+      "detach_encoder": False,
+      "mtp_loss_scaling_factor": 0.1,
+      "speculative_algorithm": "EAGLE",
+      "speculative_num_steps": 2,
+      "speculative_eagle_topk": 2,
+      "speculative_num_draft_tokens": 4,
+      "method": "mtp",
+      "num_speculative_tokens": 1,
+  })
+
+
+def _router_replay() -> ConfigDict:
+  """verl's MoE router replay options."""
+  return ConfigDict({"mode": "disabled", "record_file": _null(str), "replay_file": _null(str)})
 
 
 def _checkpoint() -> ConfigDict:
   node = ConfigDict({
       "contents": _null(list),
       "save_contents": ["model", "optimizer", "extra"],
+      "async_save": False,
   })
   node.load_contents = _follow(node, "save_contents")
   return node
@@ -409,7 +745,7 @@ def _model() -> ConfigDict:
       "enable_gradient_checkpointing": False,
       "enable_activation_offload": False,
       "trust_remote_code": False,
-      "use_remove_padding": False,
+      "use_remove_padding": True,
       "use_liger": False,
       "use_fused_kernels": False,
       "fused_kernel_options": {"impl_backend": "torch"},
@@ -419,6 +755,14 @@ def _model() -> ConfigDict:
       "attention_kernel": "auto",
       "share_prompt_forward": True,
       **lora_defaults(),
+      "hf_config_path": _null(str),
+      "tokenizer_path": _null(str),
+      "custom_chat_template": _null(str),
+      "exclude_modules": _any(None),
+      "lora_adapter_path": _null(str),
+      "tiled_mlp": {"enabled": False, "num_shards": 4},
+      "mtp": _mtp(),
+      "lora": _megatron_lora(),
   })
 
 
@@ -465,7 +809,7 @@ def _actor() -> ConfigDict:
       "rollout_is_veto_threshold": _null(float),
       "use_torch_compile": True,
       "ppo_epochs": 1,
-      "data_loader_seed": _null(int),
+      "data_loader_seed": 42,
       "shuffle": False,
       "ulysses_sequence_parallel_size": 1,
       "tensor_model_parallel_size": 1,
@@ -473,18 +817,20 @@ def _actor() -> ConfigDict:
       "fsdp_config": _fsdp_config(),
       "checkpoint": _checkpoint(),
       "profiler": _profiler(),
+      "freeze_vision_tower": False,
+      "calculate_entropy": False,
+      "use_prefix_grouper": False,
+      "router_replay": _router_replay(),
+      "calculate_sum_pi_squared": False,
+      "sum_pi_squared_checkpointing": False,
+      "megatron": _megatron(),
   })
 
 
 def _ref(actor: ConfigDict) -> ConfigDict:
   return ConfigDict({
       "strategy": "fsdp",
-      "fsdp_config": {
-          "param_offload": False,
-          "reshard_after_forward": True,
-          "forward_prefetch": False,
-          "wrap_policy": {"min_num_params": 0},
-      },
+      "fsdp_config": _fsdp_config(forward_only=True),
       "use_torch_compile": _follow(actor, "use_torch_compile"),
       "log_prob_micro_batch_size": _null(int),
       "log_prob_micro_batch_size_per_gpu": 16,
@@ -492,13 +838,17 @@ def _ref(actor: ConfigDict) -> ConfigDict:
       "log_prob_max_token_len_per_gpu": _follow(actor, "ppo_max_token_len_per_gpu"),
       "ulysses_sequence_parallel_size": _follow(actor, "ulysses_sequence_parallel_size"),
       "profiler": _profiler(),
+      "router_replay": _router_replay(),
+      "entropy_from_logits_with_chunking": False,
+      "entropy_checkpointing": False,
+      "megatron": _megatron(forward_only=True),
   })
 
 
 def _rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
   return ConfigDict({
       "name": "vllm",
-      "mode": "sync",
+      "mode": "async",
       "temperature": 1.0,
       "top_k": -1,
       "top_p": 1.0,
@@ -508,9 +858,9 @@ def _rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
       "dtype": "bfloat16",
       "gpu_memory_utilization": 0.5,
       "ignore_eos": False,
-      "enforce_eager": True,
+      "enforce_eager": False,
       "free_cache_engine": True,
-      "load_format": "dummy_dtensor",
+      "load_format": "dummy",
       "tensor_model_parallel_size": 2,
       "max_num_batched_tokens": 8192,
       "max_model_len": _null(int),
@@ -529,6 +879,7 @@ def _rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
       "engine_kwargs": {
           "vllm": {"swap_space": _null(int)},
           "sglang": {"attention_backend": _null(str)},
+          "trtllm": {},
       },
       "val_kwargs": {
           "top_k": -1,
@@ -544,9 +895,61 @@ def _rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
           "completion_callback": _null(str),
           "use_inference_chat_template": False,
           "enable_tokenization_sanity_check": True,
+          "max_assistant_turns": _null(int),
+          "max_user_turns": _null(int),
+          "max_parallel_calls": 1,
+          "max_tool_response_length": 256,
+          "tool_response_truncate_side": "middle",
+          "interaction_config_path": _null(str),
+          "tokenization_sanity_check_mode": "strict",
+          "format": "hermes",
+          "num_repeat_rollouts": _null(int),
       },
-      "agent": {"custom_async_server": {"path": _null(str), "name": _null(str)}},
+      "agent": {
+          "num_workers": 8,
+          "default_agent_loop": "single_turn_agent",
+          "agent_loop_config_path": _null(str),
+          "custom_async_server": {"path": _null(str), "name": _null(str)},
+      },
+      **_rollout_engine_keys(),
   })
+
+
+def _rollout_engine_keys() -> dict[str, Any]:
+  """Rollout keys of verl's inference servers (vLLM, SGLang, TensorRT-LLM) that rljax's engine does not read.
+
+  Each is ignored, or an error where a value other than verl's default would
+  change the samples (`UNIMPLEMENTED_VALUES`).
+  """
+  return {
+      "cudagraph_capture_sizes": _null(list),
+      "data_parallel_size": 1,
+      "expert_parallel_size": 1,
+      "pipeline_model_parallel_size": 1,
+      "enable_prefix_caching": True,
+      "logprobs_mode": "processed_logprobs",
+      "scheduling_policy": "fcfs",
+      "over_sample_rate": 0.0,
+      "multi_stage_wake_up": False,
+      "checkpoint_engine": {"backend": "naive", "update_weights_bucket_megabytes": 2048, "engine_kwargs": {}},
+      "trace": {"backend": _null(str), "token2text": False, "max_samples_per_step_per_worker": _null(int)},
+      "skip_rollout": False,
+      "skip_dump_dir": "/tmp/rollout_dump",
+      "skip_tokenizer_init": True,
+      "enable_rollout_routing_replay": False,
+      "profiler": _profiler(),
+      "prometheus": {
+          "enable": False,
+          "port": 9090,
+          "file": "/tmp/ray/session_latest/metrics/prometheus/prometheus.yml",
+          "served_model_name": _null(str),
+      },
+      "quantization": _null(str),
+      "quantization_config_file": _null(str),
+      "mtp": _mtp(),
+      "layer_name_map": {"qkv_layer_name": "qkv", "gate_proj_layer_name": "gate_up"},
+      "layered_summon": False,
+  }
 
 
 def _critic(arr: ConfigDict) -> ConfigDict:
@@ -559,13 +962,19 @@ def _critic(arr: ConfigDict) -> ConfigDict:
       "model": {
           "path": _follow(model, "path"),
           "tokenizer_path": _follow(model, "path"),
-          "override_config": {},
+          "override_config": {"moe_config": {"freeze_moe_router": False}},
           "external_lib": _follow(model, "external_lib"),
           "enable_gradient_checkpointing": _follow(model, "enable_gradient_checkpointing"),
           "enable_activation_offload": False,
           "use_remove_padding": False,
           "trust_remote_code": False,
           "fsdp_config": _fsdp_config(),
+          "use_shm": False,
+          "lora_rank": 0,
+          "lora_alpha": 16,
+          "target_modules": _any("all-linear"),
+          "tiled_mlp": {"enabled": False, "num_shards": 4},
+          "lora": _megatron_lora(),
       },
       "ppo_mini_batch_size": _follow(actor, "ppo_mini_batch_size"),
       "ppo_micro_batch_size": _null(int),
@@ -581,6 +990,9 @@ def _critic(arr: ConfigDict) -> ConfigDict:
       "loss_agg_mode": _follow(actor, "loss_agg_mode"),
       "use_torch_compile": True,
       "checkpoint": _checkpoint(),
+      "data_loader_seed": 42,
+      "profiler": _profiler(),
+      "megatron": _megatron(),
   })
   critic.forward_micro_batch_size_per_gpu = _follow(critic, "ppo_micro_batch_size_per_gpu")
   critic.forward_max_token_len_per_gpu = _follow(critic, "ppo_max_token_len_per_gpu")
@@ -599,6 +1011,7 @@ def _reward_model(model: ConfigDict, critic: ConfigDict) -> ConfigDict:
           "use_remove_padding": False,
           "use_fused_kernels": False,
           "use_shm": False,
+          "override_config": {},
           "fsdp_config": {
               "min_num_params": 0,
               "wrap_policy": {"min_num_params": 0},
@@ -615,9 +1028,20 @@ def _reward_model(model: ConfigDict, critic: ConfigDict) -> ConfigDict:
       "forward_max_token_len_per_gpu": _follow(critic, "forward_max_token_len_per_gpu"),
       "reward_manager": "naive",
       "launch_reward_fn_async": False,
-      "sandbox_fusion": {"url": _null(str), "max_concurrent": 64},
+      "sandbox_fusion": {"url": _null(str), "max_concurrent": 64, "memory_limit_mb": 1024},
       "prime": {"num_workers": _null(int), "timeout_s": 300.0},
-      "profiler": {"discrete": False},
+      "profiler": _profiler(),
+      "enable_resource_pool": False,
+      "n_gpus_per_node": 8,
+      "nnodes": 0,
+      "reward_loop_source": "register",
+      "reward_loop_module_path": _null(str),
+      "reward_loop_class_name": _null(str),
+      "ulysses_sequence_parallel_size": 1,
+      "use_reward_loop": True,
+      "num_workers": 1,
+      "rollout": _reward_rollout(),
+      "megatron": _megatron(forward_only=True),
       "overlong_buffer": {
           "enable": False,
           "len": 0,
@@ -625,6 +1049,33 @@ def _reward_model(model: ConfigDict, critic: ConfigDict) -> ConfigDict:
           "log": False,
           "max_resp_len": _null(int),
       },
+  })
+
+
+def _reward_rollout() -> ConfigDict:
+  """verl's inference server for generative reward models."""
+  return ConfigDict({
+      "name": _null(str),
+      "dtype": "bfloat16",
+      "gpu_memory_utilization": 0.5,
+      "enforce_eager": True,
+      "cudagraph_capture_sizes": _null(list),
+      "free_cache_engine": True,
+      "data_parallel_size": 1,
+      "expert_parallel_size": 1,
+      "tensor_model_parallel_size": 2,
+      "max_num_batched_tokens": 8192,
+      "max_model_len": _null(int),
+      "max_num_seqs": 1024,
+      "load_format": "auto",
+      "engine_kwargs": {},
+      "limit_images": _null(int),
+      "enable_chunked_prefill": True,
+      "enable_prefix_caching": True,
+      "disable_log_stats": True,
+      "skip_tokenizer_init": False,
+      "prompt_length": 2048,
+      "response_length": 2048,
   })
 
 
@@ -661,14 +1112,15 @@ def _algorithm() -> ConfigDict:
           "rollout_rs": _null(str),
           "rollout_rs_threshold": _any(None),
           "bypass_mode": False,
+          "loss_type": "ppo_clip",
       },
   })
 
 
 def _policy_rollout_correction(source: ConfigDict) -> ConfigDict:
   """`actor.policy_loss.rollout_correction`: follows `algorithm.rollout_correction` (bypass mode reads it)."""
-  node = ConfigDict({"loss_type": "ppo_clip"})
-  for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+  node = ConfigDict()
+  for key in ("loss_type", "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
               "rollout_rs_threshold", "bypass_mode"):
     node[key] = _follow(source, key)
   return node
@@ -702,6 +1154,8 @@ def _trainer() -> ConfigDict:
       "max_actor_ckpt_to_keep": _null(int),
       "max_critic_ckpt_to_keep": _null(int),
       "ray_wait_register_center_timeout": 300,
+      "esi_redundant_time": 0,
+      "use_legacy_worker_impl": "auto",
       "seed": 1,
       "logical_axis_rules": [
           ["batch", ["data", "fsdp"]],
@@ -715,19 +1169,7 @@ def _trainer() -> ConfigDict:
           ["head_dim", None],
           ["layers", None],
       ],
-      "controller_nsight_options": {
-          "trace": "cuda,nvtx,cublas,ucx",
-          "cuda-memory-usage": "true",
-          "cuda-graph-trace": "graph",
-      },
-      "worker_nsight_options": {
-          "trace": "cuda,nvtx,cublas,ucx",
-          "cuda-memory-usage": "true",
-          "cuda-graph-trace": "graph",
-          "capture-range": "cudaProfilerApi",
-          "capture-range-end": _null(str),
-          "kill": "none",
-      },
+      **_nsight_options(),
   })
   trainer.default_local_dir = (
       "checkpoints/" + trainer.get_ref("project_name") + "/"
@@ -757,10 +1199,68 @@ def get_base_config() -> ConfigDict:
   arr.actor.policy_loss.rollout_correction = _policy_rollout_correction(config.algorithm.rollout_correction)
   config.trainer = _trainer()
   config.ray_init = {"num_cpus": _null(int), "timeline_json_file": _null(str)}
+  _add_verl_links(config)
+  config.reward_manager = {
+      "source": "register",
+      "name": _follow(config.reward_model, "reward_manager"),
+      "module": {"path": _null(str), "name": "custom_reward_manager"},
+  }
+  config.global_profiler = _global_profiler()
+  _follow_global_profiler(config)
+  config.transfer_queue = {"enable": False}
+  config.ray_kwargs = {"ray_init": {"num_cpus": _null(int)}, "timeline_json_file": _null(str)}
   config.lock()
   for path in OPEN_DICTS:
     get_node(config, path).unlock()
   return config
+
+
+def _add_verl_links(config: ConfigDict) -> None:
+  """Keys whose verl default is another section's key (verl's `${...}` across sections)."""
+  arr = config.actor_rollout_ref
+  for node in (arr, config.critic, config.reward_model):
+    node.nccl_timeout = 600
+  for node in (arr.actor, arr.ref, config.critic, config.reward_model):
+    node.load_weight = True
+  for role in (arr.actor, arr.ref):
+    role.rollout_n = _follow(arr.rollout, "n")
+  arr.actor.use_fused_kernels = _follow(arr.model, "use_fused_kernels")
+  arr.actor.use_remove_padding = _follow(arr.model, "use_remove_padding")
+  arr.rollout.profiler.enable = _follow(arr.actor.profiler, "enable")
+  arr.rollout.prometheus.served_model_name = _follow(arr.model, "path")
+  config.data.tool_config_path = _follow(arr.rollout.multi_turn, "tool_config_path")
+  config.reward_model.megatron.use_distributed_optimizer = False
+
+
+def _follow_global_profiler(config: ConfigDict) -> None:
+  """Each role's profiler tool and directory follow `global_profiler`'s, as in verl."""
+  for section in _PROFILED_SECTIONS:
+    profiler = get_node(config, section).profiler
+    for key in ("tool", "save_path"):
+      profiler[key] = _follow(config.global_profiler, key)
+
+
+def _global_profiler() -> ConfigDict:
+  """verl's `global_profiler`: which steps its Nsight/torch profilers record."""
+  return ConfigDict({
+      "tool": _null(str),
+      "steps": _null(list),
+      "profile_continuous_steps": False,
+      "save_path": "outputs/profile",
+      "global_tool_config": {
+          "nsys": {
+              "discrete": False,
+              **_nsight_options(),
+          },
+          "torch_memory": {
+              "trace_alloc_max_entries": 100000,
+              "stack_depth": 32,
+              "context": "all",
+              "stacks": "all",
+              "kw_args": {},
+          },
+      },
+  })
 
 
 def get_node(config: ConfigDict, path: str) -> Any:
@@ -892,10 +1392,11 @@ def set_value(config: ConfigDict, path: str, value: Any) -> None:
 
   Setting a field that follows another (`${...}` in verl) cuts the link:
   from then on it keeps its own value. An entry of one of verl's free-form
-  dictionaries lands on the rljax key that holds it (`verl_free_form_path`).
+  dictionaries lands on the rljax key that holds it (`verl_free_form_path`);
+  such a dictionary set whole to null (verl's default for some) sets nothing.
   """
-  if isinstance(value, dict) and _in_verl_free_form(path):
-    for sub_key, sub_value in value.items():
+  if _in_verl_free_form(path) and (isinstance(value, dict) or (value is None and path in VERL_FREE_FORM)):
+    for sub_key, sub_value in (value or {}).items():
       set_value(config, f"{path}.{sub_key}", sub_value)
     return
   path = verl_free_form_path(config, path, value)
@@ -1210,7 +1711,55 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
   for section in ("algorithm", "actor_rollout_ref.actor"):
     _map_rollout_is(config, section)
   _map_cosmos_keys(config)
+  for section in _OPTIM_SECTIONS:
+    _map_clip_grad(config, section)
+  _map_megatron_mesh(config)
+  _map_reward_manager_name(config)
   return config
+
+
+def _map_clip_grad(config: ConfigDict, section: str) -> None:
+  """verl's `optim.clip_grad` (its newer name of `grad_clip`): a value other than the default sets `grad_clip`.
+
+  Raises:
+    ConfigError: both keys set, to different values.
+  """
+  node = get_node(config, section)
+  new, old = node.optim.clip_grad, node.grad_clip
+  if new == GRAD_CLIP_DEFAULT:
+    return
+  _check(old in (GRAD_CLIP_DEFAULT, new), f"{section}.optim.clip_grad", new, f"conflicts with {section}.grad_clip={old}",
+         f"set only one of {section}.optim.clip_grad and {section}.grad_clip")
+  node.grad_clip = float(new)
+
+
+def _map_megatron_mesh(config: ConfigDict) -> None:
+  """verl's Megatron parallel sizes onto the actor's mesh axes (`MEGATRON_MESH_KEYS`).
+
+  A size other than 1 sets the mesh key; the expert axis does not exist yet.
+
+  Raises:
+    ConfigError: an expert size above 1, or a size that conflicts with the
+      mesh key set to another value.
+  """
+  megatron = config.actor_rollout_ref.actor.megatron
+  expert = megatron.expert_model_parallel_size
+  _check(expert == 1, "actor_rollout_ref.actor.megatron.expert_model_parallel_size", expert,
+         "rljax has no MoE models yet, so its mesh has no expert axis", "set it to 1")
+  for key, target in MEGATRON_MESH_KEYS.items():
+    size, current = megatron[key], get_node(config, target)
+    if size == 1:
+      continue
+    _check(current in (1, size), f"actor_rollout_ref.actor.megatron.{key}", size, f"conflicts with {target}={current}",
+           f"set only one of actor_rollout_ref.actor.megatron.{key} and {target}")
+    set_value(config, target, size)
+
+
+def _map_reward_manager_name(config: ConfigDict) -> None:
+  """verl's `reward_manager.name` (its newer home of `reward_model.reward_manager`), where set to another value."""
+  name = config.reward_manager.name
+  if name != config.reward_model.reward_manager:
+    set_value(config, "reward_model.reward_manager", name)
 
 
 def _map_cosmos_keys(config: ConfigDict) -> None:
@@ -1314,9 +1863,13 @@ def _check_sampling(config: ConfigDict) -> None:
 
 
 def ignored_reason(path: str) -> str | None:
-  """Why rljax accepts and ignores the key `path` (an `IGNORED_KEYS` entry, `prefix.*` ones included), or None."""
+  """Why rljax accepts and ignores the key `path` (an `IGNORED_KEYS` entry, `prefix.*` ones included), or None.
+
+  An entry of an ignored free-form dictionary (`OPEN_DICTS`) is ignored with it.
+  """
   for key, reason in IGNORED_KEYS.items():
-    if path == key or (key.endswith(".*") and path.startswith(key[:-1])):
+    below = key[:-1] if key.endswith(".*") else (key + "." if _is_open(key) else None)
+    if path == key or (below and path.startswith(below)):
       return reason
   return None
 
@@ -1404,6 +1957,9 @@ def _check_optim(config: ConfigDict) -> None:
     _check_range(config, f"{prefix}.lr_warmup_steps_ratio", 0.0, 1.0)
     _check_range(config, f"{prefix}.min_lr_ratio", 0.0, 1.0)
     _check_positive(config, f"{prefix}.num_cycles", allow_zero=True)
+    name = get_node(config, f"{prefix}.optimizer")
+    _check(str(name).lower() in ADAM_NAMES, f"{prefix}.optimizer", name,
+           "rljax's optimizer is optax's AdamW (decoupled weight decay)", f"set {prefix}.optimizer=AdamW")
 
 
 def _check_trainer(config: ConfigDict) -> None:

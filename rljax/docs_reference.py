@@ -6,8 +6,8 @@
 Every key of `rljax.config.get_base_config()` becomes one table row: its
 default (and the key it follows, verl's `${...}`), its type, its meaning
 (`rljax.config_docs.DESCRIPTIONS`) and what rljax does with it (the tables
-`IGNORED_KEYS`, `MAPPED_KEYS`, `RLJAX_KEYS`, `DEPRECATED_KEYS` of
-`rljax.config`). `tests/test_docs.py` fails when the checked-in page differs
+`IGNORED_KEYS`, `MAPPED_KEYS`, `RLJAX_KEYS`, `DEPRECATED_KEYS`,
+`UNIMPLEMENTED_VALUES` of `rljax.config`). `tests/test_docs.py` fails when the checked-in page differs
 from `render_config_reference()`.
 """
 
@@ -25,6 +25,8 @@ from rljax import config_docs
 
 DOC_PATH = pathlib.Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 REGENERATE = "python -m rljax.docs_reference --write"
+# The status of an `UNIMPLEMENTED_VALUES` key.
+DEFAULT_ONLY = "verl's default only"
 
 # Table groups, in the order of verl's ppo_trainer.yaml; a key belongs to the
 # longest group that prefixes it.
@@ -37,9 +39,13 @@ GROUPS = (
     "actor_rollout_ref.rollout",
     "critic",
     "reward_model",
+    "reward_manager",
     "custom_reward_function",
     "algorithm",
     "trainer",
+    "global_profiler",
+    "transfer_queue",
+    "ray_kwargs",
     "ray_init",
 )
 
@@ -166,6 +172,9 @@ def rljax_status(path: str) -> str:
   if path in config_lib.DEPRECATED_KEYS:
     new, how = config_lib.DEPRECATED_KEYS[path]
     return f"deprecated: read as `{new}` ({how})" if new else f"deprecated: {how}"
+  if path in config_lib.UNIMPLEMENTED_VALUES:
+    problem, _ = config_lib.UNIMPLEMENTED_VALUES[path]
+    return f"{DEFAULT_ONLY}: {problem}; another value is an error"
   reason = ignored_reason(path)
   if reason is not None:
     return f"accepted, ignored: {reason}"
@@ -230,10 +239,12 @@ def _header(paths: list[str]) -> list[str]:
       "- `accepted, ignored`: a key for PyTorch, Ray, vLLM, SGLang or Nsight; it is accepted so a",
       "  verl launch line pastes over, and does nothing.",
       "- `deprecated`: still read, mapped onto its replacement with a warning.",
+      "- `verl's default only`: a verl feature rljax does not implement; any other value is an",
+      "  error before the run starts, so it never runs something other than asked.",
       "",
       f"{len(paths)} keys: {_count(paths, 'as in verl')} as in verl, {_count(paths, 'mapped')} mapped, "
       f"{_count(paths, 'rljax key')} added by rljax, {_count(paths, 'accepted, ignored')} accepted and ignored, "
-      f"{_count(paths, 'deprecated')} deprecated.",
+      f"{_count(paths, 'deprecated')} deprecated, {_count(paths, DEFAULT_ONLY)} accepted at verl's default only.",
       "",
   ]
 

@@ -18,14 +18,17 @@ the way verl resolves them at run time:
 * a string with interpolations inside (`checkpoints/${trainer.project_name}`)
   follows every key it names;
 * `${oc.select:a.b.c,DEFAULT}`: follows `a.b.c`, or takes DEFAULT when rljax
-  has no such key;
+  has no such key (DEFAULT may be `{}` or `[]`, as in verl's generated
+  Megatron config);
 * `${oc.env:NAME}` / `${oc.env:NAME,DEFAULT}`: the environment variable's
   value, read once at load time.
 
 Other resolvers are an error. Numbers such as `1e-6` are floats, as
 OmegaConf reads them (PyYAML alone reads a string). Hydra's top-level `defaults:` list is skipped:
 it composes verl's sub-files, and rljax's base config already holds every key
-they define. `_target_` entries (Hydra's dataclass hints) are skipped too.
+they define. `_target_` entries (Hydra's dataclass hints) are skipped too,
+and so are `???` values (OmegaConf's "no default, must be given"): the key
+keeps rljax's default.
 
 Keys rljax accepts but ignores (`rljax.config.IGNORED_KEYS`) are reported in
 one warning per file, listing those the file sets to something other than
@@ -49,9 +52,11 @@ from rljax import docs_reference
 
 DEFAULTS_KEY = "defaults"
 TARGET_KEY = "_target_"
+MISSING = "???"
 
 _LOG = logging.getLogger("rljax.verl_yaml")
-_INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
+# `${...}`, whose resolver arguments may hold one level of braces (`${oc.select:a.b,{}}`).
+_INTERPOLATION = re.compile(r"\$\{((?:[^${}]|\{[^${}]*\})*)\}")
 _RESOLVER = re.compile(r"^(?P<name>[A-Za-z_][\w.]*):(?P<args>.*)$")
 
 
@@ -86,13 +91,13 @@ def _key_lines(node: yaml.Node, prefix: str = "") -> Iterator[tuple[str, int]]:
 
 
 def _leaves(tree: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
-  """Dotted paths to the leaves of a parsed tree, skipping `_target_` entries.
+  """Dotted paths to the leaves of a parsed tree, skipping `_target_` entries and OmegaConf's `???`.
 
   A mapping stays whole where the key takes one dictionary as its value
   (`config.DICT_FIELDS`: regex keys may hold dots).
   """
   for key, value in tree.items():
-    if key == TARGET_KEY:
+    if key == TARGET_KEY or value == MISSING:
       continue
     path = f"{prefix}{key}"
     if isinstance(value, dict) and path not in config_lib.DICT_FIELDS:

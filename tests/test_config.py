@@ -64,13 +64,13 @@ DOCUMENTED_DEFAULTS = [
     ("data.filter_overlong_prompts_workers", 1),
     ("data.truncation", "error"),
     ("data.image_key", "images"),
-    ("data.trust_remote_code", True),
+    ("data.trust_remote_code", False),  # verl's generated ppo_trainer.yaml (tests/reference)
     ("data.custom_cls.path", None),
     ("actor_rollout_ref.hybrid_engine", True),
     ("actor_rollout_ref.model.path", "~/models/deepseek-llm-7b-chat"),
     ("actor_rollout_ref.model.override_config.attn_implementation", "flash_attention_2"),
     ("actor_rollout_ref.model.enable_gradient_checkpointing", False),
-    ("actor_rollout_ref.model.use_remove_padding", False),
+    ("actor_rollout_ref.model.use_remove_padding", True),  # verl's generated ppo_trainer.yaml
     ("actor_rollout_ref.actor.strategy", "fsdp"),
     ("actor_rollout_ref.actor.ppo_mini_batch_size", 256),
     ("actor_rollout_ref.actor.ppo_micro_batch_size", None),
@@ -115,9 +115,9 @@ DOCUMENTED_DEFAULTS = [
     ("actor_rollout_ref.rollout.dtype", "bfloat16"),
     ("actor_rollout_ref.rollout.gpu_memory_utilization", 0.5),
     ("actor_rollout_ref.rollout.ignore_eos", False),
-    ("actor_rollout_ref.rollout.enforce_eager", True),
+    ("actor_rollout_ref.rollout.enforce_eager", False),  # verl's generated ppo_trainer.yaml
     ("actor_rollout_ref.rollout.free_cache_engine", True),
-    ("actor_rollout_ref.rollout.load_format", "dummy_dtensor"),
+    ("actor_rollout_ref.rollout.load_format", "dummy"),  # verl's generated ppo_trainer.yaml
     ("actor_rollout_ref.rollout.tensor_model_parallel_size", 2),
     ("actor_rollout_ref.rollout.max_num_batched_tokens", 8192),
     ("actor_rollout_ref.rollout.max_num_seqs", 1024),
@@ -472,3 +472,82 @@ def test_overrides_of_ignored_keys_are_listed_in_one_warning(caplog):
   assert len(warnings) == 1 and warnings[0].startswith("2 override(s)")
   assert "gpu_memory_utilization=0.3" in warnings[0] and "param_offload=True" in warnings[0]
   assert "train_batch_size" not in warnings[0]
+
+
+def error_text(overrides, devices=1):
+  with pytest.raises(C.ConfigError) as info:
+    resolved(experiment("grpo"), overrides, devices)
+  return str(info.value)
+
+
+@pytest.mark.parametrize("section", ["actor_rollout_ref.actor", "critic"])
+def test_optim_clip_grad_is_verls_newer_name_of_grad_clip(section):
+  config = resolved(experiment("grpo"), [f"{section}.optim.clip_grad=0.5"])
+  assert C.get_node(config, f"{section}.grad_clip") == 0.5
+  assert C.get_node(resolved(experiment("grpo"), [f"{section}.grad_clip=0.25"]), f"{section}.grad_clip") == 0.25
+  text = error_text([f"{section}.grad_clip=0.25", f"{section}.optim.clip_grad=0.5"])
+  assert f"{section}.optim.clip_grad=0.5: conflicts with {section}.grad_clip=0.25" in text
+  assert f"set only one of {section}.optim.clip_grad and {section}.grad_clip" in text
+
+
+def test_megatron_parallel_sizes_set_the_actors_mesh_axes():
+  megatron = "actor_rollout_ref.actor.megatron"
+  config = resolved(experiment("grpo"), [f"{megatron}.tensor_model_parallel_size=2",
+                                         f"{megatron}.context_parallel_size=2"], devices=4)
+  actor = config.actor_rollout_ref.actor
+  assert (actor.tensor_model_parallel_size, actor.ulysses_sequence_parallel_size) == (2, 2)
+  assert config.actor_rollout_ref.ref.ulysses_sequence_parallel_size == 2
+  same = resolved(experiment("grpo"), [f"{megatron}.tensor_model_parallel_size=2",
+                                       "actor_rollout_ref.actor.tensor_model_parallel_size=2"], devices=2)
+  assert same.actor_rollout_ref.actor.tensor_model_parallel_size == 2
+
+
+@pytest.mark.parametrize("key,target", list(C.MEGATRON_MESH_KEYS.items()))
+def test_megatron_sizes_that_conflict_with_the_mesh_keys_name_both(key, target):
+  text = error_text([f"actor_rollout_ref.actor.megatron.{key}=2", f"{target}=4"], devices=8)
+  assert f"actor_rollout_ref.actor.megatron.{key}=2: conflicts with {target}=4" in text
+  assert f"set only one of actor_rollout_ref.actor.megatron.{key} and {target}" in text
+
+
+def test_an_expert_parallel_size_is_an_error_until_rljax_has_moe_models():
+  text = error_text(["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"], devices=2)
+  assert "expert_model_parallel_size=2: rljax has no MoE models yet" in text
+
+
+def test_reward_manager_name_is_verls_newer_name_of_reward_models_reward_manager():
+  config = resolved(experiment("grpo"), ["reward_manager.name=dapo"])
+  assert config.reward_model.reward_manager == "dapo"
+  assert resolved(experiment("grpo"), ["reward_model.reward_manager=prime"]).reward_manager.name == "prime"
+
+
+@pytest.mark.parametrize("override,problem", [
+    ("actor_rollout_ref.actor.profiler.enable=true", "verl's Nsight/torch profilers do not run on JAX"),
+    ("critic.profiler.enable=true", "profile with jax.profiler"),
+    ("actor_rollout_ref.rollout.profiler.enable=true", "profile with jax.profiler"),
+    ("actor_rollout_ref.rollout.quantization=fp8", "quantized rollouts are not implemented"),
+    ("actor_rollout_ref.model.lora_adapter_path=/adapters", "starting from saved LoRA adapters is not implemented"),
+    ("actor_rollout_ref.model.exclude_modules=[o_proj]", "exclude_modules is not implemented"),
+    ("actor_rollout_ref.actor.optim.optimizer=SGD", "rljax's optimizer is optax's AdamW"),
+    ("actor_rollout_ref.actor.optim.lr_decay_style=cosine", "Megatron's learning-rate schedule is not implemented"),
+    ("+data.apply_chat_template_kwargs.enable_thinking=false", "extra chat-template arguments are not passed"),
+])
+def test_verl_values_rljax_does_not_implement_are_errors(override, problem):
+  assert problem in error_text([override])
+
+
+def test_optimizer_names_meaning_adamw_are_accepted_and_betas_reach_it():
+  for name in ("AdamW", "adam"):
+    resolved(experiment("grpo"), [f"actor_rollout_ref.actor.optim.optimizer={name}", f"critic.optim.optimizer={name}"])
+  config = resolved(experiment("grpo"), ["actor_rollout_ref.actor.optim.betas=[0.5,0.6]"])
+  assert list(config.actor_rollout_ref.actor.optim.betas) == [0.5, 0.6]
+  assert C.ignored_reason("actor_rollout_ref.actor.optim.betas") is None
+
+
+def test_engine_and_megatron_knobs_are_accepted_and_listed_as_ignored():
+  overrides = ["actor_rollout_ref.nccl_timeout=1200", "actor_rollout_ref.actor.megatron.param_offload=true",
+               "actor_rollout_ref.actor.fsdp_config.use_orig_params=true", "global_profiler.tool=nsys",
+               "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform",
+               "reward_model.rollout.gpu_memory_utilization=0.8", "actor_rollout_ref.rollout.layered_summon=true"]
+  resolved(experiment("grpo"), overrides)
+  listed = [text.split("=")[0] for text in C.ignored_overrides(overrides)]
+  assert listed == [text.lstrip("+").split("=")[0] for text in overrides]

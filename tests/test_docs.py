@@ -59,6 +59,9 @@ def test_reference_rows_say_what_rljax_does():
   assert "mapped: size of the mesh's fsdp axis" in rows["actor_rollout_ref.actor.fsdp_config.fsdp_size"]
   assert "deprecated: read as `actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu`" in rows["actor_rollout_ref.actor.ppo_micro_batch_size"]
   assert "rljax key:" in rows["trainer.logical_axis_rules"]
+  assert "verl's default only: quantized rollouts are not implemented" in rows["actor_rollout_ref.rollout.quantization"]
+  assert "mapped: a value other than 1 sets actor_rollout_ref.actor.tensor_model_parallel_size" in rows[
+      "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"]
   assert "`512` (follows `data.max_response_length`)" in rows["actor_rollout_ref.rollout.response_length"]
   assert "(follows `trainer.project_name`, `trainer.experiment_name`)" in rows["trainer.default_local_dir"]
   assert "| int or 'auto' |" in rows["trainer.nnodes"]

@@ -38,7 +38,7 @@ actor_rollout_ref:
   hybrid_engine: True
   model:
     path: ~/models/Qwen2.5-0.5B-Instruct
-    use_remove_padding: True
+    use_remove_padding: False
     enable_gradient_checkpointing: True
     override_config:
       model_config:
@@ -214,7 +214,7 @@ def test_ignored_keys_are_reported_once_by_name(yaml_file, caplog):
   warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
   assert len(warnings) == 1, warnings
   report = warnings[0]
-  for changed in ("actor_rollout_ref.model.use_remove_padding=true",
+  for changed in ("actor_rollout_ref.model.use_remove_padding=false",
                   "actor_rollout_ref.actor.fsdp_config.param_offload=true",
                   "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
                   "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=32",
@@ -262,3 +262,101 @@ def test_cli_dry_run_with_verl_overrides_after_the_file(yaml_file):
   assert run.stderr.count("have no effect in rljax") == 1
   bad = run_cli(f"--config=configs/verl_yaml.py:{yaml_file}", "--dry_run", "trainer.experiment_nam=run2")
   assert bad.returncode == 2 and "did you mean trainer.experiment_name" in bad.stderr
+
+
+# verl's current generated configs (full trees, Megatron sections included),
+# copied into tests/reference with the commit they come from.
+GENERATED = ROOT / "tests" / "reference" / "verl_generated_ppo_trainer.yaml"
+GENERATED_MEGATRON = ROOT / "tests" / "reference" / "verl_generated_ppo_megatron_trainer.yaml"
+# What the generated file needs to run here: a device count this machine has.
+RUNNABLE = ["trainer.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.logger=[console]"]
+# Keys whose rljax default deliberately differs from verl's generated file.
+RLJAX_DEFAULTS = {
+    # verl's documented ppo_trainer.yaml gives 8 and 16; the generated file leaves them null (must be set).
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
+    "critic.forward_micro_batch_size_per_gpu", "reward_model.micro_batch_size_per_gpu",
+    # Values of verl's documents that DOCUMENTED_DEFAULTS in test_config.py pins; the generated file has newer ones.
+    "actor_rollout_ref.model.enable_gradient_checkpointing", "critic.model.enable_gradient_checkpointing",
+    "actor_rollout_ref.rollout.max_num_seqs", "algorithm.kl_ctrl.kl_coef", "trainer.test_freq", "data.return_raw_chat",
+    "data.seed",
+    # Keys with rljax's meaning: grain loads in-process by default, JAX picks the platform.
+    "data.dataloader_num_workers", "trainer.device",
+    # A placeholder path.
+    "reward_model.model.path",
+}
+# Values the Megatron file chooses for itself (its strategy and optimizer name).
+MEGATRON_CHOICES = {
+    "actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy", "reward_model.strategy",
+    "actor_rollout_ref.actor.optim.optimizer", "critic.optim.optimizer",
+    "actor_rollout_ref.model.use_remove_padding",
+}
+
+
+def plain(value):
+  return value.to_dict() if isinstance(value, C.ConfigDict) else value
+
+
+def default_mismatches(path, allowed):
+  """`key: rljax default != verl's` for each key of the file, and the keys rljax lacks.
+
+  Entries of free-form dictionaries (`OPEN_DICTS`) have no default to compare.
+  """
+  base, loaded = C.get_base_config(), verl_yaml.load_file(str(path))
+  problems = []
+  for entry in verl_yaml.read_entries(path.read_text(), str(path)):
+    if entry.path in C.VERL_FREE_FORM:
+      continue
+    try:
+      default = plain(C.get_node(base, entry.path))
+    except (KeyError, AttributeError):
+      if not any(entry.path.startswith(open_dict + ".") for open_dict in C.OPEN_DICTS):
+        problems.append(f"{entry.path}: missing")
+      continue
+    verl = plain(C.get_node(loaded, entry.path))
+    if default != verl and entry.path not in allowed:
+      problems.append(f"{entry.path}: {default!r} != {verl!r}")
+  return problems
+
+
+@pytest.mark.parametrize("path,allowed", [(GENERATED, RLJAX_DEFAULTS),
+                                          (GENERATED_MEGATRON, RLJAX_DEFAULTS | MEGATRON_CHOICES)])
+def test_every_key_of_verls_generated_config_has_verls_default(path, allowed):
+  assert not default_mismatches(path, allowed)
+
+
+def test_verls_generated_config_loads_and_validates(tmp_path):
+  model = tmp_path / "model"
+  model.mkdir()
+  (model / "config.json").write_text('{"model_type": "llama"}')
+  overrides = [f"actor_rollout_ref.model.path={model}", *RUNNABLE]
+  config = C.load_config_file(f"{ROOT / 'configs' / 'verl_yaml.py'}:{GENERATED}")
+  assert C.to_plain(config) == C.to_plain(verl_yaml.load_file(str(GENERATED)))
+  resolved = train.resolve(config, overrides, device_count=1)
+  assert resolved.actor_rollout_ref.actor.grad_clip == 1.0
+  assert resolved.reward_manager.name == resolved.reward_model.reward_manager == "naive"
+  megatron = train.resolve(verl_yaml.load_file(str(GENERATED_MEGATRON)), overrides, device_count=1)
+  assert megatron.actor_rollout_ref.actor.tensor_model_parallel_size == 1
+
+
+def test_verls_generated_config_runs_through_config_path_and_config_name():
+  run = run_cli("--config-path", str(GENERATED.parent), "--config-name", GENERATED.stem, *RUNNABLE,
+                "actor_rollout_ref.model.path=/nonexistent/model", "actor_rollout_ref.nccl_timeout=1200",
+                "actor_rollout_ref.actor.optim.clip_grad=0.5", "--dry_run")
+  assert run.returncode == 0, run.stderr
+  printed = yaml.safe_load(run.stdout)
+  assert printed["actor_rollout_ref"]["nccl_timeout"] == 1200
+  assert printed["actor_rollout_ref"]["actor"]["grad_clip"] == 0.5
+  assert "have no effect in rljax" not in run.stderr  # the file holds verl's defaults only
+  assert run.stderr.count("change nothing in rljax") == 1 and "actor_rollout_ref.nccl_timeout=1200" in run.stderr
+
+
+def test_missing_values_keep_the_default_and_select_defaults_may_be_braces(tmp_path):
+  path = tmp_path / "generated.yaml"
+  source = "actor_rollout_ref.actor.megatron.override_transformer_config"
+  path.write_text("actor_rollout_ref:\n  rollout:\n    name: ???\n  ref:\n    megatron:\n"
+                  f"      override_transformer_config: ${{oc.select:{source},{{}}}}\n")
+  config = verl_yaml.load_file(str(path))
+  assert config.actor_rollout_ref.rollout.name == C.get_base_config().actor_rollout_ref.rollout.name
+  assert config.actor_rollout_ref.ref.megatron.override_transformer_config.attention_backend == "flash"
