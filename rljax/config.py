@@ -127,7 +127,7 @@ _MEGATRON_SCHEDULE_KEYS = (
 _MEGATRON_FREE_FORM = ("override_ddp_config", "override_transformer_config", "override_mcore_model_config")
 _FSDP_ENGINE_SECTIONS = (
     "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.model.fsdp_config")
-_PROFILED_SECTIONS = (
+PROFILED_SECTIONS = (
     "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout", "critic", "reward_model")
 _OPTIM_SECTIONS = ("actor_rollout_ref.actor", "critic")
 
@@ -142,8 +142,10 @@ def _engine_ignored() -> dict[str, str]:
   ignored["critic.model.fsdp_config.forward_only"] = "verl's engine flag for roles that never update"
   for section in ("actor_rollout_ref.actor", "critic"):
     ignored[f"{section}.optim.optimizer_impl"] = "the module verl imports the optimizer from; rljax's AdamW is optax's"
-  for section in _PROFILED_SECTIONS:
-    ignored[f"{section}.profiler.*"] = "Nsight/torch profiler options (enable=true is an error: use jax.profiler)"
+  for section in PROFILED_SECTIONS:
+    for key in ("tool", "discrete", "all_ranks", "ranks", "save_path", "tool_config.*"):
+      ignored[f"{section}.profiler.{key}"] = ("Nsight/NPU/torch profiler options; rljax records jax.profiler traces "
+                                              "(profiler.enable, global_profiler.steps)")
   for section in ("actor_rollout_ref.ref.megatron", "critic.megatron", "reward_model.megatron"):
     ignored[f"{section}.*"] = "Megatron-LM settings; this model is sharded on the actor's mesh"
   for key in _MEGATRON_KEYS:
@@ -300,12 +302,19 @@ IGNORED_KEYS = {
     "reward_manager.module.name": "read only with reward_manager.module.path (an error when set)",
     "trainer.esi_redundant_time": "elastic-server preemption margin of verl's cloud jobs",
     "trainer.use_legacy_worker_impl": "chooses between verl's Ray worker classes",
-    "global_profiler.*": "Nsight/torch profiler options (each role's profiler.enable=true is an error: use jax.profiler)",
+    "global_profiler.global_tool_config.*": "Nsight/torch profiler options; rljax records jax.profiler traces",
+    "global_profiler.profile_continuous_steps": "each listed step is one jax.profiler trace of its own",
     "transfer_queue.*": "verl's Ray data-transfer queue",
     "ray_kwargs.*": "no Ray: one JAX program per host",
 }
 
 MAPPED_KEYS = {
+    "global_profiler.steps": "steps (1-based) recorded as jax.profiler traces when a role's profiler.enable is true: "
+                             "one TensorBoard/Perfetto trace per step in global_profiler.save_path/step_N",
+    "global_profiler.save_path": "directory of the jax.profiler traces (one step_N folder per traced step)",
+    "global_profiler.tool": "any tool (nsys, npu, torch, torch_memory) records a jax.profiler trace",
+    **{f"{section}.profiler.enable": "true on any role traces the whole step at global_profiler.steps (the roles "
+                                     "are one JAX program)" for section in PROFILED_SECTIONS},
     "trainer.nnodes": "number of JAX processes (hosts); 'auto' = jax.process_count()",
     "trainer.n_gpus_per_node": "devices per process; 'auto' = jax.local_device_count()",
     "trainer.device": "JAX platform: auto, cpu, gpu (cuda), tpu",
@@ -385,10 +394,6 @@ UNIMPLEMENTED_VALUES = {
     "actor_rollout_ref.rollout.use_fire_sampling": (
         "FIRE sampling (the first token at a higher temperature) is not implemented by the JetStream engine",
         "set actor_rollout_ref.rollout.use_fire_sampling=false"),
-    **{f"{section}.profiler.enable": (
-        "verl's Nsight/torch profilers do not run on JAX",
-        "set it to false and profile with jax.profiler (jax.profiler.trace or jax.profiler.start_server)")
-       for section in _PROFILED_SECTIONS},
     "actor_rollout_ref.model.lora_adapter_path": (
         "starting from saved LoRA adapters is not implemented: the adapters would start fresh",
         "drop actor_rollout_ref.model.lora_adapter_path (merge the adapters into the model first)"),
@@ -1234,7 +1239,7 @@ def _add_verl_links(config: ConfigDict) -> None:
 
 def _follow_global_profiler(config: ConfigDict) -> None:
   """Each role's profiler tool and directory follow `global_profiler`'s, as in verl."""
-  for section in _PROFILED_SECTIONS:
+  for section in PROFILED_SECTIONS:
     profiler = get_node(config, section).profiler
     for key in ("tool", "save_path"):
       profiler[key] = _follow(config.global_profiler, key)
@@ -1884,6 +1889,14 @@ def ignored_overrides(overrides: Iterable[str]) -> list[str]:
   return found
 
 
+def _check_profiler(config: ConfigDict) -> None:
+  """global_profiler.steps: null or a list of step numbers (1-based, as verl counts steps)."""
+  steps = config.global_profiler.steps
+  _check(steps is None or all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in steps),
+         "global_profiler.steps", steps, "must be a list of step numbers (1 is the first step)",
+         "e.g. global_profiler.steps=[2,3] with actor_rollout_ref.actor.profiler.enable=true")
+
+
 def _check_unimplemented(config: ConfigDict) -> None:
   """Each `UNIMPLEMENTED_VALUES` key at its default (anything else would run something other than asked)."""
   base = get_base_config()
@@ -2233,6 +2246,7 @@ def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
   _check_sampling(config)
   _check_algorithm(config)
   _check_unimplemented(config)
+  _check_profiler(config)
   _check_dynamic_sampling(config)
   _check_optim(config)
   _check_trainer(config)

@@ -56,8 +56,8 @@ from rljax.algos import rollout_corr
 from rljax.models import lora as lora_lib
 from rljax.rewards import managers
 from rljax.rollout import SamplingParams, factory as rollout_factory
-from rljax.trainer import checkpointing, dynamic_sampling, faults, metrics as metrics_lib, policy, steps as steps_lib
-from rljax.trainer import tracking
+from rljax.trainer import checkpointing, dynamic_sampling, faults, metrics as metrics_lib, policy, profiling
+from rljax.trainer import steps as steps_lib, tracking
 from rljax.trainer.dynamic_sampling import COMPONENT_PREFIX
 from rljax.trainer.layout import balance_order, make_layout
 from rljax.trainer.optim import make_optimizer, make_schedule
@@ -399,7 +399,7 @@ class RLTrainer:
     """One RL step on a batch of prompts; returns its metrics."""
     timing: dict[str, float] = {}
     step_metrics: dict[str, Any] = {}
-    with timed(timing, "step"):
+    with profiling.step_trace(self.config, self.step + 1), timed(timing, "step"):
       if self.config.algorithm.filter_groups.enable:
         rows = self._kept_groups(batch, timing, step_metrics)
       else:
