@@ -1699,6 +1699,7 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
   Returns:
     The same config, with replacements filled in.
   """
+  _map_megatron_mesh(config)  # before the data-parallel size, which the mesh sizes set
   world = resolve_world_size(config, device_count)
   dp = data_parallel_size(config, world)
   for old, (new, how) in DEPRECATED_KEYS.items():
@@ -1718,7 +1719,6 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
   _map_cosmos_keys(config)
   for section in _OPTIM_SECTIONS:
     _map_clip_grad(config, section)
-  _map_megatron_mesh(config)
   _map_reward_manager_name(config)
   return config
 

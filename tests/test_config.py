@@ -549,3 +549,11 @@ def test_engine_and_megatron_knobs_are_accepted_and_listed_as_ignored():
   resolved(experiment("grpo"), overrides)
   listed = [text.split("=")[0] for text in C.ignored_overrides(overrides)]
   assert listed == [text.lstrip("+").split("=")[0] for text in overrides]
+
+
+def test_megatron_tensor_size_counts_in_the_filled_micro_batch():
+  # 8 devices, tensor 2 via Megatron's key: 4 data-parallel devices share the 16-row mini-batch
+  config = resolved(experiment("grpo"), ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                                         "actor_rollout_ref.rollout.n=4", "data.train_batch_size=4"], devices=8)
+  assert config.actor_rollout_ref.actor.tensor_model_parallel_size == 2
+  assert config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 4

@@ -62,7 +62,7 @@ class _Fetch(grain.transforms.Map):
 
 def batch_dataset(source: Any, batch_size: int, *, num_epochs: int = 1,
                   shuffle: bool = True, seed: int = 42, process_index: int = 0,
-                  process_count: int = 1) -> grain.MapDataset:
+                  process_count: int = 1, key: str = "data.train_batch_size") -> grain.MapDataset:
   """Training batches over a random-access dataset.
 
   Args:
@@ -73,6 +73,7 @@ def batch_dataset(source: Any, batch_size: int, *, num_epochs: int = 1,
     seed: `data.seed`.
     process_index: this process, in [0, process_count).
     process_count: processes sharing each global batch; must divide B.
+    key: the config key B comes from, for messages.
 
   Returns:
     A MapDataset of num_epochs * (N // B) batches, each `collate`d from
@@ -82,12 +83,12 @@ def batch_dataset(source: Any, batch_size: int, *, num_epochs: int = 1,
   if num_rows == 0:
     raise ValueError("the dataset is empty: no batches to make")
   if batch_size <= 0 or batch_size % process_count:
-    raise ValueError(f"data.train_batch_size={batch_size} must be a positive "
+    raise ValueError(f"{key}={batch_size} must be a positive "
                      f"multiple of the process count {process_count}")
   if batch_size > num_rows:
-    raise ValueError(f"data.train_batch_size={batch_size} is larger than the "
+    raise ValueError(f"{key}={batch_size} is larger than the "
                      f"dataset ({num_rows} prompts): no full batch; lower "
-                     "data.train_batch_size or add data")
+                     f"{key} or add data")
   if num_epochs <= 0:
     raise ValueError(f"trainer.total_epochs={num_epochs} must be positive")
   if not 0 <= process_index < process_count:
@@ -220,14 +221,16 @@ def ensure_config_data(config: Any) -> None:
       synthetic.maybe_generate_default(path)
 
 
-def prompts_per_batch(config: Any) -> int:
-  """Prompts per training-data batch: data.gen_batch_size (one generation round) under DAPO's dynamic
-  sampling (algorithm.filter_groups.enable), else data.train_batch_size."""
-  data = config.data
+def batch_key(config: Any) -> str:
+  """The key giving the prompts per training-data batch: data.gen_batch_size (one generation round) under
+  DAPO's dynamic sampling (algorithm.filter_groups.enable), else data.train_batch_size."""
   groups = config_get(config_get(config, "algorithm", {}), "filter_groups", {})
-  if config_get(groups, "enable", False):
-    return int(data.gen_batch_size)
-  return int(data.train_batch_size)
+  return "data.gen_batch_size" if config_get(groups, "enable", False) else "data.train_batch_size"
+
+
+def prompts_per_batch(config: Any) -> int:
+  """Prompts per training-data batch (`batch_key`'s value)."""
+  return int(config_get(config.data, batch_key(config).split(".")[1]))
 
 
 def make_train_iterator(config: Any, tokenizer: tokenization.Tokenizer,
@@ -258,7 +261,7 @@ def make_train_iterator(config: Any, tokenizer: tokenization.Tokenizer,
       num_epochs=int(config_get(config.trainer, "total_epochs", 1)),
       shuffle=bool(config_get(data, "shuffle", True)),
       seed=int(config_get(data, "seed", 42)),
-      process_index=process_index, process_count=process_count)
+      process_index=process_index, process_count=process_count, key=batch_key(config))
   return BatchIterator(batches, dataset, len(dataset) // batch_size,
                        num_workers=int(config_get(data,
                                                   "dataloader_num_workers", 0)))

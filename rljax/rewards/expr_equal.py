@@ -97,9 +97,13 @@ def should_allow_eval(expr: str) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Value:
   """A number, and whether it is only known approximately (pi, a root, a
-  variable): those are compared with a tolerance."""
+  variable): those are compared with a tolerance; whether it involves an
+  irrational constant (pi, an inexact root or logarithm) and a decimal
+  literal, which sympy never cancels against each other."""
   number: Number
   approximate: bool = False
+  irrational: bool = False
+  decimal: bool = False
 
 
 def _is_greek_name(name: str) -> bool:
@@ -166,7 +170,7 @@ def _checked(number: Number) -> Number:
 
 
 def _apply(op: Callable[[Number, Number], Number], a: Value, b: Value,
-           approximate: bool = False) -> Value:
+           approximate: bool = False, irrational: bool = False) -> Value:
   """`op` on two values with Python's numeric tower: exact on two
   Fractions, else on floats (a Fraction correctly rounded first, as sympy
   rounds a Rational next to a Float) or complex numbers."""
@@ -175,7 +179,9 @@ def _apply(op: Callable[[Number, Number], Number], a: Value, b: Value,
   except (ZeroDivisionError, OverflowError, ValueError) as e:
     raise Unsupported(str(e)) from e
   return Value(_checked(result),
-               approximate or a.approximate or b.approximate)
+               approximate or a.approximate or b.approximate,
+               irrational or a.irrational or b.irrational,
+               a.decimal or b.decimal)
 
 
 def reciprocal(v: Value) -> Value:
@@ -228,7 +234,7 @@ def power(base: Value, exponent: Value) -> Value:
     root = _exact_root(b, e.denominator)
     if root is not None:
       return power(Value(root), Value(fractions.Fraction(e.numerator)))
-  return _apply(operator.pow, base, exponent, approximate=exact)
+  return _apply(operator.pow, base, exponent, approximate=exact, irrational=exact)
 
 
 def square_root(v: Value) -> Value:
@@ -237,10 +243,10 @@ def square_root(v: Value) -> Value:
     root = _exact_root(v.number, 2)
     if root is not None:
       return Value(root)
-    return Value(cmath.sqrt(v.number), True)
+    return Value(cmath.sqrt(v.number), True, True)
   if isinstance(v.number, float) and v.number >= 0:
-    return Value(math.sqrt(v.number), v.approximate)
-  return Value(cmath.sqrt(v.number), v.approximate)
+    return Value(math.sqrt(v.number), v.approximate, v.irrational, v.decimal)
+  return Value(cmath.sqrt(v.number), v.approximate, v.irrational, v.decimal)
 
 
 def natural_log(v: Value) -> Value:
@@ -249,7 +255,7 @@ def natural_log(v: Value) -> Value:
     raise Unsupported("log of zero")
   if v.number == 1 and isinstance(v.number, fractions.Fraction):
     return Value(fractions.Fraction(0))
-  return Value(cmath.log(v.number), True)
+  return Value(cmath.log(v.number), True, True, v.decimal)
 
 
 class _Parser:
@@ -336,7 +342,7 @@ class _Parser:
     if kind == "int":
       return Value(fractions.Fraction(int(text)))
     if kind == "float":
-      return Value(float_literal(text))
+      return Value(float_literal(text), decimal=True)
     if kind == "op":
       if text != "(":
         raise Unsupported(f"unexpected {text!r}")
@@ -349,7 +355,7 @@ class _Parser:
       self.expect(")")
       return square_root(argument) if text == "sqrt" else natural_log(argument)
     if text == "pi":
-      return Value(math.pi, True)
+      return Value(math.pi, True, True)
     return Value(self.variables[text], True)
 
 
@@ -368,7 +374,11 @@ def _variables(tokens: list[tuple[str, str]]) -> list[str]:
 
 def _close(a: Value, b: Value) -> bool:
   """Equal: exactly for numbers known exactly (two Fractions, or floats as
-  sympy's Floats compare), within REL_TOL when either is approximate."""
+  sympy's Floats compare), within REL_TOL when either is approximate; never
+  a decimal against an irrational constant only one side holds
+  (`1.41421356237` is not `sqrt(2)` to sympy)."""
+  if a.irrational != b.irrational and (a.decimal or b.decimal):
+    return False
   if not (a.approximate or b.approximate):
     return a.number == b.number if isinstance(a.number, fractions.Fraction) \
         and isinstance(b.number, fractions.Fraction) \

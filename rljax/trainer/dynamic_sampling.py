@@ -72,9 +72,11 @@ def join_rounds(rounds: Sequence[dict[str, np.ndarray]], groups_wanted: int, gro
     group_size: rollout.n.
 
   Returns:
-    The rows of the first `groups_wanted` groups, `group` renumbered 0..groups_wanted - 1 in order.
+    The rows of the first `groups_wanted` groups, `group` renumbered 0..groups_wanted - 1 in order; the
+    keys every round has (a reward-function component that only some rounds returned is left out).
   """
-  rows = {k: np.concatenate([r[k] for r in rounds]) for k in rounds[0]}
+  keys = [k for k in rounds[0] if all(k in r for r in rounds[1:])]
+  rows = {k: np.concatenate([r[k] for r in rounds]) for k in keys}
   take = groups_wanted * group_size
   rows = {k: v[:take] for k, v in rows.items()}
   rows["group"] = np.repeat(np.arange(groups_wanted, dtype=np.int32), group_size)

@@ -31,6 +31,10 @@ class NonFiniteError(FloatingPointError):
     )
 
 
+class DataExhausted(Exception):
+  """A step needed another batch of training data (dynamic sampling) and the data had ended."""
+
+
 def _is_finite(value: Any) -> bool:
   try:
     return math.isfinite(float(value))
@@ -118,7 +122,7 @@ def run_steps(job: Any, total_steps: int, validation_due: Callable[[int], bool],
         break
       try:
         metrics = job.train_step(batch)
-      except StopIteration:  # the step asked for more data (dynamic sampling) and the data ended
+      except DataExhausted:
         _LOG.warning("the training data ended inside step %d, before it had a full batch: not trained",
                      job.step + 1)
         break

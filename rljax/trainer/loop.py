@@ -146,6 +146,11 @@ class RLTrainer:
     self.tokenizer = models.load_tokenizer(config.data.tokenizer or arr.model.path)
     self.graphdef, self.actor_trainable, self.actor_frozen = lora_lib.split_trainable(model)
 
+    if config.algorithm.filter_groups.enable and jax.process_count() > 1:
+      raise config_lib.ConfigError(
+          "algorithm.filter_groups.enable", True, f"dynamic sampling runs on one process; this job has "
+          f"{jax.process_count()} (each would keep different groups and run a different number of rounds)",
+          "set algorithm.filter_groups.enable=false on a multi-host job")
     self.train_iter = data_lib.make_train_iterator(config, self.tokenizer, jax.process_index(), jax.process_count())
     if not (config.reward_model.enable or config.custom_reward_function.path):
       rewards.check_data_sources(data_lib.as_file_list(config.data.train_files)
@@ -298,7 +303,10 @@ class RLTrainer:
       if rounds:
         if 0 < groups.max_num_gen_batches <= rounds:
           raise ValueError(dynamic_sampling.too_many_rounds(rounds, groups.max_num_gen_batches))
-        batch = next(self.train_iter)
+        try:
+          batch = next(self.train_iter)
+        except StopIteration:
+          raise faults.DataExhausted() from None
       rows = self._rollout(batch, timing, rounds)
       rounds += 1
       keep = dynamic_sampling.kept_rows(dynamic_sampling.metric_values(rows, groups.metric), rows["group"])
@@ -460,7 +468,7 @@ class RLTrainer:
     self.checkpointer.save(self.step, self._arrays(), extras)
     self.saved_step = self.step
     metrics_file = os.path.join(self.run_dir, tracking.METRICS_FILE)
-    if is_main_process() and os.path.exists(metrics_file):
+    if is_main_process() and self.step > 0 and os.path.exists(metrics_file):  # no curve before a step
       tracking.plot_curves(metrics_file, os.path.join(self.run_dir, "curves.png"))
 
   def restore(self, path: str) -> None:

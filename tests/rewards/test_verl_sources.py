@@ -357,3 +357,20 @@ def test_pathological_answers_are_scored_quickly():
   for source, response, truth in PATHOLOGICAL:
     assert default_compute_score(source, response, truth) in (0.0, 1.0)
   assert time.monotonic() - start < 5.0
+
+
+@pytest.mark.parametrize("given,truth", [("1.41421356237", "\\sqrt{2}"), ("0.7853981634", "\\frac{\\pi}{4}"),
+                                         ("0.693147180560", "\\ln 2")])
+def test_a_decimal_is_not_the_irrational_it_approximates(given, truth):
+  # sympy keeps sqrt(2) - 1.41421356237 symbolic, so verl scores 0; a reward must not teach decimals
+  assert prime_math.compute_score(f"The answer is \\boxed{{{given}}}", truth) == 0.0
+  assert expr_equal.are_equal_under_sympy("pi/2", "0.5*pi")
+
+
+def test_degenerate_answers_stay_cheap_and_never_raise():
+  n = 12000
+  matrix = "\\boxed{\\begin{pmatrix}" + "1" * n + "&2" * n + "\\end{pmatrix}}"
+  start = time.perf_counter()
+  assert prime_math.compute_score(matrix, "1") == 0.0
+  assert prime_math.compute_score("The answer is \\boxed{(7**5100, \\pi)}", "(1, 2)") == 0.0
+  assert time.perf_counter() - start < 2.0

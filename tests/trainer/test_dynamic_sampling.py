@@ -2,6 +2,7 @@
 generation rounds on the tiny model."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -34,8 +35,10 @@ def test_metric_values_read_scores_or_the_reward_functions_extra_info():
 def test_rounds_join_into_exactly_the_wanted_groups_renumbered():
   first = {"responses": np.array([[1], [2]]), "group": np.array([3, 3])}
   second = {"responses": np.array([[5], [6], [7], [8]]), "group": np.array([0, 0, 2, 2])}
+  first["reward_extra/format"] = np.array([1.0, 0.0])  # a component only the first round's scorer returned
   rows = dynamic_sampling.join_rounds([first, second], groups_wanted=2, group_size=2)
   assert rows["responses"].ravel().tolist() == [1, 2, 5, 6] and rows["group"].tolist() == [0, 0, 1, 1]
+  assert sorted(rows) == ["group", "responses"]
 
 
 @pytest.mark.parametrize("overrides,match", [
@@ -88,3 +91,14 @@ def test_too_many_rounds_stop_with_verls_error(model_dir, data_dir, tmp_path):
   with pytest.raises(ValueError, match="num_gen_batches=2 >= max_num_gen_batches=2"):
     run(model_dir, data_dir, str(tmp_path / "run"), "algorithm.filter_groups.max_num_gen_batches=2",
         "trainer.total_training_steps=1")
+
+
+def test_data_ending_inside_a_step_stops_the_run_with_a_warning(model_dir, data_dir, tmp_path, caplog):
+  # the random model scores 0 everywhere, so no group is ever kept: with no round limit the first step reads
+  # all 3 batches of 2 prompts and then finds the data ended
+  with caplog.at_level(logging.WARNING, logger="rljax.trainer.faults"):
+    history = run(model_dir, data_dir, str(tmp_path / "run"), "data.gen_batch_size=2", "data.train_max_samples=6",
+                  "trainer.total_epochs=1", "trainer.total_training_steps=null",
+                  "algorithm.filter_groups.max_num_gen_batches=0")
+  assert history == []
+  assert any("the training data ended inside step 1" in r.getMessage() for r in caplog.records)
