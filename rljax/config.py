@@ -1565,8 +1565,9 @@ def reset_value(config: ConfigDict, path: str, defaults: Callable[[], ConfigDict
   """Hydra's `~KEY`: `path` back to its value in `defaults()` (rljax's base config).
 
   A key added below a free-form dictionary is removed; a section resets
-  every key below it. A key that followed another (verl's `${...}`) takes
-  the default's value and stays unlinked.
+  every key below it. A key that follows another by default (verl's
+  `${...}`, e.g. data.gen_batch_size) follows it again; inside a reset
+  section such keys take the default's value.
 
   Args:
     config: the tree to change.
@@ -1586,7 +1587,29 @@ def reset_value(config: ConfigDict, path: str, defaults: Callable[[], ConfigDict
   if expected is not NO_VALUE and current != expected:
     raise ConfigError(path, current, f"~{path}={expected!r} resets the key only where it holds that value",
                       f"write ~{path} to reset it whatever it holds")
-  _reset(node, _section(defaults(), parent), key)
+  base = defaults()
+  section = _section(base, parent)
+  source = None if section is None else _followed_path(base, section._fields.get(key))  # pylint: disable=protected-access
+  if source is not None:
+    source_parent, _, source_key = source.rpartition(".")
+    node[key] = _follow(_section(config, source_parent), source_key)
+    return
+  _reset(node, _section(base, parent), key)
+
+
+def _followed_path(root: ConfigDict, field: Any, prefix: str = "") -> str | None:
+  """The path of the key that `field` (a raw field of `root`'s tree) follows by identity, or None."""
+  target = field._value if isinstance(field, FieldReference) and field._ops else None  # pylint: disable=protected-access
+  if not isinstance(target, FieldReference):
+    return None
+  for key, raw in root._fields.items():  # pylint: disable=protected-access
+    if raw is target:
+      return f"{prefix}{key}"
+    if isinstance(raw, ConfigDict):
+      found = _followed_path(raw, field, f"{prefix}{key}.")
+      if found is not None:
+        return found
+  return None
 
 
 def apply_overrides(config: ConfigDict, overrides: Iterable[str],

@@ -284,3 +284,11 @@ def test_cli_dry_run_rejects_a_hub_id_model_path():
   assert run.returncode == 2
   assert "config error: actor_rollout_ref.model.path='Qwen/Qwen2-7B-Instruct'" in run.stderr
   assert "huggingface-cli download Qwen/Qwen2-7B-Instruct" in run.stderr
+
+
+def test_tilde_on_a_key_that_follows_another_follows_it_again():
+  config = C.apply_overrides(experiment("grpo"), ["data.gen_batch_size=7", "data.train_batch_size=32",
+                                                   "~data.gen_batch_size"])
+  assert config.data.gen_batch_size == 32
+  C.apply_overrides(config, ["data.train_batch_size=16"])
+  assert config.data.gen_batch_size == 16
