@@ -67,6 +67,7 @@ def main():
             "hbm_traffic_gib": None if result.hbm_traffic is None else result.hbm_traffic / GiB,
             "collectives_gib": {k: v / GiB for k, v in result.collectives.items()},
             "bound": None if result.bound is None else [result.bound[0], result.bound[1] / GiB],
+            "activation_all_reduce_gib": result.activation_all_reduce / GiB,
             "ratio": result.ratio, "compile_s": round(result.compile_seconds, 1), "error": result.error}),
               flush=True)
 

@@ -305,7 +305,7 @@ def _walk(computations: dict[str, Computation], name: str, count: int, seen: tup
     kind = _kind(inst, computation)
     if kind is not None:
       channel = re.search(r"channel_id=(\d+)", inst.attributes)
-      groups = re.search(r"replica_groups=(\S+)", inst.attributes)
+      groups = re.search(r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\S+)", inst.attributes)
       yield Collective(kind, _collective_bytes(kind, inst, computation), count, inst.op_name, inst.shape,
                        f"{loops} {channel.group(1)} {groups.group(1) if groups else ''}" if channel else "")
     called = inst.called()
