@@ -44,10 +44,10 @@ def rl_steps(config: ConfigDict, mesh: Mesh) -> list[PlannedStep]:
   """The steps of an RL run of `config` on `mesh`: updates, forward passes, prefill, insert and decode."""
   rules = sharding.rules_from_config(config)
   arr = config.actor_rollout_ref
-  data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
+  data_parallel = sharding.data_parallel_size(mesh)
   layout = make_layout(config, 1, data_parallel)
   model = policy.abstract_actor(config, mesh, rules)
-  sharding.check_model_fits(mesh, model.cfg.num_heads, model.cfg.num_kv_heads)
+  sharding.check_model_fits(mesh, model.cfg.num_heads, model.cfg.num_kv_heads, num_experts=model.cfg.num_experts)
   lora = policy.lora_config(config)
   graphdef, trainable, frozen = lora_lib.split_trainable(model)
   actor_params = nnx.merge_state(trainable, frozen)
@@ -64,7 +64,7 @@ def rl_steps(config: ConfigDict, mesh: Mesh) -> list[PlannedStep]:
   built = steps_lib.build_rl_steps(
       config, layout, mesh, rules, graphdef=graphdef, trainable=trainable, frozen=frozen, actor_tx=actor_tx,
       actor_opt_sh=_opt_shardings(actor_tx, trainable, mesh), lora_dropout=lora_dropout, reference=reference,
-      critic=critic)
+      critic=critic, routing=model.cfg.routing_shape)
   compute = model.cfg.dtype
   planned = [PlannedStep(built.actor_update, ("FSDP min", report.fsdp_minimum(
       actor_params, trainable, layout.micro_batches, compute, mesh.shape["data"])))]
@@ -74,7 +74,7 @@ def rl_steps(config: ConfigDict, mesh: Mesh) -> list[PlannedStep]:
   planned += [PlannedStep(s) for s in (built.old_log_prob, built.ref_log_prob, built.values) if s is not None]
   rollout_mesh = rollout_factory.rollout_mesh(mesh, arr.rollout.tensor_model_parallel_size)
   sharding.check_model_fits(rollout_mesh, model.cfg.num_heads, model.cfg.num_kv_heads,
-                            "actor_rollout_ref.rollout.tensor_model_parallel_size")
+                            "actor_rollout_ref.rollout.tensor_model_parallel_size", model.cfg.num_experts)
   engine = rollout_factory.build_engine(
       model, arr.rollout, prompt_length=config.data.max_prompt_length,
       slots=min(arr.rollout.max_num_seqs, layout.rows), mesh=rollout_mesh, rules=rules,

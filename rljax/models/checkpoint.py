@@ -10,6 +10,7 @@ a Flax parameter reads only the rows of the HF tensor that cover it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -99,32 +100,76 @@ def _block_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, Layout]]:
   return t
 
 
+def _expert_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, Layout]]:
+  """Flax path of a mixture-of-experts parameter inside a block -> (HF name with ``{e}`` for the expert, layout).
+
+  The router is one tensor; each expert's projections are HF tensors of
+  their own (``mlp.experts.{e}.gate_proj.weight``), stacked on the Flax
+  parameter's leading expert axis.
+  """
+  d, f = cfg.hidden_size, cfg.moe_intermediate_size
+  return {
+      ("mlp", "router"): ("mlp.gate.weight", Layout(((cfg.num_experts,), (d,)), (1, 0))),
+      ("mlp", "gate"): ("mlp.experts.{e}.gate_proj.weight", Layout(((f,), (d,)), (1, 0))),
+      ("mlp", "up"): ("mlp.experts.{e}.up_proj.weight", Layout(((f,), (d,)), (1, 0))),
+      ("mlp", "down"): ("mlp.experts.{e}.down_proj.weight", Layout(((d,), (f,)), (1, 0))),
+  }
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
-  """The HF tensors behind one Flax parameter: one name, or one per stacked layer."""
+  """The HF tensors behind one Flax parameter: one name, or one per entry of its leading stacked axes.
+
+  Attributes:
+    names: the HF names, row-major over ``stack``.
+    layout: how each HF tensor becomes a slice of the parameter.
+    stack: the sizes of the parameter's leading axes that index HF tensors
+      (layers when scanned, experts, or both); () for one tensor.
+  """
 
   names: tuple[str, ...]
   layout: Layout
-  stacked: bool
+  stack: tuple[int, ...] = ()
+
+  def to_hf(self, value: np.ndarray) -> dict[str, np.ndarray]:
+    """The parameter ``value`` (Flax layout) as its HF tensors by name."""
+    values = value.reshape(-1, *value.shape[len(self.stack):]) if self.stack else [value]
+    return {name: self.layout.to_hf(v) for name, v in zip(self.names, values)}
+
+
+def _layer_source(cfg: ModelConfig, inner: tuple[Any, ...], layers: tuple[int, ...], stacked: bool) -> Source | None:
+  """The Source of block parameter ``inner`` for ``layers`` (all of them when stacked), or None if unknown."""
+  table, experts = _block_table(cfg), _expert_table(cfg)
+  sparse = cfg.is_sparse(layers[0])
+  if sparse and inner in experts:
+    name, layout = experts[inner]
+    if "{e}" not in name:
+      names = tuple(f"model.layers.{i}.{name}" for i in layers)
+      return Source(names, layout, (len(layers),) if stacked else ())
+    names = tuple(f"model.layers.{i}.{name.format(e=e)}" for i in layers for e in range(cfg.num_experts))
+    return Source(names, layout, ((len(layers),) if stacked else ()) + (cfg.num_experts,))
+  if inner in table and not (sparse and inner[0] == "mlp"):
+    name, layout = table[inner]
+    return Source(tuple(f"model.layers.{i}.{name}" for i in layers), layout, (len(layers),) if stacked else ())
+  return None
 
 
 def hf_sources(cfg: ModelConfig, path: tuple[Any, ...]) -> Source:
   """The HF tensor(s) and layout for the Flax parameter at ``path``."""
   top = Layout(((cfg.vocab_size,), (cfg.hidden_size,)), (0, 1))
   if path == ("embed",):
-    return Source(("model.embed_tokens.weight",), top, False)
+    return Source(("model.embed_tokens.weight",), top)
   if path == ("lm_head",):
-    return Source(("lm_head.weight",), top, False)
+    return Source(("lm_head.weight",), top)
   if path == ("final_norm", "scale"):
-    return Source(("model.norm.weight",), Layout(((cfg.hidden_size,),), (0,)), False)
-  table = _block_table(cfg)
-  if path[0] == "layers" and cfg.scan_layers and path[1:] in table:
-    name, layout = table[path[1:]]
-    return Source(tuple(f"model.layers.{i}.{name}" for i in range(cfg.num_layers)),
-                  layout, True)
-  if path[0] == "layers" and isinstance(path[1], int) and path[2:] in table:
-    name, layout = table[path[2:]]
-    return Source((f"model.layers.{path[1]}.{name}",), layout, False)
+    return Source(("model.norm.weight",), Layout(((cfg.hidden_size,),), (0,)))
+  source = None
+  if path[0] == "layers" and cfg.scan_layers:
+    source = _layer_source(cfg, path[1:], tuple(range(cfg.num_layers)), True)
+  elif path[0] == "layers" and isinstance(path[1], int):
+    source = _layer_source(cfg, path[2:], (path[1],), False)
+  if source is not None:
+    return source
   hint = (" (a LoRA adapter: write rljax.models.lora.merge_lora(model), or save_peft for PEFT's format)"
           if "adapters" in path else "")
   raise KeyError(f"no HF tensor is known for parameter {'/'.join(map(str, path))}{hint}.")
@@ -180,11 +225,14 @@ def _reader(src: TensorSource, source: Source, dtype: np.dtype) -> Callable[[tup
   """Callback: a Flax-layout index -> that block of the parameter, as ``dtype``."""
 
   def read(index: tuple[slice, ...]) -> np.ndarray:
-    if not source.stacked:
+    if not source.stack:
       return source.layout.read(src.tensor(source.names[0]), index).astype(dtype)
-    layers = range(*index[0].indices(len(source.names)))
-    return np.stack([source.layout.read(src.tensor(source.names[i]), index[1:]).astype(dtype)
-                     for i in layers])
+    index = tuple(index) + (slice(None),) * (len(source.stack) + len(source.layout.shape) - len(index))
+    lead = [range(*s.indices(n)) for s, n in zip(index, source.stack)]
+    rest = index[len(source.stack):]
+    blocks = [source.layout.read(src.tensor(source.names[int(np.ravel_multi_index(ix, source.stack))]), rest)
+              .astype(dtype) for ix in itertools.product(*lead)]
+    return np.stack(blocks).reshape(*(len(r) for r in lead), *blocks[0].shape)
 
   return read
 
@@ -236,11 +284,7 @@ def hf_tensors(model: CausalLM) -> dict[str, np.ndarray]:
   cfg = model.cfg
   out: dict[str, np.ndarray] = {}
   for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    source = hf_sources(cfg, path)
-    value = np.asarray(jax.device_get(var[...]))
-    values = list(value) if source.stacked else [value]
-    for name, v in zip(source.names, values):
-      out[name] = source.layout.to_hf(v)
+    out.update(hf_sources(cfg, path).to_hf(np.asarray(jax.device_get(var[...]))))
   return out
 
 

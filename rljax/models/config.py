@@ -20,6 +20,7 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     "mistral": {"qkv_bias": False, "o_bias": False, "qk_norm": False},
     "qwen2": {"qkv_bias": True, "o_bias": False, "qk_norm": False},
     "qwen3": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
+    "qwen3_moe": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
 }
 
 _ARCHITECTURES = {
@@ -27,6 +28,7 @@ _ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -39,7 +41,7 @@ class ModelConfig:
   """Shapes and options of a decoder-only causal LM.
 
   Attributes:
-    model_type: HF ``model_type`` (llama, mistral, qwen2, qwen3).
+    model_type: HF ``model_type`` (llama, mistral, qwen2, qwen3, qwen3_moe).
     vocab_size: V.
     hidden_size: D, the residual width.
     intermediate_size: F, the SwiGLU width.
@@ -59,6 +61,13 @@ class ModelConfig:
     qk_norm: per-head RMSNorm on queries and keys before RoPE (Qwen3).
     sliding_window: None, or keys further back than this many positions are
       masked (Mistral).
+    num_experts: E, experts per sparse layer (0: a dense model).
+    num_experts_per_tok: k, experts each token is routed to.
+    moe_intermediate_size: each expert's SwiGLU width.
+    norm_topk_prob: renormalise the k routing weights to sum to 1.
+    decoder_sparse_step: layer i is sparse when (i + 1) % step == 0 ...
+    mlp_only_layers: ... and i is not listed here (those keep the dense MLP).
+    router_aux_loss_coef: weight of the load-balancing loss in training.
     bos_token_id, eos_token_id, pad_token_id: HF token ids (eos may be a list).
     dtype: activation/compute dtype.
     param_dtype: parameter dtype.
@@ -89,6 +98,13 @@ class ModelConfig:
   mlp_bias: bool = False
   qk_norm: bool = False
   sliding_window: int | None = None
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = False
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple[int, ...] = ()
+  router_aux_loss_coef: float = 0.0
   bos_token_id: int | None = None
   eos_token_id: int | list[int] | None = None
   pad_token_id: int | None = None
@@ -105,6 +121,21 @@ class ModelConfig:
 
   def replace(self, **changes: Any) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
+
+  def is_sparse(self, layer: int) -> bool:
+    """Whether decoder layer ``layer`` holds a mixture-of-experts MLP (HF Qwen3-MoE's rule)."""
+    return (self.num_experts > 0 and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0)
+
+  @property
+  def sparse_layers(self) -> tuple[int, ...]:
+    """The indices of the mixture-of-experts layers."""
+    return tuple(i for i in range(self.num_layers) if self.is_sparse(i))
+
+  @property
+  def routing_shape(self) -> tuple[int, int] | None:
+    """(sparse layers, experts per token): the trailing shape of recorded routing; None for a dense model."""
+    return (len(self.sparse_layers), self.num_experts_per_tok) if self.sparse_layers else None
 
   @property
   def rope_type(self) -> str:
@@ -148,6 +179,8 @@ _KNOWN_KEYS = {
     "max_position_embeddings", "tie_word_embeddings", "attention_bias", "mlp_bias",
     "sliding_window", "use_sliding_window", "bos_token_id", "eos_token_id",
     "pad_token_id", "hidden_act", "layer_types", "max_window_layers",
+    "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
 }
 # The fields from_hf_dict reads into a ModelConfig: overriding one changes the
 # built model (layer_types and max_window_layers are dropped unread).
@@ -197,8 +230,8 @@ def from_hf_dict(
   act = d.get("hidden_act", "silu")
   if act not in ("silu", "swish"):
     raise ValueError(f"hidden_act={act!r} is not supported; only silu (SwiGLU) is.")
-  if model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
-    raise ValueError("use_sliding_window=True is not supported for qwen2/qwen3.")
+  if model_type in ("qwen2", "qwen3", "qwen3_moe") and d.get("use_sliding_window"):
+    raise ValueError(f"use_sliding_window=True is not supported for {model_type}.")
   hidden = int(_require(d, "hidden_size", model_type))
   heads = int(_require(d, "num_attention_heads", model_type))
   theta, scaling = _rope_from_hf(d)
@@ -207,6 +240,7 @@ def from_hf_dict(
   o_bias = attention_bias if family["o_bias"] is None else family["o_bias"]
   window = d.get("sliding_window") if model_type == "mistral" else None
   return ModelConfig(
+      **(_moe_fields(d) if model_type == "qwen3_moe" else {}),
       model_type=model_type,
       vocab_size=int(_require(d, "vocab_size", model_type)),
       hidden_size=hidden,
@@ -231,6 +265,31 @@ def from_hf_dict(
       hf_extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS},
       **options,
   )
+
+
+def _moe_fields(d: Mapping[str, Any]) -> dict[str, Any]:
+  """The mixture-of-experts fields of a Qwen3-MoE config.json (``num_local_experts`` is transformers 5's name)."""
+  experts = d.get("num_experts", d.get("num_local_experts"))
+  if not experts:
+    raise ValueError("config.json for model_type='qwen3_moe' lacks the field 'num_experts'.")
+  top_k = int(_require(d, "num_experts_per_tok", "qwen3_moe"))
+  if not 1 <= top_k <= int(experts):
+    raise ValueError(f"num_experts_per_tok={top_k} must be between 1 and num_experts={experts}.")
+  step = int(d.get("decoder_sparse_step", 1))
+  if step < 1:
+    raise ValueError(f"decoder_sparse_step={step} must be >= 1.")
+  for shared in ("shared_expert_intermediate_size", "n_shared_experts"):
+    if d.get(shared):
+      raise ValueError(f"{shared}={d[shared]}: shared experts are not supported (Qwen3-MoE has none).")
+  return {
+      "num_experts": int(experts),
+      "num_experts_per_tok": top_k,
+      "moe_intermediate_size": int(_require(d, "moe_intermediate_size", "qwen3_moe")),
+      "norm_topk_prob": bool(d.get("norm_topk_prob", False)),
+      "decoder_sparse_step": step,
+      "mlp_only_layers": tuple(int(i) for i in d.get("mlp_only_layers") or ()),
+      "router_aux_loss_coef": float(d.get("router_aux_loss_coef", 0.001)),
+  }
 
 
 def to_hf_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict[str, Any]:
@@ -260,13 +319,18 @@ def to_hf_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict[str, Any]
       torch_dtype=torch_dtype,
       dtype=torch_dtype,
   )
-  if cfg.model_type in ("llama", "qwen3"):
+  if cfg.model_type in ("llama", "qwen3", "qwen3_moe"):
     d["attention_bias"] = cfg.qkv_bias
+  if cfg.model_type == "qwen3_moe":
+    d.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+             moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=cfg.norm_topk_prob,
+             decoder_sparse_step=cfg.decoder_sparse_step, mlp_only_layers=list(cfg.mlp_only_layers),
+             router_aux_loss_coef=cfg.router_aux_loss_coef)
   if cfg.model_type == "llama":
     d["mlp_bias"] = cfg.mlp_bias
   if cfg.model_type == "mistral":
     d["sliding_window"] = cfg.sliding_window
-  if cfg.model_type in ("qwen2", "qwen3"):
+  if cfg.model_type in ("qwen2", "qwen3", "qwen3_moe"):
     d["use_sliding_window"] = False
     d.setdefault("sliding_window", None)
   return d

@@ -260,27 +260,43 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-  """Pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(x))."""
+  """Pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(x)).
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None):
+  ``mlp`` replaces the dense SwiGLU (a mixture-of-experts layer passes
+  ``rljax.models.moe.MoE``: called with the token mask, it returns its
+  router stats beside its output).
+  """
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None, mlp: nnx.Module | None = None):
     pd = cfg.param_dtype
     self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=pd, stack=stack)
     self.attn = Attention(cfg, rngs, stack)
     self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=pd, stack=stack)
-    self.mlp = MLP(cfg, rngs, stack)
+    self.mlp = MLP(cfg, rngs, stack) if mlp is None else mlp
 
   def __call__(
       self,
       x: jax.Array,
       cos: jax.Array,
       sin: jax.Array,
-      mask: jax.Array,
+      mask: AttentionMask,
       kv: tuple[jax.Array, jax.Array] | None = None,
       write_index: jax.Array | None = None,
-  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """[B, T, D] -> ([B, T, D], updated kv); see Attention for the arguments."""
+      experts: jax.Array | None = None,
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None, tuple[jax.Array, jax.Array] | None]:
+    """[B, T, D] -> ([B, T, D], updated kv, (router stats [2, E], experts [B, T, k]) or None).
+
+    See Attention for the arguments; ``experts`` [B, T, k] replays a
+    mixture-of-experts layer's routing.
+    """
     residual = ("batch", "activation_length", "embed")
     attn_out, kv = self.attn(self.input_norm(x), cos, sin, mask, kv, write_index)
     x = constrain(x + constrain(attn_out, residual), residual)
-    x = constrain(x + constrain(self.mlp(self.post_attn_norm(x)), residual), residual)
-    return x, kv
+    h = self.post_attn_norm(x)
+    if isinstance(self.mlp, MLP):
+      out, routing = self.mlp(h), None
+    else:
+      valid = None if mask.query_segments is None else mask.query_segments != 0
+      out, routing = self.mlp(h, valid, experts)
+    x = constrain(x + constrain(out, residual), residual)
+    return x, kv, routing

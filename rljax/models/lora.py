@@ -488,10 +488,8 @@ def peft_tensors(model: CausalLM) -> dict[str, np.ndarray]:
         out[f"{name}.lora_A.weight"] = a_l.reshape(-1, rank).T
         out[f"{name}.lora_B.weight"] = b_l.reshape(rank, -1).T
   for path, var in nnx.to_flat_state(nnx.state(model, TrainedParam)):
-    source = checkpoint.hf_sources(model.cfg, path)
-    value = _host(var[...])
-    for name, v in zip(source.names, list(value) if source.stacked else [value]):
-      out[PEFT_PREFIX + name] = source.layout.to_hf(v)
+    for name, v in checkpoint.hf_sources(model.cfg, path).to_hf(_host(var[...])).items():
+      out[PEFT_PREFIX + name] = v
   return out
 
 

@@ -18,6 +18,7 @@ from rljax.models import rope
 from rljax.models.attention import AttentionMask
 from rljax.models.config import ModelConfig
 from rljax.models.layers import Block, RMSNorm, gather_layer, make_param
+from rljax.models import moe
 from rljax.models.remat import remat_policy
 from rljax.sharding.rules import constrain
 
@@ -106,18 +107,42 @@ def attention_mask_3d(
   return mask
 
 
+def _check_scannable(cfg: ModelConfig) -> None:
+  """Raises ValueError when scan_layers is asked of layers that differ (some sparse, some dense)."""
+  sparse = cfg.sparse_layers
+  if cfg.scan_layers and sparse and len(sparse) != cfg.num_layers:
+    raise ValueError(
+        f"scan_layers needs identical layers, but only layers {list(sparse)} of {cfg.num_layers} are "
+        f"mixture-of-experts (decoder_sparse_step={cfg.decoder_sparse_step}, "
+        f"mlp_only_layers={list(cfg.mlp_only_layers)}); set actor_rollout_ref.model.scan_layers=false.")
+
+
+def _routing(routing: tuple[jax.Array, jax.Array] | None) -> moe.Routing | None:
+  """Per-layer (stats [L, 2, E], experts [L, B, T, k]) as a Routing (experts [B, T, L, k]), or None."""
+  if routing is None:
+    return None
+  stats, experts = routing
+  return moe.Routing(stats=stats, experts=jnp.moveaxis(experts, 0, 2))
+
+
+def _block(cfg: ModelConfig, rngs: nnx.Rngs, layer: int, stack: int | None = None) -> Block:
+  """Decoder layer ``layer`` (all layers when stacked): with a mixture-of-experts MLP where the config says."""
+  return Block(cfg, rngs, stack, mlp=moe.MoE(cfg, rngs, stack) if cfg.is_sparse(layer) else None)
+
+
 class CausalLM(nnx.Module):
-  """Decoder-only LM for the Llama, Mistral, Qwen2 and Qwen3 families."""
+  """Decoder-only LM for the Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE families."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
     pd = cfg.param_dtype
+    _check_scannable(cfg)
     self.embed = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"),
                             _EMBED_INIT, pd)
     if cfg.scan_layers:
-      self.layers = Block(cfg, rngs, stack=cfg.num_layers)
+      self.layers = _block(cfg, rngs, 0, stack=cfg.num_layers)
     else:
-      self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+      self.layers = nnx.List([_block(cfg, rngs, i) for i in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=pd)
     if not cfg.tie_word_embeddings:
       self.lm_head = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"),
@@ -137,8 +162,13 @@ class CausalLM(nnx.Module):
       positions: jax.Array,
       mask: AttentionMask,
       cache: KVCache | None,
-  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """x [B, T, D] through every block; returns (x, the updated caches (k, v) in the cache's layout, or None).
+      experts: jax.Array | None = None,
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None, moe.Routing | None]:
+    """x [B, T, D] through every block.
+
+    ``experts`` [B, T, L_sparse, k] replays the mixture-of-experts layers'
+    routing. Returns (x, the updated caches (k, v) in the cache's layout or
+    None, the sparse layers' Routing or None for a dense model).
 
     With scan_layers, a pass without a cache or with a stacked one scans the
     stacked layers; against per-layer caches (the engine's) the layers run
@@ -151,8 +181,8 @@ class CausalLM(nnx.Module):
     cos, sin = rope.cos_sin(positions, inv_freq, attention_factor)
     write_index = None if cache is None else cache.index
 
-    def apply(graphdef, state, x, kv):
-      return nnx.merge(graphdef, gather_layer(state, cfg.dtype))(x, cos, sin, mask, kv, write_index)
+    def apply(graphdef, state, x, kv, layer_experts):
+      return nnx.merge(graphdef, gather_layer(state, cfg.dtype))(x, cos, sin, mask, kv, write_index, layer_experts)
 
     if cfg.remat:
       apply = jax.checkpoint(apply, static_argnums=(0,), policy=remat_policy(cfg.remat_policy))
@@ -160,25 +190,31 @@ class CausalLM(nnx.Module):
       graphdef, state = nnx.split(self.layers)
 
       def body(x, xs):
-        layer_state, kv = xs
-        x, kv = apply(graphdef, layer_state, x, kv)
-        return x, kv
+        layer_state, kv, layer_experts = xs
+        x, kv, routing = apply(graphdef, layer_state, x, kv, layer_experts)
+        return x, (kv, routing)
 
-      x, kv_out = jax.lax.scan(body, x, (state, None if cache is None else (cache.k, cache.v)))
-      return x, kv_out
+      per_layer = None if experts is None else jnp.moveaxis(experts, 2, 0)
+      x, (kv_out, routing) = jax.lax.scan(
+          body, x, (state, None if cache is None else (cache.k, cache.v), per_layer))
+      return x, kv_out, _routing(routing)
     if cfg.scan_layers:
       graphdef, stacked = nnx.split(self.layers)
       layers = [(graphdef, jax.tree.map(lambda p, i=i: p[i], stacked)) for i in range(cfg.num_layers)]
     else:
       layers = [nnx.split(block) for block in self.layers]
-    new_k, new_v = [], []
+    new_k, new_v, routings = [], [], []
     for i, (graphdef, state) in enumerate(layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, kv = apply(graphdef, state, x, kv)
+      layer_experts = None if experts is None or not cfg.is_sparse(i) else experts[:, :, len(routings)]
+      x, kv, routing = apply(graphdef, state, x, kv, layer_experts)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
-    return x, (None if cache is None else (tuple(new_k), tuple(new_v)))
+      if routing is not None:
+        routings.append(routing)
+    return (x, None if cache is None else (tuple(new_k), tuple(new_v)),
+            _routing(tuple(jnp.stack(part) for part in zip(*routings)) if routings else None))
 
   def hidden_states(
       self,
@@ -186,7 +222,9 @@ class CausalLM(nnx.Module):
       attention_mask: jax.Array | None = None,
       positions: jax.Array | None = None,
       segment_ids: jax.Array | None = None,
-  ) -> jax.Array:
+      with_routing: bool = False,
+      experts: jax.Array | None = None,
+  ) -> jax.Array | tuple[jax.Array, moe.Routing | None]:
     """Final (normed) hidden states [B, T, D] for input_ids [B, T].
 
     Args:
@@ -194,6 +232,10 @@ class CausalLM(nnx.Module):
       attention_mask: [B, T] 1 for real tokens, 0 for padding (default all 1).
       positions: [B, T] RoPE positions (default cumsum(mask) - 1).
       segment_ids: [B, T] packed-sequence ids (attention stays within one).
+      with_routing: also return what the mixture-of-experts layers did
+        (``rljax.models.moe.Routing``; None for a dense model).
+      experts: [B, T, L_sparse, k] route each token to these experts
+        (router replay).
     """
     b, t = input_ids.shape
     if attention_mask is None:
@@ -206,8 +248,9 @@ class CausalLM(nnx.Module):
     mask = AttentionMask(
         dense=attention_mask_3d(valid, jnp.broadcast_to(slots, (b, t)), slots, self.cfg.sliding_window, segment_ids),
         query_segments=segments, key_segments=segments, offset=0, window=self.cfg.sliding_window)
-    x, _ = self._run_layers(self._embed(input_ids), positions, mask, None)
-    return constrain(self.final_norm(x), _RESIDUAL)
+    x, _, routing = self._run_layers(self._embed(input_ids), positions, mask, None, experts)
+    h = constrain(self.final_norm(x), _RESIDUAL)
+    return (h, routing) if with_routing else h
 
   def __call__(
       self,
@@ -228,7 +271,9 @@ class CausalLM(nnx.Module):
       positions: jax.Array | None = None,
       last_only: bool = False,
       query_offset: int | None = None,
-  ) -> tuple[jax.Array, KVCache]:
+      with_routing: bool = False,
+      experts: jax.Array | None = None,
+  ) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, moe.Routing | None]:
     """Final (normed) hidden states of T new tokens per row run against a KV cache.
 
     Row b's tokens go to slots ``cache.index[b] .. + T`` (the caller keeps
@@ -244,9 +289,10 @@ class CausalLM(nnx.Module):
         knows it (a prefill into an empty cache: 0; the responses after a
         shared prompt: its length), which lets attention run as a flash
         kernel (``rljax.models.attention``).
+      with_routing, experts: as in ``hidden_states``, for the new tokens.
 
     Returns:
-      (hidden [B, T, D] or [B, 1, D], the updated cache).
+      (hidden [B, T, D] or [B, 1, D], the updated cache[, Routing]).
     """
     b, t = input_ids.shape
     if attention_mask is None:
@@ -262,9 +308,10 @@ class CausalLM(nnx.Module):
         query_segments=attention_mask.astype(jnp.int32), key_segments=slots_mask.astype(jnp.int32),
         offset=query_offset, window=self.cfg.sliding_window,
         live=live_slots(slots_mask, cache.index + t) if t == 1 else None)
-    x, (k, v) = self._run_layers(self._embed(input_ids), positions, mask, cache)
+    x, (k, v), routing = self._run_layers(self._embed(input_ids), positions, mask, cache, experts)
     h = constrain(self.final_norm(x[:, -1:] if last_only else x), _RESIDUAL)
-    return h, KVCache(k=k, v=v, mask=slots_mask, index=cache.index + t)
+    cache = KVCache(k=k, v=v, mask=slots_mask, index=cache.index + t)
+    return (h, cache, routing) if with_routing else (h, cache)
 
   def step(
       self,
@@ -292,7 +339,10 @@ class CausalLM(nnx.Module):
       response_ids: jax.Array,
       response_mask: jax.Array,
       response_positions: jax.Array,
-  ) -> tuple[jax.Array, jax.Array]:
+      with_routing: bool = False,
+      prompt_experts: jax.Array | None = None,
+      response_experts: jax.Array | None = None,
+  ) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, tuple[moe.Routing, moe.Routing] | None]:
     """Hidden states of G-sample groups whose rows share one prompt, the prompt run once per group.
 
     Rows ``g * n .. g * n + n - 1`` answer prompt g (n = N / G). The prompt
@@ -306,21 +356,29 @@ class CausalLM(nnx.Module):
       prompt_ids, prompt_mask, prompt_positions: [G, P] left-padded prompts.
       response_ids, response_mask, response_positions: [N, R] responses
         (response_mask: 1 for tokens other tokens may attend to).
+      with_routing: also return the prompts' and the responses' Routing
+        (None for a dense model).
+      prompt_experts, response_experts: [G, P, L_sparse, k] and
+        [N, R, L_sparse, k] replayed routing (see ``hidden_states``).
 
     Returns:
       (the last prompt token's hidden state [G, D], response hidden states
-      [N, R, D]), final-normed.
+      [N, R, D][, routings]), final-normed.
     """
     g, p = prompt_ids.shape
     rows, r = response_ids.shape
     n = rows // g
     stacked = self.cfg.scan_layers
     cache = init_cache(self.cfg, g, p + r, stacked=stacked)
-    last, cache = self.step_hidden(prompt_ids, cache, prompt_mask, prompt_positions, last_only=True, query_offset=0)
+    last, cache, prompt_routing = self.step_hidden(prompt_ids, cache, prompt_mask, prompt_positions, last_only=True,
+                                                   query_offset=0, with_routing=True, experts=prompt_experts)
     names, axis = ((None, *_CACHE), 1) if stacked else (_CACHE, 0)
     repeat = lambda x: constrain(jnp.repeat(x, n, axis=axis), names)  # noqa: E731
     layers = (lambda f, kv: f(kv)) if stacked else (lambda f, kv: tuple(map(f, kv)))  # noqa: E731
     cache = KVCache(k=layers(repeat, cache.k), v=layers(repeat, cache.v), mask=jnp.repeat(cache.mask, n, axis=0),
                     index=jnp.repeat(cache.index, n, axis=0))
-    hidden, _ = self.step_hidden(response_ids, cache, response_mask, response_positions, query_offset=p)
-    return last[:, 0], hidden
+    hidden, _, routing = self.step_hidden(response_ids, cache, response_mask, response_positions, query_offset=p,
+                                          with_routing=True, experts=response_experts)
+    if not with_routing:
+      return last[:, 0], hidden
+    return last[:, 0], hidden, (None if routing is None else (prompt_routing, routing))

@@ -70,20 +70,20 @@ def rollout_mesh(mesh: Mesh, tensor: int) -> Mesh:
   multiplies [slots, D / fsdp] by [D / fsdp, F / tensor]). The training mesh
   itself when the sizes agree (weights then read in place); otherwise the
   sampler reshards its cast copy of the weights once per rollout
-  (`Engine.compute_params`). The data axis is kept, fsdp takes the rest.
+  (`Engine.compute_params`). The data and expert axes are kept, fsdp takes the rest.
 
   Raises:
     ConfigError: naming the key when `tensor` does not divide the devices left after the data axis.
   """
   if mesh.shape["tensor"] == tensor and mesh.shape["sequence"] == 1:
     return mesh
-  data = mesh.shape["data"]
-  rest = mesh.size // data
+  data, expert = mesh.shape["data"], mesh.shape["expert"]
+  rest = mesh.size // (data * expert)
   if tensor < 1 or rest % tensor:
     raise config_lib.ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size", tensor,
                                  f"does not divide the {rest} devices of a data-parallel replica",
                                  f"choose a divisor of {rest}")
-  return build_mesh({"data": data, "fsdp": rest // tensor, "tensor": tensor, "sequence": 1},
+  return build_mesh({"data": data, "fsdp": rest // tensor, "tensor": tensor, "sequence": 1, "expert": expert},
                     list(mesh.devices.flat))
 
 

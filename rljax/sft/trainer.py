@@ -135,7 +135,7 @@ class SFTTrainer:
     sft_config.validate(config, self.mesh.size)
     data, model_cfg = config.data, config.model
     self.rules = sharding.rules_from_config(config)
-    self.local_micro_rows = data.micro_batch_size_per_gpu * self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    self.local_micro_rows = data.micro_batch_size_per_gpu * sharding.data_parallel_size(self.mesh)
     if self.local_micro_rows % jax.process_count():
       raise config_lib.ConfigError(
           "data.micro_batch_size_per_gpu", data.micro_batch_size_per_gpu,

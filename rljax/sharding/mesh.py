@@ -12,15 +12,18 @@ choice holds everywhere.
 
 Axes, in order: `data` (pure data parallel), `fsdp` (data parallel with
 parameters and optimizer state sharded), `tensor` (tensor parallel),
-`sequence` (sequence parallel). Their sizes come from verl's keys:
+`sequence` (sequence parallel), `expert` (expert parallel: a
+mixture-of-experts layer's experts split over it; for everything else it is
+more fsdp). Their sizes come from verl's keys:
 
 * devices: `trainer.nnodes * trainer.n_gpus_per_node`, or every visible
   device when either says `auto`;
 * tensor: `actor_rollout_ref.actor.tensor_model_parallel_size`;
 * sequence: `actor_rollout_ref.actor.ulysses_sequence_parallel_size`;
+* expert: `actor_rollout_ref.actor.megatron.expert_model_parallel_size`;
 * fsdp: `actor_rollout_ref.actor.fsdp_config.fsdp_size` (-1: every device
-  left after tensor and sequence, within one slice when the devices span
-  several TPU slices);
+  left after tensor, sequence and expert, within one slice when the devices
+  span several TPU slices);
 * data: whatever is left (across the slices, with fsdp_size=-1).
 """
 
@@ -37,15 +40,16 @@ from ml_collections import ConfigDict
 
 from rljax import config as config_lib
 
-AXES = ("data", "fsdp", "tensor", "sequence")
+AXES = ("data", "fsdp", "tensor", "sequence", "expert")
 
 _TENSOR_KEY = "actor_rollout_ref.actor.tensor_model_parallel_size"
 _SEQUENCE_KEY = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
 _FSDP_KEY = "actor_rollout_ref.actor.fsdp_config.fsdp_size"
+EXPERT_KEY = "actor_rollout_ref.actor.megatron.expert_model_parallel_size"
 
 
 def mesh_shape(config: ConfigDict, device_count: int, slices: int = 1) -> dict[str, int]:
-  """Axis sizes {data, fsdp, tensor, sequence} for `device_count` devices in `slices` TPU slices.
+  """Axis sizes {data, fsdp, tensor, sequence, expert} for `device_count` devices in `slices` TPU slices.
 
   fsdp_size=-1 takes the devices left after tensor x sequence in one slice
   (all of them when one slice cannot hold the rest evenly), so that the
@@ -65,20 +69,29 @@ def mesh_shape(config: ConfigDict, device_count: int, slices: int = 1) -> dict[s
         _TENSOR_KEY, tensor,
         f"tensor ({tensor}) x sequence ({_SEQUENCE_KEY}={sequence}) does not divide the {device_count} devices",
         f"choose sizes whose product divides {device_count}")
-  rest = device_count // model
+  expert = actor.megatron.expert_model_parallel_size
+  if expert < 1 or (device_count // model) % expert:
+    raise config_lib.ConfigError(
+        EXPERT_KEY, expert, f"does not divide the {device_count // model} devices left after tensor x sequence",
+        f"choose a divisor of {device_count // model}")
+  rest = device_count // (model * expert)
   if fsdp == -1:
     fsdp = rest // slices if rest % slices == 0 else rest
   if fsdp < 1 or rest % fsdp:
     raise config_lib.ConfigError(
         _FSDP_KEY, fsdp,
-        f"does not divide the {rest} devices left after tensor x sequence ({device_count} devices / {model})",
+        f"does not divide the {rest} devices left after tensor x sequence x expert "
+        f"({device_count} devices / {model * expert})",
         f"set {_FSDP_KEY}=-1 (all of them) or a divisor of {rest}")
-  return {"data": rest // fsdp, "fsdp": fsdp, "tensor": tensor, "sequence": sequence}
+  return {"data": rest // fsdp, "fsdp": fsdp, "tensor": tensor, "sequence": sequence, "expert": expert}
 
 
 def build_mesh(shape: dict[str, int] | Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A Mesh with rljax's four Auto axes; `shape` as a dict or in AXES order."""
-  sizes = tuple(shape[a] for a in AXES) if isinstance(shape, dict) else tuple(shape)
+  """A Mesh with rljax's five Auto axes; `shape` as a dict or in AXES order (`expert` may be left out: 1)."""
+  sizes = tuple(shape.get(a, 1) if a == "expert" else shape[a] for a in AXES) if isinstance(shape, dict) \
+      else tuple(shape)
+  if len(sizes) == len(AXES) - 1:
+    sizes = (*sizes, 1)
   if len(sizes) != len(AXES):
     raise ValueError(f"a mesh shape has {len(AXES)} sizes ({', '.join(AXES)}), got {sizes}")
   devices = list(devices) if devices is not None else jax.devices()
@@ -140,8 +153,19 @@ def make_mesh(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -
   return build_mesh(mesh_shape(config, len(devices), slices), devices)
 
 
-def check_model_fits(mesh: Mesh, num_heads: int, num_kv_heads: int, key: str = _TENSOR_KEY) -> None:
-  """Tensor parallelism splits attention heads: it must divide both head counts."""
+def data_parallel_size(mesh: Mesh) -> int:
+  """Devices that each hold different rows of a batch: data x fsdp x expert."""
+  return mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"]
+
+
+def check_model_fits(mesh: Mesh, num_heads: int, num_kv_heads: int, key: str = _TENSOR_KEY,
+                     num_experts: int = 0) -> None:
+  """Tensor parallelism splits attention heads: it must divide both head counts; the expert axis the experts."""
+  expert = mesh.shape.get("expert", 1)
+  if expert > 1 and (num_experts == 0 or num_experts % expert):
+    what = "a dense model has no experts" if num_experts == 0 else f"it must divide num_experts ({num_experts})"
+    raise config_lib.ConfigError(EXPERT_KEY, expert, f"the expert axis splits experts, but {what}",
+                                 f"set {EXPERT_KEY}=1" if num_experts == 0 else f"choose a divisor of {num_experts}")
   tensor = mesh.shape["tensor"]
   for what, count in (("num_key_value_heads", num_kv_heads), ("num_attention_heads", num_heads)):
     if count % tensor:

@@ -119,12 +119,13 @@ _ACTIVE = threading.local()
 
 def gathered_rules(rules: Rules | None) -> list[tuple[str, Any]]:
   """`rules` without the batch rule's mesh axes on parameter names: the layout a weight is computed in
-  once FSDP has gathered it (tensor-parallel axes kept)."""
+  once FSDP has gathered it (tensor-parallel axes and the experts' `exp` axis kept: an expert-parallel
+  device computes with its own experts only)."""
   rules = list(rules or ())
   batch = set(_axes(rules, "batch"))
   out = []
   for logical, axis in rules:
-    if logical not in ("batch", "cache_batch", "length"):
+    if logical not in ("batch", "cache_batch", "length", "exp"):
       axis = tuple(a for a in _axes([(logical, axis)], logical) if a not in batch) or None
     out.append((logical, axis))
   return out
@@ -228,6 +229,16 @@ def active_spec(names: Sequence[str | None], shape: Sequence[int]) -> PartitionS
     return PartitionSpec()
   mesh, rules, _ = active
   return logical_to_spec(names, shape, mesh, rules)
+
+
+def weight_spec(names: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec:
+  """The PartitionSpec a weight named `names` has where a layer computes with it: gathered (`gather`) in a
+  gathering context, as stored otherwise (replicated outside a context)."""
+  active = getattr(_ACTIVE, "value", None)
+  if active is None:
+    return PartitionSpec()
+  mesh, rules, whole_rules = active
+  return logical_to_spec(names, shape, mesh, whole_rules if whole_rules is not None else rules)
 
 
 def _as_tuple(entry: Any) -> tuple[str, ...]:

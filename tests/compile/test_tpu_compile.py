@@ -72,7 +72,7 @@ def test_two_slices_span_the_outermost_axes_that_they_divide(model_dir):
   config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),
                    [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES], device_count=len(devices))
   mesh = sharding.make_mesh(config, devices=devices)  # fsdp_size=-1: fsdp within a slice, data across them
-  assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1, "sequence": 1}
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1, "sequence": 1, "expert": 1}
   assert [{d.slice_index for d in row.flat} for row in mesh.devices] == [{0}, {1}]
   across = sharding.build_mesh({"data": 1, "fsdp": 8, "tensor": 1, "sequence": 1}, devices)  # fsdp_size=8
   assert [{d.slice_index for d in half} for half in across.devices.reshape(2, 4)] == [{0}, {1}]
@@ -143,6 +143,44 @@ def test_decode_moves_no_weight_and_reads_its_shards(model_dir, name):
   assert summary.by_kind["reduce-scatter"] == 0
   assert "tpu_custom_call" in compiled.as_text()  # the Pallas decode kernel (attention_kernel=auto on TPU)
   assert result.ratio <= 1.3, (result.hbm_traffic, result.bound)
+
+
+MOE = {**TINY, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "moe_intermediate_size": 512,
+       "num_experts": 8, "num_experts_per_tok": 2}
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+  path = tmp_path_factory.mktemp("tiny_moe_tpu")
+  (path / "config.json").write_text(json.dumps(MOE))
+  return str(path)
+
+
+@jax.default_matmul_precision("default")
+def test_expert_parallel_decode_reads_its_experts_in_place(moe_dir):
+  steps, target = planned(moe_dir, "v5p:2x2x1", "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2")
+  decode = steps["decode_step"]
+  gate = decode.step.args[0]["layers"][0]["mlp"]["gate"].get_value()
+  assert gate.sharding.spec == jax.sharding.PartitionSpec("expert", "fsdp", None)  # 4 of 8 experts, half their rows
+  result, compiled = plan.compile_step(decode, target.hbm_bytes)
+  summary = hlo.collectives(compiled.as_text())
+  weights = report.shard_bytes(decode.step.args[0])
+  assert summary.by_kind["all-gather"] < 0.01 * weights, summary.largest("all-gather")  # no expert is gathered
+  assert result.ratio <= 1.3, (result.hbm_traffic, result.bound)
+
+
+@jax.default_matmul_precision("default")
+def test_moe_dispatch_flops_are_those_of_the_activated_experts():
+  from rljax.models import moe
+  tokens, d, f, e, k = 2048, 1024, 512, 8, 2
+  device = topology.devices(topology.parse("v5p:2x2x1"))[:1]
+  one = NamedSharding(Mesh(np.array(device), ("x",)), P())
+  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=one)  # noqa: E731
+  ids = jax.ShapeDtypeStruct((1, tokens, k), jnp.int32, sharding=one)
+  compiled = jax.jit(moe.dispatch).lower(spec(1, tokens, d), ids, spec(1, tokens, k), spec(e, d, f), spec(e, d, f),
+                                         spec(e, f, d)).compile()
+  activated = 2 * tokens * k * 3 * d * f  # gate, up and down of k experts per token
+  assert activated <= compiled.cost_analysis()["flops"] <= 1.3 * activated
 
 
 def test_cli_reports_a_step_that_does_not_fit_with_the_fix(model_dir):

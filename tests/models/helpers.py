@@ -37,6 +37,14 @@ FAMILIES: dict[str, tuple[type, dict[str, Any]]] = {
     # sliding window shorter than the sequence, MQA-ish GQA (4 -> 1).
     "mistral": (transformers.MistralConfig, dict(
         sliding_window=4, num_key_value_heads=1, tie_word_embeddings=False)),
+    # mixture of experts: top-2 of 8 renormalised, layer 1 dense (mlp_only_layers), q/k norm.
+    "qwen3_moe": (transformers.Qwen3MoeConfig, dict(
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
+        mlp_only_layers=[1], head_dim=16, tie_word_embeddings=False)),
+    # mixture of experts in every layer: top-3 of 4, not renormalised, tied.
+    "qwen3_moe_all": (transformers.Qwen3MoeConfig, dict(
+        num_experts=4, num_experts_per_tok=3, moe_intermediate_size=16, norm_topk_prob=False,
+        head_dim=8, tie_word_embeddings=True, router_aux_loss_coef=0.02)),
 }
 
 

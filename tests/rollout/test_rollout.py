@@ -359,7 +359,7 @@ def test_rollout_mesh_reshards_the_weights_once_and_decodes_the_same(twins):
   rules = TENSOR_RULES
   placed = sharding.shard_like(params, sharding.param_shardings(params, train_mesh, rules))
   mesh = factory.rollout_mesh(train_mesh, 2)
-  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2, "sequence": 1}
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2, "sequence": 1, "expert": 1}
   sampler = sampler_for(model, slots=8, eos=(7,), mesh=mesh, rules=rules)
   copy = sampler.engine.compute_params(placed)
   q = copy["layers"][0]["attn"]["q"].get_value()

@@ -62,7 +62,7 @@ def expected_shard(name, shape, mesh):
 def test_sharded_step_equals_one_device(one_device, data, fsdp, tensor):
   config = tiny_step.mesh_config(fsdp, tensor)
   mesh = sharding.make_mesh(config)
-  assert dict(mesh.shape) == {"data": data, "fsdp": fsdp, "tensor": tensor, "sequence": 1}
+  assert dict(mesh.shape) == {"data": data, "fsdp": fsdp, "tensor": tensor, "sequence": 1, "expert": 1}
   sharding.check_model_fits(mesh, tiny_step.TINY.num_heads, tiny_step.TINY.num_kv_heads)
   loss, host, params, opt_state = tiny_step.run_step(mesh)
   ref_loss, ref_params, ref_bytes = one_device

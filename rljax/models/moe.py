@@ -1,0 +1,242 @@
+"""Mixture-of-experts MLP (Qwen3-MoE): top-k routing and grouped matmuls over the experts.
+
+A router picks k of E experts per token (softmax in float32, top-k,
+optionally renormalised, as HF's Qwen3-MoE does). The N*k token copies are
+sorted by expert and each expert's rows run through its SwiGLU as one
+grouped matmul (`jax.lax.ragged_dot`, the TPU's grouped GEMM): the work is
+that of the activated experts, and nothing of shape [tokens, E, ...] is
+built.
+
+Sharding. Expert weights carry the logical axes `(exp, embed, mlp)` (down:
+`(exp, mlp, embed)`). Inside `rljax.sharding.activation_sharding` the
+dispatch runs per device under `shard_map`, reading each weight in the
+layout it has there:
+
+* `exp` over the mesh's `expert` axis (expert parallelism): a device holds
+  E / ep experts. Tokens split over that axis too are all-gathered within
+  the expert group, each device runs the copies routed to its own experts,
+  and the partial outputs are reduce-scattered back to the tokens' owners.
+* `embed` still split (a decode step, whose weights stay where they are):
+  the gate and up projections are partial sums over it, summed per copy
+  (a few KiB per token); no expert weight is gathered.
+* `mlp` over `tensor`: the down projection's partial sums are summed over
+  `tensor`.
+
+Router statistics (`stats`, [2, E]: copies routed to each expert and summed
+router probabilities, over real tokens) feed the load-balancing loss and
+the expert-load metrics. Each token's chosen experts are returned too, and
+a pass may be given them instead of choosing (router replay, verl's R2:
+the update routes every token to the experts the old-log-prob pass chose,
+so the importance ratio compares the same experts; the routing weights
+still come from the current router, which keeps its gradient).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec
+
+from rljax.models.config import ModelConfig
+from rljax.models.layers import make_param
+from rljax.sharding import rules as rules_lib
+
+_NORMAL = jax.nn.initializers.normal(0.02)
+WEIGHT_NAMES = {"gate": ("exp", "embed", "mlp"), "up": ("exp", "embed", "mlp"), "down": ("exp", "mlp", "embed")}
+
+
+class Routing(NamedTuple):
+  """What a pass's mixture-of-experts layers did.
+
+  Attributes:
+    stats: [L, 2, E] router stats per sparse layer (see `router_stats`).
+    experts: [B, T, L, k] int32, each token's chosen experts per sparse layer.
+  """
+
+  stats: jax.Array
+  experts: jax.Array
+
+
+def route(logits: jax.Array, top_k: int, normalize: bool,
+          experts: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Top-k routing of router logits [N, E], or the routing to given experts [N, k].
+
+  Returns:
+    (weights [N, k] in the logits' dtype, expert ids [N, k] int32,
+    probabilities [N, E] float32): weights are the k largest softmax
+    probabilities (the given experts' probabilities), divided by their sum
+    when ``normalize``.
+  """
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  if experts is None:
+    weights, ids = jax.lax.top_k(probs, top_k)
+  else:
+    ids = experts
+    weights = jnp.take_along_axis(probs, ids, axis=-1)
+  if normalize:
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  return weights.astype(logits.dtype), ids.astype(jnp.int32), probs
+
+
+def router_stats(probs: jax.Array, ids: jax.Array, valid: jax.Array) -> jax.Array:
+  """[2, E] float32: (copies routed to each expert, summed probabilities) over the tokens where valid.
+
+  Args:
+    probs: [N, E] router probabilities.
+    ids: [N, k] chosen experts.
+    valid: [N] bool, real (non-padding) tokens.
+  """
+  e = probs.shape[-1]
+  w = valid.astype(jnp.float32)
+  counts = jnp.zeros((e,), jnp.float32).at[ids.reshape(-1)].add(jnp.repeat(w, ids.shape[-1]))
+  return jnp.stack([counts, jnp.sum(probs * w[:, None], axis=0)])
+
+
+def load_balancing_loss(stats: jax.Array, tokens: jax.Array) -> jax.Array:
+  """HF's (Switch Transformer's) auxiliary loss from per-layer router stats [L, 2, E] over `tokens` real tokens.
+
+  E * sum_e f_e * P_e, with f_e the share of routed copies and P_e the mean
+  router probability of expert e over all L layers' tokens (HF counts each
+  of the k copies, so a uniform router gives k).
+  """
+  layers, _, e = stats.shape
+  total = jnp.maximum(tokens * layers, 1.0)
+  counts, probs = jnp.sum(stats, axis=0)
+  return e * jnp.sum((counts / total) * (probs / total))
+
+
+def max_load(stats: jax.Array) -> jax.Array:
+  """[L] the busiest expert's routed copies over the mean per expert, per layer (1 = perfectly balanced).
+
+  Args:
+    stats: [L, 2, E] router stats.
+  """
+  counts = stats[:, 0]
+  return jnp.max(counts, axis=-1) / jnp.maximum(jnp.mean(counts, axis=-1), 1e-9)
+
+
+def _sorted_copies(ids: jax.Array, first: Any, experts: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Sorts token copies by local expert: (order [N*k], group sizes [experts], copy is local [N, k]).
+
+  Copies routed to experts outside ``first .. first + experts`` sort last and
+  fall outside the groups (the grouped matmul leaves their rows zero).
+  """
+  local = ids - first
+  here = (local >= 0) & (local < experts)
+  key = jnp.where(here, local, experts).reshape(-1)
+  order = jnp.argsort(key, stable=True)
+  sizes = jnp.zeros((experts + 1,), jnp.int32).at[key].add(1)[:experts]
+  return order, sizes, here
+
+
+def _experts_local(x, ids, weights, gate, up, down, first, sum_inputs, sum_outputs) -> jax.Array:
+  """The outputs [N, D'] of N tokens' copies routed to this device's experts, weighted and summed per token.
+
+  Args:
+    x: [N, D'] tokens (D' = D / the devices splitting a weight's embed axis).
+    ids, weights: [N, k] routing.
+    gate, up: [E', D', F'] local experts' weights; down: [E', F', D'].
+    first: the global id of local expert 0.
+    sum_inputs: sums partial projections over the embed split (identity when whole).
+    sum_outputs: sums [N, D'] partial outputs (tensor split, other devices' experts).
+  """
+  n, k = ids.shape
+  order, sizes, here = _sorted_copies(ids, first, gate.shape[0])
+  rows = x[order // k]
+  h_gate = sum_inputs(jax.lax.ragged_dot(rows, gate.astype(x.dtype), sizes))
+  h_up = sum_inputs(jax.lax.ragged_dot(rows, up.astype(x.dtype), sizes))
+  y = jax.lax.ragged_dot(jax.nn.silu(h_gate) * h_up, down.astype(x.dtype), sizes)
+  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+  y = y[inverse].reshape(n, k, -1)
+  scale = jnp.where(here, weights, jnp.zeros_like(weights)).astype(x.dtype)
+  return sum_outputs(jnp.einsum("nkd,nk->nd", y, scale))
+
+
+def _axes(entry: Any) -> tuple[str, ...]:
+  return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+
+
+def _spec_entry(axes: tuple[str, ...]) -> Any:
+  return None if not axes else (axes[0] if len(axes) == 1 else axes)
+
+
+def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array, up: jax.Array,
+             down: jax.Array) -> jax.Array:
+  """The experts' weighted outputs [B, T, D] for tokens x [B, T, D] routed by ids, weights [B, T, k].
+
+  Runs directly outside a mesh context, per device under `shard_map` inside
+  one (see the module docstring).
+  """
+  b, t, d = x.shape
+  k = ids.shape[-1]
+  mesh = rules_lib.active_mesh()
+  if mesh is None:
+    out = _experts_local(x.reshape(b * t, d), ids.reshape(-1, k), weights.reshape(-1, k), gate, up, down, 0,
+                         lambda v: v, lambda v: v)
+    return out.reshape(b, t, d)
+  w_spec = rules_lib.weight_spec(WEIGHT_NAMES["gate"], gate.shape)
+  exp_axes, d_axes, f_axes = (_axes(e) for e in w_spec)
+  taken = set(d_axes) | set(f_axes)
+  tok = rules_lib.active_spec(("batch", "length"), (b, t))
+  tok = [tuple(a for a in _axes(e) if a not in taken) for e in tok]
+  gathered = tuple(a for e in tok for a in e if a in exp_axes)
+  x_spec = PartitionSpec(*(_spec_entry(e) for e in tok), _spec_entry(d_axes))
+  r_spec = PartitionSpec(*(_spec_entry(e) for e in tok), None)
+  summed = tuple(f_axes) + tuple(a for a in exp_axes if a not in gathered)
+  experts = gate.shape[0] // max(1, _size(mesh, exp_axes))
+
+  def body(x, ids, weights, gate, up, down):
+    lb, lt, ld = x.shape
+    x, ids, weights = x.reshape(lb * lt, ld), ids.reshape(-1, k), weights.reshape(-1, k)
+    if gathered:
+      x, ids, weights = (jax.lax.all_gather(v, gathered, axis=0, tiled=True) for v in (x, ids, weights))
+    first = jax.lax.axis_index(exp_axes) * experts if exp_axes else 0
+    sum_in = (lambda v: jax.lax.psum(v, d_axes)) if d_axes else (lambda v: v)
+    sum_out = (lambda v: jax.lax.psum(v, summed)) if summed else (lambda v: v)
+    out = _experts_local(x, ids, weights, gate, up, down, first, sum_in, sum_out)
+    if gathered:
+      out = jax.lax.psum_scatter(out, gathered, scatter_dimension=0, tiled=True)
+    return out.reshape(lb, lt, ld)
+
+  specs = (x_spec, r_spec, r_spec, w_spec, w_spec, rules_lib.weight_spec(WEIGHT_NAMES["down"], down.shape))
+  return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=x_spec, check_vma=False)(
+      x, ids, weights, gate, up, down)
+
+
+def _size(mesh, axes: tuple[str, ...]) -> int:
+  size = 1
+  for a in axes:
+    size *= mesh.shape[a]
+  return size
+
+
+class MoE(nnx.Module):
+  """Top-k routed SwiGLU experts (Qwen3-MoE's sparse MLP block)."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None):
+    d, e, f, pd = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.param_dtype
+    self.top_k = cfg.num_experts_per_tok
+    self.normalize = cfg.norm_topk_prob
+    self.router = make_param(rngs, (d, e), ("embed", None), _NORMAL, pd, stack)
+    self.gate = make_param(rngs, (e, d, f), WEIGHT_NAMES["gate"], _NORMAL, pd, stack)
+    self.up = make_param(rngs, (e, d, f), WEIGHT_NAMES["up"], _NORMAL, pd, stack)
+    self.down = make_param(rngs, (e, f, d), WEIGHT_NAMES["down"], _NORMAL, pd, stack)
+
+  def __call__(self, x: jax.Array, valid: jax.Array | None = None,
+               experts: jax.Array | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """x [B, T, D] -> ([B, T, D], (router stats [2, E] over the tokens where valid [B, T], experts [B, T, k])).
+
+    ``experts`` [B, T, k]: route to these instead of the top k (replay).
+    """
+    b, t, _ = x.shape
+    logits = x @ self.router[...].astype(x.dtype)
+    given = None if experts is None else experts.reshape(b * t, -1)
+    weights, ids, probs = route(logits.reshape(b * t, -1), self.top_k, self.normalize, given)
+    valid = jnp.ones((b * t,), bool) if valid is None else valid.reshape(-1)
+    stats = router_stats(probs, ids, valid)
+    ids, weights = ids.reshape(b, t, -1), weights.reshape(b, t, -1)
+    out = dispatch(x, ids, weights, self.gate[...], self.up[...], self.down[...])
+    return out, (stats, ids)

@@ -1,0 +1,152 @@
+"""Qwen3-MoE: routing, the grouped-matmul dispatch, the load-balancing loss and expert parallelism."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import rljax.models as M
+from rljax import config as config_lib
+from rljax import sharding
+from rljax.models import moe
+from tests.models import helpers
+from tests.rollout.test_rollout import hf_greedy, left_padded, sampler_for
+
+
+@pytest.fixture(scope="module")
+def all_sparse(tmp_path_factory):
+  hf = helpers.hf_model("qwen3_moe_all")
+  path = str(tmp_path_factory.mktemp("qwen3_moe_all"))
+  hf.save_pretrained(path)
+  return hf, path
+
+
+def rows4():
+  ids, mask = helpers.batch()
+  return np.concatenate([ids, ids[1:2, ::-1]]), np.concatenate([mask, mask[:1]])
+
+
+def loss_and_grad(model, ids, mask, mesh=None, rules=None):
+  graphdef, state = nnx.split(model)
+
+  def loss(state):
+    if mesh is None:
+      logits = nnx.merge(graphdef, state)(ids, mask)
+    else:
+      with sharding.activation_sharding(mesh, rules):
+        logits = nnx.merge(graphdef, state)(ids, mask)
+    return jnp.sum(jnp.where(mask[..., None] == 1, logits, 0.0) ** 2), logits
+
+  (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(state)
+  return value, logits, grads
+
+
+def test_route_picks_top_k_and_renormalises():
+  logits = jnp.log(jnp.array([[0.1, 0.5, 0.15, 0.25]]))
+  w, ids, probs = moe.route(logits, 2, normalize=False)
+  np.testing.assert_array_equal(ids, [[1, 3]])
+  np.testing.assert_allclose(w, [[0.5, 0.25]], rtol=1e-6)
+  w, _, _ = moe.route(logits, 2, normalize=True)
+  np.testing.assert_allclose(w, [[2 / 3, 1 / 3]], rtol=1e-6)
+  np.testing.assert_allclose(probs.sum(), 1.0, rtol=1e-6)
+
+
+def test_dispatch_equals_every_expert_weighted_by_the_router():
+  rng = np.random.default_rng(0)
+  e, d, f, n, k = 5, 8, 6, 7, 2
+  x = jnp.asarray(rng.normal(size=(1, n, d)), jnp.float32)
+  gate, up = (jnp.asarray(rng.normal(size=(e, d, f)), jnp.float32) for _ in range(2))
+  down = jnp.asarray(rng.normal(size=(e, f, d)), jnp.float32)
+  w, ids, _ = moe.route(jnp.asarray(rng.normal(size=(n, e)), jnp.float32), k, normalize=False)
+  got = moe.dispatch(x, ids[None], w[None], gate, up, down)[0]
+  every = jnp.einsum("nef,efd->ned", jax.nn.silu(jnp.einsum("nd,edf->nef", x[0], gate))
+                     * jnp.einsum("nd,edf->nef", x[0], up), down)
+  dense_w = jnp.zeros((n, e)).at[jnp.arange(n)[:, None], ids].set(w)
+  np.testing.assert_allclose(got, jnp.einsum("ned,ne->nd", every, dense_w), rtol=1e-5, atol=1e-5)
+
+
+def test_load_balancing_loss_equals_transformers(all_sparse):
+  hf, path = all_sparse
+  ids, mask = helpers.batch()
+  with torch.no_grad():
+    out = hf(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long),
+             output_router_logits=True)
+  model = M.from_pretrained(path)
+  _, routing = model.hidden_states(jnp.asarray(ids), jnp.asarray(mask), with_routing=True)
+  stats = routing.stats
+  assert stats.shape == (2, 2, 4) and routing.experts.shape == (3, 10, 2, 3)
+  np.testing.assert_allclose(stats[:, 0].sum(-1), 3 * mask.sum(), rtol=1e-6)
+  ours = moe.load_balancing_loss(stats, jnp.sum(mask))
+  np.testing.assert_allclose(ours, out.aux_loss.item(), rtol=1e-5)
+
+
+def test_scan_matches_unrolled(all_sparse):
+  _, path = all_sparse
+  ids, mask = helpers.batch()
+  l1, o1, g1 = loss_and_grad(M.from_pretrained(path), ids, mask)
+  l2, o2, g2 = loss_and_grad(M.from_pretrained(path, scan_layers=True, remat=True), ids, mask)
+  np.testing.assert_allclose(l1, l2, rtol=1e-5)
+  np.testing.assert_allclose(g1["layers"][1]["mlp"]["gate"][...], g2["layers"]["mlp"]["gate"][...][1],
+                             rtol=1e-3, atol=1e-5)
+
+
+def test_replayed_routing_is_the_recorded_one_and_moves_the_experts(all_sparse):
+  _, path = all_sparse
+  ids, mask = helpers.batch()
+  for scan in (False, True):
+    model = M.from_pretrained(path, scan_layers=scan)
+    h, routing = model.hidden_states(jnp.asarray(ids), jnp.asarray(mask), with_routing=True)
+    again, same = model.hidden_states(jnp.asarray(ids), jnp.asarray(mask), with_routing=True, experts=routing.experts)
+    np.testing.assert_allclose(again, h, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(same.experts, routing.experts)
+    other = (routing.experts + 1) % 4  # every token to other experts: a different output
+    moved, replayed = model.hidden_states(jnp.asarray(ids), jnp.asarray(mask), with_routing=True, experts=other)
+    np.testing.assert_array_equal(replayed.experts, other)
+    assert np.abs(np.asarray(moved - h)).max() > 1e-2
+
+
+def test_scan_refuses_mixed_layers(tmp_path):
+  hf = helpers.hf_model("qwen3_moe")
+  hf.save_pretrained(str(tmp_path))
+  with pytest.raises(ValueError, match="mlp_only_layers=\\[1\\]"):
+    M.from_pretrained(str(tmp_path), scan_layers=True)
+
+
+def ep_mesh():
+  return sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 2, "sequence": 1, "expert": 2})
+
+
+def test_expert_x_fsdp_x_tensor_sharding_equals_unsharded(all_sparse):
+  _, path = all_sparse
+  ids, mask = rows4()
+  mesh, rules = ep_mesh(), sharding.rules_from_config(config_lib.get_base_config())
+  model = M.from_pretrained(path, mesh=mesh, rules=rules)
+  assert model.layers[0].mlp.gate[...].sharding.shard_shape((4, 32, 16)) == (2, 16, 8)
+  l1, o1, g1 = loss_and_grad(M.from_pretrained(path), ids, mask)
+  l2, o2, g2 = loss_and_grad(model, ids, mask, mesh, rules)
+  np.testing.assert_allclose(o1, o2, rtol=1e-4, atol=1e-5)
+  for name in ("gate", "down", "router"):
+    np.testing.assert_allclose(g1["layers"][0]["mlp"][name][...], g2["layers"][0]["mlp"][name][...],
+                               rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_greedy_equals_transformers_generate(all_sparse, sharded):
+  hf, path = all_sparse
+  mesh, rules = (ep_mesh(), sharding.rules_from_config(config_lib.get_base_config())) if sharded else (None, None)
+  model = M.from_pretrained(path, mesh=mesh, rules=rules)
+  ids, mask = left_padded([3, 8, 11, 16], 128)
+  sampler = sampler_for(model, slots=4, eos=(), ignore_eos=True, response=32, mesh=mesh, rules=rules)
+  got = sampler.generate(nnx.state(model, nnx.Param), ids, mask, 1, jax.random.key(0))
+  for row, expected in enumerate(hf_greedy(hf, ids, mask, 32, None)):
+    np.testing.assert_array_equal(got.responses[row], expected, err_msg=f"row {row}")
+
+
+def test_expert_axis_must_divide_the_experts():
+  mesh = sharding.build_mesh({"data": 1, "fsdp": 1, "tensor": 1, "sequence": 1, "expert": 8})
+  with pytest.raises(config_lib.ConfigError, match="expert_model_parallel_size.*num_experts \\(4\\)"):
+    sharding.check_model_fits(mesh, 4, 2, num_experts=4)
+  with pytest.raises(config_lib.ConfigError, match="a dense model has no experts"):
+    sharding.check_model_fits(mesh, 4, 2, num_experts=0)
