@@ -341,7 +341,7 @@ MAPPED_KEYS = {
     "critic.optim.clip_grad": "verl's newer name of critic.grad_clip: a value other than 1.0 sets it (both set, differently: an error)",
     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": "a value other than 1 sets actor_rollout_ref.actor.tensor_model_parallel_size (the training mesh's tensor axis; both set, differently: an error)",
     "actor_rollout_ref.actor.megatron.context_parallel_size": "a value other than 1 sets actor_rollout_ref.actor.ulysses_sequence_parallel_size (the mesh's sequence axis; both set, differently: an error)",
-    "actor_rollout_ref.actor.megatron.expert_model_parallel_size": "the mesh's expert axis; rljax has no MoE models yet, so a value above 1 is an error",
+    "actor_rollout_ref.actor.megatron.expert_model_parallel_size": "the mesh's expert axis: a mixture-of-experts model's experts split over it (expert parallelism); other weights are sharded over it as over fsdp",
     **{f"{section}.optim.optimizer": "AdamW or adam (Megatron's name) select rljax's optax AdamW; another name is an error"
        for section in _OPTIM_SECTIONS},
     "reward_manager.name": "verl's newer name of reward_model.reward_manager: a value set here is read as it",
@@ -1163,10 +1163,11 @@ def _trainer() -> ConfigDict:
       "use_legacy_worker_impl": "auto",
       "seed": 1,
       "logical_axis_rules": [
-          ["batch", ["data", "fsdp"]],
+          ["batch", ["data", "fsdp", "expert"]],
           ["length", "sequence"],
           ["activation_length", ["sequence", "tensor"]],
-          ["embed", "fsdp"],
+          ["exp", "expert"],
+          ["embed", ["fsdp", "expert"]],
           ["vocab", "tensor"],
           ["mlp", "tensor"],
           ["heads", "tensor"],
@@ -1764,16 +1765,13 @@ def _map_clip_grad(config: ConfigDict, section: str) -> None:
 def _map_megatron_mesh(config: ConfigDict) -> None:
   """verl's Megatron parallel sizes onto the actor's mesh axes (`MEGATRON_MESH_KEYS`).
 
-  A size other than 1 sets the mesh key; the expert axis does not exist yet.
+  A size other than 1 sets the mesh key. `expert_model_parallel_size` is
+  read by the mesh itself (`rljax.sharding.mesh_shape`: the expert axis).
 
   Raises:
-    ConfigError: an expert size above 1, or a size that conflicts with the
-      mesh key set to another value.
+    ConfigError: a size that conflicts with the mesh key set to another value.
   """
   megatron = config.actor_rollout_ref.actor.megatron
-  expert = megatron.expert_model_parallel_size
-  _check(expert == 1, "actor_rollout_ref.actor.megatron.expert_model_parallel_size", expert,
-         "rljax has no MoE models yet, so its mesh has no expert axis", "set it to 1")
   for key, target in MEGATRON_MESH_KEYS.items():
     size, current = megatron[key], get_node(config, target)
     if size == 1:
@@ -2235,6 +2233,7 @@ def _check_mesh(config: ConfigDict, world_size: int | None) -> None:
   actor = config.actor_rollout_ref.actor
   for key in ("actor_rollout_ref.actor.tensor_model_parallel_size",
               "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+              "actor_rollout_ref.actor.megatron.expert_model_parallel_size",
               "actor_rollout_ref.rollout.tensor_model_parallel_size"):
     _check_positive(config, key)
   fsdp = actor.fsdp_config.fsdp_size
@@ -2244,9 +2243,14 @@ def _check_mesh(config: ConfigDict, world_size: int | None) -> None:
   model_axes = actor.tensor_model_parallel_size * actor.ulysses_sequence_parallel_size
   _check(world_size % model_axes == 0, "actor_rollout_ref.actor.tensor_model_parallel_size", actor.tensor_model_parallel_size,
          f"tensor x sequence ({model_axes}) does not divide the {world_size} devices", f"choose sizes whose product divides {world_size}")
+  expert = actor.megatron.expert_model_parallel_size
+  _check((world_size // model_axes) % expert == 0, "actor_rollout_ref.actor.megatron.expert_model_parallel_size",
+         expert, f"does not divide the {world_size // model_axes} devices left after tensor x sequence",
+         f"choose a divisor of {world_size // model_axes}")
   if fsdp != -1:
-    _check((world_size // model_axes) % fsdp == 0, "actor_rollout_ref.actor.fsdp_config.fsdp_size", fsdp,
-           f"does not divide the {world_size // model_axes} devices left after tensor x sequence", "set it to -1 or a divisor")
+    left = world_size // (model_axes * expert)
+    _check(left % fsdp == 0, "actor_rollout_ref.actor.fsdp_config.fsdp_size", fsdp,
+           f"does not divide the {left} devices left after tensor x sequence x expert", "set it to -1 or a divisor")
   tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
   _check(world_size % tp == 0, "actor_rollout_ref.rollout.tensor_model_parallel_size", tp,
          f"does not divide the {world_size} devices", f"set it to a divisor of {world_size}")

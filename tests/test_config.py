@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rljax import config as C
-from rljax import presets
+from rljax import presets, sharding
 from rljax import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -509,9 +509,14 @@ def test_megatron_sizes_that_conflict_with_the_mesh_keys_name_both(key, target):
   assert f"set only one of actor_rollout_ref.actor.megatron.{key} and {target}" in text
 
 
-def test_an_expert_parallel_size_is_an_error_until_rljax_has_moe_models():
-  text = error_text(["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"], devices=2)
-  assert "expert_model_parallel_size=2: rljax has no MoE models yet" in text
+def test_megatron_expert_parallel_size_is_the_meshs_expert_axis():
+  config = resolved(experiment("grpo"), ["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"], devices=8)
+  assert sharding.mesh_shape(config, 8) == {"data": 1, "fsdp": 4, "tensor": 1, "sequence": 1, "expert": 2}
+  text = error_text(["actor_rollout_ref.actor.megatron.expert_model_parallel_size=3"], devices=8)
+  assert "expert_model_parallel_size=3: does not divide the 8 devices left after tensor x sequence" in text
+  text = error_text(["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+                     "actor_rollout_ref.actor.fsdp_config.fsdp_size=8"], devices=8)
+  assert "fsdp_size=8: does not divide the 4 devices left after tensor x sequence x expert" in text
 
 
 def test_reward_manager_name_is_verls_newer_name_of_reward_models_reward_manager():

@@ -133,7 +133,7 @@ class RLTrainer:
     self.mesh = mesh if mesh is not None else sharding.make_mesh(config)
     config_lib.validate(config, self.mesh.size)
     self.rules = sharding.rules_from_config(config)
-    self.data_parallel = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+    self.data_parallel = sharding.data_parallel_size(self.mesh)
     arr = config.actor_rollout_ref
     self.run_dir = tracking.local_run_dir(config.trainer.default_local_dir, config.trainer.project_name,
                                           config.trainer.experiment_name)
@@ -142,7 +142,11 @@ class RLTrainer:
     model = policy.load_actor(config, self.mesh, self.rules, self.base_key)
     self.lora = policy.lora_config(config)
     self.cfg = model.cfg
-    sharding.check_model_fits(self.mesh, self.cfg.num_heads, self.cfg.num_kv_heads)
+    sharding.check_model_fits(self.mesh, self.cfg.num_heads, self.cfg.num_kv_heads, num_experts=self.cfg.num_experts)
+    if arr.actor.router_replay.mode != "disabled" and not self.cfg.num_experts:
+      raise config_lib.ConfigError("actor_rollout_ref.actor.router_replay.mode", arr.actor.router_replay.mode,
+                                   f"router replay needs a mixture-of-experts model; {arr.model.path} is a dense "
+                                   f"{self.cfg.model_type}", "set it to disabled")
     self.tokenizer = models.load_tokenizer(config.data.tokenizer or arr.model.path)
     self.graphdef, self.actor_trainable, self.actor_frozen = lora_lib.split_trainable(model)
 
@@ -178,7 +182,9 @@ class RLTrainer:
     self.steps = steps_lib.build_rl_steps(
         config, self.layout, self.mesh, self.rules, graphdef=self.graphdef, trainable=self.actor_trainable,
         frozen=self.actor_frozen, actor_tx=actor_tx, actor_opt_sh=actor_opt_sh, lora_dropout=lora_dropout,
-        reference=(self.ref_graphdef, self.ref_params) if self.need_ref else None, critic=critic)
+        reference=(self.ref_graphdef, self.ref_params) if self.need_ref else None, critic=critic,
+        routing=self.cfg.routing_shape)
+    self.replay_routing = steps_lib.replays_routing(config, self.on_policy)
     alg = config.algorithm
     corr = alg.rollout_correction
     self.rollout_correction = bool(corr.rollout_is or corr.rollout_rs)
@@ -187,7 +193,7 @@ class RLTrainer:
     stop = rollout_factory.stop_ids(self.tokenizer, self.cfg)
     rollout_mesh = rollout_factory.rollout_mesh(self.mesh, arr.rollout.tensor_model_parallel_size)
     sharding.check_model_fits(rollout_mesh, self.cfg.num_heads, self.cfg.num_kv_heads,
-                              "actor_rollout_ref.rollout.tensor_model_parallel_size")
+                              "actor_rollout_ref.rollout.tensor_model_parallel_size", self.cfg.num_experts)
     engine = rollout_factory.build_engine(model, arr.rollout, prompt_length=config.data.max_prompt_length,
                                           slots=min(arr.rollout.max_num_seqs, self.layout.rows), mesh=rollout_mesh,
                                           rules=self.rules, stop=stop)
@@ -326,7 +332,10 @@ class RLTrainer:
                          "actor_rollout_ref.model.share_prompt_forward=false and report this")
     if not self.on_policy:
       with timed(timing, "old_log_prob"):
-        rows["old_log_probs"] = self.forward(self.steps.old_log_prob, self.actor_params, model_rows)[0]
+        old = self.forward(self.steps.old_log_prob, self.actor_params, model_rows)
+        rows["old_log_probs"] = old[0]
+        if self.replay_routing:
+          rows["routed_experts"] = old[2]
     if self.need_ref:
       with timed(timing, "ref"):
         rows["ref_log_prob"] = self.forward(self.steps.ref_log_prob, self.ref_params, model_rows)[0]

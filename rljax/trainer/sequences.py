@@ -8,7 +8,7 @@ predicts response token t.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,24 +35,57 @@ def make_sequences(prompt_ids: np.ndarray, prompt_mask: np.ndarray, responses: n
           "responses": responses.astype(np.int32), "response_mask": response_mask.astype(np.int32)}
 
 
-def response_hidden(model: Any, batch: dict[str, jax.Array], group_size: int = 1) -> jax.Array:
+class PassRouting(NamedTuple):
+  """What a mixture-of-experts model's layers did in one pass over rows of P + R tokens.
+
+  Attributes:
+    stats: [L_sparse, 2, E] router stats over the token positions computed.
+    tokens: how many real token positions that is.
+    experts: [N, P + R, L_sparse, k] int32, each token's experts (what router
+      replay feeds back as the batch's `routed_experts`).
+  """
+
+  stats: jax.Array
+  tokens: jax.Array
+  experts: jax.Array
+
+
+def response_hidden(model: Any, batch: dict[str, jax.Array], group_size: int = 1,
+                    with_routing: bool = False) -> jax.Array | tuple[jax.Array, PassRouting | None]:
   """[N, R, D] hidden states at the positions that predict each response token.
 
   With group_size n > 1, rows come in groups of n consecutive rows sharing
   one prompt (verl's layout, checked by `prompts_shared`), and each group's
   prompt runs once (`CausalLM.shared_prompt_hidden`): the same states from
   (P + R) / (P / n + R) times fewer token positions.
+
+  A batch holding `routed_experts` [N, P + R, L_sparse, k] replays that
+  routing. With `with_routing`, also the pass's PassRouting (None for a dense
+  model).
   """
   prompt_len = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+  mask, replay = batch["attention_mask"], batch.get("routed_experts")
   if group_size == 1:
-    hidden = model.hidden_states(batch["input_ids"], batch["attention_mask"], batch["positions"])
-    return hidden[:, prompt_len - 1:-1]
-  first = lambda x: x.reshape(-1, group_size, *x.shape[1:])[:, 0, :prompt_len]
-  last, hidden = model.shared_prompt_hidden(
-      first(batch["input_ids"]), first(batch["attention_mask"]), first(batch["positions"]),
-      batch["input_ids"][:, prompt_len:], batch["attention_mask"][:, prompt_len:],
-      batch["positions"][:, prompt_len:])
-  return jnp.concatenate([jnp.repeat(last, group_size, axis=0)[:, None], hidden[:, :-1]], axis=1)
+    hidden, routing = model.hidden_states(batch["input_ids"], mask, batch["positions"], with_routing=True,
+                                          experts=replay)
+    hidden = hidden[:, prompt_len - 1:-1]
+    routing = None if routing is None else PassRouting(routing.stats, jnp.sum(mask), routing.experts)
+  else:
+    first = lambda x: x.reshape(-1, group_size, *x.shape[1:])[:, 0, :prompt_len]
+    last, hidden, routing = model.shared_prompt_hidden(
+        first(batch["input_ids"]), first(mask), first(batch["positions"]),
+        batch["input_ids"][:, prompt_len:], mask[:, prompt_len:], batch["positions"][:, prompt_len:],
+        with_routing=True, prompt_experts=None if replay is None else first(replay),
+        response_experts=None if replay is None else replay[:, prompt_len:])
+    hidden = jnp.concatenate([jnp.repeat(last, group_size, axis=0)[:, None], hidden[:, :-1]], axis=1)
+    if routing is not None:
+      prompts, responses = routing
+      experts = jnp.concatenate([jnp.repeat(prompts.experts, group_size, axis=0), responses.experts], axis=1)
+      # each prompt stands for its n rows: the stats of running every row's prompt (share_prompt_forward
+      # changes no number)
+      routing = PassRouting(group_size * prompts.stats + responses.stats,
+                            group_size * jnp.sum(first(mask)) + jnp.sum(mask[:, prompt_len:]), experts)
+  return (hidden, routing) if with_routing else hidden
 
 
 def prompts_shared(batch: dict[str, np.ndarray], group_size: int) -> bool:
@@ -72,15 +105,16 @@ def prompts_shared(batch: dict[str, np.ndarray], group_size: int) -> bool:
 
 def response_log_probs(model: Any, batch: dict[str, jax.Array], temperature: float,
                        with_entropy: bool = True, chunk_size: int = 1024,
-                       group_size: int = 1) -> tuple[jax.Array, jax.Array]:
-  """(log-probs [N, R], entropy [N, R]) of the response tokens, logits / temperature.
+                       group_size: int = 1, with_routing: bool = False) -> tuple[Any, ...]:
+  """(log-probs [N, R], entropy [N, R][, PassRouting or None]) of the response tokens, logits / temperature.
 
   Never materialises the [N, R, V] logits at once (chunked over tokens).
-  group_size: see `response_hidden`.
+  group_size, with_routing: see `response_hidden`.
   """
-  hidden = response_hidden(model, batch, group_size)
-  return token_log_probs(hidden, model.lm_head_weight(), batch["responses"], chunk_size=chunk_size,
-                         temperature=temperature, with_entropy=with_entropy)
+  hidden, routing = response_hidden(model, batch, group_size, with_routing=True)
+  out = token_log_probs(hidden, model.lm_head_weight(), batch["responses"], chunk_size=chunk_size,
+                        temperature=temperature, with_entropy=with_entropy)
+  return (*out, routing) if with_routing else out
 
 
 def as_micro_batches(batch: dict[str, np.ndarray], micro_batches: int) -> dict[str, np.ndarray]:

@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 from ml_collections import ConfigDict
 
 from rljax.algos import agg, policy_loss, value_loss
-from rljax.models import lora
+from rljax.models import lora, moe
 from rljax.sharding import rules as rules_lib
 from rljax.sharding.placement import Step, abstract, gradient_compiler_options, key_struct, shardings_of
 from rljax.trainer.layout import Layout
@@ -41,10 +41,11 @@ from rljax.trainer.sequences import response_log_probs
 Metrics = dict[str, jax.Array]
 
 MODEL_KEYS = ("input_ids", "attention_mask", "positions", "responses", "response_mask")
-_ROW_KEYS = ("input_ids", "attention_mask", "positions")  # [.., P + R]; the rest are [.., R] or per row
+# [.., P + R] (routed_experts: [.., P + R, L_sparse, k]); the rest are [.., R] or per row
+_ROW_KEYS = ("input_ids", "attention_mask", "positions", "routed_experts")
 _PER_ROW = ("positive",)
 _DTYPES = {"input_ids": jnp.int32, "attention_mask": jnp.int32, "positions": jnp.int32, "responses": jnp.int32,
-           "response_mask": jnp.int32, "positive": jnp.bool_}
+           "response_mask": jnp.int32, "positive": jnp.bool_, "routed_experts": jnp.int32}
 
 
 def place(host: dict[str, Any], spec: dict[str, jax.ShapeDtypeStruct]) -> dict[str, jax.Array]:
@@ -69,15 +70,24 @@ def row_shape(key: str, rows: int, prompt_length: int, response_length: int) -> 
 
 
 def micro_batch_spec(keys: tuple[str, ...], micro_batches: int, rows: int, prompt_length: int, response_length: int,
-                     mesh: Mesh, rules: Any) -> dict[str, jax.ShapeDtypeStruct]:
-  """[micro_batches, rows / micro_batches, ...] arrays named `keys` (rows of P + R tokens), rows over the batch rule."""
+                     mesh: Mesh, rules: Any, routing: tuple[int, int] | None = None) -> dict[str, jax.ShapeDtypeStruct]:
+  """[micro_batches, rows / micro_batches, ...] arrays named `keys` (rows of P + R tokens), rows over the batch rule.
+
+  `routing`: (L_sparse, k), the trailing dimensions of `routed_experts`.
+  """
   per = rows // micro_batches
   out = {}
   for key in keys:
-    shape = (micro_batches, *row_shape(key, per, prompt_length, response_length))
+    trailing = tuple(routing) if key == "routed_experts" else ()
+    shape = (micro_batches, *row_shape(key, per, prompt_length, response_length), *trailing)
     spec = rules_lib.logical_to_spec((None, "batch") + (None,) * (len(shape) - 2), shape, mesh, rules)
     out[key] = jax.ShapeDtypeStruct(shape, _DTYPES.get(key, jnp.float32), sharding=NamedSharding(mesh, spec))
   return out
+
+
+def replays_routing(config: ConfigDict, on_policy: bool) -> bool:
+  """Whether the update replays the old-log-prob pass's expert choices (router_replay.mode=R2, off-policy)."""
+  return config.actor_rollout_ref.actor.router_replay.mode == "R2" and not on_policy
 
 
 def actor_batch_keys(config: ConfigDict, on_policy: bool) -> tuple[str, ...]:
@@ -86,6 +96,8 @@ def actor_batch_keys(config: ConfigDict, on_policy: bool) -> tuple[str, ...]:
   keys = MODEL_KEYS + ("advantages",)
   if not on_policy:
     keys += ("old_log_probs",)
+  if replays_routing(config, on_policy):
+    keys += ("routed_experts",)
   if actor.use_kl_loss:
     keys += ("ref_log_prob",)
   if (corr.rollout_is or corr.rollout_rs) and corr.rollout_is is not None and corr.rollout_is_threshold is not None:
@@ -195,8 +207,9 @@ def actor_loss(graphdef: nnx.GraphDef, actor_config: Any, temperature: float, gr
   entropy_in_loss = bool(actor_config.entropy_coeff)
 
   def loss_fn(params, micro, info, key, frozen=None):
-    log_prob, entropy = response_log_probs(training_model(graphdef, params, frozen, key), micro, temperature,
-                                           group_size=group_size)
+    model = training_model(graphdef, params, frozen, key)
+    log_prob, entropy, routing = response_log_probs(model, micro, temperature, group_size=group_size,
+                                                    with_routing=True)
     old = micro.get("old_log_probs", jax.lax.stop_gradient(log_prob))
     loss, metrics = policy_loss.ppo_loss(
         actor_config, log_prob, old, micro["advantages"], micro["response_mask"],
@@ -205,9 +218,31 @@ def actor_loss(graphdef: nnx.GraphDef, actor_config: Any, temperature: float, gr
         global_batch_info=info, rng=key)
     mask = micro["response_mask"].astype(jnp.float32)
     metrics["actor/entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    if routing is not None:
+      share = micro["response_mask"].shape[0] / info["global_batch_size"]
+      aux, moe_metrics = router_loss(model.cfg, routing.stats, routing.tokens)
+      loss = loss + model.cfg.router_aux_loss_coef * share * aux
+      metrics = {**metrics, **moe_metrics, "actor/moe_aux_loss": share * aux}
     return loss, metrics
 
   return loss_fn
+
+
+def router_loss(cfg: Any, stats: jax.Array, tokens: jax.Array) -> tuple[jax.Array, Metrics]:
+  """A mixture-of-experts model's load-balancing loss over one micro-batch, and its expert-load metrics.
+
+  Args:
+    cfg: the ModelConfig.
+    stats: [L_sparse, 2, E] router stats; tokens: the token positions they cover.
+
+  Returns:
+    (HF's auxiliary loss (`moe.load_balancing_loss`), {actor/moe_max_load:
+    the busiest expert's copies over the mean, worst layer;
+    actor/moe_max_load/layer_{i}: the same per sparse layer i}).
+  """
+  loads = jax.lax.stop_gradient(moe.max_load(stats))
+  metrics = {f"actor/moe_max_load/layer_{i}": loads[j] for j, i in enumerate(cfg.sparse_layers)}
+  return moe.load_balancing_loss(stats, tokens), {"actor/moe_max_load": jnp.max(loads), **metrics}
 
 
 def critic_loss(graphdef: nnx.GraphDef, critic_config: Any, group_size: int) -> Callable:
@@ -269,10 +304,15 @@ def make_forward(name: str, fn: Callable, mesh: Mesh, rules: Any, params: Any,
 
 
 def log_prob_fn(graphdef: nnx.GraphDef, temperature: float, with_entropy: bool = True,
-                group_size: int = 1) -> Callable:
-  """(params, rows) -> (log_probs [N, R], entropy [N, R]); group_size: see `response_hidden`."""
+                group_size: int = 1, record_routing: bool = False) -> Callable:
+  """(params, rows) -> (log_probs [N, R], entropy [N, R][, routed experts [N, P + R, L_sparse, k]]).
+
+  group_size: see `response_hidden`; record_routing: also each token's experts (router replay).
+  """
   def fn(params, batch):
-    return response_log_probs(nnx.merge(graphdef, params), batch, temperature, with_entropy, group_size=group_size)
+    log_probs, entropy, routing = response_log_probs(nnx.merge(graphdef, params), batch, temperature, with_entropy,
+                                                     group_size=group_size, with_routing=True)
+    return (log_probs, entropy, routing.experts) if record_routing else (log_probs, entropy)
   return fn
 
 
@@ -317,7 +357,8 @@ def needs_reference(config: ConfigDict) -> bool:
 def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *, graphdef: nnx.GraphDef,
                    trainable: Any, frozen: Any, actor_tx: optax.GradientTransformation, actor_opt_sh: Any,
                    lora_dropout: bool, reference: tuple[nnx.GraphDef, Any] | None = None,
-                   critic: tuple[nnx.GraphDef, Any, optax.GradientTransformation, Any] | None = None) -> RLSteps:
+                   critic: tuple[nnx.GraphDef, Any, optax.GradientTransformation, Any] | None = None,
+                   routing: tuple[int, int] | None = None) -> RLSteps:
   """Every jitted step of an RL run.
 
   Args:
@@ -329,20 +370,22 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
     lora_dropout: LoRA dropout draws a mask per row (no shared-prompt update).
     reference: (graphdef, params) of the reference policy, when the run needs one.
     critic: (graphdef, params, optimizer, optimizer-state shardings) of the critic.
+    routing: (L_sparse, k) of a mixture-of-experts actor (None for a dense one).
   """
   arr = config.actor_rollout_ref
   temperature = float(arr.rollout.temperature) or 1.0
   micro_rows = functools.partial(micro_batch_spec, prompt_length=layout.prompt_length,
-                                 response_length=layout.response_length, mesh=mesh, rules=rules)
+                                 response_length=layout.response_length, mesh=mesh, rules=rules, routing=routing)
   shuffled = bool(arr.actor.shuffle)
-  actor_batch = micro_rows(actor_batch_keys(config, on_policy(config, layout, lora_dropout)),
-                           layout.micro_batches, layout.mini_rows)
+  off_policy = not on_policy(config, layout, lora_dropout)
+  actor_batch = micro_rows(actor_batch_keys(config, not off_policy), layout.micro_batches, layout.mini_rows)
   actor_group = 1 if lora_dropout else layout.update_group(shuffled)
   actor_update = make_update("actor_update", actor_loss(graphdef, arr.actor, temperature, actor_group), actor_tx,
                              mesh, rules, trainable, actor_opt_sh, actor_batch, frozen=frozen)
   forward_rows = lambda phase: micro_rows(MODEL_KEYS, layout.forward_micros[phase], layout.rows)  # noqa: E731
   actor_params = nnx.merge_state(trainable, frozen) if frozen is not None else trainable
-  old = make_forward("old_log_prob", log_prob_fn(graphdef, temperature, False, layout.forward_group("old_log_prob")),
+  old = make_forward("old_log_prob", log_prob_fn(graphdef, temperature, False, layout.forward_group("old_log_prob"),
+                                                 record_routing=replays_routing(config, not off_policy)),
                      mesh, rules, actor_params, forward_rows("old_log_prob"))
   ref = None
   if reference is not None:
