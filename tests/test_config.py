@@ -12,6 +12,7 @@ import yaml
 from rljax import config as C
 from rljax import presets
 from rljax import train
+from rljax.config import mapping as config_mapping
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "tests" / "reference"  # verl's key paths, copied from the spec
@@ -377,7 +378,7 @@ def test_experiment_files_change_what_their_algorithm_needs():
 
 
 def test_deprecated_keys_map_and_warn_once(caplog):
-  C._WARNED.clear()  # pylint: disable=protected-access
+  config_mapping._WARNED.clear()  # pylint: disable=protected-access
   config = experiment("grpo")
   overrides = [
       "actor_rollout_ref.actor.ppo_micro_batch_size=4",
