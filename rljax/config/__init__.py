@@ -6,9 +6,11 @@ The public API of the config package, one module per concern:
   verl node (`data`, `actor_rollout_ref`, `critic`, `reward`, `algorithm`,
   `trainer`) and the engine configs they share (`engines`); `fields` holds
   the building blocks (typed fields, verl's `${...}` links, dotted paths).
-* `keys` says what rljax does with each verl key it does not honour as verl
-  does: ignored, mapped, added by rljax, accepted at verl's default only,
-  deprecated.
+* `keys` holds one record per key (`KEYS`): what it means and what rljax
+  does with it where not what verl does (ignored, mapped, added by rljax,
+  accepted at verl's default only, deprecated). The tables `IGNORED_KEYS`,
+  `MAPPED_KEYS`, `RLJAX_KEYS`, `UNIMPLEMENTED_VALUES`, `DEPRECATED_KEYS` and
+  docs/configuration.md (`rljax.docs_reference`) are generated from it.
 * `overrides` sets keys: both override syntaxes (`--config.a.b=v` and
   verl's `a.b=v`) with one parser, Hydra's `+a.b=v`, `++a.b=v` and `~a.b`,
   verl's free-form dictionaries (`VERL_FREE_FORM`) and YAML trees.
@@ -40,7 +42,8 @@ from rljax.config.engines import MEGATRON_MESH_KEYS, PROFILED_SECTIONS
 from rljax.config.errors import NO_VALUE, ConfigError
 from rljax.config.fields import any_value, follow, get_node, null
 from rljax.config.keys import (
-    DEPRECATED_KEYS, IGNORED_KEYS, MAPPED_KEYS, RLJAX_KEYS, UNIMPLEMENTED_VALUES, ignored_reason,
+    DEPRECATED_KEYS, IGNORED_KEYS, IGNORED_SECTIONS, KEYS, MAPPED_KEYS, RLJAX_KEYS, UNIMPLEMENTED_VALUES, Key,
+    ignored_reason,
 )
 from rljax.config.lora import LORA_SAVABLE_MODULES, LORA_TARGET_MODULES, check_lora, lora_defaults, lora_targets
 from rljax.config.mapping import data_parallel_size, finalize, resolve_world_size
@@ -74,14 +77,14 @@ def __getattr__(name: str):
 __all__ = [
     "ADAM_NAMES", "CHECKPOINT_CONTENTS", "CPU_DOT_LIBRARIES", "ConfigDict", "ConfigError", "DEPRECATED_KEYS",
     "DEVICES", "DICT_FIELDS", "DTYPES", "GRAD_CLIP_DEFAULT", "HYDRA_CONFIG_DIR", "HYDRA_CONFIG_FLAGS",
-    "IGNORED_KEYS", "KL_CONTROLLERS", "LOGGERS", "LORA_SAVABLE_MODULES", "LORA_TARGET_MODULES", "LR_SCHEDULERS",
-    "MAPPED_KEYS", "MEGATRON_MESH_KEYS", "NO_VALUE", "OPEN_DICTS", "PROFILED_SECTIONS", "RESUME_MODES",
-    "REWARD_MANAGERS", "RLJAX_KEYS", "ROLLOUT_IS_LEVELS", "ROLLOUT_IS_MODES", "ROLLOUT_NAMES", "TRUNCATIONS",
-    "UNIMPLEMENTED_VALUES", "VERL_FREE_FORM", "VERL_YAML_SUFFIXES", "YamlLoader", "add_value", "any_value",
-    "apply_overrides", "check", "check_data_files", "check_enum", "check_lora", "check_model_path",
-    "check_positive", "check_range", "data_parallel_size", "finalize", "follow", "free_form_dicts", "from_yaml",
-    "get_base_config", "get_node", "hydra_config_file", "ignored_overrides", "ignored_reason", "is_int",
-    "is_number", "kernel_names", "leaf_paths", "load_config_file", "lora_defaults", "lora_targets",
-    "model_path_keys", "null", "parse_override", "parse_yaml", "reset_value", "resolve_world_size", "set_value",
-    "split_overrides", "to_plain", "to_yaml", "unknown_key_error", "validate", "verl_free_form_path",
+    "IGNORED_KEYS", "IGNORED_SECTIONS", "KEYS", "KL_CONTROLLERS", "Key", "LOGGERS", "LORA_SAVABLE_MODULES",
+    "LORA_TARGET_MODULES", "LR_SCHEDULERS", "MAPPED_KEYS", "MEGATRON_MESH_KEYS", "NO_VALUE", "OPEN_DICTS",
+    "PROFILED_SECTIONS", "RESUME_MODES", "REWARD_MANAGERS", "RLJAX_KEYS", "ROLLOUT_IS_LEVELS", "ROLLOUT_IS_MODES",
+    "ROLLOUT_NAMES", "TRUNCATIONS", "UNIMPLEMENTED_VALUES", "VERL_FREE_FORM", "VERL_YAML_SUFFIXES", "YamlLoader",
+    "add_value", "any_value", "apply_overrides", "check", "check_data_files", "check_enum", "check_lora",
+    "check_model_path", "check_positive", "check_range", "data_parallel_size", "finalize", "follow",
+    "free_form_dicts", "from_yaml", "get_base_config", "get_node", "hydra_config_file", "ignored_overrides",
+    "ignored_reason", "is_int", "is_number", "kernel_names", "leaf_paths", "load_config_file", "lora_defaults",
+    "lora_targets", "model_path_keys", "null", "parse_override", "parse_yaml", "reset_value", "resolve_world_size",
+    "set_value", "split_overrides", "to_plain", "to_yaml", "unknown_key_error", "validate", "verl_free_form_path",
 ]
