@@ -12,6 +12,7 @@ from rljax.config.lora import lora_defaults
 
 
 def build_model() -> ConfigDict:
+  """The policy's model node, shared by actor, rollout and reference."""
   return ConfigDict({
       "path": "~/models/deepseek-llm-7b-chat",
       "external_lib": null(str),
@@ -45,6 +46,7 @@ def build_model() -> ConfigDict:
 
 
 def build_actor() -> ConfigDict:
+  """The actor: batch geometry, PPO loss, optimizer, engine configs."""
   return ConfigDict({
       "strategy": "fsdp",
       "ppo_mini_batch_size": 256,
@@ -106,6 +108,7 @@ def build_actor() -> ConfigDict:
 
 
 def build_ref(actor: ConfigDict) -> ConfigDict:
+  """The frozen reference; its batch keys follow the actor's."""
   return ConfigDict({
       "strategy": "fsdp",
       "fsdp_config": fsdp_config(forward_only=True),
@@ -124,6 +127,7 @@ def build_ref(actor: ConfigDict) -> ConfigDict:
 
 
 def build_rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
+  """The rollout: sampling, lengths (following `data`'s), the engine's capacity."""
   return ConfigDict({
       "name": "vllm",
       "mode": "async",

@@ -8,6 +8,7 @@ from rljax.config.fields import any_value, follow, null
 
 
 def build_algorithm() -> ConfigDict:
+  """verl's `algorithm` node."""
   return ConfigDict({
       "gamma": 1.0,
       "lam": 1.0,

@@ -9,6 +9,7 @@ from rljax.config.fields import any_value, follow, null
 
 
 def build_critic(arr: ConfigDict) -> ConfigDict:
+  """The critic; its model and batch keys follow the policy's (`arr`: actor_rollout_ref)."""
   actor, rollout, model = arr.actor, arr.rollout, arr.model
   critic = ConfigDict({
       "enable": null(bool),

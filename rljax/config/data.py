@@ -8,6 +8,7 @@ from rljax.config.fields import any_value, follow, null
 
 
 def build_data() -> ConfigDict:
+  """verl's `data` node; gen_batch_size follows train_batch_size."""
   data = ConfigDict({
       "tokenizer": null(str),
       "use_shm": False,

@@ -13,8 +13,8 @@ from ml_collections import ConfigDict
 from rljax.config.fields import follow, null
 
 # Keys of verl's FSDP engine config (`fsdp_config`) that only tune PyTorch:
-# key -> verl's default. Every one is ignored (`IGNORED_KEYS`).
-FSDP_ENGINE_KEYS = {
+# key -> verl's default. `keys.KEYS` marks every one ignored.
+_FSDP_ENGINE_KEYS = {
     "use_orig_params": False,
     "seed": 42,
     "full_determinism": False,
@@ -30,7 +30,7 @@ MEGATRON_MESH_KEYS = {
     "context_parallel_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
 }
 # verl's Megatron engine config (`megatron`): key -> verl's default.
-MEGATRON_KEYS = {
+_MEGATRON_KEYS = {
     "param_offload": False,
     "grad_offload": False,
     "optimizer_offload": False,
@@ -57,14 +57,13 @@ MEGATRON_SCHEDULE_KEYS = (
     "lr_warmup_init", "lr_decay_steps", "lr_decay_style", "min_lr", "weight_decay_incr_style",
     "lr_wsd_decay_style", "lr_wsd_decay_steps")
 MEGATRON_FREE_FORM = ("override_ddp_config", "override_transformer_config", "override_mcore_model_config")
-FSDP_ENGINE_SECTIONS = (
-    "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.model.fsdp_config")
 PROFILED_SECTIONS = (
     "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout", "critic", "reward_model")
 OPTIM_SECTIONS = ("actor_rollout_ref.actor", "critic")
 
 
 def optim(lr: float, weight_decay: float) -> ConfigDict:
+  """verl's optimizer config with a role's learning rate and weight decay."""
   return ConfigDict({
       "lr": lr,
       "lr_warmup_steps": -1,
@@ -122,7 +121,7 @@ def megatron_lora() -> ConfigDict:
 def fsdp_config(forward_only: bool = False) -> ConfigDict:
   """verl's FSDP engine config; `forward_only` for a role that never updates (the reference)."""
   return ConfigDict({
-      **FSDP_ENGINE_KEYS,
+      **_FSDP_ENGINE_KEYS,
       "forward_only": forward_only,
       "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
       "wrap_policy": {"min_num_params": 0},
@@ -159,7 +158,7 @@ def megatron(forward_only: bool = False) -> ConfigDict:
   """verl's Megatron engine config: parallel sizes, offload, checkpoint format and Megatron-LM overrides."""
   nulls = {"expert_tensor_parallel_size": int, "virtual_pipeline_model_parallel_size": int,
            "dist_checkpointing_path": str}
-  node = ConfigDict({key: null(nulls[key]) if key in nulls else value for key, value in MEGATRON_KEYS.items()})
+  node = ConfigDict({key: null(nulls[key]) if key in nulls else value for key, value in _MEGATRON_KEYS.items()})
   node.forward_only = forward_only
   node.override_ddp_config = {}
   node.override_transformer_config = {
@@ -196,6 +195,7 @@ def router_replay() -> ConfigDict:
 
 
 def checkpoint() -> ConfigDict:
+  """What a role's checkpoints hold; load_contents follows save_contents."""
   node = ConfigDict({
       "contents": null(list),
       "save_contents": ["model", "optimizer", "extra"],

@@ -299,17 +299,27 @@ KEYS = {
         "forward_only": dict(ignored="verl's engine flag for roles that never update"),
         "strategy": dict(ignored=_FSDP_ENGINE_SETTING),
     }),
-    "actor_rollout_ref.actor.fsdp_config.forward_prefetch": Key("FSDP: gather the next layer's parameters early.", ignored="XLA schedules all-gathers"),
+    "actor_rollout_ref.actor.fsdp_config.forward_prefetch": Key(
+        "FSDP: gather the next layer's parameters early.",
+        ignored="XLA schedules all-gathers"),
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": Key(
         "Devices that shard parameters and optimizer state; -1 uses all.",
         mapped="size of the mesh's fsdp axis; -1 = all devices left after tensor and sequence"),
     "actor_rollout_ref.actor.fsdp_config.model_dtype": Key(
         "Dtype of the trained parameters: fp32, bf16 or fp16.",
         mapped="dtype of the trained parameters (fp32, bf16, fp16)"),
-    "actor_rollout_ref.actor.fsdp_config.offload_policy": Key("FSDP2: offload parameters, gradients and optimizer state.", ignored="PyTorch FSDP2 offload"),
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": Key("FSDP: keep optimizer state in host memory.", ignored="PyTorch FSDP CPU offload"),
-    "actor_rollout_ref.actor.fsdp_config.param_offload": Key("FSDP: keep parameters in host memory between uses.", ignored="PyTorch FSDP CPU offload"),
-    "actor_rollout_ref.actor.fsdp_config.reshard_after_forward": Key("FSDP: free gathered parameters after the forward pass.", ignored="XLA schedules all-gathers"),
+    "actor_rollout_ref.actor.fsdp_config.offload_policy": Key(
+        "FSDP2: offload parameters, gradients and optimizer state.",
+        ignored="PyTorch FSDP2 offload"),
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": Key(
+        "FSDP: keep optimizer state in host memory.",
+        ignored="PyTorch FSDP CPU offload"),
+    "actor_rollout_ref.actor.fsdp_config.param_offload": Key(
+        "FSDP: keep parameters in host memory between uses.",
+        ignored="PyTorch FSDP CPU offload"),
+    "actor_rollout_ref.actor.fsdp_config.reshard_after_forward": Key(
+        "FSDP: free gathered parameters after the forward pass.",
+        ignored="XLA schedules all-gathers"),
     "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params": Key(
         "FSDP: wrap modules with at least this many parameters.",
         ignored="sharding follows logical-axis rules, not module wrapping"),
@@ -349,7 +359,9 @@ KEYS = {
         "forward_only": dict(ignored=_MEGATRON_LM_SETTING),
         "dtype": dict(ignored=_MEGATRON_LM_SETTING),
     }),
-    "actor_rollout_ref.actor.megatron.override_transformer_config": Key("Megatron: fields that override its transformer config.", ignored="Megatron-LM settings"),
+    "actor_rollout_ref.actor.megatron.override_transformer_config": Key(
+        "Megatron: fields that override its transformer config.",
+        ignored="Megatron-LM settings"),
     **_described(OPTIM_SECTIONS, "optim", _OPTIM, _optim_status),
     "actor_rollout_ref.actor.policy_loss.aipo_rho": Key(
         "AIPO: cap on the importance ratio (loss_mode=aipo).",
@@ -365,9 +377,13 @@ KEYS = {
     "actor_rollout_ref.actor.policy_loss.rollout_correction.loss_type": Key("Bypass mode's loss: ppo_clip or reinforce."),
     "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is": Key("Bypass mode's IS level; follows algorithm.rollout_correction.rollout_is."),
     "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is_batch_normalize": Key("Bypass mode's IS batch normalisation; follows algorithm.rollout_correction."),
-    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is_threshold": Key("Bypass mode's IS threshold; follows algorithm.rollout_correction.", type_note="float or str"),
+    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_is_threshold": Key(
+        "Bypass mode's IS threshold; follows algorithm.rollout_correction.",
+        type_note="float or str"),
     "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_rs": Key("Bypass mode's rejection rule; follows algorithm.rollout_correction."),
-    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_rs_threshold": Key("Bypass mode's rejection threshold; follows algorithm.rollout_correction.", type_note="float, str or null"),
+    "actor_rollout_ref.actor.policy_loss.rollout_correction.rollout_rs_threshold": Key(
+        "Bypass mode's rejection threshold; follows algorithm.rollout_correction.",
+        type_note="float, str or null"),
     "actor_rollout_ref.actor.positive_nll_coef": Key(
         "Weight of an NLL (SFT-like) term on positive-reward responses; null turns it off.",
         added="cosmos-rl: NLL term on positive-advantage responses"),
@@ -418,12 +434,16 @@ KEYS = {
     "actor_rollout_ref.actor.tensor_model_parallel_size": Key(
         "Devices that split each weight matrix during training (tensor parallelism).",
         added="size of the training mesh's tensor axis"),
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": Key("Devices that split each sequence (sequence parallelism).", mapped="size of the mesh's sequence axis"),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": Key(
+        "Devices that split each sequence (sequence parallelism).",
+        mapped="size of the mesh's sequence axis"),
     "actor_rollout_ref.actor.unbiased_loss_max_tokens": Key(
         "Dr.GRPO's unbiased loss: divide every response's token sum by this constant.",
         added="cosmos-rl (Dr.GRPO): sets loss_agg_mode=seq-mean-token-sum-norm with loss_scale_factor=this"),
     "actor_rollout_ref.actor.use_dynamic_bsz": Key("Pack micro-batches by token count instead of a fixed number of responses."),
-    "actor_rollout_ref.actor.use_fused_kernels": Key("verl's copy of actor_rollout_ref.model.use_fused_kernels.", ignored="XLA fuses on its own"),
+    "actor_rollout_ref.actor.use_fused_kernels": Key(
+        "verl's copy of actor_rollout_ref.model.use_fused_kernels.",
+        ignored="XLA fuses on its own"),
     "actor_rollout_ref.actor.use_kl_loss": Key("Add a KL(policy ‖ reference) term to the actor loss (GRPO's choice)."),
     "actor_rollout_ref.actor.use_prefix_grouper": Key(
         "Share the prompt's forward pass among its responses (PyTorch).",
@@ -431,7 +451,9 @@ KEYS = {
     "actor_rollout_ref.actor.use_remove_padding": Key(
         "verl's copy of actor_rollout_ref.model.use_remove_padding.",
         ignored="XLA needs static shapes; padding is masked instead"),
-    "actor_rollout_ref.actor.use_torch_compile": Key("Compile the actor with torch.compile.", ignored="everything is jax.jit-compiled"),
+    "actor_rollout_ref.actor.use_torch_compile": Key(
+        "Compile the actor with torch.compile.",
+        ignored="everything is jax.jit-compiled"),
     "actor_rollout_ref.hybrid_engine": Key(
         "Actor and rollout share one set of weights.",
         ignored="rljax always shares one set of parameter arrays between trainer and rollout"),
@@ -445,7 +467,9 @@ KEYS = {
     "actor_rollout_ref.model.custom_chat_template": Key(
         "A Jinja chat template used instead of the tokenizer's.",
         default_only=("a custom chat template is not applied: the tokenizer's own would be used", "drop it, or put the template in the tokenizer_config.json of actor_rollout_ref.model.path")),
-    "actor_rollout_ref.model.enable_activation_offload": Key("Move activations to host memory during training.", ignored="PyTorch activation offload"),
+    "actor_rollout_ref.model.enable_activation_offload": Key(
+        "Move activations to host memory during training.",
+        ignored="PyTorch activation offload"),
     "actor_rollout_ref.model.enable_gradient_checkpointing": Key(
         "Recompute activations in the backward pass instead of storing them.",
         mapped="jax.checkpoint (remat) per decoder layer"),
@@ -456,7 +480,9 @@ KEYS = {
     "actor_rollout_ref.model.external_lib": Key(
         "Python package imported first to register extra model or tokenizer classes.",
         ignored="registers PyTorch/HF classes; rljax models are chosen by config.json"),
-    "actor_rollout_ref.model.fused_kernel_options.impl_backend": Key("Backend of the fused kernels (torch or triton).", ignored="XLA fuses on its own"),
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": Key(
+        "Backend of the fused kernels (torch or triton).",
+        ignored="XLA fuses on its own"),
     "actor_rollout_ref.model.hf_config_path": Key(
         "Directory of a config.json to use instead of the model's.",
         default_only=("a config.json apart from the weights is not read: the model's own would be used", "drop it, or copy the config.json into actor_rollout_ref.model.path")),
@@ -493,7 +519,9 @@ KEYS = {
     "actor_rollout_ref.model.override_config.model_config": Key(
         "Fields that replace the checkpoint's config.json values (e.g. rope_theta); verl's +override_config.FIELD=VALUE lands here. Only fields rljax's models read, and dropout fields set to 0, are accepted.",
         mapped="fields that override the model's config.json"),
-    "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router": Key("Keep the mixture-of-experts router fixed (Megatron).", ignored="Megatron only"),
+    "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router": Key(
+        "Keep the mixture-of-experts router fixed (Megatron).",
+        ignored="Megatron only"),
     "actor_rollout_ref.model.path": Key("Policy checkpoint: a Hugging Face directory, a GGUF file or a known alias."),
     "actor_rollout_ref.model.r_pattern": Key(
         "Per-module LoRA rank, keyed by a name pattern.",
@@ -502,7 +530,9 @@ KEYS = {
     "actor_rollout_ref.model.remat_policy": Key(
         "What a rematerialised layer saves for the backward pass: full, attention or dots.",
         added="with enable_gradient_checkpointing, what each layer keeps for the backward pass: full (only its input), attention (also its attention output), dots (every matmul output)"),
-    "actor_rollout_ref.model.scan_layers": Key("Run the decoder layers as one scanned layer.", added="scan over decoder layers: compile time flat in depth"),
+    "actor_rollout_ref.model.scan_layers": Key(
+        "Run the decoder layers as one scanned layer.",
+        added="scan over decoder layers: compile time flat in depth"),
     "actor_rollout_ref.model.share_prompt_forward": Key(
         "Run each prompt's tokens once for its rollout.n responses when computing log-probs, values and updates.",
         added="run each prompt once for its rollout.n responses in the log-prob, value and update passes (same numbers, less work)"),
@@ -514,14 +544,24 @@ KEYS = {
     "actor_rollout_ref.model.tokenizer_path": Key(
         "Directory of a tokenizer to use instead of the model's.",
         default_only=("a tokenizer apart from the model is not read: the model's own would be used", "drop it, or copy the tokenizer files into actor_rollout_ref.model.path")),
-    "actor_rollout_ref.model.trust_remote_code": Key("Allow checkpoints that ship their own model code.", ignored="rljax runs no model code from checkpoints"),
-    "actor_rollout_ref.model.use_fused_kernels": Key("Use fused log-prob/entropy kernels.", ignored="XLA fuses on its own"),
-    "actor_rollout_ref.model.use_liger": Key("Use the Liger fused kernels.", ignored="a Triton kernel library for PyTorch"),
+    "actor_rollout_ref.model.trust_remote_code": Key(
+        "Allow checkpoints that ship their own model code.",
+        ignored="rljax runs no model code from checkpoints"),
+    "actor_rollout_ref.model.use_fused_kernels": Key(
+        "Use fused log-prob/entropy kernels.",
+        ignored="XLA fuses on its own"),
+    "actor_rollout_ref.model.use_liger": Key(
+        "Use the Liger fused kernels.",
+        ignored="a Triton kernel library for PyTorch"),
     "actor_rollout_ref.model.use_remove_padding": Key(
         "Pack sequences without padding for the forward pass.",
         ignored="XLA needs static shapes; padding is masked instead"),
-    "actor_rollout_ref.model.use_rslora": Key("Rank-stabilised LoRA scaling.", added="cosmos-rl: scale alpha / sqrt(r) instead of alpha / r"),
-    "actor_rollout_ref.model.use_shm": Key("Load the model through shared memory.", ignored="shared-memory model loading for Ray workers"),
+    "actor_rollout_ref.model.use_rslora": Key(
+        "Rank-stabilised LoRA scaling.",
+        added="cosmos-rl: scale alpha / sqrt(r) instead of alpha / r"),
+    "actor_rollout_ref.model.use_shm": Key(
+        "Load the model through shared memory.",
+        ignored="shared-memory model loading for Ray workers"),
     "actor_rollout_ref.nccl_timeout": Key(
         "Seconds before an NCCL collective times out.",
         ignored="NCCL collective timeout; XLA's collectives have none to set"),
@@ -551,8 +591,12 @@ KEYS = {
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": Key("Responses per reference forward pass on each device."),
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": Key("Pack reference micro-batches by token count; follows the actor's use_dynamic_bsz."),
     **_described(("actor_rollout_ref.ref", "critic", "reward_model"), "megatron", _MEGATRON),
-    "actor_rollout_ref.ref.rollout_n": Key("verl's copy of actor_rollout_ref.rollout.n.", ignored="verl's copy of actor_rollout_ref.rollout.n"),
-    "actor_rollout_ref.ref.strategy": Key("Backend of the reference model (fsdp or megatron in verl).", ignored="FSDP/Megatron choice"),
+    "actor_rollout_ref.ref.rollout_n": Key(
+        "verl's copy of actor_rollout_ref.rollout.n.",
+        ignored="verl's copy of actor_rollout_ref.rollout.n"),
+    "actor_rollout_ref.ref.strategy": Key(
+        "Backend of the reference model (fsdp or megatron in verl).",
+        ignored="FSDP/Megatron choice"),
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": Key("Sequence-parallel size of the reference; follows the actor's."),
     "actor_rollout_ref.ref.use_torch_compile": Key(
         "Compile the reference with torch.compile; follows the actor's setting.",
@@ -574,22 +618,34 @@ KEYS = {
     "actor_rollout_ref.rollout.cudagraph_capture_sizes": Key(
         "Batch sizes the inference server captures CUDA graphs for.",
         ignored="CUDA graphs; XLA compiles the decode step"),
-    "actor_rollout_ref.rollout.data_parallel_size": Key("Data-parallel size of the inference server.", ignored="the rollout's data axis is the training mesh's"),
-    "actor_rollout_ref.rollout.disable_log_stats": Key("vLLM: silence its throughput statistics.", ignored="vLLM option"),
+    "actor_rollout_ref.rollout.data_parallel_size": Key(
+        "Data-parallel size of the inference server.",
+        ignored="the rollout's data axis is the training mesh's"),
+    "actor_rollout_ref.rollout.disable_log_stats": Key(
+        "vLLM: silence its throughput statistics.",
+        ignored="vLLM option"),
     "actor_rollout_ref.rollout.do_sample": Key("Sample (true) or decode greedily (false) during training rollouts."),
     "actor_rollout_ref.rollout.dtype": Key(
         "Dtype of the weights and activations during generation.",
         mapped="activation, KV-cache and weight dtype of prefill and decode; weights already in it are read in place, others are cast once per rollout"),
-    "actor_rollout_ref.rollout.enable_chunked_prefill": Key("vLLM: split long prefills into chunks.", ignored="vLLM option"),
-    "actor_rollout_ref.rollout.enable_prefix_caching": Key("Reuse the KV cache of shared prompt prefixes in the inference server.", ignored="vLLM/SGLang prefix cache"),
+    "actor_rollout_ref.rollout.enable_chunked_prefill": Key(
+        "vLLM: split long prefills into chunks.",
+        ignored="vLLM option"),
+    "actor_rollout_ref.rollout.enable_prefix_caching": Key(
+        "Reuse the KV cache of shared prompt prefixes in the inference server.",
+        ignored="vLLM/SGLang prefix cache"),
     "actor_rollout_ref.rollout.enable_rollout_routing_replay": Key(
         "Record the rollout's MoE expert choices for the update.",
         ignored="MoE routing replay; rljax has no MoE models"),
-    "actor_rollout_ref.rollout.enforce_eager": Key("vLLM: run without CUDA graphs.", ignored="CUDA graphs; XLA compiles the decode step"),
+    "actor_rollout_ref.rollout.enforce_eager": Key(
+        "vLLM: run without CUDA graphs.",
+        ignored="CUDA graphs; XLA compiles the decode step"),
     "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend": Key("SGLang: attention backend (more SGLang arguments may be added beside it)."),
     "actor_rollout_ref.rollout.engine_kwargs.trtllm": Key("Extra arguments for the TensorRT-LLM engine."),
     "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space": Key("vLLM: CPU swap space in GB (more vLLM arguments may be added beside it)."),
-    "actor_rollout_ref.rollout.expert_parallel_size": Key("Expert-parallel size of the inference server.", ignored="rljax has no MoE models"),
+    "actor_rollout_ref.rollout.expert_parallel_size": Key(
+        "Expert-parallel size of the inference server.",
+        ignored="rljax has no MoE models"),
     "actor_rollout_ref.rollout.free_cache_engine": Key(
         "Release the engine's KV cache after each rollout, so training gets the memory.",
         mapped="drop the KV cache between rollouts"),
@@ -602,7 +658,9 @@ KEYS = {
     "actor_rollout_ref.rollout.layered_summon": Key(
         "Gather LoRA weights layer by layer for the inference server.",
         ignored="PyTorch FSDP weight gathering for LoRA; the engine reads the trainer's arrays in place"),
-    "actor_rollout_ref.rollout.load_format": Key("How vLLM receives the actor's weights.", ignored="the engine reads the trainer's arrays in place"),
+    "actor_rollout_ref.rollout.load_format": Key(
+        "How vLLM receives the actor's weights.",
+        ignored="the engine reads the trainer's arrays in place"),
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": Key("Token budget of a packed log-prob micro-batch; follows the actor's."),
     "actor_rollout_ref.rollout.log_prob_micro_batch_size": Key(
         "Old global micro-batch of old-policy log-probs; replaced by the per-GPU key.",
@@ -618,10 +676,16 @@ KEYS = {
     "actor_rollout_ref.rollout.max_num_batched_tokens": Key(
         "vLLM: tokens processed per scheduler step.",
         ignored="vLLM scheduler budget; prefill runs per request bucket"),
-    "actor_rollout_ref.rollout.max_num_seqs": Key("Sequences the engine decodes at once.", mapped="decode slots of the engine (continuous batching)"),
-    "actor_rollout_ref.rollout.mode": Key("Engine mode in verl: sync or async server.", ignored="the engine is always in-process"),
+    "actor_rollout_ref.rollout.max_num_seqs": Key(
+        "Sequences the engine decodes at once.",
+        mapped="decode slots of the engine (continuous batching)"),
+    "actor_rollout_ref.rollout.mode": Key(
+        "Engine mode in verl: sync or async server.",
+        ignored="the engine is always in-process"),
     **_described(("actor_rollout_ref.rollout",), "mtp", _MTP),
-    "actor_rollout_ref.rollout.multi_stage_wake_up": Key("Wake the inference server's weights and KV cache up in stages.", ignored="vLLM/SGLang memory wake-up order"),
+    "actor_rollout_ref.rollout.multi_stage_wake_up": Key(
+        "Wake the inference server's weights and KV cache up in stages.",
+        ignored="vLLM/SGLang memory wake-up order"),
     "actor_rollout_ref.rollout.multi_turn.completion_callback": Key("Class that handles each completion in a multi-turn rollout."),
     "actor_rollout_ref.rollout.multi_turn.enable": Key(
         "Multi-turn rollouts with tool calls.",
@@ -640,7 +704,9 @@ KEYS = {
     "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": Key("Which side of a long tool response is cut."),
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": Key("Re-template the conversation with the inference chat template."),
     "actor_rollout_ref.rollout.n": Key("Responses sampled per prompt (the group size of GRPO and RLOO)."),
-    "actor_rollout_ref.rollout.name": Key("Inference engine (vllm, sglang or hf in verl).", mapped="any value selects rljax's JetStream engine"),
+    "actor_rollout_ref.rollout.name": Key(
+        "Inference engine (vllm, sglang or hf in verl).",
+        mapped="any value selects rljax's JetStream engine"),
     "actor_rollout_ref.rollout.over_sample_rate": Key(
         "Fraction of the slowest requests aborted per rollout.",
         default_only=("over-sampling (aborting the slowest requests) is not implemented", "set actor_rollout_ref.rollout.over_sample_rate=0")),
@@ -662,14 +728,18 @@ KEYS = {
         "File with the quantization's settings.",
         ignored="read only with rollout.quantization, which rljax does not implement"),
     "actor_rollout_ref.rollout.response_length": Key("Tokens generated per response at most; follows data.max_response_length."),
-    "actor_rollout_ref.rollout.scheduling_policy": Key("Request order of the inference server (fcfs, priority).", ignored="vLLM scheduler order"),
+    "actor_rollout_ref.rollout.scheduling_policy": Key(
+        "Request order of the inference server (fcfs, priority).",
+        ignored="vLLM scheduler order"),
     "actor_rollout_ref.rollout.skip_dump_dir": Key(
         "Directory of dumped rollouts for skip_rollout.",
         ignored="read only with skip_rollout, which rljax does not implement (an error when true)"),
     "actor_rollout_ref.rollout.skip_rollout": Key(
         "Replay dumped rollouts instead of generating.",
         default_only=("replaying dumped rollouts is not implemented", "set actor_rollout_ref.rollout.skip_rollout=false")),
-    "actor_rollout_ref.rollout.skip_tokenizer_init": Key("Start the inference server without a tokenizer.", ignored="vLLM/SGLang tokenizer start-up"),
+    "actor_rollout_ref.rollout.skip_tokenizer_init": Key(
+        "Start the inference server without a tokenizer.",
+        ignored="vLLM/SGLang tokenizer start-up"),
     "actor_rollout_ref.rollout.temperature": Key("Sampling temperature during training rollouts."),
     "actor_rollout_ref.rollout.tensor_model_parallel_size": Key(
         "Devices that split each weight matrix during generation.",
@@ -702,7 +772,9 @@ KEYS = {
     "algorithm.gdpo_reward_keys": Key(
         "GDPO: the per-sample reward components normalised separately.",
         added="gdpo: the reward components (extra-info keys) to normalise separately"),
-    "algorithm.gdpo_reward_weights": Key("GDPO: weights of those components; null weighs them equally.", added="gdpo: their weights (null = all 1)"),
+    "algorithm.gdpo_reward_weights": Key(
+        "GDPO: weights of those components; null weighs them equally.",
+        added="gdpo: their weights (null = all 1)"),
     "algorithm.kl_ctrl.horizon": Key("Adaptive controller: steps over which the coefficient adapts."),
     "algorithm.kl_ctrl.kl_coef": Key("(Initial) coefficient of the KL penalty in the reward."),
     "algorithm.kl_ctrl.target_kl": Key("Adaptive controller: the KL it steers towards."),
@@ -720,7 +792,9 @@ KEYS = {
         "IS bound: an upper bound (truncate), or 'lower_upper' to zero weights outside the range.",
         type_note="float or str"),
     "algorithm.rollout_correction.rollout_rs": Key("Rejection sampling of mismatched tokens or sequences (e.g. token_k1, seq_mean_k3); null is off."),
-    "algorithm.rollout_correction.rollout_rs_threshold": Key("Bound of the rejection statistic.", type_note="float, str or null"),
+    "algorithm.rollout_correction.rollout_rs_threshold": Key(
+        "Bound of the rejection statistic.",
+        type_note="float, str or null"),
     "algorithm.rollout_is": Key("Older switch for rollout importance sampling; mapped onto rollout_correction."),
     "algorithm.rollout_is_level": Key("Older key: IS weights per token or per sequence."),
     "algorithm.rollout_is_mode": Key("Older key: truncate weights above the bound, or mask tokens outside the bounds."),
@@ -755,19 +829,37 @@ KEYS = {
         "Load the checkpoint's weights (false: random initialisation).",
         default_only=("starting from random weights is not implemented: the checkpoint's weights would be loaded", "set critic.load_weight=true")),
     "critic.loss_agg_mode": Key("Aggregation of the value loss; follows the actor's loss_agg_mode."),
-    "critic.model.enable_activation_offload": Key("Move the critic's activations to host memory.", ignored="PyTorch activation offload"),
+    "critic.model.enable_activation_offload": Key(
+        "Move the critic's activations to host memory.",
+        ignored="PyTorch activation offload"),
     "critic.model.enable_gradient_checkpointing": Key("Recompute the critic's activations in the backward pass; follows the policy's."),
     "critic.model.external_lib": Key(
         "Package imported to register the critic's classes; follows the policy's.",
         ignored="registers PyTorch/HF classes"),
-    "critic.model.fsdp_config.dtype": Key("Mixed precision: the dtype the critic computes in.", mapped="compute dtype of the critic's passes"),
-    "critic.model.fsdp_config.forward_prefetch": Key("FSDP: gather the critic's next layer early.", ignored="XLA schedules all-gathers"),
-    "critic.model.fsdp_config.fsdp_size": Key("FSDP group size of the critic.", ignored="the critic is sharded on the actor's mesh"),
-    "critic.model.fsdp_config.model_dtype": Key("Dtype of the critic's parameters: fp32, bf16 or fp16.", mapped="dtype of the critic's parameters"),
-    "critic.model.fsdp_config.offload_policy": Key("FSDP2: offload the critic's parameters, gradients and optimizer state.", ignored="PyTorch FSDP2 offload"),
-    "critic.model.fsdp_config.optimizer_offload": Key("FSDP: keep the critic's optimizer state in host memory.", ignored="PyTorch FSDP CPU offload"),
-    "critic.model.fsdp_config.param_offload": Key("FSDP: keep the critic's parameters in host memory.", ignored="PyTorch FSDP CPU offload"),
-    "critic.model.fsdp_config.reshard_after_forward": Key("FSDP: free the critic's gathered parameters after the forward pass.", ignored="XLA schedules all-gathers"),
+    "critic.model.fsdp_config.dtype": Key(
+        "Mixed precision: the dtype the critic computes in.",
+        mapped="compute dtype of the critic's passes"),
+    "critic.model.fsdp_config.forward_prefetch": Key(
+        "FSDP: gather the critic's next layer early.",
+        ignored="XLA schedules all-gathers"),
+    "critic.model.fsdp_config.fsdp_size": Key(
+        "FSDP group size of the critic.",
+        ignored="the critic is sharded on the actor's mesh"),
+    "critic.model.fsdp_config.model_dtype": Key(
+        "Dtype of the critic's parameters: fp32, bf16 or fp16.",
+        mapped="dtype of the critic's parameters"),
+    "critic.model.fsdp_config.offload_policy": Key(
+        "FSDP2: offload the critic's parameters, gradients and optimizer state.",
+        ignored="PyTorch FSDP2 offload"),
+    "critic.model.fsdp_config.optimizer_offload": Key(
+        "FSDP: keep the critic's optimizer state in host memory.",
+        ignored="PyTorch FSDP CPU offload"),
+    "critic.model.fsdp_config.param_offload": Key(
+        "FSDP: keep the critic's parameters in host memory.",
+        ignored="PyTorch FSDP CPU offload"),
+    "critic.model.fsdp_config.reshard_after_forward": Key(
+        "FSDP: free the critic's gathered parameters after the forward pass.",
+        ignored="XLA schedules all-gathers"),
     "critic.model.fsdp_config.wrap_policy.min_num_params": Key("FSDP: wrap the critic's modules with at least this many parameters."),
     "critic.model.lora_alpha": Key(
         "LoRA alpha of the critic.",
@@ -778,16 +870,24 @@ KEYS = {
     "critic.model.override_config": Key(
         "Fields that replace the critic's config.json values.",
         default_only=("the critic's Hugging Face config overrides are not applied", "drop critic.model.override_config")),
-    "critic.model.override_config.moe_config.freeze_moe_router": Key("Keep the critic's mixture-of-experts router fixed (Megatron).", ignored="Megatron only"),
+    "critic.model.override_config.moe_config.freeze_moe_router": Key(
+        "Keep the critic's mixture-of-experts router fixed (Megatron).",
+        ignored="Megatron only"),
     "critic.model.path": Key("Critic checkpoint; follows the policy's path."),
     "critic.model.target_modules": Key(
         "LoRA targets of the critic.",
         ignored="read only with critic.model.lora_rank > 0 (an error: the critic trains in full)",
         type_note="str or list"),
     "critic.model.tokenizer_path": Key("Tokenizer of the critic; follows the policy's path."),
-    "critic.model.trust_remote_code": Key("Allow a critic checkpoint with its own model code.", ignored="rljax runs no model code from checkpoints"),
-    "critic.model.use_remove_padding": Key("Pack the critic's sequences without padding.", ignored="XLA needs static shapes"),
-    "critic.model.use_shm": Key("Load the critic through shared memory.", ignored="shared-memory model loading for Ray workers"),
+    "critic.model.trust_remote_code": Key(
+        "Allow a critic checkpoint with its own model code.",
+        ignored="rljax runs no model code from checkpoints"),
+    "critic.model.use_remove_padding": Key(
+        "Pack the critic's sequences without padding.",
+        ignored="XLA needs static shapes"),
+    "critic.model.use_shm": Key(
+        "Load the critic through shared memory.",
+        ignored="shared-memory model loading for Ray workers"),
     "critic.nccl_timeout": Key(
         "Seconds before an NCCL collective times out.",
         ignored="NCCL collective timeout; XLA's collectives have none to set"),
@@ -814,7 +914,9 @@ KEYS = {
         default_only=("extra chat-template arguments are not passed to the tokenizer", "drop data.apply_chat_template_kwargs")),
     "data.custom_cls.name": Key("Name of the dataset class in that file."),
     "data.custom_cls.path": Key("Python file defining your own dataset class; null uses the built-in one."),
-    "data.datagen.name": Key("Class name of a dynamic data generator.", ignored="read only with data.datagen.path (an error when set)"),
+    "data.datagen.name": Key(
+        "Class name of a dynamic data generator.",
+        ignored="read only with data.datagen.path (an error when set)"),
     "data.datagen.path": Key(
         "File of a dynamic data generator.",
         default_only=("dynamic data generation is not implemented", "drop data.datagen.path")),
@@ -829,16 +931,22 @@ KEYS = {
     "data.image_key": Key(
         "Column holding images in multimodal data.",
         ignored="multimodal data is not supported yet (data with that column filled is an error)"),
-    "data.image_patch_size": Key("Patch size of a vision model's image preprocessing.", ignored="multimodal data is not supported yet"),
+    "data.image_patch_size": Key(
+        "Patch size of a vision model's image preprocessing.",
+        ignored="multimodal data is not supported yet"),
     "data.max_prompt_length": Key("Prompt length in tokens; prompts are left-padded to it."),
     "data.max_response_length": Key("Most tokens generated per response."),
     "data.prompt_key": Key("Column holding the prompt (a list of chat messages)."),
     "data.return_full_prompt": Key("Also keep the templated prompt text."),
-    "data.return_multi_modal_inputs": Key("Return a vision model's processed inputs with each batch.", ignored="multimodal data is not supported yet"),
+    "data.return_multi_modal_inputs": Key(
+        "Return a vision model's processed inputs with each batch.",
+        ignored="multimodal data is not supported yet"),
     "data.return_raw_chat": Key("Also keep the prompt's chat messages untemplated."),
     "data.return_raw_input_ids": Key("Also keep the prompt's ids without the chat template (for a reward model with another template)."),
     "data.reward_fn_key": Key("Column whose value picks the scoring function (the data source)."),
-    "data.sampler.class_name": Key("Class name of a custom sampler.", ignored="read only with data.sampler.class_path (an error when set)"),
+    "data.sampler.class_name": Key(
+        "Class name of a custom sampler.",
+        ignored="read only with data.sampler.class_path (an error when set)"),
     "data.sampler.class_path": Key(
         "File of a custom sampler.",
         default_only=("custom samplers are not implemented: the data order is data.shuffle's", "drop data.sampler.class_path")),
@@ -852,8 +960,12 @@ KEYS = {
     "data.train_files": Key("Training parquet file, or a list of them; ~ expands.", type_note="str or list"),
     "data.train_max_samples": Key("Use at most this many training rows; -1 uses them all."),
     "data.truncation": Key("What to do with an overlong prompt: error, or cut it at the left, right or middle."),
-    "data.trust_remote_code": Key("Allow a tokenizer that ships its own Python code.", ignored="tokenizers run no remote code"),
-    "data.use_shm": Key("Load data through shared memory (verl's Ray workers).", ignored="shared-memory loading for Ray workers"),
+    "data.trust_remote_code": Key(
+        "Allow a tokenizer that ships its own Python code.",
+        ignored="tokenizers run no remote code"),
+    "data.use_shm": Key(
+        "Load data through shared memory (verl's Ray workers).",
+        ignored="shared-memory loading for Ray workers"),
     "data.val_batch_size": Key(
         "Validation prompts per batch; null validates the whole set at once.",
         deprecated=(None, "still honoured: validation prompts per batch (null = the whole set at once)")),
@@ -894,7 +1006,9 @@ KEYS = {
     "ray_init.timeline_json_file": Key("File to write Ray's timeline to."),
     "ray_kwargs.ray_init.num_cpus": Key("CPUs Ray may use; null = all."),
     "ray_kwargs.timeline_json_file": Key("File to write Ray's timeline to."),
-    "reward_manager.module.name": Key("Class name in that file.", ignored="read only with reward_manager.module.path (an error when set)"),
+    "reward_manager.module.name": Key(
+        "Class name in that file.",
+        ignored="read only with reward_manager.module.path (an error when set)"),
     "reward_manager.module.path": Key(
         "File of a custom reward-manager class.",
         default_only=("custom reward-manager classes are not implemented", "give a scoring function as custom_reward_function.path, or pick reward_model.reward_manager")),
@@ -905,7 +1019,9 @@ KEYS = {
         "Where the reward manager comes from: register (by name) or importlib (module.path).",
         ignored="where verl finds the reward manager; reward_manager.module.path set is an error"),
     "reward_model.enable": Key("Score responses with a learned reward model (in addition to rule functions)."),
-    "reward_model.enable_resource_pool": Key("Give the reward model its own Ray resource pool.", ignored="Ray resource pools"),
+    "reward_model.enable_resource_pool": Key(
+        "Give the reward model its own Ray resource pool.",
+        ignored="Ray resource pools"),
     "reward_model.forward_max_token_len_per_gpu": Key("Token budget of a packed reward-model micro-batch; follows the critic's."),
     "reward_model.launch_reward_fn_async": Key(
         "Compute rule rewards concurrently with the log-prob passes.",
@@ -933,17 +1049,27 @@ KEYS = {
         "Fields that replace the reward model's config.json values.",
         default_only=("the reward model's Hugging Face config overrides are not applied", "drop reward_model.model.override_config")),
     "reward_model.model.path": Key("Reward model checkpoint (a sequence-classification model)."),
-    "reward_model.model.trust_remote_code": Key("Allow a reward model checkpoint with its own code.", ignored="rljax runs no model code from checkpoints"),
-    "reward_model.model.use_fused_kernels": Key("Use fused kernels in the reward model.", ignored="XLA fuses on its own"),
-    "reward_model.model.use_remove_padding": Key("Pack the reward model's sequences without padding.", ignored="XLA needs static shapes"),
-    "reward_model.model.use_shm": Key("Load the reward model through shared memory.", ignored="shared-memory loading for Ray workers"),
+    "reward_model.model.trust_remote_code": Key(
+        "Allow a reward model checkpoint with its own code.",
+        ignored="rljax runs no model code from checkpoints"),
+    "reward_model.model.use_fused_kernels": Key(
+        "Use fused kernels in the reward model.",
+        ignored="XLA fuses on its own"),
+    "reward_model.model.use_remove_padding": Key(
+        "Pack the reward model's sequences without padding.",
+        ignored="XLA needs static shapes"),
+    "reward_model.model.use_shm": Key(
+        "Load the reward model through shared memory.",
+        ignored="shared-memory loading for Ray workers"),
     "reward_model.n_gpus_per_node": Key(
         "GPUs per node of the reward model's pool.",
         ignored="Ray resource pools; the reward model runs on the actor's mesh"),
     "reward_model.nccl_timeout": Key(
         "Seconds before an NCCL collective times out.",
         ignored="NCCL collective timeout; XLA's collectives have none to set"),
-    "reward_model.nnodes": Key("Nodes of the reward model's pool.", ignored="Ray resource pools; the reward model runs on the actor's mesh"),
+    "reward_model.nnodes": Key(
+        "Nodes of the reward model's pool.",
+        ignored="Ray resource pools; the reward model runs on the actor's mesh"),
     "reward_model.num_workers": Key(
         "Reward-loop worker processes.",
         ignored="verl's reward-loop workers; reward_model.prime.num_workers sizes rljax's pool"),
@@ -953,18 +1079,24 @@ KEYS = {
     "reward_model.overlong_buffer.len": Key(
         "Length in tokens of the penalty ramp before max_response_length.",
         added="DAPO overlong buffer length in tokens"),
-    "reward_model.overlong_buffer.log": Key("Record the penalty per sample in the reward's extra info.", added="log the overlong penalty per sample"),
+    "reward_model.overlong_buffer.log": Key(
+        "Record the penalty per sample in the reward's extra info.",
+        added="log the overlong penalty per sample"),
     "reward_model.overlong_buffer.max_resp_len": Key(
         "DAPO's max_resp_len (verl's reward_kwargs.max_resp_len): the length at which the penalty is full; null means data.max_response_length, the only value rljax accepts.",
         added="DAPO recipe's max_resp_len (verl's reward_kwargs.max_resp_len); checked equal to data.max_response_length"),
-    "reward_model.overlong_buffer.penalty_factor": Key("Penalty at the length limit (the ramp goes from 0 to minus this).", added="DAPO overlong penalty factor"),
+    "reward_model.overlong_buffer.penalty_factor": Key(
+        "Penalty at the length limit (the ramp goes from 0 to minus this).",
+        added="DAPO overlong penalty factor"),
     "reward_model.prime.num_workers": Key(
         "Processes of the prime reward manager; null = the CPU count.",
         added="processes of the prime reward manager (null = CPU count)"),
     "reward_model.prime.timeout_s": Key(
         "Seconds one sample may take in the prime manager before it scores 0.",
         added="per-sample scorer timeout of the prime reward manager"),
-    "reward_model.reward_loop_class_name": Key("Class name of a custom reward loop.", ignored="read only with reward_loop_module_path (an error when set)"),
+    "reward_model.reward_loop_class_name": Key(
+        "Class name of a custom reward loop.",
+        ignored="read only with reward_loop_module_path (an error when set)"),
     "reward_model.reward_loop_module_path": Key(
         "File of a custom reward loop.",
         default_only=("custom reward loops are not implemented", "give a scoring function as custom_reward_function.path")),
@@ -997,7 +1129,9 @@ KEYS = {
     "reward_model.sandbox_fusion.max_concurrent": Key("Concurrent requests to that sandbox."),
     "reward_model.sandbox_fusion.memory_limit_mb": Key("Memory limit of each sandbox run."),
     "reward_model.sandbox_fusion.url": Key("URL of a remote code-execution sandbox for code rewards."),
-    "reward_model.strategy": Key("Backend of the reward model (fsdp or megatron in verl).", ignored="FSDP/Megatron choice"),
+    "reward_model.strategy": Key(
+        "Backend of the reward model (fsdp or megatron in verl).",
+        ignored="FSDP/Megatron choice"),
     "reward_model.ulysses_sequence_parallel_size": Key(
         "Ulysses sequence-parallel size of the reward model.",
         ignored="the reward model is sharded on the actor's mesh"),
@@ -1016,7 +1150,9 @@ KEYS = {
     "trainer.default_local_dir": Key(
         "Checkpoint directory; follows checkpoints/project_name/experiment_name.",
         mapped="orbax CheckpointManager directory"),
-    "trainer.del_local_ckpt_after_load": Key("Delete the local checkpoint once it has been loaded.", ignored="HDFS workflow"),
+    "trainer.del_local_ckpt_after_load": Key(
+        "Delete the local checkpoint once it has been loaded.",
+        ignored="HDFS workflow"),
     "trainer.device": Key("Accelerator platform.", mapped="JAX platform: auto, cpu, gpu (cuda), tpu"),
     "trainer.esi_redundant_time": Key(
         "Seconds kept spare before an elastic server instance expires, to checkpoint.",

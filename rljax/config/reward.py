@@ -9,6 +9,7 @@ from rljax.config.fields import follow, null
 
 
 def build_reward_model(model: ConfigDict, critic: ConfigDict) -> ConfigDict:
+  """The reward model and reward manager; its tokenizer follows the policy's `model`."""
   return ConfigDict({
       "enable": False,
       "strategy": "fsdp",

@@ -17,6 +17,7 @@ def _nsight_options() -> dict[str, Any]:
 
 
 def build_trainer() -> ConfigDict:
+  """verl's `trainer` node; default_local_dir follows the project and experiment names."""
   trainer = ConfigDict({
       "balance_batch": True,
       "total_epochs": 30,

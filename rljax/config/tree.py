@@ -122,10 +122,12 @@ def leaf_paths(config: ConfigDict, prefix: str = "") -> list[str]:
 
 
 def is_open(path: str) -> bool:
+  """Whether `path` is one of `OPEN_DICTS` or lies below one."""
   return any(path == p or path.startswith(p + ".") for p in OPEN_DICTS)
 
 
 def unknown_key_error(config: ConfigDict, path: str) -> ConfigError:
+  """The error for a key the tree lacks, naming the closest keys it has."""
   known = leaf_paths(config)
   last = path.rsplit(".", 1)[-1]
   near = difflib.get_close_matches(path, known, n=3, cutoff=0.75)
