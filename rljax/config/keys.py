@@ -252,6 +252,7 @@ _MTP = {
 }
 
 KEYS = {
+    # actor_rollout_ref.actor
     "actor_rollout_ref.actor.calculate_entropy": Key(
         "Compute the policy's entropy in verl's engine workers (a metric).",
         ignored="verl's engine switch for the entropy metric; it changes no update"),
@@ -454,9 +455,11 @@ KEYS = {
     "actor_rollout_ref.actor.use_torch_compile": Key(
         "Compile the actor with torch.compile.",
         ignored="everything is jax.jit-compiled"),
+    # actor_rollout_ref
     "actor_rollout_ref.hybrid_engine": Key(
         "Actor and rollout share one set of weights.",
         ignored="rljax always shares one set of parameter arrays between trainer and rollout"),
+    # actor_rollout_ref.model
     "actor_rollout_ref.model.alpha_pattern": Key(
         "Per-module LoRA alpha, keyed by a name pattern.",
         added="cosmos-rl: {regex: alpha} per HF module name (model.layers.0.self_attn.q_proj); first match wins",
@@ -562,9 +565,11 @@ KEYS = {
     "actor_rollout_ref.model.use_shm": Key(
         "Load the model through shared memory.",
         ignored="shared-memory model loading for Ray workers"),
+    # actor_rollout_ref
     "actor_rollout_ref.nccl_timeout": Key(
         "Seconds before an NCCL collective times out.",
         ignored="NCCL collective timeout; XLA's collectives have none to set"),
+    # actor_rollout_ref.ref
     "actor_rollout_ref.ref.entropy_checkpointing": Key(
         "Recompute the reference's entropy in the backward pass.",
         ignored="rematerialisation is set by model.enable_gradient_checkpointing"),
@@ -601,6 +606,7 @@ KEYS = {
     "actor_rollout_ref.ref.use_torch_compile": Key(
         "Compile the reference with torch.compile; follows the actor's setting.",
         ignored="everything is jax.jit-compiled"),
+    # actor_rollout_ref.rollout
     "actor_rollout_ref.rollout.agent.agent_loop_config_path": Key("File that registers agent loops."),
     "actor_rollout_ref.rollout.agent.custom_async_server.name": Key("Class name of that server."),
     "actor_rollout_ref.rollout.agent.custom_async_server.path": Key("File defining a custom async rollout server."),
@@ -758,6 +764,7 @@ KEYS = {
     "actor_rollout_ref.rollout.val_kwargs.temperature": Key("Temperature during validation (0 = greedy)."),
     "actor_rollout_ref.rollout.val_kwargs.top_k": Key("top_k during validation."),
     "actor_rollout_ref.rollout.val_kwargs.top_p": Key("top_p during validation."),
+    # algorithm
     "algorithm.adv_estimator": Key("Advantage estimator by name (see docs/algorithms.md)."),
     "algorithm.filter_groups.enable": Key(
         "DAPO dynamic sampling: drop prompt groups whose filter metric has zero variance and generate more rounds until train_batch_size groups are kept.",
@@ -806,6 +813,7 @@ KEYS = {
         added="cosmos-rl (Dr.GRPO): sets algorithm.norm_adv_by_std_in_grpo=false (group mean removed, no std division)"),
     "algorithm.use_kl_in_reward": Key("Subtract a KL(policy ‖ reference) penalty from the token rewards (PPO's choice)."),
     "algorithm.use_pf_ppo": Key("Preference-feedback PPO: reweight samples by their reward before the update."),
+    # critic
     "critic.checkpoint.async_save": Key(
         "Write checkpoints in the background.",
         ignored="orbax decides how a checkpoint is written; the saved state is the same"),
@@ -906,9 +914,11 @@ KEYS = {
     "critic.ulysses_sequence_parallel_size": Key("Sequence-parallel size of the critic."),
     "critic.use_dynamic_bsz": Key("Pack critic micro-batches by token count; follows the actor's."),
     "critic.use_torch_compile": Key("Compile the critic with torch.compile.", ignored="everything is jax.jit-compiled"),
+    # custom_reward_function
     "custom_reward_function.name": Key("Name of the function in that file (verl's signature: data_source, solution_str, ground_truth, extra_info)."),
     "custom_reward_function.path": Key("Python file with your scoring function; null uses the built-in scorers."),
     "custom_reward_function.reward_kwargs": Key("Extra keyword arguments passed to that function."),
+    # data
     "data.apply_chat_template_kwargs": Key(
         "Extra arguments of the tokenizer's apply_chat_template (e.g. enable_thinking).",
         default_only=("extra chat-template arguments are not passed to the tokenizer", "drop data.apply_chat_template_kwargs")),
@@ -975,6 +985,7 @@ KEYS = {
     "data.video_key": Key(
         "Column holding videos in multimodal data.",
         ignored="multimodal data is not supported yet (data with that column filled is an error)"),
+    # global_profiler
     "global_profiler.global_tool_config.nsys.controller_nsight_options.cuda-graph-trace": Key("Nsight: CUDA graph tracing."),
     "global_profiler.global_tool_config.nsys.controller_nsight_options.cuda-memory-usage": Key("Nsight: track CUDA memory."),
     "global_profiler.global_tool_config.nsys.controller_nsight_options.trace": Key("Nsight: APIs to trace."),
@@ -1002,10 +1013,13 @@ KEYS = {
     "global_profiler.tool": Key(
         "Profiler of the run: nsys, npu, torch or torch_memory.",
         mapped="any tool (nsys, npu, torch, torch_memory) records a jax.profiler trace"),
+    # ray_init
     "ray_init.num_cpus": Key("CPUs Ray may use; null = all."),
     "ray_init.timeline_json_file": Key("File to write Ray's timeline to."),
+    # ray_kwargs
     "ray_kwargs.ray_init.num_cpus": Key("CPUs Ray may use; null = all."),
     "ray_kwargs.timeline_json_file": Key("File to write Ray's timeline to."),
+    # reward_manager
     "reward_manager.module.name": Key(
         "Class name in that file.",
         ignored="read only with reward_manager.module.path (an error when set)"),
@@ -1018,6 +1032,7 @@ KEYS = {
     "reward_manager.source": Key(
         "Where the reward manager comes from: register (by name) or importlib (module.path).",
         ignored="where verl finds the reward manager; reward_manager.module.path set is an error"),
+    # reward_model
     "reward_model.enable": Key("Score responses with a learned reward model (in addition to rule functions)."),
     "reward_model.enable_resource_pool": Key(
         "Give the reward model its own Ray resource pool.",
@@ -1139,6 +1154,7 @@ KEYS = {
     "reward_model.use_reward_loop": Key(
         "Score with verl's asynchronous reward loop.",
         ignored="verl's async reward workers; reward functions run in the reward manager's pool"),
+    # trainer
     "trainer.balance_batch": Key("Reorder a batch so that every data-parallel device gets a similar number of tokens."),
     "trainer.controller_nsight_options.cuda-graph-trace": Key("Nsight: CUDA graph tracing on the controller."),
     "trainer.controller_nsight_options.cuda-memory-usage": Key("Nsight: track CUDA memory on the controller."),
@@ -1205,6 +1221,7 @@ KEYS = {
     "trainer.worker_nsight_options.cuda-memory-usage": Key("Nsight: track CUDA memory on the workers."),
     "trainer.worker_nsight_options.kill": Key("Nsight: signal sent to the workers when profiling ends."),
     "trainer.worker_nsight_options.trace": Key("Nsight: APIs traced on the workers."),
+    # transfer_queue
     "transfer_queue.enable": Key("Move batches through verl's Ray transfer queue."),
 }
 
