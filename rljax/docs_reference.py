@@ -4,11 +4,10 @@
     python -m rljax.docs_reference --write      # the same, in place
 
 Every key of `rljax.config.get_base_config()` becomes one table row: its
-default (and the key it follows, verl's `${...}`), its type, its meaning
-(`rljax.config_docs.DESCRIPTIONS`) and what rljax does with it (the tables
-`IGNORED_KEYS`, `MAPPED_KEYS`, `RLJAX_KEYS`, `DEPRECATED_KEYS`,
-`UNIMPLEMENTED_VALUES` of `rljax.config`). `tests/test_docs.py` fails when the checked-in page differs
-from `render_config_reference()`.
+default (and the key it follows, verl's `${...}`), its type, and from its
+record in `rljax.config.keys.KEYS` its meaning and what rljax does with it.
+`tests/test_docs.py` fails when the checked-in page differs from
+`render_config_reference()`.
 """
 
 from __future__ import annotations
@@ -21,11 +20,11 @@ from typing import Any, Iterable
 from ml_collections import ConfigDict, FieldReference
 
 from rljax import config as config_lib
-from rljax import config_docs
+from rljax.config import keys
 
 DOC_PATH = pathlib.Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 REGENERATE = "python -m rljax.docs_reference --write"
-# The status of an `UNIMPLEMENTED_VALUES` key.
+# The status of a key accepted at verl's default only.
 DEFAULT_ONLY = "verl's default only"
 
 # Table groups, in the order of verl's ppo_trainer.yaml; a key belongs to the
@@ -151,8 +150,9 @@ def format_value(value: Any) -> str:
 
 def type_name(config: ConfigDict, path: str) -> str:
   """The key's type as the reference shows it (`int or null`, `mapping`)."""
-  if path in config_docs.TYPE_NOTES:
-    return config_docs.TYPE_NOTES[path]
+  record = keys.KEYS.get(path)
+  if record is not None and record.type_note is not None:
+    return record.type_note
   parent, key = _split(path)
   node = config_lib.get_node(config, parent) if parent else config
   kind = node.get_type(key)
@@ -162,26 +162,22 @@ def type_name(config: ConfigDict, path: str) -> str:
   return f"{name} or null" if config_lib.get_node(config, path) is None else name
 
 
-def ignored_reason(path: str) -> str | None:
-  """Why rljax ignores the key (`IGNORED_KEYS`, `prefix.*` entries included), or None."""
-  return config_lib.ignored_reason(path)
-
-
 def rljax_status(path: str) -> str:
-  """What rljax does with the key, from config.py's tables."""
-  if path in config_lib.DEPRECATED_KEYS:
-    new, how = config_lib.DEPRECATED_KEYS[path]
+  """What rljax does with the key, from its record (`rljax.config.keys`)."""
+  record = keys.KEYS.get(path, keys.Key(""))
+  if record.deprecated is not None:
+    new, how = record.deprecated
     return f"deprecated: read as `{new}` ({how})" if new else f"deprecated: {how}"
-  if path in config_lib.UNIMPLEMENTED_VALUES:
-    problem, _ = config_lib.UNIMPLEMENTED_VALUES[path]
+  if record.default_only is not None:
+    problem, _ = record.default_only
     return f"{DEFAULT_ONLY}: {problem}; another value is an error"
-  reason = ignored_reason(path)
+  reason = keys.ignored_reason(path)
   if reason is not None:
     return f"accepted, ignored: {reason}"
-  if path in config_lib.MAPPED_KEYS:
-    return f"mapped: {config_lib.MAPPED_KEYS[path]}"
-  if path in config_lib.RLJAX_KEYS:
-    return f"rljax key: {config_lib.RLJAX_KEYS[path]}"
+  if record.mapped is not None:
+    return f"mapped: {record.mapped}"
+  if record.added is not None:
+    return f"rljax key: {record.added}"
   return "as in verl"
 
 
@@ -201,12 +197,12 @@ def render_row(config: ConfigDict, path: str, links: dict[str, list[str]]) -> st
   """One Markdown table row for `path`.
 
   Raises:
-    KeyError: the key has no entry in `config_docs.DESCRIPTIONS`.
+    KeyError: the key has no record in `rljax.config.keys.KEYS`.
   """
-  if path not in config_docs.DESCRIPTIONS:
-    raise KeyError(f"{path} has no description: add it to rljax/config_docs.py DESCRIPTIONS")
+  if path not in keys.KEYS:
+    raise KeyError(f"{path} has no description: add it to rljax/config/keys.py KEYS")
   cells = (f"`{path}`", _default_cell(config, path, links), type_name(config, path),
-           config_docs.DESCRIPTIONS[path], rljax_status(path))
+           keys.KEYS[path].meaning, rljax_status(path))
   return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
 
@@ -218,7 +214,7 @@ def _header(paths: list[str]) -> list[str]:
   return [
       "# Configuration reference",
       "",
-      f"Generated from `rljax/config.py` and `rljax/config_docs.py` by `{REGENERATE}`;",
+      f"Generated from `rljax/config/` (the tree, and `keys.py`: a record per key) by `{REGENERATE}`;",
       "edit those files, not this page (`tests/test_docs.py` checks that it is current).",
       "",
       "rljax reads verl's `ppo_trainer.yaml` tree: every key below can be set on the command line",
@@ -265,7 +261,7 @@ def render_config_reference(config: ConfigDict | None = None) -> str:
   for group, members in by_group.items():
     if not members:
       continue
-    lines += [f"## `{group}`", "", config_docs.SECTIONS[group], "",
+    lines += [f"## `{group}`", "", keys.SECTIONS[group], "",
               "| Key | Default | Type | Meaning | In rljax |", "| --- | --- | --- | --- | --- |"]
     lines += [render_row(config, path, links) for path in members]
     lines.append("")

@@ -325,7 +325,7 @@ def ignored_settings(config: ConfigDict, entries: list[Entry]) -> list[str]:
   base = config_lib.get_base_config()
   settings = []
   for entry in entries:
-    if docs_reference.ignored_reason(entry.path) is None:
+    if config_lib.ignored_reason(entry.path) is None:
       continue
     value = config_lib.get_node(config, entry.path)
     if not _has_key(base, entry.path) or value != config_lib.get_node(base, entry.path):

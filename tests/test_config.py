@@ -12,6 +12,7 @@ import yaml
 from rljax import config as C
 from rljax import presets, sharding
 from rljax import train
+from rljax.config import mapping as config_mapping
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "tests" / "reference"  # verl's key paths, copied from the spec
@@ -377,7 +378,7 @@ def test_experiment_files_change_what_their_algorithm_needs():
 
 
 def test_deprecated_keys_map_and_warn_once(caplog):
-  C._WARNED.clear()  # pylint: disable=protected-access
+  config_mapping._WARNED.clear()  # pylint: disable=protected-access
   config = experiment("grpo")
   overrides = [
       "actor_rollout_ref.actor.ppo_micro_batch_size=4",
@@ -562,3 +563,17 @@ def test_megatron_tensor_size_counts_in_the_filled_micro_batch():
                                          "actor_rollout_ref.rollout.n=4", "data.train_batch_size=4"], devices=8)
   assert config.actor_rollout_ref.actor.tensor_model_parallel_size == 2
   assert config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 4
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["actor_rollout_ref.actor.router_replay.mode=R3"], "router_replay.mode='R3': replaying the rollout's routing"),
+    (["actor_rollout_ref.actor.router_replay.mode=R1"], "router_replay.mode='R1': must be one of"),
+    (["actor_rollout_ref.ref.router_replay.mode=R2"], "ref.router_replay.mode='R2': the reference model routes"),
+    (["actor_rollout_ref.actor.router_replay.record_file=/tmp/r"], "record_file='/tmp/r': recording routing to files"),
+    (["actor_rollout_ref.rollout.enable_rollout_routing_replay=true"], "verl's R3\\) is not implemented"),
+    (["actor_rollout_ref.model.override_config.moe_config.freeze_moe_router=true"], "freezing the mixture-of-experts"),
+])
+def test_router_replay_values_rljax_does_not_implement_are_errors(overrides, match):
+  with pytest.raises(C.ConfigError, match=match):
+    resolved(experiment("grpo"), overrides)
+  assert resolved(experiment("grpo"), ["actor_rollout_ref.actor.router_replay.mode=R2"])

@@ -7,8 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rljax import algos, config_docs, docs_reference, sharding
+from rljax import algos, docs_reference, sharding
 from rljax import config as C
+from rljax.config import keys as config_keys
 from rljax.data import parquet
 from rljax.models import api
 from rljax.rewards import default
@@ -29,25 +30,25 @@ def page(name):
 def test_configuration_page_is_generated_from_the_config():
   assert (DOCS / "configuration.md").exists(), f"docs/configuration.md is missing: run `{docs_reference.REGENERATE}`"
   assert page("configuration.md") == docs_reference.render_config_reference(), (
-      f"docs/configuration.md is out of date with rljax/config.py or rljax/config_docs.py: "
+      f"docs/configuration.md is out of date with rljax/config/ (the tree or keys.py): "
       f"run `{docs_reference.REGENERATE}`")
 
 
 def test_every_key_has_a_description_and_no_description_is_stale():
   paths = docs_reference.reference_paths(C.get_base_config())
-  missing = [p for p in paths if not config_docs.DESCRIPTIONS.get(p, "").strip()]
-  assert not missing, f"keys without a description in rljax/config_docs.py DESCRIPTIONS: {missing}"
-  stale = sorted(set(config_docs.DESCRIPTIONS) - set(paths))
-  assert not stale, f"descriptions of keys the config does not have: {stale}"
-  assert not set(config_docs.TYPE_NOTES) - set(paths)
+  missing = [p for p in paths if p not in config_keys.KEYS or not config_keys.KEYS[p].meaning.strip()]
+  assert not missing, f"keys without a record in rljax/config/keys.py KEYS: {missing}"
+  stale = sorted(set(config_keys.KEYS) - set(paths) - set(C.OPEN_DICTS))
+  assert not stale, f"records of keys the config does not have: {stale}"
+  assert not {p for p, key in config_keys.KEYS.items() if key.type_note} - set(paths)
 
 
 def test_every_key_has_a_group_a_section_text_and_a_type():
   config = C.get_base_config()
   paths = docs_reference.reference_paths(config)
-  assert {docs_reference.group_of(p) for p in paths} <= set(config_docs.SECTIONS)
+  assert {docs_reference.group_of(p) for p in paths} <= set(config_keys.SECTIONS)
   untyped = [p for p in paths if docs_reference.type_name(config, p) == "any"]
-  assert not untyped, f"keys of no single type need a TYPE_NOTES entry in rljax/config_docs.py: {untyped}"
+  assert not untyped, f"keys of no single type need a type_note in their rljax/config/keys.py record: {untyped}"
 
 
 def test_reference_rows_say_what_rljax_does():
@@ -69,8 +70,8 @@ def test_reference_rows_say_what_rljax_does():
 
 
 def test_missing_description_names_the_key_and_the_file(monkeypatch):
-  monkeypatch.delitem(config_docs.DESCRIPTIONS, "data.seed")
-  with pytest.raises(KeyError, match=r"data\.seed has no description: add it to rljax/config_docs.py"):
+  monkeypatch.delitem(config_keys.KEYS, "data.seed")
+  with pytest.raises(KeyError, match=r"data\.seed has no description: add it to rljax/config/keys.py"):
     docs_reference.render_config_reference()
 
 

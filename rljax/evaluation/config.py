@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ml_collections import ConfigDict, FieldReference
+from ml_collections import ConfigDict
 
 from rljax import config as config_lib
+from rljax.config import any_value, check, is_int, is_number, null
 
 GENERATE_RLJAX_KEYS = {
     "data.truncation": "error (default), left, right or middle: what a prompt longer than rollout.prompt_length gets",
@@ -63,16 +64,6 @@ EVAL_IGNORED_KEYS = {
 DEFAULT_PREFILL_BUCKETS = [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 
 
-def _null(kind: type) -> FieldReference:
-  """A field that is None by default and holds values of `kind`."""
-  return FieldReference(None, field_type=kind)
-
-
-def _any(value: Any) -> FieldReference:
-  """A field that accepts any type (an int or the string 'auto')."""
-  return FieldReference(value, field_type=object)
-
-
 def _locked(tree: dict[str, Any]) -> ConfigDict:
   config = ConfigDict(tree)
   config.lock()
@@ -82,17 +73,17 @@ def _locked(tree: dict[str, Any]) -> ConfigDict:
 def get_generate_config() -> ConfigDict:
   """verl's generation.yaml tree with its defaults (plus rljax's keys), locked."""
   return _locked({
-      "trainer": {"nnodes": _any(1), "n_gpus_per_node": _any(8), "seed": 1},
+      "trainer": {"nnodes": any_value(1), "n_gpus_per_node": any_value(8), "seed": 1},
       "data": {
           "path": "~/data/rlhf/math/test.parquet",
           "prompt_key": "prompt",
           "n_samples": 5,
-          "output_path": _null(str),
+          "output_path": null(str),
           "batch_size": 128,
           "truncation": "error",
-          "tokenizer": _null(str),
+          "tokenizer": null(str),
       },
-      "model": {"path": "~/models/Qwen2-7B-Instruct", "external_lib": _null(str), "checkpoint": _null(str)},
+      "model": {"path": "~/models/Qwen2-7B-Instruct", "external_lib": null(str), "checkpoint": null(str)},
       "rollout": {
           "name": "vllm",
           "mode": "sync",
@@ -109,9 +100,9 @@ def get_generate_config() -> ConfigDict:
           "load_format": "dummy_dtensor",
           "tensor_model_parallel_size": 1,
           "max_num_batched_tokens": 8192,
-          "max_model_len": _null(int),
+          "max_model_len": null(int),
           "max_num_seqs": 1024,
-          "log_prob_micro_batch_size": _null(int),
+          "log_prob_micro_batch_size": null(int),
           "log_prob_micro_batch_size_per_gpu": 8,
           "use_fire_sampling": False,
           "do_sample": True,
@@ -123,7 +114,7 @@ def get_generate_config() -> ConfigDict:
           "attention_kernel": "auto",
       },
       "actor": {"strategy": "fsdp", "ulysses_sequence_parallel_size": 1, "fsdp_config": {"fsdp_size": -1}},
-      "ray_init": {"num_cpus": _null(int), "timeline_json_file": _null(str)},
+      "ray_init": {"num_cpus": null(int), "timeline_json_file": null(str)},
   })
 
 
@@ -139,38 +130,25 @@ def get_eval_config() -> ConfigDict:
           "response_key": "responses",
           "data_source_key": "data_source",
           "reward_model_key": "reward_model",
-          "output_path": _null(str),
+          "output_path": null(str),
       },
-      "custom_reward_function": {"path": _null(str), "name": "compute_score", "reward_kwargs": {}},
+      "custom_reward_function": {"path": null(str), "name": "compute_score", "reward_kwargs": {}},
       "eval": {"pass_threshold": 1.0},
-      "ray_init": {"num_cpus": _null(int)},
+      "ray_init": {"num_cpus": null(int)},
   })
   config.custom_reward_function.reward_kwargs.unlock()
   return config
 
 
-def _check(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
-  if not ok:
-    raise config_lib.ConfigError(key, value, problem, fix)
-
-
-def _is_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _check_positive_int(config: ConfigDict, key: str, example: int) -> None:
   value = config_lib.get_node(config, key)
-  _check(_is_int(value) and value > 0, key, value, "must be a positive integer", f"set {key}={example}")
+  check(is_int(value) and value > 0, key, value, "must be a positive integer", f"set {key}={example}")
 
 
 def _check_text(config: ConfigDict, key: str, example: str) -> None:
   value = config_lib.get_node(config, key)
-  _check(isinstance(value, str) and bool(value.strip()), key, value, "must be a non-empty string",
-         f"set {key}={example}")
+  check(isinstance(value, str) and bool(value.strip()), key, value, "must be a non-empty string",
+        f"set {key}={example}")
 
 
 def greedy(rollout: ConfigDict) -> bool:
@@ -181,17 +159,17 @@ def greedy(rollout: ConfigDict) -> bool:
 def _check_generate_sampling(config: ConfigDict) -> None:
   rollout = config.rollout
   temperature, top_p, top_k = rollout.temperature, rollout.top_p, rollout.top_k
-  _check(_is_number(temperature) and temperature >= 0, "rollout.temperature", temperature, "must be >= 0",
-         "set rollout.temperature=1.0")
-  _check(_is_number(top_p) and 0 < top_p <= 1, "rollout.top_p", top_p, "must be in (0, 1]",
-         "set rollout.top_p=1.0 to disable")
-  _check(_is_int(top_k) and top_k >= -1, "rollout.top_k", top_k, "must be -1 or 0 (off) or a positive integer",
-         "set rollout.top_k=-1 to disable")
-  _check(rollout.n == 1, "rollout.n", rollout.n, "generation draws data.n_samples responses per prompt",
-         f"set rollout.n=1 and data.n_samples={rollout.n * config.data.n_samples}")
-  _check(not (greedy(rollout) and config.data.n_samples > 1), "data.n_samples", config.data.n_samples,
-         "greedy decoding (rollout.do_sample=false or rollout.temperature=0) gives n identical responses",
-         "set data.n_samples=1, or rollout.do_sample=true with rollout.temperature > 0")
+  check(is_number(temperature) and temperature >= 0, "rollout.temperature", temperature, "must be >= 0",
+        "set rollout.temperature=1.0")
+  check(is_number(top_p) and 0 < top_p <= 1, "rollout.top_p", top_p, "must be in (0, 1]",
+        "set rollout.top_p=1.0 to disable")
+  check(is_int(top_k) and top_k >= -1, "rollout.top_k", top_k, "must be -1 or 0 (off) or a positive integer",
+        "set rollout.top_k=-1 to disable")
+  check(rollout.n == 1, "rollout.n", rollout.n, "generation draws data.n_samples responses per prompt",
+        f"set rollout.n=1 and data.n_samples={rollout.n * config.data.n_samples}")
+  check(not (greedy(rollout) and config.data.n_samples > 1), "data.n_samples", config.data.n_samples,
+        "greedy decoding (rollout.do_sample=false or rollout.temperature=0) gives n identical responses",
+        "set data.n_samples=1, or rollout.do_sample=true with rollout.temperature > 0")
 
 
 def _check_generate_lengths(config: ConfigDict) -> None:
@@ -200,15 +178,15 @@ def _check_generate_lengths(config: ConfigDict) -> None:
     _check_positive_int(config, key, example)
   key = "rollout.prefill_length_buckets"
   buckets = list(config.rollout.prefill_length_buckets)
-  _check(bool(buckets) and all(_is_int(b) and b > 0 for b in buckets) and buckets == sorted(set(buckets)),
-         key, buckets, "must be a non-empty increasing list of positive lengths", f"e.g. {key}=[64,128,256,512]")
+  check(bool(buckets) and all(is_int(b) and b > 0 for b in buckets) and buckets == sorted(set(buckets)),
+        key, buckets, "must be a non-empty increasing list of positive lengths", f"e.g. {key}=[64,128,256,512]")
   library = config.rollout.cpu_dot_library
-  _check(library in config_lib.CPU_DOT_LIBRARIES, "rollout.cpu_dot_library", library,
-         f"must be one of {', '.join(config_lib.CPU_DOT_LIBRARIES)}", "set rollout.cpu_dot_library=auto")
+  check(library in config_lib.CPU_DOT_LIBRARIES, "rollout.cpu_dot_library", library,
+        f"must be one of {', '.join(config_lib.CPU_DOT_LIBRARIES)}", "set rollout.cpu_dot_library=auto")
   from rljax.models import attention  # pylint: disable=import-outside-toplevel
   kernels = ("auto",) + attention.KERNELS
-  _check(config.rollout.attention_kernel in kernels, "rollout.attention_kernel", config.rollout.attention_kernel,
-         f"must be one of {', '.join(kernels)}", "set rollout.attention_kernel=auto")
+  check(config.rollout.attention_kernel in kernels, "rollout.attention_kernel", config.rollout.attention_kernel,
+        f"must be one of {', '.join(kernels)}", "set rollout.attention_kernel=auto")
 
 
 def validate_generate(config: ConfigDict) -> ConfigDict:
@@ -224,14 +202,14 @@ def validate_generate(config: ConfigDict) -> ConfigDict:
   _check_text(config, "data.prompt_key", "prompt")
   _check_positive_int(config, "data.n_samples", 5)
   _check_positive_int(config, "data.batch_size", 128)
-  _check(config.data.truncation in config_lib.TRUNCATIONS, "data.truncation", config.data.truncation,
-         "is not a truncation mode", f"choose one of {', '.join(config_lib.TRUNCATIONS)}")
-  _check(bool(config.model.path) or bool(config.model.checkpoint), "model.path", config.model.path,
-         "no model to generate with", "set model.path=DIR (or an alias) or model.checkpoint=RUN_DIR")
+  check(config.data.truncation in config_lib.TRUNCATIONS, "data.truncation", config.data.truncation,
+        "is not a truncation mode", f"choose one of {', '.join(config_lib.TRUNCATIONS)}")
+  check(bool(config.model.path) or bool(config.model.checkpoint), "model.path", config.model.path,
+        "no model to generate with", "set model.path=DIR (or an alias) or model.checkpoint=RUN_DIR")
   if not config.model.checkpoint:
     config_lib.check_model_path("model.path", config.model.path)
-  _check(config.trainer.nnodes in (1, "auto"), "trainer.nnodes", config.trainer.nnodes,
-         "generation runs in one process", "set trainer.nnodes=1")
+  check(config.trainer.nnodes in (1, "auto"), "trainer.nnodes", config.trainer.nnodes,
+        "generation runs in one process", "set trainer.nnodes=1")
   _check_generate_sampling(config)
   _check_generate_lengths(config)
   return config
@@ -254,5 +232,5 @@ def validate_eval(config: ConfigDict) -> ConfigDict:
   if reward.path:
     _check_text(config, "custom_reward_function.name", "compute_score")
   threshold = config.eval.pass_threshold
-  _check(_is_number(threshold), "eval.pass_threshold", threshold, "must be a number", "set eval.pass_threshold=1.0")
+  check(is_number(threshold), "eval.pass_threshold", threshold, "must be a number", "set eval.pass_threshold=1.0")
   return config

@@ -29,7 +29,7 @@ import math
 from ml_collections import ConfigDict, FieldReference
 
 from rljax import config as config_lib
-from rljax.config import ConfigError, _any, _check, _check_enum, _check_positive, _check_range, _null
+from rljax.config import ConfigError, any_value, check, check_enum, check_positive, check_range, null
 from rljax.models import lora
 
 SFT_TRUNCATIONS = ("error", "left", "right")
@@ -111,21 +111,21 @@ _WARNED: set[str] = set()
 def _data() -> ConfigDict:
   return ConfigDict({
       "train_batch_size": 256,
-      "micro_batch_size": _null(int),
+      "micro_batch_size": null(int),
       "micro_batch_size_per_gpu": FieldReference(4, field_type=int),
-      "train_files": _any("~/data/gsm8k/train.parquet"),
-      "val_files": _any("~/data/gsm8k/test.parquet"),
+      "train_files": any_value("~/data/gsm8k/train.parquet"),
+      "val_files": any_value("~/data/gsm8k/test.parquet"),
       "train_max_samples": -1,
       "val_max_samples": -1,
       "prompt_key": "question",
       "response_key": "answer",
-      "prompt_dict_keys": _null(list),
-      "response_dict_keys": _null(list),
+      "prompt_dict_keys": null(list),
+      "response_dict_keys": null(list),
       "multiturn": {"enable": False, "messages_key": "messages"},
       "max_length": 1024,
       "truncation": "error",
       "balance_dp_token": False,
-      "chat_template": _null(str),
+      "chat_template": null(str),
       "use_shm": False,
   })
 
@@ -141,7 +141,7 @@ def _model() -> ConfigDict:
           "cpu_offload": False,
           "offload_params": False,
       },
-      "external_lib": _null(str),
+      "external_lib": null(str),
       "enable_gradient_checkpointing": False,
       "trust_remote_code": False,
       **config_lib.lora_defaults(),
@@ -156,7 +156,7 @@ def _optim() -> ConfigDict:
       "betas": [0.9, 0.95],
       "weight_decay": 0.01,
       "warmup_steps_ratio": 0.1,
-      "lr_warmup_steps_ratio": _null(float),
+      "lr_warmup_steps_ratio": null(float),
       "clip_grad": 1.0,
       "lr_scheduler": "cosine",
   })
@@ -164,20 +164,20 @@ def _optim() -> ConfigDict:
 
 def _trainer() -> ConfigDict:
   trainer = ConfigDict({
-      "default_hdfs_dir": _null(str),
+      "default_hdfs_dir": null(str),
       "project_name": "gsm8k-sft",
       "experiment_name": "test",
       "total_epochs": 4,
-      "total_training_steps": _null(int),
+      "total_training_steps": null(int),
       "logger": ["console", "wandb"],
       "seed": 1,
       "save_freq": -1,
       "test_freq": -1,
-      "nnodes": _any(1),
-      "n_gpus_per_node": _any(8),
-      "max_ckpt_to_keep": _null(int),
+      "nnodes": any_value(1),
+      "n_gpus_per_node": any_value(8),
+      "max_ckpt_to_keep": null(int),
       "resume_mode": "auto",
-      "resume_from_path": _null(str),
+      "resume_from_path": null(str),
       "device": "auto",
       "logical_axis_rules": [list(pair) for pair in config_lib.get_base_config().trainer.logical_axis_rules],
   })
@@ -225,8 +225,8 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
   if data.micro_batch_size is not None:
     _warn_once("data.micro_batch_size", "data.micro_batch_size is deprecated; use data.micro_batch_size_per_gpu")
     dp = data_parallel_size(config, config_lib.resolve_world_size(config, device_count))
-    _check(data.micro_batch_size >= dp, "data.micro_batch_size", data.micro_batch_size,
-           f"is smaller than the {dp} data-parallel devices", "set data.micro_batch_size_per_gpu directly")
+    check(data.micro_batch_size >= dp, "data.micro_batch_size", data.micro_batch_size,
+          f"is smaller than the {dp} data-parallel devices", "set data.micro_batch_size_per_gpu directly")
     config_lib.set_value(config, "data.micro_batch_size_per_gpu", data.micro_batch_size // dp)
   for alias, key in ALIASES.items():
     value = config_lib.get_node(config, alias)
@@ -241,80 +241,80 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
 def _check_data(config: ConfigDict, world_size: int | None) -> None:
   data = config.data
   for key in ("data.train_batch_size", "data.max_length"):
-    _check_positive(config, key)
+    check_positive(config, key)
   if data.micro_batch_size_per_gpu is not None or world_size is None:
-    _check_positive(config, "data.micro_batch_size_per_gpu")
-  _check_enum(config, "data.truncation", SFT_TRUNCATIONS)
+    check_positive(config, "data.micro_batch_size_per_gpu")
+  check_enum(config, "data.truncation", SFT_TRUNCATIONS)
   config_lib.check_data_files(config, "data.train_files")
   config_lib.check_data_files(config, "data.val_files", required=False)
   for key in ("data.train_max_samples", "data.val_max_samples"):
     value = config_lib.get_node(config, key)
-    _check(value == -1 or value > 0, key, value, "must be -1 (all rows) or a positive count", f"set {key}=-1")
+    check(value == -1 or value > 0, key, value, "must be -1 (all rows) or a positive count", f"set {key}=-1")
   if data.multiturn.enable:
-    _check(bool(data.multiturn.messages_key), "data.multiturn.messages_key", data.multiturn.messages_key,
-           "multi-turn data needs the column holding each row's messages", "set data.multiturn.messages_key=messages")
+    check(bool(data.multiturn.messages_key), "data.multiturn.messages_key", data.multiturn.messages_key,
+          "multi-turn data needs the column holding each row's messages", "set data.multiturn.messages_key=messages")
   else:
     for key in ("data.prompt_key", "data.response_key"):
-      _check(bool(config_lib.get_node(config, key)), key, config_lib.get_node(config, key),
-             "single-turn data needs a column name", f"set {key} to a column of data.train_files")
+      check(bool(config_lib.get_node(config, key)), key, config_lib.get_node(config, key),
+            "single-turn data needs a column name", f"set {key} to a column of data.train_files")
   if world_size is None:
     return
   dp = data_parallel_size(config, world_size)
-  _check(data.micro_batch_size_per_gpu is not None, "data.train_batch_size", data.train_batch_size,
-         f"does not split over {dp} data-parallel devices (data.micro_batch_size_per_gpu is null: each device's "
-         "whole share)", f"make data.train_batch_size a multiple of {dp}")
+  check(data.micro_batch_size_per_gpu is not None, "data.train_batch_size", data.train_batch_size,
+        f"does not split over {dp} data-parallel devices (data.micro_batch_size_per_gpu is null: each device's "
+        "whole share)", f"make data.train_batch_size a multiple of {dp}")
   micro_rows = data.micro_batch_size_per_gpu * dp
-  _check(data.train_batch_size % micro_rows == 0, "data.train_batch_size", data.train_batch_size,
-         f"does not split into micro-batches of micro_batch_size_per_gpu ({data.micro_batch_size_per_gpu}) x "
-         f"{dp} data-parallel devices = {micro_rows} rows",
-         f"make data.train_batch_size a multiple of {micro_rows}")
+  check(data.train_batch_size % micro_rows == 0, "data.train_batch_size", data.train_batch_size,
+        f"does not split into micro-batches of micro_batch_size_per_gpu ({data.micro_batch_size_per_gpu}) x "
+        f"{dp} data-parallel devices = {micro_rows} rows",
+        f"make data.train_batch_size a multiple of {micro_rows}")
 
 
 def _check_model(config: ConfigDict) -> None:
   model = config.model
-  _check_enum(config, "model.fsdp_config.model_dtype", DTYPES)
+  check_enum(config, "model.fsdp_config.model_dtype", DTYPES)
   config_lib.check_lora(model, "model")
-  _check(bool(model.partial_pretrain), "model.partial_pretrain", model.partial_pretrain,
-         "names no model", "set model.partial_pretrain to an HF directory, a .gguf file or smollm2-135m-instruct")
+  check(bool(model.partial_pretrain), "model.partial_pretrain", model.partial_pretrain,
+        "names no model", "set model.partial_pretrain to an HF directory, a .gguf file or smollm2-135m-instruct")
   config_lib.check_model_path("model.partial_pretrain", model.partial_pretrain)
 
 
 def _check_optim(config: ConfigDict) -> None:
   optim = config.optim
-  _check_enum(config, "optim.lr_scheduler", LR_SCHEDULERS)
+  check_enum(config, "optim.lr_scheduler", LR_SCHEDULERS)
   for key in ("optim.lr", "optim.weight_decay", "optim.clip_grad"):
-    _check_positive(config, key, allow_zero=True)
-  _check_range(config, "optim.warmup_steps_ratio", 0.0, 1.0)
+    check_positive(config, key, allow_zero=True)
+  check_range(config, "optim.warmup_steps_ratio", 0.0, 1.0)
   betas = list(optim.betas)
-  _check(len(betas) == 2 and all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas),
-         "optim.betas", betas, "must be two numbers in [0, 1)", "set optim.betas=[0.9,0.95]")
+  check(len(betas) == 2 and all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas),
+        "optim.betas", betas, "must be two numbers in [0, 1)", "set optim.betas=[0.9,0.95]")
 
 
 def _check_trainer(config: ConfigDict, world_size: int | None) -> None:
   trainer = config.trainer
-  _check_enum(config, "trainer.resume_mode", RESUME_MODES)
-  _check_enum(config, "trainer.device", DEVICES)
-  _check_positive(config, "trainer.total_epochs")
+  check_enum(config, "trainer.resume_mode", RESUME_MODES)
+  check_enum(config, "trainer.device", DEVICES)
+  check_positive(config, "trainer.total_epochs")
   if trainer.total_training_steps is not None:
-    _check_positive(config, "trainer.total_training_steps")
+    check_positive(config, "trainer.total_training_steps")
   for key in ("trainer.save_freq", "trainer.test_freq"):
     value = config_lib.get_node(config, key)
-    _check(value == -1 or value > 0, key, value, "must be -1 (never) or a positive step count",
-           f"set {key}=-1 or a step count")
-  _check(trainer.resume_mode != "resume_path" or bool(trainer.resume_from_path), "trainer.resume_from_path",
-         trainer.resume_from_path, "trainer.resume_mode=resume_path needs a checkpoint path",
-         "set trainer.resume_from_path=DIR/global_step_N or trainer.resume_mode=auto")
-  _check(trainer.max_ckpt_to_keep is None or trainer.max_ckpt_to_keep >= 1, "trainer.max_ckpt_to_keep",
-         trainer.max_ckpt_to_keep, "must keep at least one checkpoint", "set it to null (keep all) or a count >= 1")
+    check(value == -1 or value > 0, key, value, "must be -1 (never) or a positive step count",
+          f"set {key}=-1 or a step count")
+  check(trainer.resume_mode != "resume_path" or bool(trainer.resume_from_path), "trainer.resume_from_path",
+        trainer.resume_from_path, "trainer.resume_mode=resume_path needs a checkpoint path",
+        "set trainer.resume_from_path=DIR/global_step_N or trainer.resume_mode=auto")
+  check(trainer.max_ckpt_to_keep is None or trainer.max_ckpt_to_keep >= 1, "trainer.max_ckpt_to_keep",
+        trainer.max_ckpt_to_keep, "must keep at least one checkpoint", "set it to null (keep all) or a count >= 1")
   loggers = trainer.logger if isinstance(trainer.logger, (list, tuple)) else [trainer.logger]
   for name in loggers:
-    _check(name in LOGGERS, "trainer.logger", list(loggers), f"{name!r} is not a logger rljax has",
-           f"choose from {', '.join(LOGGERS)}")
+    check(name in LOGGERS, "trainer.logger", list(loggers), f"{name!r} is not a logger rljax has",
+          f"choose from {', '.join(LOGGERS)}")
   sequence = config.ulysses_sequence_parallel_size
-  _check_positive(config, "ulysses_sequence_parallel_size")
+  check_positive(config, "ulysses_sequence_parallel_size")
   if world_size is not None:
-    _check(world_size % sequence == 0, "ulysses_sequence_parallel_size", sequence,
-           f"does not divide the {world_size} devices", f"choose a divisor of {world_size}")
+    check(world_size % sequence == 0, "ulysses_sequence_parallel_size", sequence,
+          f"does not divide the {world_size} devices", f"choose a divisor of {world_size}")
 
 
 def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
@@ -391,9 +391,9 @@ def total_steps(config: ConfigDict, batches_per_epoch: int) -> int:
   available = batches_per_epoch * trainer.total_epochs
   if trainer.total_training_steps is None:
     return available
-  _check(trainer.total_training_steps <= available, "trainer.total_training_steps", trainer.total_training_steps,
-         f"asks for more steps than {trainer.total_epochs} epochs of {batches_per_epoch} batches hold ({available})",
-         f"set trainer.total_epochs >= {math.ceil(trainer.total_training_steps / batches_per_epoch)} or lower it")
+  check(trainer.total_training_steps <= available, "trainer.total_training_steps", trainer.total_training_steps,
+        f"asks for more steps than {trainer.total_epochs} epochs of {batches_per_epoch} batches hold ({available})",
+        f"set trainer.total_epochs >= {math.ceil(trainer.total_training_steps / batches_per_epoch)} or lower it")
   return int(trainer.total_training_steps)
 
 

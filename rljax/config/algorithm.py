@@ -1,0 +1,55 @@
+"""verl's `algorithm` node: advantage estimator, KL penalty in the reward, rollout correction."""
+
+from __future__ import annotations
+
+from ml_collections import ConfigDict
+
+from rljax.config.fields import any_value, follow, null
+
+
+def build_algorithm() -> ConfigDict:
+  """verl's `algorithm` node."""
+  return ConfigDict({
+      "gamma": 1.0,
+      "lam": 1.0,
+      "adv_estimator": "gae",
+      "norm_adv_by_std_in_grpo": True,
+      "unbiased_advantage": False,
+      "gdpo_reward_keys": [],
+      "gdpo_reward_weights": null(list),
+      "use_kl_in_reward": False,
+      "kl_penalty": "kl",
+      "kl_ctrl": {
+          "type": "fixed",
+          "kl_coef": 0.005,
+          "horizon": 10000,
+          "target_kl": 0.1,
+      },
+      "use_pf_ppo": False,
+      "pf_ppo": {"reweight_method": "pow", "weight_pow": 2.0},
+      "filter_groups": {"enable": False, "metric": null(str), "max_num_gen_batches": 0},
+      "rollout_is": False,
+      "rollout_is_threshold": null(float),
+      "rollout_is_threshold_lower": null(float),
+      "rollout_is_level": "token",
+      "rollout_is_mode": "truncate",
+      "rollout_is_veto_threshold": null(float),
+      "rollout_correction": {
+          "rollout_is": null(str),
+          "rollout_is_threshold": any_value(2.0),
+          "rollout_is_batch_normalize": False,
+          "rollout_rs": null(str),
+          "rollout_rs_threshold": any_value(None),
+          "bypass_mode": False,
+          "loss_type": "ppo_clip",
+      },
+  })
+
+
+def build_policy_rollout_correction(source: ConfigDict) -> ConfigDict:
+  """`actor.policy_loss.rollout_correction`: follows `algorithm.rollout_correction` (bypass mode reads it)."""
+  node = ConfigDict()
+  for key in ("loss_type", "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+              "rollout_rs_threshold", "bypass_mode"):
+    node[key] = follow(source, key)
+  return node

@@ -1,0 +1,107 @@
+"""The public check helpers: each raises a `ConfigError` naming the key, the value and the fix.
+
+rljax's RL (`validation`), SFT and evaluation configs are checked with them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from typing import Any, Sequence
+
+from ml_collections import ConfigDict
+
+from rljax.config.errors import ConfigError
+from rljax.config.fields import get_node
+
+
+def is_int(value: Any) -> bool:
+  """An integer that is not a bool."""
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+  """An int or a float that is not a bool."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
+  """Raises `ConfigError(key, value, problem, fix)` unless `ok`."""
+  if not ok:
+    raise ConfigError(key, value, problem, fix)
+
+
+def check_enum(config: ConfigDict, key: str, allowed: Sequence[str]) -> None:
+  """`key` holds one of `allowed`; the error suggests the closest one."""
+  value = get_node(config, key)
+  if value not in allowed:
+    near = difflib.get_close_matches(str(value), allowed, n=1)
+    hint = f"did you mean {near[0]}? " if near else ""
+    raise ConfigError(key, value, f"must be one of {', '.join(allowed)}", f"{hint}set {key} to one of them")
+
+
+def check_positive(config: ConfigDict, key: str, allow_zero: bool = False) -> None:
+  """`key` holds a number > 0 (>= 0 with `allow_zero`)."""
+  value = get_node(config, key)
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+      value >= 0 if allow_zero else value > 0)
+  check(ok, key, value, "must be " + ("non-negative" if allow_zero else "positive"), f"set {key} to a value {'>= 0' if allow_zero else '> 0'}")
+
+
+def check_range(config: ConfigDict, key: str, lo: float, hi: float, lo_open: bool = False) -> None:
+  """`key` holds a number in [lo, hi] ((lo, hi] with `lo_open`)."""
+  value = get_node(config, key)
+  ok = value is not None and (lo < value if lo_open else lo <= value) and value <= hi
+  check(ok, key, value, f"must lie in {'(' if lo_open else '['}{lo}, {hi}]", f"set {key} inside that range")
+
+
+def check_data_files(config: ConfigDict, key: str, required: bool = True) -> None:
+  """`key` holds one parquet path or a list of them (verl mixes data sets with a list).
+
+  Args:
+    config: the tree.
+    key: data.train_files or data.val_files.
+    required: without it, null or an empty value (no such data) passes.
+
+  Raises:
+    ConfigError: naming `key`.
+  """
+  files = get_node(config, key)
+  if not required and not files:
+    return
+  paths = [files] if isinstance(files, str) else files
+  ok = isinstance(paths, (list, tuple)) and bool(paths) and all(isinstance(p, str) and p for p in paths)
+  check(ok, key, files, "must be a parquet file or a list of them", f"e.g. {key}=[a.parquet,b.parquet]")
+
+
+# A Hugging Face Hub repository id: ORG/NAME.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def check_model_path(key: str, path: Any, must_exist: bool = False) -> None:
+  """Raises a ConfigError naming `key` unless `path` names a model rljax can read.
+
+  rljax reads a local directory, a .gguf file or one of its aliases
+  (`rljax.models.api.ALIASES`) and downloads nothing. A Hugging Face Hub id
+  (`ORG/NAME` with no such local path) is always an error; another missing
+  path only with `must_exist` (when a run starts): presets name
+  `~/models/...` directories that need not exist where a config is only
+  validated, printed or compiled (rljax.compile knows architectures by name).
+
+  Args:
+    key: the key holding the path, for the message.
+    path: its value.
+    must_exist: also reject a missing local path.
+  """
+  from rljax.models.api import ALIASES  # pylint: disable=import-outside-toplevel
+  if not isinstance(path, str) or path.lower() in ALIASES or os.path.exists(os.path.expanduser(path)):
+    return
+  hub = _HUB_ID.match(path) is not None
+  if not (hub or must_exist):
+    return
+  local = f"~/models/{path.rsplit('/', 1)[-1]}" if hub else path
+  raise ConfigError(key, path, f"is not a local directory, a .gguf file or an alias ({', '.join(ALIASES)}); "
+                    "rljax downloads no weights",
+                    f"huggingface-cli download {path if hub else 'ORG/NAME'} --local-dir {local}, "
+                    f"then set {key}={local}")

@@ -1,0 +1,19 @@
+"""The values enum keys of the RL tree accept (algorithm names come from `kernel_names`)."""
+
+TRUNCATIONS = ("error", "left", "right", "middle")
+RESUME_MODES = ("auto", "disable", "resume_path")
+LR_SCHEDULERS = ("constant", "cosine")
+KL_CONTROLLERS = ("fixed", "adaptive")
+REWARD_MANAGERS = ("naive", "prime", "dapo", "batch")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+ROLLOUT_NAMES = ("jetstream", "vllm", "sglang", "hf")
+CPU_DOT_LIBRARIES = ("auto", "ynnpack", "eigen")
+DEVICES = ("auto", "cpu", "gpu", "cuda", "tpu")
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+ROLLOUT_IS_MODES = ("truncate", "mask")
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+# `optim.optimizer` names that mean rljax's AdamW (verl's FSDP default, and Megatron's 'adam', also decoupled).
+ADAM_NAMES = ("adamw", "adam")
+# verl's default of `grad_clip` and `optim.clip_grad`.
+GRAD_CLIP_DEFAULT = 1.0
+DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")

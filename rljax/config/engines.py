@@ -1,0 +1,205 @@
+"""verl's engine configs, shared by several roles: optimizer, FSDP, Megatron, profiler, checkpoint.
+
+Each builder returns a fresh node with verl's defaults; the tables name the
+engine keys that `keys` marks ignored or mapped and `mapping` reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ml_collections import ConfigDict
+
+from rljax.config.fields import follow, null
+
+# Keys of verl's FSDP engine config (`fsdp_config`) that only tune PyTorch:
+# key -> verl's default. `keys.KEYS` marks every one ignored.
+_FSDP_ENGINE_KEYS = {
+    "use_orig_params": False,
+    "seed": 42,
+    "full_determinism": False,
+    "ulysses_sequence_parallel_size": 1,
+    "entropy_from_logits_with_chunking": False,
+    "use_torch_compile": True,
+    "entropy_checkpointing": False,
+    "strategy": "fsdp",
+}
+# verl's Megatron parallel sizes that rljax maps onto the actor's mesh: key -> mesh key.
+MEGATRON_MESH_KEYS = {
+    "tensor_model_parallel_size": "actor_rollout_ref.actor.tensor_model_parallel_size",
+    "context_parallel_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+}
+# verl's Megatron engine config (`megatron`): key -> verl's default.
+_MEGATRON_KEYS = {
+    "param_offload": False,
+    "grad_offload": False,
+    "optimizer_offload": False,
+    "tensor_model_parallel_size": 1,
+    "expert_model_parallel_size": 1,
+    "expert_tensor_parallel_size": None,
+    "pipeline_model_parallel_size": 1,
+    "virtual_pipeline_model_parallel_size": None,
+    "context_parallel_size": 1,
+    "sequence_parallel": True,
+    "use_distributed_optimizer": True,
+    "use_dist_checkpointing": False,
+    "dist_checkpointing_path": None,
+    "dist_checkpointing_prefix": "",
+    "seed": 42,
+    "use_mbridge": True,
+    "vanilla_mbridge": True,
+    "use_remove_padding": True,
+    "forward_only": False,
+    "dtype": "bfloat16",
+}
+# Megatron optimizer keys that shape the learning-rate schedule (a non-default value is an error).
+MEGATRON_SCHEDULE_KEYS = (
+    "lr_warmup_init", "lr_decay_steps", "lr_decay_style", "min_lr", "weight_decay_incr_style",
+    "lr_wsd_decay_style", "lr_wsd_decay_steps")
+MEGATRON_FREE_FORM = ("override_ddp_config", "override_transformer_config", "override_mcore_model_config")
+PROFILED_SECTIONS = (
+    "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout", "critic", "reward_model")
+OPTIM_SECTIONS = ("actor_rollout_ref.actor", "critic")
+
+
+def optim(lr: float, weight_decay: float) -> ConfigDict:
+  """verl's optimizer config with a role's learning rate and weight decay."""
+  return ConfigDict({
+      "lr": lr,
+      "lr_warmup_steps": -1,
+      "lr_warmup_steps_ratio": 0.0,
+      "min_lr_ratio": 0.0,
+      "num_cycles": 0.5,
+      "lr_scheduler_type": "constant",
+      "warmup_style": null(str),
+      "total_training_steps": -1,
+      "weight_decay": weight_decay,
+      "optimizer": "AdamW",
+      "optimizer_impl": "torch.optim",
+      "betas": [0.9, 0.999],
+      "clip_grad": 1.0,
+      **_megatron_optim(),
+  })
+
+
+def _megatron_optim() -> dict[str, Any]:
+  """The learning-rate schedule keys of verl's Megatron optimizer config."""
+  return {
+      "lr_warmup_init": 0.0,
+      "lr_decay_steps": null(int),
+      "lr_decay_style": "constant",
+      "min_lr": 0.0,
+      "weight_decay_incr_style": "constant",
+      "lr_wsd_decay_style": "exponential",
+      "lr_wsd_decay_steps": null(int),
+      "use_checkpoint_opt_param_scheduler": False,
+  }
+
+
+def megatron_lora() -> ConfigDict:
+  """verl's Megatron LoRA config (`model.lora`)."""
+  return ConfigDict({
+      "type": "lora",
+      "merge": False,
+      "rank": 0,
+      "alpha": 32,
+      "dropout": 0.0,
+      "target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+      "exclude_modules": [],
+      "dropout_position": "pre",
+      "lora_A_init_method": "xavier",
+      "lora_B_init_method": "zero",
+      "a2a_experimental": False,
+      "dtype": null(str),
+      "adapter_path": null(str),
+      "freeze_vision_model": True,
+      "freeze_vision_projection": True,
+      "freeze_language_model": True,
+  })
+
+
+def fsdp_config(forward_only: bool = False) -> ConfigDict:
+  """verl's FSDP engine config; `forward_only` for a role that never updates (the reference)."""
+  return ConfigDict({
+      **_FSDP_ENGINE_KEYS,
+      "forward_only": forward_only,
+      "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+      "wrap_policy": {"min_num_params": 0},
+      "param_offload": False,
+      "optimizer_offload": False,
+      "offload_policy": False,
+      "reshard_after_forward": True,
+      "forward_prefetch": False,
+      "fsdp_size": -1,
+      "model_dtype": "fp32",
+      "dtype": "bfloat16",
+  })
+
+
+def profiler() -> ConfigDict:
+  """verl's per-role profiler options (Nsight, NPU, torch)."""
+  return ConfigDict({
+      "tool": null(str),
+      "enable": False,
+      "discrete": False,
+      "all_ranks": False,
+      "ranks": [],
+      "save_path": null(str),
+      "tool_config": {
+          "nsys": {"discrete": False},
+          "npu": {"contents": [], "level": "level0", "analysis": True, "discrete": False},
+          "torch": {"contents": [], "discrete": False},
+          "torch_memory": {"trace_alloc_max_entries": 100000, "stack_depth": 32},
+      },
+  })
+
+
+def megatron(forward_only: bool = False) -> ConfigDict:
+  """verl's Megatron engine config: parallel sizes, offload, checkpoint format and Megatron-LM overrides."""
+  nulls = {"expert_tensor_parallel_size": int, "virtual_pipeline_model_parallel_size": int,
+           "dist_checkpointing_path": str}
+  node = ConfigDict({key: null(nulls[key]) if key in nulls else value for key, value in _MEGATRON_KEYS.items()})
+  node.forward_only = forward_only
+  node.override_ddp_config = {}
+  node.override_transformer_config = {
+      "recompute_granularity": null(str),
+      "recompute_modules": ["core_attn"],
+      "recompute_method": null(str),
+      "recompute_num_layers": null(int),
+      "attention_backend": "flash",
+  }
+  node.override_mcore_model_config = {}
+  return node
+
+
+def mtp() -> ConfigDict:
+  """verl's multi-token-prediction options."""
+  return ConfigDict({
+      "enable": False,
+      "enable_train": False,
+      "enable_rollout": False,
+      "detach_encoder": False,
+      "mtp_loss_scaling_factor": 0.1,
+      "speculative_algorithm": "EAGLE",
+      "speculative_num_steps": 2,
+      "speculative_eagle_topk": 2,
+      "speculative_num_draft_tokens": 4,
+      "method": "mtp",
+      "num_speculative_tokens": 1,
+  })
+
+
+def router_replay() -> ConfigDict:
+  """verl's MoE router replay options."""
+  return ConfigDict({"mode": "disabled", "record_file": null(str), "replay_file": null(str)})
+
+
+def checkpoint() -> ConfigDict:
+  """What a role's checkpoints hold; load_contents follows save_contents."""
+  node = ConfigDict({
+      "contents": null(list),
+      "save_contents": ["model", "optimizer", "extra"],
+      "async_save": False,
+  })
+  node.load_contents = follow(node, "save_contents")
+  return node

@@ -1,0 +1,35 @@
+"""Building blocks of a config tree: typed fields, verl's `${...}` links, dotted paths.
+
+`null` and `any_value` declare fields whose default alone would not fix their
+type; `follow` is verl's interpolation. rljax.sft and rljax.evaluation build
+their trees with the same helpers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ml_collections import ConfigDict, FieldReference
+
+
+def null(kind: type) -> FieldReference:
+  """A field that is None by default and holds values of `kind`."""
+  return FieldReference(None, field_type=kind)
+
+
+def any_value(value: Any) -> FieldReference:
+  """A field that accepts any type (e.g. an int or the string 'auto')."""
+  return FieldReference(value, field_type=object)
+
+
+def follow(node: ConfigDict, key: str) -> FieldReference:
+  """verl's `${...}`: follows `node.key` until the new field is set itself."""
+  return node.get_ref(key).identity()
+
+
+def get_node(config: ConfigDict, path: str) -> Any:
+  """Returns the value or sub-tree at a dotted `path`."""
+  node = config
+  for part in path.split("."):
+    node = node[part]
+  return node

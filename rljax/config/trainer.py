@@ -1,0 +1,93 @@
+"""verl's `trainer` and `global_profiler` nodes: the run, its devices, logging, checkpoints and profiles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ml_collections import ConfigDict
+
+from rljax.config.fields import any_value, null
+
+
+def _nsight_options() -> dict[str, Any]:
+  """verl's Nsight Systems options of the controller and the workers (accepted, ignored)."""
+  controller = {"trace": "cuda,nvtx,cublas,ucx", "cuda-memory-usage": "true", "cuda-graph-trace": "graph"}
+  worker = {**controller, "capture-range": "cudaProfilerApi", "capture-range-end": null(str), "kill": "none"}
+  return {"controller_nsight_options": controller, "worker_nsight_options": worker}
+
+
+def build_trainer() -> ConfigDict:
+  """verl's `trainer` node; default_local_dir follows the project and experiment names."""
+  trainer = ConfigDict({
+      "balance_batch": True,
+      "total_epochs": 30,
+      "total_training_steps": null(int),
+      "profile_steps": null(list),
+      "project_name": "verl_examples",
+      "experiment_name": "gsm8k",
+      "logger": ["console", "wandb"],
+      "log_val_generations": 0,
+      "rollout_data_dir": null(str),
+      "validation_data_dir": null(str),
+      "nnodes": any_value(1),
+      "n_gpus_per_node": any_value(8),
+      "device": "auto",
+      "save_freq": -1,
+      "resume_mode": "auto",
+      "resume_from_path": null(str),
+      "val_before_train": True,
+      "val_only": False,
+      "test_freq": 2,
+      "critic_warmup": 0,
+      "default_hdfs_dir": null(str),
+      "del_local_ckpt_after_load": False,
+      "remove_previous_ckpt_in_save": False,
+      "max_actor_ckpt_to_keep": null(int),
+      "max_critic_ckpt_to_keep": null(int),
+      "ray_wait_register_center_timeout": 300,
+      "esi_redundant_time": 0,
+      "use_legacy_worker_impl": "auto",
+      "seed": 1,
+      "logical_axis_rules": [
+          ["batch", ["data", "fsdp", "expert"]],
+          ["length", "sequence"],
+          ["activation_length", ["sequence", "tensor"]],
+          ["exp", "expert"],
+          ["embed", ["fsdp", "expert"]],
+          ["vocab", "tensor"],
+          ["mlp", "tensor"],
+          ["heads", "tensor"],
+          ["kv_heads", "tensor"],
+          ["head_dim", None],
+          ["layers", None],
+      ],
+      **_nsight_options(),
+  })
+  trainer.default_local_dir = (
+      "checkpoints/" + trainer.get_ref("project_name") + "/"
+      + trainer.get_ref("experiment_name")
+  )
+  return trainer
+
+
+def build_global_profiler() -> ConfigDict:
+  """verl's `global_profiler`: which steps its Nsight/torch profilers record."""
+  return ConfigDict({
+      "tool": null(str),
+      "steps": null(list),
+      "profile_continuous_steps": False,
+      "save_path": "outputs/profile",
+      "global_tool_config": {
+          "nsys": {
+              "discrete": False,
+              **_nsight_options(),
+          },
+          "torch_memory": {
+              "trace_alloc_max_entries": 100000,
+              "stack_depth": 32,
+              "context": "all",
+              "stacks": "all",
+              "kw_args": {},
+          },
+      },
+  })

@@ -1,0 +1,334 @@
+"""`validate`: every cross-key rule of the RL tree, checked before any work starts."""
+
+from __future__ import annotations
+
+from ml_collections import ConfigDict
+
+from rljax.config import kernel_names
+from rljax.config.checks import check, check_data_files, check_enum, check_model_path, check_positive, check_range
+from rljax.config.choices import (
+    ADAM_NAMES, CHECKPOINT_CONTENTS, CPU_DOT_LIBRARIES, DEVICES, DTYPES, KL_CONTROLLERS, LOGGERS, LR_SCHEDULERS,
+    RESUME_MODES, REWARD_MANAGERS, ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, ROLLOUT_NAMES, TRUNCATIONS,
+)
+from rljax.config.fields import get_node
+from rljax.config.keys import UNIMPLEMENTED_VALUES
+from rljax.config.lora import check_lora
+from rljax.config.mapping import data_parallel_size
+from rljax.config.tree import get_base_config
+
+
+def _check_batches(config: ConfigDict, world_size: int | None) -> None:
+  data, actor = config.data, config.actor_rollout_ref.actor
+  n = config.actor_rollout_ref.rollout.n
+  mini_key = "actor_rollout_ref.actor.ppo_mini_batch_size"
+  check_positive(config, "data.train_batch_size")
+  check_positive(config, mini_key)
+  check_positive(config, "actor_rollout_ref.rollout.n")
+  check(actor.ppo_mini_batch_size <= data.train_batch_size, mini_key, actor.ppo_mini_batch_size,
+        f"is larger than data.train_batch_size ({data.train_batch_size})", f"set {mini_key} <= {data.train_batch_size}")
+  check((data.train_batch_size * n) % (actor.ppo_mini_batch_size * n) == 0, mini_key, actor.ppo_mini_batch_size,
+        f"data.train_batch_size * rollout.n ({data.train_batch_size * n}) is not divisible by ppo_mini_batch_size * rollout.n ({actor.ppo_mini_batch_size * n})",
+        f"set {mini_key} to a divisor of {data.train_batch_size}")
+  if actor.use_dynamic_bsz:
+    key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    need = data.max_prompt_length + data.max_response_length
+    check(actor.ppo_max_token_len_per_gpu >= need, key, actor.ppo_max_token_len_per_gpu,
+          f"must hold one whole sequence (max_prompt_length + max_response_length = {need})", f"set {key} >= {need}")
+    return
+  mini_rows = actor.ppo_mini_batch_size * n
+  dp = data_parallel_size(config, world_size) if world_size else 1
+  check(mini_rows % dp == 0, mini_key, actor.ppo_mini_batch_size,
+        f"ppo_mini_batch_size * rollout.n ({mini_rows}) rows do not split over {dp} data-parallel devices",
+        f"make ppo_mini_batch_size * rollout.n a multiple of {dp}")
+  micro_key = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+  micro = actor.ppo_micro_batch_size_per_gpu
+  check(isinstance(micro, int) and not isinstance(micro, bool) and micro > 0, micro_key, micro,
+        "must be a positive integer, or null for the whole per-device mini-batch (or set use_dynamic_bsz=true)",
+        f"set {micro_key}=8")
+  per_device = mini_rows // dp
+  check(per_device % micro == 0, micro_key, micro,
+        f"the mini-batch per device ({per_device} rows = ppo_mini_batch_size {actor.ppo_mini_batch_size} x rollout.n {n} / {dp} devices) is not divisible by it",
+        f"set {micro_key} to a divisor of {per_device}")
+
+
+def _check_lengths(config: ConfigDict) -> None:
+  for key in ("data.max_prompt_length", "data.max_response_length",
+              "actor_rollout_ref.rollout.prompt_length",
+              "actor_rollout_ref.rollout.response_length",
+              "actor_rollout_ref.rollout.max_num_seqs"):
+    check_positive(config, key)
+  buckets = config.actor_rollout_ref.rollout.prefill_length_buckets
+  key = "actor_rollout_ref.rollout.prefill_length_buckets"
+  check(bool(buckets) and all(isinstance(b, int) and b > 0 for b in buckets) and list(buckets) == sorted(set(buckets)),
+        key, buckets, "must be a non-empty increasing list of positive lengths", f"e.g. {key}=[64,128,256,512]")
+
+
+def _check_sampling(config: ConfigDict) -> None:
+  for prefix in ("actor_rollout_ref.rollout", "actor_rollout_ref.rollout.val_kwargs"):
+    check_range(config, f"{prefix}.top_p", 0.0, 1.0, lo_open=True)
+    check_positive(config, f"{prefix}.temperature", allow_zero=True)
+    check_positive(config, f"{prefix}.n")
+    top_k = get_node(config, f"{prefix}.top_k")
+    check(isinstance(top_k, int) and top_k >= -1, f"{prefix}.top_k", top_k, "must be -1 or 0 (off) or a positive integer", f"set {prefix}.top_k=-1 to disable")
+  check_enum(config, "actor_rollout_ref.rollout.name", ROLLOUT_NAMES)
+  check_enum(config, "actor_rollout_ref.rollout.cpu_dot_library", CPU_DOT_LIBRARIES)
+  for key in ("actor_rollout_ref.rollout.dtype", "actor_rollout_ref.actor.fsdp_config.model_dtype",
+              "actor_rollout_ref.actor.fsdp_config.dtype", "critic.model.fsdp_config.model_dtype",
+              "critic.model.fsdp_config.dtype"):
+    check_enum(config, key, DTYPES)
+  from rljax.models import attention, remat  # pylint: disable=import-outside-toplevel
+  check_enum(config, "actor_rollout_ref.model.remat_policy", remat.POLICIES)
+  check_enum(config, "actor_rollout_ref.model.attention_kernel", ("auto",) + attention.KERNELS)
+
+
+def _check_profiler(config: ConfigDict) -> None:
+  """global_profiler.steps: null or a list of step numbers (1-based, as verl counts steps)."""
+  steps = config.global_profiler.steps
+  check(steps is None or all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in steps),
+        "global_profiler.steps", steps, "must be a list of step numbers (1 is the first step)",
+        "e.g. global_profiler.steps=[2,3] with actor_rollout_ref.actor.profiler.enable=true")
+
+
+def _check_unimplemented(config: ConfigDict) -> None:
+  """Each `UNIMPLEMENTED_VALUES` key at its default (anything else would run something other than asked)."""
+  base = get_base_config()
+  for key, (problem, fix) in UNIMPLEMENTED_VALUES.items():
+    value = get_node(config, key)
+    check(value == get_node(base, key), key, value, problem, fix)
+
+
+def _check_router_replay(config: ConfigDict) -> None:
+  """The actor's router replay: disabled or R2 (R3 needs the rollout's routing, which the engine does not record)."""
+  key = "actor_rollout_ref.actor.router_replay.mode"
+  mode = get_node(config, key)
+  check(mode != "R3", key, mode, "replaying the rollout's routing (verl's R3) is not implemented: the engine does not "
+        "record its experts", "set it to R2 (replay the old-log-prob pass's routing) or disabled")
+  check_enum(config, key, ("disabled", "R2"))
+
+
+def _check_dynamic_sampling(config: ConfigDict) -> None:
+  """DAPO's dynamic sampling: a metric to filter on, and data.gen_batch_size only where it is used."""
+  groups, data = config.algorithm.filter_groups, config.data
+  check_positive(config, "data.gen_batch_size")
+  if not groups.enable:
+    check(data.gen_batch_size == data.train_batch_size, "data.gen_batch_size", data.gen_batch_size,
+          f"differs from data.train_batch_size ({data.train_batch_size}) but only dynamic sampling uses it",
+          "set algorithm.filter_groups.enable=true (and its metric), or drop data.gen_batch_size")
+    return
+  check(isinstance(groups.metric, str) and bool(groups.metric), "algorithm.filter_groups.metric", groups.metric,
+        "dynamic sampling needs the per-response value whose spread decides which groups to keep",
+        "set algorithm.filter_groups.metric=acc (or score, seq_reward, seq_final_reward)")
+  check(not (groups.metric == "seq_final_reward" and config.algorithm.use_kl_in_reward),
+        "algorithm.filter_groups.metric", groups.metric,
+        "the final reward with use_kl_in_reward needs old and reference log-probs of every generated response, "
+        "which rljax computes after filtering", "use algorithm.filter_groups.metric=seq_reward (the score)")
+  check(isinstance(groups.max_num_gen_batches, int), "algorithm.filter_groups.max_num_gen_batches",
+        groups.max_num_gen_batches, "must be an integer", "set it to 0 for no limit")
+
+
+def _check_algorithm(config: ConfigDict) -> None:
+  alg, actor = config.algorithm, config.actor_rollout_ref.actor
+  check_enum(config, "algorithm.adv_estimator", kernel_names.adv_estimators())
+  check_enum(config, "algorithm.kl_penalty", kernel_names.kl_types())
+  check_enum(config, "algorithm.kl_ctrl.type", KL_CONTROLLERS)
+  check_enum(config, "actor_rollout_ref.actor.kl_loss_type", kernel_names.kl_types())
+  check_enum(config, "actor_rollout_ref.actor.loss_agg_mode", kernel_names.loss_agg_modes())
+  check_enum(config, "critic.loss_agg_mode", kernel_names.loss_agg_modes())
+  check_enum(config, "actor_rollout_ref.actor.policy_loss.loss_mode", kernel_names.policy_losses())
+  check(alg.adv_estimator not in kernel_names.trainer_unsupported_estimators(), "algorithm.adv_estimator", alg.adv_estimator,
+        "needs sum_pi_squared (the sum of squared token probabilities), which the RL trainer does not compute",
+        "use the kernel from rljax.algos directly, or choose grpo, rloo, reinforce_plus_plus or gae")
+  check(not alg.use_pf_ppo, "algorithm.use_pf_ppo", alg.use_pf_ppo, "PF-PPO batch reweighting is not implemented",
+        "set algorithm.use_pf_ppo=false")
+  for key in ("algorithm.gamma", "algorithm.lam"):
+    check_range(config, key, 0.0, 1.0)
+  for key in ("actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.clip_ratio_low",
+              "actor_rollout_ref.actor.clip_ratio_high", "actor_rollout_ref.actor.entropy_coeff",
+              "actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_ctrl.kl_coef",
+              "actor_rollout_ref.actor.grad_clip", "critic.cliprange_value"):
+    check_positive(config, key, allow_zero=True)
+  check(actor.clip_ratio_c > 1.0, "actor_rollout_ref.actor.clip_ratio_c", actor.clip_ratio_c,
+        "dual-clip needs a lower bound > 1", "set actor_rollout_ref.actor.clip_ratio_c=3.0")
+  check_positive(config, "actor_rollout_ref.actor.ppo_epochs")
+  n = config.actor_rollout_ref.rollout.n
+  check(alg.adv_estimator not in kernel_names.group_estimators() or n > 1, "actor_rollout_ref.rollout.n", n,
+        f"algorithm.adv_estimator={alg.adv_estimator} compares several responses per prompt",
+        "set actor_rollout_ref.rollout.n to 2 or more (e.g. 5)")
+  check(not (alg.adv_estimator == "gae" and config.critic.enable is False), "critic.enable", False,
+        "algorithm.adv_estimator=gae needs a critic for its values",
+        "set critic.enable=null (auto) or choose a critic-free estimator such as grpo")
+  for key in ("algorithm.rollout_is_level", "actor_rollout_ref.actor.rollout_is_level"):
+    check_enum(config, key, ROLLOUT_IS_LEVELS)
+  for key in ("algorithm.rollout_is_mode", "actor_rollout_ref.actor.rollout_is_mode"):
+    check_enum(config, key, ROLLOUT_IS_MODES)
+
+
+def _check_optim(config: ConfigDict) -> None:
+  for prefix in ("actor_rollout_ref.actor.optim", "critic.optim"):
+    check_enum(config, f"{prefix}.lr_scheduler_type", LR_SCHEDULERS)
+    check_positive(config, f"{prefix}.lr", allow_zero=True)
+    check_positive(config, f"{prefix}.weight_decay", allow_zero=True)
+    check_range(config, f"{prefix}.lr_warmup_steps_ratio", 0.0, 1.0)
+    check_range(config, f"{prefix}.min_lr_ratio", 0.0, 1.0)
+    check_positive(config, f"{prefix}.num_cycles", allow_zero=True)
+    name = get_node(config, f"{prefix}.optimizer")
+    check(str(name).lower() in ADAM_NAMES, f"{prefix}.optimizer", name,
+          "rljax's optimizer is optax's AdamW (decoupled weight decay)", f"set {prefix}.optimizer=AdamW")
+
+
+def _check_trainer(config: ConfigDict) -> None:
+  trainer = config.trainer
+  check_enum(config, "trainer.resume_mode", RESUME_MODES)
+  check_enum(config, "trainer.device", DEVICES)
+  check_enum(config, "data.truncation", TRUNCATIONS)
+  check_enum(config, "reward_model.reward_manager", REWARD_MANAGERS)
+  check_positive(config, "trainer.total_epochs")
+  if trainer.total_training_steps is not None:
+    check_positive(config, "trainer.total_training_steps")
+  for key in ("trainer.save_freq", "trainer.test_freq"):
+    value = get_node(config, key)
+    check(value == -1 or value > 0, key, value, "must be -1 (never) or a positive step count", f"set {key}=-1 or a step count")
+  check(trainer.resume_mode != "resume_path" or bool(trainer.resume_from_path), "trainer.resume_from_path",
+        trainer.resume_from_path, "trainer.resume_mode=resume_path needs a checkpoint path",
+        "set trainer.resume_from_path=DIR or trainer.resume_mode=auto")
+  loggers = trainer.logger if isinstance(trainer.logger, (list, tuple)) else [trainer.logger]
+  for name in loggers:
+    check(name in LOGGERS, "trainer.logger", list(loggers), f"{name!r} is not a logger rljax has", f"choose from {', '.join(LOGGERS)}")
+  for key in ("actor_rollout_ref.actor.checkpoint.save_contents", "critic.checkpoint.save_contents"):
+    contents = get_node(config, key)
+    bad = [c for c in contents if c not in CHECKPOINT_CONTENTS]
+    check(not bad, key, list(contents), f"unknown entries {bad}", f"choose from {', '.join(CHECKPOINT_CONTENTS)}")
+  for key in ("data.train_max_samples", "data.val_max_samples"):
+    value = get_node(config, key)
+    check(value == -1 or value > 0, key, value, "must be -1 (all rows) or a positive count", f"set {key}=-1")
+  check_positive(config, "data.filter_overlong_prompts_workers")
+
+
+def _check_cache_length(config: ConfigDict) -> None:
+  rollout = config.actor_rollout_ref.rollout
+  needed = config.data.max_prompt_length + rollout.response_length
+  check(rollout.max_model_len is None or rollout.max_model_len >= needed, "actor_rollout_ref.rollout.max_model_len",
+        rollout.max_model_len, f"is shorter than a prompt and its response ({needed} tokens)",
+        f"set it to at least {needed} or null")
+
+
+def _check_reward_model(config: ConfigDict) -> None:
+  rm = config.reward_model
+  if not rm.enable:
+    return
+  if rm.max_length is not None:
+    check_positive(config, "reward_model.max_length")
+  own_tokens = rm.model.input_tokenizer not in (None, config.actor_rollout_ref.model.path)
+  check(not own_tokens or config.data.return_raw_chat, "data.return_raw_chat", config.data.return_raw_chat,
+        "reward_model.model.input_tokenizer differs from the actor's, so the chat must be re-rendered "
+        "from the prompt messages", "set data.return_raw_chat=true, or reward_model.model.input_tokenizer=null "
+        "when both models share a tokenizer")
+
+
+def _check_overlong_buffer(config: ConfigDict) -> None:
+  """DAPO's max_resp_len (verl's reward_model.reward_kwargs.max_resp_len) is where rljax's penalty ramp ends."""
+  limit, length = config.reward_model.overlong_buffer.max_resp_len, config.data.max_response_length
+  check(limit is None or limit == length, "reward_model.overlong_buffer.max_resp_len", limit,
+        f"differs from data.max_response_length ({length}), the length at which rljax's overlong penalty is full",
+        f"set them equal: reward_model.overlong_buffer.max_resp_len={length} "
+        f"(verl's +reward_model.reward_kwargs.max_resp_len) or data.max_response_length={limit}")
+
+
+def _check_data_files(config: ConfigDict) -> None:
+  check_data_files(config, "data.train_files")
+  check_data_files(config, "data.val_files", required=False)
+
+
+def _check_model_overrides(config: ConfigDict) -> None:
+  """The HF fields of override_config.model_config must change the model rljax builds (or change nothing)."""
+  from rljax.models import config as model_config  # pylint: disable=import-outside-toplevel
+  prefix = "actor_rollout_ref.model.override_config.model_config"
+  for name, value in get_node(config, prefix).to_dict().items():
+    check(model_config.override_applies(name, value), f"{prefix}.{name}", value,
+          "is a Hugging Face config field rljax's models do not read, so the override would not change the "
+          "model here as it does in verl",
+          f"drop it; rljax reads {', '.join(sorted(model_config.READ_FIELDS))} (dropout fields may be 0: "
+          "rljax's models have no dropout)")
+
+
+def model_path_keys(config: ConfigDict) -> list[str]:
+  """The keys naming the models an RL run loads.
+
+  The actor's; the critic's where it has one (critic.enable, by default
+  algorithm.adv_estimator=gae); the reward model's where it is enabled.
+  """
+  keys = ["actor_rollout_ref.model.path"]
+  critic = config.critic.enable
+  if critic or (critic is None and config.algorithm.adv_estimator == "gae"):
+    keys.append("critic.model.path")
+  if config.reward_model.enable:
+    keys.append("reward_model.model.path")
+  return keys
+
+
+def _check_model_paths(config: ConfigDict) -> None:
+  for key in model_path_keys(config):
+    check_model_path(key, get_node(config, key))
+
+
+def _check_lora(config: ConfigDict) -> None:
+  check_lora(config.actor_rollout_ref.model)
+
+
+def _check_mesh(config: ConfigDict, world_size: int | None) -> None:
+  actor = config.actor_rollout_ref.actor
+  for key in ("actor_rollout_ref.actor.tensor_model_parallel_size",
+              "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+              "actor_rollout_ref.actor.megatron.expert_model_parallel_size",
+              "actor_rollout_ref.rollout.tensor_model_parallel_size"):
+    check_positive(config, key)
+  fsdp = actor.fsdp_config.fsdp_size
+  check(fsdp == -1 or fsdp > 0, "actor_rollout_ref.actor.fsdp_config.fsdp_size", fsdp, "must be -1 (all remaining devices) or positive", "set it to -1")
+  if world_size is None:
+    return
+  model_axes = actor.tensor_model_parallel_size * actor.ulysses_sequence_parallel_size
+  check(world_size % model_axes == 0, "actor_rollout_ref.actor.tensor_model_parallel_size", actor.tensor_model_parallel_size,
+        f"tensor x sequence ({model_axes}) does not divide the {world_size} devices", f"choose sizes whose product divides {world_size}")
+  expert = actor.megatron.expert_model_parallel_size
+  check((world_size // model_axes) % expert == 0, "actor_rollout_ref.actor.megatron.expert_model_parallel_size",
+        expert, f"does not divide the {world_size // model_axes} devices left after tensor x sequence",
+        f"choose a divisor of {world_size // model_axes}")
+  if fsdp != -1:
+    left = world_size // (model_axes * expert)
+    check(left % fsdp == 0, "actor_rollout_ref.actor.fsdp_config.fsdp_size", fsdp,
+          f"does not divide the {left} devices left after tensor x sequence x expert", "set it to -1 or a divisor")
+  tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
+  check(world_size % tp == 0, "actor_rollout_ref.rollout.tensor_model_parallel_size", tp,
+        f"does not divide the {world_size} devices", f"set it to a divisor of {world_size}")
+
+
+def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
+  """Checks every cross-key rule; raises ConfigError on the first failure.
+
+  Args:
+    config: a finalized config.
+    world_size: devices in the job; enables the per-device divisibility and
+      mesh rules (None checks only what does not depend on devices).
+
+  Returns:
+    The config, unchanged.
+  """
+  _check_mesh(config, world_size)
+  _check_lengths(config)
+  _check_batches(config, world_size)
+  _check_sampling(config)
+  _check_algorithm(config)
+  _check_unimplemented(config)
+  _check_router_replay(config)
+  _check_profiler(config)
+  _check_dynamic_sampling(config)
+  _check_optim(config)
+  _check_trainer(config)
+  _check_reward_model(config)
+  _check_overlong_buffer(config)
+  _check_data_files(config)
+  _check_model_paths(config)
+  _check_model_overrides(config)
+  _check_cache_length(config)
+  _check_lora(config)
+  return config
