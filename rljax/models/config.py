@@ -67,7 +67,10 @@ class ModelConfig:
     norm_topk_prob: renormalise the k routing weights to sum to 1.
     decoder_sparse_step: layer i is sparse when (i + 1) % step == 0 ...
     mlp_only_layers: ... and i is not listed here (those keep the dense MLP).
-    router_aux_loss_coef: weight of the load-balancing loss in training.
+    router_aux_loss_coef: weight of the load-balancing loss in training,
+      applied as HF applies it: only where config.json sets
+      ``output_router_logits`` (false in Qwen3-MoE's releases, as verl's FSDP
+      path trains them); 0 otherwise.
     bos_token_id, eos_token_id, pad_token_id: HF token ids (eos may be a list).
     dtype: activation/compute dtype.
     param_dtype: parameter dtype.
@@ -180,7 +183,7 @@ _KNOWN_KEYS = {
     "sliding_window", "use_sliding_window", "bos_token_id", "eos_token_id",
     "pad_token_id", "hidden_act", "layer_types", "max_window_layers",
     "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
+    "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits",
 }
 # The fields from_hf_dict reads into a ModelConfig: overriding one changes the
 # built model (layer_types and max_window_layers are dropped unread).
@@ -281,6 +284,7 @@ def _moe_fields(d: Mapping[str, Any]) -> dict[str, Any]:
   for shared in ("shared_expert_intermediate_size", "n_shared_experts"):
     if d.get(shared):
       raise ValueError(f"{shared}={d[shared]}: shared experts are not supported (Qwen3-MoE has none).")
+  coef = float(d.get("router_aux_loss_coef", 0.001)) if d.get("output_router_logits") else 0.0
   return {
       "num_experts": int(experts),
       "num_experts_per_tok": top_k,
@@ -288,7 +292,7 @@ def _moe_fields(d: Mapping[str, Any]) -> dict[str, Any]:
       "norm_topk_prob": bool(d.get("norm_topk_prob", False)),
       "decoder_sparse_step": step,
       "mlp_only_layers": tuple(int(i) for i in d.get("mlp_only_layers") or ()),
-      "router_aux_loss_coef": float(d.get("router_aux_loss_coef", 0.001)),
+      "router_aux_loss_coef": coef,
   }
 
 
@@ -324,8 +328,9 @@ def to_hf_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict[str, Any]
   if cfg.model_type == "qwen3_moe":
     d.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
              moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=cfg.norm_topk_prob,
-             decoder_sparse_step=cfg.decoder_sparse_step, mlp_only_layers=list(cfg.mlp_only_layers),
-             router_aux_loss_coef=cfg.router_aux_loss_coef)
+             decoder_sparse_step=cfg.decoder_sparse_step, mlp_only_layers=list(cfg.mlp_only_layers))
+    if cfg.router_aux_loss_coef:
+      d.update(router_aux_loss_coef=cfg.router_aux_loss_coef, output_router_logits=True)
   if cfg.model_type == "llama":
     d["mlp_bias"] = cfg.mlp_bias
   if cfg.model_type == "mistral":

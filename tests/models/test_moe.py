@@ -80,6 +80,9 @@ def test_load_balancing_loss_equals_transformers(all_sparse):
   np.testing.assert_allclose(stats[:, 0].sum(-1), 3 * mask.sum(), rtol=1e-6)
   ours = moe.load_balancing_loss(stats, jnp.sum(mask))
   np.testing.assert_allclose(ours, out.aux_loss.item(), rtol=1e-5)
+  # HF trains with the loss only where config.json asks for router logits (Qwen3-MoE's releases do not)
+  assert model.cfg.router_aux_loss_coef == 0.0
+  assert M.from_pretrained(path, override_config={"output_router_logits": True}).cfg.router_aux_loss_coef == 0.02
 
 
 def test_scan_matches_unrolled(all_sparse):
