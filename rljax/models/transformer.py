@@ -4,11 +4,19 @@ Left-padded batches are the RL norm: positions come from the attention mask
 (``cumsum(mask) - 1``) and attention is causal AND masked by padding (and by
 ``segment_ids`` for packed rows). ``step`` runs prefill or decode against a
 KV cache.
+
+Layers come in two kinds when ``ModelConfig.layer_types`` mixes them
+(Gemma 3): sliding layers, with a window and their own RoPE base, and full
+ones. Each pass builds one mask and one RoPE table per kind; unrolled
+layers take their kind's (a static window, so the flash kernel applies
+it), and a scan over layers of both kinds selects them per layer from a
+scanned flag (so only the dense mask can apply the window there).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import dataclasses
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -107,7 +115,7 @@ def attention_mask_3d(
 
 
 class CausalLM(nnx.Module):
-  """Decoder-only LM for the Llama, Mistral, Qwen2 and Qwen3 families."""
+  """Decoder-only LM for the Llama, Mistral, Qwen2, Qwen3 and Gemma 3 (text) families."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -118,7 +126,7 @@ class CausalLM(nnx.Module):
       self.layers = Block(cfg, rngs, stack=cfg.num_layers)
     else:
       self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
-    self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=pd)
+    self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=pd, plus_one=cfg.norm_plus_one)
     if not cfg.tie_word_embeddings:
       self.lm_head = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"),
                                 _EMBED_INIT, pd)
@@ -128,43 +136,80 @@ class CausalLM(nnx.Module):
     return (self.embed if self.cfg.tie_word_embeddings else self.lm_head)[...]
 
   def _embed(self, input_ids: jax.Array) -> jax.Array:
-    """[B, T] ids -> [B, T, D] embeddings in the compute dtype."""
-    return constrain(self.embed[...][input_ids].astype(self.cfg.dtype), _RESIDUAL)
+    """[B, T] ids -> [B, T, D] embeddings in the compute dtype (times sqrt(D) with scale_embeddings)."""
+    x = self.embed[...][input_ids].astype(self.cfg.dtype)
+    if self.cfg.scale_embeddings:
+      x = x * jnp.asarray(self.cfg.hidden_size ** 0.5, x.dtype)
+    return constrain(x, _RESIDUAL)
+
+  def logits(self, h: jax.Array) -> jax.Array:
+    """[..., D] final hidden states -> [..., V] logits (softcapped with final_logit_softcapping)."""
+    z = h @ self.lm_head_weight().astype(h.dtype).T
+    cap = self.cfg.final_logit_softcapping
+    return z if cap is None else cap * jnp.tanh(z / cap)
+
+  def _masks(self, build: Callable[[int | None], AttentionMask]) -> dict[bool, AttentionMask]:
+    """{local: the mask of that kind of layer} for the kinds the model has, from build(sliding window)."""
+    return {local: build(self.cfg.attention_kind(local)[0]) for local in set(self.cfg.local_layers)}
 
   def _run_layers(
       self,
       x: jax.Array,
       positions: jax.Array,
-      mask: AttentionMask,
+      masks: dict[bool, AttentionMask],
       cache: KVCache | None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """x [B, T, D] through every block; returns (x, the updated caches (k, v) in the cache's layout, or None).
 
-    With scan_layers, a pass without a cache or with a stacked one scans the
-    stacked layers; against per-layer caches (the engine's) the layers run
-    one after another over static slices of the stacked parameters, so each
-    layer's cache is read and written in place.
+    ``masks`` holds each kind of layer's mask (``_masks``). With scan_layers,
+    a pass without a cache or with a stacked one scans the stacked layers;
+    against per-layer caches (the engine's) the layers run one after another
+    over static slices of the stacked parameters, so each layer's cache is
+    read and written in place.
     """
     cfg = self.cfg
-    inv_freq, attention_factor = rope.inv_frequencies(
-        cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
-    cos, sin = rope.cos_sin(positions, inv_freq, attention_factor)
     write_index = None if cache is None else cache.index
 
-    def apply(graphdef, state, x, kv):
-      return nnx.merge(graphdef, gather_layer(state, cfg.dtype))(x, cos, sin, mask, kv, write_index)
+    def rope_tables(local: bool) -> tuple[jax.Array, jax.Array]:
+      _, theta, scaling = cfg.attention_kind(local)
+      inv_freq, attention_factor = rope.inv_frequencies(cfg.head_dim, theta, scaling, cfg.max_position_embeddings)
+      return rope.cos_sin(positions, inv_freq, attention_factor)
 
-    if cfg.remat:
-      apply = jax.checkpoint(apply, static_argnums=(0,), policy=remat_policy(cfg.remat_policy))
+    tables = {local: rope_tables(local) for local in masks}
+
+    def layer_inputs(local: bool | jax.Array) -> tuple[jax.Array, jax.Array, AttentionMask]:
+      """(cos, sin, mask) of a layer of kind `local`: a bool, or a traced [] bool in a scan over both kinds."""
+      if isinstance(local, bool):
+        return (*tables[local], masks[local])
+      pick = lambda sliding, full: jnp.where(local, sliding, full)  # noqa: E731
+      mask = dataclasses.replace(masks[False], dense=pick(masks[True].dense, masks[False].dense),
+                                 offset=None, window=None)
+      return pick(tables[True][0], tables[False][0]), pick(tables[True][1], tables[False][1]), mask
+
+    def layer_fn(local: bool | jax.Array):
+      def apply(graphdef, state, x, kv):
+        cos, sin, mask = layer_inputs(local)
+        return nnx.merge(graphdef, gather_layer(state, cfg.dtype))(x, cos, sin, mask, kv, write_index)
+
+      if cfg.remat:
+        return jax.checkpoint(apply, static_argnums=(0,), policy=remat_policy(cfg.remat_policy))
+      return apply
+
     if cfg.scan_layers and (cache is None or not isinstance(cache.k, tuple)):
+      if len(masks) > 1 and cfg.attention_kernel == "pallas":
+        raise ValueError(
+            "attention_kernel='pallas' with scan_layers=True cannot apply layer_types' per-layer sliding windows "
+            "(the flash kernel's window is static); use scan_layers=False or attention_kernel='xla'.")
       graphdef, state = nnx.split(self.layers)
+      only = next(iter(masks)) if len(masks) == 1 else None
 
       def body(x, xs):
-        layer_state, kv = xs
-        x, kv = apply(graphdef, layer_state, x, kv)
+        layer_state, kv, local = xs
+        x, kv = layer_fn(local if only is None else only)(graphdef, layer_state, x, kv)
         return x, kv
 
-      x, kv_out = jax.lax.scan(body, x, (state, None if cache is None else (cache.k, cache.v)))
+      xs = (state, None if cache is None else (cache.k, cache.v), jnp.asarray(cfg.local_layers))
+      x, kv_out = jax.lax.scan(body, x, xs)
       return x, kv_out
     if cfg.scan_layers:
       graphdef, stacked = nnx.split(self.layers)
@@ -174,7 +219,7 @@ class CausalLM(nnx.Module):
     new_k, new_v = [], []
     for i, (graphdef, state) in enumerate(layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, kv = apply(graphdef, state, x, kv)
+      x, kv = layer_fn(cfg.local_layers[i])(graphdef, state, x, kv)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
@@ -203,10 +248,10 @@ class CausalLM(nnx.Module):
     slots = jnp.arange(t, dtype=jnp.int32)
     valid = attention_mask.astype(bool)
     segments = segment_ids if segment_ids is not None else valid.astype(jnp.int32)
-    mask = AttentionMask(
-        dense=attention_mask_3d(valid, jnp.broadcast_to(slots, (b, t)), slots, self.cfg.sliding_window, segment_ids),
-        query_segments=segments, key_segments=segments, offset=0, window=self.cfg.sliding_window)
-    x, _ = self._run_layers(self._embed(input_ids), positions, mask, None)
+    masks = self._masks(lambda window: AttentionMask(
+        dense=attention_mask_3d(valid, jnp.broadcast_to(slots, (b, t)), slots, window, segment_ids),
+        query_segments=segments, key_segments=segments, offset=0, window=window))
+    x, _ = self._run_layers(self._embed(input_ids), positions, masks, None)
     return constrain(self.final_norm(x), _RESIDUAL)
 
   def __call__(
@@ -217,8 +262,7 @@ class CausalLM(nnx.Module):
       segment_ids: jax.Array | None = None,
   ) -> jax.Array:
     """Logits [B, T, V]; arguments as in ``hidden_states``."""
-    h = self.hidden_states(input_ids, attention_mask, positions, segment_ids)
-    return h @ self.lm_head_weight().astype(h.dtype).T
+    return self.logits(self.hidden_states(input_ids, attention_mask, positions, segment_ids))
 
   def step_hidden(
       self,
@@ -257,12 +301,12 @@ class CausalLM(nnx.Module):
     slots_mask = write_mask(cache, attention_mask.astype(bool))
     query_slots = cache.index[:, None] + jnp.arange(t, dtype=jnp.int32)
     key_slots = jnp.arange(slots_mask.shape[1], dtype=jnp.int32)
-    mask = AttentionMask(
-        dense=attention_mask_3d(slots_mask, query_slots, key_slots, self.cfg.sliding_window),
+    masks = self._masks(lambda window: AttentionMask(
+        dense=attention_mask_3d(slots_mask, query_slots, key_slots, window),
         query_segments=attention_mask.astype(jnp.int32), key_segments=slots_mask.astype(jnp.int32),
-        offset=query_offset, window=self.cfg.sliding_window,
-        live=live_slots(slots_mask, cache.index + t) if t == 1 else None)
-    x, (k, v) = self._run_layers(self._embed(input_ids), positions, mask, cache)
+        offset=query_offset, window=window,
+        live=live_slots(slots_mask, cache.index + t) if t == 1 else None))
+    x, (k, v) = self._run_layers(self._embed(input_ids), positions, masks, cache)
     h = constrain(self.final_norm(x[:, -1:] if last_only else x), _RESIDUAL)
     return h, KVCache(k=k, v=v, mask=slots_mask, index=cache.index + t)
 
@@ -281,8 +325,7 @@ class CausalLM(nnx.Module):
     ever holding [B, T, V] logits.
     """
     h, cache = self.step_hidden(input_ids, cache, attention_mask, positions, last_only, query_offset)
-    logits = h @ self.lm_head_weight().astype(h.dtype).T
-    return constrain(logits, ("cache_batch", "length", "vocab")), cache
+    return constrain(self.logits(h), ("cache_batch", "length", "vocab")), cache
 
   def shared_prompt_hidden(
       self,
