@@ -80,7 +80,8 @@ def response_log_probs(model: Any, batch: dict[str, jax.Array], temperature: flo
   """
   hidden = response_hidden(model, batch, group_size)
   return token_log_probs(hidden, model.lm_head_weight(), batch["responses"], chunk_size=chunk_size,
-                         temperature=temperature, with_entropy=with_entropy)
+                         temperature=temperature, with_entropy=with_entropy,
+                         softcap=model.cfg.final_logit_softcapping)
 
 
 def as_micro_batches(batch: dict[str, np.ndarray], micro_batches: int) -> dict[str, np.ndarray]:
