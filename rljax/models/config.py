@@ -70,7 +70,7 @@ class ModelConfig:
       each residual add (Gemma's four norms per block).
     scale_embeddings: embeddings are multiplied by sqrt(D) (Gemma).
     query_pre_attn_scalar: None, or attention scores scale by this ** -0.5
-      instead of head_dim ** -0.5 (Gemma).
+      instead of head_dim ** -0.5 (Gemma; an int in HF configs, kept as read).
     attn_logit_softcapping: None, or attention scores become
       cap * tanh(scores / cap) before the mask (not read from gemma3_text
       configs: transformers' Gemma 3 ignores the field).
@@ -253,7 +253,7 @@ def _gemma_fields(d: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
   return dict(
       rope_theta=theta, rope_scaling=scaling, rope_local_theta=local_theta, layer_types=tuple(types),
       sliding_window=int(window) if window else None, norm_plus_one=True, sandwich_norms=True,
-      scale_embeddings=True, query_pre_attn_scalar=float(d.get("query_pre_attn_scalar", 256)),
+      scale_embeddings=True, query_pre_attn_scalar=d.get("query_pre_attn_scalar", 256),
       final_logit_softcapping=None if cap is None else float(cap),
   )
 
