@@ -7,15 +7,15 @@ KV cache.
 
 Layers come in two kinds when ``ModelConfig.layer_types`` mixes them
 (Gemma 3): sliding layers, with a window and their own RoPE base, and full
-ones. Each pass builds one mask and one RoPE table per kind; unrolled
-layers take their kind's (a static window, so the flash kernel applies
-it), and a scan over layers of both kinds selects them per layer from a
-scanned flag (so only the dense mask can apply the window there).
+ones. Each pass builds one mask and one RoPE table per kind, and each layer
+runs with its kind's, whose window is static (so the flash kernel applies
+it): unrolled layers directly, and a scan over layers of both kinds through
+``lax.cond`` on a scanned per-layer flag (both branches compiled, one run).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -177,36 +177,25 @@ class CausalLM(nnx.Module):
 
     tables = {local: rope_tables(local) for local in masks}
 
-    def layer_inputs(local: bool | jax.Array) -> tuple[jax.Array, jax.Array, AttentionMask]:
-      """(cos, sin, mask) of a layer of kind `local`: a bool, or a traced [] bool in a scan over both kinds."""
-      if isinstance(local, bool):
-        return (*tables[local], masks[local])
-      pick = lambda sliding, full: jnp.where(local, sliding, full)  # noqa: E731
-      mask = dataclasses.replace(masks[False], dense=pick(masks[True].dense, masks[False].dense),
-                                 offset=None, window=None)
-      return pick(tables[True][0], tables[False][0]), pick(tables[True][1], tables[False][1]), mask
-
-    def layer_fn(local: bool | jax.Array):
+    def layer_fn(local: bool):
+      """apply(graphdef, state, x, kv) of one layer of kind `local`."""
       def apply(graphdef, state, x, kv):
-        cos, sin, mask = layer_inputs(local)
-        return nnx.merge(graphdef, gather_layer(state, cfg.dtype))(x, cos, sin, mask, kv, write_index)
+        cos, sin = tables[local]
+        return nnx.merge(graphdef, gather_layer(state, cfg.dtype))(x, cos, sin, masks[local], kv, write_index)
 
       if cfg.remat:
         return jax.checkpoint(apply, static_argnums=(0,), policy=remat_policy(cfg.remat_policy))
       return apply
 
     if cfg.scan_layers and (cache is None or not isinstance(cache.k, tuple)):
-      if len(masks) > 1 and cfg.attention_kernel == "pallas":
-        raise ValueError(
-            "attention_kernel='pallas' with scan_layers=True cannot apply layer_types' per-layer sliding windows "
-            "(the flash kernel's window is static); use scan_layers=False or attention_kernel='xla'.")
       graphdef, state = nnx.split(self.layers)
-      only = next(iter(masks)) if len(masks) == 1 else None
+      kinds = {local: functools.partial(layer_fn(local), graphdef) for local in masks}
 
       def body(x, xs):
         layer_state, kv, local = xs
-        x, kv = layer_fn(local if only is None else only)(graphdef, layer_state, x, kv)
-        return x, kv
+        if len(kinds) == 1:
+          return next(iter(kinds.values()))(layer_state, x, kv)
+        return jax.lax.cond(local, kinds[True], kinds[False], layer_state, x, kv)
 
       xs = (state, None if cache is None else (cache.k, cache.v), jnp.asarray(cfg.local_layers))
       x, kv_out = jax.lax.scan(body, x, xs)
