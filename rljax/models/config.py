@@ -193,8 +193,8 @@ _KNOWN_KEYS = {
     "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention",
 }
 # The fields from_hf_dict reads into a ModelConfig: overriding one changes the
-# built model (layer_types, read for gemma3_text only, and max_window_layers
-# are dropped unread).
+# built model (max_window_layers is dropped unread, and so is layer_types but
+# for gemma3_text: neither is listed).
 READ_FIELDS = frozenset(_KNOWN_KEYS - {"layer_types", "max_window_layers"})
 
 
@@ -361,7 +361,8 @@ def to_hf_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict[str, Any]
   if cfg.model_type == "gemma3_text":
     d.update(hidden_activation=cfg.hidden_act, rope_local_base_freq=cfg.rope_local_theta,
              layer_types=list(cfg.layer_types), sliding_window=cfg.sliding_window,
-             query_pre_attn_scalar=cfg.query_pre_attn_scalar, final_logit_softcapping=cfg.final_logit_softcapping, use_bidirectional_attention=False)
+             query_pre_attn_scalar=cfg.query_pre_attn_scalar, final_logit_softcapping=cfg.final_logit_softcapping,
+             use_bidirectional_attention=False)
   else:
     d["hidden_act"] = cfg.hidden_act
   if cfg.model_type in ("llama", "qwen3", "gemma3_text"):
