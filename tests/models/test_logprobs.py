@@ -34,10 +34,10 @@ def test_values_equal_naive(chunk_size, temperature):
 
 # 6 token chunks (padded) and 1 vocabulary block, 3 equal chunks, one chunk (no custom backward),
 # 3 equal vocabulary blocks of 100, 3 blocks of 101 with 2 padding rows, temperature 0.7; softcapped
-# logits (Gemma's final_logit_softcapping) in chunks and in one chunk
+# logits (Gemma's final_logit_softcapping) through the written-out backward pass
 @pytest.mark.parametrize("chunk_size,vocab,temperature,softcap", [
     (4, 50, 1.0, None), (7, 50, 1.0, None), (1024, 50, 1.0, None), (4, 300, 1.0, None), (4, 301, 1.0, None),
-    (5, 301, 0.7, None), (5, 301, 0.7, 2.0), (1024, 50, 1.0, 2.0)])
+    (5, 301, 0.7, None), (5, 301, 0.7, 2.0)])
 def test_gradients_equal_naive(chunk_size, vocab, temperature, softcap):
   hidden, weight, targets = _inputs(v=vocab)
   coef = jax.random.normal(jax.random.key(1), targets.shape)
