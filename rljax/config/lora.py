@@ -20,7 +20,8 @@ from rljax.config.fields import any_value, null
 # rljax.models.lora maps them onto rljax's layers, and a test keeps them equal).
 LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_SAVABLE_MODULES = LORA_TARGET_MODULES + (
-    "embed_tokens", "lm_head", "norm", "input_layernorm", "post_attention_layernorm", "q_norm", "k_norm")
+    "embed_tokens", "lm_head", "norm", "input_layernorm", "post_attention_layernorm", "q_norm", "k_norm",
+    "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
 def lora_targets(value: Any, key: str = "actor_rollout_ref.model.target_modules") -> tuple[str, ...]:

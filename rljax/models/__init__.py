@@ -1,4 +1,9 @@
-"""Flax NNX decoder LMs (Llama, Mistral, Qwen2, Qwen3) and checkpoint I/O.
+"""Flax NNX decoder LMs (Llama, Mistral, Qwen2, Qwen3, Gemma 3 text) and checkpoint I/O.
+
+One CausalLM serves every family; ModelConfig's fields say how a family
+differs (Gemma 3: sliding and full layer_types with their own RoPE,
+(1 + w) and sandwich norms, GeGLU, scaled embeddings, final logit
+softcapping).
 
 from_pretrained / save_pretrained read and write HF safetensors directories
 (and read GGUF files); load_tokenizer gives a tokenizer with a chat template;

@@ -51,7 +51,9 @@ class AttentionMask:
   live: tuple[jax.Array, jax.Array] | None = None
 
 
-def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def dense_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, softcap: float | None = None
+) -> jax.Array:
   """Softmax attention of scaled queries q [B, T, K, G, hd] over keys and values [B, K, S, hd].
 
   Keys and values are head-major, so the score and value contractions are
@@ -59,12 +61,15 @@ def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -
 
   Args:
     mask: [B, T, S] bool, True where query t may attend to key s.
+    softcap: None, or scores become softcap * tanh(scores / softcap) (Gemma).
 
   Returns:
     [B, T, K, G, hd] in q's dtype.
   """
   neg = jnp.finfo(jnp.float32).min
   scores = jnp.einsum("btkgh,bksh->bkgts", q, k.astype(q.dtype)).astype(jnp.float32)
+  if softcap is not None:
+    scores = softcap * jnp.tanh(scores / softcap)
   scores = jnp.where(mask[:, None, None], scores, neg)
   weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
   return _weighted_values(weights, v.astype(q.dtype))
@@ -138,13 +143,22 @@ def _decode(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask) -> ja
   return out[:, None]
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, kernel: str = "xla") -> jax.Array:
+def attend(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, kernel: str = "xla",
+    softcap: float | None = None,
+) -> jax.Array:
   """Attention of scaled queries q [B, T, K, G, hd] over k, v [B, K, S, hd]: [B, T, K, G, hd].
 
-  `kernel` is `ModelConfig.attention_kernel` (see the module docstring).
+  `kernel` is `ModelConfig.attention_kernel` (see the module docstring);
+  `softcap` is `ModelConfig.attn_logit_softcapping`, which only `xla` does.
   """
   if kernel not in KERNELS:
     raise ValueError(f"attention_kernel={kernel!r}: must be one of {', '.join(KERNELS)}")
+  if softcap is not None:
+    if kernel == "pallas":
+      raise ValueError(f"attn_logit_softcapping={softcap} is not supported by attention_kernel='pallas'; "
+                       "use attention_kernel='xla'.")
+    return dense_attention(q, k, v, mask.dense, softcap)
   if kernel == "pallas" and q.shape[1] == 1 and mask.live is not None:
     return _decode(q, k, v, mask)
   if kernel == "pallas" and mask.offset is not None and mask.query_segments is not None and _heads_split_alike(q, k):

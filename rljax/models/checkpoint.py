@@ -80,6 +80,8 @@ def _block_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, Layout]]:
   t = {
       ("input_norm", "scale"): ("input_layernorm.weight", vec(d)),
       ("post_attn_norm", "scale"): ("post_attention_layernorm.weight", vec(d)),
+      ("pre_mlp_norm", "scale"): ("pre_feedforward_layernorm.weight", vec(d)),
+      ("post_mlp_norm", "scale"): ("post_feedforward_layernorm.weight", vec(d)),
       ("attn", "q"): ("self_attn.q_proj.weight", Layout(((h, hd), (d,)), (2, 0, 1))),
       ("attn", "k"): ("self_attn.k_proj.weight", Layout(((k, hd), (d,)), (2, 0, 1))),
       ("attn", "v"): ("self_attn.v_proj.weight", Layout(((k, hd), (d,)), (2, 0, 1))),

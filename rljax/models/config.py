@@ -3,8 +3,8 @@
 A model is identified by its Hugging Face ``config.json``. ``from_hf_dict``
 reads the fields the Flax modules need (both the transformers 4 spelling,
 ``rope_theta`` + ``rope_scaling``, and the transformers 5 spelling,
-``rope_parameters``), and ``to_hf_dict`` writes them back so a saved
-checkpoint opens in ``transformers``.
+``rope_parameters``, which Gemma 3 keys by layer type), and ``to_hf_dict``
+writes them back so a saved checkpoint opens in ``transformers``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     "qwen2": {"qkv_bias": True, "o_bias": False, "qk_norm": False},
     "qwen3": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
     "qwen3_moe": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
+    "gemma3_text": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
 }
 
 _ARCHITECTURES = {
@@ -29,9 +30,12 @@ _ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+_LAYER_TYPES = ("sliding_attention", "full_attention")
 
 SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
 
@@ -41,10 +45,10 @@ class ModelConfig:
   """Shapes and options of a decoder-only causal LM.
 
   Attributes:
-    model_type: HF ``model_type`` (llama, mistral, qwen2, qwen3, qwen3_moe).
+    model_type: HF ``model_type`` (llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text).
     vocab_size: V.
     hidden_size: D, the residual width.
-    intermediate_size: F, the SwiGLU width.
+    intermediate_size: F, the gated MLP's width.
     num_layers: L.
     num_heads: H, query heads.
     num_kv_heads: K, key/value heads (GQA when K < H).
@@ -60,7 +64,24 @@ class ModelConfig:
     mlp_bias: gate/up/down projections have biases (Llama ``mlp_bias``).
     qk_norm: per-head RMSNorm on queries and keys before RoPE (Qwen3).
     sliding_window: None, or keys further back than this many positions are
-      masked (Mistral).
+      masked (Mistral: every layer; with layer_types: the sliding layers).
+    hidden_act: the gated MLP's activation, ``silu`` (SwiGLU) or
+      ``gelu_pytorch_tanh`` (GeGLU, Gemma).
+    norm_plus_one: RMSNorms scale by (1 + weight), in float32 (Gemma).
+    sandwich_norms: blocks also norm the attention and MLP outputs before
+      each residual add (Gemma's four norms per block).
+    scale_embeddings: embeddings are multiplied by sqrt(D) (Gemma).
+    query_pre_attn_scalar: None, or attention scores scale by this ** -0.5
+      instead of head_dim ** -0.5 (Gemma; an int in HF configs, kept as read).
+    attn_logit_softcapping: None, or attention scores become
+      cap * tanh(scores / cap) before the mask (not read from gemma3_text
+      configs: transformers' Gemma 3 ignores the field).
+    final_logit_softcapping: None, or logits become cap * tanh(logits / cap).
+    layer_types: None (every layer alike), or one of ``sliding_attention``,
+      ``full_attention`` per layer (Gemma 3): sliding layers use
+      sliding_window and RoPE base rope_local_theta without scaling, full
+      ones see every key and use rope_theta and rope_scaling.
+    rope_local_theta: RoPE base of the sliding layers (with layer_types).
     num_experts: E, experts per sparse layer (0: a dense model).
     num_experts_per_tok: k, experts each token is routed to.
     moe_intermediate_size: each expert's SwiGLU width.
@@ -108,6 +129,15 @@ class ModelConfig:
   decoder_sparse_step: int = 1
   mlp_only_layers: tuple[int, ...] = ()
   router_aux_loss_coef: float = 0.0
+  hidden_act: str = "silu"
+  norm_plus_one: bool = False
+  sandwich_norms: bool = False
+  scale_embeddings: bool = False
+  query_pre_attn_scalar: float | None = None
+  attn_logit_softcapping: float | None = None
+  final_logit_softcapping: float | None = None
+  layer_types: tuple[str, ...] | None = None
+  rope_local_theta: float | None = None
   bos_token_id: int | None = None
   eos_token_id: int | list[int] | None = None
   pad_token_id: int | None = None
@@ -145,6 +175,17 @@ class ModelConfig:
     if not self.rope_scaling:
       return "default"
     return self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
+
+  @property
+  def local_layers(self) -> tuple[bool, ...]:
+    """Per layer, whether it is a sliding layer of a model with layer_types."""
+    return tuple(t == "sliding_attention" for t in self.layer_types or ("full_attention",) * self.num_layers)
+
+  def attention_kind(self, local: bool) -> tuple[int | None, float, Mapping[str, Any] | None]:
+    """(sliding window or None, RoPE base, RoPE scaling) of a sliding (``local``) or other layer."""
+    if local:
+      return self.sliding_window, self.rope_local_theta, None
+    return (None if self.layer_types else self.sliding_window), self.rope_theta, self.rope_scaling
 
 
 def _require(d: Mapping[str, Any], key: str, model_type: str) -> Any:
@@ -184,9 +225,12 @@ _KNOWN_KEYS = {
     "pad_token_id", "hidden_act", "layer_types", "max_window_layers",
     "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
     "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits",
+    "hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping",
+    "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention",
 }
 # The fields from_hf_dict reads into a ModelConfig: overriding one changes the
-# built model (layer_types and max_window_layers are dropped unread).
+# built model (max_window_layers is dropped unread, and so is layer_types but
+# for gemma3_text: neither is listed).
 READ_FIELDS = frozenset(_KNOWN_KEYS - {"layer_types", "max_window_layers"})
 
 
@@ -200,6 +244,54 @@ def override_applies(name: str, value: Any) -> bool:
   dropout = "dropout" in name or name.endswith("pdrop")
   is_zero = isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
   return name in READ_FIELDS or (dropout and is_zero)
+
+
+def _gemma_rope(d: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
+  """(rope_theta, rope_scaling, rope_local_theta) of Gemma 3's full and sliding layers.
+
+  transformers 4 writes ``rope_theta`` + ``rope_scaling`` (full layers) and
+  ``rope_local_base_freq`` (sliding layers); transformers 5 writes
+  ``rope_parameters`` keyed by layer type.
+  """
+  params = d.get("rope_parameters") or {}
+  nested = "full_attention" in params or "sliding_attention" in params
+  full = {"rope_theta": 1_000_000.0, **((params.get("full_attention") or {}) if nested else params)}
+  local = {"rope_theta": 10_000.0, **(params.get("sliding_attention") or {})}
+  top = {k: d[k] for k in ("rope_theta", "rope_scaling") if k in d}
+  theta, scaling = _rope_from_hf({"rope_parameters": full, **top})
+  local_theta, local_scaling = _rope_from_hf({"rope_parameters": local, "rope_theta": d.get("rope_local_base_freq")})
+  if local_scaling is not None:
+    raise ValueError(
+        f"rope_parameters.sliding_attention.rope_type={local_scaling['rope_type']!r} is not supported; "
+        "sliding layers use default RoPE.")
+  return theta, scaling, local_theta
+
+
+def _gemma_fields(d: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
+  """The ModelConfig fields particular to a gemma3_text config.json; ValueError naming an unsupported field.
+
+  ``attn_logit_softcapping`` stays unread (in hf_extra): transformers'
+  Gemma3ForCausalLM never applies it, so neither does a model built here.
+  """
+  if d.get("use_bidirectional_attention"):
+    raise ValueError("use_bidirectional_attention=True is not supported; rljax's models are causal.")
+  types = d.get("layer_types")
+  if types is None:
+    pattern = int(d.get("sliding_window_pattern") or 6)
+    types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+  if len(types) != num_layers or not set(types) <= set(_LAYER_TYPES):
+    raise ValueError(f"layer_types={types!r} must give one of {_LAYER_TYPES} for each of {num_layers} layers.")
+  theta, scaling, local_theta = _gemma_rope(d)
+  window = d.get("sliding_window")
+  if "sliding_attention" in types and not window:
+    raise ValueError(f"sliding_window={window!r}: layer_types has sliding layers, which need a window.")
+  cap = d.get("final_logit_softcapping")
+  return dict(
+      rope_theta=theta, rope_scaling=scaling, rope_local_theta=local_theta, layer_types=tuple(types),
+      sliding_window=int(window) if window else None, norm_plus_one=True, sandwich_norms=True,
+      scale_embeddings=True, query_pre_attn_scalar=d.get("query_pre_attn_scalar", 256),
+      final_logit_softcapping=None if cap is None else float(cap),
+  )
 
 
 def from_hf_dict(
@@ -230,42 +322,49 @@ def from_hf_dict(
         f"supported; supported model_type values: {SUPPORTED_MODEL_TYPES}."
     )
   family = _FAMILIES[model_type]
-  act = d.get("hidden_act", "silu")
-  if act not in ("silu", "swish"):
-    raise ValueError(f"hidden_act={act!r} is not supported; only silu (SwiGLU) is.")
+  gemma = model_type == "gemma3_text"
+  act_key = "hidden_activation" if gemma else "hidden_act"
+  act = d.get(act_key, "gelu_pytorch_tanh" if gemma else "silu")
+  act = "silu" if act == "swish" else act
+  if act not in _ACTIVATIONS:
+    raise ValueError(f"{act_key}={act!r} is not supported; supported: {_ACTIVATIONS}.")
   if model_type in ("qwen2", "qwen3", "qwen3_moe") and d.get("use_sliding_window"):
     raise ValueError(f"use_sliding_window=True is not supported for {model_type}.")
   hidden = int(_require(d, "hidden_size", model_type))
   heads = int(_require(d, "num_attention_heads", model_type))
-  theta, scaling = _rope_from_hf(d)
+  num_layers = int(_require(d, "num_hidden_layers", model_type))
   attention_bias = bool(d.get("attention_bias", False))
   qkv_bias = attention_bias if family["qkv_bias"] is None else family["qkv_bias"]
   o_bias = attention_bias if family["o_bias"] is None else family["o_bias"]
-  window = d.get("sliding_window") if model_type == "mistral" else None
+  if gemma:
+    fields = _gemma_fields(d, num_layers)
+  else:
+    theta, scaling = _rope_from_hf(d)
+    window = d.get("sliding_window") if model_type == "mistral" else None
+    fields = dict(rope_theta=theta, rope_scaling=scaling, sliding_window=int(window) if window else None)
   return ModelConfig(
       **(_moe_fields(d) if model_type == "qwen3_moe" else {}),
       model_type=model_type,
       vocab_size=int(_require(d, "vocab_size", model_type)),
       hidden_size=hidden,
       intermediate_size=int(_require(d, "intermediate_size", model_type)),
-      num_layers=int(_require(d, "num_hidden_layers", model_type)),
+      num_layers=num_layers,
       num_heads=heads,
       num_kv_heads=int(d.get("num_key_value_heads") or heads),
       head_dim=int(d.get("head_dim") or hidden // heads),
       rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-      rope_theta=theta,
-      rope_scaling=scaling,
       max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
       tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
       qkv_bias=qkv_bias,
       o_bias=o_bias,
       mlp_bias=bool(d.get("mlp_bias", False)) if model_type == "llama" else False,
       qk_norm=family["qk_norm"],
-      sliding_window=int(window) if window else None,
+      hidden_act=act,
       bos_token_id=d.get("bos_token_id"),
       eos_token_id=d.get("eos_token_id"),
       pad_token_id=d.get("pad_token_id"),
       hf_extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS},
+      **fields,
       **options,
   )
 
@@ -281,6 +380,8 @@ def _moe_fields(d: Mapping[str, Any]) -> dict[str, Any]:
   step = int(d.get("decoder_sparse_step", 1))
   if step < 1:
     raise ValueError(f"decoder_sparse_step={step} must be >= 1.")
+  if d.get("hidden_act", "silu") not in ("silu", "swish"):
+    raise ValueError(f"hidden_act={d['hidden_act']!r} is not supported for qwen3_moe; its experts are SwiGLU (silu).")
   for shared in ("shared_expert_intermediate_size", "n_shared_experts"):
     if d.get(shared):
       raise ValueError(f"{shared}={d[shared]}: shared experts are not supported (Qwen3-MoE has none).")
@@ -311,7 +412,6 @@ def to_hf_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict[str, Any]
       num_attention_heads=cfg.num_heads,
       num_key_value_heads=cfg.num_kv_heads,
       head_dim=cfg.head_dim,
-      hidden_act="silu",
       rms_norm_eps=cfg.rms_norm_eps,
       rope_theta=cfg.rope_theta,
       rope_scaling=dict(cfg.rope_scaling) if cfg.rope_scaling else None,
@@ -323,7 +423,14 @@ def to_hf_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict[str, Any]
       torch_dtype=torch_dtype,
       dtype=torch_dtype,
   )
-  if cfg.model_type in ("llama", "qwen3", "qwen3_moe"):
+  if cfg.model_type == "gemma3_text":
+    d.update(hidden_activation=cfg.hidden_act, rope_local_base_freq=cfg.rope_local_theta,
+             layer_types=list(cfg.layer_types), sliding_window=cfg.sliding_window,
+             query_pre_attn_scalar=cfg.query_pre_attn_scalar, final_logit_softcapping=cfg.final_logit_softcapping,
+             use_bidirectional_attention=False)
+  else:
+    d["hidden_act"] = cfg.hidden_act
+  if cfg.model_type in ("llama", "qwen3", "qwen3_moe", "gemma3_text"):
     d["attention_bias"] = cfg.qkv_bias
   if cfg.model_type == "qwen3_moe":
     d.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,

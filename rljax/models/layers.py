@@ -1,4 +1,4 @@
-"""Decoder layers: RMSNorm, GQA attention with RoPE, SwiGLU MLP, the block.
+"""Decoder layers: RMSNorm, GQA attention with RoPE, gated MLP (SwiGLU or GeGLU), the block.
 
 Every parameter is an ``nnx.Param`` whose ``out_sharding`` metadata holds its
 logical axis names (``embed``, ``mlp``, ``heads``, ``kv_heads``,
@@ -17,6 +17,7 @@ projection's output shape, added to it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -119,29 +120,36 @@ def with_adapter(module: nnx.Module, name: str, x: jax.Array, y: jax.Array) -> j
   return y + adapters[name](x).astype(y.dtype)
 
 
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-  """x / rms(x) * scale over the last axis, computed in float32."""
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, plus_one: bool = False) -> jax.Array:
+  """x / rms(x) * scale over the last axis, computed in float32.
+
+  ``plus_one`` (Gemma): times (1 + scale), the product taken in float32 and
+  cast to x's dtype after it.
+  """
   x32 = x.astype(jnp.float32)
   normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  if plus_one:
+    return (normed * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
   return scale.astype(x.dtype) * normed.astype(x.dtype)
 
 
 class RMSNorm(nnx.Module):
-  """RMSNorm over a last axis of size ``dim`` named ``name``."""
+  """RMSNorm over a last axis of size ``dim`` named ``name`` (``plus_one``: scaled by 1 + weight, weight from 0)."""
 
   def __init__(
       self, dim: int, eps: float, rngs: nnx.Rngs, *, name: str = "embed",
-      dtype: Any = jnp.float32, stack: int | None = None,
+      dtype: Any = jnp.float32, stack: int | None = None, plus_one: bool = False,
   ):
     self.eps = eps
-    self.scale = make_param(rngs, (dim,), (name,), _ONES, dtype, stack)
+    self.plus_one = plus_one
+    self.scale = make_param(rngs, (dim,), (name,), _ZEROS if plus_one else _ONES, dtype, stack)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return rms_norm(x, self.scale[...], self.eps)
+    return rms_norm(x, self.scale[...], self.eps, self.plus_one)
 
 
 class Attention(nnx.Module):
-  """Grouped-query self-attention with RoPE, optional biases and q/k norm."""
+  """Grouped-query self-attention with RoPE, optional biases, q/k norm and score softcapping."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None):
     d, h, k, hd, pd = (
@@ -161,8 +169,10 @@ class Attention(nnx.Module):
     if cfg.o_bias:
       self.o_bias = make_param(rngs, (d,), ("embed",), _ZEROS, pd, stack)
     if cfg.qk_norm:
-      self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, rngs, name="head_dim", dtype=pd, stack=stack)
-      self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, rngs, name="head_dim", dtype=pd, stack=stack)
+      self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, rngs, name="head_dim", dtype=pd, stack=stack,
+                            plus_one=cfg.norm_plus_one)
+      self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, rngs, name="head_dim", dtype=pd, stack=stack,
+                            plus_one=cfg.norm_plus_one)
 
   def _project(self, x: jax.Array, name: str) -> jax.Array:
     """x [B, T, D] -> [B, T, N, head_dim] through kernel ``name`` (q, k or v), its adapter and bias."""
@@ -209,7 +219,8 @@ class Attention(nnx.Module):
     q, k = rope.apply_rope(q, cos, sin), rope.apply_rope(k, cos, sin)
     b, t, h, hd = q.shape
     groups = h // cfg.num_kv_heads
-    q = q.reshape(b, t, cfg.num_kv_heads, groups, hd) * jnp.asarray(hd ** -0.5, q.dtype)
+    scale = (cfg.query_pre_attn_scalar or hd) ** -0.5
+    q = q.reshape(b, t, cfg.num_kv_heads, groups, hd) * jnp.asarray(scale, q.dtype)
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     if kv is None:
       new_kv = None
@@ -217,7 +228,7 @@ class Attention(nnx.Module):
       new_kv = (write_slots(kv[0], k.astype(kv[0].dtype), write_index),
                 write_slots(kv[1], v.astype(kv[1].dtype), write_index))
       k, v = new_kv
-    out = attend(q, k, v, mask, cfg.attention_kernel).astype(x.dtype).reshape(b, t, h, hd)
+    out = attend(q, k, v, mask, cfg.attention_kernel, cfg.attn_logit_softcapping).astype(x.dtype).reshape(b, t, h, hd)
     out = checkpoint_name(constrain(out, ("batch", "length", "heads", "head_dim")), "attention_out")
     y = with_adapter(self, "o", out, jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(x.dtype)))
     if cfg.o_bias:
@@ -230,12 +241,16 @@ def write_slots(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array
   return jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 1))(cache, new, index)
 
 
+_ACTIVATIONS = {"silu": jax.nn.silu, "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True)}
+
+
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """Gated MLP: down(act(gate(x)) * up(x)), act silu (SwiGLU) or tanh-approximated gelu (GeGLU)."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None):
     d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
     self.bias = cfg.mlp_bias
+    self.act = cfg.hidden_act
     self.gate = make_param(rngs, (d, f), ("embed", "mlp"), _NORMAL, pd, stack)
     self.up = make_param(rngs, (d, f), ("embed", "mlp"), _NORMAL, pd, stack)
     self.down = make_param(rngs, (f, d), ("mlp", "embed"), _NORMAL, pd, stack)
@@ -252,7 +267,7 @@ class MLP(nnx.Module):
     if self.bias:
       gate = gate + self.gate_bias[...].astype(x.dtype)
       up = up + self.up_bias[...].astype(x.dtype)
-    hidden = jax.nn.silu(gate) * up
+    hidden = _ACTIVATIONS[self.act](gate) * up
     y = with_adapter(self, "down", hidden, hidden @ self.down[...].astype(x.dtype))
     if self.bias:
       y = y + self.down_bias[...].astype(x.dtype)
@@ -262,16 +277,24 @@ class MLP(nnx.Module):
 class Block(nnx.Module):
   """Pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(x)).
 
-  ``mlp`` replaces the dense SwiGLU (a mixture-of-experts layer passes
-  ``rljax.models.moe.MoE``: called with the token mask, it returns its
-  router stats beside its output).
+  With ``sandwich_norms`` (Gemma): x + norm(attn(norm(x))), then
+  + norm(mlp(norm(x))). ``post_attn_norm`` is HF's post_attention_layernorm
+  in both: the MLP's input norm without sandwich norms, the attention
+  output's with them. ``mlp`` replaces the dense SwiGLU (a mixture-of-experts
+  layer passes ``rljax.models.moe.MoE``: called with the token mask, it
+  returns its routing beside its output).
   """
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None, mlp: nnx.Module | None = None):
-    pd = cfg.param_dtype
-    self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=pd, stack=stack)
+    norm = lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=cfg.param_dtype,  # noqa: E731
+                           stack=stack, plus_one=cfg.norm_plus_one)
+    self.sandwich = cfg.sandwich_norms
+    self.input_norm = norm()
     self.attn = Attention(cfg, rngs, stack)
-    self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=pd, stack=stack)
+    self.post_attn_norm = norm()
+    if cfg.sandwich_norms:
+      self.pre_mlp_norm = norm()
+      self.post_mlp_norm = norm()
     self.mlp = MLP(cfg, rngs, stack) if mlp is None else mlp
 
   def __call__(
@@ -291,12 +314,18 @@ class Block(nnx.Module):
     """
     residual = ("batch", "activation_length", "embed")
     attn_out, kv = self.attn(self.input_norm(x), cos, sin, mask, kv, write_index)
-    x = constrain(x + constrain(attn_out, residual), residual)
-    h = self.post_attn_norm(x)
+    if self.sandwich:
+      x = constrain(x + constrain(self.post_attn_norm(attn_out), residual), residual)
+      h = self.pre_mlp_norm(x)
+    else:
+      x = constrain(x + constrain(attn_out, residual), residual)
+      h = self.post_attn_norm(x)
     if isinstance(self.mlp, MLP):
-      out, routing = self.mlp(h), None
+      mlp_out, routing = self.mlp(h), None
     else:
       valid = None if mask.query_segments is None else mask.query_segments != 0
-      out, routing = self.mlp(h, valid, experts)
-    x = constrain(x + constrain(out, residual), residual)
+      mlp_out, routing = self.mlp(h, valid, experts)
+    if self.sandwich:
+      mlp_out = self.post_mlp_norm(mlp_out)
+    x = constrain(x + constrain(mlp_out, residual), residual)
     return x, kv, routing

@@ -2,7 +2,7 @@
 
 For tokens n with final hidden state h_n and LM-head weight W [V, D]:
 
-  z_n = W h_n / temperature               logits, [V]
+  z_n = cap(W h_n) / temperature          logits, [V]
   log p_n = z_n[y_n] - logsumexp(z_n)
   H_n = logsumexp(z_n) - sum_v softmax(z_n)_v z_n,v
 
@@ -25,7 +25,9 @@ alive at once in either pass. With p = softmax(z), the logit gradients are
   d log p_n / d z_n = onehot(y_n) - p_n
   d H_n / d z_n = -p_n * (z_n - sum_v p_n,v z_n,v)
 
-divided by the temperature for the raw logits W h_n.
+divided by the temperature for the raw logits W h_n. cap is the identity, or
+with a softcap c (``ModelConfig.final_logit_softcapping``, Gemma) c * tanh(x / c),
+whose derivative 1 - (cap(x) / c)^2 multiplies the gradients above.
 """
 
 from __future__ import annotations
@@ -48,16 +50,21 @@ _PARTIAL_WEIGHT = ("batch", None, "vocab", None)
 _WEIGHT_T = ("embed", "vocab", None)
 
 
-def _logits(h: jax.Array, weight: jax.Array, temperature: float) -> jax.Array:
-  """[B, C, V] float32 logits / temperature for hidden [B, C, D] and weight [V, D]."""
+def _cap(z: jax.Array, softcap: float | None) -> jax.Array:
+  """softcap * tanh(z / softcap), or z when softcap is None."""
+  return z if softcap is None else softcap * jnp.tanh(z / softcap)
+
+
+def _logits(h: jax.Array, weight: jax.Array, temperature: float, softcap: float | None) -> jax.Array:
+  """[B, C, V] float32 cap(logits) / temperature for hidden [B, C, D] and weight [V, D]."""
   z = jnp.einsum("bcd,vd->bcv", relayout(h, _HIDDEN, _RESIDUAL), weight, preferred_element_type=jnp.float32)
-  return constrain(z.astype(jnp.float32) / temperature, _LOGITS)
+  return constrain(_cap(z.astype(jnp.float32), softcap) / temperature, _LOGITS)
 
 
 def _chunk_stats(h: jax.Array, targets: jax.Array, weight: jax.Array, temperature: float,
-                 with_entropy: bool) -> tuple[jax.Array, jax.Array]:
+                 with_entropy: bool, softcap: float | None) -> tuple[jax.Array, jax.Array]:
   """(log_probs [B, C], entropy [B, C]) for hidden [B, C, D], weight [V, D], targets [B, C]."""
-  z = _logits(h, weight, temperature)
+  z = _logits(h, weight, temperature, softcap)
   lse = jax.nn.logsumexp(z, axis=-1)
   target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
   if not with_entropy:
@@ -96,18 +103,18 @@ def _vocab_blocks(vocab: int, tokens: int, chunk_size: int) -> tuple[int, int]:
   return blocks, vocab if blocks == 1 else -(-vocab // (blocks * 128)) * 128
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def _chunked(hidden, weight, targets, chunks, width, temperature, with_entropy, chunk_size):
-  return _chunked_fwd(hidden, weight, targets, chunks, width, temperature, with_entropy, chunk_size)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7, 8))
+def _chunked(hidden, weight, targets, chunks, width, temperature, with_entropy, chunk_size, softcap):
+  return _chunked_fwd(hidden, weight, targets, chunks, width, temperature, with_entropy, chunk_size, softcap)[0]
 
 
-def _chunked_fwd(hidden, weight, targets, chunks, width, temperature, with_entropy, chunk_size):
+def _chunked_fwd(hidden, weight, targets, chunks, width, temperature, with_entropy, chunk_size, softcap):
   """Token chunks: each keeps its logsumexp and expected logit for the backward pass."""
   del chunk_size
   gathered = _gathered(weight, hidden.dtype)
 
   def stats(h, y):
-    z = _logits(h, gathered, temperature)
+    z = _logits(h, gathered, temperature, softcap)
     lse = jax.nn.logsumexp(z, axis=-1)
     target = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0]
     mean = jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1) if with_entropy else jnp.zeros_like(lse)
@@ -120,7 +127,7 @@ def _chunked_fwd(hidden, weight, targets, chunks, width, temperature, with_entro
   return (logp, ent), (hidden, weight, gathered, targets, lse, mean)
 
 
-def _chunked_bwd(chunks, width, temperature, with_entropy, chunk_size, residuals, cotangents):
+def _chunked_bwd(chunks, width, temperature, with_entropy, chunk_size, softcap, residuals, cotangents):
   """Vocabulary blocks: each block's logits for every token of the micro-batch, the hidden gradient summed over
   blocks, and the block's weight gradient reduce-scattered as soon as it is complete (no [V, D] partial sum
   is ever held).
@@ -147,12 +154,15 @@ def _chunked_bwd(chunks, width, temperature, with_entropy, chunk_size, residuals
     start = jnp.minimum(first, local - block)  # the last block ends at the part's end, overlapping its neighbour
     local_ids = start + jnp.arange(block)
     w = jax.lax.dynamic_slice_in_dim(split, start, block, axis=1)
-    z = jnp.einsum("btd,pvd->btpv", hidden, w, preferred_element_type=jnp.float32).astype(jnp.float32) / temperature
-    z = constrain(z, _SPLIT_LOGITS)
+    capped = _cap(jnp.einsum("btd,pvd->btpv", hidden, w, preferred_element_type=jnp.float32).astype(jnp.float32),
+                  softcap)
+    z = constrain(capped / temperature, _SPLIT_LOGITS)
     p = jnp.exp(z - lse[..., None, None])
     dz = g_logp[..., None, None] * ((targets[..., None, None] == offsets + local_ids).astype(jnp.float32) - p)
     if with_entropy:
       dz = dz - g_ent[..., None, None] * p * (z - mean[..., None, None])
+    if softcap is not None:
+      dz = dz * (1.0 - jnp.square(capped / softcap))
     dz = constrain(jnp.where(local_ids >= first, dz / temperature, 0.0), _SPLIT_LOGITS).astype(hidden.dtype)
     dh = dh + constrain(jnp.einsum("btpv,pvd->btd", dz, w, preferred_element_type=jnp.float32), _RESIDUAL)
     parts = jnp.einsum("sbtpv,sbtd->sdpv", dz.reshape(shards, b // shards, t, parts_of_vocab, block),
@@ -179,6 +189,7 @@ def token_log_probs(
     chunk_size: int = 1024,
     temperature: float = 1.0,
     with_entropy: bool = True,
+    softcap: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Log-probs of ``targets`` and the entropy of each next-token distribution.
 
@@ -192,6 +203,8 @@ def token_log_probs(
       * V float32 values per device (4 with the entropy).
     temperature: logits are divided by it first (as verl does).
     with_entropy: compute the entropy (zeros otherwise; skips a [.., V] pass).
+    softcap: ``ModelConfig.final_logit_softcapping``: logits become
+      softcap * tanh(logits / softcap) before the temperature.
 
   Returns:
     (log_probs [B, T], entropy [B, T]), float32; differentiable in hidden and
@@ -201,16 +214,18 @@ def token_log_probs(
   rows = max(1, b // batch_shards(b))
   chunks, width = chunk_layout(t, max(1, chunk_size // rows))
   if chunks == 1:
-    return _chunk_stats(hidden, targets, _gathered(weight, hidden.dtype), temperature, with_entropy)
-  return _chunked(hidden, weight, targets, chunks, width, float(temperature), bool(with_entropy), int(chunk_size))
+    return _chunk_stats(hidden, targets, _gathered(weight, hidden.dtype), temperature, with_entropy, softcap)
+  return _chunked(hidden, weight, targets, chunks, width, float(temperature), bool(with_entropy), int(chunk_size),
+                  None if softcap is None else float(softcap))
 
 
 def naive_token_log_probs(
-    hidden: jax.Array, weight: jax.Array, targets: jax.Array, temperature: float = 1.0
+    hidden: jax.Array, weight: jax.Array, targets: jax.Array, temperature: float = 1.0,
+    softcap: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Reference: full [B, T, V] float32 logits. Same signature and results."""
-  logits = jnp.einsum("btd,vd->btv", hidden, weight,
-                      preferred_element_type=jnp.float32).astype(jnp.float32) / temperature
+  logits = _cap(jnp.einsum("btd,vd->btv", hidden, weight, preferred_element_type=jnp.float32).astype(jnp.float32),
+                softcap) / temperature
   logp_all = jax.nn.log_softmax(logits, axis=-1)
   logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
   entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)

@@ -4,11 +4,19 @@ Left-padded batches are the RL norm: positions come from the attention mask
 (``cumsum(mask) - 1``) and attention is causal AND masked by padding (and by
 ``segment_ids`` for packed rows). ``step`` runs prefill or decode against a
 KV cache.
+
+Layers come in two kinds when ``ModelConfig.layer_types`` mixes them
+(Gemma 3): sliding layers, with a window and their own RoPE base, and full
+ones. Each pass builds one mask and one RoPE table per kind, and each layer
+runs with its kind's, whose window is static (so the flash kernel applies
+it): unrolled layers directly, and a scan over layers of both kinds through
+``lax.cond`` on a scanned per-layer flag (both branches compiled, one run).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import functools
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -131,7 +139,7 @@ def _block(cfg: ModelConfig, rngs: nnx.Rngs, layer: int, stack: int | None = Non
 
 
 class CausalLM(nnx.Module):
-  """Decoder-only LM for the Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE families."""
+  """Decoder-only LM for the Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and Gemma 3 (text) families."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -143,7 +151,7 @@ class CausalLM(nnx.Module):
       self.layers = _block(cfg, rngs, 0, stack=cfg.num_layers)
     else:
       self.layers = nnx.List([_block(cfg, rngs, i) for i in range(cfg.num_layers)])
-    self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=pd)
+    self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, rngs, dtype=pd, plus_one=cfg.norm_plus_one)
     if not cfg.tie_word_embeddings:
       self.lm_head = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"),
                                 _EMBED_INIT, pd)
@@ -153,22 +161,36 @@ class CausalLM(nnx.Module):
     return (self.embed if self.cfg.tie_word_embeddings else self.lm_head)[...]
 
   def _embed(self, input_ids: jax.Array) -> jax.Array:
-    """[B, T] ids -> [B, T, D] embeddings in the compute dtype."""
-    return constrain(self.embed[...][input_ids].astype(self.cfg.dtype), _RESIDUAL)
+    """[B, T] ids -> [B, T, D] embeddings in the compute dtype (times sqrt(D) with scale_embeddings)."""
+    x = self.embed[...][input_ids].astype(self.cfg.dtype)
+    if self.cfg.scale_embeddings:
+      x = x * jnp.asarray(self.cfg.hidden_size ** 0.5, x.dtype)
+    return constrain(x, _RESIDUAL)
+
+  def logits(self, h: jax.Array) -> jax.Array:
+    """[..., D] final hidden states -> [..., V] logits (softcapped with final_logit_softcapping)."""
+    z = h @ self.lm_head_weight().astype(h.dtype).T
+    cap = self.cfg.final_logit_softcapping
+    return z if cap is None else cap * jnp.tanh(z / cap)
+
+  def _masks(self, build: Callable[[int | None], AttentionMask]) -> dict[bool, AttentionMask]:
+    """{local: the mask of that kind of layer} for the kinds the model has, from build(sliding window)."""
+    return {local: build(self.cfg.attention_kind(local)[0]) for local in set(self.cfg.local_layers)}
 
   def _run_layers(
       self,
       x: jax.Array,
       positions: jax.Array,
-      mask: AttentionMask,
+      masks: dict[bool, AttentionMask],
       cache: KVCache | None,
       experts: jax.Array | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None, moe.Routing | None]:
     """x [B, T, D] through every block.
 
-    ``experts`` [B, T, L_sparse, k] replays the mixture-of-experts layers'
-    routing. Returns (x, the updated caches (k, v) in the cache's layout or
-    None, the sparse layers' Routing or None for a dense model).
+    ``masks`` holds each kind of layer's mask (``_masks``); ``experts``
+    [B, T, L_sparse, k] replays the mixture-of-experts layers' routing.
+    Returns (x, the updated caches (k, v) in the cache's layout or None, the
+    sparse layers' Routing or None for a dense model).
 
     With scan_layers, a pass without a cache or with a stacked one scans the
     stacked layers; against per-layer caches (the engine's) the layers run
@@ -176,27 +198,41 @@ class CausalLM(nnx.Module):
     layer's cache is read and written in place.
     """
     cfg = self.cfg
-    inv_freq, attention_factor = rope.inv_frequencies(
-        cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
-    cos, sin = rope.cos_sin(positions, inv_freq, attention_factor)
     write_index = None if cache is None else cache.index
 
-    def apply(graphdef, state, x, kv, layer_experts):
-      return nnx.merge(graphdef, gather_layer(state, cfg.dtype))(x, cos, sin, mask, kv, write_index, layer_experts)
+    def rope_tables(local: bool) -> tuple[jax.Array, jax.Array]:
+      _, theta, scaling = cfg.attention_kind(local)
+      inv_freq, attention_factor = rope.inv_frequencies(cfg.head_dim, theta, scaling, cfg.max_position_embeddings)
+      return rope.cos_sin(positions, inv_freq, attention_factor)
 
-    if cfg.remat:
-      apply = jax.checkpoint(apply, static_argnums=(0,), policy=remat_policy(cfg.remat_policy))
+    tables = {local: rope_tables(local) for local in masks}
+
+    def layer_fn(local: bool):
+      """apply(graphdef, state, x, kv, experts) of one layer of kind `local`."""
+      def apply(graphdef, state, x, kv, layer_experts):
+        cos, sin = tables[local]
+        return nnx.merge(graphdef, gather_layer(state, cfg.dtype))(x, cos, sin, masks[local], kv, write_index,
+                                                                   layer_experts)
+
+      if cfg.remat:
+        return jax.checkpoint(apply, static_argnums=(0,), policy=remat_policy(cfg.remat_policy))
+      return apply
+
     if cfg.scan_layers and (cache is None or not isinstance(cache.k, tuple)):
       graphdef, state = nnx.split(self.layers)
+      kinds = {local: functools.partial(layer_fn(local), graphdef) for local in masks}
 
       def body(x, xs):
-        layer_state, kv, layer_experts = xs
-        x, kv, routing = apply(graphdef, layer_state, x, kv, layer_experts)
+        layer_state, kv, local, layer_experts = xs
+        if len(kinds) == 1:
+          x, kv, routing = next(iter(kinds.values()))(layer_state, x, kv, layer_experts)
+        else:
+          x, kv, routing = jax.lax.cond(local, kinds[True], kinds[False], layer_state, x, kv, layer_experts)
         return x, (kv, routing)
 
-      per_layer = None if experts is None else jnp.moveaxis(experts, 2, 0)
-      x, (kv_out, routing) = jax.lax.scan(
-          body, x, (state, None if cache is None else (cache.k, cache.v), per_layer))
+      xs = (state, None if cache is None else (cache.k, cache.v), jnp.asarray(cfg.local_layers),
+            None if experts is None else jnp.moveaxis(experts, 2, 0))
+      x, (kv_out, routing) = jax.lax.scan(body, x, xs)
       return x, kv_out, _routing(routing)
     if cfg.scan_layers:
       graphdef, stacked = nnx.split(self.layers)
@@ -207,7 +243,7 @@ class CausalLM(nnx.Module):
     for i, (graphdef, state) in enumerate(layers):
       kv = None if cache is None else (cache.k[i], cache.v[i])
       layer_experts = None if experts is None or not cfg.is_sparse(i) else experts[:, :, len(routings)]
-      x, kv, routing = apply(graphdef, state, x, kv, layer_experts)
+      x, kv, routing = layer_fn(cfg.local_layers[i])(graphdef, state, x, kv, layer_experts)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
@@ -245,10 +281,10 @@ class CausalLM(nnx.Module):
     slots = jnp.arange(t, dtype=jnp.int32)
     valid = attention_mask.astype(bool)
     segments = segment_ids if segment_ids is not None else valid.astype(jnp.int32)
-    mask = AttentionMask(
-        dense=attention_mask_3d(valid, jnp.broadcast_to(slots, (b, t)), slots, self.cfg.sliding_window, segment_ids),
-        query_segments=segments, key_segments=segments, offset=0, window=self.cfg.sliding_window)
-    x, _, routing = self._run_layers(self._embed(input_ids), positions, mask, None, experts)
+    masks = self._masks(lambda window: AttentionMask(
+        dense=attention_mask_3d(valid, jnp.broadcast_to(slots, (b, t)), slots, window, segment_ids),
+        query_segments=segments, key_segments=segments, offset=0, window=window))
+    x, _, routing = self._run_layers(self._embed(input_ids), positions, masks, None, experts)
     h = constrain(self.final_norm(x), _RESIDUAL)
     return (h, routing) if with_routing else h
 
@@ -260,8 +296,7 @@ class CausalLM(nnx.Module):
       segment_ids: jax.Array | None = None,
   ) -> jax.Array:
     """Logits [B, T, V]; arguments as in ``hidden_states``."""
-    h = self.hidden_states(input_ids, attention_mask, positions, segment_ids)
-    return h @ self.lm_head_weight().astype(h.dtype).T
+    return self.logits(self.hidden_states(input_ids, attention_mask, positions, segment_ids))
 
   def step_hidden(
       self,
@@ -303,12 +338,12 @@ class CausalLM(nnx.Module):
     slots_mask = write_mask(cache, attention_mask.astype(bool))
     query_slots = cache.index[:, None] + jnp.arange(t, dtype=jnp.int32)
     key_slots = jnp.arange(slots_mask.shape[1], dtype=jnp.int32)
-    mask = AttentionMask(
-        dense=attention_mask_3d(slots_mask, query_slots, key_slots, self.cfg.sliding_window),
+    masks = self._masks(lambda window: AttentionMask(
+        dense=attention_mask_3d(slots_mask, query_slots, key_slots, window),
         query_segments=attention_mask.astype(jnp.int32), key_segments=slots_mask.astype(jnp.int32),
-        offset=query_offset, window=self.cfg.sliding_window,
-        live=live_slots(slots_mask, cache.index + t) if t == 1 else None)
-    x, (k, v), routing = self._run_layers(self._embed(input_ids), positions, mask, cache, experts)
+        offset=query_offset, window=window,
+        live=live_slots(slots_mask, cache.index + t) if t == 1 else None))
+    x, (k, v), routing = self._run_layers(self._embed(input_ids), positions, masks, cache, experts)
     h = constrain(self.final_norm(x[:, -1:] if last_only else x), _RESIDUAL)
     cache = KVCache(k=k, v=v, mask=slots_mask, index=cache.index + t)
     return (h, cache, routing) if with_routing else (h, cache)
@@ -328,8 +363,7 @@ class CausalLM(nnx.Module):
     ever holding [B, T, V] logits.
     """
     h, cache = self.step_hidden(input_ids, cache, attention_mask, positions, last_only, query_offset)
-    logits = h @ self.lm_head_weight().astype(h.dtype).T
-    return constrain(logits, ("cache_batch", "length", "vocab")), cache
+    return constrain(self.logits(h), ("cache_batch", "length", "vocab")), cache
 
   def shared_prompt_hidden(
       self,

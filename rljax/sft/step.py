@@ -51,7 +51,8 @@ def nll_sum(model: CausalLM, rows: Rows) -> jax.Array:
   """Sum of -log p(target) over trained tokens; rows [R, L] as in `rljax.sft.packing`."""
   hidden = model.hidden_states(rows["input_ids"], rows["segment_ids"] > 0, rows["positions"], rows["segment_ids"])
   weight = model.lm_head_weight().astype(hidden.dtype)
-  log_probs, _ = token_log_probs(hidden, weight, rows["targets"], with_entropy=False)
+  log_probs, _ = token_log_probs(hidden, weight, rows["targets"], with_entropy=False,
+                                 softcap=model.cfg.final_logit_softcapping)
   return -jnp.sum(log_probs * rows["loss_mask"])
 
 

@@ -113,7 +113,7 @@ def response_log_probs(model: Any, batch: dict[str, jax.Array], temperature: flo
   """
   hidden, routing = response_hidden(model, batch, group_size, with_routing=True)
   out = token_log_probs(hidden, model.lm_head_weight(), batch["responses"], chunk_size=chunk_size,
-                        temperature=temperature, with_entropy=with_entropy)
+                        temperature=temperature, with_entropy=with_entropy, softcap=model.cfg.final_logit_softcapping)
   return (*out, routing) if with_routing else out
 
 

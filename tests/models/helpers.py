@@ -45,6 +45,15 @@ FAMILIES: dict[str, tuple[type, dict[str, Any]]] = {
     "qwen3_moe_all": (transformers.Qwen3MoeConfig, dict(
         num_experts=4, num_experts_per_tok=3, moe_intermediate_size=16, norm_topk_prob=False,
         head_dim=8, tie_word_embeddings=True, router_aux_loss_coef=0.02)),
+    # Gemma 3: sliding layers (window 4 < sequence, their own RoPE base) around a full layer with
+    # linear RoPE scaling, query_pre_attn_scalar, final logit softcapping, tied; attn_logit_softcapping
+    # is set too, and ignored as transformers ignores it.
+    "gemma3": (transformers.Gemma3TextConfig, dict(
+        head_dim=16, num_hidden_layers=3, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_theta=5000.0, rope_scaling={"rope_type": "linear", "factor": 2.0}, rope_local_base_freq=100.0,
+        query_pre_attn_scalar=24, final_logit_softcapping=5.0, attn_logit_softcapping=3.0,
+        tie_word_embeddings=True, pad_token_id=0)),
 }
 
 

@@ -33,10 +33,12 @@ def test_values_equal_naive(chunk_size, temperature):
 
 
 # 6 token chunks (padded) and 1 vocabulary block, 3 equal chunks, one chunk (no custom backward),
-# 3 equal vocabulary blocks of 100, 3 blocks of 101 with 2 padding rows, temperature 0.7
-@pytest.mark.parametrize("chunk_size,vocab,temperature", [(4, 50, 1.0), (7, 50, 1.0), (1024, 50, 1.0), (4, 300, 1.0),
-                                                          (4, 301, 1.0), (5, 301, 0.7)])
-def test_gradients_equal_naive(chunk_size, vocab, temperature):
+# 3 equal vocabulary blocks of 100, 3 blocks of 101 with 2 padding rows, temperature 0.7; softcapped
+# logits (Gemma's final_logit_softcapping) through the written-out backward pass
+@pytest.mark.parametrize("chunk_size,vocab,temperature,softcap", [
+    (4, 50, 1.0, None), (7, 50, 1.0, None), (1024, 50, 1.0, None), (4, 300, 1.0, None), (4, 301, 1.0, None),
+    (5, 301, 0.7, None), (5, 301, 0.7, 2.0)])
+def test_gradients_equal_naive(chunk_size, vocab, temperature, softcap):
   hidden, weight, targets = _inputs(v=vocab)
   coef = jax.random.normal(jax.random.key(1), targets.shape)
 
@@ -44,12 +46,14 @@ def test_gradients_equal_naive(chunk_size, vocab, temperature):
     logp, ent = fn(h, w, targets)
     return jnp.sum(coef * logp) + 0.1 * jnp.sum(ent)
 
-  chunked = jax.grad(lambda h, w: loss(
-      lambda *a: M.token_log_probs(*a, chunk_size=chunk_size, temperature=temperature), h, w),
+  chunked = jax.value_and_grad(lambda h, w: loss(
+      lambda *a: M.token_log_probs(*a, chunk_size=chunk_size, temperature=temperature, softcap=softcap), h, w),
       argnums=(0, 1))(hidden, weight)
-  naive = jax.grad(lambda h, w: loss(lambda *a: M.naive_token_log_probs(*a, temperature=temperature), h, w),
-                   argnums=(0, 1))(hidden, weight)
-  for a, b in zip(chunked, naive):
+  naive = jax.value_and_grad(lambda h, w: loss(
+      lambda *a: M.naive_token_log_probs(*a, temperature=temperature, softcap=softcap), h, w),
+      argnums=(0, 1))(hidden, weight)
+  np.testing.assert_allclose(chunked[0], naive[0], rtol=1e-5)
+  for a, b in zip(chunked[1], naive[1]):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 

@@ -243,7 +243,7 @@ def test_config_tree_builds_the_lora_config():
 def hf_bases(tmp_path_factory):
   """family -> (transformers model, the directory it saved itself to)."""
   out = {}
-  for family in ("llama_linear", "qwen3"):
+  for family in PEFT_CASES:
     model = helpers.hf_model(family)
     path = str(tmp_path_factory.mktemp(family))
     model.save_pretrained(path)
@@ -259,6 +259,8 @@ PEFT_CASES = {
     # tied, q/k norm, scanned layers, rank-stabilised scale, the final norm trained in full.
     "qwen3": (True, lora.LoRAConfig(rank=4, alpha=6, use_rslora=True, target_modules=["q_proj", "v_proj", "up_proj"],
                                     alpha_pattern={r"layers\.1\..*": 2}, modules_to_save=("norm",))),
+    # Gemma 3: every projection, scanned sliding and full layers, a sandwich norm trained in full.
+    "gemma3": (True, lora.LoRAConfig(rank=4, alpha=8, modules_to_save=("post_feedforward_layernorm",))),
 }
 
 
