@@ -65,7 +65,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from rljax import config as config_lib
-from rljax.models import checkpoint, safetensors_io
+from rljax.models import checkpoint, moe, safetensors_io
 from rljax.models.config import ModelConfig
 from rljax.models.transformer import CausalLM
 from rljax.sharding.rules import Rules, logical_to_spec, param_names
@@ -237,10 +237,21 @@ class LoRA(nnx.Module):
     return jnp.tensordot(h * self.scale[...].astype(x.dtype), self.b[...].astype(x.dtype), axes=1)
 
 
+class ExpertLoRA(LoRA):
+  """A mixture-of-experts projection's adapter, one per expert: A [(layers,) E, in, r], B [(layers,) E, r, out].
+
+  The MoE dispatch applies it to each expert's rows (`rljax.models.moe`);
+  PEFT names each expert's adapter `mlp.experts.{e}.gate_proj`.
+  """
+
+
 def adapter_delta(adapter: LoRA) -> jax.Array:
-  """scale * A @ B in float32, shaped like the adapted kernel [(layers,) *in, *out]."""
+  """scale * A @ B in float32, shaped like the adapted kernel [(layers,) (experts,) *in, *out]."""
   a, b, scale = (adapter.a[...].astype(jnp.float32), adapter.b[...].astype(jnp.float32),
                  adapter.scale[...])
+  if isinstance(adapter, ExpertLoRA):
+    product = jnp.einsum("...ir,...ro->...io", a, b, precision=jax.lax.Precision.HIGHEST)
+    return scale.reshape(scale.shape + (1,) * (product.ndim - scale.ndim)) * product
   product = lambda a, b, s: s * jnp.tensordot(a, b, axes=1, precision=jax.lax.Precision.HIGHEST)  # noqa: E731
   return jax.vmap(product)(a, b, scale) if scale.ndim else product(a, b, scale)
 
@@ -252,6 +263,11 @@ def module_name(layer: int, proj: str) -> str:
   """The HF module name of projection `proj` in decoder layer `layer`."""
   parent = _HF_PARENT[PROJECTIONS[proj][0]]
   return f"model.layers.{layer}.{parent}.{proj}"
+
+
+def expert_module_name(layer: int, expert: int, proj: str) -> str:
+  """The HF module name of expert `expert`'s projection `proj` in mixture-of-experts layer `layer`."""
+  return f"model.layers.{layer}.mlp.experts.{expert}.{proj}"
 
 
 def _blocks(model: CausalLM) -> list[tuple[nnx.Module, tuple[int, ...]]]:
@@ -267,37 +283,60 @@ def _place(value: jax.Array, names: tuple, mesh: Mesh | None, rules: Rules | Non
   return jax.device_put(value, NamedSharding(mesh, logical_to_spec(names, value.shape, mesh, rules)))
 
 
-def _layer_rank(config: LoRAConfig, names: list[str]) -> int:
+def _layer_rank(config: LoRAConfig, names: list[str], experts: bool) -> int:
   ranks = {pattern_value(config.r_pattern, n, config.rank) for n in names}
   if len(ranks) > 1:
+    stacked = "the experts of a layer share one stacked adapter" if experts else "scan_layers stacks them into one adapter"
+    fix = "use one rank per projection" + ("" if experts else f", or set {config.key_prefix}.scan_layers=false")
     raise config_lib.ConfigError(
         f"{config.key_prefix}.r_pattern", dict(config.r_pattern),
-        f"gives the layers of {names[0].split('.')[-1]} different ranks {sorted(ranks)}, but scan_layers "
-        "stacks them into one adapter", f"use one rank per projection, or set {config.key_prefix}.scan_layers=false")
+        f"gives the modules {names[0]} ... {names[-1]} different ranks {sorted(ranks)}, but {stacked}", fix)
   return ranks.pop()
 
 
+def _layer_scales(config: LoRAConfig, names: list[str], rank: int, experts: int) -> list[float]:
+  """One scale per layer of `names` (each layer's `experts` names in a row, or one name per layer)."""
+  scales = [lora_scale(rank, pattern_value(config.alpha_pattern, n, config.alpha), config.use_rslora) for n in names]
+  per_layer = [scales[i:i + max(experts, 1)] for i in range(0, len(scales), max(experts, 1))]
+  for layer in per_layer:
+    if len(set(layer)) > 1:
+      raise config_lib.ConfigError(f"{config.key_prefix}.alpha_pattern", dict(config.alpha_pattern),
+                                   "gives the experts of a layer different alphas, but they share one stacked "
+                                   "adapter", "use one alpha per projection and layer")
+  return [layer[0] for layer in per_layer]
+
+
 def _new_adapter(kernel: nnx.Variable, n_in: int, names: list[str], stacked: bool, config: LoRAConfig,
-                 key: jax.Array, mesh: Mesh | None, rules: Rules | None) -> LoRA:
-  """The adapter of `kernel` [(layers,) *in, *out] for the HF modules `names` (one per layer)."""
+                 key: jax.Array, mesh: Mesh | None, rules: Rules | None, experts: int = 0) -> LoRA:
+  """The adapter of `kernel` [(layers,) (experts,) *in, *out] for the HF modules `names`.
+
+  `names`: one per layer, or with `experts` > 0 (a mixture-of-experts
+  projection) one per layer and expert, the experts of a layer in a row.
+  """
   shape, axes = tuple(kernel.shape), param_names(kernel)
-  lead = 1 if stacked else 0
-  rank = _layer_rank(config, names)
+  lead = (1 if stacked else 0) + (1 if experts else 0)
+  rank = _layer_rank(config, names, bool(experts))
+  if experts and config.dropout > 0:
+    raise config_lib.ConfigError(f"{config.key_prefix}.lora_dropout", config.dropout,
+                                 "dropout on the adapters of mixture-of-experts experts is not implemented",
+                                 f"set it to 0, or target only attention projections in {config.key_prefix}"
+                                 ".target_modules")
   in_shape = shape[lead:lead + n_in]
   a_names = axes[:lead] + axes[lead:lead + n_in] + (RANK_AXIS,)
   b_names = axes[:lead] + (RANK_AXIS,) + axes[lead + n_in:]
   a = init_a(key, shape[:lead] + in_shape + (rank,), math.prod(in_shape), rank, config.init_lora_weights)
   b = jnp.zeros(shape[:lead] + (rank,) + shape[lead + n_in:], kernel.dtype)
-  scales = [lora_scale(rank, pattern_value(config.alpha_pattern, n, config.alpha), config.use_rslora) for n in names]
+  scales = _layer_scales(config, names, rank, experts)
   scale = jnp.asarray(scales if stacked else scales[0], jnp.float32)
+  scale_axes = axes[:1] if stacked else ()
   drop_key = None
   if config.dropout > 0:
     data = jax.random.key_data(jax.random.key(0))
     drop_key = LoRADropoutKey(jnp.zeros(shape[:lead] + data.shape, data.dtype))
-  return LoRA(
+  return (ExpertLoRA if experts else LoRA)(
       LoRAParam(_place(a.astype(kernel.dtype), a_names, mesh, rules), out_sharding=a_names, eager_sharding=False),
       LoRAParam(_place(b, b_names, mesh, rules), out_sharding=b_names, eager_sharding=False),
-      LoRAScale(_place(scale, axes[:lead], mesh, rules), out_sharding=axes[:lead], eager_sharding=False),
+      LoRAScale(_place(scale, scale_axes, mesh, rules), out_sharding=scale_axes, eager_sharding=False),
       config.dropout, drop_key)
 
 
@@ -323,9 +362,11 @@ def apply_lora(model: CausalLM, config: LoRAConfig, key: jax.Array | None = None
     for p, proj in enumerate(config.targets):
       parent_name, attr, n_in = PROJECTIONS[proj]
       parent = getattr(block, parent_name)
-      names = [module_name(i, proj) for i in layers]
+      experts = parent.gate.shape[-3] if isinstance(parent, moe.MoE) else 0
+      names = ([expert_module_name(i, e, proj) for i in layers for e in range(experts)] if experts
+               else [module_name(i, proj) for i in layers])
       adapter = _new_adapter(getattr(parent, attr), n_in, names, stacked, config,
-                             jax.random.fold_in(key, layers[0] * len(PROJECTIONS) + p), mesh, rules)
+                             jax.random.fold_in(key, layers[0] * len(PROJECTIONS) + p), mesh, rules, experts)
       if getattr(parent, "adapters", None) is None:
         parent.adapters = nnx.Dict()
       parent.adapters[attr] = adapter
@@ -484,9 +525,13 @@ def peft_tensors(model: CausalLM) -> dict[str, np.ndarray]:
       for j, layer in enumerate(layers):
         a_l, b_l = (a[j], b[j]) if model.cfg.scan_layers else (a, b)
         rank = a_l.shape[-1]
-        name = PEFT_PREFIX + module_name(layer, proj)
-        out[f"{name}.lora_A.weight"] = a_l.reshape(-1, rank).T
-        out[f"{name}.lora_B.weight"] = b_l.reshape(rank, -1).T
+        if isinstance(adapter, ExpertLoRA):
+          modules = [(expert_module_name(layer, e, proj), a_l[e], b_l[e]) for e in range(a_l.shape[0])]
+        else:
+          modules = [(module_name(layer, proj), a_l, b_l)]
+        for module, a_m, b_m in modules:
+          out[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a_m.reshape(-1, rank).T
+          out[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b_m.reshape(rank, -1).T
   for path, var in nnx.to_flat_state(nnx.state(model, TrainedParam)):
     for name, v in checkpoint.hf_sources(model.cfg, path).to_hf(_host(var[...])).items():
       out[PEFT_PREFIX + name] = v
@@ -530,7 +575,7 @@ def save_peft(model: CausalLM, config: LoRAConfig, path: str, base_model_name_or
 
 
 __all__ = [
-    "LoRA", "LoRAConfig", "LoRADropoutKey", "LoRAParam", "LoRAScale", "PROJECTIONS", "TRAINABLE", "TrainedParam",
-    "adapter_delta", "apply_lora", "has_lora", "lora_scale", "merge_lora", "pattern_value", "peft_adapter_config",
+    "ExpertLoRA", "LoRA", "LoRAConfig", "LoRADropoutKey", "LoRAParam", "LoRAScale", "PROJECTIONS", "TRAINABLE",
+    "TrainedParam", "adapter_delta", "apply_lora", "has_lora", "lora_scale", "merge_lora", "pattern_value", "peft_adapter_config",
     "peft_tensors", "reference_split", "save_peft", "seed_dropout", "split_trainable", "trainable_filter",
 ]

@@ -132,7 +132,21 @@ def _sorted_copies(ids: jax.Array, first: Any, experts: int) -> tuple[jax.Array,
   return order, sizes, here
 
 
-def _experts_local(x, ids, weights, gate, up, down, first, sum_inputs, sum_outputs) -> jax.Array:
+def _project(rows: jax.Array, kernel: jax.Array, sizes: jax.Array, adapter: tuple | None) -> jax.Array:
+  """rows [M, in] @ their experts' kernels [E', in, out], plus scale * (rows @ A) @ B with a LoRA adapter.
+
+  adapter: (A [E', in, r], B [E', r, out], scale []) or None. Both terms are
+  linear in rows, so a partial sum over a split `in` stays one.
+  """
+  y = jax.lax.ragged_dot(rows, kernel.astype(rows.dtype), sizes)
+  if adapter is None:
+    return y
+  a, b, scale = adapter
+  h = jax.lax.ragged_dot(rows, a.astype(rows.dtype), sizes) * scale.astype(rows.dtype)
+  return y + jax.lax.ragged_dot(h, b.astype(rows.dtype), sizes)
+
+
+def _experts_local(x, ids, weights, gate, up, down, first, sum_inputs, sum_outputs, adapters) -> jax.Array:
   """The outputs [N, D'] of N tokens' copies routed to this device's experts, weighted and summed per token.
 
   Args:
@@ -142,17 +156,33 @@ def _experts_local(x, ids, weights, gate, up, down, first, sum_inputs, sum_outpu
     first: the global id of local expert 0.
     sum_inputs: sums partial projections over the embed split (identity when whole).
     sum_outputs: sums [N, D'] partial outputs (tensor split, other devices' experts).
+    adapters: {gate, up, down: (A, B, scale)} LoRA adapters of the local experts (some or none).
   """
   n, k = ids.shape
   order, sizes, here = _sorted_copies(ids, first, gate.shape[0])
   rows = x[order // k]
-  h_gate = sum_inputs(jax.lax.ragged_dot(rows, gate.astype(x.dtype), sizes))
-  h_up = sum_inputs(jax.lax.ragged_dot(rows, up.astype(x.dtype), sizes))
-  y = jax.lax.ragged_dot(jax.nn.silu(h_gate) * h_up, down.astype(x.dtype), sizes)
+  h_gate = sum_inputs(_project(rows, gate, sizes, adapters.get("gate")))
+  h_up = sum_inputs(_project(rows, up, sizes, adapters.get("up")))
+  y = _project(jax.nn.silu(h_gate) * h_up, down, sizes, adapters.get("down"))
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
   y = y[inverse].reshape(n, k, -1)
   scale = jnp.where(here, weights, jnp.zeros_like(weights)).astype(x.dtype)
   return sum_outputs(jnp.einsum("nkd,nk->nd", y, scale))
+
+
+class Adapter(NamedTuple):
+  """An expert projection's LoRA adapter as the dispatch reads it (one layer's).
+
+  Attributes:
+    a: [E, in, r]; b: [E, r, out]; scale: [] float32.
+    a_names, b_names: their logical axis names.
+  """
+
+  a: jax.Array
+  b: jax.Array
+  scale: jax.Array
+  a_names: tuple[str, ...]
+  b_names: tuple[str, ...]
 
 
 def _axes(entry: Any) -> tuple[str, ...]:
@@ -164,18 +194,21 @@ def _spec_entry(axes: tuple[str, ...]) -> Any:
 
 
 def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array, up: jax.Array,
-             down: jax.Array) -> jax.Array:
+             down: jax.Array, adapters: dict[str, Adapter] | None = None) -> jax.Array:
   """The experts' weighted outputs [B, T, D] for tokens x [B, T, D] routed by ids, weights [B, T, k].
 
-  Runs directly outside a mesh context, per device under `shard_map` inside
-  one (see the module docstring).
+  ``adapters``: LoRA adapters of some of gate, up, down. Runs directly
+  outside a mesh context, per device under `shard_map` inside one (see the
+  module docstring).
   """
   b, t, d = x.shape
   k = ids.shape[-1]
+  adapters = adapters or {}
   mesh = rules_lib.active_mesh()
   if mesh is None:
+    local = {name: (a.a, a.b, a.scale) for name, a in adapters.items()}
     out = _experts_local(x.reshape(b * t, d), ids.reshape(-1, k), weights.reshape(-1, k), gate, up, down, 0,
-                         lambda v: v, lambda v: v)
+                         lambda v: v, lambda v: v, local)
     return out.reshape(b, t, d)
   w_spec = rules_lib.weight_spec(WEIGHT_NAMES["gate"], gate.shape)
   exp_axes, d_axes, f_axes = (_axes(e) for e in w_spec)
@@ -188,7 +221,9 @@ def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array, 
   summed = tuple(f_axes) + tuple(a for a in exp_axes if a not in gathered)
   experts = gate.shape[0] // max(1, _size(mesh, exp_axes))
 
-  def body(x, ids, weights, gate, up, down):
+  names = sorted(adapters)
+
+  def body(x, ids, weights, gate, up, down, *lora):
     lb, lt, ld = x.shape
     x, ids, weights = x.reshape(lb * lt, ld), ids.reshape(-1, k), weights.reshape(-1, k)
     if gathered:
@@ -196,14 +231,21 @@ def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array, 
     first = jax.lax.axis_index(exp_axes) * experts if exp_axes else 0
     sum_in = (lambda v: jax.lax.psum(v, d_axes)) if d_axes else (lambda v: v)
     sum_out = (lambda v: jax.lax.psum(v, summed)) if summed else (lambda v: v)
-    out = _experts_local(x, ids, weights, gate, up, down, first, sum_in, sum_out)
+    local = {name: tuple(lora[3 * i:3 * i + 3]) for i, name in enumerate(names)}
+    out = _experts_local(x, ids, weights, gate, up, down, first, sum_in, sum_out, local)
     if gathered:
       out = jax.lax.psum_scatter(out, gathered, scatter_dimension=0, tiled=True)
     return out.reshape(lb, lt, ld)
 
   specs = (x_spec, r_spec, r_spec, w_spec, w_spec, rules_lib.weight_spec(WEIGHT_NAMES["down"], down.shape))
-  return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=x_spec, check_vma=False)(
-      x, ids, weights, gate, up, down)
+  lora_args, lora_specs = [], []
+  for name in names:
+    adapter = adapters[name]
+    lora_args += [adapter.a, adapter.b, adapter.scale]
+    lora_specs += [rules_lib.weight_spec(adapter.a_names, adapter.a.shape),
+                   rules_lib.weight_spec(adapter.b_names, adapter.b.shape), PartitionSpec()]
+  return jax.shard_map(body, mesh=mesh, in_specs=(*specs, *lora_specs), out_specs=x_spec, check_vma=False)(
+      x, ids, weights, gate, up, down, *lora_args)
 
 
 def _size(mesh, axes: tuple[str, ...]) -> int:
@@ -238,5 +280,15 @@ class MoE(nnx.Module):
     valid = jnp.ones((b * t,), bool) if valid is None else valid.reshape(-1)
     stats = router_stats(probs, ids, valid)
     ids, weights = ids.reshape(b, t, -1), weights.reshape(b, t, -1)
-    out = dispatch(x, ids, weights, self.gate[...], self.up[...], self.down[...])
+    out = dispatch(x, ids, weights, self.gate[...], self.up[...], self.down[...], self._adapters())
     return out, (stats, ids)
+
+  def _adapters(self) -> dict[str, Adapter]:
+    """The LoRA adapters (`rljax.models.lora`) of this layer's expert projections, by kernel name."""
+    adapters = getattr(self, "adapters", None) or {}
+    out = {}
+    for name, adapter in adapters.items():
+      a, b = adapter.a[...], adapter.b[...]
+      out[name] = Adapter(a, b, adapter.scale[...], rules_lib.param_names(adapter.a)[-a.ndim:],
+                          rules_lib.param_names(adapter.b)[-b.ndim:])
+    return out

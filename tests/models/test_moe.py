@@ -10,7 +10,7 @@ from flax import nnx
 import rljax.models as M
 from rljax import config as config_lib
 from rljax import sharding
-from rljax.models import moe
+from rljax.models import lora, moe
 from tests.models import helpers
 from tests.rollout.test_rollout import hf_greedy, left_padded, sampler_for
 
@@ -153,3 +153,41 @@ def test_expert_axis_must_divide_the_experts():
     sharding.check_model_fits(mesh, 4, 2, num_experts=4)
   with pytest.raises(config_lib.ConfigError, match="a dense model has no experts"):
     sharding.check_model_fits(mesh, 4, 2, num_experts=0)
+
+
+def with_random_adapters(model, targets="all-linear"):
+  """`model` with LoRA on `targets` and every B random (B starts at 0, which would hide a wrong adapter path)."""
+  lora.apply_lora(model, lora.LoRAConfig(rank=4, alpha=8.0, target_modules=targets))
+  for i, (_, var) in enumerate(nnx.to_flat_state(nnx.state(model, lora.LoRAParam))):
+    var.set_value(0.3 * jax.random.normal(jax.random.key(i), var.shape, var.dtype))
+  return model
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_lora_on_experts_equals_its_merged_kernels(all_sparse, scan):
+  _, path = all_sparse
+  ids, mask = helpers.batch()
+  model = with_random_adapters(M.from_pretrained(path, scan_layers=scan))
+  gate_a = model.layers.mlp.adapters["gate"].a if scan else model.layers[0].mlp.adapters["gate"].a
+  assert gate_a.shape == ((2,) if scan else ()) + (4, 32, 4)  # per expert: A [E, D, r]
+  merged = lora.merge_lora(model)
+  ours = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
+  assert helpers.max_diff_on_mask(ours, np.asarray(merged(jnp.asarray(ids), jnp.asarray(mask))), mask) < 1e-4
+  plain = np.asarray(M.from_pretrained(path)(jnp.asarray(ids), jnp.asarray(mask)))
+  assert helpers.max_diff_on_mask(ours, plain, mask) > 1e-2  # the adapters move the output
+  names = lora.peft_tensors(model)
+  assert "base_model.model.model.layers.1.mlp.experts.3.down_proj.lora_B.weight" in names
+  assert names["base_model.model.model.layers.0.mlp.experts.2.gate_proj.lora_A.weight"].shape == (4, 32)
+
+
+def test_lora_on_experts_sharded_equals_unsharded(all_sparse):
+  _, path = all_sparse
+  ids, mask = rows4()
+  mesh, rules = ep_mesh(), sharding.rules_from_config(config_lib.get_base_config())
+  one = with_random_adapters(M.from_pretrained(path), ["gate_proj", "down_proj", "q_proj"])
+  sharded = with_random_adapters(M.from_pretrained(path, mesh=mesh, rules=rules), ["gate_proj", "down_proj", "q_proj"])
+  _, o1, g1 = loss_and_grad(one, ids, mask)
+  _, o2, g2 = loss_and_grad(sharded, ids, mask, mesh, rules)
+  np.testing.assert_allclose(o1, o2, rtol=1e-4, atol=1e-5)
+  a1, a2 = g1["layers"][0]["mlp"]["adapters"]["down"]["b"][...], g2["layers"][0]["mlp"]["adapters"]["down"]["b"][...]
+  np.testing.assert_allclose(a1, a2, rtol=1e-3, atol=1e-5)
