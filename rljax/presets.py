@@ -124,12 +124,17 @@ def _gsm8k_7b(model: str) -> dict[str, Any]:
 
 QWEN2_5_7B_GSM8K = _gsm8k_7b("Qwen2.5-7B-Instruct")
 LLAMA3_1_8B_GSM8K = _gsm8k_7b("Llama-3.1-8B-Instruct")
+# Qwen3-30B-A3B (128 experts, 8 per token) on the same recipe, its experts split 8 ways over the mesh's expert
+# axis (verl's megatron.expert_model_parallel_size): each chip holds 16 experts of every layer.
+QWEN3_30B_A3B_GSM8K = {**_gsm8k_7b("Qwen3-30B-A3B"),
+                       "actor_rollout_ref.actor.megatron.expert_model_parallel_size": 8}
 
 PRESETS = {
     "smollm2_arithmetic": SMOLLM2_ARITHMETIC,
     "qwen2_5_0_5b_gsm8k": QWEN2_5_0_5B_GSM8K,
     "qwen2_5_7b_gsm8k": QWEN2_5_7B_GSM8K,
     "llama3_1_8b_gsm8k": LLAMA3_1_8B_GSM8K,
+    "qwen3_30b_a3b_gsm8k": QWEN3_30B_A3B_GSM8K,
 }
 DEFAULT_PRESET = "smollm2_arithmetic"
 

@@ -577,3 +577,8 @@ def test_router_replay_values_rljax_does_not_implement_are_errors(overrides, mat
   with pytest.raises(C.ConfigError, match=match):
     resolved(experiment("grpo"), overrides)
   assert resolved(experiment("grpo"), ["actor_rollout_ref.actor.router_replay.mode=R2"])
+
+
+def test_qwen3_moe_preset_splits_its_experts_over_the_expert_axis():
+  config = resolved(experiment("grpo", "qwen3_30b_a3b_gsm8k"), devices=32)
+  assert sharding.mesh_shape(config, 32) == {"data": 1, "fsdp": 4, "tensor": 1, "sequence": 1, "expert": 8}

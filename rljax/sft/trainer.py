@@ -150,6 +150,11 @@ class SFTTrainer:
     model = models.from_pretrained(path, dtype=_DTYPES[model_cfg.fsdp_config.model_dtype], mesh=self.mesh,
                                    rules=self.rules, scan_layers=model_cfg.scan_layers,
                                    remat=model_cfg.enable_gradient_checkpointing)
+    if model.cfg.router_aux_loss_coef:
+      raise config_lib.ConfigError(
+          "model.partial_pretrain", model_cfg.partial_pretrain,
+          "its config.json sets output_router_logits=true, but the SFT trainer does not add the mixture-of-experts "
+          "load-balancing loss", "set output_router_logits to false in its config.json (the RL trainer adds the loss)")
     self.tokenizer = with_chat_template(models.load_tokenizer(path), data.chat_template)
     self.pad_id = tokenization.pad_token_id(self.tokenizer)
     self.key = jax.random.key(config.trainer.seed)

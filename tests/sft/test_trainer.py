@@ -137,3 +137,17 @@ def test_lora_trains_only_adapters_and_exports(model_dir, data, tmp_path):
   with open(os.path.join(peft_dir, "adapter_config.json")) as f:
     adapter = json.load(f)
   assert adapter["r"] == 4 and set(adapter["target_modules"]) == {"q_proj", "v_proj", "down_proj"}
+
+
+def test_an_moe_model_asking_for_the_load_balancing_loss_is_refused(data, tmp_path):
+  # config.json's output_router_logits=true asks for a loss the SFT trainer does not add: an error, not a silent skip
+  model_dir = helpers.tiny_model_dir(tmp_path / "dense")
+  config = json.load(open(os.path.join(model_dir, "config.json")))
+  config.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+                moe_intermediate_size=16, output_router_logits=True, router_aux_loss_coef=0.01)
+  moe_dir = tmp_path / "moe"
+  models.save_pretrained(models.CausalLM(models.config.from_hf_dict(config), nnx.Rngs(0)), str(moe_dir))
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    os.replace(os.path.join(model_dir, name), moe_dir / name)
+  with pytest.raises(Exception, match="output_router_logits=true, but the SFT trainer does not add"):
+    trainer_lib.SFTTrainer(helpers.run_config(str(moe_dir), data, str(tmp_path / "run")), helpers.mesh(1))
