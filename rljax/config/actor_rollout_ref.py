@@ -7,7 +7,7 @@ from typing import Any
 from ml_collections import ConfigDict, FieldReference
 
 from rljax.config.engines import checkpoint, fsdp_config, megatron, megatron_lora, mtp, optim, profiler, router_replay
-from rljax.config.fields import any_value, follow, null
+from rljax.config.fields import any_value, follow, null, older_rollout_is
 from rljax.config.lora import lora_defaults
 
 
@@ -81,12 +81,7 @@ def build_actor() -> ConfigDict:
       },
       "positive_nll_coef": null(float),
       "unbiased_loss_max_tokens": null(int),
-      "rollout_is": False,
-      "rollout_is_threshold": null(float),
-      "rollout_is_threshold_lower": null(float),
-      "rollout_is_level": "token",
-      "rollout_is_mode": "truncate",
-      "rollout_is_veto_threshold": null(float),
+      **older_rollout_is(),
       "use_torch_compile": True,
       "ppo_epochs": 1,
       "data_loader_seed": 42,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from rljax.config.fields import any_value, follow, null
+from rljax.config.fields import any_value, follow, null, older_rollout_is
 
 
 def build_algorithm() -> ConfigDict:
@@ -28,12 +28,7 @@ def build_algorithm() -> ConfigDict:
       "use_pf_ppo": False,
       "pf_ppo": {"reweight_method": "pow", "weight_pow": 2.0},
       "filter_groups": {"enable": False, "metric": null(str), "max_num_gen_batches": 0},
-      "rollout_is": False,
-      "rollout_is_threshold": null(float),
-      "rollout_is_threshold_lower": null(float),
-      "rollout_is_level": "token",
-      "rollout_is_mode": "truncate",
-      "rollout_is_veto_threshold": null(float),
+      **older_rollout_is(),
       "rollout_correction": {
           "rollout_is": null(str),
           "rollout_is_threshold": any_value(2.0),

@@ -27,6 +27,12 @@ def follow(node: ConfigDict, key: str) -> FieldReference:
   return node.get_ref(key).identity()
 
 
+def older_rollout_is() -> dict[str, Any]:
+  """verl's older rollout importance-sampling keys, which both algorithm and the actor carry."""
+  return {"rollout_is": False, "rollout_is_threshold": null(float), "rollout_is_threshold_lower": null(float),
+          "rollout_is_level": "token", "rollout_is_mode": "truncate", "rollout_is_veto_threshold": null(float)}
+
+
 def get_node(config: ConfigDict, path: str) -> Any:
   """Returns the value or sub-tree at a dotted `path`."""
   node = config

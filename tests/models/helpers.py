@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import tokenizers
 import torch
 import transformers
+from flax import nnx
 from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from rljax import sharding
 
 torch.set_num_threads(1)
 
@@ -71,6 +76,30 @@ def hf_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
       else:
         p.copy_(0.15 * torch.randn_like(p))
   return model.eval()
+
+
+def saved_family(tmp_path_factory, family: str) -> tuple[transformers.PreTrainedModel, str]:
+  """(the HF model of `family`, the directory transformers saved it to)."""
+  hf = hf_model(family)
+  path = str(tmp_path_factory.mktemp(family))
+  hf.save_pretrained(path)
+  return hf, path
+
+
+def loss_and_grad(model: Any, ids: np.ndarray, mask: np.ndarray, mesh: Any = None, rules: Any = None):
+  """(sum of squared logits over real tokens, the logits, its gradient) of `model`, jitted (in `mesh` when given)."""
+  graphdef, state = nnx.split(model)
+
+  def loss(state):
+    if mesh is None:
+      logits = nnx.merge(graphdef, state)(ids, mask)
+    else:
+      with sharding.activation_sharding(mesh, rules):
+        logits = nnx.merge(graphdef, state)(ids, mask)
+    return jnp.sum(jnp.where(mask[..., None] == 1, logits, 0.0) ** 2), logits
+
+  (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(state)
+  return value, logits, grads
 
 
 def batch(vocab: int = 128, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

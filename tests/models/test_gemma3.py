@@ -23,10 +23,7 @@ from tests.rollout.test_rollout import hf_greedy, left_padded, sampler_for
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
   """(the HF model, the directory transformers saved it to)."""
-  hf = helpers.hf_model("gemma3")
-  path = str(tmp_path_factory.mktemp("gemma3"))
-  hf.save_pretrained(path)
-  return hf, path
+  return helpers.saved_family(tmp_path_factory, "gemma3")
 
 
 def hf_config(path):
@@ -72,12 +69,7 @@ def test_scan_and_remat_match_unrolled(saved):
   plain = M.from_pretrained(path)
   scanned = M.from_pretrained(path, scan_layers=True, remat=True)
 
-  def loss_and_grad(model):
-    graphdef, state = nnx.split(model)
-    loss = lambda s: jnp.sum(nnx.merge(graphdef, s)(ids, mask)[mask == 1] ** 2)  # noqa: E731
-    return jax.jit(jax.value_and_grad(loss))(state)
-
-  (l1, g1), (l2, g2) = loss_and_grad(plain), loss_and_grad(scanned)
+  (l1, _, g1), (l2, _, g2) = (helpers.loss_and_grad(m, ids, mask) for m in (plain, scanned))
   np.testing.assert_allclose(l1, l2, rtol=1e-5)
   for i in range(3):
     for name in (("attn", "q"), ("pre_mlp_norm", "scale"), ("post_mlp_norm", "scale")):

@@ -1,12 +1,10 @@
 """Logits parity with transformers' PyTorch models, both checkpoint directions."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers
-from flax import nnx
 
 import rljax.models as M
 from tests.models import helpers
@@ -56,12 +54,7 @@ def test_scan_and_remat_match_unrolled(saved):
   scanned = M.from_pretrained(path, scan_layers=True, remat=True)
   assert scanned.layers.attn.q.shape[0] == plain.cfg.num_layers
 
-  def loss_and_grad(model):
-    graphdef, state = nnx.split(model)
-    loss = lambda s: jnp.sum(nnx.merge(graphdef, s)(ids, mask)[mask == 1] ** 2)  # noqa: E731
-    return jax.jit(jax.value_and_grad(loss))(state)
-
-  (l1, g1), (l2, g2) = loss_and_grad(plain), loss_and_grad(scanned)
+  (l1, _, g1), (l2, _, g2) = (helpers.loss_and_grad(m, ids, mask) for m in (plain, scanned))
   np.testing.assert_allclose(l1, l2, rtol=1e-5)
   np.testing.assert_allclose(g1["layers"][1]["attn"]["q"][...],
                              g2["layers"]["attn"]["q"][...][1], rtol=1e-3, atol=1e-4)

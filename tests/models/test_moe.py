@@ -17,10 +17,7 @@ from tests.rollout.test_rollout import hf_greedy, left_padded, sampler_for
 
 @pytest.fixture(scope="module")
 def all_sparse(tmp_path_factory):
-  hf = helpers.hf_model("qwen3_moe_all")
-  path = str(tmp_path_factory.mktemp("qwen3_moe_all"))
-  hf.save_pretrained(path)
-  return hf, path
+  return helpers.saved_family(tmp_path_factory, "qwen3_moe_all")
 
 
 def rows4():
@@ -28,19 +25,7 @@ def rows4():
   return np.concatenate([ids, ids[1:2, ::-1]]), np.concatenate([mask, mask[:1]])
 
 
-def loss_and_grad(model, ids, mask, mesh=None, rules=None):
-  graphdef, state = nnx.split(model)
-
-  def loss(state):
-    if mesh is None:
-      logits = nnx.merge(graphdef, state)(ids, mask)
-    else:
-      with sharding.activation_sharding(mesh, rules):
-        logits = nnx.merge(graphdef, state)(ids, mask)
-    return jnp.sum(jnp.where(mask[..., None] == 1, logits, 0.0) ** 2), logits
-
-  (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(state)
-  return value, logits, grads
+loss_and_grad = helpers.loss_and_grad
 
 
 def test_route_picks_top_k_and_renormalises():
