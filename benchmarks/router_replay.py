@@ -1,10 +1,12 @@
-"""Router replay (verl's R2) on a tiny Qwen3-MoE: the update's actor/ppo_kl with and without it.
+"""Router replay (verl's R2 and R3) on a tiny Qwen3-MoE: the update's actor/ppo_kl with and without it.
 
     python benchmarks/router_replay.py [--steps 3 --lr 1e-3 --epochs 2 --minis 2]
 
 Builds a random 2-layer Qwen3-MoE (8 experts, top 2) with SmolLM2's
-tokenizer (offline), then runs GRPO on the synthetic arithmetic task twice
-from the same seed: router_replay.mode=disabled and R2. With `--epochs` x
+tokenizer (offline), then runs GRPO on the synthetic arithmetic task three
+times from the same seed: router_replay.mode=disabled, R2 (the update
+replays the old-log-prob pass's experts) and R3 (every actor pass replays
+the rollout's). With `--epochs` x
 `--minis` updates per step, every update after the first sees old
 log-probs from parameters it has moved away from; without replay it also
 routes tokens to other experts than the old pass did. Prints one JSON
@@ -51,6 +53,7 @@ def run_mode(model: str, data: str, run_dir: str, mode: str, args: argparse.Name
       f"actor_rollout_ref.actor.ppo_mini_batch_size={batch // args.minis}",
       f"actor_rollout_ref.actor.ppo_epochs={args.epochs}", f"actor_rollout_ref.actor.optim.lr={args.lr}",
       f"actor_rollout_ref.actor.router_replay.mode={mode}", f"trainer.total_training_steps={args.steps}",
+      f"actor_rollout_ref.rollout.enable_rollout_routing_replay={mode == 'R3'}",
       "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.logger=[jsonl]",
       f"trainer.default_local_dir={run_dir}", "trainer.n_gpus_per_node=1"])
   config_lib.finalize(config, device_count=1)
@@ -73,7 +76,7 @@ def main() -> None:
   model, data = tiny_moe(tmp / "model"), str(tmp / "data")
   ensure_synthetic_data(data)
   means = {}
-  for mode in ("disabled", "R2"):
+  for mode in ("disabled", "R2", "R3"):
     history = run_mode(model, data, str(tmp / mode), mode, args)
     for metrics in history:
       print(json.dumps({"mode": mode, "step": metrics["step"], **{k: round(metrics[k], 6) for k in KEYS}}))

@@ -566,17 +566,20 @@ def test_megatron_tensor_size_counts_in_the_filled_micro_batch():
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (["actor_rollout_ref.actor.router_replay.mode=R3"], "router_replay.mode='R3': replaying the rollout's routing"),
+    (["actor_rollout_ref.actor.router_replay.mode=R3"], "router_replay.mode='R3': R3 replays the rollout's routing, "
+                                                         "which the rollout records only with"),
     (["actor_rollout_ref.actor.router_replay.mode=R1"], "router_replay.mode='R1': must be one of"),
-    (["actor_rollout_ref.ref.router_replay.mode=R2"], "ref.router_replay.mode='R2': the reference model routes"),
+    (["actor_rollout_ref.ref.router_replay.mode=R2"], "ref.router_replay.mode='R2': the reference pass follows"),
     (["actor_rollout_ref.actor.router_replay.record_file=/tmp/r"], "record_file='/tmp/r': recording routing to files"),
-    (["actor_rollout_ref.rollout.enable_rollout_routing_replay=true"], "verl's R3\\) is not implemented"),
+    (["actor_rollout_ref.rollout.enable_rollout_routing_replay=true"], "is replayed only by .*router_replay.mode=R3"),
     (["actor_rollout_ref.model.override_config.moe_config.freeze_moe_router=true"], "freezing the mixture-of-experts"),
 ])
 def test_router_replay_values_rljax_does_not_implement_are_errors(overrides, match):
   with pytest.raises(C.ConfigError, match=match):
     resolved(experiment("grpo"), overrides)
   assert resolved(experiment("grpo"), ["actor_rollout_ref.actor.router_replay.mode=R2"])
+  assert resolved(experiment("grpo"), ["actor_rollout_ref.actor.router_replay.mode=R3",
+                                       "actor_rollout_ref.rollout.enable_rollout_routing_replay=true"])
 
 
 def test_qwen3_moe_preset_splits_its_experts_over_the_expert_axis():

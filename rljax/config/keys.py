@@ -79,8 +79,8 @@ def _router_replay_status(role: str) -> dict[str, dict[str, Any]]:
   if role == "actor_rollout_ref.actor":
     return files
   return {**files, "mode": dict(default_only=(
-      "the reference model routes by its own router; replaying another pass's routing in it is not implemented",
-      f"set {role}.router_replay.mode=disabled (actor_rollout_ref.actor.router_replay.mode=R2 replays in the update)"))}
+      "the reference pass follows actor_rollout_ref.actor.router_replay.mode (R3 replays the rollout's routing in it)",
+      f"set {role}.router_replay.mode=disabled and choose the replay with actor_rollout_ref.actor.router_replay.mode"))}
 
 
 def _optim_status(role: str) -> dict[str, dict[str, Any]]:
@@ -244,7 +244,7 @@ _TILED_MLP = {
     "num_shards": "Tiles of the tiled MLP.",
 }
 _ROUTER_REPLAY = {
-    "mode": "MoE router replay: disabled, R2 (the update replays the experts the old-log-prob pass chose) or R3 (the rollout's; not implemented).",
+    "mode": "MoE router replay: disabled, R2 (the update replays the experts the old-log-prob pass chose) or R3 (the old-log-prob, reference and update passes replay the rollout's; needs rollout.enable_rollout_routing_replay=true).",
     "record_file": "MoE router replay: file to record to.",
     "replay_file": "MoE router replay: file to replay from.",
 }
@@ -654,10 +654,7 @@ KEYS = {
         "Reuse the KV cache of shared prompt prefixes in the inference server.",
         ignored="vLLM/SGLang prefix cache"),
     "actor_rollout_ref.rollout.enable_rollout_routing_replay": Key(
-        "Record the rollout's MoE expert choices for the update.",
-        default_only=("recording the rollout's routing (verl's R3) is not implemented; "
-                      "actor_rollout_ref.actor.router_replay.mode=R2 replays the old-log-prob pass's",
-                      "set actor_rollout_ref.rollout.enable_rollout_routing_replay=false")),
+        "Record the rollout's MoE expert choices for the update (with actor_rollout_ref.actor.router_replay.mode=R3)."),
     "actor_rollout_ref.rollout.enforce_eager": Key(
         "vLLM: run without CUDA graphs.",
         ignored="CUDA graphs; XLA compiles the decode step"),

@@ -98,12 +98,14 @@ def _check_unimplemented(config: ConfigDict) -> None:
 
 
 def _check_router_replay(config: ConfigDict) -> None:
-  """The actor's router replay: disabled or R2 (R3 needs the rollout's routing, which the engine does not record)."""
-  key = "actor_rollout_ref.actor.router_replay.mode"
-  mode = get_node(config, key)
-  check(mode != "R3", key, mode, "replaying the rollout's routing (verl's R3) is not implemented: the engine does not "
-        "record its experts", "set it to R2 (replay the old-log-prob pass's routing) or disabled")
-  check_enum(config, key, ("disabled", "R2"))
+  """The actor's router replay: disabled, R2, or R3 with the rollout recording its routing (verl's pair of keys)."""
+  key, flag = "actor_rollout_ref.actor.router_replay.mode", "actor_rollout_ref.rollout.enable_rollout_routing_replay"
+  mode, records = get_node(config, key), get_node(config, flag)
+  check_enum(config, key, ("disabled", "R2", "R3"))
+  check(mode != "R3" or records, key, mode, f"R3 replays the rollout's routing, which the rollout records only with "
+        f"{flag}=true", f"set {flag}=true (verl asks for both)")
+  check(mode == "R3" or not records, flag, records, f"the rollout's routing is replayed only by {key}=R3",
+        f"set {key}=R3, or {flag}=false")
 
 
 def _check_dynamic_sampling(config: ConfigDict) -> None:

@@ -356,14 +356,17 @@ class CausalLM(nnx.Module):
       positions: jax.Array | None = None,
       last_only: bool = False,
       query_offset: int | None = None,
-  ) -> tuple[jax.Array, KVCache]:
-    """Prefill or decode against a KV cache: (logits [B, T, V] or [B, 1, V], the updated cache).
+      with_routing: bool = False,
+  ) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, moe.Routing | None]:
+    """Prefill or decode against a KV cache: (logits [B, T, V] or [B, 1, V], the updated cache[, Routing]).
 
     Arguments as in ``step_hidden``; ``last_only`` keeps a long prefill from
-    ever holding [B, T, V] logits.
+    ever holding [B, T, V] logits (the routing covers every new token).
     """
-    h, cache = self.step_hidden(input_ids, cache, attention_mask, positions, last_only, query_offset)
-    return constrain(self.logits(h), ("cache_batch", "length", "vocab")), cache
+    h, cache, routing = self.step_hidden(input_ids, cache, attention_mask, positions, last_only, query_offset,
+                                         with_routing=True)
+    logits = constrain(self.logits(h), ("cache_batch", "length", "vocab"))
+    return (logits, cache, routing) if with_routing else (logits, cache)
 
   def shared_prompt_hidden(
       self,

@@ -31,6 +31,11 @@ The sampler passes them through `compute_params`, which leaves them as they
 are when they already are in the compute dtype (read in place) and
 otherwise casts them once per rollout (float32 master weights decoded in
 bfloat16: one device copy, not a cast per decode step).
+
+Routing. With `record_routing` (a mixture-of-experts model, verl's R3) a
+prefix also holds the experts each prompt token went to, and every decode
+step outputs the experts of the token it fed, so the trainer can replay the
+rollout's routing.
 """
 
 from __future__ import annotations
@@ -84,10 +89,13 @@ class Prefix(NamedTuple):
   Attributes:
     cache: KVCache with N rows of `bucket` slots (left-padded; `index` = bucket).
     logits: [N, V] float32 next-token logits after the prompt.
+    experts: with record_routing, [N, bucket, L_sparse, k] int32 experts of
+      each (left-padded) prompt position; else None.
   """
 
   cache: KVCache
   logits: jax.Array
+  experts: jax.Array | None = None
 
 
 class DecodeState(NamedTuple):
@@ -109,12 +117,14 @@ class DecodeState(NamedTuple):
 
 
 class StepOutput(NamedTuple):
-  """One decode step for every slot: token, validity, log-prob, count."""
+  """One decode step for every slot: token, validity, log-prob, count (and with record_routing the experts
+  [slots, L_sparse, k] the token went to when it was fed)."""
 
   tokens: jax.Array
   valid: jax.Array
   log_probs: jax.Array
   generated: jax.Array
+  experts: jax.Array | None = None
 
 
 def bucket_for(length: int, buckets: Sequence[int]) -> int:
@@ -146,6 +156,7 @@ class Engine(_EngineBase):
       params: Any = None,
       seed: int = 0,
       decode_compiler_options: dict[str, str] | None = None,
+      record_routing: bool = False,
   ):
     """Builds the engine.
 
@@ -165,7 +176,12 @@ class Engine(_EngineBase):
       seed: seed of the decode state's PRNG key.
       decode_compiler_options: XLA options of the decode loop's compilation
         (`rljax.rollout.factory.decode_compiler_options`).
+      record_routing: record each token's experts (a mixture-of-experts
+        model; see the module docstring).
     """
+    if record_routing and cfg.routing_shape is None:
+      raise ValueError(f"record_routing needs a mixture-of-experts model; this is a dense {cfg.model_type}")
+    self.record_routing = record_routing
     self.graphdef = graphdef
     self.cfg = cfg
     self._slots = int(max_concurrent_decodes)
@@ -273,9 +289,11 @@ class Engine(_EngineBase):
     kv = (self._sharding(("cache_batch", "kv_heads", "length", "head_dim"),
                          (rows, cfg.num_kv_heads, bucket, cfg.head_dim)),) * cfg.num_layers
     per_row = self._sharding(("cache_batch",), (rows,))
+    experts = (self._sharding(("cache_batch", None, None, None), (rows, bucket, *cfg.routing_shape))
+               if self.record_routing else None)
     return Prefix(cache=KVCache(k=kv, v=kv, mask=self._sharding(("cache_batch", "length"), (rows, bucket)),
                                 index=per_row),
-                  logits=self._sharding(("cache_batch", "vocab"), (rows, cfg.vocab_size)))
+                  logits=self._sharding(("cache_batch", "vocab"), (rows, cfg.vocab_size)), experts=experts)
 
   def prefill_fn(self, rows: int, bucket: int) -> Any:
     """The jitted prefill of `rows` prompts padded to `bucket`: (params, tokens, lengths) -> Prefix."""
@@ -316,9 +334,10 @@ class Engine(_EngineBase):
     left = jax.vmap(lambda row, k: jnp.roll(row, k))(tokens, shift)
     mask = jnp.arange(bucket)[None, :] >= shift[:, None]
     model = nnx.merge(self.graphdef, params)
-    logits, cache = model.step(left, init_cache(self.cfg, n, bucket), attention_mask=mask.astype(jnp.int32),
-                               last_only=True, query_offset=0)
-    return Prefix(cache=cache, logits=logits[:, -1].astype(jnp.float32))
+    logits, cache, routing = model.step(left, init_cache(self.cfg, n, bucket), attention_mask=mask.astype(jnp.int32),
+                                        last_only=True, query_offset=0, with_routing=True)
+    experts = routing.experts if self.record_routing else None
+    return Prefix(cache=cache, logits=logits[:, -1].astype(jnp.float32), experts=experts)
 
   def prefill(self, *, params: Any, existing_prefix: Prefix | None = None,
               padded_tokens: jax.Array, true_length: int | jax.Array) -> Prefix:
@@ -388,10 +407,13 @@ class Engine(_EngineBase):
     if self.eos_ids and not self.ignore_eos:
       stop |= jnp.isin(tokens, jnp.asarray(self.eos_ids, jnp.int32))
     model = nnx.merge(self.graphdef, params)
-    logits, cache = model.step(tokens[:, None], state.cache, attention_mask=active[:, None].astype(jnp.int32))
+    logits, cache, routing = model.step(tokens[:, None], state.cache, attention_mask=active[:, None].astype(jnp.int32),
+                                        with_routing=True)
     new_state = DecodeState(cache=cache, logits=logits[:, -1].astype(jnp.float32), generated=generated,
                             done=state.done | (active & stop), key=key)
-    return new_state, StepOutput(tokens=tokens, valid=active, log_probs=log_probs, generated=generated)
+    experts = routing.experts[:, 0] if self.record_routing else None
+    return new_state, StepOutput(tokens=tokens, valid=active, log_probs=log_probs, generated=generated,
+                                 experts=experts)
 
   def _generate_impl(self, params, state: DecodeState, steps: int,
                      how: sampling.SamplingParams) -> tuple[DecodeState, StepOutput]:

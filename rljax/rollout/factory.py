@@ -125,7 +125,7 @@ def attention_kernel(setting: str, mesh: Mesh) -> str:
 
 
 def build_engine(model: CausalLM, rollout: ConfigDict, *, prompt_length: int, slots: int, mesh: Mesh, rules: Any,
-                 stop: Sequence[int], tokenizer: Any = None) -> Engine:
+                 stop: Sequence[int], tokenizer: Any = None, record_routing: bool = False) -> Engine:
   """The JetStream engine for `rollout` (a config's rollout node) over `model`'s graph.
 
   Args:
@@ -136,6 +136,7 @@ def build_engine(model: CausalLM, rollout: ConfigDict, *, prompt_length: int, sl
     mesh, rules: where the KV cache lives and how activations are laid out.
     stop: ids that end a response.
     tokenizer: for JetStream's tokenizer hooks.
+    record_routing: record each token's experts (verl's R3 router replay).
   """
   return make_engine(
       model, compute_dtype=dtype_of(rollout.dtype), max_concurrent_decodes=slots,
@@ -143,7 +144,8 @@ def build_engine(model: CausalLM, rollout: ConfigDict, *, prompt_length: int, sl
       max_decode_length=rollout.response_length, sampling_params=SamplingParams.from_rollout_config(rollout),
       eos_ids=stop, ignore_eos=rollout.ignore_eos, mesh=mesh, rules=rules, tokenizer=tokenizer,
       decode_compiler_options=decode_compiler_options(mesh, rollout.cpu_dot_library,
-                                                      slots_per_device(mesh, rules, slots)))
+                                                      slots_per_device(mesh, rules, slots)),
+      record_routing=record_routing)
 
 
 def build_sampler(engine: Engine, rollout: ConfigDict, pad: int) -> RolloutSampler:

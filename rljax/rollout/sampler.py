@@ -36,6 +36,10 @@ class Rollout:
       distribution (log_softmax(logits / temperature)); 0 after the end.
     prompt_index: [B * n] the prompt each row answers.
     truncated: [B * n] True where the response hit response_length without eos.
+    routed_experts: with the engine's record_routing, [B * n, P + R, L_sparse, k]
+      the experts each prompt and response token went to, in the trainer's
+      layout (prompt left-padded to P, response from P on; 0 at padding);
+      else None.
   """
 
   responses: np.ndarray
@@ -44,10 +48,24 @@ class Rollout:
   log_probs: np.ndarray
   prompt_index: np.ndarray
   truncated: np.ndarray
+  routed_experts: np.ndarray | None = None
 
 
 def _power_of_two_at_least(n: int) -> int:
   return 1 << max(0, (n - 1).bit_length())
+
+
+def _place_prompt_experts(experts: np.ndarray, prefix: np.ndarray, requests: Sequence[int], unique: list[int],
+                          prompts: Sequence[np.ndarray], n: int, width: int) -> None:
+  """Writes each request's prompt routing (its prefix row [bucket, L, k], left-padded) into experts[request, :width].
+
+  Request r answers prompt r // n, whose prefix is row `unique.index(r // n)`;
+  its `len` tokens end both the prefix row and the trainer's width-`width` prompt.
+  """
+  for request in requests:
+    prompt = request // n
+    size = len(prompts[prompt])
+    experts[request, width - size:width] = prefix[unique.index(prompt), prefix.shape[1] - size:]
 
 
 class RolloutSampler:
@@ -108,6 +126,9 @@ class RolloutSampler:
     tokens = np.full((total, length), self.pad_id, np.int32)
     log_probs = np.zeros((total, length), np.float32)
     lengths = np.zeros((total,), np.int32)
+    width = prompt_ids.shape[1]
+    routing = self.engine.cfg.routing_shape if self.engine.record_routing else None
+    experts = None if routing is None else np.zeros((total, width + length, *routing), np.int32)
     state = self._decode_state(key)
     free = list(range(self.engine.max_concurrent_decodes))
     slot_request: dict[int, int] = {}
@@ -118,6 +139,8 @@ class RolloutSampler:
         next_request += len(take)
         unique = sorted({r // n for r in take})
         prefix = self._prefill(params, [prompts[p] for p in unique])
+        if experts is not None:
+          _place_prompt_experts(experts, jax.device_get(prefix.experts), take, unique, prompts, n, width)
         slots = [free.pop(0) for _ in take]
         state = self.engine.insert_many(prefix, state, slots, [unique.index(r // n) for r in take])
         slot_request.update(zip(slots, take))
@@ -129,6 +152,8 @@ class RolloutSampler:
         start = lengths[request]
         tokens[request, start:start + count] = out.tokens[slot][valid]
         log_probs[request, start:start + count] = out.log_probs[slot][valid]
+        if experts is not None:
+          experts[request, width + start:width + start + count] = out.experts[slot][valid]
         lengths[request] += count
         if done[slot]:
           del slot_request[slot]
@@ -141,4 +166,4 @@ class RolloutSampler:
     ended_on_eos = np.isin(last, self.engine.eos_ids) & ~self.engine.ignore_eos
     return Rollout(responses=tokens, response_mask=mask, response_lengths=lengths, log_probs=log_probs,
                    prompt_index=np.repeat(np.arange(len(prompts)), n),
-                   truncated=(lengths >= length) & ~ended_on_eos)
+                   truncated=(lengths >= length) & ~ended_on_eos, routed_experts=experts)

@@ -99,10 +99,21 @@ def build_mesh(shape: dict[str, int] | Sequence[int], devices: Sequence[jax.Devi
     raise ValueError(f"mesh {dict(zip(AXES, sizes))} needs {int(np.prod(sizes))} devices, {len(devices)} given")
   slices = len({getattr(d, "slice_index", 0) for d in devices})
   if slices == 1:
-    return jax.make_mesh(sizes, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+    return _one_slice_mesh(sizes, devices)
   dcn = slice_shape(sizes, slices)
   ici = tuple(size // across for size, across in zip(sizes, dcn))
   return Mesh(mesh_utils.create_hybrid_device_mesh(ici, dcn, devices), AXES, axis_types=(AxisType.Auto,) * len(AXES))
+
+
+def _one_slice_mesh(sizes: tuple[int, ...], devices: list[jax.Device]) -> Mesh:
+  """`jax.make_mesh`'s layout, or where its axis sizes are no products of the chips' physical axes (a v5p-64's
+  2x4x4 for data 1 x fsdp 2 x tensor 2 x expert 8) one that splits physical axes."""
+  auto = (AxisType.Auto,) * len(AXES)
+  try:
+    return jax.make_mesh(sizes, AXES, axis_types=auto, devices=devices)
+  except NotImplementedError:
+    grid = mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
+    return Mesh(grid, AXES, axis_types=auto)
 
 
 def slice_shape(sizes: Sequence[int], slices: int) -> tuple[int, ...]:

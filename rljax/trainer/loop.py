@@ -196,7 +196,8 @@ class RLTrainer:
                               "actor_rollout_ref.rollout.tensor_model_parallel_size", self.cfg.num_experts)
     engine = rollout_factory.build_engine(model, arr.rollout, prompt_length=config.data.max_prompt_length,
                                           slots=min(arr.rollout.max_num_seqs, self.layout.rows), mesh=rollout_mesh,
-                                          rules=self.rules, stop=stop)
+                                          rules=self.rules, stop=stop,
+                                          record_routing=steps_lib.replays_rollout_routing(config))
     self.sampler = rollout_factory.build_sampler(engine, arr.rollout, rollout_factory.pad_id(self.tokenizer, stop))
     self.val_sampling = SamplingParams.from_rollout_config(arr.rollout.val_kwargs)
     self.reward_manager = managers.make_reward_manager(config, self.tokenizer)
@@ -285,6 +286,8 @@ class RLTrainer:
                           rollout.response_mask)
     rows["prompt_mask"] = batch["attention_mask"][idx].astype(np.int32)
     rows["rollout_log_probs"] = rollout.log_probs
+    if rollout.routed_experts is not None:
+      rows["routed_experts"] = rollout.routed_experts
     rows["group"] = idx.astype(np.int32)
     with timed(timing, "reward"):
       result = self._score(batch, rollout)
@@ -325,7 +328,7 @@ class RLTrainer:
 
   def _experience(self, rows: dict[str, np.ndarray], timing: dict[str, float], step_metrics: dict) -> None:
     """Adds old/ref log-probs, values, rewards, advantages and returns to `rows`."""
-    model_keys = ("input_ids", "attention_mask", "positions", "responses", "response_mask")
+    model_keys = steps_lib.MODEL_KEYS + (("routed_experts",) if "routed_experts" in rows else ())
     model_rows = {k: rows[k] for k in model_keys}
     if not prompts_shared(model_rows, self.layout.group):
       raise RuntimeError(f"rows are not in groups of {self.group} sharing a prompt; set "

@@ -90,13 +90,18 @@ def replays_routing(config: ConfigDict, on_policy: bool) -> bool:
   return config.actor_rollout_ref.actor.router_replay.mode == "R2" and not on_policy
 
 
+def replays_rollout_routing(config: ConfigDict) -> bool:
+  """Whether every actor pass (old, reference, update) replays the rollout's expert choices (verl's R3)."""
+  return config.actor_rollout_ref.actor.router_replay.mode == "R3"
+
+
 def actor_batch_keys(config: ConfigDict, on_policy: bool) -> tuple[str, ...]:
   """What an actor mini-batch holds besides the model rows and advantages (see `build_rl_steps`)."""
   actor, corr = config.actor_rollout_ref.actor, config.algorithm.rollout_correction
   keys = MODEL_KEYS + ("advantages",)
   if not on_policy:
     keys += ("old_log_probs",)
-  if replays_routing(config, on_policy):
+  if replays_routing(config, on_policy) or replays_rollout_routing(config):
     keys += ("routed_experts",)
   if actor.use_kl_loss:
     keys += ("ref_log_prob",)
@@ -382,7 +387,8 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
   actor_group = 1 if lora_dropout else layout.update_group(shuffled)
   actor_update = make_update("actor_update", actor_loss(graphdef, arr.actor, temperature, actor_group), actor_tx,
                              mesh, rules, trainable, actor_opt_sh, actor_batch, frozen=frozen)
-  forward_rows = lambda phase: micro_rows(MODEL_KEYS, layout.forward_micros[phase], layout.rows)  # noqa: E731
+  forward_keys = MODEL_KEYS + (("routed_experts",) if replays_rollout_routing(config) else ())
+  forward_rows = lambda phase, keys=forward_keys: micro_rows(keys, layout.forward_micros[phase], layout.rows)  # noqa: E731
   actor_params = nnx.merge_state(trainable, frozen) if frozen is not None else trainable
   old = make_forward("old_log_prob", log_prob_fn(graphdef, temperature, False, layout.forward_group("old_log_prob"),
                                                  record_routing=replays_routing(config, not off_policy)),
@@ -399,6 +405,6 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
         rules, critic_params, critic_opt_sh, micro_rows(CRITIC_KEYS, layout.micro_batches, layout.mini_rows),
         metric_prefix="critic")
     values = make_forward("values", value_fn(critic_graphdef, layout.forward_group("values")), mesh, rules,
-                          critic_params, forward_rows("values"))
+                          critic_params, forward_rows("values", MODEL_KEYS))
   return RLSteps(actor_update=actor_update, old_log_prob=old, ref_log_prob=ref, critic_update=critic_update,
                  values=values)

@@ -67,6 +67,14 @@ def test_topologies_parse_to_their_slices():
     topology.parse("h100-8")
 
 
+def test_mesh_sizes_that_are_no_products_of_physical_axes_split_them():
+  # v5p-64 is 2x4x4 chips: fsdp 2 x tensor 2 x expert 8 (the Qwen3-30B-A3B preset's rollout mesh) needs a split axis
+  devices = topology.devices(topology.parse("v5p-64"))
+  mesh = sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 2, "sequence": 1, "expert": 8}, devices)
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "tensor": 2, "sequence": 1, "expert": 8}
+  assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
+
+
 def test_two_slices_span_the_outermost_axes_that_they_divide(model_dir):
   devices = topology.devices(topology.parse("v5p-8", num_slices=2))
   config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),

@@ -132,6 +132,21 @@ def test_greedy_equals_transformers_generate(all_sparse, sharded):
     np.testing.assert_array_equal(got.responses[row], expected, err_msg=f"row {row}")
 
 
+def test_rollout_records_the_routing_a_full_forward_pass_takes(all_sparse):
+  # verl's R3: prompt experts from the prefill, response experts from each decode step, in the trainer's layout
+  _, path = all_sparse
+  model = M.from_pretrained(path)
+  ids, mask = left_padded([3, 8, 11, 16], 128)
+  sampler = sampler_for(model, slots=3, eos=(7,), record_routing=True)  # 8 requests through 3 slots: refills
+  got = sampler.generate(nnx.state(model, nnx.Param), ids, mask, 2, jax.random.key(0))
+  rows = np.concatenate([ids[got.prompt_index], got.responses], axis=1)
+  real = np.concatenate([mask[got.prompt_index], got.response_mask], axis=1)
+  _, routing = model.hidden_states(jnp.asarray(rows), jnp.asarray(real), with_routing=True)
+  assert got.routed_experts.shape == (8, 16 + 12, 2, 3)
+  np.testing.assert_array_equal(got.routed_experts[real == 1], np.asarray(routing.experts)[real == 1])
+  assert not got.routed_experts[real == 0].any()
+
+
 def test_expert_axis_must_divide_the_experts():
   mesh = sharding.build_mesh({"data": 1, "fsdp": 1, "tensor": 1, "sequence": 1, "expert": 8})
   with pytest.raises(config_lib.ConfigError, match="expert_model_parallel_size.*num_experts \\(4\\)"):

@@ -35,13 +35,13 @@ def left_padded(lengths, vocab, seed=0, width=16):
 
 
 def sampler_for(model, slots, greedy=True, eos=(), ignore_eos=False, response=RESPONSE, mesh=None, rules=None,
-                temperature=1.0, steps_per_sync=4, cpu_dot_library="auto"):
+                temperature=1.0, steps_per_sync=4, cpu_dot_library="auto", record_routing=False):
   mesh_ = mesh if mesh is not None else sharding.build_mesh((1, 1, 1, 1), jax.devices()[:1])
   options = factory.decode_compiler_options(mesh_, cpu_dot_library, factory.slots_per_device(mesh_, rules, slots))
   engine = make_engine(model, max_concurrent_decodes=slots, prefill_buckets=BUCKETS,
                        max_decode_length=response, eos_ids=eos, ignore_eos=ignore_eos, mesh=mesh, rules=rules,
                        sampling_params=SamplingParams(temperature=temperature, greedy=greedy),
-                       decode_compiler_options=options)
+                       decode_compiler_options=options, record_routing=record_routing)
   return RolloutSampler(engine, pad_id=0, steps_per_sync=steps_per_sync)
 
 

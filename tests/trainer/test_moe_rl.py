@@ -7,6 +7,7 @@ from flax import nnx
 from rljax import config as config_lib
 from rljax import sharding
 from rljax.models import CausalLM, ModelConfig, load_tokenizer, save_pretrained
+from rljax.trainer import loop
 from tests.trainer import tiny_run
 from tests.trainer.test_trainer import train
 
@@ -52,6 +53,24 @@ def test_router_replay_feeds_the_old_passes_experts_to_the_update(moe_dir, data_
                                           f"actor_rollout_ref.actor.router_replay.mode={mode}"))[0]
           for mode in ("disabled", "R2")}
   assert runs["R2"]["actor/ppo_kl"] != runs["disabled"]["actor/ppo_kl"]
+
+
+def test_rollout_router_replay_feeds_the_rollouts_experts_to_every_actor_pass(moe_dir, data_dir, tmp_path):
+  # R3: the old, reference and update passes' batches carry the rollout's routing (a step whose batch lacked it
+  # would stop with a KeyError), and a run with it trains
+  config = tiny_run.run_config("grpo", moe_dir, data_dir, str(tmp_path / "r3"), "trainer.total_training_steps=1",
+                               "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                               "actor_rollout_ref.actor.router_replay.mode=R3",
+                               "actor_rollout_ref.rollout.enable_rollout_routing_replay=true")
+  trainer = loop.RLTrainer(config, mesh=tiny_run.one_device())
+  try:
+    for step, batch in ((trainer.steps.old_log_prob, 1), (trainer.steps.ref_log_prob, 1),
+                        (trainer.steps.actor_update, 2)):
+      assert "routed_experts" in step.args[batch], step.name
+    trainer.fit()
+  finally:
+    trainer.close()
+  assert trainer.sampler.engine.record_routing
 
 
 def test_router_replay_on_a_dense_model_is_a_config_error(model_dir, data_dir, tmp_path):
