@@ -11,3 +11,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+import gc  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drops JAX's compiled programs after each test module: one process runs the whole suite, and what every
+  module compiled (models, engines, steps over 8 devices) would otherwise stay in memory to the end."""
+  yield
+  jax.clear_caches()
+  gc.collect()
