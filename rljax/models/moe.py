@@ -33,6 +33,7 @@ still come from the current router, which keeps its gradient).
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -185,10 +186,6 @@ class Adapter(NamedTuple):
   b_names: tuple[str, ...]
 
 
-def _axes(entry: Any) -> tuple[str, ...]:
-  return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-
-
 def _spec_entry(axes: tuple[str, ...]) -> Any:
   return None if not axes else (axes[0] if len(axes) == 1 else axes)
 
@@ -211,15 +208,15 @@ def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array, 
                          lambda v: v, lambda v: v, local)
     return out.reshape(b, t, d)
   w_spec = rules_lib.weight_spec(WEIGHT_NAMES["gate"], gate.shape)
-  exp_axes, d_axes, f_axes = (_axes(e) for e in w_spec)
+  exp_axes, d_axes, f_axes = (rules_lib.spec_axes(e) for e in w_spec)
   taken = set(d_axes) | set(f_axes)
   tok = rules_lib.active_spec(("batch", "length"), (b, t))
-  tok = [tuple(a for a in _axes(e) if a not in taken) for e in tok]
+  tok = [tuple(a for a in rules_lib.spec_axes(e) if a not in taken) for e in tok]
   gathered = tuple(a for e in tok for a in e if a in exp_axes)
   x_spec = PartitionSpec(*(_spec_entry(e) for e in tok), _spec_entry(d_axes))
   r_spec = PartitionSpec(*(_spec_entry(e) for e in tok), None)
   summed = tuple(f_axes) + tuple(a for a in exp_axes if a not in gathered)
-  experts = gate.shape[0] // max(1, _size(mesh, exp_axes))
+  experts = gate.shape[0] // math.prod(mesh.shape[a] for a in exp_axes)
 
   names = sorted(adapters)
 
@@ -246,13 +243,6 @@ def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array, 
                    rules_lib.weight_spec(adapter.b_names, adapter.b.shape), PartitionSpec()]
   return jax.shard_map(body, mesh=mesh, in_specs=(*specs, *lora_specs), out_specs=x_spec, check_vma=False)(
       x, ids, weights, gate, up, down, *lora_args)
-
-
-def _size(mesh, axes: tuple[str, ...]) -> int:
-  size = 1
-  for a in axes:
-    size *= mesh.shape[a]
-  return size
 
 
 class MoE(nnx.Module):

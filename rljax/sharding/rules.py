@@ -241,7 +241,8 @@ def weight_spec(names: Sequence[str | None], shape: Sequence[int]) -> PartitionS
   return logical_to_spec(names, shape, mesh, whole_rules if whole_rules is not None else rules)
 
 
-def _as_tuple(entry: Any) -> tuple[str, ...]:
+def spec_axes(entry: Any) -> tuple[str, ...]:
+  """The mesh axes of one PartitionSpec entry (None, a name, or a tuple of names) as a tuple."""
   return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
 
 
@@ -260,7 +261,7 @@ def reduce_partials(parts: jax.Array, names: Sequence[str | None]) -> jax.Array:
   mesh, rules, _ = active
   in_spec = logical_to_spec(("batch", *names), parts.shape, mesh, rules)
   out_spec = logical_to_spec(names, parts.shape[1:], mesh, rules)
-  batch_axes = _as_tuple(in_spec[0])
+  batch_axes = spec_axes(in_spec[0])
   if not batch_axes:
     return jnp.sum(parts, axis=0)
 
@@ -268,7 +269,7 @@ def reduce_partials(parts: jax.Array, names: Sequence[str | None]) -> jax.Array:
     value = local[0]
     used = set()
     for dim, entry in enumerate(out_spec):
-      axes = tuple(a for a in _as_tuple(entry) if a in batch_axes)
+      axes = tuple(a for a in spec_axes(entry) if a in batch_axes)
       if axes:
         value = jax.lax.psum_scatter(value, axes, scatter_dimension=dim, tiled=True)
         used.update(axes)
@@ -276,14 +277,14 @@ def reduce_partials(parts: jax.Array, names: Sequence[str | None]) -> jax.Array:
     return jax.lax.psum(value, rest) if rest else value
 
   return jax.shard_map(reduce, mesh=mesh, in_specs=(in_spec,), out_specs=out_spec, check_vma=False,
-                       axis_names=set(batch_axes) | {a for e in in_spec[1:] for a in _as_tuple(e)})(parts)
+                       axis_names=set(batch_axes) | {a for e in in_spec[1:] for a in spec_axes(e)})(parts)
 
 
 def vocab_shards(vocab: int) -> int:
   """Devices a vocabulary of `vocab` entries splits over in the active context (1 outside one)."""
   active = getattr(_ACTIVE, "value", None)
   spec = None if active is None else active_spec(("vocab",), (vocab,))[0]
-  return 1 if spec is None else math.prod(active[0].shape[a] for a in _as_tuple(spec))
+  return 1 if spec is None else math.prod(active[0].shape[a] for a in spec_axes(spec))
 
 
 def batch_shards(rows: int) -> int:
