@@ -32,6 +32,18 @@ are when they already are in the compute dtype (read in place) and
 otherwise casts them once per rollout (float32 master weights decoded in
 bfloat16: one device copy, not a cast per decode step).
 
+Continuation. A conversation goes on after a slot's turn has ended (a
+multi-turn rollout appending a tool's answer): `append` writes each chosen
+slot's new tokens into its cache after what it holds, in place, in one
+call over all slots (rows with nothing to add keep their state), and
+leaves each slot's logits after its last new token, so the next `generate`
+samples the model's reply; nothing already cached is recomputed. A decode
+step leaves an idle slot's write index where it is, so a slot waiting for
+its tools keeps its cache room. The cache has `max(append_buckets)` slots of
+headroom for the padding of an appended chunk. JetStream's
+`prefill(existing_prefix=...)` continues a prefix the same way before it is
+inserted.
+
 Routing. With `record_routing` (a mixture-of-experts model, verl's R3) a
 prefix also holds the experts each prompt token went to, and every decode
 step outputs the experts of the token it fed, so the trainer can replay the
@@ -157,6 +169,7 @@ class Engine(_EngineBase):
       seed: int = 0,
       decode_compiler_options: dict[str, str] | None = None,
       record_routing: bool = False,
+      append_buckets: Sequence[int] = (),
   ):
     """Builds the engine.
 
@@ -178,9 +191,14 @@ class Engine(_EngineBase):
         (`rljax.rollout.factory.decode_compiler_options`).
       record_routing: record each token's experts (a mixture-of-experts
         model; see the module docstring).
+      append_buckets: increasing chunk lengths `append` pads new tokens to
+        (multi-turn rollouts); the cache grows by the largest.
     """
     if record_routing and cfg.routing_shape is None:
       raise ValueError(f"record_routing needs a mixture-of-experts model; this is a dense {cfg.model_type}")
+    if record_routing and append_buckets:
+      raise ValueError("record_routing does not record the experts of appended tokens; a multi-turn rollout "
+                       "cannot replay its routing (set actor_rollout_ref.rollout.enable_rollout_routing_replay=false)")
     self.record_routing = record_routing
     self.graphdef = graphdef
     self.cfg = cfg
@@ -195,7 +213,9 @@ class Engine(_EngineBase):
     self.tokenizer = tokenizer
     self._params = params
     self.seed = seed
-    self.cache_length = cache_length(self.buckets[-1] + self.max_decode_length, cfg.attention_kernel)
+    self.append_buckets = tuple(sorted(int(b) for b in append_buckets))
+    headroom = self.append_buckets[-1] if self.append_buckets else 0
+    self.cache_length = cache_length(self.buckets[-1] + self.max_decode_length + headroom, cfg.attention_kernel)
     self.decode_compiler_options = dict(decode_compiler_options or {})
     step_rules = rules_lib.decode_rules(rules)
     self._prefills: dict[tuple[int, int], Any] = {}
@@ -207,6 +227,9 @@ class Engine(_EngineBase):
     self._generate = jax.jit(_traced(self._mesh, step_rules, self._generate_impl, gather_weights=False),
                              static_argnums=(2, 3),
                              donate_argnums=(1,), compiler_options=self.decode_compiler_options)
+    self._append = jax.jit(_traced(self._mesh, step_rules, self._append_impl, gather_weights=False),
+                           donate_argnums=(1,), out_shardings=self.decode_state_shardings())
+    self._continue_prefills: dict[tuple[int, int, int], Any] = {}
 
   # ----- JetStream properties -------------------------------------------------
 
@@ -346,14 +369,43 @@ class Engine(_EngineBase):
     T should be one of the prefill buckets (JetStream pads to its own
     buckets; each distinct T compiles once).
     """
-    if existing_prefix is not None:
-      raise ValueError("rljax's engine prefills whole prompts; existing_prefix (prefix "
-                       "continuation) is not supported")
     tokens = jnp.asarray(padded_tokens, jnp.int32)
     lengths = jnp.asarray(true_length, jnp.int32)
     if tokens.ndim == 1:
       tokens, lengths = tokens[None], lengths.reshape(1)
+    if existing_prefix is not None:
+      return self.continue_fn(*tokens.shape, existing_prefix.cache.mask.shape[1])(params, existing_prefix, tokens,
+                                                                                   lengths)
     return self.prefill_fn(*tokens.shape)(params, tokens, lengths)
+
+  def continue_fn(self, rows: int, length: int, held: int) -> Any:
+    """The jitted continuation of a `held`-slot prefix by `length` new tokens: (params, prefix, tokens, lengths) -> Prefix."""
+    key = (rows, length, held)
+    if key not in self._continue_prefills:
+      self._continue_prefills[key] = jax.jit(_traced(self._mesh, self.rules, self._continue_impl),
+                                             out_shardings=self.prefix_shardings(rows, held + length))
+    return self._continue_prefills[key]
+
+  def _continue_impl(self, params, prefix: Prefix, tokens: jax.Array, true_lengths: jax.Array) -> Prefix:
+    """prefix of N rows x H slots, tokens [N, T] right-padded, true_lengths [N] -> Prefix of N rows x (H + T).
+
+    The new tokens are rolled to the end of their chunk, so each row's last
+    position holds its last token and only its logits are computed; the
+    chunk's padding sits masked between the held tokens and the new ones.
+    """
+    n, length = tokens.shape
+    shift = length - true_lengths
+    left = jax.vmap(lambda row, k: jnp.roll(row, k))(tokens, shift)
+    mask = jnp.arange(length)[None, :] >= shift[:, None]
+    grow = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, length), (0, 0)))
+    held = prefix.cache
+    cache = KVCache(k=tuple(map(grow, held.k)), v=tuple(map(grow, held.v)),
+                    mask=jnp.pad(held.mask, ((0, 0), (0, length))), index=held.index)
+    model = nnx.merge(self.graphdef, params)
+    logits, cache, routing = model.step(left, cache, attention_mask=mask.astype(jnp.int32), last_only=True,
+                                        with_routing=True)
+    experts = (jnp.concatenate([prefix.experts, routing.experts], axis=1) if self.record_routing else None)
+    return Prefix(cache=cache, logits=logits[:, -1].astype(jnp.float32), experts=experts)
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, source: jax.Array) -> DecodeState:
     """Slot s takes prefix row source[s] where source[s] >= 0 (and keeps its state where it is -1).
@@ -409,11 +461,55 @@ class Engine(_EngineBase):
     model = nnx.merge(self.graphdef, params)
     logits, cache, routing = model.step(tokens[:, None], state.cache, attention_mask=active[:, None].astype(jnp.int32),
                                         with_routing=True)
+    cache = cache._replace(index=jnp.where(active, cache.index, state.cache.index))
     new_state = DecodeState(cache=cache, logits=logits[:, -1].astype(jnp.float32), generated=generated,
                             done=state.done | (active & stop), key=key)
     experts = routing.experts[:, 0] if self.record_routing else None
     return new_state, StepOutput(tokens=tokens, valid=active, log_probs=log_probs, generated=generated,
                                  experts=experts)
+
+  def _append_impl(self, params, state: DecodeState, tokens: jax.Array, lengths: jax.Array) -> DecodeState:
+    """Slot s takes tokens[s, :lengths[s]] after what its cache holds; slots with lengths[s] = 0 keep their state.
+
+    tokens [slots, T] right-padded, lengths [slots]. One model call over all
+    slots (the chunk's padding is written masked, and the write index then
+    moves past the real tokens only, so later tokens overwrite it); logits
+    come from each row's last new token only.
+    """
+    slots, length = tokens.shape
+    active = lengths > 0
+    mask = jnp.arange(length)[None, :] < lengths[:, None]
+    model = nnx.merge(self.graphdef, params)
+    hidden, cache = model.step_hidden(tokens, state.cache, attention_mask=mask.astype(jnp.int32))
+    last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)
+    logits = model.logits(last)[:, 0].astype(jnp.float32)
+    generated = state.generated + lengths
+    return state._replace(
+        cache=cache._replace(index=state.cache.index + lengths),
+        logits=jnp.where(active[:, None], logits, state.logits), generated=generated,
+        done=jnp.where(active, generated >= self.max_decode_length, state.done))
+
+  def append(self, params: Any, decode_state: DecodeState, tokens: dict[int, Sequence[int]]) -> DecodeState:
+    """Continues slots: slot s takes the ids tokens[s] after its cache's contents (the state is donated).
+
+    The ids count towards the slot's `max_decode_length`; each slot's next
+    token is then sampled after its last new id. The chunk is padded to the
+    smallest `append_buckets` length that holds the longest (one compilation
+    per bucket).
+    """
+    if not self.append_buckets:
+      raise ValueError("this engine was built without append_buckets; it cannot continue a slot")
+    longest = max((len(ids) for ids in tokens.values()), default=0)
+    width = next((b for b in self.append_buckets if b >= longest), None)
+    if width is None:
+      raise ValueError(f"appending {longest} tokens to a slot exceeds the largest append bucket "
+                       f"{self.append_buckets[-1]}")
+    chunk = np.zeros((self._slots, width), np.int32)
+    lengths = np.zeros((self._slots,), np.int32)
+    for slot, ids in tokens.items():
+      chunk[slot, :len(ids)] = ids
+      lengths[slot] = len(ids)
+    return self._append(params, decode_state, jnp.asarray(chunk), jnp.asarray(lengths))
 
   def _generate_impl(self, params, state: DecodeState, steps: int,
                      how: sampling.SamplingParams) -> tuple[DecodeState, StepOutput]:
@@ -445,7 +541,8 @@ class Engine(_EngineBase):
     padded to a power of two rows as the sampler pads them), insertion
     into every slot, the decode loop of
     `steps_per_call` steps (what a rollout calls), and one decode step
-    (its HBM traffic is a step's). `params` are arrays or ShapeDtypeStructs
+    (its HBM traffic is a step's), and an append at each of
+    `append_buckets`. `params` are arrays or ShapeDtypeStructs
     with shardings, taken in the compute dtype as the sampler passes them
     (`compute_params`).
     """
@@ -469,6 +566,11 @@ class Engine(_EngineBase):
     out.append(Step(f"decode[{slots} slots x {steps_per_call}]", self._generate, (params, state, steps_per_call, how)))
     if steps_per_call > 1:
       out.append(Step(f"decode_step[{slots} slots]", self._generate, (params, state, 1, how)))
+    lengths = jax.ShapeDtypeStruct((slots,), jnp.int32, sharding=self._sharding(("cache_batch",), (slots,)))
+    for width in self.append_buckets:
+      chunk = jax.ShapeDtypeStruct((slots, width), jnp.int32,
+                                   sharding=self._sharding(("cache_batch", None), (slots, width)))
+      out.append(Step(f"append[{slots} slots x {width}]", self._append, (params, state, chunk, lengths)))
     return out
 
   # ----- tokenizer hooks --------------------------------------------------------
