@@ -457,7 +457,8 @@ def test_cosmos_dr_grpo_keys_map_onto_verl_keys():
   assert follow.rollout_is == "token" and follow.loss_type == "ppo_clip"
 
 
-@pytest.mark.parametrize("key", ["actor_rollout_ref.rollout.multi_turn.enable", "actor_rollout_ref.rollout.use_fire_sampling"])
+@pytest.mark.parametrize("key", ["actor_rollout_ref.rollout.multi_turn.use_inference_chat_template",
+                                 "actor_rollout_ref.rollout.use_fire_sampling"])
 def test_accepted_but_unimplemented_switches_are_errors_when_on(key):
   resolved(experiment("grpo"), [f"{key}=false"])
   with pytest.raises(C.ConfigError, match=f"{key}=True: .*not implemented.*Fix: set {key}=false"):

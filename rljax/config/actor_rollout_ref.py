@@ -171,7 +171,7 @@ def build_rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
           "tool_config_path": null(str),
           "completion_callback": null(str),
           "use_inference_chat_template": False,
-          "enable_tokenization_sanity_check": True,
+          "enable_tokenization_sanity_check": null(bool),
           "max_assistant_turns": null(int),
           "max_user_turns": null(int),
           "max_parallel_calls": 1,
@@ -181,6 +181,7 @@ def build_rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
           "tokenization_sanity_check_mode": "strict",
           "format": "hermes",
           "num_repeat_rollouts": null(int),
+          "tool_timeout_s": 30.0,
       },
       "agent": {
           "num_workers": 8,

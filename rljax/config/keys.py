@@ -620,11 +620,18 @@ KEYS = {
         "Compile the reference with torch.compile; follows the actor's setting.",
         ignored="everything is jax.jit-compiled"),
     # actor_rollout_ref.rollout
-    "actor_rollout_ref.rollout.agent.agent_loop_config_path": Key("File that registers agent loops."),
-    "actor_rollout_ref.rollout.agent.custom_async_server.name": Key("Class name of that server."),
-    "actor_rollout_ref.rollout.agent.custom_async_server.path": Key("File defining a custom async rollout server."),
-    "actor_rollout_ref.rollout.agent.default_agent_loop": Key("Agent loop of prompts that name none."),
-    "actor_rollout_ref.rollout.agent.num_workers": Key("Agent-loop worker processes."),
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": Key(
+        "File that registers agent loops.",
+        default_only=("custom agent loops are not implemented: rows run single_turn_agent or tool_agent",
+                      "drop actor_rollout_ref.rollout.agent.agent_loop_config_path")),
+    "actor_rollout_ref.rollout.agent.custom_async_server.name": Key(
+        "Class name of that server.", ignored="no Ray async servers: the engine runs in-process"),
+    "actor_rollout_ref.rollout.agent.custom_async_server.path": Key(
+        "File defining a custom async rollout server.", ignored="no Ray async servers: the engine runs in-process"),
+    "actor_rollout_ref.rollout.agent.default_agent_loop": Key(
+        "Agent loop of rows whose agent_name is empty: single_turn_agent or tool_agent (with multi_turn.enable)."),
+    "actor_rollout_ref.rollout.agent.num_workers": Key(
+        "Agent-loop worker processes.", ignored="one host loop drives the engine's slots; tools run on threads"),
     "actor_rollout_ref.rollout.calculate_log_probs": Key(
         "Have the engine return the sampled tokens' log-probs.",
         mapped="always on: the sampler returns each sampled token's log-prob (rollout_log_probs)"),
@@ -704,23 +711,49 @@ KEYS = {
     "actor_rollout_ref.rollout.multi_stage_wake_up": Key(
         "Wake the inference server's weights and KV cache up in stages.",
         ignored="vLLM/SGLang memory wake-up order"),
-    "actor_rollout_ref.rollout.multi_turn.completion_callback": Key("Class that handles each completion in a multi-turn rollout."),
+    "actor_rollout_ref.rollout.multi_turn.completion_callback": Key(
+        "verl's older class handling each completion of its chat scheduler (tool calls).",
+        default_only=("completion callbacks hook into verl's chat scheduler; rljax's tool agent loop runs the tools of "
+                      "multi_turn.tool_config_path itself", "drop it and set actor_rollout_ref.rollout.multi_turn.tool_config_path")),
     "actor_rollout_ref.rollout.multi_turn.enable": Key(
-        "Multi-turn rollouts with tool calls.",
-        default_only=("multi-turn tool rollouts are not implemented: the run would roll out single turns", "set actor_rollout_ref.rollout.multi_turn.enable=false")),
-    "actor_rollout_ref.rollout.multi_turn.enable_tokenization_sanity_check": Key("Check that incremental and full tokenization of a conversation agree."),
-    "actor_rollout_ref.rollout.multi_turn.format": Key("Tool-call format of multi-turn rollouts."),
-    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": Key("File describing the simulated user of multi-turn rollouts."),
-    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": Key("Most assistant turns per conversation."),
-    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": Key("Most tool calls run at once per turn."),
-    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": Key("Longest tool response kept, in tokens."),
-    "actor_rollout_ref.rollout.multi_turn.max_turns": Key("Most assistant turns per conversation."),
-    "actor_rollout_ref.rollout.multi_turn.max_user_turns": Key("Most user turns per conversation."),
-    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": Key("Rollouts repeated per interaction."),
-    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": Key("How strictly turn-by-turn tokenization is checked against the whole."),
-    "actor_rollout_ref.rollout.multi_turn.tool_config_path": Key("YAML file describing the tools."),
-    "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": Key("Which side of a long tool response is cut."),
-    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": Key("Re-template the conversation with the inference chat template."),
+        "Multi-turn rollouts: rows whose agent (agent_name, else agent.default_agent_loop) is tool_agent call tools "
+        "and talk to an interaction between turns."),
+    "actor_rollout_ref.rollout.multi_turn.enable_tokenization_sanity_check": Key(
+        "Check that turn-by-turn and whole-conversation tokenization agree.",
+        deprecated=("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode", "true -> strict, false -> disable")),
+    "actor_rollout_ref.rollout.multi_turn.format": Key(
+        "Tool-call format the model writes: hermes (<tool_call>{json}</tool_call>), llama3_json or mistral."),
+    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": Key(
+        "YAML file of interactions (simulated users that answer an assistant turn and may end the episode); a row "
+        "picks one with extra_info.interaction_kwargs.name."),
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": Key("Most assistant turns per conversation; null = no limit "
+                                                                    "but response_length."),
+    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": Key(
+        "Tool calls of one turn run (at once); later calls in the turn get an error message instead."),
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": Key(
+        "Longest tool response kept, in characters (as verl); longer ones are cut as tool_response_truncate_side says."),
+    "actor_rollout_ref.rollout.multi_turn.max_turns": Key(
+        "Most assistant turns per conversation (verl's older name).",
+        deprecated=("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", "same value")),
+    "actor_rollout_ref.rollout.multi_turn.max_user_turns": Key("Most user turns (tool or interaction answers) per "
+                                                               "conversation; null = no limit but response_length."),
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": Key(
+        "SGLang: rollouts repeated per interaction.",
+        default_only=("repeated interaction rollouts are not implemented; rollout.n samples each prompt",
+                      "drop actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts")),
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": Key(
+        "Compare the trained ids with the chat template's rendering of the finished conversation: strict, "
+        "ignore_strippable (whitespace differences allowed) or disable; differences are logged and counted."),
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path": Key("verl's tool YAML (tools: class_name, config, tool_schema)."),
+    "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": Key("Which part of a long tool response is kept: "
+                                                                            "left, middle or right."),
+    "actor_rollout_ref.rollout.multi_turn.tool_timeout_s": Key(
+        "Seconds a tool call (or an interaction's answer) may take before it becomes an error message.",
+        added="a call past it is abandoned and answered with a timeout error; the rollout goes on"),
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": Key(
+        "Re-template the finished conversation with the inference chat template before training.",
+        default_only=("rljax trains exactly the ids the engine generated and appended; re-templating is not implemented",
+                      "set actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=false")),
     "actor_rollout_ref.rollout.n": Key("Responses sampled per prompt (the group size of GRPO and RLOO)."),
     "actor_rollout_ref.rollout.name": Key(
         "Inference engine (vllm, sglang or hf in verl).",
@@ -976,8 +1009,8 @@ KEYS = {
     "data.shuffle": Key("Shuffle the training rows every epoch."),
     "data.tokenizer": Key("Tokenizer to use; null takes the policy model's own tokenizer."),
     "data.tool_config_path": Key(
-        "verl's copy of actor_rollout_ref.rollout.multi_turn.tool_config_path.",
-        ignored="read only by multi-turn tool rollouts (multi_turn.enable=true is an error)"),
+        "verl's copy of actor_rollout_ref.rollout.multi_turn.tool_config_path: with multi-turn rollouts, prompts "
+        "are rendered with these tools' schemas (the chat template's `tools`)."),
     "data.train_batch_size": Key("Prompts per training step (each sampled rollout.n times)."),
     "data.train_files": Key("Training parquet file, or a list of them; ~ expands.", type_note="str or list"),
     "data.train_max_samples": Key("Use at most this many training rows; -1 uses them all."),
@@ -1242,8 +1275,6 @@ IGNORED_SECTIONS = {
     "actor_rollout_ref.model.override_config.moe_config": "Megatron only",
     "actor_rollout_ref.ref.fsdp_config": "the reference model is sharded like the actor",
     "actor_rollout_ref.rollout.engine_kwargs": "vLLM/SGLang engine arguments",
-    "actor_rollout_ref.rollout.agent": "Ray async server classes",
-    "actor_rollout_ref.rollout.multi_turn": "multi-turn tool rollouts are not available yet (enable=true is an error)",
     "critic.model.fsdp_config.wrap_policy": "sharding follows logical-axis rules, not module wrapping",
     "reward_model.model.fsdp_config": "the reward model is sharded like the actor",
     "reward_model.sandbox_fusion": "remote code sandboxes are not called; no scorer runs model output as code",

@@ -122,6 +122,8 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
       continue
     if "micro_batch_size" in old:
       _map_global_micro_batch(config, old, new, dp)
+    elif old.endswith("enable_tokenization_sanity_check"):
+      set_value(config, new, "strict" if value else "disable")
     else:
       set_value(config, new, value)
   _fill_micro_batch(config, dp)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 from ml_collections import ConfigDict
 
 from rljax.config import kernel_names
-from rljax.config.checks import check, check_data_files, check_enum, check_model_path, check_positive, check_range
+from rljax.config.checks import (
+    check, check_data_files, check_enum, check_model_path, check_positive, check_range, is_int,
+)
 from rljax.config.choices import (
-    ADAM_NAMES, CHECKPOINT_CONTENTS, CPU_DOT_LIBRARIES, DEVICES, DTYPES, KL_CONTROLLERS, LOGGERS, LR_SCHEDULERS,
-    RESUME_MODES, REWARD_MANAGERS, ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, ROLLOUT_NAMES, TRUNCATIONS,
+    ADAM_NAMES, AGENT_LOOPS, CHECKPOINT_CONTENTS, CPU_DOT_LIBRARIES, DEVICES, DTYPES, KL_CONTROLLERS, LOGGERS,
+    LR_SCHEDULERS, RESUME_MODES, REWARD_MANAGERS, ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, ROLLOUT_NAMES,
+    SANITY_CHECK_MODES, TOOL_CALL_FORMATS, TRUNCATE_SIDES, TRUNCATIONS,
 )
 from rljax.config.fields import get_node
 from rljax.config.keys import UNIMPLEMENTED_VALUES
@@ -106,6 +111,34 @@ def _check_router_replay(config: ConfigDict) -> None:
         f"{flag}=true", f"set {flag}=true (verl asks for both)")
   check(mode == "R3" or not records, flag, records, f"the rollout's routing is replayed only by {key}=R3",
         f"set {key}=R3, or {flag}=false")
+
+
+def _check_multi_turn(config: ConfigDict) -> None:
+  """verl's multi_turn node: enums, limits, the tool and interaction files, and no routing replay with it."""
+  node, key = config.actor_rollout_ref.rollout.multi_turn, "actor_rollout_ref.rollout.multi_turn"
+  check_enum(config, "actor_rollout_ref.rollout.agent.default_agent_loop", AGENT_LOOPS)
+  if not node.enable:
+    return
+  check_enum(config, f"{key}.format", TOOL_CALL_FORMATS)
+  check_enum(config, f"{key}.tool_response_truncate_side", TRUNCATE_SIDES)
+  check_enum(config, f"{key}.tokenization_sanity_check_mode", SANITY_CHECK_MODES)
+  check(config.data.return_raw_chat, "data.return_raw_chat", config.data.return_raw_chat,
+        "multi-turn rollouts continue each prompt's chat messages, which the batches hold only with it",
+        "set data.return_raw_chat=true (as verl's multi-turn recipes do)")
+  for name in ("max_parallel_calls", "max_tool_response_length", "tool_timeout_s"):
+    check_positive(config, f"{key}.{name}")
+  for name in ("max_assistant_turns", "max_user_turns"):
+    value = node[name]
+    check(value is None or (is_int(value) and value >= 1), f"{key}.{name}", value, "must be null or an integer >= 1",
+          f"set {key}.{name}=null (no limit but the response length) or a positive number")
+  for name in ("tool_config_path", "interaction_config_path"):
+    path = node[name]
+    check(path is None or os.path.isfile(os.path.expanduser(path)), f"{key}.{name}", path, "is not a file",
+          f"point {key}.{name} at a YAML file in verl's format")
+  check(not config.actor_rollout_ref.rollout.enable_rollout_routing_replay,
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay", True,
+        "the engine does not record the experts of the tokens a multi-turn rollout appends",
+        "set it to false (router_replay.mode=R2 replays the old-log-prob pass instead)")
 
 
 def _check_dynamic_sampling(config: ConfigDict) -> None:
@@ -322,6 +355,7 @@ def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
   _check_algorithm(config)
   _check_unimplemented(config)
   _check_router_replay(config)
+  _check_multi_turn(config)
   _check_profiler(config)
   _check_dynamic_sampling(config)
   _check_optim(config)

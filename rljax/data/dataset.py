@@ -3,7 +3,8 @@
 `RLHFDataset(data_files, tokenizer, config)` is a random-access source (it has
 `__len__` and `__getitem__`), so grain can wrap it with
 `grain.MapDataset.source`. `config` is the `data` node of the config tree; the
-keys read are verl's: prompt_key, max_prompt_length, truncation,
+keys read are verl's: prompt_key, max_prompt_length, truncation, tool_config_path
+(prompts rendered with those tools' schemas, as the chat template's `tools`),
 filter_overlong_prompts, filter_overlong_prompts_workers, return_raw_chat,
 return_full_prompt, return_raw_input_ids, shuffle, seed.
 
@@ -38,6 +39,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
+from rljax.agents import tools as tools_lib
 from rljax.data import parquet
 from rljax.data import tokenization
 from rljax.rewards import custom
@@ -160,6 +162,8 @@ class RLHFDataset:
     self.return_raw_input_ids = bool(
         config_get(config, "return_raw_input_ids", False))
     self.pad_token_id = tokenization.pad_token_id(tokenizer)
+    tool_path = config_get(config, "tool_config_path")
+    self.tool_schemas = tools_lib.load_tool_schemas(tool_path) if tool_path else None
 
     table = parquet.read_parquet(self.data_files)
     self._file_ends = np.cumsum([parquet.num_rows(f) for f in self.data_files])
@@ -218,7 +222,7 @@ class RLHFDataset:
     """
     where = self.describe_row(row_number)
     messages = check_messages(row.pop(self.prompt_key), where, self.prompt_key)
-    text = tokenization.chat_prompt(self.tokenizer, messages)
+    text = tokenization.chat_prompt(self.tokenizer, messages, self.tool_schemas)
     ids = tokenization.truncate(
         tokenization.encode_text(self.tokenizer, text), self.max_prompt_length,
         self.truncation, where)

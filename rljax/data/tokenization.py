@@ -62,10 +62,13 @@ def decode_ids(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
 
 
 def chat_prompt(tokenizer: Tokenizer,
-                messages: Sequence[dict[str, str]]) -> str:
-  """The templated prompt text, ending with the assistant turn's opening."""
+                messages: Sequence[dict[str, str]],
+                tools: Sequence[dict[str, Any]] | None = None) -> str:
+  """The templated prompt text, ending with the assistant turn's opening (with `tools`: OpenAI function
+  schemas the chat template describes)."""
+  kwargs = {"tools": list(tools)} if tools else {}
   text = tokenizer.apply_chat_template(
-      list(messages), tokenize=False, add_generation_prompt=True)
+      list(messages), tokenize=False, add_generation_prompt=True, **kwargs)
   if not isinstance(text, str):
     raise TypeError(
         "tokenizer.apply_chat_template(..., tokenize=False) returned "

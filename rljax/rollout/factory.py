@@ -22,6 +22,7 @@ from rljax import config as config_lib
 from rljax.config import CPU_DOT_LIBRARIES
 from rljax.data import tokenization
 from rljax.models import CausalLM, ModelConfig
+from rljax.rollout import agent_loop
 from rljax.rollout.engine import Engine, make_engine
 from rljax.rollout.sampler import RolloutSampler
 from rljax.rollout.sampling import SamplingParams
@@ -125,7 +126,8 @@ def attention_kernel(setting: str, mesh: Mesh) -> str:
 
 
 def build_engine(model: CausalLM, rollout: ConfigDict, *, prompt_length: int, slots: int, mesh: Mesh, rules: Any,
-                 stop: Sequence[int], tokenizer: Any = None, record_routing: bool = False) -> Engine:
+                 stop: Sequence[int], tokenizer: Any = None, record_routing: bool = False,
+                 multi_turn: bool = False) -> Engine:
   """The JetStream engine for `rollout` (a config's rollout node) over `model`'s graph.
 
   Args:
@@ -137,6 +139,7 @@ def build_engine(model: CausalLM, rollout: ConfigDict, *, prompt_length: int, sl
     stop: ids that end a response.
     tokenizer: for JetStream's tokenizer hooks.
     record_routing: record each token's experts (verl's R3 router replay).
+    multi_turn: the engine appends tool turns to its slots (`agent_loop.append_buckets`).
   """
   return make_engine(
       model, compute_dtype=dtype_of(rollout.dtype), max_concurrent_decodes=slots,
@@ -145,11 +148,16 @@ def build_engine(model: CausalLM, rollout: ConfigDict, *, prompt_length: int, sl
       eos_ids=stop, ignore_eos=rollout.ignore_eos, mesh=mesh, rules=rules, tokenizer=tokenizer,
       decode_compiler_options=decode_compiler_options(mesh, rollout.cpu_dot_library,
                                                       slots_per_device(mesh, rules, slots)),
-      record_routing=record_routing)
+      record_routing=record_routing,
+      append_buckets=agent_loop.append_buckets(rollout.response_length) if multi_turn else ())
 
 
-def build_sampler(engine: Engine, rollout: ConfigDict, pad: int) -> RolloutSampler:
-  """The RL sampler over `engine` (`rollout.free_cache_engine` keeps or drops the cache between calls)."""
+def build_sampler(engine: Engine, rollout: ConfigDict, pad: int, tokenizer: Any = None) -> RolloutSampler:
+  """The RL sampler over `engine` (`rollout.free_cache_engine` keeps or drops the cache between calls): the tool
+  agent loop's when `rollout.multi_turn.enable` (the engine then needs `multi_turn=True`)."""
+  if rollout.multi_turn.enable:
+    return agent_loop.AgentSampler(engine, pad, tokenizer, agent_loop.AgentSettings.from_config(rollout),
+                                   free_cache=rollout.free_cache_engine)
   return RolloutSampler(engine, pad_id=pad, free_cache=rollout.free_cache_engine)
 
 

@@ -50,6 +50,16 @@ class Rollout:
   truncated: np.ndarray
   routed_experts: np.ndarray | None = None
 
+  @property
+  def attention_mask(self) -> np.ndarray:
+    """[B * n, R] int32: 1 on every response id (a multi-turn rollout's tool turns included), 0 after the end."""
+    return (np.arange(self.responses.shape[1])[None, :] < self.response_lengths[:, None]).astype(np.int32)
+
+  @property
+  def metrics(self) -> dict[str, float]:
+    """Rollout metrics beyond the trainer's own (a multi-turn rollout's; none here)."""
+    return {}
+
 
 def _power_of_two_at_least(n: int) -> int:
   return 1 << max(0, (n - 1).bit_length())
@@ -101,9 +111,13 @@ class RolloutSampler:
       lengths[i] = len(ids)
     return self.engine.prefill(params=params, padded_tokens=tokens, true_length=lengths)
 
+  def close(self) -> None:
+    """Nothing to release (the multi-turn sampler stops its tool threads)."""
+
   def generate(self, params: Any, prompt_ids: np.ndarray, prompt_mask: np.ndarray, n: int,
-               key: jax.Array, sampling_params: sampling.SamplingParams | None = None) -> Rollout:
-    """n responses per prompt.
+               key: jax.Array, sampling_params: sampling.SamplingParams | None = None,
+               rows: Any = None) -> Rollout:
+    """n responses per prompt (`rows`, the batch's per-prompt columns, are read by multi-turn samplers only).
 
     Args:
       params: the model parameters (the trainer's arrays, used in place when
@@ -117,6 +131,7 @@ class RolloutSampler:
     Returns:
       A Rollout of B * n rows.
     """
+    del rows
     params = self.engine.compute_params(params)
     prompt_ids, prompt_mask = np.asarray(prompt_ids), np.asarray(prompt_mask).astype(bool)
     prompts = [row[m] for row, m in zip(prompt_ids, prompt_mask)]

@@ -56,6 +56,7 @@ from rljax.algos import rollout_corr
 from rljax.models import lora as lora_lib
 from rljax.rewards import managers
 from rljax.rollout import SamplingParams, factory as rollout_factory
+from rljax.rollout.agent_loop import AgentRollout
 from rljax.trainer import checkpointing, dynamic_sampling, faults, metrics as metrics_lib, policy, profiling
 from rljax.trainer import steps as steps_lib, tracking
 from rljax.trainer.dynamic_sampling import COMPONENT_PREFIX
@@ -197,8 +198,10 @@ class RLTrainer:
     engine = rollout_factory.build_engine(model, arr.rollout, prompt_length=config.data.max_prompt_length,
                                           slots=min(arr.rollout.max_num_seqs, self.layout.rows), mesh=rollout_mesh,
                                           rules=self.rules, stop=stop,
-                                          record_routing=steps_lib.replays_rollout_routing(config))
-    self.sampler = rollout_factory.build_sampler(engine, arr.rollout, rollout_factory.pad_id(self.tokenizer, stop))
+                                          record_routing=steps_lib.replays_rollout_routing(config),
+                                          multi_turn=arr.rollout.multi_turn.enable)
+    self.sampler = rollout_factory.build_sampler(engine, arr.rollout, rollout_factory.pad_id(self.tokenizer, stop),
+                                                 self.tokenizer)
     self.val_sampling = SamplingParams.from_rollout_config(arr.rollout.val_kwargs)
     self.reward_manager = managers.make_reward_manager(config, self.tokenizer)
     self.model_reward = (ModelReward(config, self.tokenizer, self.mesh, self.rules,
@@ -250,11 +253,13 @@ class RLTrainer:
     idx = rollout.prompt_index
     if self.model_reward is not None and use_model:
       rows = make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
-                            rollout.response_mask)
+                            rollout.attention_mask)
       raw = np.asarray(batch["raw_prompt"])[idx] if "raw_prompt" in batch else None
       return managers.RewardResult(self.model_reward(rows, raw), {}, {})
-    return self.reward_manager({"responses": rollout.responses, "response_mask": rollout.response_mask,
-                                **{k: np.asarray(batch[k])[idx] for k in _ROW_KEYS if k in batch}})
+    columns = {k: np.asarray(batch[k])[idx] for k in _ROW_KEYS if k in batch}
+    if isinstance(rollout, AgentRollout):  # verl's num_turns and rollout_reward_scores reach the reward function
+      columns["extra_info"] = np.array(rollout.extra_info(columns.get("extra_info", [None] * len(idx))), dtype=object)
+    return self.reward_manager({"responses": rollout.responses, "response_mask": rollout.attention_mask, **columns})
 
   def _records(self, batch: dict[str, Any], idx: np.ndarray, responses: np.ndarray, response_mask: np.ndarray,
                scores: np.ndarray) -> list[dict[str, Any]]:
@@ -270,7 +275,7 @@ class RLTrainer:
     """remax: [N] the reward of each row's prompt's greedy response."""
     with timed(timing, "gen_max"):
       greedy = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"], 1,
-                                     self._key(Stream.GREEDY), SamplingParams(greedy=True))
+                                     self._key(Stream.GREEDY), SamplingParams(greedy=True), rows=batch)
     per_prompt = np.zeros(len(batch["input_ids"]), np.float32)
     per_prompt[greedy.prompt_index] = self._score(batch, greedy).reward_tensor.sum(-1)
     return per_prompt[idx]
@@ -280,10 +285,12 @@ class RLTrainer:
     sampling needs more)."""
     with timed(timing, "gen"):
       rollout = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"],
-                                      self.layout.n, self._key(Stream.ROLLOUT, *([round_index] if round_index else [])))
+                                      self.layout.n, self._key(Stream.ROLLOUT, *([round_index] if round_index else [])),
+                                      rows=batch)
+    timing.update(rollout.metrics)
     idx = rollout.prompt_index
     rows = make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
-                          rollout.response_mask)
+                          rollout.response_mask, rollout.attention_mask)
     rows["prompt_mask"] = batch["attention_mask"][idx].astype(np.int32)
     rows["rollout_log_probs"] = rollout.log_probs
     if rollout.routed_experts is not None:
@@ -298,7 +305,7 @@ class RLTrainer:
       rows["reward_baselines"] = self._greedy_baselines(batch, idx, timing)
     if self.config.trainer.rollout_data_dir:
       dump_generations(self.config.trainer.rollout_data_dir, self.step + 1, self._records(
-          batch, idx, rollout.responses, rollout.response_mask, rows["token_level_scores"].sum(-1)),
+          batch, idx, rollout.responses, rollout.attention_mask, rows["token_level_scores"].sum(-1)),
           append=round_index > 0)
     return rows
 
@@ -446,14 +453,14 @@ class RLTrainer:
     for i, batch in enumerate(data_lib.make_val_batches(self.config, self.tokenizer, jax.process_index(),
                                                         jax.process_count())):
       rollout = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"], val.n,
-                                      self._key(Stream.VALIDATION, i), self.val_sampling)
+                                      self._key(Stream.VALIDATION, i), self.val_sampling, rows=batch)
       idx = rollout.prompt_index
       result = self._score(batch, rollout, use_model=False)
       row_scores = result.reward_tensor.sum(-1)
       scores.append(row_scores)
       sources.append(np.asarray(batch["data_source"])[idx])
       if self.config.trainer.validation_data_dir:
-        records += self._records(batch, idx, rollout.responses, rollout.response_mask, row_scores)
+        records += self._records(batch, idx, rollout.responses, rollout.attention_mask, row_scores)
       if len(samples) < self.config.trainer.log_val_generations:
         for row in range(min(len(idx), self.config.trainer.log_val_generations - len(samples))):
           samples.append({"prompt": self.tokenizer.decode(batch["input_ids"][idx[row]][batch["attention_mask"][idx[row]] > 0]),
@@ -512,6 +519,7 @@ class RLTrainer:
     return faults.run_steps(self, self.layout.total_steps, _every(test_freq), _every(trainer.save_freq)) or last
 
   def close(self) -> None:
+    self.sampler.close()
     self.train_iter.close()
     self.checkpointer.close()
     self.reward_manager.close()

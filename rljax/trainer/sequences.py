@@ -18,18 +18,24 @@ from rljax.models import positions_from_mask, token_log_probs
 
 
 def make_sequences(prompt_ids: np.ndarray, prompt_mask: np.ndarray, responses: np.ndarray,
-                   response_mask: np.ndarray) -> dict[str, np.ndarray]:
+                   response_mask: np.ndarray, response_attention: np.ndarray | None = None) -> dict[str, np.ndarray]:
   """Rows for the model.
 
   Args:
     prompt_ids, prompt_mask: [N, P] left-padded prompts (already repeated n times).
-    responses, response_mask: [N, R] right-padded responses.
+    responses, response_mask: [N, R] right-padded responses; response_mask
+      is 1 on the tokens the losses count (a multi-turn response's generated
+      ones).
+    response_attention: [N, R] 1 on every response token the model reads
+      (tool turns included); default response_mask.
 
   Returns:
     input_ids, attention_mask, positions [N, P + R]; responses, response_mask [N, R].
   """
+  if response_attention is None:
+    response_attention = response_mask
   input_ids = np.concatenate([prompt_ids, responses], axis=1).astype(np.int32)
-  attention_mask = np.concatenate([prompt_mask, response_mask], axis=1).astype(np.int32)
+  attention_mask = np.concatenate([prompt_mask, response_attention], axis=1).astype(np.int32)
   return {"input_ids": input_ids, "attention_mask": attention_mask,
           "positions": np.asarray(positions_from_mask(attention_mask)),
           "responses": responses.astype(np.int32), "response_mask": response_mask.astype(np.int32)}

@@ -1,0 +1,422 @@
+"""Multi-turn rollouts with tools: verl's tool agent loop over the engine's decode slots.
+
+Each request (prompt p, sample j) is a conversation. Its slot decodes an
+assistant turn until the model's end-of-turn id; the host then parses the
+turn for tool calls (`rljax.agents.parsing`, in multi_turn.format) and runs
+them on threads (`rljax.agents.runner`), or asks the row's interaction (a
+simulated user) for its answer. When the answer is in, its turns are
+rendered by the chat template (`rljax.agents.render.appended_ids`) and
+appended to the slot's cache in place (`Engine.append`): nothing already
+cached is recomputed, and the other slots decode meanwhile (continuous
+batching: a slot is refilled only when its conversation has ended).
+
+A conversation ends when a turn has no tool call (and no interaction
+continues it), at max_assistant_turns / max_user_turns, when an answer
+would not fit in response_length (verl drops it and ends there), or when
+the response reaches response_length.
+
+The response of a row is all its turns after the prompt, as ids: exactly
+the ids the engine generated and appended (never re-tokenised).
+`response_mask` is 1 on generated ids and 0 on appended ones (verl's
+convention), so losses, KL and advantages count only the policy's tokens;
+`response_lengths` covers every id, so the trainer attends to the tool
+turns.
+
+Rows pick their agent with `agent_name` (verl's column), else
+`rollout.agent.default_agent_loop`: `tool_agent` runs this loop,
+`single_turn_agent` ends after the first turn.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from rljax.agents import interactions as interactions_lib
+from rljax.agents import parsing, render, runner, tools as tools_lib
+from rljax.rollout import engine as engine_lib
+from rljax.rollout import sampling
+from rljax.rollout.sampler import Rollout, RolloutSampler
+
+_LOG = logging.getLogger("rljax.rollout")
+ENDINGS = ("answer", "length", "assistant_turns", "user_turns", "interaction")
+APPEND_BUCKETS = (16, 64)
+
+
+def append_buckets(response_length: int) -> tuple[int, ...]:
+  """The chunk lengths a multi-turn engine appends in (longer answers go in several chunks)."""
+  return tuple(sorted({min(b, response_length) for b in APPEND_BUCKETS}))
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentSettings:
+  """What the tool agent loop reads from `actor_rollout_ref.rollout.multi_turn` and `.agent`.
+
+  Attributes:
+    tools: name -> tool object (verl's BaseTool interface).
+    tool_schemas: their OpenAI function schemas (the chat template's `tools`).
+    interactions: name -> interaction object (verl's BaseInteraction).
+    format: tool-call format.
+    max_assistant_turns, max_user_turns: limits, None for none.
+    max_parallel_calls: calls run per turn.
+    max_tool_response_length: characters kept of a tool's answer.
+    truncate_side: left, middle or right.
+    timeout_s: seconds a call or an interaction answer may take.
+    sanity_check_mode: strict, ignore_strippable or disable.
+    default_agent: agent of rows without agent_name.
+  """
+
+  tools: Mapping[str, Any]
+  tool_schemas: Sequence[dict] | None
+  interactions: Mapping[str, Any]
+  format: str = "hermes"
+  max_assistant_turns: int | None = None
+  max_user_turns: int | None = None
+  max_parallel_calls: int = 1
+  max_tool_response_length: int = 256
+  truncate_side: str = "middle"
+  timeout_s: float = 30.0
+  sanity_check_mode: str = "strict"
+  default_agent: str = "single_turn_agent"
+
+  @classmethod
+  def from_config(cls, rollout: Any) -> "AgentSettings":
+    """From a config's `actor_rollout_ref.rollout` node (tool and interaction files loaded and checked)."""
+    node = rollout.multi_turn
+    tools = tools_lib.load_tool_config(node.tool_config_path) if node.tool_config_path else {}
+    interactions = (interactions_lib.load_interaction_config(node.interaction_config_path)
+                    if node.interaction_config_path else {})
+    return cls(tools=tools, tool_schemas=[t.get_openai_tool_schema() for t in tools.values()] or None,
+               interactions=interactions, format=node.format, max_assistant_turns=node.max_assistant_turns,
+               max_user_turns=node.max_user_turns, max_parallel_calls=node.max_parallel_calls,
+               max_tool_response_length=node.max_tool_response_length,
+               truncate_side=node.tool_response_truncate_side, timeout_s=node.tool_timeout_s,
+               sanity_check_mode=node.tokenization_sanity_check_mode, default_agent=rollout.agent.default_agent_loop)
+
+
+@dataclasses.dataclass
+class Episode:
+  """One conversation's host state.
+
+  Attributes:
+    messages: the chat so far (the prompt's messages, then every turn).
+    ids, mask, log_probs: the response so far (mask 1 on generated ids).
+    turn_start: where the current assistant turn began in `ids`.
+    pending: the tools' or the interaction's answer being computed.
+    ended: why the conversation ended (one of ENDINGS), or None.
+  """
+
+  agent: str
+  messages: list[dict[str, Any]]
+  tools: runner.ToolSession | None
+  interaction: runner.InteractionSession | None
+  ids: list[int] = dataclasses.field(default_factory=list)
+  mask: list[int] = dataclasses.field(default_factory=list)
+  log_probs: list[float] = dataclasses.field(default_factory=list)
+  turn_start: int = 0
+  assistant_turns: int = 0
+  user_turns: int = 0
+  tool_calls: int = 0
+  tool_errors: int = 0
+  tool_step_reward: float = 0.0
+  interaction_scores: list[float] = dataclasses.field(default_factory=list)
+  pending: concurrent.futures.Future | None = None
+  ended: str | None = None
+  reward_scores: dict[str, float] = dataclasses.field(default_factory=dict)
+  tokenization_mismatch: str | None = None
+
+
+@dataclasses.dataclass
+class AgentRollout(Rollout):
+  """A Rollout of conversations; `response_mask` is 0 on tool and interaction ids.
+
+  Attributes:
+    episodes: [B * n] each row's conversation (messages, counts, rewards).
+    metrics: verl's multi-turn metrics of the rollout (num_turns/*, tool calls, errors, endings).
+  """
+
+  episodes: list[Episode] = dataclasses.field(default_factory=list)
+
+  @property
+  def metrics(self) -> dict[str, float]:
+    return rollout_metrics(self.episodes)
+
+  def extra_info(self, rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """Each row's extra_info with verl's additions: num_turns and rollout_reward_scores (tools' calc_reward,
+    interaction scores)."""
+    return [{**(dict(info) if isinstance(info, Mapping) else {}), "num_turns": episode_turns(e),
+             "rollout_reward_scores": dict(e.reward_scores)} for info, e in zip(rows, self.episodes)]
+
+
+def episode_turns(episode: Episode) -> int:
+  """verl's num_turns: the prompt, each assistant turn and each user (tool or interaction) turn."""
+  return 1 + episode.assistant_turns + episode.user_turns
+
+
+def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+  """verl's num_turns/{min,max,mean} and the tool agent's counts over a rollout's episodes."""
+  turns = np.array([episode_turns(e) for e in episodes], np.float32)
+  calls = np.array([e.tool_calls for e in episodes], np.float32)
+  generated = [e.mask for e in episodes]
+  out = {"num_turns/min": float(turns.min()), "num_turns/max": float(turns.max()),
+         "num_turns/mean": float(turns.mean()),
+         "multi_turn/tool_calls/mean": float(calls.mean()), "multi_turn/tool_calls/max": float(calls.max()),
+         "multi_turn/tool_call_rate": float(np.mean(calls > 0)),
+         "multi_turn/tool_errors": float(sum(e.tool_errors for e in episodes)),
+         "multi_turn/assistant_tokens/mean": float(np.mean([sum(m) for m in generated])),
+         "multi_turn/user_tokens/mean": float(np.mean([len(m) - sum(m) for m in generated])),
+         "multi_turn/tokenization_mismatches": float(sum(e.tokenization_mismatch is not None for e in episodes))}
+  for ending in ENDINGS:
+    out[f"multi_turn/ended/{ending}"] = float(np.mean([e.ended == ending for e in episodes]))
+  return out
+
+
+class AgentSampler(RolloutSampler):
+  """The RL sampler for multi-turn rows: `generate` runs each request as a conversation (see the module doc)."""
+
+  def __init__(self, engine: engine_lib.Engine, pad_id: int, tokenizer: Any, settings: AgentSettings,
+               steps_per_sync: int = 8, free_cache: bool = True):
+    """Args as RolloutSampler's; tokenizer renders and parses turns; settings from `AgentSettings.from_config`.
+
+    The engine needs `append_buckets` (`append_buckets(response_length)`).
+    """
+    super().__init__(engine, pad_id, steps_per_sync, free_cache)
+    if not engine.append_buckets:
+      raise ValueError("a multi-turn sampler needs an engine built with append_buckets")
+    self.tokenizer = tokenizer
+    self.settings = settings
+    self._executor = concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(4, engine.max_concurrent_decodes * settings.max_parallel_calls),
+        thread_name_prefix="rljax-tools")
+
+  # ----- one conversation -----------------------------------------------------------------
+
+  def _start(self, messages: Sequence[Mapping[str, Any]], extra_info: Any, agent_name: Any) -> Episode:
+    """A new conversation of one request (its tools created, its interaction started)."""
+    info = extra_info if isinstance(extra_info, Mapping) else {}
+    agent = str(agent_name) if agent_name else self.settings.default_agent
+    tools = interaction = None
+    if agent == "tool_agent" and self.settings.tools:
+      tools = runner.ToolSession(
+          dict(self.settings.tools), info.get("tools_kwargs") or {}, self._executor, self.settings.timeout_s,
+          self.settings.max_parallel_calls, self.settings.max_tool_response_length, self.settings.truncate_side)
+      tools.start()
+    kwargs = info.get("interaction_kwargs") or {}
+    if agent == "tool_agent" and kwargs:
+      interaction = runner.InteractionSession(interaction_for(self.settings.interactions, kwargs), kwargs,
+                                              self._executor, self.settings.timeout_s)
+      interaction.start()
+    return Episode(agent=agent, messages=[dict(m) for m in messages], tools=tools, interaction=interaction)
+
+  def _turn_text(self, ids: Sequence[int]) -> str:
+    """An assistant turn's text without its end-of-turn id."""
+    if ids and ids[-1] in self.engine.eos_ids:
+      ids = ids[:-1]
+    return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+  def _end_turn(self, episode: Episode) -> None:
+    """The slot's turn is over: record it and either end the conversation or ask the tools / interaction."""
+    turn = episode.ids[episode.turn_start:]
+    episode.assistant_turns += 1
+    text = self._turn_text(turn)
+    episode.messages.append({"role": "assistant", "content": text})
+    settings = self.settings
+    ended_on_eos = bool(turn) and turn[-1] in self.engine.eos_ids
+    if len(episode.ids) >= self.engine.max_decode_length or not ended_on_eos:
+      return self._finish(episode, "length")
+    if episode.agent != "tool_agent":
+      return self._finish(episode, "answer")
+    if settings.max_assistant_turns and episode.assistant_turns >= settings.max_assistant_turns:
+      return self._finish(episode, "assistant_turns")
+    calls = []
+    if episode.tools is not None:
+      _, calls = parsing.parse_tool_calls(text, settings.format, list(settings.tools))
+    if not calls and episode.interaction is None:
+      return self._finish(episode, "answer")
+    if settings.max_user_turns and episode.user_turns >= settings.max_user_turns:
+      return self._finish(episode, "user_turns")
+    if calls:
+      episode.tool_calls += len(calls)
+      episode.pending = episode.tools.submit(calls)
+    else:
+      episode.pending = episode.interaction.submit(list(episode.messages))
+
+  def _answer(self, episode: Episode) -> list[int] | None:
+    """The ids to append once `episode.pending` is done (None: the conversation ended instead)."""
+    result, episode.pending = episode.pending.result(), None
+    if isinstance(result, tuple):  # an interaction: (terminate, text, score, extra)
+      terminate, text, score, _ = result
+      episode.interaction_scores.append(float(score))
+      if terminate:
+        self._finish(episode, "interaction")
+        return None
+      new = [{"role": "user", "content": text}]
+    else:
+      episode.tool_errors += sum(o.error is not None for o in result)
+      episode.tool_step_reward += float(sum(o.reward for o in result))
+      new = runner.tool_messages(result)
+    ids = render.appended_ids(self.tokenizer, episode.messages, new, self.settings.tool_schemas)
+    if len(episode.ids) + len(ids) >= self.engine.max_decode_length:
+      self._finish(episode, "length")
+      return None
+    episode.user_turns += 1
+    episode.messages.extend(new)
+    episode.ids.extend(ids)
+    episode.mask.extend([0] * len(ids))
+    episode.log_probs.extend([0.0] * len(ids))
+    episode.turn_start = len(episode.ids)
+    return ids
+
+  def _finish(self, episode: Episode, why: str) -> None:
+    """Ends the conversation: tools score and release their instances, the interaction scores."""
+    episode.ended = why
+    if episode.tools is not None:
+      episode.reward_scores.update(episode.tools.finish())
+    if episode.interaction is not None:
+      episode.reward_scores["interaction"] = float(episode.interaction.finish())
+    if episode.interaction_scores:
+      episode.reward_scores["interaction_turns"] = float(sum(episode.interaction_scores))
+    if episode.tool_step_reward:
+      episode.reward_scores["tool_steps"] = episode.tool_step_reward
+
+  # ----- the rollout ----------------------------------------------------------------------
+
+  def _append(self, params, state: engine_lib.DecodeState, pending: dict[int, list[int]]) -> engine_lib.DecodeState:
+    """Appends each slot's ids, in chunks of the largest append bucket."""
+    width = self.engine.append_buckets[-1]
+    while pending:
+      state = self.engine.append(params, state, {s: ids[:width] for s, ids in pending.items()})
+      pending = {s: ids[width:] for s, ids in pending.items() if len(ids) > width}
+    return state
+
+  def generate(self, params: Any, prompt_ids: np.ndarray, prompt_mask: np.ndarray, n: int,
+               key: jax.Array, sampling_params: sampling.SamplingParams | None = None,
+               rows: Mapping[str, Sequence[Any]] | None = None) -> AgentRollout:
+    """n conversations per prompt.
+
+    Args:
+      params, prompt_ids, prompt_mask, n, key, sampling_params: as RolloutSampler.generate.
+      rows: per-prompt columns: raw_prompt (the chat messages the prompt ids
+        render; required), extra_info (tools_kwargs, interaction_kwargs),
+        agent_name.
+
+    Returns:
+      An AgentRollout of B * n rows.
+    """
+    if rows is None or "raw_prompt" not in rows:
+      raise ValueError("multi-turn rollouts need each prompt's chat messages: set data.return_raw_chat=true")
+    params = self.engine.compute_params(params)
+    prompt_ids, prompt_mask = np.asarray(prompt_ids), np.asarray(prompt_mask).astype(bool)
+    prompts = [row[m] for row, m in zip(prompt_ids, prompt_mask)]
+    count = len(prompts)
+    extra = rows.get("extra_info", [None] * count)
+    agents = rows.get("agent_name", [None] * count)
+    total, length = count * n, self.engine.max_decode_length
+    episodes: list[Episode | None] = [None] * total
+    state = self._decode_state(key)
+    free = list(range(self.engine.max_concurrent_decodes))
+    decoding: dict[int, int] = {}
+    waiting: dict[int, int] = {}
+    next_request = finished = 0
+    while finished < total:
+      if free and next_request < total:
+        take = list(range(next_request, min(total, next_request + len(free))))
+        next_request += len(take)
+        unique = sorted({r // n for r in take})
+        prefix = self._prefill(params, [prompts[p] for p in unique])
+        slots = [free.pop(0) for _ in take]
+        state = self.engine.insert_many(prefix, state, slots, [unique.index(r // n) for r in take])
+        for slot, request in zip(slots, take):
+          p = request // n
+          episodes[request] = self._start(rows["raw_prompt"][p], extra[p], agents[p])
+          decoding[slot] = request
+      if waiting and not decoding:
+        concurrent.futures.wait([episodes[r].pending for r in waiting.values()],
+                                return_when=concurrent.futures.FIRST_COMPLETED)
+      appends = {}
+      for slot, request in list(waiting.items()):
+        episode = episodes[request]
+        if not episode.pending.done():
+          continue
+        del waiting[slot]
+        ids = self._answer(episode)
+        if ids is None:
+          free.append(slot)
+          finished += 1
+        else:
+          appends[slot] = ids
+          decoding[slot] = request
+      if appends:
+        state = self._append(params, state, appends)
+      if not decoding:
+        continue
+      state, out = self.engine.generate_steps(params, state, self.steps_per_sync, sampling_params)
+      out, done = jax.device_get((out, state.done))
+      for slot, request in list(decoding.items()):
+        episode, valid = episodes[request], out.valid[slot]
+        episode.ids.extend(int(t) for t in out.tokens[slot][valid])
+        episode.mask.extend([1] * int(valid.sum()))
+        episode.log_probs.extend(float(x) for x in out.log_probs[slot][valid])
+        if not done[slot]:
+          continue
+        del decoding[slot]
+        self._end_turn(episode)
+        if episode.ended is None:
+          waiting[slot] = request
+        else:
+          free.append(slot)
+          finished += 1
+    if not self.free_cache:
+      self._state = state
+    return self._assemble(episodes, prompts, rows["raw_prompt"], n, length)
+
+  def _assemble(self, episodes: list[Episode], prompts: Sequence[np.ndarray], messages: Sequence[Any], n: int,
+                length: int) -> AgentRollout:
+    """The rollout's arrays from its finished episodes (and the tokenization sanity check of each)."""
+    total = len(episodes)
+    tokens = np.full((total, length), self.pad_id, np.int32)
+    mask = np.zeros((total, length), np.int32)
+    log_probs = np.zeros((total, length), np.float32)
+    lengths = np.zeros((total,), np.int32)
+    for r, episode in enumerate(episodes):
+      size = len(episode.ids)
+      tokens[r, :size], mask[r, :size], log_probs[r, :size] = episode.ids, episode.mask, episode.log_probs
+      lengths[r] = size
+      if episode.ended != "length":
+        episode.tokenization_mismatch = render.sanity_check(
+            self.tokenizer, episode.messages, self.settings.tool_schemas,
+            list(prompts[r // n]) + episode.ids, self.settings.sanity_check_mode)
+    mismatched = [e.tokenization_mismatch for e in episodes if e.tokenization_mismatch]
+    if mismatched:
+      _LOG.warning("%d of %d conversations do not re-tokenise to the ids trained on "
+                   "(multi_turn.tokenization_sanity_check_mode=%s); the first: %s", len(mismatched), total,
+                   self.settings.sanity_check_mode, mismatched[0])
+    truncated = np.array([e.ended == "length" for e in episodes])
+    return AgentRollout(responses=tokens, response_mask=mask, response_lengths=lengths, log_probs=log_probs,
+                        prompt_index=np.repeat(np.arange(len(prompts)), n), truncated=truncated,
+                        episodes=episodes)
+
+  def close(self) -> None:
+    """Stops the tool threads (a call still hanging past its timeout is abandoned)."""
+    self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def interaction_for(interactions: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Any:
+  """The interaction a row's interaction_kwargs name (`name`, or the only one configured)."""
+  name = kwargs.get("name")
+  if name is None and len(interactions) == 1:
+    return next(iter(interactions.values()))
+  if name not in interactions:
+    raise ValueError(f"extra_info.interaction_kwargs names interaction {name!r}, but "
+                     f"actor_rollout_ref.rollout.multi_turn.interaction_config_path defines "
+                     f"{sorted(interactions) or 'none'}; add it to that file or fix the row")
+  return interactions[name]
+
+
+__all__ = ["APPEND_BUCKETS", "AgentRollout", "AgentSampler", "AgentSettings", "ENDINGS", "Episode", "append_buckets",
+           "episode_turns", "interaction_for", "rollout_metrics"]
