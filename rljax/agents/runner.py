@@ -131,8 +131,10 @@ def _start(method: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.
       result = method(*args, **kwargs)
       if inspect.isawaitable(result):
         result = asyncio.run_coroutine_threadsafe(_awaited(result), _event_loop()).result()
-    except BaseException as e:  # noqa: B902 (reported to the waiter)
+    except Exception as e:
       _settle(future.set_exception, e)
+    except BaseException as e:  # SystemExit from user code: an error of the call, not of the process
+      _settle(future.set_exception, RuntimeError(f"the call raised {_describe(e)}"))
     else:
       _settle(future.set_result, result)
 

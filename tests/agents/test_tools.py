@@ -1,5 +1,7 @@
 """verl's tool YAML: loading classes from files and modules, and errors that name the file."""
 
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -30,6 +32,11 @@ class DuckTool:
 
   def release(self, instance_id, **kwargs):
     pass
+
+
+class SelfDescribed(BaseTool):
+  def get_openai_tool_schema(self):
+    return {"type": "function", "function": {"name": "described", "parameters": {"type": "object"}}}
 
 
 class NoRelease:
@@ -144,3 +151,17 @@ def test_file_level_errors(tmp_path):
   bad.write_text("tools:\n  - config: {}\n")
   with pytest.raises(ValueError, match=r"bad.yaml: tools\[0\] has no class_name"):
     load_tool_schemas(str(bad))
+
+
+def test_schema_from_the_class_when_the_yaml_has_none(tmp_path):
+  path = write(tmp_path, ["  - class_name: my_tools.py:SelfDescribed\n"])
+  (tool,) = load_tool_config(path)
+  assert tool.name == "described"
+  assert load_tool_schemas(path)[0]["function"]["name"] == "described"
+
+
+def test_agents_import_no_jax_trainer_or_rollout():
+  code = ("import sys, rljax.agents; "
+          "print([m for m in ('jax', 'rljax.trainer', 'rljax.rollout') if m in sys.modules])")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]"
