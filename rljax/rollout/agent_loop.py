@@ -88,10 +88,10 @@ class AgentSettings:
   def from_config(cls, rollout: Any) -> "AgentSettings":
     """From a config's `actor_rollout_ref.rollout` node (tool and interaction files loaded and checked)."""
     node = rollout.multi_turn
-    tools = tools_lib.load_tool_config(node.tool_config_path) if node.tool_config_path else {}
+    tools = tools_lib.tools_by_name(tools_lib.load_tool_config(node.tool_config_path)) if node.tool_config_path else {}
     interactions = (interactions_lib.load_interaction_config(node.interaction_config_path)
                     if node.interaction_config_path else {})
-    return cls(tools=tools, tool_schemas=[t.get_openai_tool_schema() for t in tools.values()] or None,
+    return cls(tools=tools, tool_schemas=[tools_lib.tool_schema_of(t) for t in tools.values()] or None,
                interactions=interactions, format=node.format, max_assistant_turns=node.max_assistant_turns,
                max_user_turns=node.max_user_turns, max_parallel_calls=node.max_parallel_calls,
                max_tool_response_length=node.max_tool_response_length,
@@ -208,8 +208,8 @@ class AgentSampler(RolloutSampler):
       tools.start()
     kwargs = info.get("interaction_kwargs") or {}
     if agent == "tool_agent" and kwargs:
-      interaction = runner.InteractionSession(interaction_for(self.settings.interactions, kwargs), kwargs,
-                                              self._executor, self.settings.timeout_s)
+      interaction = runner.InteractionSession(interactions_lib.select_interaction(self.settings.interactions, kwargs),
+                                              kwargs, self._executor, self.settings.timeout_s)
       interaction.start()
     return Episode(agent=agent, messages=[dict(m) for m in messages], tools=tools, interaction=interaction)
 
@@ -249,7 +249,7 @@ class AgentSampler(RolloutSampler):
   def _answer(self, episode: Episode) -> list[int] | None:
     """The ids to append once `episode.pending` is done (None: the conversation ended instead)."""
     result, episode.pending = episode.pending.result(), None
-    if isinstance(result, tuple):  # an interaction: (terminate, text, score, extra)
+    if isinstance(result, runner.InteractionTurn):
       terminate, text, score, _ = result
       episode.interaction_scores.append(float(score))
       if terminate:
@@ -406,17 +406,5 @@ class AgentSampler(RolloutSampler):
     self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def interaction_for(interactions: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Any:
-  """The interaction a row's interaction_kwargs name (`name`, or the only one configured)."""
-  name = kwargs.get("name")
-  if name is None and len(interactions) == 1:
-    return next(iter(interactions.values()))
-  if name not in interactions:
-    raise ValueError(f"extra_info.interaction_kwargs names interaction {name!r}, but "
-                     f"actor_rollout_ref.rollout.multi_turn.interaction_config_path defines "
-                     f"{sorted(interactions) or 'none'}; add it to that file or fix the row")
-  return interactions[name]
-
-
 __all__ = ["APPEND_BUCKETS", "AgentRollout", "AgentSampler", "AgentSettings", "ENDINGS", "Episode", "append_buckets",
-           "episode_turns", "interaction_for", "rollout_metrics"]
+           "episode_turns", "rollout_metrics"]

@@ -74,10 +74,10 @@ def model(tok: Tokenizer, table: dict[int, dict[int, float]]) -> CausalLM:
   embed[np.arange(vocab), np.arange(vocab)] = 1.0
   head = np.zeros((vocab, width), np.float32)
   head[:, :vocab] = logits.T / np.sqrt(width)  # RMSNorm turns the one-hot row into sqrt(width) x one-hot
-  lm.embed.value = jnp.asarray(embed)
-  lm.lm_head.value = jnp.asarray(head)
+  lm.embed[...] = jnp.asarray(embed)
+  lm.lm_head[...] = jnp.asarray(head)
   for layer in lm.layers:
-    layer.attn.o.value = jnp.zeros_like(layer.attn.o.value)
-    layer.mlp.down.value = jnp.zeros_like(layer.mlp.down.value)
-  lm.final_norm.scale.value = jnp.ones_like(lm.final_norm.scale.value)
+    layer.attn.o[...] = jnp.zeros_like(layer.attn.o[...])
+    layer.mlp.down[...] = jnp.zeros_like(layer.mlp.down[...])
+  lm.final_norm.scale[...] = jnp.ones_like(lm.final_norm.scale[...])
   return lm

@@ -1,6 +1,5 @@
 """Continuing a conversation in the engine (`append`, `prefill(existing_prefix=...)`) equals prefilling it whole."""
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
