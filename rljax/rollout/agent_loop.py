@@ -4,11 +4,15 @@ Each request (prompt p, sample j) is a conversation. Its slot decodes an
 assistant turn until the model's end-of-turn id; the host then parses the
 turn for tool calls (`rljax.agents.parsing`, in multi_turn.format) and runs
 them on threads (`rljax.agents.runner`), or asks the row's interaction (a
-simulated user) for its answer. When the answer is in, its turns are
-rendered by the chat template (`rljax.agents.render.appended_ids`) and
-appended to the slot's cache in place (`Engine.append`): nothing already
-cached is recomputed, and the other slots decode meanwhile (continuous
-batching: a slot is refilled only when its conversation has ended).
+simulated user) for its answer. The answer's turns are rendered by the
+chat template (`rljax.agents.render.appended_ids`) and appended to the
+slot's cache in place (`Engine.append`): nothing already cached is
+recomputed. The other slots decode meanwhile: a turn that ends in decode
+call k has its answer taken (waited for, if the tools are still running)
+before call k + 2, so the tools run beside call k + 1, and the schedule,
+hence every sampled token, does not depend on how fast the tools are (a
+rollout is reproducible for a given key). A slot is refilled only when its
+conversation has ended (continuous batching).
 
 A conversation ends when a turn has no tool call (and no interaction
 continues it), at max_assistant_turns / max_user_turns, when an answer
@@ -321,8 +325,8 @@ class AgentSampler(RolloutSampler):
     state = self._decode_state(key)
     free = list(range(self.engine.max_concurrent_decodes))
     decoding: dict[int, int] = {}
-    waiting: dict[int, int] = {}
-    next_request = finished = 0
+    waiting: dict[int, tuple[int, int]] = {}  # slot -> (request, the decode call whose output asked)
+    next_request = finished = sync = 0
     while finished < total:
       if free and next_request < total:
         take = list(range(next_request, min(total, next_request + len(free))))
@@ -335,14 +339,11 @@ class AgentSampler(RolloutSampler):
           p = request // n
           episodes[request] = self._start(rows["raw_prompt"][p], extra[p], agents[p])
           decoding[slot] = request
-      if waiting and not decoding:
-        concurrent.futures.wait([episodes[r].pending for r in waiting.values()],
-                                return_when=concurrent.futures.FIRST_COMPLETED)
       appends = {}
-      for slot, request in list(waiting.items()):
-        episode = episodes[request]
-        if not episode.pending.done():
+      for slot, (request, asked) in list(waiting.items()):
+        if decoding and asked == sync:  # its answer is taken after one more decode call of the other slots
           continue
+        episode = episodes[request]
         del waiting[slot]
         ids = self._answer(episode)
         if ids is None:
@@ -355,6 +356,7 @@ class AgentSampler(RolloutSampler):
         state = self._append(params, state, appends)
       if not decoding:
         continue
+      sync += 1
       state, out = self.engine.generate_steps(params, state, self.steps_per_sync, sampling_params)
       out, done = jax.device_get((out, state.done))
       for slot, request in list(decoding.items()):
@@ -367,7 +369,7 @@ class AgentSampler(RolloutSampler):
         del decoding[slot]
         self._end_turn(episode)
         if episode.ended is None:
-          waiting[slot] = request
+          waiting[slot] = (request, sync)
         else:
           free.append(slot)
           finished += 1
