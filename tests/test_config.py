@@ -586,3 +586,25 @@ def test_router_replay_values_rljax_does_not_implement_are_errors(overrides, mat
 def test_qwen3_moe_preset_splits_its_experts_over_the_expert_axis():
   config = resolved(experiment("grpo", "qwen3_30b_a3b_gsm8k"), devices=32)
   assert sharding.mesh_shape(config, 32) == {"data": 1, "fsdp": 4, "tensor": 1, "sequence": 1, "expert": 8}
+
+
+def test_multi_turn_keys_are_checked_and_verl_s_older_names_map(tmp_path, caplog):
+  from rljax import agents
+  assert [set(x) for x in (C.TOOL_CALL_FORMATS, C.TRUNCATE_SIDES, C.SANITY_CHECK_MODES)] == [
+      set(x) for x in (agents.FORMATS, agents.TRUNCATE_SIDES, agents.SANITY_MODES)]
+  on = ["actor_rollout_ref.rollout.multi_turn.enable=true", "data.return_raw_chat=true"]
+  with pytest.raises(C.ConfigError, match="data.return_raw_chat=False: multi-turn"):
+    resolved(experiment("grpo"), on[:1])
+  with pytest.raises(C.ConfigError, match=r"multi_turn.format='json': must be one of hermes, llama3_json, mistral"):
+    resolved(experiment("grpo"), on + ["actor_rollout_ref.rollout.multi_turn.format=json"])
+  with pytest.raises(C.ConfigError, match=r"multi_turn.tool_config_path='/nope.yaml': is not a file"):
+    resolved(experiment("grpo"), on + ["actor_rollout_ref.rollout.multi_turn.tool_config_path=/nope.yaml"])
+  with pytest.raises(C.ConfigError, match=r"max_assistant_turns=0: must be null or an integer >= 1"):
+    resolved(experiment("grpo"), on + ["actor_rollout_ref.rollout.multi_turn.max_turns=0"])
+  with pytest.raises(C.ConfigError, match="enable_rollout_routing_replay=True: the engine does not record"):
+    resolved(experiment("grpo"), on + ["actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+                                       "actor_rollout_ref.actor.router_replay.mode=R3"])
+  config = resolved(experiment("grpo"), on + ["actor_rollout_ref.rollout.multi_turn.max_turns=4",
+                                              "actor_rollout_ref.rollout.multi_turn.enable_tokenization_sanity_check=false"])
+  node = config.actor_rollout_ref.rollout.multi_turn
+  assert node.max_assistant_turns == 4 and node.tokenization_sanity_check_mode == "disable"

@@ -34,6 +34,7 @@ from rljax.config.checks import (
 from rljax.config.choices import (
     ADAM_NAMES, CHECKPOINT_CONTENTS, CPU_DOT_LIBRARIES, DEVICES, DTYPES, GRAD_CLIP_DEFAULT, KL_CONTROLLERS, LOGGERS,
     LR_SCHEDULERS, RESUME_MODES, REWARD_MANAGERS, ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, ROLLOUT_NAMES, TRUNCATIONS,
+    AGENT_LOOPS, SANITY_CHECK_MODES, TOOL_CALL_FORMATS, TRUNCATE_SIDES,
 )
 from rljax.config.cli import (
     HYDRA_CONFIG_DIR, HYDRA_CONFIG_FLAGS, VERL_YAML_SUFFIXES, hydra_config_file, load_config_file, split_overrides,
@@ -75,12 +76,12 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ADAM_NAMES", "CHECKPOINT_CONTENTS", "CPU_DOT_LIBRARIES", "ConfigDict", "ConfigError", "DEPRECATED_KEYS",
+    "ADAM_NAMES", "AGENT_LOOPS", "CHECKPOINT_CONTENTS", "CPU_DOT_LIBRARIES", "ConfigDict", "ConfigError", "DEPRECATED_KEYS",
     "DEVICES", "DICT_FIELDS", "DTYPES", "GRAD_CLIP_DEFAULT", "HYDRA_CONFIG_DIR", "HYDRA_CONFIG_FLAGS",
     "IGNORED_KEYS", "IGNORED_SECTIONS", "KEYS", "KL_CONTROLLERS", "Key", "LOGGERS", "LORA_SAVABLE_MODULES",
     "LORA_TARGET_MODULES", "LR_SCHEDULERS", "MAPPED_KEYS", "MEGATRON_MESH_KEYS", "NO_VALUE", "OPEN_DICTS",
     "PROFILED_SECTIONS", "RESUME_MODES", "REWARD_MANAGERS", "RLJAX_KEYS", "ROLLOUT_IS_LEVELS", "ROLLOUT_IS_MODES",
-    "ROLLOUT_NAMES", "TRUNCATIONS", "UNIMPLEMENTED_VALUES", "VERL_FREE_FORM", "VERL_YAML_SUFFIXES", "YamlLoader",
+    "ROLLOUT_NAMES", "SANITY_CHECK_MODES", "TOOL_CALL_FORMATS", "TRUNCATE_SIDES", "TRUNCATIONS", "UNIMPLEMENTED_VALUES", "VERL_FREE_FORM", "VERL_YAML_SUFFIXES", "YamlLoader",
     "add_value", "any_value", "apply_overrides", "check", "check_data_files", "check_enum", "check_lora",
     "check_model_path", "check_positive", "check_range", "data_parallel_size", "finalize", "follow",
     "free_form_dicts", "from_yaml", "get_base_config", "get_node", "hydra_config_file", "ignored_overrides",
