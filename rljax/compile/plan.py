@@ -22,6 +22,7 @@ from rljax import sharding
 from rljax.compile import report
 from rljax.models import lora as lora_lib
 from rljax.rollout import factory as rollout_factory
+from rljax.rollout.sampler import RolloutSampler
 from rljax.sharding.placement import Step
 from rljax.trainer import policy, steps as steps_lib
 from rljax.trainer.layout import make_layout
@@ -78,8 +79,9 @@ def rl_steps(config: ConfigDict, mesh: Mesh) -> list[PlannedStep]:
   engine = rollout_factory.build_engine(
       model, arr.rollout, prompt_length=config.data.max_prompt_length,
       slots=min(arr.rollout.max_num_seqs, layout.rows), mesh=rollout_mesh, rules=rules,
-      stop=rollout_factory.stop_ids(None, model.cfg), record_routing=steps_lib.replays_rollout_routing(config))
-  sampler_steps = rollout_factory.build_sampler(engine, arr.rollout, 0).steps_per_sync
+      stop=rollout_factory.stop_ids(None, model.cfg), record_routing=steps_lib.replays_rollout_routing(config),
+      multi_turn=arr.rollout.multi_turn.enable)
+  sampler_steps = RolloutSampler(engine, pad_id=0).steps_per_sync
   rollout_params = engine.compute_params(actor_params)
   for step in engine.lowering_steps(actor_params, sampler_steps, samples_per_prompt=layout.n):
     bound = None

@@ -104,39 +104,39 @@ def select_samples(num_rows: int, max_samples: int, shuffle: bool,
   return np.arange(max_samples)
 
 
-_WORKER_TOKENIZER = None
+_WORKER_TOKENIZER = _WORKER_TOOLS = None
 
 
-def _init_length_worker(tokenizer: tokenization.Tokenizer) -> None:
-  global _WORKER_TOKENIZER
-  _WORKER_TOKENIZER = tokenizer
+def _init_length_worker(tokenizer: tokenization.Tokenizer, tools: Sequence[dict] | None) -> None:
+  global _WORKER_TOKENIZER, _WORKER_TOOLS
+  _WORKER_TOKENIZER, _WORKER_TOOLS = tokenizer, tools
 
 
 def _lengths_in_worker(prompts: list[Any]) -> list[int]:
-  return [_prompt_length(_WORKER_TOKENIZER, p) for p in prompts]
+  return [_prompt_length(_WORKER_TOKENIZER, p, _WORKER_TOOLS) for p in prompts]
 
 
-def _prompt_length(tokenizer: tokenization.Tokenizer, messages: Any) -> int:
+def _prompt_length(tokenizer: tokenization.Tokenizer, messages: Any, tools: Sequence[dict] | None = None) -> int:
   """Templated token count; -1 for a malformed prompt (reported later)."""
   try:
     messages = check_messages(messages, "", "prompt")
   except ValueError:
     return -1
   return len(tokenization.encode_text(
-      tokenizer, tokenization.chat_prompt(tokenizer, messages)))
+      tokenizer, tokenization.chat_prompt(tokenizer, messages, tools)))
 
 
 def prompt_lengths(prompts: Sequence[Any], tokenizer: tokenization.Tokenizer,
-                   workers: int = 1) -> np.ndarray:
-  """Templated prompt lengths [N], computed in `workers` processes if > 1."""
+                   workers: int = 1, tools: Sequence[dict] | None = None) -> np.ndarray:
+  """Templated prompt lengths [N] (rendered with `tools` schemas), computed in `workers` processes if > 1."""
   prompts = list(prompts)
   if workers <= 1 or len(prompts) < 2 * workers:
-    return np.asarray([_prompt_length(tokenizer, p) for p in prompts], np.int64)
+    return np.asarray([_prompt_length(tokenizer, p, tools) for p in prompts], np.int64)
   chunk = -(-len(prompts) // (4 * workers))
   chunks = [prompts[i:i + chunk] for i in range(0, len(prompts), chunk)]
   ctx = multiprocessing.get_context("spawn")
   with ctx.Pool(workers, initializer=_init_length_worker,
-                initargs=(tokenizer,)) as pool:
+                initargs=(tokenizer, tools)) as pool:
     parts = pool.map(_lengths_in_worker, chunks)
   return np.asarray([n for part in parts for n in part], np.int64)
 
@@ -186,7 +186,7 @@ class RLHFDataset:
       prompts = table.column(self.prompt_key).take(pa.array(rows)).to_pylist()
       lengths = prompt_lengths(
           prompts, tokenizer,
-          int(config_get(config, "filter_overlong_prompts_workers", 1)))
+          int(config_get(config, "filter_overlong_prompts_workers", 1)), self.tool_schemas)
       keep = lengths <= self.max_prompt_length
       self.num_filtered = int(np.sum(~keep))
       logger.info("filter_overlong_prompts dropped %d of %d prompts longer "

@@ -241,3 +241,32 @@ def test_media_columns_are_an_error_naming_the_row_not_silently_dropped(tmp_path
   with_images = write_rows(tmp_path / "b.parquet", rows)
   with pytest.raises(ValueError, match=r"b.parquet row 2: column 'images' \(data.image_key\) holds media"):
     data.make_dataset([text_only, with_images], tokenizer, data_config(max_prompt_length=8))
+
+
+def test_prompts_are_rendered_with_the_tool_config_s_schemas(tmp_path):
+  """data.tool_config_path (verl's copy of multi_turn.tool_config_path): the chat template gets `tools`, for the
+  prompt and for the overlong filter alike; the tool classes are not imported to read their schemas."""
+  from tests.data.conftest import make_tokenizer
+  tokenizer = make_tokenizer(["tool:calculator", "tool:lookup"])
+  tokenizer.chat_template = ("{% for t in tools or [] %}tool:{{ t['function']['name'] }} {% endfor %}"
+                             + tokenizer.chat_template)
+  tools = tmp_path / "tools.yaml"
+  tools.write_text(textwrap.dedent("""\
+      tools:
+        - class_name: not.imported.Calculator
+          config: {type: native}
+          tool_schema:
+            type: function
+            function: {name: calculator, description: adds, parameters: {type: object, properties: {}, required: []}}
+        - class_name: not.imported.Lookup
+          config: {type: native}
+          tool_schema:
+            type: function
+            function: {name: lookup, description: finds, parameters: {type: object, properties: {}, required: []}}
+      """))
+  path = write_rows(tmp_path / "train.parquet", [prompt_row(i, 3 + i) for i in range(3)])
+  config = data_config(max_prompt_length=8, tool_config_path=str(tools), return_full_prompt=True,
+                       filter_overlong_prompts=True)
+  dataset = data.make_dataset(path, tokenizer, config)
+  assert len(dataset) == 2  # 2 tool words + 3 or 4 prompt words + 2 fit in 8; 5 prompt words do not
+  assert dataset[0]["full_prompts"] == "tool:calculator tool:lookup <user> w0 w1 w2 <assistant>"
