@@ -22,8 +22,9 @@ Presets:
   describing the calculator and its hermes call format, the question, the
   assistant's `<tool_call>`, the tool's result and the assistant's answer;
   only the two assistant turns are trained on. Conversations are 200-225
-  tokens (max_length 256). Sized for a 2-core CPU: 24 steps of 8 examples
-  at lr 1e-4. Export the result to a Hugging Face directory with
+  tokens (max_length 256). Sized for a 2-core CPU (about 5 minutes): 12
+  steps of 8 examples at lr 1e-4 (the train loss is under 0.01 by step 6:
+  the call copies the question's expression, the answer the tool's result). Export the result to a Hugging Face directory with
   `python -m rljax.export --checkpoint checkpoints/rljax/sft_smollm2_calculator --out DIR`.
 * `qwen2_5_0_5b_gsm8k`: verl's GSM8K SFT example (question -> worked
   answer from `extra_info`) on Qwen2.5-0.5B-Instruct, packed, for a TPU VM.
@@ -70,8 +71,8 @@ SMOLLM2_CALCULATOR: dict[str, Any] = {
     "data.max_length": 256,
     "data.val_max_samples": 32,
     "optim.lr": 1e-4,
-    "trainer.total_training_steps": 24,
-    "trainer.test_freq": 12,
+    "trainer.total_training_steps": 12,
+    "trainer.test_freq": 6,
     "trainer.experiment_name": "sft_smollm2_calculator",
 }
 
