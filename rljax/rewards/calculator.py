@@ -4,12 +4,13 @@ The response text holds every turn after the prompt: the assistant's turns,
 the rendered tool turns and the final answer. Decoded with special tokens
 skipped (the reward managers' and verl's way), ChatML's
 `<|im_end|>\\n<|im_start|>tool\\n777777<|im_end|>\\n<|im_start|>assistant\\n`
-reads `\\ntool\\n777777\\nassistant\\n`; both forms are understood.
+reads `\\ntool\\n777777\\nassistant\\n`; both forms are understood, and so
+are Qwen2.5's `<tool_response>...</tool_response>` user turns.
 
-The final answer is the text after the last tool turn; a response with no
-tool turn (the model answered directly, or its call was never answered) is
-its own final answer, except that a response whose last `<tool_call>` was
-never answered has no final answer.
+The final answer is the text after the last tool turn. A response without a
+`</tool_call>` is its own final answer (the model answered directly); one
+whose last call has no tool turn after it (the rollout stopped there) has
+no final answer.
 
 Scheme (`compute_score` returns {"score", "acc", "pred", "tool_call"}):
 
@@ -47,6 +48,9 @@ _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _TOOL_TURN = re.compile(
     r"(?:<\|im_end\|>)?\s*(?:<\|im_start\|>)?tool\n(.*?)(?:<\|im_end\|>)?\s*\n(?:<\|im_start\|>)?assistant\n",
     re.DOTALL)
+# Qwen2.5's template renders tool results inside a user turn: <tool_response>\n...\n</tool_response>.
+_TOOL_RESPONSE = re.compile(
+    r"<tool_response>(.*?)</tool_response>(?:<\|im_end\|>)?\s*\n(?:<\|im_start\|>)?assistant\n", re.DOTALL)
 
 
 def parse_call(body: str) -> dict[str, Any] | None:
@@ -80,12 +84,12 @@ def has_well_formed_call(text: str) -> bool:
 def final_answer(text: str) -> str:
   """The text after the last tool turn; the whole text when there is none; "" after an unanswered call."""
   last_call = text.rfind("</tool_call>")
-  turns = list(_TOOL_TURN.finditer(text, max(last_call, 0)))
   if last_call < 0:
     return text
+  turns = list(_TOOL_TURN.finditer(text, last_call)) + list(_TOOL_RESPONSE.finditer(text, last_call))
   if not turns:
     return ""
-  return text[turns[-1].end():]
+  return text[max(t.end() for t in turns):]
 
 
 def strip_end(text: str) -> str:

@@ -147,6 +147,7 @@ TOOL_TURN_KEPT = "<|im_end|>\n<|im_start|>tool\n6912<|im_end|>\n<|im_start|>assi
     # tool call, tool result, correct final answer: 1.0
     (CALL + TOOL_TURN_SKIPPED + "1234 + 5678 = 6912", 1.0, True, 1.0),
     (CALL + TOOL_TURN_KEPT + "The answer is 6,912.<|im_end|>", 1.0, True, 1.0),
+    (CALL + "\nuser\n<tool_response>\n6912\n</tool_response>\nassistant\n6912", 1.0, True, 1.0),  # Qwen2.5
     # correct direct answer, no call: 1.0
     ("1234 + 5678 = 6912", 1.0, True, 0.0),
     # well-formed call, wrong final answer: 0.2
