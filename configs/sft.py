@@ -15,6 +15,17 @@ Presets:
   retells the story and its greedy task reward on these prompts is low;
   `benchmarks/sft_reward.py` measures val loss and greedy reward before and
   after this run.
+* `smollm2_calculator`: SmolLM2-135M-Instruct warm-started for multi-turn
+  tool use on the synthetic calculator task (`rljax.data.synthetic.
+  calculator`, written on first use under `~/data/rljax/calculator/`):
+  multi-turn rows (`data.multiturn.enable`), each a system message
+  describing the calculator and its hermes call format, the question, the
+  assistant's `<tool_call>`, the tool's result and the assistant's answer;
+  only the two assistant turns are trained on. Conversations are 200-225
+  tokens (max_length 256). Sized for a 2-core CPU (about 5 minutes): 12
+  steps of 8 examples at lr 1e-4 (the train loss is under 0.01 by step 6:
+  the call copies the question's expression, the answer the tool's result). Export the result to a Hugging Face directory with
+  `python -m rljax.export --checkpoint checkpoints/rljax/sft_smollm2_calculator --out DIR`.
 * `qwen2_5_0_5b_gsm8k`: verl's GSM8K SFT example (question -> worked
   answer from `extra_info`) on Qwen2.5-0.5B-Instruct, packed, for a TPU VM.
 """
@@ -23,6 +34,7 @@ from typing import Any
 
 from rljax import config as config_lib
 from rljax.data.synthetic import arithmetic
+from rljax.data.synthetic import calculator
 from rljax.sft.config import get_sft_config
 
 SMOLLM2_ARITHMETIC: dict[str, Any] = {
@@ -45,6 +57,23 @@ SMOLLM2_ARITHMETIC: dict[str, Any] = {
     "trainer.logger": ["console", "jsonl"],
     "trainer.test_freq": 8,
     "trainer.save_freq": -1,
+}
+
+SMOLLM2_CALCULATOR: dict[str, Any] = {
+    **SMOLLM2_ARITHMETIC,
+    "data.train_files": f"{calculator.DEFAULT_LOCAL_DIR}/sft_train.parquet",
+    "data.val_files": f"{calculator.DEFAULT_LOCAL_DIR}/sft_test.parquet",
+    "data.prompt_key": "prompt",
+    "data.response_key": "extra_info",
+    "data.response_dict_keys": None,
+    "data.multiturn.enable": True,
+    "data.multiturn.messages_key": "messages",
+    "data.max_length": 256,
+    "data.val_max_samples": 32,
+    "optim.lr": 1e-4,
+    "trainer.total_training_steps": 12,
+    "trainer.test_freq": 6,
+    "trainer.experiment_name": "sft_smollm2_calculator",
 }
 
 QWEN2_5_0_5B_GSM8K: dict[str, Any] = {
@@ -71,7 +100,8 @@ QWEN2_5_0_5B_GSM8K: dict[str, Any] = {
     "trainer.save_freq": 100,
 }
 
-PRESETS = {"smollm2_arithmetic": SMOLLM2_ARITHMETIC, "qwen2_5_0_5b_gsm8k": QWEN2_5_0_5B_GSM8K}
+PRESETS = {"smollm2_arithmetic": SMOLLM2_ARITHMETIC, "smollm2_calculator": SMOLLM2_CALCULATOR,
+           "qwen2_5_0_5b_gsm8k": QWEN2_5_0_5B_GSM8K}
 DEFAULT_PRESET = "smollm2_arithmetic"
 
 

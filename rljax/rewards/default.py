@@ -14,7 +14,9 @@ default_compute_score`), plus rljax's synthetic task:
 - searchR1_nq, searchR1_triviaqa, searchR1_popqa, searchR1_hotpotqa,
   searchR1_2wikimultihopqa, searchR1_musique, searchR1_bamboogle:
   `search_r1`;
-- rljax/arithmetic: `arithmetic`.
+- rljax/arithmetic: `arithmetic`;
+- rljax/calculator: `calculator` (multi-turn tool use; a dict score with
+  partial credit for a well-formed tool call).
 
 verl's code sources (codecontests, apps, codeforces, taco) are scored by
 running the response as code in a sandbox; rljax never runs model output
@@ -29,6 +31,7 @@ from typing import Any, Callable, Iterable, Mapping
 import pyarrow.parquet as pq
 
 from rljax.rewards import arithmetic
+from rljax.rewards import calculator
 from rljax.rewards import geo3k
 from rljax.rewards import gsm8k
 from rljax.rewards import math_answer
@@ -37,6 +40,7 @@ from rljax.rewards import prime_math
 from rljax.rewards import search_r1
 
 SYNTHETIC_ARITHMETIC = "rljax/arithmetic"
+SYNTHETIC_CALCULATOR = "rljax/calculator"
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
                 "HuggingFaceH4/MATH-500")
 DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
@@ -59,6 +63,7 @@ _SCORERS: dict[str, Scorer] = {
     "hiyouga/geometry3k": geo3k.compute_score,
     **{s: search_r1.compute_score for s in SEARCH_R1_SOURCES},
     SYNTHETIC_ARITHMETIC: arithmetic.compute_score,
+    SYNTHETIC_CALCULATOR: calculator.compute_score,
 }
 _PREFIX_SCORERS: dict[str, Scorer] = {DAPO_PREFIX: math_dapo.compute_score}
 
@@ -146,7 +151,7 @@ def default_compute_score(data_source: str, solution_str: str,
 
   Returns:
     The score as a float, or for the math_dapo sources verl's dict
-    {"score", "acc", "pred"}.
+    {"score", "acc", "pred"} (rljax/calculator adds "tool_call").
 
   Raises:
     NotImplementedError: for a data_source with no built-in scorer (a code

@@ -1,9 +1,14 @@
 """Offline tasks in verl's parquet schema, for a first run that works anywhere.
 
     python -m rljax.data.synthetic arithmetic --local_dir DIR
+    python -m rljax.data.synthetic calculator --local_dir DIR
 
-See `rljax.data.synthetic.arithmetic` for the problems and difficulty levels.
+See `rljax.data.synthetic.arithmetic` for the problems and difficulty levels,
+and `rljax.data.synthetic.calculator` for the multi-turn tool-use task (a
+calculator tool, `rljax.data.synthetic.calculator_tool`).
 """
+
+import os
 
 from rljax.data.synthetic.arithmetic import DATA_SOURCE
 from rljax.data.synthetic.arithmetic import DEFAULT_LOCAL_DIR
@@ -11,7 +16,8 @@ from rljax.data.synthetic.arithmetic import DEFAULT_TASKS
 from rljax.data.synthetic.arithmetic import ensure_synthetic_data
 from rljax.data.synthetic.arithmetic import generate
 from rljax.data.synthetic.arithmetic import make_rows
-from rljax.data.synthetic.arithmetic import maybe_generate_default
+from rljax.data.synthetic import arithmetic as _arithmetic
+from rljax.data.synthetic import calculator
 from rljax.data.synthetic.arithmetic import WORD_LOCAL_DIR
 
 __all__ = [
@@ -23,4 +29,12 @@ __all__ = [
     "make_rows",
     "maybe_generate_default",
     "WORD_LOCAL_DIR",
+    "calculator",
 ]
+
+
+def maybe_generate_default(path: str | os.PathLike) -> None:
+  """Writes a default synthetic directory (arithmetic's or calculator's) if `path` is its absent file."""
+  _arithmetic.maybe_generate_default(path)
+  calculator.maybe_generate_default(path)
+

@@ -1,31 +1,42 @@
-"""python -m rljax.data.synthetic arithmetic --local_dir DIR [options]
+"""python -m rljax.data.synthetic {arithmetic,calculator} --local_dir DIR [options]
 
-Writes DIR/train.parquet and DIR/test.parquet (see rljax.data.synthetic).
+arithmetic writes DIR/train.parquet and DIR/test.parquet; calculator also
+writes DIR/sft_train.parquet and DIR/sft_test.parquet (worked tool-use
+conversations). See rljax.data.synthetic.
 """
 
 import argparse
 from typing import Sequence
 
 from rljax.data.synthetic import arithmetic
+from rljax.data.synthetic import calculator
 
 
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(
       prog="python -m rljax.data.synthetic",
       description="Writes an offline task in verl's parquet schema.")
-  parser.add_argument("task", choices=["arithmetic"])
-  parser.add_argument("--local_dir", default=arithmetic.DEFAULT_LOCAL_DIR)
+  parser.add_argument("task", choices=["arithmetic", "calculator"])
+  parser.add_argument("--local_dir", default=None,
+                      help=f"default: {arithmetic.DEFAULT_LOCAL_DIR} (arithmetic), "
+                      f"{calculator.DEFAULT_LOCAL_DIR} (calculator)")
   parser.add_argument("--train_size", type=int, default=10000)
   parser.add_argument("--test_size", type=int, default=500)
-  parser.add_argument("--difficulty", default="1",
-                      help="a level 1-5, or several: 1,2,3")
+  parser.add_argument("--difficulty", default=None,
+                      help="arithmetic: a level 1-5, or several: 1,2,3 (default 1); "
+                      f"calculator: levels 1-4 (default {calculator.DEFAULT_DIFFICULTY})")
   parser.add_argument("--style", choices=arithmetic.STYLES,
-                      default="arithmetic")
+                      default="arithmetic", help="arithmetic only")
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
-  paths = arithmetic.generate(args.local_dir, args.task, args.train_size,
-                              args.test_size, args.difficulty, args.style,
-                              args.seed)
+  if args.task == "calculator":
+    paths = calculator.generate(args.local_dir or calculator.DEFAULT_LOCAL_DIR, args.train_size,
+                                args.test_size, args.difficulty or calculator.DEFAULT_DIFFICULTY,
+                                args.seed)
+  else:
+    paths = arithmetic.generate(args.local_dir or arithmetic.DEFAULT_LOCAL_DIR, args.task,
+                                args.train_size, args.test_size, args.difficulty or "1",
+                                args.style, args.seed)
   for path in paths:
     print(path)
 
