@@ -139,7 +139,8 @@ def sanity_check(tokenizer: Any, messages: list[dict], tools: list[dict] | None,
     if mode == "ignore_strippable" and not want.strip() and not got.strip():
       continue
     return (f"trained token {j1} (of {len(trained)}; rendering token {i1} of {len(expected)}): "
-            f"the chat template renders {want!r} where the rollout has {got!r}; context "
+            f"the chat template renders {want!r} as ids {expected[i1:i2]} where the rollout has {got!r} as ids "
+            f"{trained[j1:j2]}; context "
             f"{_decode(tokenizer, trained[max(0, j1 - 5):j1])!r}")
   return None
 

@@ -211,7 +211,7 @@ class AgentSampler(RolloutSampler):
           self.settings.max_parallel_calls, self.settings.max_tool_response_length, self.settings.truncate_side)
       tools.start()
     kwargs = info.get("interaction_kwargs") or {}
-    if agent == "tool_agent" and kwargs:
+    if agent == "tool_agent" and kwargs and self.settings.interactions:  # verl's rows carry them either way
       interaction = runner.InteractionSession(interactions_lib.select_interaction(self.settings.interactions, kwargs),
                                               kwargs, self._executor, self.settings.timeout_s)
       interaction.start()

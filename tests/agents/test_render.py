@@ -56,7 +56,8 @@ def test_sanity_check_modes(chatml):
   report = sanity_check(chatml, messages, TOOLS, bad, "strict")
   at = len(ids) - len(right) - 1 + next(i for i, (a, b) in enumerate(zip(right, wrong)) if a != b)
   assert report.startswith(f"trained token {at} (of {len(bad)}; rendering token {at} of {len(ids)})")
-  assert "renders ' 5' where the rollout has ' 6'; context 'nt\\nThe answer is'" in report
+  five, six = (chatml.encode(x, add_special_tokens=False) for x in (" 5", " 6"))
+  assert f"renders ' 5' as ids {five} where the rollout has ' 6' as ids {six}; context 'nt\\nThe answer is'" in report
   assert sanity_check(chatml, messages, TOOLS, bad, "disable") is None
   newline = chatml.encode("\n", add_special_tokens=False)
   spaced = ids[:-len(right) - 1] + newline + ids[-len(right) - 1:]
