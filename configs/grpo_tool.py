@@ -45,7 +45,7 @@ def get_config(arg=None):
         "data.return_raw_chat": True,
         "data.train_batch_size": 8,
         "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
-        "actor_rollout_ref.actor.optim.lr": 2e-6,
+        "actor_rollout_ref.actor.optim.lr": 1e-5,
         "actor_rollout_ref.rollout.n": 4,
         "actor_rollout_ref.rollout.max_num_seqs": 32,
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 32,

@@ -19,7 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 COLABS = ROOT / "colabs"
 NOTEBOOKS = sorted(COLABS.glob("*.ipynb"))
 NAMES = [path.stem for path in NOTEBOOKS]
-EXPECTED = {"grpo_quickstart", "custom_reward", "algorithms"}
+EXPECTED = {"grpo_quickstart", "custom_reward", "algorithms", "tool_use"}
 CUSTOM_SCORES = {-0.5, 0.0, 0.5, 1.0}  # what custom_reward.ipynb's compute_score returns
 
 
@@ -52,6 +52,8 @@ def tiny_parameters(name, model_dir, data_dir, out_dir):
     values["VAL_SAMPLES"] = 2
   if name == "algorithms":
     values["ALGORITHMS"] = ["grpo", "rloo", "reinforce_plus_plus", "ppo"]
+  if name == "tool_use":  # its own task (calculator), a 1-step warm start of the tiny model
+    values.update(DATA_DIR=os.path.join(out_dir, "calculator"), SFT_STEPS=1, MICRO_BATCH_SIZE=4)
   return values
 
 
@@ -143,6 +145,10 @@ def test_runs_top_to_bottom(path, kernel_name, shared, tmp_path):
     scores = {row["score"] for row in rows}
     # The tiny random model writes no digits, so only the custom function gives -0.5.
     assert scores <= CUSTOM_SCORES and -0.5 in scores, scores
+  if path.stem == "tool_use":
+    history = [json.loads(line) for line in open(out_dir / "grpo_tool" / "metrics.jsonl")]
+    assert [row["step"] for row in history] == [1] and "multi_turn/tool_call_rate" in history[0]
+    assert os.path.isfile(out_dir / "sft_calculator_hf" / "model.safetensors")
   if path.stem == "algorithms":
     for name in values["ALGORITHMS"]:
       history = [json.loads(line) for line in open(out_dir / f"compare_{name}" / "metrics.jsonl")]

@@ -135,6 +135,9 @@ def _check_multi_turn(config: ConfigDict) -> None:
     path = node[name]
     check(path is None or os.path.isfile(os.path.expanduser(path)), f"{key}.{name}", path, "is not a file",
           f"point {key}.{name} at a YAML file in verl's format")
+  check(not config.actor_rollout_ref.rollout.ignore_eos, "actor_rollout_ref.rollout.ignore_eos", True,
+        "a multi-turn conversation's turns end at the end-of-turn token, which ignore_eos decodes past",
+        "set actor_rollout_ref.rollout.ignore_eos=false")
   check(not config.actor_rollout_ref.rollout.enable_rollout_routing_replay,
         "actor_rollout_ref.rollout.enable_rollout_routing_replay", True,
         "the engine does not record the experts of the tokens a multi-turn rollout appends",

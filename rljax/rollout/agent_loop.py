@@ -49,6 +49,7 @@ from rljax.rollout.sampler import Rollout, RolloutSampler
 
 _LOG = logging.getLogger("rljax.rollout")
 ENDINGS = ("answer", "length", "assistant_turns", "user_turns", "interaction")
+AGENTS = ("single_turn_agent", "tool_agent")
 APPEND_BUCKETS = (16, 64)
 
 
@@ -131,7 +132,8 @@ class Episode:
   interaction_scores: list[float] = dataclasses.field(default_factory=list)
   pending: concurrent.futures.Future | None = None
   ended: str | None = None
-  reward_scores: dict[str, float] = dataclasses.field(default_factory=dict)
+  closing: concurrent.futures.Future | None = None
+  reward_scores: dict[str, Any] = dataclasses.field(default_factory=dict)
   tokenization_mismatch: str | None = None
 
 
@@ -204,6 +206,9 @@ class AgentSampler(RolloutSampler):
     """A new conversation of one request (its tools created, its interaction started)."""
     info = extra_info if isinstance(extra_info, Mapping) else {}
     agent = str(agent_name) if agent_name else self.settings.default_agent
+    if agent not in AGENTS:
+      raise ValueError(f"a row's agent_name is {agent!r}; rljax runs {' and '.join(AGENTS)} (custom agent loops are "
+                       "not implemented): fix the data's agent_name column")
     tools = interaction = None
     if agent == "tool_agent" and self.settings.tools:
       tools = runner.ToolSession(
@@ -253,12 +258,10 @@ class AgentSampler(RolloutSampler):
   def _answer(self, episode: Episode) -> list[int] | None:
     """The ids to append once `episode.pending` is done (None: the conversation ended instead)."""
     result, episode.pending = episode.pending.result(), None
+    terminate = False
     if isinstance(result, runner.InteractionTurn):
       terminate, text, score, _ = result
       episode.interaction_scores.append(float(score))
-      if terminate:
-        self._finish(episode, "interaction")
-        return None
       new = [{"role": "user", "content": text}]
     else:
       episode.tool_errors += sum(o.error is not None for o in result)
@@ -274,17 +277,26 @@ class AgentSampler(RolloutSampler):
     episode.mask.extend([0] * len(ids))
     episode.log_probs.extend([0.0] * len(ids))
     episode.turn_start = len(episode.ids)
+    if terminate:  # verl keeps the interaction's last message, then ends
+      self._finish(episode, "interaction")
+      return None
     return ids
 
   def _finish(self, episode: Episode, why: str) -> None:
-    """Ends the conversation: tools score and release their instances, the interaction scores."""
+    """Ends the conversation; its tools and interaction close on a thread (`_close`), joined by `_assemble`."""
     episode.ended = why
+    episode.closing = self._executor.submit(self._close, episode)
+
+  @staticmethod
+  def _close(episode: Episode) -> None:
+    """Tools score (calc_reward) and release their instances, the interaction scores and finalizes: verl's
+    rollout_reward_scores ({tool: reward}, "user_turn_rewards", and rljax's "interaction" and "tool_steps")."""
     if episode.tools is not None:
       episode.reward_scores.update(episode.tools.finish())
     if episode.interaction is not None:
       episode.reward_scores["interaction"] = float(episode.interaction.finish())
     if episode.interaction_scores:
-      episode.reward_scores["interaction_turns"] = float(sum(episode.interaction_scores))
+      episode.reward_scores["user_turn_rewards"] = list(episode.interaction_scores)
     if episode.tool_step_reward:
       episode.reward_scores["tool_steps"] = episode.tool_step_reward
 
@@ -327,58 +339,65 @@ class AgentSampler(RolloutSampler):
     decoding: dict[int, int] = {}
     waiting: dict[int, tuple[int, int]] = {}  # slot -> (request, the decode call whose output asked)
     next_request = finished = sync = 0
-    while finished < total:
-      if free and next_request < total:
-        take = list(range(next_request, min(total, next_request + len(free))))
-        next_request += len(take)
-        unique = sorted({r // n for r in take})
-        prefix = self._prefill(params, [prompts[p] for p in unique])
-        slots = [free.pop(0) for _ in take]
-        state = self.engine.insert_many(prefix, state, slots, [unique.index(r // n) for r in take])
-        for slot, request in zip(slots, take):
-          p = request // n
-          episodes[request] = self._start(rows["raw_prompt"][p], extra[p], agents[p])
-          decoding[slot] = request
-      appends = {}
-      for slot, (request, asked) in list(waiting.items()):
-        if decoding and asked == sync:  # its answer is taken after one more decode call of the other slots
+    try:
+      while finished < total:
+        busy, appends = bool(decoding), {}
+        for slot, (request, asked) in list(waiting.items()):
+          if busy and asked == sync:  # its answer is taken after one more decode call of the other slots
+            continue
+          del waiting[slot]
+          ids = self._answer(episodes[request])
+          if ids is None:
+            free.append(slot)
+            finished += 1
+          else:
+            appends[slot] = ids
+            decoding[slot] = request
+        if free and next_request < total:
+          take = list(range(next_request, min(total, next_request + len(free))))
+          next_request += len(take)
+          unique = sorted({r // n for r in take})
+          prefix = self._prefill(params, [prompts[p] for p in unique])
+          slots = [free.pop(0) for _ in take]
+          state = self.engine.insert_many(prefix, state, slots, [unique.index(r // n) for r in take])
+          started = self._executor.map(lambda r: self._start(rows["raw_prompt"][r // n], extra[r // n],
+                                                             agents[r // n]), take)
+          for slot, request, episode in zip(slots, take, started):
+            episodes[request] = episode
+            decoding[slot] = request
+        if appends:
+          state = self._append(params, state, appends)
+        if not decoding:
           continue
-        episode = episodes[request]
-        del waiting[slot]
-        ids = self._answer(episode)
-        if ids is None:
-          free.append(slot)
-          finished += 1
-        else:
-          appends[slot] = ids
-          decoding[slot] = request
-      if appends:
-        state = self._append(params, state, appends)
-      if not decoding:
-        continue
-      sync += 1
-      state, out = self.engine.generate_steps(params, state, self.steps_per_sync, sampling_params)
-      out, done = jax.device_get((out, state.done))
-      for slot, request in list(decoding.items()):
-        episode, valid = episodes[request], out.valid[slot]
-        episode.ids.extend(int(t) for t in out.tokens[slot][valid])
-        episode.mask.extend([1] * int(valid.sum()))
-        episode.log_probs.extend(float(x) for x in out.log_probs[slot][valid])
-        if not done[slot]:
-          continue
-        del decoding[slot]
-        self._end_turn(episode)
-        if episode.ended is None:
-          waiting[slot] = (request, sync)
-        else:
-          free.append(slot)
-          finished += 1
+        sync += 1
+        state, out = self.engine.generate_steps(params, state, self.steps_per_sync, sampling_params)
+        out, done = jax.device_get((out, state.done))
+        for slot, request in list(decoding.items()):
+          episode, valid = episodes[request], out.valid[slot]
+          episode.ids.extend(int(t) for t in out.tokens[slot][valid])
+          episode.mask.extend([1] * int(valid.sum()))
+          episode.log_probs.extend(float(x) for x in out.log_probs[slot][valid])
+          if not done[slot]:
+            continue
+          del decoding[slot]
+          self._end_turn(episode)
+          if episode.ended is None:
+            waiting[slot] = (request, sync)
+          else:
+            free.append(slot)
+            finished += 1
+    except BaseException:
+      for episode in episodes:  # release what the failed rollout created
+        if episode is not None and episode.ended is None:
+          self._finish(episode, "length")
+      raise
+    finally:
+      concurrent.futures.wait([e.closing for e in episodes if e is not None and e.closing is not None])
     if not self.free_cache:
       self._state = state
-    return self._assemble(episodes, prompts, rows["raw_prompt"], n, length)
+    return self._assemble(episodes, prompts, n, length)
 
-  def _assemble(self, episodes: list[Episode], prompts: Sequence[np.ndarray], messages: Sequence[Any], n: int,
-                length: int) -> AgentRollout:
+  def _assemble(self, episodes: list[Episode], prompts: Sequence[np.ndarray], n: int, length: int) -> AgentRollout:
     """The rollout's arrays from its finished episodes (and the tokenization sanity check of each)."""
     total = len(episodes)
     tokens = np.full((total, length), self.pad_id, np.int32)
@@ -389,7 +408,8 @@ class AgentSampler(RolloutSampler):
       size = len(episode.ids)
       tokens[r, :size], mask[r, :size], log_probs[r, :size] = episode.ids, episode.mask, episode.log_probs
       lengths[r] = size
-      if episode.ended != "length":
+      episode.closing.result()  # a tool's calc_reward or release that raised
+      if episode.ended != "length" and episode.mask and episode.mask[-1]:  # a rendering ends after the model's turn
         episode.tokenization_mismatch = render.sanity_check(
             self.tokenizer, episode.messages, self.settings.tool_schemas,
             list(prompts[r // n]) + episode.ids, self.settings.sanity_check_mode)

@@ -374,8 +374,14 @@ class Engine(_EngineBase):
     if tokens.ndim == 1:
       tokens, lengths = tokens[None], lengths.reshape(1)
     if existing_prefix is not None:
-      return self.continue_fn(*tokens.shape, existing_prefix.cache.mask.shape[1])(params, existing_prefix, tokens,
-                                                                                   lengths)
+      held, room = existing_prefix.cache.mask.shape[1], self.cache_length - self.max_decode_length
+      if held + tokens.shape[1] > room:
+        raise ValueError(f"continuing a {held}-slot prefix by {tokens.shape[1]} tokens leaves no room for "
+                         f"{self.max_decode_length} decode steps in a {self.cache_length}-slot cache; build the "
+                         f"engine with a larger prefill bucket or append_buckets")
+      if np.any(np.asarray(true_length) < 1):
+        raise ValueError(f"true_length {true_length} continues a prefix by nothing; every row needs a new token")
+      return self.continue_fn(*tokens.shape, held)(params, existing_prefix, tokens, lengths)
     return self.prefill_fn(*tokens.shape)(params, tokens, lengths)
 
   def continue_fn(self, rows: int, length: int, held: int) -> Any:

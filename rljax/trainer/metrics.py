@@ -19,12 +19,14 @@ def data_metrics(batch: Mapping[str, np.ndarray], response_width: int, prompt_wi
 
   Args:
     batch: token_level_scores, token_level_rewards, advantages, returns,
-      response_mask [N, R]; prompt_mask [N, P]; optionally values [N, R].
+      response_mask [N, R]; attention_mask [N, P + R] (a response's length
+      counts every id, a multi-turn response's tool turns included, as
+      verl counts it); prompt_mask [N, P]; optionally values [N, R].
     response_width: R (a response of R tokens was clipped).
     prompt_width: P.
   """
   mask = batch["response_mask"].astype(bool)
-  response_length = mask.sum(-1).astype(np.float64)
+  response_length = batch["attention_mask"][:, -response_width:].sum(-1).astype(np.float64)
   prompt_length = batch["prompt_mask"].sum(-1).astype(np.float64)
   out = {}
   out.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))

@@ -196,15 +196,20 @@ def test_single_turn_rows_and_interactions(files, tok):
   episode with its score reaching the rollout's reward scores."""
   start, call, answer, eos = (chain.start_id(tok), chain.phrase_id(tok, "lookup"), chain.phrase_id(tok, "answer"),
                               tok.eos_token_id)
-  smp, model = sampler(tok, {start: {answer: 0.0}, answer: {eos: 0.0}, call: {eos: 0.0}}, settings(files))
+  smp, model = sampler(tok, {start: {answer: 0.0}, answer: {eos: 0.0}, call: {eos: 0.0}}, settings(files),
+                       response=96)
   out = generate(smp, model, tok, 2, agents=["single_turn_agent", "tool_agent"],
                  extra=[{}, {"interaction_kwargs": {"name": "try_again"}}])
   single, talk = out.episodes
   assert single.ended == "answer" and single.assistant_turns == 1 and out.response_mask[0].sum() == 2
-  assert talk.ended == "interaction" and talk.assistant_turns == 2 and talk.user_turns == 1
+  assert talk.ended == "interaction" and talk.assistant_turns == 2 and talk.user_turns == 2
   assert talk.messages[2] == {"role": "user", "content": "Wrong, try again."}
-  assert talk.reward_scores["interaction"] == 2.0 and talk.reward_scores["interaction_turns"] == 1.0
-  assert out.extra_info([{"k": 1}, None])[1]["num_turns"] == 4
+  assert talk.messages[4] == {"role": "user", "content": "Correct."}  # kept, as verl keeps it, then the end
+  assert out.response_mask[1, int(out.response_lengths[1]) - 1] == 0
+  assert talk.reward_scores["interaction"] == 2.0 and talk.reward_scores["user_turn_rewards"] == [0.0, 1.0]
+  assert out.extra_info([{"k": 1}, None])[1]["num_turns"] == 5
+  with pytest.raises(ValueError, match="agent_name is 'react_agent'.*fix the data's agent_name column"):
+    generate(smp, model, tok, 1, agents=["react_agent"])
 
 
 def test_sharded_agent_loop_equals_one_device(files, tok):

@@ -109,3 +109,11 @@ def test_append_beyond_the_largest_bucket_is_an_error(setup):
   engine, params = setup
   with pytest.raises(ValueError, match="largest append bucket 8"):
     engine.append(params, engine.init_decode_state(), {0: np.arange(9, dtype=np.int32)})
+
+
+def test_a_continuation_that_leaves_no_decode_room_is_an_error(setup):
+  engine, params = setup
+  prefix = engine.prefill(params=params, padded_tokens=np.ones((1, 16), np.int32), true_length=np.array([16]))
+  with pytest.raises(ValueError, match="continuing a 16-slot prefix by 16 tokens leaves no room for 16 decode steps"):
+    engine.prefill(params=params, existing_prefix=prefix, padded_tokens=np.ones((1, 16), np.int32),
+                   true_length=np.array([4]))
