@@ -20,43 +20,39 @@ it on worked tool-use conversations first, as users do:
 
 import os
 
-from rljax.config import set_value
+from rljax.config import ConfigError, load_config_file, set_value
 from rljax.data.synthetic import calculator
-from rljax.presets import experiment
 
-TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", "calculator.yaml")
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOOLS = os.path.join(HERE, "tools", "calculator.yaml")
 
 
 def get_config(arg=None):
-  config = experiment("grpo_tool", arg, {
-      "algorithm.adv_estimator": "grpo",
-      "algorithm.use_kl_in_reward": False,
-      "actor_rollout_ref.actor.use_kl_loss": True,
-      "actor_rollout_ref.actor.kl_loss_coef": 0.001,
-      "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
-      "actor_rollout_ref.actor.entropy_coeff": 0.0,
-  })
-  if arg is None:
-    for key, value in {
-        "data.train_files": f"{calculator.DEFAULT_LOCAL_DIR}/train.parquet",
-        "data.val_files": f"{calculator.DEFAULT_LOCAL_DIR}/test.parquet",
-        "data.max_prompt_length": 160,
-        "data.max_response_length": 128,
-        "data.return_raw_chat": True,
-        "data.train_batch_size": 8,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
-        "actor_rollout_ref.actor.optim.lr": 1e-5,
-        "actor_rollout_ref.rollout.n": 4,
-        "actor_rollout_ref.rollout.max_num_seqs": 32,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 32,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 32,
-        "actor_rollout_ref.rollout.multi_turn.enable": True,
-        "actor_rollout_ref.rollout.multi_turn.format": "hermes",
-        "actor_rollout_ref.rollout.multi_turn.tool_config_path": TOOLS,
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 2,
-        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": 32,
-        "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent",
-        "trainer.total_training_steps": 12,
-    }.items():
-      set_value(config, key, value)
+  if arg:
+    raise ConfigError("--config", f"configs/grpo_tool.py:{arg}", "this experiment has no presets",
+                      "drop the ':...' and change sizes with KEY=VALUE overrides")
+  config = load_config_file(os.path.join(HERE, "grpo.py"))  # GRPO's settings on SmolLM2
+  set_value(config, "trainer.experiment_name", "grpo_tool_smollm2_calculator")
+  for key, value in {
+      "data.train_files": f"{calculator.DEFAULT_LOCAL_DIR}/train.parquet",
+      "data.val_files": f"{calculator.DEFAULT_LOCAL_DIR}/test.parquet",
+      "data.max_prompt_length": 160,
+      "data.max_response_length": 128,
+      "data.return_raw_chat": True,
+      "data.train_batch_size": 8,
+      "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+      "actor_rollout_ref.actor.optim.lr": 1e-5,
+      "actor_rollout_ref.rollout.n": 4,
+      "actor_rollout_ref.rollout.max_num_seqs": 32,
+      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 32,
+      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 32,
+      "actor_rollout_ref.rollout.multi_turn.enable": True,
+      "actor_rollout_ref.rollout.multi_turn.format": "hermes",
+      "actor_rollout_ref.rollout.multi_turn.tool_config_path": TOOLS,
+      "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 2,
+      "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": 32,
+      "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent",
+      "trainer.total_training_steps": 12,
+  }.items():
+    set_value(config, key, value)
   return config

@@ -608,3 +608,12 @@ def test_multi_turn_keys_are_checked_and_verl_s_older_names_map(tmp_path, caplog
                                               "actor_rollout_ref.rollout.multi_turn.enable_tokenization_sanity_check=false"])
   node = config.actor_rollout_ref.rollout.multi_turn
   assert node.max_assistant_turns == 4 and node.tokenization_sanity_check_mode == "disable"
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_the_tool_experiment_validates(devices):
+  config = resolved(C.load_config_file(str(ROOT / "configs" / "grpo_tool.py")), devices=devices)
+  node = config.actor_rollout_ref.rollout.multi_turn
+  assert node.enable and os.path.isfile(node.tool_config_path) and config.data.tool_config_path == node.tool_config_path
+  with pytest.raises(C.ConfigError, match="this experiment has no presets"):
+    C.load_config_file(str(ROOT / "configs" / "grpo_tool.py") + ":qwen2_5_0_5b_gsm8k")

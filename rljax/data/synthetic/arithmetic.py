@@ -143,8 +143,9 @@ _GENERATORS: dict[int, Callable[[random.Random], Problem]] = {
     1: _level1, 2: _level2, 3: _level3, 4: _level4, 5: _level5}
 
 
-def parse_levels(difficulty: int | str | Sequence[int]) -> tuple[int, ...]:
-  """1, "2", "1,2,3" or [1, 2] -> a tuple of valid levels."""
+def parse_levels(difficulty: int | str | Sequence[int], allowed: Sequence[int] = LEVELS) -> tuple[int, ...]:
+  """1, "2", "1,2,3" or [1, 2] -> a tuple of levels, each one of `allowed` (this task's by default)."""
+  allowed = tuple(allowed)
   if isinstance(difficulty, str):
     items = [d for d in difficulty.replace(" ", "").split(",") if d]
   elif isinstance(difficulty, int):
@@ -154,10 +155,9 @@ def parse_levels(difficulty: int | str | Sequence[int]) -> tuple[int, ...]:
   try:
     levels = tuple(int(d) for d in items)
   except ValueError as e:
-    raise ValueError(f"difficulty {difficulty!r}: expected levels in "
-                     f"{LEVELS}") from e
-  if not levels or any(d not in LEVELS for d in levels):
-    raise ValueError(f"difficulty {difficulty!r}: expected levels in {LEVELS}")
+    raise ValueError(f"difficulty {difficulty!r}: expected levels in {allowed}") from e
+  if not levels or any(d not in allowed for d in levels):
+    raise ValueError(f"difficulty {difficulty!r}: expected levels in {allowed}")
   return levels
 
 

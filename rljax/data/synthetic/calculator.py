@@ -56,6 +56,7 @@ import os
 import random
 from typing import Any, Callable, Sequence
 
+from rljax.data.synthetic import arithmetic
 from rljax.data.synthetic.arithmetic import write_parquet
 
 DATA_SOURCE = "rljax/calculator"
@@ -115,20 +116,8 @@ _GENERATORS: dict[int, Callable[[random.Random], Problem]] = {1: _level1, 2: _le
 
 
 def parse_levels(difficulty: int | str | Sequence[int]) -> tuple[int, ...]:
-  """1, "2", "1,2,3" or [1, 2] -> a tuple of valid levels."""
-  if isinstance(difficulty, str):
-    items = [d for d in difficulty.replace(" ", "").split(",") if d]
-  elif isinstance(difficulty, int):
-    items = [difficulty]
-  else:
-    items = list(difficulty)
-  try:
-    levels = tuple(int(d) for d in items)
-  except ValueError as e:
-    raise ValueError(f"difficulty {difficulty!r}: expected levels in {LEVELS}") from e
-  if not levels or any(d not in LEVELS for d in levels):
-    raise ValueError(f"difficulty {difficulty!r}: expected levels in {LEVELS}")
-  return levels
+  """1, "2", "1,2,3" or [1, 2] -> a tuple of this task's levels."""
+  return arithmetic.parse_levels(difficulty, LEVELS)
 
 
 def tool_call_text(expression: str) -> str:
