@@ -395,10 +395,18 @@ class AgentSampler(RolloutSampler):
       concurrent.futures.wait([e.closing for e in episodes if e is not None and e.closing is not None])
     if not self.free_cache:
       self._state = state
-    return self._assemble(episodes, prompts, n, length)
+    return self._assemble(episodes, prompts, rows["raw_prompt"], n, length)
 
-  def _assemble(self, episodes: list[Episode], prompts: Sequence[np.ndarray], n: int, length: int) -> AgentRollout:
-    """The rollout's arrays from its finished episodes (and the tokenization sanity check of each)."""
+  def _prompt_renders(self, ids: np.ndarray, messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a prompt's ids are its messages' chat-template rendering (they are not where data.truncation cut
+    them; the sanity check then has nothing to compare)."""
+    text = render.render(self.tokenizer, list(messages), True, self.settings.tool_schemas)
+    return list(ids) == list(self.tokenizer.encode(text, add_special_tokens=False))
+
+  def _assemble(self, episodes: list[Episode], prompts: Sequence[np.ndarray], rows: Sequence[Any], n: int,
+                length: int) -> AgentRollout:
+    """The rollout's arrays from its finished episodes (and the tokenization sanity check of each; `rows` are the
+    prompts' chat messages)."""
     total = len(episodes)
     tokens = np.full((total, length), self.pad_id, np.int32)
     mask = np.zeros((total, length), np.int32)
@@ -409,7 +417,8 @@ class AgentSampler(RolloutSampler):
       tokens[r, :size], mask[r, :size], log_probs[r, :size] = episode.ids, episode.mask, episode.log_probs
       lengths[r] = size
       episode.closing.result()  # a tool's calc_reward or release that raised
-      if episode.ended != "length" and episode.mask and episode.mask[-1]:  # a rendering ends after the model's turn
+      if (episode.ended != "length" and episode.mask and episode.mask[-1]  # a rendering ends after the model's turn
+          and self._prompt_renders(prompts[r // n], rows[r // n])):  # not cut by data.truncation
         episode.tokenization_mismatch = render.sanity_check(
             self.tokenizer, episode.messages, self.settings.tool_schemas,
             list(prompts[r // n]) + episode.ids, self.settings.sanity_check_mode)

@@ -227,3 +227,18 @@ def test_sharded_agent_loop_equals_one_device(files, tok):
   np.testing.assert_array_equal(eight.responses, one.responses)
   np.testing.assert_array_equal(eight.response_mask, one.response_mask)
   assert len({e.assistant_turns for e in one.episodes}) > 1  # the conversations differ in length
+
+
+def test_the_sanity_check_reports_ids_the_template_would_not_produce(files, tok):
+  """The model writes 'h' 'e' (the tokenizer's canonical ids are one token 'he'): trained as generated, and the strict
+  check reports the difference in the rollout's metrics, the disabled one does not."""
+  start, eos = chain.start_id(tok), tok.eos_token_id
+  h, e = (tok.encode(c, add_special_tokens=False)[0] for c in "he")
+  assert tok.encode("he", add_special_tokens=False) != [h, e]
+  table = {start: {h: 0.0}, h: {e: 0.0}, e: {eos: 0.0}}
+  for mode, count in (("strict", 2.0), ("disable", 0.0)):
+    smp, model = sampler(tok, table, settings(files, sanity_check_mode=mode))
+    out = generate(smp, model, tok, 2)
+    assert out.responses[0, :3].tolist() == [h, e, eos]
+    assert out.metrics["multi_turn/tokenization_mismatches"] == count
+    assert (out.episodes[0].tokenization_mismatch is None) == (mode == "disable")
