@@ -214,11 +214,11 @@ class ToolSession:
     """tools_kwargs[name][which] ({} when absent)."""
     return dict((self.tools_kwargs.get(name) or {}).get(which) or {})
 
-  def _record(self, name: str, error: str) -> None:
+  def _record(self, name: str, error: str, level: int = logging.WARNING) -> None:
     """Logs a failure and adds it to `errors`."""
     with self._lock:
       self.errors.append(f"{name}: {error}")
-    log.warning("tool %s: %s", name, error)
+    log.log(level, "tool %s: %s", name, error)
 
   def start(self) -> None:
     """Creates an instance of every tool (concurrently), blocking until done or timed out.
@@ -305,8 +305,10 @@ class ToolSession:
 
   def _refuse(self, call: ToolCall, error: str, text: str | None = None,
               seconds: float = 0.0) -> ToolOutcome:
-    """An error outcome (recorded); the model sees `text` (default "Error: <error>")."""
-    self._record(call.name or "<no name>", error)
+    """An error outcome (recorded; the model's own mistakes, counted in the rollout's metrics, are logged at debug
+    level only); the model sees `text` (default "Error: <error>")."""
+    model_error = error.startswith(("malformed", "unknown tool", "too many calls"))
+    self._record(call.name or "<no name>", error, logging.DEBUG if model_error else logging.WARNING)
     return ToolOutcome(call.name, f"Error: {error}" if text is None else text, 0.0, {}, error, seconds)
 
   def finish(self) -> dict[str, float]:
