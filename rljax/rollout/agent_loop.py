@@ -15,7 +15,8 @@ rollout is reproducible for a given key). A slot is refilled only when its
 conversation has ended (continuous batching).
 
 A conversation ends when a turn has no tool call (and no interaction
-continues it), at max_assistant_turns / max_user_turns, when an answer
+continues it), when the interaction ends it (its last message kept, as
+verl keeps it), at max_assistant_turns / max_user_turns, when an answer
 would not fit in response_length (verl drops it and ends there), or when
 the response reaches response_length.
 
@@ -43,13 +44,14 @@ import numpy as np
 
 from rljax.agents import interactions as interactions_lib
 from rljax.agents import parsing, render, runner, tools as tools_lib
+from rljax.config.choices import AGENT_LOOPS
 from rljax.rollout import engine as engine_lib
 from rljax.rollout import sampling
 from rljax.rollout.sampler import Rollout, RolloutSampler
 
 _LOG = logging.getLogger("rljax.rollout")
 ENDINGS = ("answer", "length", "assistant_turns", "user_turns", "interaction")
-AGENTS = ("single_turn_agent", "tool_agent")
+AGENTS = AGENT_LOOPS
 APPEND_BUCKETS = (16, 64)
 
 
