@@ -154,8 +154,9 @@ def build_engine(model: CausalLM, rollout: ConfigDict, *, prompt_length: int, sl
 
 def build_sampler(engine: Engine, rollout: ConfigDict, pad: int, tokenizer: Any = None) -> RolloutSampler:
   """The RL sampler over `engine` (`rollout.free_cache_engine` keeps or drops the cache between calls): the tool
-  agent loop's when `rollout.multi_turn.enable` (the engine then needs `multi_turn=True`)."""
-  if rollout.multi_turn.enable:
+  agent loop's when `rollout.multi_turn.enable` (the engine then needs `multi_turn=True`; offline generation's
+  rollout node has no multi_turn)."""
+  if "multi_turn" in rollout and rollout.multi_turn.enable:
     return agent_loop.AgentSampler(engine, pad, tokenizer, agent_loop.AgentSettings.from_config(rollout),
                                    free_cache=rollout.free_cache_engine)
   return RolloutSampler(engine, pad_id=pad, free_cache=rollout.free_cache_engine)
