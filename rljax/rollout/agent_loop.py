@@ -51,7 +51,6 @@ from rljax.rollout.sampler import Rollout, RolloutSampler
 
 _LOG = logging.getLogger("rljax.rollout")
 ENDINGS = ("answer", "length", "assistant_turns", "user_turns", "interaction")
-AGENTS = AGENT_LOOPS
 APPEND_BUCKETS = (16, 64)
 
 
@@ -154,9 +153,10 @@ class AgentRollout(Rollout):
   def metrics(self) -> dict[str, float]:
     return rollout_metrics(self.episodes)
 
-  def extra_info(self, rows: Sequence[Any]) -> list[dict[str, Any]]:
+  def extra_info(self, rows: Sequence[Any] | None) -> list[dict[str, Any]]:
     """Each row's extra_info with verl's additions: num_turns and rollout_reward_scores (tools' calc_reward,
     interaction scores)."""
+    rows = [None] * len(self.episodes) if rows is None else rows
     return [{**(dict(info) if isinstance(info, Mapping) else {}), "num_turns": episode_turns(e),
              "rollout_reward_scores": dict(e.reward_scores)} for info, e in zip(rows, self.episodes)]
 
@@ -208,8 +208,8 @@ class AgentSampler(RolloutSampler):
     """A new conversation of one request (its tools created, its interaction started)."""
     info = extra_info if isinstance(extra_info, Mapping) else {}
     agent = str(agent_name) if agent_name else self.settings.default_agent
-    if agent not in AGENTS:
-      raise ValueError(f"a row's agent_name is {agent!r}; rljax runs {' and '.join(AGENTS)} (custom agent loops are "
+    if agent not in AGENT_LOOPS:
+      raise ValueError(f"a row's agent_name is {agent!r}; rljax runs {' and '.join(AGENT_LOOPS)} (custom agent loops are "
                        "not implemented): fix the data's agent_name column")
     tools = interaction = None
     if agent == "tool_agent" and self.settings.tools:
@@ -401,7 +401,7 @@ class AgentSampler(RolloutSampler):
 
   def _prompt_renders(self, ids: np.ndarray, messages: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a prompt's ids are its messages' chat-template rendering (they are not where data.truncation cut
-    them; the sanity check then has nothing to compare)."""
+    them: the sanity check then has nothing to compare)."""
     text = render.render(self.tokenizer, list(messages), True, self.settings.tool_schemas)
     return list(ids) == list(self.tokenizer.encode(text, add_special_tokens=False))
 
@@ -414,13 +414,14 @@ class AgentSampler(RolloutSampler):
     mask = np.zeros((total, length), np.int32)
     log_probs = np.zeros((total, length), np.float32)
     lengths = np.zeros((total,), np.int32)
+    renders: dict[int, bool] = {}  # prompt -> whether its ids are its messages' rendering
     for r, episode in enumerate(episodes):
       size = len(episode.ids)
       tokens[r, :size], mask[r, :size], log_probs[r, :size] = episode.ids, episode.mask, episode.log_probs
       lengths[r] = size
       episode.closing.result()  # a tool's calc_reward or release that raised
       if (episode.ended != "length" and episode.mask and episode.mask[-1]  # a rendering ends after the model's turn
-          and self._prompt_renders(prompts[r // n], rows[r // n])):  # not cut by data.truncation
+          and renders.setdefault(r // n, self._prompt_renders(prompts[r // n], rows[r // n]))):
         episode.tokenization_mismatch = render.sanity_check(
             self.tokenizer, episode.messages, self.settings.tool_schemas,
             list(prompts[r // n]) + episode.ids, self.settings.sanity_check_mode)

@@ -353,9 +353,7 @@ class Engine(_EngineBase):
     prompt's last token and only its logits are computed (no [N, bucket, V]).
     """
     n, bucket = tokens.shape
-    shift = bucket - true_lengths
-    left = jax.vmap(lambda row, k: jnp.roll(row, k))(tokens, shift)
-    mask = jnp.arange(bucket)[None, :] >= shift[:, None]
+    left, mask = _to_the_end(tokens, true_lengths)
     model = nnx.merge(self.graphdef, params)
     logits, cache, routing = model.step(left, init_cache(self.cfg, n, bucket), attention_mask=mask.astype(jnp.int32),
                                         last_only=True, query_offset=0, with_routing=True)
@@ -399,10 +397,8 @@ class Engine(_EngineBase):
     position holds its last token and only its logits are computed; the
     chunk's padding sits masked between the held tokens and the new ones.
     """
-    n, length = tokens.shape
-    shift = length - true_lengths
-    left = jax.vmap(lambda row, k: jnp.roll(row, k))(tokens, shift)
-    mask = jnp.arange(length)[None, :] >= shift[:, None]
+    length = tokens.shape[1]
+    left, mask = _to_the_end(tokens, true_lengths)
     grow = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, length), (0, 0)))
     held = prefix.cache
     cache = KVCache(k=tuple(map(grow, held.k)), v=tuple(map(grow, held.v)),
@@ -636,6 +632,14 @@ def pad_to_bucket(ids: Sequence[int], buckets: Sequence[int], pad_id: int) -> np
   out = np.full((bucket,), pad_id, np.int32)
   out[:len(ids)] = ids
   return out
+
+
+def _to_the_end(tokens: jax.Array, true_lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """tokens [N, T] right-padded, true_lengths [N] -> (each row rolled so its tokens end at T, [N, T] bool mask of
+  them)."""
+  shift = tokens.shape[1] - true_lengths
+  rolled = jax.vmap(lambda row, k: jnp.roll(row, k))(tokens, shift)
+  return rolled, jnp.arange(tokens.shape[1])[None, :] >= shift[:, None]
 
 
 def _cast_floats(tree: Any, dtype: Any) -> Any:

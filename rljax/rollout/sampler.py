@@ -60,6 +60,11 @@ class Rollout:
     """Rollout metrics beyond the trainer's own (a multi-turn rollout's; none here)."""
     return {}
 
+  def extra_info(self, rows: Sequence[Any] | None) -> Sequence[Any] | None:
+    """Each row's extra_info as the reward function gets it: the data's (`rows`, one per response row, or None);
+    a multi-turn rollout adds verl's num_turns and rollout_reward_scores."""
+    return rows
+
 
 def _power_of_two_at_least(n: int) -> int:
   return 1 << max(0, (n - 1).bit_length())

@@ -56,7 +56,6 @@ from rljax.algos import rollout_corr
 from rljax.models import lora as lora_lib
 from rljax.rewards import managers
 from rljax.rollout import SamplingParams, factory as rollout_factory
-from rljax.rollout.agent_loop import AgentRollout
 from rljax.trainer import checkpointing, dynamic_sampling, faults, metrics as metrics_lib, policy, profiling
 from rljax.trainer import steps as steps_lib, tracking
 from rljax.trainer.dynamic_sampling import COMPONENT_PREFIX
@@ -257,8 +256,9 @@ class RLTrainer:
       raw = np.asarray(batch["raw_prompt"])[idx] if "raw_prompt" in batch else None
       return managers.RewardResult(self.model_reward(rows, raw), {}, {})
     columns = {k: np.asarray(batch[k])[idx] for k in _ROW_KEYS if k in batch}
-    if isinstance(rollout, AgentRollout):  # verl's num_turns and rollout_reward_scores reach the reward function
-      columns["extra_info"] = np.array(rollout.extra_info(columns.get("extra_info", [None] * len(idx))), dtype=object)
+    infos = rollout.extra_info(columns.get("extra_info"))
+    if infos is not None:
+      columns["extra_info"] = np.array(list(infos), dtype=object)
     return self.reward_manager({"responses": rollout.responses, "response_mask": rollout.attention_mask, **columns})
 
   def _records(self, batch: dict[str, Any], idx: np.ndarray, responses: np.ndarray, response_mask: np.ndarray,
