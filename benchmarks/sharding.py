@@ -36,7 +36,7 @@ def child(model: str, devices: int, steps: int, batch: int, length: int) -> dict
   from rljax import config as config_lib
   from rljax import sharding
   from rljax.models import CausalLM, ModelConfig
-  from rljax.trainer import steps as steps_lib
+  from rljax.training import updates as steps_lib
 
   config = config_lib.get_base_config()
   config_lib.apply_overrides(config, ["trainer.n_gpus_per_node=auto"])

@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 from rljax import config as config_lib, sharding  # noqa: E402
 from rljax.compile import hlo, plan, topology  # noqa: E402
 from rljax.train import resolve  # noqa: E402
-from rljax.trainer import steps as steps_module  # noqa: E402
+from rljax.rl import steps as steps_module  # noqa: E402
 
 GiB, MiB = 1 << 30, 1 << 20
 

@@ -25,7 +25,7 @@ import jax
 
 from rljax import config as config_lib
 from rljax import train
-from rljax.trainer import loop
+from rljax import rl
 
 PHASES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
 
@@ -59,7 +59,7 @@ def main() -> None:
     overrides.append(f"trainer.default_local_dir={tempfile.mkdtemp(prefix='rljax-bench-')}")
   config = train.resolve(config_lib.load_config_file(args.config), overrides, jax.device_count())
   start = time.perf_counter()
-  loop.run(config)
+  rl.run(config)
   wall = time.perf_counter() - start
   run_dir = config.trainer.default_local_dir
   records = [r for r in map(json.loads, open(f"{run_dir}/metrics.jsonl")) if "critic/score/mean" in r]

@@ -38,7 +38,7 @@ from rljax.models import checkpoint as model_checkpoint
 from rljax.models import config as model_config_lib
 from rljax.models import gguf_io
 from rljax.models import lora
-from rljax.trainer import checkpointing
+from rljax.training import checkpointing
 
 ACTOR = "actor"
 FORMATS = ("merged", "peft")

@@ -37,7 +37,7 @@ def resolve(config, overrides: Sequence[str], device_count: int | None = None, d
   if distributed:
     sharding.initialize(config)
   config_lib.finalize(config, device_count)
-  world = config_lib.resolve_world_size(config, device_count)
+  world = sharding.resolve_world_size(config, device_count)
   return config_lib.validate(config, world)
 
 
@@ -45,8 +45,8 @@ def train(config: ConfigDict) -> None:
   """Checks that every model the run loads is on this machine (ConfigError naming the key), then trains."""
   for key in config_lib.model_path_keys(config):
     config_lib.check_model_path(key, config_lib.get_node(config, key), must_exist=True)
-  from rljax.trainer import loop  # pylint: disable=import-outside-toplevel
-  loop.run(config)
+  from rljax import rl  # pylint: disable=import-outside-toplevel
+  rl.run(config)
 
 
 def run() -> None:

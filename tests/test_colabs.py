@@ -3,7 +3,7 @@
 The run test executes every notebook with nbclient in a fresh kernel of this
 interpreter, on one CPU device, after replacing its `parameters` cell (the
 papermill convention) with tiny settings: the tiny random model of
-tests/trainer/tiny_run.py, 1 step of 2 prompts x 2 answers of 8 tokens. The
+tests/rl/tiny_run.py, 1 step of 2 prompts x 2 answers of 8 tokens. The
 kernels share one JAX compilation cache, which saves a third of the time.
 """
 
@@ -92,7 +92,7 @@ def kernel_name(tmp_path_factory):
 def shared(tmp_path_factory):
   """(tiny model directory, data directory, JAX cache directory), shared by every notebook."""
   from rljax.data import ensure_synthetic_data  # pylint: disable=import-outside-toplevel
-  from tests.trainer import tiny_run  # pylint: disable=import-outside-toplevel
+  from tests.rl import tiny_run  # pylint: disable=import-outside-toplevel
 
   model_dir = tiny_run.tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
   data_dir = str(tmp_path_factory.mktemp("data"))

@@ -12,7 +12,7 @@ from rljax.evaluation import cli
 from rljax.evaluation import config as eval_config
 from rljax.sft import __main__ as sft_main
 from rljax.sft import config as sft_config
-from rljax.trainer import policy
+from rljax.rl import policy
 from tests.data.conftest import make_tokenizer, prompt_row, write_rows
 from tests.test_config import ROOT, experiment, resolved, run_cli
 

@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from rljax.config.yaml_io import parse_yaml
-from rljax.rewards.custom import load_from_file
+from rljax.utils.user_code import load_from_file
 
 
 def read_entries(path: str, key: str) -> list[dict[str, Any]]:

@@ -38,7 +38,7 @@ cosmos-rl's Dr.GRPO `train_policy.unbiased_advantage` is verl's `grpo` with
 penalty is the reward manager's (`rljax.rewards.managers.overlong_penalty`).
 """
 
-import inspect
+import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -54,6 +54,96 @@ from rljax.algos.masked import resolve_num_groups
 from rljax.algos.registry import ADV_ESTIMATOR_REGISTRY
 
 AdvantageFn = Callable[..., tuple[jax.Array, jax.Array]]
+
+
+# ----------------------------------------------------------------------------
+# What an estimator reads.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageInputs:
+  """Everything an estimator may read; each estimator declares what it reads (`estimator_inputs`).
+
+  Attributes:
+    token_level_rewards: `[B, T]` rewards.
+    response_mask: `[B, T]`, 1 on valid tokens.
+    group_ids: int `[B]` group ids (verl's `uid`), for group estimators.
+    num_groups: static number of group slots; None means `B`.
+    values: `[B, T]` critic values (`gae`).
+    reward_baselines: `[B]` the greedy response's reward of each row's prompt (`remax`).
+    reward_components: name -> `[B]` per-row reward components (`gdpo`).
+    old_log_probs: `[B, T]` (optimal token baselines).
+    sum_pi_squared: `[B, T]` Σ_v π_v² of the rollout policy per token (optimal token baselines).
+    rollout_is_weights: `[B, T]` rollout-correction weights (optimal token baselines).
+  """
+
+  token_level_rewards: Any
+  response_mask: Any
+  group_ids: Any = None
+  num_groups: int | None = None
+  values: Any = None
+  reward_baselines: Any = None
+  reward_components: Mapping[str, Any] | None = None
+  old_log_probs: Any = None
+  sum_pi_squared: Any = None
+  rollout_is_weights: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimatorInputs:
+  """What a registered estimator reads.
+
+  Attributes:
+    reads: its verl arguments, in `_ARGUMENT_SOURCES`' names; an argument
+      whose source is None is left at the estimator's default.
+    needs: the `AdvantageInputs` fields it cannot run without.
+  """
+
+  reads: tuple[str, ...]
+  needs: tuple[str, ...] = ()
+
+
+# verl's argument -> the AdvantageInputs field it comes from (config-derived arguments: `_argument`).
+_FIELD_OF_ARGUMENT = {"index": "group_ids", "non_tensor_batch": "reward_components"}
+_NEEDED = {
+    "values": "the critic's values [B, T] (critic.enable)",
+    "reward_baselines": "the greedy response's reward of each row's prompt [B]",
+    "group_ids": "the group id of each row [B]",
+    "old_log_probs": "the rollout policy's log-probs [B, T]",
+    "sum_pi_squared": "Σ_v π_v² of the rollout policy per token [B, T]",
+}
+_OUTCOME = ("token_level_rewards", "response_mask", "config")
+_GAE = ("token_level_rewards", "values", "response_mask", "config")
+_REMAX = ("token_level_rewards", "reward_baselines", "response_mask", "config")
+_GROUP = ("token_level_rewards", "response_mask", "index", "config", "num_groups")
+_NORMALISED_GROUP = _GROUP + ("norm_adv_by_std_in_grpo",)
+_GDPO = _NORMALISED_GROUP + ("non_tensor_batch", "batch")
+_OTB = ("token_level_rewards", "response_mask", "index", "old_log_probs", "sum_pi_squared", "rollout_is_weights",
+        "num_groups")
+_OTB_NEEDS = ("group_ids", "old_log_probs", "sum_pi_squared")
+_ESTIMATOR_INPUTS: dict[str, EstimatorInputs] = {}
+
+
+def estimator(*names: str, reads: tuple[str, ...], needs: tuple[str, ...] = ()) -> Callable:
+  """Registers an estimator under verl's `names`, with the arguments it reads and the inputs it needs."""
+  def register(fn: AdvantageFn) -> AdvantageFn:
+    ADV_ESTIMATOR_REGISTRY.register(*names)(fn)
+    for name in names:
+      _ESTIMATOR_INPUTS[name] = EstimatorInputs(reads, needs)
+    return fn
+  return register
+
+
+def _argument(name: str, inputs: AdvantageInputs, config: Any) -> Any:
+  """The value of verl's argument `name` for an estimator call (None: leave the default)."""
+  if name == "config":
+    return config
+  if name == "norm_adv_by_std_in_grpo":
+    return config_value(config, "norm_adv_by_std_in_grpo", True)
+  if name == "batch":  # verl's tensor batch: gdpo reads its components only when it is given
+    return None if inputs.reward_components is None else inputs.token_level_rewards
+  return getattr(inputs, _FIELD_OF_ARGUMENT.get(name, name))
 
 
 # ----------------------------------------------------------------------------
@@ -160,7 +250,7 @@ def _group_size(group_ids: jax.Array, num_groups: int | None) -> jax.Array:
 # ----------------------------------------------------------------------------
 
 
-@ADV_ESTIMATOR_REGISTRY.register("gae")
+@estimator("gae", reads=_GAE, needs=("values",))
 def compute_gae_advantage_return(
     token_level_rewards: jax.Array,
     values: jax.Array,
@@ -215,7 +305,7 @@ def compute_gae_advantage_return(
   return _zero_padding(advantages, mask), _zero_padding(returns, mask)
 
 
-@ADV_ESTIMATOR_REGISTRY.register("reinforce_plus_plus")
+@estimator("reinforce_plus_plus", reads=_OUTCOME)
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -253,7 +343,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
   return _zero_padding(advantages, mask), returns
 
 
-@ADV_ESTIMATOR_REGISTRY.register("remax")
+@estimator("remax", reads=_REMAX, needs=("reward_baselines",))
 def compute_remax_outcome_advantage(
     token_level_rewards: jax.Array,
     reward_baselines: jax.Array,
@@ -289,7 +379,7 @@ def compute_remax_outcome_advantage(
 # ----------------------------------------------------------------------------
 
 
-@ADV_ESTIMATOR_REGISTRY.register("grpo", "grpo_vectorized")
+@estimator("grpo", "grpo_vectorized", reads=_NORMALISED_GROUP, needs=("group_ids",))
 def compute_grpo_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -355,9 +445,11 @@ def _gdpo_components(
     )
   missing = [key for key in keys if key not in non_tensor_batch]
   if missing:
-    raise KeyError(
-        f"gdpo_reward_keys {missing} not in non_tensor_batch (has "
-        f"{sorted(non_tensor_batch)})"
+    raise ValueError(
+        f"algorithm.gdpo_reward_keys names {missing}, but the reward "
+        f"components are {sorted(non_tensor_batch) or 'none'}; return a dict "
+        "with a number for each key from the reward function "
+        "(custom_reward_function) or change algorithm.gdpo_reward_keys."
     )
   weights = list(config_value(config, "gdpo_reward_weights", [1.0] * len(keys)))
   if len(weights) != len(keys):
@@ -369,7 +461,7 @@ def _gdpo_components(
   return components, [float(w) for w in weights]
 
 
-@ADV_ESTIMATOR_REGISTRY.register("gdpo")
+@estimator("gdpo", reads=_GDPO, needs=("group_ids",))
 def compute_gdpo_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -439,7 +531,7 @@ def _check_min_group_size(index: Any, minimum: int, name: str) -> None:
     )
 
 
-@ADV_ESTIMATOR_REGISTRY.register("grpo_passk")
+@estimator("grpo_passk", reads=_NORMALISED_GROUP, needs=("group_ids",))
 def compute_grpo_passk_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -498,7 +590,7 @@ def compute_grpo_passk_outcome_advantage(
   return advantages, advantages
 
 
-@ADV_ESTIMATOR_REGISTRY.register("reinforce_plus_plus_baseline")
+@estimator("reinforce_plus_plus_baseline", reads=_GROUP, needs=("group_ids",))
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -552,7 +644,7 @@ def _leave_one_out(
   return jnp.where(size > 1.0, loo, singleton)
 
 
-@ADV_ESTIMATOR_REGISTRY.register("rloo")
+@estimator("rloo", reads=_GROUP, needs=("group_ids",))
 def compute_rloo_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -584,7 +676,7 @@ def compute_rloo_outcome_advantage(
   return advantages, advantages
 
 
-@ADV_ESTIMATOR_REGISTRY.register("rloo_vectorized")
+@estimator("rloo_vectorized", reads=_GROUP, needs=("group_ids",))
 def compute_rloo_vectorized_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -616,7 +708,7 @@ def compute_rloo_vectorized_outcome_advantage(
   return advantages, advantages
 
 
-@ADV_ESTIMATOR_REGISTRY.register("opo")
+@estimator("opo", reads=_GROUP, needs=("group_ids",))
 def compute_opo_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -657,7 +749,7 @@ def compute_opo_outcome_advantage(
   return advantages, advantages
 
 
-@ADV_ESTIMATOR_REGISTRY.register("gpg")
+@estimator("gpg", reads=_GROUP, needs=("group_ids",))
 def compute_gpg_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -758,7 +850,7 @@ def _check_otb_inputs(old_log_probs: Any, sum_pi_squared: Any) -> None:
     )
 
 
-@ADV_ESTIMATOR_REGISTRY.register("optimal_token_baseline")
+@estimator("optimal_token_baseline", reads=_OTB, needs=_OTB_NEEDS)
 def compute_optimal_token_baseline_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -822,7 +914,7 @@ def compute_optimal_token_baseline_advantage(
   return _zero_padding(advantages, mask), _zero_padding(returns, mask)
 
 
-@ADV_ESTIMATOR_REGISTRY.register("tir_optimal_token_baseline")
+@estimator("tir_optimal_token_baseline", reads=_OTB, needs=_OTB_NEEDS)
 def compute_multi_turn_optimal_token_baseline_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -912,92 +1004,39 @@ def adv_estimator_names() -> Sequence[str]:
   return ADV_ESTIMATOR_REGISTRY.names()
 
 
-def compute_advantage(
-    adv_estimator: str,
-    token_level_rewards: jax.Array,
-    response_mask: jax.Array,
-    index: jax.Array | None = None,
-    config: Any = None,
-    *,
-    values: jax.Array | None = None,
-    reward_baselines: jax.Array | None = None,
-    old_log_probs: jax.Array | None = None,
-    sum_pi_squared: jax.Array | None = None,
-    rollout_is_weights: jax.Array | None = None,
-    non_tensor_batch: Mapping[str, Any] | None = None,
-    batch: Any = None,
-    gamma: float | None = None,
-    lam: float | None = None,
-    norm_adv_by_std_in_grpo: bool | None = None,
-    num_groups: int | None = None,
-) -> tuple[jax.Array, jax.Array]:
-  """Runs the estimator named `adv_estimator`, like verl's trainer does.
+def estimator_inputs(name: str) -> EstimatorInputs:
+  """What the estimator registered as `name` reads and needs (unknown name: KeyError listing the valid ones)."""
+  get_adv_estimator(name)
+  return _ESTIMATOR_INPUTS[str(getattr(name, "value", name))]
 
-  The counterpart of verl's `ray_trainer.compute_advantage`: `gae` gets
-  `values`, `gamma`, `lam`; every other estimator gets the keyword arguments
-  it accepts among `token_level_rewards, response_mask, config, index,
-  reward_baselines, non_tensor_batch, batch, old_log_probs, sum_pi_squared,
-  rollout_is_weights, norm_adv_by_std_in_grpo, num_groups` (None-valued
-  optional inputs are left at the estimator's default).
+
+def compute_advantage(adv_estimator: str, inputs: AdvantageInputs, config: Any = None
+                      ) -> tuple[jax.Array, jax.Array]:
+  """Runs the estimator named `adv_estimator` on `inputs`, as verl's trainer does.
+
+  The counterpart of verl's `ray_trainer.compute_advantage`: the estimator
+  gets the arguments it declared when it was registered (`estimator`), from
+  `inputs` and `config` (the `algorithm` node: `gamma`, `lam`,
+  `norm_adv_by_std_in_grpo`, `gdpo_reward_keys`, ...).
 
   Deliberate difference: verl's trainer forwards `norm_adv_by_std_in_grpo`
   only to `grpo` (and `grpo_passk` reads it from the config), so through
   verl's trainer `grpo_vectorized` and `gdpo` are always std-normalised.
-  Here the flag reaches every estimator that accepts it (`grpo`,
-  `grpo_vectorized`, `gdpo`, `grpo_passk`).
-
-  Args:
-    adv_estimator: a registered name (`algorithm.adv_estimator`).
-    token_level_rewards: `[B, T]` rewards.
-    response_mask: `[B, T]`, 1 on valid tokens.
-    index: int `[B]` group ids (verl's `uid`), for group estimators.
-    config: the `algorithm` config node.
-    values: `[B, T]` critic values (`gae`).
-    reward_baselines: `[B]` greedy rewards (`remax`).
-    old_log_probs: `[B, T]` (optimal token baselines).
-    sum_pi_squared: `[B, T]` (optimal token baselines).
-    rollout_is_weights: `[B, T]` (optimal token baselines).
-    non_tensor_batch: per-row reward components (`gdpo`).
-    batch: verl's tensor batch (`gdpo`).
-    gamma: overrides `config.gamma` (`gae`).
-    lam: overrides `config.lam` (`gae`).
-    norm_adv_by_std_in_grpo: None reads `config.norm_adv_by_std_in_grpo`
-      (default True).
-    num_groups: static number of group slots; None means `B`.
+  Here the flag (`config.norm_adv_by_std_in_grpo`, default True) reaches
+  every estimator that takes it (`grpo`, `grpo_vectorized`, `gdpo`,
+  `grpo_passk`).
 
   Returns:
     `(advantages, returns)`, float32 `[B, T]`, 0 at padding.
+
+  Raises:
+    KeyError: an unknown estimator, listing the valid names.
+    ValueError: an input the estimator needs is None, naming it.
   """
   fn = get_adv_estimator(adv_estimator)
-  if fn is compute_gae_advantage_return:
-    if values is None:
-      raise ValueError("adv_estimator 'gae' needs the critic's `values` [B, T]")
-    return fn(
-        token_level_rewards, values, response_mask, gamma=gamma, lam=lam,
-        config=config,
-    )
-  if norm_adv_by_std_in_grpo is None:
-    norm_adv_by_std_in_grpo = config_value(
-        config, "norm_adv_by_std_in_grpo", True
-    )
-  offered = {
-      "token_level_rewards": token_level_rewards,
-      "response_mask": response_mask,
-      "config": config,
-      "index": index,
-      "reward_baselines": reward_baselines,
-      "non_tensor_batch": non_tensor_batch,
-      "batch": batch,
-      "old_log_probs": old_log_probs,
-      "sum_pi_squared": sum_pi_squared,
-      "rollout_is_weights": rollout_is_weights,
-      "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
-      "num_groups": num_groups,
-  }
-  accepted = inspect.signature(fn).parameters
-  kwargs = {
-      key: value
-      for key, value in offered.items()
-      if key in accepted and value is not None
-  }
-  return fn(**kwargs)
+  declared = estimator_inputs(adv_estimator)
+  for field in declared.needs:
+    if getattr(inputs, field) is None:
+      raise ValueError(f"adv_estimator {adv_estimator!r} needs `{field}`: {_NEEDED[field]}")
+  arguments = {name: _argument(name, inputs, config) for name in declared.reads}
+  return fn(**{name: value for name, value in arguments.items() if value is not None})

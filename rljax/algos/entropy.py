@@ -37,24 +37,14 @@ def entropy_from_logits(logits: jax.Array) -> jax.Array:
   return lse - jnp.sum(probs * logits, axis=-1)
 
 
-def chunk_layout(tokens: int, chunk_size: int) -> tuple[int, int]:
-  """(chunks, rows per chunk): the fewest chunks of at most chunk_size rows, as equal as can be.
-
-  Padding is then under one row per chunk (2 chunks of 768 for 1536 rows,
-  not 2 of 1024 with 512 padding rows computed for nothing).
-  """
-  if chunk_size < 1:
-    raise ValueError(f"chunk_size={chunk_size}: must be a positive number of tokens")
-  chunks = max(1, -(-tokens // chunk_size))
-  return chunks, -(-tokens // chunks)
-
-
 def map_token_chunks(fn, arrays: tuple[jax.Array, ...], chunk_size: int):
   """`fn(*arrays)` computed on at most `chunk_size` rows at a time (`lax.map`).
 
   Every array is `[N, ...]` with the same N; `fn` maps `[chunk, ...]` slices
-  to a pytree of `[chunk, ...]` arrays. N is split by `chunk_layout`,
-  zero-padded to whole chunks and the padding cut from the outputs. Each
+  to a pytree of `[chunk, ...]` arrays. N is split into the fewest chunks
+  of at most `chunk_size` rows, as equal as can be (padding under one row
+  per chunk), zero-padded to whole chunks and the padding cut from the
+  outputs. Each
   chunk is rematerialised in the backward pass (`jax.checkpoint`), so
   neither pass holds more than one chunk's intermediates (e.g. `[chunk, V]`
   logits). When N fits in one chunk, `fn` runs once on the arrays as they
@@ -69,7 +59,10 @@ def map_token_chunks(fn, arrays: tuple[jax.Array, ...], chunk_size: int):
     The pytree `fn` returns, with `[N, ...]` leaves.
   """
   n = arrays[0].shape[0]
-  num_chunks, chunk = chunk_layout(n, chunk_size)
+  if chunk_size < 1:
+    raise ValueError(f"chunk_size={chunk_size}: must be a positive number of tokens")
+  num_chunks = max(1, -(-n // chunk_size))
+  chunk = -(-n // num_chunks)
   if num_chunks == 1:
     return fn(*arrays)
   pad = num_chunks * chunk - n
@@ -92,7 +85,7 @@ def entropy_from_logits_with_chunking(
 
   Args:
     logits: `[..., V]`; all leading axes are flattened into the token axis.
-    chunk_size: most tokens per chunk (static; equal chunks, `chunk_layout`).
+    chunk_size: most tokens per chunk (static; equal chunks, as `map_token_chunks` cuts them).
 
   Returns:
     float32 `[...]`, equal to `entropy_from_logits(logits)`.

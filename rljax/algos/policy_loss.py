@@ -34,6 +34,7 @@ function; unknown names raise a KeyError that lists the registered ones.
 positive-example NLL term.
 """
 
+import dataclasses
 from typing import Any, Callable, Mapping
 
 import jax
@@ -885,17 +886,35 @@ def positive_nll_loss(
   return -masked_sum(log_prob, pos_mask) / jnp.maximum(count, 1.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class PolicyInputs:
+  """What the actor's loss reads for one (micro-)batch.
+
+  Attributes:
+    log_prob: float `[B, T]` the current policy's log-probs.
+    old_log_prob: float `[B, T]` the behaviour policy's.
+    advantages: float `[B, T]`.
+    response_mask: `[B, T]`.
+    entropy: optional float `[B, T]` token entropy of the current policy
+      (the entropy bonus; None leaves it out).
+    ref_log_prob: float `[B, T]`, required when `use_kl_loss`.
+    rollout_is_weights: optional `[B, T]` rollout-correction weights.
+    positive: optional bool `[B]` marking positive examples.
+  """
+
+  log_prob: jax.Array
+  old_log_prob: jax.Array
+  advantages: jax.Array
+  response_mask: jax.Array
+  entropy: jax.Array | None = None
+  ref_log_prob: jax.Array | None = None
+  rollout_is_weights: jax.Array | None = None
+  positive: jax.Array | None = None
+
+
 def ppo_loss(
     config: Any,
-    log_prob: jax.Array,
-    old_log_prob: jax.Array,
-    advantages: jax.Array,
-    response_mask: jax.Array,
-    *,
-    entropy: jax.Array | None = None,
-    ref_log_prob: jax.Array | None = None,
-    rollout_is_weights: jax.Array | None = None,
-    positive: jax.Array | None = None,
+    inputs: PolicyInputs,
     global_batch_info: Mapping | None = None,
     rng: jax.Array | None = None,
 ) -> tuple[jax.Array, Metrics]:
@@ -921,12 +940,7 @@ def ppo_loss(
 
   Args:
     config: the actor config node.
-    log_prob, old_log_prob, advantages: float `[B, T]`.
-    response_mask: `[B, T]`.
-    entropy: optional float `[B, T]` token entropy of the current policy.
-    ref_log_prob: float `[B, T]`, required when `use_kl_loss`.
-    rollout_is_weights: optional `[B, T]` rollout-correction weights.
-    positive: optional bool `[B]` marking positive examples.
+    inputs: the batch's log-probs, advantages, mask and optional terms.
     global_batch_info: `dp_size, batch_num_tokens, global_batch_size` of the
       mini-batch (see `agg_loss`); None reads `config.global_batch_info`, and without one normalises locally.
     rng: `jax.random` key for `clip_cov`.
@@ -934,6 +948,9 @@ def ppo_loss(
   Returns:
     `(loss, metrics)`.
   """
+  log_prob, old_log_prob, advantages, response_mask = (
+      inputs.log_prob, inputs.old_log_prob, inputs.advantages, inputs.response_mask)
+  entropy, ref_log_prob, positive = inputs.entropy, inputs.ref_log_prob, inputs.positive
   info = dict(batch_info(global_batch_info, config))
   info["loss_scale_factor"] = config_get(config, "loss_scale_factor")
   mode = config_get(config, "loss_agg_mode", "token-mean")
@@ -945,7 +962,7 @@ def ppo_loss(
       response_mask,
       mode,
       config,
-      rollout_is_weights,
+      inputs.rollout_is_weights,
       global_batch_info=info,
       rng=rng,
   )

@@ -19,7 +19,7 @@ The public API of the config package, one module per concern:
 * `validation.validate` checks every cross-key rule before any work starts
   and raises `ConfigError`, which names the key, the bad value and the fix;
   `checks` holds the public check helpers the SFT and evaluation configs
-  share, `lora` the LoRA keys' defaults and checks, `choices` the values of
+  share, `lora` the LoRA keys' defaults (their checks: `rljax.models.lora`), `choices` the values of
   enum keys and `kernel_names` the algorithm names of the kernel registries.
 * `yaml_io` reads and writes YAML as verl does; `cli` finds the config on
   the command line (experiment files, Hydra's `--config-path/--config-name`).
@@ -28,9 +28,7 @@ The public API of the config package, one module per concern:
 from ml_collections import ConfigDict
 
 from rljax.config import kernel_names
-from rljax.config.checks import (
-    check, check_data_files, check_enum, check_model_path, check_positive, check_range, is_int, is_number,
-)
+from rljax.config.checks import check_data_files, check_enum, check_model_path, check_positive, check_range
 from rljax.config.choices import (
     ADAM_NAMES, CHECKPOINT_CONTENTS, CPU_DOT_LIBRARIES, DEVICES, DTYPES, GRAD_CLIP_DEFAULT, KL_CONTROLLERS, LOGGERS,
     LR_SCHEDULERS, RESUME_MODES, REWARD_MANAGERS, ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, ROLLOUT_NAMES, TRUNCATIONS,
@@ -40,14 +38,14 @@ from rljax.config.cli import (
     HYDRA_CONFIG_DIR, HYDRA_CONFIG_FLAGS, VERL_YAML_SUFFIXES, hydra_config_file, load_config_file, split_overrides,
 )
 from rljax.config.engines import MEGATRON_MESH_KEYS, PROFILED_SECTIONS
-from rljax.config.errors import NO_VALUE, ConfigError
+from rljax.config.errors import NO_VALUE, ConfigError, check, is_int, is_number
 from rljax.config.fields import any_value, follow, get_node, null
 from rljax.config.keys import (
     DEPRECATED_KEYS, IGNORED_KEYS, IGNORED_SECTIONS, KEYS, MAPPED_KEYS, RLJAX_KEYS, UNIMPLEMENTED_VALUES, Key,
     ignored_reason,
 )
-from rljax.config.lora import LORA_SAVABLE_MODULES, LORA_TARGET_MODULES, check_lora, lora_defaults, lora_targets
-from rljax.config.mapping import data_parallel_size, finalize, resolve_world_size
+from rljax.config.lora import lora_defaults
+from rljax.config.mapping import data_parallel_size, finalize
 from rljax.config.overrides import (
     DICT_FIELDS, VERL_FREE_FORM, add_value, apply_overrides, free_form_dicts, from_yaml, ignored_overrides,
     parse_override, reset_value, set_value, verl_free_form_path,
@@ -78,14 +76,14 @@ def __getattr__(name: str):
 __all__ = [
     "ADAM_NAMES", "AGENT_LOOPS", "CHECKPOINT_CONTENTS", "CPU_DOT_LIBRARIES", "ConfigDict", "ConfigError", "DEPRECATED_KEYS",
     "DEVICES", "DICT_FIELDS", "DTYPES", "GRAD_CLIP_DEFAULT", "HYDRA_CONFIG_DIR", "HYDRA_CONFIG_FLAGS",
-    "IGNORED_KEYS", "IGNORED_SECTIONS", "KEYS", "KL_CONTROLLERS", "Key", "LOGGERS", "LORA_SAVABLE_MODULES",
-    "LORA_TARGET_MODULES", "LR_SCHEDULERS", "MAPPED_KEYS", "MEGATRON_MESH_KEYS", "NO_VALUE", "OPEN_DICTS",
+    "IGNORED_KEYS", "IGNORED_SECTIONS", "KEYS", "KL_CONTROLLERS", "Key", "LOGGERS",
+    "LR_SCHEDULERS", "MAPPED_KEYS", "MEGATRON_MESH_KEYS", "NO_VALUE", "OPEN_DICTS",
     "PROFILED_SECTIONS", "RESUME_MODES", "REWARD_MANAGERS", "RLJAX_KEYS", "ROLLOUT_IS_LEVELS", "ROLLOUT_IS_MODES",
     "ROLLOUT_NAMES", "SANITY_CHECK_MODES", "TOOL_CALL_FORMATS", "TRUNCATE_SIDES", "TRUNCATIONS", "UNIMPLEMENTED_VALUES", "VERL_FREE_FORM", "VERL_YAML_SUFFIXES", "YamlLoader",
-    "add_value", "any_value", "apply_overrides", "check", "check_data_files", "check_enum", "check_lora",
+    "add_value", "any_value", "apply_overrides", "check", "check_data_files", "check_enum",
     "check_model_path", "check_positive", "check_range", "data_parallel_size", "finalize", "follow",
     "free_form_dicts", "from_yaml", "get_base_config", "get_node", "hydra_config_file", "ignored_overrides",
     "ignored_reason", "is_int", "is_number", "kernel_names", "leaf_paths", "load_config_file", "lora_defaults",
-    "lora_targets", "model_path_keys", "null", "parse_override", "parse_yaml", "reset_value", "resolve_world_size",
+    "model_path_keys", "null", "parse_override", "parse_yaml", "reset_value",
     "set_value", "split_overrides", "to_plain", "to_yaml", "unknown_key_error", "validate", "verl_free_form_path",
 ]

@@ -12,24 +12,8 @@ from typing import Any, Sequence
 
 from ml_collections import ConfigDict
 
-from rljax.config.errors import ConfigError
+from rljax.config.errors import ConfigError, check
 from rljax.config.fields import get_node
-
-
-def is_int(value: Any) -> bool:
-  """An integer that is not a bool."""
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-  """An int or a float that is not a bool."""
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
-  """Raises `ConfigError(key, value, problem, fix)` unless `ok`."""
-  if not ok:
-    raise ConfigError(key, value, problem, fix)
 
 
 def check_enum(config: ConfigDict, key: str, allowed: Sequence[str]) -> None:

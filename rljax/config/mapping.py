@@ -12,10 +12,9 @@ import logging
 
 from ml_collections import ConfigDict
 
-from rljax.config.checks import check
 from rljax.config.choices import GRAD_CLIP_DEFAULT
 from rljax.config.engines import MEGATRON_MESH_KEYS, OPTIM_SECTIONS
-from rljax.config.errors import ConfigError
+from rljax.config.errors import ConfigError, check
 from rljax.config.fields import get_node
 from rljax.config.keys import DEPRECATED_KEYS
 from rljax.config.overrides import set_value
@@ -28,20 +27,6 @@ def _warn_once(key: str, message: str) -> None:
   if key not in _WARNED:
     _WARNED.add(key)
     _LOG.warning(message)
-
-
-def resolve_world_size(config: ConfigDict, device_count: int | None = None) -> int:
-  """Devices in the job: nnodes * n_gpus_per_node, or JAX's count for 'auto'."""
-  nodes, per_node = config.trainer.nnodes, config.trainer.n_gpus_per_node
-  if nodes == "auto" or per_node == "auto":
-    if device_count is None:
-      import jax  # pylint: disable=import-outside-toplevel
-      device_count = jax.device_count()
-    return device_count
-  for key, value in (("trainer.nnodes", nodes), ("trainer.n_gpus_per_node", per_node)):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      raise ConfigError(key, value, "must be a positive integer or 'auto'", f"set {key}=auto to use every visible device")
-  return nodes * per_node
 
 
 def data_parallel_size(config: ConfigDict, world_size: int) -> int:
@@ -110,6 +95,8 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
   Returns:
     The same config, with replacements filled in.
   """
+  # JAX counts the devices for "auto": imported here so that importing the config does not start it
+  from rljax.sharding.mesh import resolve_world_size  # pylint: disable=import-outside-toplevel
   _map_megatron_mesh(config)  # before the data-parallel size, which the mesh sizes set
   world = resolve_world_size(config, device_count)
   dp = data_parallel_size(config, world)

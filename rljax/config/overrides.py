@@ -43,7 +43,7 @@ VERL_FREE_FORM = {
     "critic.optim.override_optimizer_config": "optimizer arguments: lr and weight_decay",
 }
 _OVERLONG_BUFFER_KEYS = ("enable", "len", "penalty_factor", "log")
-# Optimizer arguments rljax's AdamW (rljax.trainer.optim) reads from an optim node.
+# Optimizer arguments rljax's AdamW (rljax.training.optim) reads from an optim node.
 _OPTIMIZER_KWARGS = ("lr", "weight_decay")
 
 # A mapping key written against its value, as Hydra allows (`{a:1}`; YAML needs `{a: 1}`).

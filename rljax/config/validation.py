@@ -7,9 +7,8 @@ import os
 from ml_collections import ConfigDict
 
 from rljax.config import kernel_names
-from rljax.config.checks import (
-    check, check_data_files, check_enum, check_model_path, check_positive, check_range, is_int,
-)
+from rljax.config.checks import check_data_files, check_enum, check_model_path, check_positive, check_range
+from rljax.config.errors import check, is_int
 from rljax.config.choices import (
     ADAM_NAMES, AGENT_LOOPS, CHECKPOINT_CONTENTS, CPU_DOT_LIBRARIES, DEVICES, DTYPES, KL_CONTROLLERS, LOGGERS,
     LR_SCHEDULERS, RESUME_MODES, REWARD_MANAGERS, ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, ROLLOUT_NAMES,
@@ -17,7 +16,6 @@ from rljax.config.choices import (
 )
 from rljax.config.fields import get_node
 from rljax.config.keys import UNIMPLEMENTED_VALUES
-from rljax.config.lora import check_lora
 from rljax.config.mapping import data_parallel_size
 from rljax.config.tree import get_base_config
 
@@ -310,7 +308,8 @@ def _check_model_paths(config: ConfigDict) -> None:
 
 
 def _check_lora(config: ConfigDict) -> None:
-  check_lora(config.actor_rollout_ref.model)
+  from rljax.models import lora  # pylint: disable=import-outside-toplevel
+  lora.check_lora_keys(config.actor_rollout_ref.model)
 
 
 def _check_mesh(config: ConfigDict, world_size: int | None) -> None:

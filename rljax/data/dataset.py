@@ -42,7 +42,7 @@ import pyarrow as pa
 from rljax.agents import tools as tools_lib
 from rljax.data import parquet
 from rljax.data import tokenization
-from rljax.rewards import custom
+from rljax.utils.user_code import load_from_file
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ def object_array(values: Sequence[Any]) -> np.ndarray:
 
 def load_dataset_class(path: str, name: str) -> type:
   """The class `name` from the file at `path` (`data.custom_cls`)."""
-  cls = custom.load_from_file(path, name, "data.custom_cls")
+  cls = load_from_file(path, name, "data.custom_cls")
   if not isinstance(cls, type):
     raise TypeError(f"data.custom_cls {name!r} in {path} is not a class")
   for method in ("__len__", "__getitem__"):

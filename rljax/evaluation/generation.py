@@ -45,7 +45,7 @@ from rljax.data import tokenization
 from rljax.evaluation import cli
 from rljax.evaluation import table as table_lib
 from rljax.rollout import RolloutSampler, factory as rollout_factory
-from rljax.trainer import checkpointing
+from rljax.training import checkpointing
 
 RESPONSES_COLUMN = table_lib.RESPONSES_COLUMN
 _LOG = logging.getLogger(cli.LOGGER_NAME)
@@ -212,7 +212,7 @@ def make_mesh(config: ConfigDict) -> tuple[Mesh, list[tuple[str, Any]]]:
       that does not divide them.
   """
   devices = jax.local_devices()
-  world = config_lib.resolve_world_size(config, len(devices))
+  world = sharding.resolve_world_size(config, len(devices))
   _check_devices(world, len(devices), config.trainer.n_gpus_per_node)
   tensor = config.rollout.tensor_model_parallel_size
   if world % tensor:

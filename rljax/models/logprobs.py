@@ -37,7 +37,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from rljax.algos.entropy import chunk_layout
 from rljax.sharding.rules import batch_shards, constrain, gather, reduce_partials, relayout, vocab_shards
 
 _HIDDEN = ("batch", "length", "embed")
@@ -48,6 +47,18 @@ _SPLIT_WEIGHT = ("vocab", None, None)
 _SPLIT_LOGITS = ("batch", "length", "vocab", None)
 _PARTIAL_WEIGHT = ("batch", None, "vocab", None)
 _WEIGHT_T = ("embed", "vocab", None)
+
+
+def chunk_layout(tokens: int, chunk_size: int) -> tuple[int, int]:
+  """(chunks, rows per chunk): the fewest chunks of at most chunk_size rows, as equal as can be.
+
+  Padding is then under one row per chunk (2 chunks of 768 for 1536 rows,
+  not 2 of 1024 with 512 padding rows computed for nothing).
+  """
+  if chunk_size < 1:
+    raise ValueError(f"chunk_size={chunk_size}: must be a positive number of tokens")
+  chunks = max(1, -(-tokens // chunk_size))
+  return chunks, -(-tokens // chunks)
 
 
 def _cap(z: jax.Array, softcap: float | None) -> jax.Array:

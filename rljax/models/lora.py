@@ -63,8 +63,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
+from ml_collections import ConfigDict
 
-from rljax import config as config_lib
+from rljax.config.errors import ConfigError, check, is_int, is_number
 from rljax.models import checkpoint, moe, safetensors_io
 from rljax.models.config import ModelConfig
 from rljax.models.transformer import CausalLM
@@ -85,6 +86,13 @@ PROJECTIONS: dict[str, tuple[str, str, int]] = {
     "up_proj": ("mlp", "up", 1),
     "down_proj": ("mlp", "down", 1),
 }
+# The names LoRA's target_modules and modules_to_save take (HF module names).
+LORA_TARGET_MODULES = tuple(PROJECTIONS)
+LORA_SAVABLE_MODULES = LORA_TARGET_MODULES + (
+    "embed_tokens", "lm_head", "norm", "input_layernorm", "post_attention_layernorm", "q_norm", "k_norm",
+    "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
 _HF_PARENT = {"attn": "self_attn", "mlp": "mlp"}
 _BY_KERNEL = {(parent, attr): proj for proj, (parent, attr, _) in PROJECTIONS.items()}
 
@@ -106,6 +114,69 @@ class LoRADropoutKey(nnx.Variable):
 
 
 TRAINABLE = nnx.Any(LoRAParam, TrainedParam)
+
+
+# ----- the keys -----------------------------------------------------------------------
+
+
+def lora_targets(value: Any, key: str = "actor_rollout_ref.model.target_modules") -> tuple[str, ...]:
+  """target_modules as HF projection names: 'all-linear', a list, or a comma-separated string."""
+  if value == "all-linear":
+    return LORA_TARGET_MODULES
+  names = [n.strip() for n in value.split(",")] if isinstance(value, str) else value
+  ok = isinstance(names, (list, tuple)) and bool(names) and all(isinstance(n, str) for n in names)
+  check(ok, key, value, "must be all-linear or a non-empty list of module names", f"e.g. {key}=[q_proj,v_proj]")
+  unknown = [n for n in names if n not in LORA_TARGET_MODULES]
+  check(not unknown, key, value, f"unknown module(s) {unknown}; LoRA targets are {', '.join(LORA_TARGET_MODULES)}",
+        f"set {key}=all-linear or choose from those names")
+  return tuple(dict.fromkeys(names))
+
+
+def _check_patterns(values: Any, key: str, value_ok, kind: str) -> None:
+  values = values.to_dict() if isinstance(values, ConfigDict) else values
+  check(isinstance(values, dict), key, values, "must be a mapping {regex: value}",
+        f"e.g. {key}={{'q_proj': 16}} (quote regex keys: {{'layers\\.0\\..*': 16}})")
+  for pattern, value in values.items():
+    try:
+      re.compile(pattern)
+    except (re.error, TypeError) as e:
+      raise ConfigError(key, values, f"key {pattern!r} is not a regular expression ({e})",
+                        "write a Python regex matched against names like model.layers.0.self_attn.q_proj") from e
+    check(value_ok(value), key, values, f"value {value!r} of {pattern!r} must be {kind}", f"give each pattern {kind}")
+
+
+def check_lora_keys(values: Any, prefix: str = "actor_rollout_ref.model") -> None:
+  """Checks a model node's LoRA keys (verl's and cosmos-rl's); ConfigError names `prefix.KEY`.
+
+  Args:
+    values: a mapping with lora_rank, lora_alpha, target_modules, lora_dropout,
+      use_rslora, modules_to_save, alpha_pattern, r_pattern, init_lora_weights.
+    prefix: the node's key path, for the messages.
+  """
+  key = lambda name: f"{prefix}.{name}"  # noqa: E731
+  rank, alpha, dropout = values["lora_rank"], values["lora_alpha"], values["lora_dropout"]
+  check(is_int(rank) and rank >= 0, key("lora_rank"), rank, "must be an integer >= 0 (0 = full fine-tuning)",
+        f"set {key('lora_rank')}=8, or 0 to train every parameter")
+  check(is_number(alpha) and alpha > 0, key("lora_alpha"), alpha, "must be a positive number",
+        f"set {key('lora_alpha')}=16")
+  check(is_number(dropout) and 0.0 <= dropout < 1.0, key("lora_dropout"), dropout, "must lie in [0, 1)",
+         f"set {key('lora_dropout')}=0.0")
+  check(isinstance(values["use_rslora"], bool), key("use_rslora"), values["use_rslora"], "must be true or false",
+        f"set {key('use_rslora')}=false")
+  lora_targets(values["target_modules"], key("target_modules"))
+  saved = values["modules_to_save"]
+  ok = saved is None or (isinstance(saved, (list, tuple)) and all(isinstance(n, str) for n in saved))
+  check(ok, key("modules_to_save"), saved, "must be null or a list of module names",
+        f"e.g. {key('modules_to_save')}=[lm_head]")
+  unknown = [n for n in saved or () if n.rsplit(".", 1)[-1] not in LORA_SAVABLE_MODULES]
+  check(not unknown, key("modules_to_save"), saved,
+        f"unknown module(s) {unknown}; names end in one of {', '.join(LORA_SAVABLE_MODULES)}",
+        "list HF module names such as lm_head, embed_tokens or model.layers.0.input_layernorm")
+  _check_patterns(values["alpha_pattern"], key("alpha_pattern"), lambda v: is_number(v) and v > 0, "a positive number")
+  _check_patterns(values["r_pattern"], key("r_pattern"), lambda v: is_int(v) and v > 0, "a positive integer")
+  init = values["init_lora_weights"]
+  check(init is True or init == "gaussian", key("init_lora_weights"), init, "must be true (B=0) or gaussian",
+        f"set {key('init_lora_weights')}=true")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,9 +208,9 @@ class LoRAConfig:
   key_prefix: str = "actor_rollout_ref.model"
 
   def __post_init__(self):
-    config_lib.check_lora(self.as_keys(), self.key_prefix)
+    check_lora_keys(self.as_keys(), self.key_prefix)
     if self.rank == 0:
-      raise config_lib.ConfigError(f"{self.key_prefix}.lora_rank", 0,
+      raise ConfigError(f"{self.key_prefix}.lora_rank", 0,
                                    "LoRA needs a rank > 0 (0 means full fine-tuning)",
                                    f"set {self.key_prefix}.lora_rank=8, or do not apply LoRA")
 
@@ -166,7 +237,7 @@ class LoRAConfig:
   @property
   def targets(self) -> tuple[str, ...]:
     """The targeted HF projection names."""
-    return config_lib.lora_targets(self.target_modules, f"{self.key_prefix}.target_modules")
+    return lora_targets(self.target_modules, f"{self.key_prefix}.target_modules")
 
 
 # ----- the adapter ---------------------------------------------------------------------
@@ -288,7 +359,7 @@ def _layer_rank(config: LoRAConfig, names: list[str], experts: bool) -> int:
   if len(ranks) > 1:
     stacked = "the experts of a layer share one stacked adapter" if experts else "scan_layers stacks them into one adapter"
     fix = "use one rank per projection" + ("" if experts else f", or set {config.key_prefix}.scan_layers=false")
-    raise config_lib.ConfigError(
+    raise ConfigError(
         f"{config.key_prefix}.r_pattern", dict(config.r_pattern),
         f"gives the modules {names[0]} ... {names[-1]} different ranks {sorted(ranks)}, but {stacked}", fix)
   return ranks.pop()
@@ -300,7 +371,7 @@ def _layer_scales(config: LoRAConfig, names: list[str], rank: int, experts: int)
   per_layer = [scales[i:i + max(experts, 1)] for i in range(0, len(scales), max(experts, 1))]
   for layer in per_layer:
     if len(set(layer)) > 1:
-      raise config_lib.ConfigError(f"{config.key_prefix}.alpha_pattern", dict(config.alpha_pattern),
+      raise ConfigError(f"{config.key_prefix}.alpha_pattern", dict(config.alpha_pattern),
                                    "gives the experts of a layer different alphas, but they share one stacked "
                                    "adapter", "use one alpha per projection and layer")
   return [layer[0] for layer in per_layer]
@@ -317,7 +388,7 @@ def _new_adapter(kernel: nnx.Variable, n_in: int, names: list[str], stacked: boo
   lead = (1 if stacked else 0) + (1 if experts else 0)
   rank = _layer_rank(config, names, bool(experts))
   if experts and config.dropout > 0:
-    raise config_lib.ConfigError(f"{config.key_prefix}.lora_dropout", config.dropout,
+    raise ConfigError(f"{config.key_prefix}.lora_dropout", config.dropout,
                                  "dropout on the adapters of mixture-of-experts experts is not implemented",
                                  f"set it to 0, or target only attention projections in {config.key_prefix}"
                                  ".target_modules")
@@ -402,18 +473,18 @@ def _train_modules(model: CausalLM, config: LoRAConfig) -> None:
     if not any(hits):
       continue
     if not all(hits):
-      raise config_lib.ConfigError(key, list(config.modules_to_save),
+      raise ConfigError(key, list(config.modules_to_save),
                                    f"selects only some layers of {path[-2]}, which scan_layers stacks",
                                    f"name every layer, or set {config.key_prefix}.scan_layers=false")
     if modules[0].rsplit(".", 1)[-1] in targeted:
-      raise config_lib.ConfigError(key, list(config.modules_to_save),
+      raise ConfigError(key, list(config.modules_to_save),
                                    f"{modules[0]} is also a LoRA target", f"drop it from {key} or from target_modules")
     used.update(e for h in hits for e in h)
     setattr(_node(model, path[:-1]), path[-1], TrainedParam(var[...], **var.get_metadata()))
   unused = [e for e in config.modules_to_save if e not in used]
   if unused:
     tied = " (tie_word_embeddings: lm_head is embed_tokens here)" if model.cfg.tie_word_embeddings else ""
-    raise config_lib.ConfigError(key, list(config.modules_to_save), f"{unused} name no module of this model{tied}",
+    raise ConfigError(key, list(config.modules_to_save), f"{unused} name no module of this model{tied}",
                                  "use HF module names such as embed_tokens, lm_head, norm, input_layernorm")
 
 

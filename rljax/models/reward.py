@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rljax.models import checkpoint
+from rljax.models import config as config_lib
 from rljax.models.api import resolve_path
 from rljax.models.transformer import CausalLM
 
@@ -92,6 +93,13 @@ def load_reward_model(path: str, dtype: Any = jnp.float32, mesh: Mesh | None = N
                                    dtype=dtype, mesh=mesh, rules=rules)
   score = _score_vector(src, backbone.cfg.hidden_size)
   return RewardModel(backbone, jnp.asarray(score, dtype))
+
+
+def reward_model_from_hf(hf_config: Any, dtype: Any = jnp.float32) -> RewardModel:
+  """A freshly initialised reward model of an HF config.json dict (its shapes; `nnx.eval_shape` it for abstract
+  parameters)."""
+  cfg = config_lib.from_hf_dict({**hf_config, "tie_word_embeddings": True}, dtype=dtype, param_dtype=dtype)
+  return RewardModel(CausalLM(cfg, nnx.Rngs(0)), jnp.zeros((cfg.hidden_size,), dtype))
 
 
 def token_level_scores(scores: np.ndarray, response_mask: np.ndarray) -> np.ndarray:

@@ -6,7 +6,6 @@ call signature).
 """
 
 from rljax.rewards.custom import FileFunction
-from rljax.rewards.custom import load_from_file
 from rljax.rewards.default import check_data_sources
 from rljax.rewards.default import default_compute_score
 from rljax.rewards.default import has_builtin_scorer
@@ -36,7 +35,6 @@ __all__ = [
     "has_builtin_scorer",
     "known_data_sources",
     "load_compute_score",
-    "load_from_file",
     "make_reward_manager",
     "overlong_penalty",
 ]

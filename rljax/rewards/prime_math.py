@@ -31,7 +31,7 @@ import re
 from typing import Any
 
 from rljax.rewards import answer_grader
-from rljax.rewards import safe_arith
+from rljax.utils import safe_arith
 from rljax.rewards.math_answer import matched_braces_end
 
 MAX_PREDICTION_CHARS = 1000

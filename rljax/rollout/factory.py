@@ -18,8 +18,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from ml_collections import ConfigDict
 
-from rljax import config as config_lib
-from rljax.config import CPU_DOT_LIBRARIES
+from rljax.config.choices import CPU_DOT_LIBRARIES
+from rljax.config.errors import ConfigError
 from rljax.data import tokenization
 from rljax.models import CausalLM, ModelConfig
 from rljax.rollout import agent_loop
@@ -81,7 +81,7 @@ def rollout_mesh(mesh: Mesh, tensor: int) -> Mesh:
   data, expert = mesh.shape["data"], mesh.shape["expert"]
   rest = mesh.size // (data * expert)
   if tensor < 1 or rest % tensor:
-    raise config_lib.ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size", tensor,
+    raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size", tensor,
                                  f"does not divide the {rest} devices of a data-parallel replica",
                                  f"choose a divisor of {rest}")
   return build_mesh({"data": data, "fsdp": rest // tensor, "tensor": tensor, "sequence": 1, "expert": expert},

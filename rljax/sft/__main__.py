@@ -24,7 +24,7 @@ def resolve(config, overrides: Sequence[str], device_count: int | None = None, d
   if distributed:
     sharding.initialize(config)
   sft_config.finalize(config, device_count)
-  return sft_config.validate(config, config_lib.resolve_world_size(config, device_count))
+  return sft_config.validate(config, sharding.resolve_world_size(config, device_count))
 
 
 def train(config: ConfigDict) -> None:

@@ -29,6 +29,7 @@ import math
 from ml_collections import ConfigDict, FieldReference
 
 from rljax import config as config_lib
+from rljax import sharding
 from rljax.config import ConfigError, any_value, check, check_enum, check_positive, check_range, null
 from rljax.models import lora
 
@@ -224,7 +225,7 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
   data = config.data
   if data.micro_batch_size is not None:
     _warn_once("data.micro_batch_size", "data.micro_batch_size is deprecated; use data.micro_batch_size_per_gpu")
-    dp = data_parallel_size(config, config_lib.resolve_world_size(config, device_count))
+    dp = data_parallel_size(config, sharding.resolve_world_size(config, device_count))
     check(data.micro_batch_size >= dp, "data.micro_batch_size", data.micro_batch_size,
           f"is smaller than the {dp} data-parallel devices", "set data.micro_batch_size_per_gpu directly")
     config_lib.set_value(config, "data.micro_batch_size_per_gpu", data.micro_batch_size // dp)
@@ -232,7 +233,7 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
     value = config_lib.get_node(config, alias)
     if value is not None:
       config_lib.set_value(config, key, value)
-  dp = data_parallel_size(config, config_lib.resolve_world_size(config, device_count))
+  dp = data_parallel_size(config, sharding.resolve_world_size(config, device_count))
   if data.micro_batch_size_per_gpu is None and data.train_batch_size > 0 and data.train_batch_size % dp == 0:
     config_lib.set_value(config, "data.micro_batch_size_per_gpu", data.train_batch_size // dp)
   return config
@@ -273,7 +274,7 @@ def _check_data(config: ConfigDict, world_size: int | None) -> None:
 def _check_model(config: ConfigDict) -> None:
   model = config.model
   check_enum(config, "model.fsdp_config.model_dtype", DTYPES)
-  config_lib.check_lora(model, "model")
+  lora.check_lora_keys(model, "model")
   check(bool(model.partial_pretrain), "model.partial_pretrain", model.partial_pretrain,
         "names no model", "set model.partial_pretrain to an HF directory, a .gguf file or smollm2-135m-instruct")
   config_lib.check_model_path("model.partial_pretrain", model.partial_pretrain)
@@ -336,7 +337,7 @@ def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
 
 
 def optim_view(optim: ConfigDict) -> ConfigDict:
-  """The SFT `optim` node in the RL optimizer's spelling, for `rljax.trainer.optim`.
+  """The SFT `optim` node in the RL optimizer's spelling, for `rljax.training.optim`.
 
   verl's SFT trainer calls its cosine and wsd schedules with their defaults
   (min_lr_ratio 0, num_cycles 0.5) and warmup = int(warmup_steps_ratio *

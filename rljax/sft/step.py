@@ -14,7 +14,7 @@ each micro-batch by its own token count and averages the micro-batches;
 the two agree when micro-batches hold equal numbers of response tokens.
 
 The gradient and optimizer cores are the RL trainer's
-(`rljax.trainer.steps.constrained_grad`, `apply_gradients`), traced inside
+(`rljax.training.updates.constrained_grad`, `apply_gradients`), traced inside
 the job's activation sharding: gradients reduce-scatter to their
 parameters' layout. Which parameters train is decided as in the RL trainer, by
 `rljax.models.lora.split_trainable`: the model is split into (graphdef,
@@ -25,7 +25,7 @@ adapters and modules_to_save train and the base weights are frozen.
 Checkpoints hold the trainable state as "actor" (as `rljax.export` reads it);
 the frozen state is the base model, loaded again from `model.partial_pretrain`.
 A gradient step builds the model in training mode
-(`rljax.trainer.steps.training_model`): LoRA dropout draws its masks from
+(`rljax.training.updates.training_model`): LoRA dropout draws its masks from
 the step's key.
 """
 
@@ -42,7 +42,7 @@ from jax.sharding import Mesh
 
 from rljax.models import CausalLM, token_log_probs
 from rljax.sharding.placement import gradient_compiler_options, replicated
-from rljax.trainer.steps import apply_gradients, constrained_grad, traced_in, training_model
+from rljax.training.updates import apply_gradients, constrained_grad, traced_in, training_model
 
 Rows = dict[str, jax.Array]
 

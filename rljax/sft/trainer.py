@@ -11,7 +11,7 @@ model gets the RL trainer's LoRA adapters (`rljax.models.lora`): only they
 
 Every `trainer.test_freq` steps and after the last one, the loss over
 `data.val_files` is logged as `val/loss`. Checkpoints, resume, logging,
-curves and faults are the RL trainer's own code:
+curves and faults are the shared training code's (`rljax.training`):
 
   default_local_dir/
     config.yaml          an RL-tree view naming the model (`rljax.sft.config.export_view`),
@@ -52,9 +52,8 @@ from rljax.sft import packing
 from rljax.sft import step as step_lib
 from rljax.sft.data import SFTDataset, with_chat_template
 from rljax.sharding.distributed import is_main_process
-from rljax.trainer import checkpointing, faults, tracking
-from rljax.trainer import metrics as metrics_lib
-from rljax.trainer.optim import make_optimizer, make_schedule
+from rljax.training import checkpointing, loop as training_loop, metrics as training_metrics, tracking
+from rljax.training.optim import make_optimizer, make_schedule
 
 _LOG = logging.getLogger("rljax.sft")
 _DTYPES = {"fp32": jnp.float32, "float32": jnp.float32, "bf16": jnp.bfloat16, "bfloat16": jnp.bfloat16,
@@ -230,7 +229,7 @@ class SFTTrainer:
            "training/global_step": float(self.step + 1),
            "training/epoch": float(self.step // max(1, self.train_iter.batches_per_epoch))}
     out.update(timing)
-    out.update(metrics_lib.throughput_metrics(timing, int(tokens), self.mesh.size))
+    out.update(training_metrics.throughput_metrics(timing, int(tokens), self.mesh.size))
     return out
 
   def validate(self) -> dict[str, float]:
@@ -277,7 +276,7 @@ class SFTTrainer:
     if resume is not None:
       self.restore(resume)
       _LOG.info("resumed from %s at step %d", resume, self.step)
-    return faults.run_steps(self, self.total_steps, self._validation_due, self._save_due)
+    return training_loop.train_loop(self, self.total_steps, self._validation_due, self._save_due)
 
   def close(self) -> None:
     self.train_iter.close()

@@ -19,7 +19,7 @@ import os
 import jax
 from ml_collections import ConfigDict
 
-from rljax import config as config_lib
+from rljax.config.errors import ConfigError
 
 _ENV_ADDRESS = "JAX_COORDINATOR_ADDRESS"
 _ENV_COUNT = "JAX_NUM_PROCESSES"
@@ -37,7 +37,7 @@ def _env_int(name: str) -> int | None:
   try:
     return int(value)
   except ValueError:
-    raise config_lib.ConfigError(name, value, "must be an integer", f"export {name}=0") from None
+    raise ConfigError(name, value, "must be an integer", f"export {name}=0") from None
 
 
 def distributed_args(config: ConfigDict | None = None) -> dict | None:
@@ -55,17 +55,17 @@ def distributed_args(config: ConfigDict | None = None) -> dict | None:
     if _on_tpu_vm() and (count is None or count > 1):
       return {}
     if count not in (None, 1):
-      raise config_lib.ConfigError(
+      raise ConfigError(
           "trainer.nnodes", count, f"a {count}-process run needs a coordinator",
           f"export {_ENV_ADDRESS}=HOST:PORT, {_ENV_ID}=RANK on every process (or run on a TPU VM)")
     return None
   process_id = _env_int(_ENV_ID)
   if count is None or process_id is None:
-    raise config_lib.ConfigError(
+    raise ConfigError(
         _ENV_ADDRESS, address, f"needs {_ENV_COUNT} and {_ENV_ID} beside it",
         f"export {_ENV_COUNT}=N and {_ENV_ID}=RANK on every process")
   if not 0 <= process_id < count:
-    raise config_lib.ConfigError(_ENV_ID, process_id, f"must lie in [0, {count})", f"number processes 0..{count - 1}")
+    raise ConfigError(_ENV_ID, process_id, f"must lie in [0, {count})", f"number processes 0..{count - 1}")
   return {"coordinator_address": address, "num_processes": count, "process_id": process_id}
 
 

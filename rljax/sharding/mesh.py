@@ -38,7 +38,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 from ml_collections import ConfigDict
 
-from rljax import config as config_lib
+from rljax.config.errors import ConfigError
 
 AXES = ("data", "fsdp", "tensor", "sequence", "expert")
 
@@ -65,20 +65,20 @@ def mesh_shape(config: ConfigDict, device_count: int, slices: int = 1) -> dict[s
   fsdp = actor.fsdp_config.fsdp_size
   model = tensor * sequence
   if tensor < 1 or sequence < 1 or device_count % model:
-    raise config_lib.ConfigError(
+    raise ConfigError(
         _TENSOR_KEY, tensor,
         f"tensor ({tensor}) x sequence ({_SEQUENCE_KEY}={sequence}) does not divide the {device_count} devices",
         f"choose sizes whose product divides {device_count}")
   expert = actor.megatron.expert_model_parallel_size
   if expert < 1 or (device_count // model) % expert:
-    raise config_lib.ConfigError(
+    raise ConfigError(
         EXPERT_KEY, expert, f"does not divide the {device_count // model} devices left after tensor x sequence",
         f"choose a divisor of {device_count // model}")
   rest = device_count // (model * expert)
   if fsdp == -1:
     fsdp = rest // slices if rest % slices == 0 else rest
   if fsdp < 1 or rest % fsdp:
-    raise config_lib.ConfigError(
+    raise ConfigError(
         _FSDP_KEY, fsdp,
         f"does not divide the {rest} devices left after tensor x sequence x expert "
         f"({device_count} devices / {model * expert})",
@@ -136,6 +136,17 @@ def slice_shape(sizes: Sequence[int], slices: int) -> tuple[int, ...]:
   return tuple(across)
 
 
+def resolve_world_size(config: ConfigDict, device_count: int | None = None) -> int:
+  """Devices in the job: nnodes * n_gpus_per_node, or JAX's count for 'auto'."""
+  nodes, per_node = config.trainer.nnodes, config.trainer.n_gpus_per_node
+  if nodes == "auto" or per_node == "auto":
+    return jax.device_count() if device_count is None else device_count
+  for key, value in (("trainer.nnodes", nodes), ("trainer.n_gpus_per_node", per_node)):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ConfigError(key, value, "must be a positive integer or 'auto'", f"set {key}=auto to use every visible device")
+  return nodes * per_node
+
+
 def job_devices(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -> list[jax.Device]:
   """`devices` (default: every device JAX sees), checked against trainer.nnodes x trainer.n_gpus_per_node.
 
@@ -143,9 +154,9 @@ def job_devices(config: ConfigDict, devices: Sequence[jax.Device] | None = None)
     ConfigError: the configured device count differs from the devices given.
   """
   devices = list(devices) if devices is not None else jax.devices()
-  wanted = config_lib.resolve_world_size(config, len(devices))
+  wanted = resolve_world_size(config, len(devices))
   if wanted != len(devices):
-    raise config_lib.ConfigError(
+    raise ConfigError(
         "trainer.n_gpus_per_node", config.trainer.n_gpus_per_node,
         f"trainer.nnodes x trainer.n_gpus_per_node = {wanted} devices, but JAX sees {len(devices)}",
         "set trainer.n_gpus_per_node=auto (and trainer.nnodes=auto) to use every visible device")
@@ -175,11 +186,11 @@ def check_model_fits(mesh: Mesh, num_heads: int, num_kv_heads: int, key: str = _
   expert = mesh.shape.get("expert", 1)
   if expert > 1 and (num_experts == 0 or num_experts % expert):
     what = "a dense model has no experts" if num_experts == 0 else f"it must divide num_experts ({num_experts})"
-    raise config_lib.ConfigError(EXPERT_KEY, expert, f"the expert axis splits experts, but {what}",
+    raise ConfigError(EXPERT_KEY, expert, f"the expert axis splits experts, but {what}",
                                  f"set {EXPERT_KEY}=1" if num_experts == 0 else f"choose a divisor of {num_experts}")
   tensor = mesh.shape["tensor"]
   for what, count in (("num_key_value_heads", num_kv_heads), ("num_attention_heads", num_heads)):
     if count % tensor:
-      raise config_lib.ConfigError(
+      raise ConfigError(
           key, tensor, f"the tensor axis must divide the model's {what} ({count})",
           f"choose a divisor of {count} for {key}")

@@ -3,7 +3,7 @@
 Parameters are placed by their logical-axis rules (`rules.param_shardings`),
 optimizer state like the parameters it tracks, batches by the batch rule,
 assembled from each process's own rows in a multi-host job. The jitted
-steps that use them are built by `rljax.trainer.steps`.
+steps that use them are built by `rljax.rl.steps`.
 """
 
 from __future__ import annotations

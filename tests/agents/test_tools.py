@@ -162,6 +162,6 @@ def test_schema_from_the_class_when_the_yaml_has_none(tmp_path):
 
 def test_agents_import_no_jax_trainer_or_rollout():
   code = ("import sys, rljax.agents; "
-          "print([m for m in ('jax', 'rljax.trainer', 'rljax.rollout') if m in sys.modules])")
+          "print([m for m in ('jax', 'rljax.rl', 'rljax.rollout') if m in sys.modules])")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "[]"

@@ -6,6 +6,7 @@ the spec (`np_ref_advantages`) on a random batch with every awkward feature
 at once, and sharded == unsharded on 8 CPU devices.
 """
 
+import dataclasses
 import math
 
 import jax
@@ -332,42 +333,60 @@ def test_unknown_estimator_lists_valid_names():
   for name in VERL_NAMES:
     assert name in message
   with pytest.raises(KeyError, match="valid names"):
-    adv.compute_advantage("nope", R, M, IDX)
+    adv.compute_advantage("nope", adv.AdvantageInputs(R, M, IDX))
 
 
 def test_compute_advantage_dispatch():
   config = ml_collections.ConfigDict(
       {"gamma": 0.9, "lam": 0.8, "norm_adv_by_std_in_grpo": False})
   values = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
-  got = adv.compute_advantage("gae", R, M, config=config, values=values)
+  inputs = adv.AdvantageInputs(R, M, group_ids=IDX, values=values)
+  got = adv.compute_advantage("gae", inputs, config)
   want = adv.compute_gae_advantage_return(R, values, M, 0.9, 0.8)
   np.testing.assert_array_equal(got[0], want[0])
-  got = adv.compute_advantage("gae", R, M, config=config, values=values,
-                              gamma=1.0, lam=1.0)
-  want = adv.compute_gae_advantage_return(R, values, M, 1.0, 1.0)
   np.testing.assert_array_equal(got[1], want[1])
-  with pytest.raises(ValueError, match="values"):
-    adv.compute_advantage("gae", R, M, config=config)
+  with pytest.raises(ValueError, match="'gae' needs `values`: the critic's values"):
+    adv.compute_advantage("gae", adv.AdvantageInputs(R, M), config)
   # The norm flag reaches grpo_vectorized (verl's trainer would drop it).
-  a, _ = adv.compute_advantage("grpo_vectorized", R, M, IDX, config)
+  a, _ = adv.compute_advantage("grpo_vectorized", inputs, config)
   assert_on_valid(a, rows_to_tokens([-2, 2, 0, 2]), M)
-  a, _ = adv.compute_advantage("grpo", R, M, IDX, config,
-                               norm_adv_by_std_in_grpo=True)
+  a, _ = adv.compute_advantage("grpo", inputs, {"norm_adv_by_std_in_grpo": True})
   assert_on_valid(a, rows_to_tokens([-1 / (1 + 5e-7), 2 / (1 + 1e-6), 0,
                                      1 / (1 + 5e-7)]), M)
-  a, _ = adv.compute_advantage("remax", R, M, reward_baselines=np.ones(4))
+  with pytest.raises(ValueError, match="'grpo' needs `group_ids`"):
+    adv.compute_advantage("grpo", adv.AdvantageInputs(R, M), config)
+  a, _ = adv.compute_advantage("remax", adv.AdvantageInputs(R, M, reward_baselines=np.ones(4)))
   want = adv.compute_remax_outcome_advantage(R, np.ones(4), M)[0]
   assert_on_valid(a, want, M)
-  a, _ = adv.compute_advantage("rloo", R, M, np.array([6, 1, 6, 6]),
-                               num_groups=7)
+  a, _ = adv.compute_advantage("rloo", adv.AdvantageInputs(R, M, group_ids=np.array([6, 1, 6, 6]), num_groups=7))
   assert_on_valid(a, rows_to_tokens([-3, 2, 0, 3]), M)
   old, sps = _otb_inputs(M)
-  a, _ = adv.compute_advantage("optimal_token_baseline", R, M, IDX,
-                               old_log_probs=old, sum_pi_squared=sps)
+  a, _ = adv.compute_advantage("optimal_token_baseline",
+                               adv.AdvantageInputs(R, M, IDX, old_log_probs=old, sum_pi_squared=sps))
   want = adv.compute_optimal_token_baseline_advantage(R, M, IDX, old, sps)[0]
   assert_on_valid(a, want, M)
   with pytest.raises(ValueError, match="sum_pi_squared"):
-    adv.compute_advantage("optimal_token_baseline", R, M, IDX)
+    adv.compute_advantage("optimal_token_baseline", adv.AdvantageInputs(R, M, IDX, old_log_probs=old))
+  # gdpo reads the reward components (verl's non_tensor_batch) by algorithm.gdpo_reward_keys
+  components = {"acc": np.array([1.0, 0.0, 0.0, 0.0]), "fmt": np.array([0.0, 1.0, 0.0, 1.0])}
+  gdpo = {"gdpo_reward_keys": ["acc", "fmt"], "gdpo_reward_weights": [1, 2]}
+  a, _ = adv.compute_advantage("gdpo", adv.AdvantageInputs(R, M, IDX, reward_components=components), gdpo)
+  want = adv.compute_gdpo_outcome_advantage(R, M, IDX, config=gdpo, non_tensor_batch=components, batch={})[0]
+  assert_on_valid(a, want, M)
+  with pytest.raises(ValueError, match=r"gdpo_reward_keys names \['len'\], but the reward components are \['acc', 'fmt'\]"):
+    adv.compute_advantage("gdpo", adv.AdvantageInputs(R, M, IDX, reward_components=components),
+                          {"gdpo_reward_keys": ["acc", "len"]})
+
+
+def test_every_estimator_declares_what_it_reads():
+  for name in adv.adv_estimator_names():
+    declared = adv.estimator_inputs(name)
+    fn = adv.get_adv_estimator(name)
+    # each declared argument is one of the estimator's own parameters, and every field it needs is an input
+    assert set(declared.reads) <= set(fn.__code__.co_varnames[:fn.__code__.co_argcount]), name
+    assert set(declared.needs) <= {f.name for f in dataclasses.fields(adv.AdvantageInputs)}, name
+  with pytest.raises(KeyError, match="valid names"):
+    adv.estimator_inputs("nope")
 
 
 # ----------------------------------------------------------------------------
@@ -524,10 +543,10 @@ def _all_estimators(rewards, mask, index, values, baselines, old, sps, isw):
   config = {"gamma": 0.97, "lam": 0.9}
   outs = {}
   for name in sorted(VERL_NAMES):
-    outs[name] = adv.compute_advantage(
-        name, rewards, mask, index, config, values=values,
+    outs[name] = adv.compute_advantage(name, adv.AdvantageInputs(
+        rewards, mask, index, num_groups=5, values=values,
         reward_baselines=baselines, old_log_probs=old, sum_pi_squared=sps,
-        rollout_is_weights=isw, num_groups=5)
+        rollout_is_weights=isw), config)
   return outs
 
 

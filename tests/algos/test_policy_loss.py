@@ -648,10 +648,8 @@ def test_ppo_loss_composition():
                     loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=10,
                     positive_nll_coef=0.2, **{"policy_loss.loss_mode": "gspo"})
   gbi = {"dp_size": 1, "batch_num_tokens": 30.0, "global_batch_size": 9}
-  loss, met = jax.jit(lambda *a: pl.ppo_loss(
-      cfg, a[0], a[1], a[2], a[3], entropy=a[4], ref_log_prob=a[5],
-      rollout_is_weights=a[6], positive=a[7], global_batch_info=gbi))(
-          lp, old, adv, mask, entropy, ref_lp, w, positive)
+  loss, met = jax.jit(lambda *a: pl.ppo_loss(cfg, pl.PolicyInputs(*a), global_batch_info=gbi))(
+      lp, old, adv, mask, entropy, ref_lp, w, positive)
   c = as_dict(cfg)
   g = {**gbi, "loss_scale_factor": 10}
   mode = "seq-mean-token-sum-norm"
@@ -673,7 +671,7 @@ def test_ppo_loss_composition():
 def test_ppo_loss_defaults_are_plain_policy_loss():
   old, lp, adv, mask, _ = make_batch(9)
   cfg = make_config()
-  loss, met = pl.ppo_loss(cfg, lp, old, adv, mask)
+  loss, met = pl.ppo_loss(cfg, pl.PolicyInputs(lp, old, adv, mask))
   want, _ = call("vanilla", old, lp, adv, mask, cfg=cfg)
   close(loss, float(want))
   assert set(met) == {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",

@@ -19,8 +19,8 @@ from rljax.evaluation import config as eval_config
 from rljax.evaluation import generation
 from rljax.models import from_pretrained, load_tokenizer, save_pretrained
 from rljax.rollout import RolloutSampler, SamplingParams, factory, make_engine
-from rljax.trainer.checkpointing import Checkpointer
-from tests.trainer import tiny_run
+from rljax.training.checkpointing import Checkpointer
+from tests.rl import tiny_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GENERATE_CONFIG = f"--config={ROOT / 'configs' / 'generate.py'}"

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import rljax.algos.entropy as rljax_entropy
 import rljax.models as M
+from rljax.models import logprobs
 
 
 def _inputs(b=3, t=7, d=16, v=50, seed=0):
@@ -71,10 +71,10 @@ def _logit_dots(jaxpr, vocab: int) -> list[tuple[int, ...]]:
 
 
 def test_chunks_are_equal_and_one_chunk_is_not_recomputed():
-  assert [rljax_entropy.chunk_layout(n, 1024) for n in (1, 1024, 1025, 1536, 3000)] == [
+  assert [logprobs.chunk_layout(n, 1024) for n in (1, 1024, 1025, 1536, 3000)] == [
       (1, 1), (1, 1024), (2, 513), (2, 768), (3, 1000)]
   with pytest.raises(ValueError, match="chunk_size=0: must be a positive number of tokens"):
-    rljax_entropy.chunk_layout(10, 0)
+    logprobs.chunk_layout(10, 0)
   hidden, weight, targets = _inputs(b=3, t=7)  # 21 tokens, V = 50
 
   def grad_dots(chunk_size):

@@ -236,7 +236,7 @@ def test_config_tree_builds_the_lora_config():
   got = lora.LoRAConfig.from_model_config(config.actor_rollout_ref.model)
   assert got.targets == ("q_proj", "v_proj") and got.rank == 8 and got.use_rslora
   assert got.r_pattern == {r"layers\.0\.self_attn\.q_proj": 2} and got.modules_to_save == ("lm_head",)
-  assert lora.LoRAConfig(rank=1).targets == config_lib.LORA_TARGET_MODULES == tuple(lora.PROJECTIONS)
+  assert lora.LoRAConfig(rank=1).targets == ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @pytest.fixture(scope="module")

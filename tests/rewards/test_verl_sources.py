@@ -21,7 +21,7 @@ from rljax.rewards import geo3k
 from rljax.rewards import latex_text
 from rljax.rewards import math_dapo
 from rljax.rewards import prime_math
-from rljax.rewards import safe_arith
+from rljax.utils import safe_arith
 from rljax.rewards import search_r1
 from rljax.rewards.default import default_compute_score
 

@@ -11,7 +11,7 @@ import pytest
 
 from rljax import config as config_lib
 from rljax.sft import config as sft_config
-from rljax.trainer.optim import make_optimizer, make_schedule
+from rljax.training.optim import make_optimizer, make_schedule
 from tests.sft import helpers
 
 

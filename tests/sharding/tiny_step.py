@@ -10,7 +10,7 @@ from flax import nnx
 from rljax import config as config_lib
 from rljax import sharding
 from rljax.models import CausalLM, ModelConfig
-from rljax.trainer import steps
+from rljax.training import updates as steps
 
 TINY = ModelConfig(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=128,
                    num_layers=2, num_heads=8, num_kv_heads=4, head_dim=8, rope_theta=10000.0)

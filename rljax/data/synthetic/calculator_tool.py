@@ -34,7 +34,7 @@ import re
 import uuid
 from typing import Any, Mapping
 
-from rljax.rewards import safe_arith
+from rljax.utils import safe_arith
 
 MAX_EXPRESSION_CHARS = 200
 MAX_RESULT_DIGITS = 60

@@ -1,0 +1,223 @@
+"""One place assembles an RL run: `build_run(config, mesh)` for the trainer and for `rljax.compile`.
+
+The run (`RLRun`) is everything that does not change as training goes on:
+the mesh's batch layout, the actor split into what trains and what is
+frozen (LoRA), the optimizers, the reference policy, the critic, the reward
+model, the jitted steps and the rollout engine. Its state (`RunState`) is
+everything that does: one pytree of the trained arrays (actor, its
+optimizer state, critic, its optimizer state) with the step, the KL
+controller and the data position beside them. Checkpoints are tree
+operations on that state (`checkpoint_items`, `restored`).
+
+With `abstract=True` no weight is read and nothing is allocated: the
+parameters and optimizer states are ShapeDtypeStructs laid out by the same
+rules, so `rljax.compile` lowers exactly the steps the trainer runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh
+from ml_collections import ConfigDict
+
+from rljax import models, sharding
+from rljax.algos import kl as kl_lib
+from rljax.config.errors import ConfigError
+from rljax.models import lora as lora_lib
+from rljax.rl import policy, reward_model as reward_model_lib, steps as steps_lib
+from rljax.rl.layout import Layout, make_layout
+from rljax.rollout import factory as rollout_factory
+from rljax.rollout.engine import Engine
+from rljax.sharding.placement import Step, abstract as abstract_arrays, shardings_of
+from rljax.training.optim import make_optimizer, make_schedule
+
+
+@struct.dataclass
+class RunState:
+  """What training changes: a pytree of the trained arrays, with the step, KL controller and data position as
+  static fields beside them.
+
+  Attributes:
+    actor: the actor's trained state (under LoRA: the adapters and modules_to_save).
+    actor_opt: its optimizer state.
+    critic, critic_opt: the critic's parameters and optimizer state (None without a critic).
+    step: steps trained.
+    kl_ctrl: the KL-in-reward controller (its coefficient moves under `kl_ctrl.type=adaptive`).
+    data_position: the training data iterator's state after the step's batches (None before the first).
+  """
+
+  actor: Any
+  actor_opt: Any
+  critic: Any = None
+  critic_opt: Any = None
+  step: int = struct.field(pytree_node=False, default=0)
+  kl_ctrl: Any = struct.field(pytree_node=False, default=None)
+  data_position: Any = struct.field(pytree_node=False, default=None)
+
+
+def checkpoint_items(state: RunState, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+  """(arrays, extras) of a checkpoint: the state's arrays by role, and its static fields as JSON."""
+  arrays = {"actor": state.actor, "actor_opt": state.actor_opt}
+  if state.critic is not None:
+    arrays.update(critic=state.critic, critic_opt=state.critic_opt)
+  extras = {"step": state.step, "data_state": state.data_position, "seed": seed, "kl_coef": float(state.kl_ctrl.value)}
+  return arrays, extras
+
+
+def restored(state: RunState, arrays: dict[str, Any], extras: dict[str, Any]) -> RunState:
+  """`state` with a checkpoint's arrays and static fields (`checkpoint_items`' inverse)."""
+  return state.replace(actor=arrays["actor"], actor_opt=arrays["actor_opt"], critic=arrays.get("critic"),
+                       critic_opt=arrays.get("critic_opt"), step=int(extras["step"]),
+                       kl_ctrl=dataclasses.replace(state.kl_ctrl, value=float(extras["kl_coef"])),
+                       data_position=extras["data_state"])
+
+
+def abstract_like(state: RunState) -> RunState:
+  """The state as ShapeDtypeStructs with the arrays' shardings (a restore target)."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLRun:
+  """An RL run's fixed parts (see the module docstring).
+
+  Attributes:
+    config, mesh, rules: the validated config, the job's mesh and its logical-axis rules.
+    layout: the batch geometry.
+    model_config: the actor's ModelConfig.
+    graphdef: the actor's graph; `frozen` its untrained state (LoRA's base weights; empty otherwise).
+    lora: the LoRA settings, or None.
+    reference: (graphdef, params) of the reference policy, or None when the run needs none.
+    critic_graphdef: the critic's graph, or None without a critic.
+    reward_model: (params, its scoring Step), or None without reward_model.enable.
+    steps: the jitted steps.
+    engine: the rollout engine over the actor's graph.
+    on_policy: the update uses its own log-probs as the old ones (`steps.on_policy`).
+    actor_lr: the actor's learning rate by optimizer step.
+  """
+
+  config: ConfigDict
+  mesh: Mesh
+  rules: Any
+  layout: Layout
+  model_config: models.ModelConfig
+  graphdef: nnx.GraphDef
+  frozen: Any
+  lora: lora_lib.LoRAConfig | None
+  reference: tuple[nnx.GraphDef, Any] | None
+  critic_graphdef: nnx.GraphDef | None
+  reward_model: tuple[Any, Step] | None
+  steps: steps_lib.RLSteps
+  engine: Engine
+  on_policy: bool
+  actor_lr: Callable[[int], Any]
+
+  def actor_params(self, state: RunState) -> nnx.State:
+    """The actor's whole state: what trains and, under LoRA, the frozen base (one view, no copy)."""
+    return nnx.merge_state(state.actor, self.frozen)
+
+  def compiled_steps(self) -> list[Step]:
+    """Every step the run jits, the reward model's included."""
+    return self.steps.all() + ([self.reward_model[1]] if self.reward_model is not None else [])
+
+
+def _checked_routing(config: ConfigDict, model_config: models.ModelConfig) -> None:
+  """Router replay needs a mixture-of-experts actor."""
+  mode = config.actor_rollout_ref.actor.router_replay.mode
+  if mode != "disabled" and not model_config.num_experts:
+    raise ConfigError("actor_rollout_ref.actor.router_replay.mode", mode,
+                      f"router replay needs a mixture-of-experts model; {config.actor_rollout_ref.model.path} is a "
+                      f"dense {model_config.model_type}", "set it to disabled")
+
+
+def _trainable_with_optimizer(tx: optax.GradientTransformation, params: Any, mesh: Mesh,
+                              abstract: bool) -> tuple[Any, Any]:
+  """(optimizer state, its shardings) for `params`: created on device, or abstract."""
+  shardings = sharding.optimizer_shardings(tx, params, shardings_of(params), mesh)
+  if abstract:
+    return abstract_arrays(jax.eval_shape(tx.init, params), shardings), shardings
+  return sharding.init_optimizer(tx, params, shardings_of(params), mesh)
+
+
+def _critic(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, abstract: bool):
+  """(graphdef, params, optimizer, optimizer state, its shardings) of the critic."""
+  value_model = (policy.abstract_critic if abstract else policy.load_critic)(config, mesh, rules)
+  graphdef, params = nnx.split(value_model)
+  tx = make_optimizer(config.critic.optim, config.critic.grad_clip, layout.total_steps,
+                      config.critic.ppo_epochs * layout.minis)
+  opt_state, opt_sh = _trainable_with_optimizer(tx, params, mesh, abstract)
+  return graphdef, params, tx, opt_state, opt_sh
+
+
+def _reward_model(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, abstract: bool) -> tuple[Any, Step]:
+  """(params, scoring Step) of `reward_model.model.path`."""
+  model = (policy.abstract_reward_model if abstract else policy.load_reward_model)(config, mesh, rules)
+  graphdef, params = nnx.split(model)
+  return params, reward_model_lib.scoring_step(config, graphdef, params, layout, mesh, rules)
+
+
+def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Mesh, rules: Any,
+            tokenizer: Any) -> Engine:
+  """The rollout engine on the rollout's mesh (`rollout.tensor_model_parallel_size`)."""
+  arr = config.actor_rollout_ref
+  rollout_mesh = rollout_factory.rollout_mesh(mesh, arr.rollout.tensor_model_parallel_size)
+  sharding.check_model_fits(rollout_mesh, model.cfg.num_heads, model.cfg.num_kv_heads,
+                            "actor_rollout_ref.rollout.tensor_model_parallel_size", model.cfg.num_experts)
+  return rollout_factory.build_engine(
+      model, arr.rollout, prompt_length=config.data.max_prompt_length, slots=min(arr.rollout.max_num_seqs, layout.rows),
+      mesh=rollout_mesh, rules=rules, stop=rollout_factory.stop_ids(tokenizer, model.cfg),
+      record_routing=steps_lib.replays_rollout_routing(config), multi_turn=arr.rollout.multi_turn.enable)
+
+
+def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool = False, tokenizer: Any = None,
+              batches_per_epoch: int = 1) -> tuple[RLRun, RunState]:
+  """The run of `config` on `mesh` and its initial state.
+
+  Args:
+    config: a finalized, validated config.
+    mesh: the job's mesh.
+    abstract: build with abstract parameters and optimizer states (no weights read, nothing allocated).
+    tokenizer: the actor's tokenizer (its EOS ids end responses; None: the model config's alone).
+    batches_per_epoch: sets the run's length when trainer.total_training_steps is unset.
+
+  Raises:
+    ConfigError: naming the key, when the model does not fit the mesh or router replay meets a dense model.
+  """
+  arr = config.actor_rollout_ref
+  rules = sharding.rules_from_config(config)
+  layout = make_layout(config, batches_per_epoch, sharding.data_parallel_size(mesh))
+  model = (policy.abstract_actor(config, mesh, rules) if abstract
+           else policy.load_actor(config, mesh, rules, jax.random.key(config.trainer.seed)))
+  sharding.check_model_fits(mesh, model.cfg.num_heads, model.cfg.num_kv_heads, num_experts=model.cfg.num_experts)
+  _checked_routing(config, model.cfg)
+  lora = policy.lora_config(config)
+  graphdef, trainable, frozen = lora_lib.split_trainable(model)
+  updates_per_step = arr.actor.ppo_epochs * layout.minis
+  actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, layout.total_steps, updates_per_step)
+  actor_opt, actor_opt_sh = _trainable_with_optimizer(actor_tx, trainable, mesh, abstract)
+  reference = (policy.reference(model, graphdef, nnx.merge_state(trainable, frozen), lora)
+               if steps_lib.needs_reference(config) else None)
+  critic = _critic(config, mesh, rules, layout, abstract) if steps_lib.uses_critic(config) else None
+  lora_dropout = lora is not None and lora.dropout > 0
+  steps = steps_lib.build_rl_steps(
+      config, layout, mesh, rules, graphdef=graphdef, trainable=trainable, frozen=frozen, actor_tx=actor_tx,
+      actor_opt_sh=actor_opt_sh, lora_dropout=lora_dropout, reference=reference,
+      critic=None if critic is None else (critic[0], critic[1], critic[2], critic[4]), routing=model.cfg.routing_shape)
+  run = RLRun(config=config, mesh=mesh, rules=rules, layout=layout, model_config=model.cfg, graphdef=graphdef,
+              frozen=frozen, lora=lora, reference=reference, critic_graphdef=None if critic is None else critic[0],
+              reward_model=_reward_model(config, mesh, rules, layout, abstract) if config.reward_model.enable else None,
+              steps=steps, engine=_engine(config, model, layout, mesh, rules, tokenizer),
+              on_policy=steps_lib.on_policy(config, layout, lora_dropout),
+              actor_lr=make_schedule(arr.actor.optim, layout.total_steps, updates_per_step))
+  state = RunState(actor=trainable, actor_opt=actor_opt, critic=None if critic is None else critic[1],
+                   critic_opt=None if critic is None else critic[3],
+                   kl_ctrl=kl_lib.get_kl_controller(config.algorithm.kl_ctrl))
+  return run, state
+
+
+__all__ = ["RLRun", "RunState", "abstract_like", "build_run", "checkpoint_items", "restored"]

@@ -1,0 +1,167 @@
+"""`Experience`: the record one RL step's rows travel in, from rollout to the update.
+
+A step fills one record in stages, each adding fields (`dataclasses.replace`
+style, the record is frozen):
+
+    rollout     input_ids, attention_mask, positions, responses, response_mask, prompt_mask, group,
+                rollout_log_probs (and routed_experts with router replay R3)
+    score       token_level_scores, reward_components (and reward_baselines for remax)
+    experience  old_log_probs, ref_log_prob, values, token_level_rewards, advantages, returns,
+                rollout_is_weights, positive (each where the run has it); response_mask narrowed
+                by rollout rejection sampling
+    update      mini-batches of the fields each update step reads
+
+Every per-row field is declared once below with its shape and dtype (`FIELDS`);
+rows are laid out over the batch rule (`batch` -> data x fsdp), so a field's
+sharding is its rows' split and nothing per field. N rows (a step's
+`train_batch_size * n`), P the prompt length, R the response length:
+
+    [N, P + R]  input_ids, attention_mask, positions (int32); routed_experts [N, P + R, L_sparse, k]
+    [N, P]      prompt_mask (int32)
+    [N, R]      responses, response_mask (int32); the float32 log-probs, scores, rewards, advantages ...
+    [N]         group (int32), reward_baselines (float32), positive (bool)
+
+The record is a pytree (absent fields are None), so host arrays, device
+arrays and ShapeDtypeStructs all travel in it: a jitted step takes an
+`Experience` of the fields it reads, and its abstract arguments are an
+`Experience` of ShapeDtypeStructs (`spec`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh, NamedSharding
+
+from rljax.sharding import rules as rules_lib
+
+# axes of each kind of field: "sequence" [N, P + R], "prompt" [N, P], "response" [N, R], "row" [N]
+_SEQUENCE, _PROMPT, _RESPONSE, _ROW = "sequence", "prompt", "response", "row"
+
+
+def _field(axes: str, dtype: Any) -> Any:
+  """A record field of `axes` rows and `dtype` (None until a stage fills it)."""
+  return struct.field(default=None, metadata={"axes": axes, "dtype": jnp.dtype(dtype)})
+
+
+@struct.dataclass
+class Experience:
+  """One step's rows (see the module docstring); absent fields are None.
+
+  Attributes:
+    input_ids, attention_mask, positions: [N, P + R] left-padded prompt then
+      right-padded response; attention_mask is 1 on every id the model reads
+      (a multi-turn response's tool turns included).
+    responses: [N, R] response ids.
+    response_mask: [N, R] 1 on the tokens the losses count (generated ones).
+    prompt_mask: [N, P] 1 on prompt tokens.
+    group: [N] the prompt (group) of each row, 0..N / n - 1.
+    rollout_log_probs: [N, R] the sampler's log-probs.
+    routed_experts: [N, P + R, L_sparse, k] each token's experts (router replay).
+    token_level_scores: [N, R] the reward (on a response's last token).
+    reward_components: name -> [N] float32 numeric entries of the reward
+      function's extra info (gdpo's components, dynamic sampling's metric).
+    reward_baselines: [N] the greedy response's reward of each row's prompt (remax).
+    old_log_probs, ref_log_prob, values: [N, R] the forward passes' outputs.
+    token_level_rewards: [N, R] scores with the KL penalty when in the reward.
+    advantages, returns: [N, R].
+    rollout_is_weights: [N, R] rollout-correction importance weights.
+    positive: [N] whether a row's score is positive (positive_nll_coef).
+  """
+
+  input_ids: Any = _field(_SEQUENCE, jnp.int32)
+  attention_mask: Any = _field(_SEQUENCE, jnp.int32)
+  positions: Any = _field(_SEQUENCE, jnp.int32)
+  responses: Any = _field(_RESPONSE, jnp.int32)
+  response_mask: Any = _field(_RESPONSE, jnp.int32)
+  prompt_mask: Any = _field(_PROMPT, jnp.int32)
+  group: Any = _field(_ROW, jnp.int32)
+  rollout_log_probs: Any = _field(_RESPONSE, jnp.float32)
+  routed_experts: Any = _field(_SEQUENCE, jnp.int32)
+  token_level_scores: Any = _field(_RESPONSE, jnp.float32)
+  reward_components: Mapping[str, Any] | None = struct.field(default=None)
+  reward_baselines: Any = _field(_ROW, jnp.float32)
+  old_log_probs: Any = _field(_RESPONSE, jnp.float32)
+  ref_log_prob: Any = _field(_RESPONSE, jnp.float32)
+  values: Any = _field(_RESPONSE, jnp.float32)
+  token_level_rewards: Any = _field(_RESPONSE, jnp.float32)
+  advantages: Any = _field(_RESPONSE, jnp.float32)
+  returns: Any = _field(_RESPONSE, jnp.float32)
+  rollout_is_weights: Any = _field(_RESPONSE, jnp.float32)
+  positive: Any = _field(_ROW, jnp.bool_)
+
+  @property
+  def rows(self) -> int:
+    """N."""
+    return int(np.shape(self.response_mask)[0])
+
+  def present(self) -> tuple[str, ...]:
+    """The names of the fields that hold arrays."""
+    return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None)
+
+  def select(self, names: Iterable[str]) -> "Experience":
+    """A record of only the fields `names` (each must be present)."""
+    names = tuple(names)
+    missing = [n for n in names if getattr(self, n) is None]
+    if missing:
+      raise KeyError(f"the step's rows lack {missing} (they hold {list(self.present())})")
+    return Experience(**{n: getattr(self, n) for n in names})
+
+  def take(self, index: Any) -> "Experience":
+    """The rows `index` (a bool mask or integer indices) of every field."""
+    return jax.tree.map(lambda x: np.asarray(x)[index], self)
+
+
+# Each field's (axes, dtype); reward_components has no single shape (a mapping of [N] rows).
+FIELDS: dict[str, tuple[str, jnp.dtype]] = {
+    f.name: (f.metadata["axes"], f.metadata["dtype"]) for f in dataclasses.fields(Experience) if "axes" in f.metadata}
+
+# What a model pass reads (old / reference log-probs, values, the update).
+MODEL_FIELDS = ("input_ids", "attention_mask", "positions", "responses", "response_mask")
+
+
+def field_shape(name: str, rows: int, prompt_length: int, response_length: int,
+                routing: tuple[int, int] | None = None) -> tuple[int, ...]:
+  """The shape of field `name` for `rows` rows (routing: (L_sparse, k) of routed_experts)."""
+  axes = FIELDS[name][0]
+  shape = {_SEQUENCE: (rows, prompt_length + response_length), _PROMPT: (rows, prompt_length),
+           _RESPONSE: (rows, response_length), _ROW: (rows,)}[axes]
+  return shape + (tuple(routing) if name == "routed_experts" else ())
+
+
+def spec(names: Iterable[str], micro_batches: int, rows: int, prompt_length: int, response_length: int, mesh: Mesh,
+         rules: Any, routing: tuple[int, int] | None = None) -> Experience:
+  """The abstract [micro_batches, rows / micro_batches, ...] fields `names`, rows over the batch rule."""
+  per = rows // micro_batches
+  out = {}
+  for name in names:
+    shape = (micro_batches, *field_shape(name, per, prompt_length, response_length, routing))
+    partition = rules_lib.logical_to_spec((None, "batch") + (None,) * (len(shape) - 2), shape, mesh, rules)
+    out[name] = jax.ShapeDtypeStruct(shape, FIELDS[name][1], sharding=NamedSharding(mesh, partition))
+  return Experience(**out)
+
+
+def place(rows: Experience, abstract: Experience) -> Experience:
+  """The fields `abstract` holds, from host rows [N, ...] cut into its micro-batches ([M, N / M, ...]) and placed
+  by its shardings (a multi-host job passes its own rows)."""
+  def put(x: Any, s: jax.ShapeDtypeStruct) -> jax.Array:
+    x = np.asarray(x, s.dtype)
+    micro = x.reshape(s.shape[0], x.shape[0] // s.shape[0], *x.shape[1:])
+    return jax.make_array_from_process_local_data(s.sharding, micro, s.shape)
+
+  return jax.tree.map(put, rows.select(abstract.present()), abstract)
+
+
+def concatenate(parts: list[Experience]) -> Experience:
+  """The rows of `parts` one after another: the fields all parts hold, and the reward components all returned."""
+  names = [n for n in parts[0].present() if n != "reward_components" and all(getattr(p, n) is not None for p in parts)]
+  out = {n: np.concatenate([getattr(p, n) for p in parts]) for n in names}
+  components = [p.reward_components or {} for p in parts]
+  out["reward_components"] = {k: np.concatenate([c[k] for c in components])
+                              for k in components[0] if all(k in c for c in components[1:])}
+  return Experience(**out)

@@ -1,0 +1,139 @@
+"""Prompt + response rows as the actor, reference and critic read them.
+
+Prompts arrive left-padded to P = data.max_prompt_length, responses
+right-padded to R = rollout.response_length, so every row is [P + R] and one
+compilation serves every step. The hidden state at position P - 1 + t
+predicts response token t.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.models import positions_from_mask, token_log_probs
+from rljax.rl.experience import Experience
+
+
+def make_sequences(prompt_ids: np.ndarray, prompt_mask: np.ndarray, responses: np.ndarray,
+                   response_mask: np.ndarray, response_attention: np.ndarray | None = None) -> Experience:
+  """Rows for the model.
+
+  Args:
+    prompt_ids, prompt_mask: [N, P] left-padded prompts (already repeated n times).
+    responses, response_mask: [N, R] right-padded responses; response_mask
+      is 1 on the tokens the losses count (a multi-turn response's generated
+      ones).
+    response_attention: [N, R] 1 on every response token the model reads
+      (tool turns included); default response_mask.
+
+  Returns:
+    An `Experience` of input_ids, attention_mask, positions [N, P + R] and responses, response_mask [N, R].
+  """
+  if response_attention is None:
+    response_attention = response_mask
+  input_ids = np.concatenate([prompt_ids, responses], axis=1).astype(np.int32)
+  attention_mask = np.concatenate([prompt_mask, response_attention], axis=1).astype(np.int32)
+  return Experience(input_ids=input_ids, attention_mask=attention_mask,
+                    positions=np.asarray(positions_from_mask(attention_mask)),
+                    responses=responses.astype(np.int32), response_mask=response_mask.astype(np.int32))
+
+
+class PassRouting(NamedTuple):
+  """What a mixture-of-experts model's layers did in one pass over rows of P + R tokens.
+
+  Attributes:
+    stats: [L_sparse, 2, E] router stats over the token positions computed.
+    tokens: how many real token positions that is.
+    experts: [N, P + R, L_sparse, k] int32, each token's experts (what router
+      replay feeds back as the batch's `routed_experts`).
+  """
+
+  stats: jax.Array
+  tokens: jax.Array
+  experts: jax.Array
+
+
+def response_hidden(model: Any, batch: Experience, group_size: int = 1,
+                    with_routing: bool = False) -> jax.Array | tuple[jax.Array, PassRouting | None]:
+  """[N, R, D] hidden states at the positions that predict each response token.
+
+  With group_size n > 1, rows come in groups of n consecutive rows sharing
+  one prompt (verl's layout, checked by `prompts_shared`), and each group's
+  prompt runs once (`CausalLM.shared_prompt_hidden`): the same states from
+  (P + R) / (P / n + R) times fewer token positions.
+
+  A batch holding `routed_experts` [N, P + R, L_sparse, k] replays that
+  routing. With `with_routing`, also the pass's PassRouting (None for a dense
+  model).
+  """
+  prompt_len = batch.input_ids.shape[1] - batch.responses.shape[1]
+  mask, replay = batch.attention_mask, batch.routed_experts
+  if group_size == 1:
+    hidden, routing = model.hidden_states(batch.input_ids, mask, batch.positions, with_routing=True,
+                                          experts=replay)
+    hidden = hidden[:, prompt_len - 1:-1]
+    routing = None if routing is None else PassRouting(routing.stats, jnp.sum(mask), routing.experts)
+  else:
+    first = lambda x: x.reshape(-1, group_size, *x.shape[1:])[:, 0, :prompt_len]
+    last, hidden, routing = model.shared_prompt_hidden(
+        first(batch.input_ids), first(mask), first(batch.positions),
+        batch.input_ids[:, prompt_len:], mask[:, prompt_len:], batch.positions[:, prompt_len:],
+        with_routing=True, prompt_experts=None if replay is None else first(replay),
+        response_experts=None if replay is None else replay[:, prompt_len:])
+    hidden = jnp.concatenate([jnp.repeat(last, group_size, axis=0)[:, None], hidden[:, :-1]], axis=1)
+    if routing is not None:
+      prompts, responses = routing
+      experts = jnp.concatenate([jnp.repeat(prompts.experts, group_size, axis=0), responses.experts], axis=1)
+      # each prompt stands for its n rows: the stats of running every row's prompt (share_prompt_forward
+      # changes no number)
+      routing = PassRouting(group_size * prompts.stats + responses.stats,
+                            group_size * jnp.sum(first(mask)) + jnp.sum(mask[:, prompt_len:]), experts)
+  return (hidden, routing) if with_routing else hidden
+
+
+def prompts_shared(batch: Experience, group_size: int) -> bool:
+  """True when every group of `group_size` consecutive rows has one prompt (ids, mask and positions)."""
+  prompt_len = batch.input_ids.shape[1] - batch.responses.shape[1]
+  if group_size == 1:
+    return True
+  if batch.input_ids.shape[0] % group_size:
+    return False
+  for part in (batch.input_ids, batch.attention_mask, batch.positions):
+    part = np.asarray(part)[:, :prompt_len]
+    part = part.reshape(-1, group_size, prompt_len)
+    if not np.array_equal(part, np.broadcast_to(part[:, :1], part.shape)):
+      return False
+  return True
+
+
+def response_log_probs(model: Any, batch: Experience, temperature: float,
+                       with_entropy: bool = True, chunk_size: int = 1024,
+                       group_size: int = 1, with_routing: bool = False) -> tuple[Any, ...]:
+  """(log-probs [N, R], entropy [N, R][, PassRouting or None]) of the response tokens, logits / temperature.
+
+  Never materialises the [N, R, V] logits at once (chunked over tokens).
+  group_size, with_routing: see `response_hidden`.
+  """
+  hidden, routing = response_hidden(model, batch, group_size, with_routing=True)
+  out = token_log_probs(hidden, model.lm_head_weight(), batch.responses, chunk_size=chunk_size,
+                        temperature=temperature, with_entropy=with_entropy, softcap=model.cfg.final_logit_softcapping)
+  return (*out, routing) if with_routing else out
+
+
+def as_micro_batches(batch: Any, micro_batches: int) -> Any:
+  """[M, ...] -> [micro_batches, M / micro_batches, ...] for each array of a pytree (an `Experience`, a dict)."""
+  def split(x):
+    x = np.asarray(x)
+    return x.reshape(micro_batches, x.shape[0] // micro_batches, *x.shape[1:])
+  return jax.tree.map(split, batch)
+
+
+def merge_micro_batches(x: Any) -> np.ndarray:
+  """[M, rows, ...] -> [M * rows, ...] on the host."""
+  x = np.asarray(x)
+  return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+

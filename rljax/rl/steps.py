@@ -1,0 +1,289 @@
+"""The jitted steps of an RL run, built in one place for the trainer and `rljax.compile`.
+
+A `Step` is a jitted function together with the abstract arguments a run
+calls it with (shapes, dtypes and shardings): the trainer places its host
+arrays by those shardings and calls it, and `rljax.compile` lowers the same
+function on the same abstract arguments for a TPU topology, so what is
+compiled there is what runs.
+
+Every step traces the model inside `rljax.sharding.activation_sharding`, so
+activations keep the batch sharding and FSDP weights are gathered rather
+than activations all-reduced. An update computes each micro-batch's
+gradient, constrains it to its parameter's sharding (XLA reduce-scatters
+it), adds it to an accumulator laid out the same way, and applies the
+optimizer once (`rljax.training.updates`); the actor and critic updates
+scan their micro-batches inside one jit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+from ml_collections import ConfigDict
+
+from rljax.algos import agg, policy_loss, value_loss
+from rljax.models import moe
+from rljax.sharding.placement import Step, abstract, gradient_compiler_options, key_struct, shardings_of
+from rljax.training.updates import accumulate_gradients, apply_gradients, traced_in, training_model
+from rljax.rl import experience as experience_lib
+from rljax.rl.experience import MODEL_FIELDS, Experience
+from rljax.rl.layout import Layout
+from rljax.rl.sequences import response_log_probs
+
+Metrics = dict[str, jax.Array]
+
+def replays_routing(config: ConfigDict, on_policy: bool) -> bool:
+  """Whether the update replays the old-log-prob pass's expert choices (router_replay.mode=R2, off-policy)."""
+  return config.actor_rollout_ref.actor.router_replay.mode == "R2" and not on_policy
+
+
+def replays_rollout_routing(config: ConfigDict) -> bool:
+  """Whether every actor pass (old, reference, update) replays the rollout's expert choices (verl's R3)."""
+  return config.actor_rollout_ref.actor.router_replay.mode == "R3"
+
+
+def actor_update_fields(config: ConfigDict, on_policy: bool) -> tuple[str, ...]:
+  """The `Experience` fields an actor mini-batch holds: the model rows, advantages and what the loss adds."""
+  actor, corr = config.actor_rollout_ref.actor, config.algorithm.rollout_correction
+  keys = MODEL_FIELDS + ("advantages",)
+  if not on_policy:
+    keys += ("old_log_probs",)
+  if replays_routing(config, on_policy) or replays_rollout_routing(config):
+    keys += ("routed_experts",)
+  if actor.use_kl_loss:
+    keys += ("ref_log_prob",)
+  if (corr.rollout_is or corr.rollout_rs) and corr.rollout_is is not None and corr.rollout_is_threshold is not None:
+    keys += ("rollout_is_weights",)
+  if actor.positive_nll_coef:
+    keys += ("positive",)
+  return keys
+
+
+def forward_fields(config: ConfigDict) -> tuple[str, ...]:
+  """The `Experience` fields the old and reference log-prob passes read (the rollout's routing under R3)."""
+  return MODEL_FIELDS + (("routed_experts",) if replays_rollout_routing(config) else ())
+
+
+CRITIC_UPDATE_FIELDS = MODEL_FIELDS + ("values", "returns")
+
+
+# ----- RL steps ----------------------------------------------------------------------------------
+
+
+def _global_info(mask: jax.Array) -> dict[str, Any]:
+  """verl's global_batch_info for a mini-batch mask [micro_batches, rows, R]."""
+  return {"dp_size": 1, "batch_num_tokens": jnp.sum(mask), "global_batch_size": mask.shape[0] * mask.shape[1]}
+
+
+def _reduce_metrics(metrics: Metrics) -> Metrics:
+  """Loss terms are shares of the mini-batch loss (summed); other metrics are averaged."""
+  return {k: (jnp.sum(v) if k.endswith("_loss") else jnp.mean(v)) for k, v in metrics.items()}
+
+
+def actor_loss(graphdef: nnx.GraphDef, actor_config: Any, temperature: float, group_size: int) -> Callable:
+  """(params, micro, info, key, frozen) -> (loss, metrics) of verl's PPO actor loss on one micro-batch."""
+  entropy_in_loss = bool(actor_config.entropy_coeff)
+
+  def loss_fn(params, micro: Experience, info, key, frozen=None):
+    model = training_model(graphdef, params, frozen, key)
+    log_prob, entropy, routing = response_log_probs(model, micro, temperature, group_size=group_size,
+                                                    with_routing=True)
+    old = jax.lax.stop_gradient(log_prob) if micro.old_log_probs is None else micro.old_log_probs
+    loss, metrics = policy_loss.ppo_loss(
+        actor_config, policy_loss.PolicyInputs(
+            log_prob, old, micro.advantages, micro.response_mask, entropy=entropy if entropy_in_loss else None,
+            ref_log_prob=micro.ref_log_prob, rollout_is_weights=micro.rollout_is_weights, positive=micro.positive),
+        global_batch_info=info, rng=key)
+    mask = micro.response_mask.astype(jnp.float32)
+    metrics["actor/entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    if routing is not None:
+      share = micro.response_mask.shape[0] / info["global_batch_size"]
+      aux, moe_metrics = router_loss(model.cfg, routing.stats, routing.tokens)
+      loss = loss + model.cfg.router_aux_loss_coef * share * aux
+      metrics = {**metrics, **moe_metrics, "actor/moe_aux_loss": share * aux}
+    return loss, metrics
+
+  return loss_fn
+
+
+def router_loss(cfg: Any, stats: jax.Array, tokens: jax.Array) -> tuple[jax.Array, Metrics]:
+  """A mixture-of-experts model's load-balancing loss over one micro-batch, and its expert-load metrics.
+
+  Args:
+    cfg: the ModelConfig.
+    stats: [L_sparse, 2, E] router stats; tokens: the token positions they cover.
+
+  Returns:
+    (HF's auxiliary loss (`moe.load_balancing_loss`), {actor/moe_max_load:
+    the busiest expert's copies over the mean, worst layer;
+    actor/moe_max_load/layer_{i}: the same per sparse layer i}).
+  """
+  loads = jax.lax.stop_gradient(moe.max_load(stats))
+  metrics = {f"actor/moe_max_load/layer_{i}": loads[j] for j, i in enumerate(cfg.sparse_layers)}
+  return moe.load_balancing_loss(stats, tokens), {"actor/moe_max_load": jnp.max(loads), **metrics}
+
+
+def critic_loss(graphdef: nnx.GraphDef, critic_config: Any, group_size: int) -> Callable:
+  """(params, micro, info, key) -> (loss, metrics) of verl's clipped value loss on one micro-batch."""
+  def loss_fn(params, micro: Experience, info, key):
+    del key
+    vpreds = nnx.merge(graphdef, params).response_values(micro, group_size)
+    loss, clipfrac = value_loss.compute_value_loss(
+        vpreds, micro.returns, micro.values, micro.response_mask, critic_config.cliprange_value,
+        loss_agg_mode=critic_config.loss_agg_mode, **info)
+    mask = micro.response_mask.astype(jnp.float32)
+    vpred_mean = agg.agg_loss(vpreds, mask, "token-mean")
+    return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": clipfrac, "critic/vpred_mean": vpred_mean}
+
+  return loss_fn
+
+
+def update_step(loss_fn: Callable, tx: optax.GradientTransformation, shardings: Any, metric_prefix: str) -> Callable:
+  """(params, opt_state, mini, rng, *extra) -> (params, opt_state, metrics): accumulate, then one update.
+
+  `loss_fn(params, micro, info, key, *extra)`; info is verl's global batch
+  info of the whole mini-batch, so every micro-batch's loss is its share.
+  """
+  def step(params, opt_state, mini: Experience, rng, *extra):
+    info = _global_info(mini.response_mask)
+    keys = jax.random.split(rng, mini.response_mask.shape[0])
+    grads, metrics = accumulate_gradients(lambda p, micro, key: loss_fn(p, micro, info, key, *extra), params, mini,
+                                          keys, shardings)
+    params, opt_state, grad_norm = apply_gradients(tx, params, opt_state, grads)
+    return params, opt_state, {**_reduce_metrics(metrics), f"{metric_prefix}/grad_norm": grad_norm}
+
+  return step
+
+
+def make_update(name: str, loss_fn: Callable, tx: optax.GradientTransformation, mesh: Mesh, rules: Any,
+                params: Any, opt_shardings: Any, batch: Experience, frozen: Any = None,
+                metric_prefix: str = "actor") -> Step:
+  """The jitted update Step: params and optimizer state donated, laid out as they came."""
+  param_sh = shardings_of(params)
+  step = traced_in(mesh, rules, update_step(loss_fn, tx, param_sh, metric_prefix))
+  args = (abstract(params), abstract(jax.eval_shape(tx.init, params), opt_shardings), batch, key_struct(mesh))
+  if frozen is not None:
+    args += (abstract(frozen),)
+  fn = jax.jit(step, in_shardings=jax.tree.map(lambda x: x.sharding, args),
+               out_shardings=(param_sh, opt_shardings, None), donate_argnums=(0, 1),
+               compiler_options=gradient_compiler_options(mesh))
+  return Step(name, fn, args)
+
+
+def make_forward(name: str, fn: Callable, mesh: Mesh, rules: Any, params: Any, batch: Any) -> Step:
+  """A jitted forward pass `fn(params, micro)` over every micro-batch of `batch` (a pytree of abstract
+  [M, rows, ...] arrays), one at a time."""
+  def forward(params, batch):
+    return jax.lax.map(lambda micro: fn(params, micro), batch)
+
+  args = (abstract(params), batch)
+  return Step(name, jax.jit(traced_in(mesh, rules, forward), in_shardings=jax.tree.map(lambda x: x.sharding, args)),
+              args)
+
+
+def log_prob_fn(graphdef: nnx.GraphDef, temperature: float, with_entropy: bool = True,
+                group_size: int = 1, record_routing: bool = False) -> Callable:
+  """(params, rows) -> (log_probs [N, R], entropy [N, R][, routed experts [N, P + R, L_sparse, k]]).
+
+  group_size: see `response_hidden`; record_routing: also each token's experts (router replay).
+  """
+  def fn(params, batch):
+    log_probs, entropy, routing = response_log_probs(nnx.merge(graphdef, params), batch, temperature, with_entropy,
+                                                     group_size=group_size, with_routing=True)
+    return (log_probs, entropy, routing.experts) if record_routing else (log_probs, entropy)
+  return fn
+
+
+def value_fn(graphdef: nnx.GraphDef, group_size: int = 1) -> Callable:
+  """(critic params, rows) -> values [N, R]."""
+  return lambda params, batch: nnx.merge(graphdef, params).response_values(batch, group_size)
+
+
+@dataclasses.dataclass
+class RLSteps:
+  """The jitted steps of an RL run (None where the run has no such step)."""
+
+  actor_update: Step
+  old_log_prob: Step
+  ref_log_prob: Step | None
+  critic_update: Step | None
+  values: Step | None
+
+  def all(self) -> list[Step]:
+    return [s for s in (self.actor_update, self.critic_update, self.old_log_prob, self.ref_log_prob, self.values)
+            if s is not None]
+
+
+def on_policy(config: ConfigDict, layout: Layout, lora_dropout: bool) -> bool:
+  """Whether the old log-probs equal the update's own (one epoch, one mini-batch, nothing reading them before)."""
+  arr, alg = config.actor_rollout_ref, config.algorithm
+  corr = alg.rollout_correction
+  return (arr.actor.ppo_epochs == 1 and layout.minis == 1 and not alg.use_kl_in_reward
+          and not (corr.rollout_is or corr.rollout_rs) and not corr.bypass_mode and not lora_dropout)
+
+
+def uses_critic(config: ConfigDict) -> bool:
+  """critic.enable, or by default whether the estimator is GAE."""
+  enable = config.critic.enable
+  return bool(enable) if enable is not None else config.algorithm.adv_estimator == "gae"
+
+
+def needs_reference(config: ConfigDict) -> bool:
+  return bool(config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward)
+
+
+def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *, graphdef: nnx.GraphDef,
+                   trainable: Any, frozen: Any, actor_tx: optax.GradientTransformation, actor_opt_sh: Any,
+                   lora_dropout: bool, reference: tuple[nnx.GraphDef, Any] | None = None,
+                   critic: tuple[nnx.GraphDef, Any, optax.GradientTransformation, Any] | None = None,
+                   routing: tuple[int, int] | None = None) -> RLSteps:
+  """Every jitted step of an RL run.
+
+  Args:
+    config, layout: the run's config and batch geometry.
+    mesh, rules: the job's mesh and logical-axis rules.
+    graphdef, trainable, frozen: the actor (`lora.split_trainable`), real
+      arrays or ShapeDtypeStructs with shardings.
+    actor_tx, actor_opt_sh: the actor's optimizer and its state's shardings.
+    lora_dropout: LoRA dropout draws a mask per row (no shared-prompt update).
+    reference: (graphdef, params) of the reference policy, when the run needs one.
+    critic: (graphdef, params, optimizer, optimizer-state shardings) of the critic.
+    routing: (L_sparse, k) of a mixture-of-experts actor (None for a dense one).
+  """
+  arr = config.actor_rollout_ref
+  temperature = float(arr.rollout.temperature) or 1.0
+  micro_rows = functools.partial(experience_lib.spec, prompt_length=layout.prompt_length,
+                                 response_length=layout.response_length, mesh=mesh, rules=rules, routing=routing)
+  shuffled = bool(arr.actor.shuffle)
+  off_policy = not on_policy(config, layout, lora_dropout)
+  actor_batch = micro_rows(actor_update_fields(config, not off_policy), layout.micro_batches, layout.mini_rows)
+  actor_group = 1 if lora_dropout else layout.update_group(shuffled)
+  actor_update = make_update("actor_update", actor_loss(graphdef, arr.actor, temperature, actor_group), actor_tx,
+                             mesh, rules, trainable, actor_opt_sh, actor_batch, frozen=frozen)
+  forward_rows = lambda phase, keys=forward_fields(config): micro_rows(keys, layout.forward_micros[phase], layout.rows)  # noqa: E731
+  actor_params = nnx.merge_state(trainable, frozen) if frozen is not None else trainable
+  old = make_forward("old_log_prob", log_prob_fn(graphdef, temperature, False, layout.forward_group("old_log_prob"),
+                                                 record_routing=replays_routing(config, not off_policy)),
+                     mesh, rules, actor_params, forward_rows("old_log_prob"))
+  ref = None
+  if reference is not None:
+    ref = make_forward("ref_log_prob", log_prob_fn(reference[0], temperature, False, layout.forward_group("ref")),
+                       mesh, rules, reference[1], forward_rows("ref"))
+  critic_update = values = None
+  if critic is not None:
+    critic_graphdef, critic_params, critic_tx, critic_opt_sh = critic
+    critic_update = make_update(
+        "critic_update", critic_loss(critic_graphdef, config.critic, layout.update_group(shuffled)), critic_tx, mesh,
+        rules, critic_params, critic_opt_sh, micro_rows(CRITIC_UPDATE_FIELDS, layout.micro_batches, layout.mini_rows),
+        metric_prefix="critic")
+    values = make_forward("values", value_fn(critic_graphdef, layout.forward_group("values")), mesh, rules,
+                          critic_params, forward_rows("values", MODEL_FIELDS))
+  return RLSteps(actor_update=actor_update, old_log_prob=old, ref_log_prob=ref, critic_update=critic_update,
+                 values=values)

@@ -1,0 +1,475 @@
+"""The RL loop: verl's ray_trainer semantics as one JAX program on one mesh.
+
+Each step, for `data.train_batch_size` prompts:
+
+    rollout (n responses each, the engine reading the actor's arrays: in place
+    when they are in rollout.dtype, else cast once per rollout)
+    -> rewards (reward manager) -> old log-probs (recomputed by the actor;
+    skipped on-policy, see below) -> reference log-probs (use_kl_loss or
+    use_kl_in_reward) -> critic values (gae) -> KL in reward
+    -> advantages -> critic update -> actor update (after critic_warmup)
+    -> metrics, validation, checkpoint.
+
+On-policy shortcut: with one PPO epoch over a single mini-batch and nothing
+that needs them before the update (KL in reward, rollout correction, bypass
+mode, LoRA dropout), the old log-probs equal the current ones at the update;
+the update uses `stop_gradient(log_prob)` instead of a separate forward
+pass, which is the same number a recomputation gives.
+
+The run is assembled once by `rljax.rl.assembly.build_run` (the same call
+`rljax.compile` makes, abstractly, to lower the steps for a TPU): its fixed
+parts (`RLRun`: layout, models, steps, engine) and its state (`RunState`:
+the trained arrays, step, KL controller and data position). A step's rows
+travel in one `Experience` record (`rljax.rl.experience`): rollout and
+score fill it, `_experience` adds the forward passes and advantages, and
+the updates read their mini-batches from it.
+
+LoRA (actor_rollout_ref.model.lora_rank > 0): the actor's state splits into
+`RunState.actor` (adapters and modules_to_save: the only gradients,
+optimizer state and checkpointed "actor" arrays) and `RLRun.frozen` (the
+base weights, read in place by log-probs and the update, and by rollout when
+they are in rollout.dtype). The reference policy is the base model without
+adapters over those same frozen arrays. The critic trains in full.
+Random streams are named (`Stream`): each draw folds in the step, the
+stream and its indices (epoch, mini-batch), so no two draws share a key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+from ml_collections import ConfigDict
+
+from rljax import config as config_lib
+from rljax import data as data_lib
+from rljax import models, rewards, sharding
+from rljax.algos import advantages as adv_lib
+from rljax.algos import kl as kl_lib
+from rljax.algos import rollout_corr
+from rljax.rewards import managers
+from rljax.rl import assembly, dynamic_sampling, experience as experience_lib, metrics as metrics_lib, profiling
+from rljax.rl import steps as steps_lib
+from rljax.rl.experience import Experience
+from rljax.rl.layout import balance_order
+from rljax.rl.reward_model import ModelReward
+from rljax.rl.sequences import make_sequences, merge_micro_batches, prompts_shared
+from rljax.rollout import SamplingParams, factory as rollout_factory
+from rljax.sharding.distributed import is_main_process
+from rljax.sharding.placement import Step
+from rljax.training import checkpointing, loop as training_loop, metrics as training_metrics, tracking
+
+_LOG = logging.getLogger("rljax.rl")
+_REWARD_COLUMNS = ("data_source", "reward_model", "extra_info")
+
+
+class Stream(enum.IntEnum):
+  """The trainer's random streams; a key is (seed, step, stream, indices...)."""
+
+  ROLLOUT = 1
+  GREEDY = 2
+  SHUFFLE = 3
+  CRITIC_UPDATE = 4
+  ACTOR_UPDATE = 5
+  VALIDATION = 6
+
+
+def reward_components(extra_info: dict[str, Any], rows: int) -> dict[str, np.ndarray]:
+  """The numeric per-row entries of a reward manager's extra info, as float32 [rows] arrays."""
+  out = {}
+  for key, values in extra_info.items():
+    array = np.asarray(values)
+    if array.shape == (rows,) and array.dtype.kind in "biuf":
+      out[key] = array.astype(np.float32)
+  return out
+
+
+def dump_generations(directory: str, step: int, records: list[dict[str, Any]], append: bool = False) -> str:
+  """verl's trainer.rollout_data_dir / validation_data_dir dump, one record per row.
+
+  Every process writes the rows it holds: DIR/<step>.jsonl in a one-process
+  job, DIR/<step>.process<k>.jsonl in a multi-host one; `append` adds to
+  the file (a step's later generation rounds under dynamic sampling).
+  """
+  directory = os.path.expanduser(directory)
+  os.makedirs(directory, exist_ok=True)
+  suffix = f".process{jax.process_index()}" if jax.process_count() > 1 else ""
+  path = os.path.join(directory, f"{step}{suffix}.jsonl")
+  with open(path, "a" if append else "w", encoding="utf-8") as f:
+    for record in records:
+      f.write(json.dumps({**record, "step": step}, ensure_ascii=False) + "\n")
+  return path
+
+
+@contextlib.contextmanager
+def timed(timing: dict[str, float], name: str):
+  start = time.perf_counter()
+  yield
+  timing[f"timing_s/{name}"] = timing.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
+
+
+def check_job(config: ConfigDict) -> None:
+  """What the trainer cannot run as configured, beyond `config.validate`'s checks: dynamic sampling on several
+  processes, and a data source no scorer knows (before any model loads)."""
+  if config.algorithm.filter_groups.enable and jax.process_count() > 1:
+    raise config_lib.ConfigError(
+        "algorithm.filter_groups.enable", True, f"dynamic sampling runs on one process; this job has "
+        f"{jax.process_count()} (each would keep different groups and run a different number of rounds)",
+        "set algorithm.filter_groups.enable=false on a multi-host job")
+  if not (config.reward_model.enable or config.custom_reward_function.path):
+    rewards.check_data_sources(data_lib.as_file_list(config.data.train_files)
+                               + data_lib.as_file_list(config.data.val_files))
+
+
+class RLTrainer:
+  """Runs an assembled RL run (`rljax.rl.assembly`) over the training data."""
+
+  def __init__(self, config: ConfigDict, mesh: jax.sharding.Mesh | None = None):
+    self.config = config
+    self.mesh = mesh if mesh is not None else sharding.make_mesh(config)
+    config_lib.validate(config, self.mesh.size)
+    check_job(config)
+    arr = config.actor_rollout_ref
+    self.tokenizer = models.load_tokenizer(config.data.tokenizer or arr.model.path)
+    self.train_iter = data_lib.make_train_iterator(config, self.tokenizer, jax.process_index(), jax.process_count())
+    self.run, self.state = assembly.build_run(config, self.mesh, tokenizer=self.tokenizer,
+                                              batches_per_epoch=self.train_iter.batches_per_epoch)
+    self.sampler = rollout_factory.build_sampler(
+        self.run.engine, arr.rollout, rollout_factory.pad_id(self.tokenizer, self.run.engine.eos_ids), self.tokenizer)
+    self.val_sampling = SamplingParams.from_rollout_config(arr.rollout.val_kwargs)
+    self.reward_manager = managers.make_reward_manager(config, self.tokenizer)
+    self.model_reward = (ModelReward(config, self.tokenizer, *self.run.reward_model)
+                         if self.run.reward_model is not None else None)
+    self.checkpointer = checkpointing.Checkpointer.from_config(config)
+    self.run_dir = tracking.local_run_dir(config.trainer.default_local_dir, config.trainer.project_name,
+                                          config.trainer.experiment_name)
+    self.tracker = tracking.Tracker(config, self.run_dir, self.run.layout.total_steps)
+    self.base_key = jax.random.key(config.trainer.seed)
+    self.saved_step = -1
+
+  # ----- the state ----------------------------------------------------------------------
+
+  @property
+  def step(self) -> int:
+    """Steps trained (the state's)."""
+    return self.state.step
+
+  @step.setter
+  def step(self, value: int) -> None:
+    self.state = self.state.replace(step=value)
+
+  @property
+  def actor_params(self) -> Any:
+    """The actor's whole state: what trains and, under LoRA, the frozen base (one view, no copy)."""
+    return self.run.actor_params(self.state)
+
+  def forward(self, step: Step, params: Any, rows: Experience) -> Any:
+    """A forward Step over `rows` in its micro-batches, merged on the host."""
+    return jax.tree.map(merge_micro_batches, step(params, experience_lib.place(rows, step.args[1])))
+
+  # ----- one step -------------------------------------------------------------------
+
+  def _key(self, stream: Stream, *indices: int) -> jax.Array:
+    """The key of draw `indices` of `stream` at this step."""
+    key = jax.random.fold_in(jax.random.fold_in(self.base_key, self.step), int(stream))
+    for index in indices:
+      key = jax.random.fold_in(key, index)
+    return key
+
+  def _score(self, batch: dict[str, Any], rollout: Any, use_model: bool = True) -> managers.RewardResult:
+    """Token-level scores [N, R] of a rollout: the reward model's (when enabled and use_model), else the
+    reward manager's."""
+    idx = rollout.prompt_index
+    if self.model_reward is not None and use_model:
+      rows = make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
+                            rollout.attention_mask)
+      raw = np.asarray(batch["raw_prompt"])[idx] if "raw_prompt" in batch else None
+      return managers.RewardResult(self.model_reward(rows, raw), {}, {})
+    columns = {k: np.asarray(batch[k])[idx] for k in _REWARD_COLUMNS if k in batch}
+    infos = rollout.extra_info(columns.get("extra_info"))
+    if infos is not None:
+      columns["extra_info"] = np.array(list(infos), dtype=object)
+    return self.reward_manager({"responses": rollout.responses, "response_mask": rollout.attention_mask, **columns})
+
+  def _records(self, batch: dict[str, Any], idx: np.ndarray, responses: np.ndarray, response_mask: np.ndarray,
+               scores: np.ndarray) -> list[dict[str, Any]]:
+    """Decoded input, output, ground truth and score of each row (for the generation dumps)."""
+    truths = np.asarray(batch["reward_model"])[idx] if "reward_model" in batch else [None] * len(idx)
+    return [{"input": self.tokenizer.decode(batch["input_ids"][p][batch["attention_mask"][p] > 0],
+                                            skip_special_tokens=True),
+             "output": self.tokenizer.decode(r[m > 0], skip_special_tokens=True),
+             "gts": (t or {}).get("ground_truth") if isinstance(t, dict) else None, "score": float(sc)}
+            for p, r, m, t, sc in zip(idx, responses, response_mask, truths, scores)]
+
+  def _greedy_baselines(self, batch: dict[str, Any], idx: np.ndarray, timing: dict[str, float]) -> np.ndarray:
+    """remax: [N] the reward of each row's prompt's greedy response."""
+    with timed(timing, "gen_max"):
+      greedy = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"], 1,
+                                     self._key(Stream.GREEDY), SamplingParams(greedy=True), rows=batch)
+    per_prompt = np.zeros(len(batch["input_ids"]), np.float32)
+    per_prompt[greedy.prompt_index] = self._score(batch, greedy).reward_tensor.sum(-1)
+    return per_prompt[idx]
+
+  def _rollout(self, batch: dict[str, Any], timing: dict[str, float], round_index: int = 0) -> Experience:
+    """Responses to `batch`, scored: the rows of one generation round (the step's first unless dynamic
+    sampling needs more), with what the advantage estimator needs from the rollout (remax's baselines)."""
+    with timed(timing, "gen"):
+      rollout = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"],
+                                      self.run.layout.n,
+                                      self._key(Stream.ROLLOUT, *([round_index] if round_index else [])), rows=batch)
+    timing.update(rollout.metrics)
+    idx = rollout.prompt_index
+    rows = make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
+                          rollout.response_mask, rollout.attention_mask).replace(
+        prompt_mask=batch["attention_mask"][idx].astype(np.int32), rollout_log_probs=rollout.log_probs,
+        routed_experts=rollout.routed_experts, group=idx.astype(np.int32))
+    with timed(timing, "reward"):
+      result = self._score(batch, rollout)
+    rows = rows.replace(token_level_scores=np.asarray(result.reward_tensor, np.float32),
+                        reward_components=reward_components(result.reward_extra_info, len(idx)))
+    timing.update({k: float(v) for k, v in result.metrics.items()})
+    if "reward_baselines" in adv_lib.estimator_inputs(self.config.algorithm.adv_estimator).needs:
+      rows = rows.replace(reward_baselines=self._greedy_baselines(batch, idx, timing))
+    if self.config.trainer.rollout_data_dir:
+      dump_generations(self.config.trainer.rollout_data_dir, self.step + 1, self._records(
+          batch, idx, rollout.responses, rollout.attention_mask, rows.token_level_scores.sum(-1)),
+          append=round_index > 0)
+    return rows
+
+  def _kept_groups(self, batch: dict[str, Any], timing: dict[str, float], step_metrics: dict) -> Experience:
+    """DAPO's dynamic sampling (`rljax.rl.dynamic_sampling`): generation rounds, each on the next
+    data.gen_batch_size prompts, until data.train_batch_size groups whose filter metric varies are kept."""
+    groups = self.config.algorithm.filter_groups
+    wanted, n = self.config.data.train_batch_size, self.run.layout.n
+    kept_rounds, kept, dropped, rounds = [], 0, 0, 0
+    while kept < wanted:
+      if rounds:
+        if 0 < groups.max_num_gen_batches <= rounds:
+          raise ValueError(dynamic_sampling.too_many_rounds(rounds, groups.max_num_gen_batches))
+        try:
+          batch = next(self.train_iter)
+        except StopIteration:
+          raise training_loop.DataExhausted() from None
+      rows = self._rollout(batch, timing, rounds)
+      rounds += 1
+      keep = dynamic_sampling.kept_rows(dynamic_sampling.metric_values(rows, groups.metric), rows.group)
+      kept_rounds.append(rows.take(keep))
+      kept += int(keep.sum()) // n
+      dropped += int((~keep).sum()) // n
+    step_metrics.update({"train/num_gen_batches": float(rounds), "train/kept_groups": float(kept),
+                         "train/filtered_groups": float(dropped)})
+    return dynamic_sampling.join_rounds(kept_rounds, wanted, n)
+
+  def _experience(self, rows: Experience, timing: dict[str, float], step_metrics: dict) -> Experience:
+    """`rows` with the old and reference log-probs, values, rewards, advantages and returns the run uses."""
+    steps, group = self.run.steps, self.run.layout.group
+    if not prompts_shared(rows, group):
+      raise RuntimeError(f"rows are not in groups of {group} sharing a prompt; set "
+                         "actor_rollout_ref.model.share_prompt_forward=false and report this")
+    if not self.run.on_policy:
+      with timed(timing, "old_log_prob"):
+        old = self.forward(steps.old_log_prob, self.actor_params, rows)
+        rows = rows.replace(old_log_probs=old[0])
+        if steps_lib.replays_routing(self.config, self.run.on_policy):
+          rows = rows.replace(routed_experts=old[2])
+    if steps.ref_log_prob is not None:
+      with timed(timing, "ref"):
+        rows = rows.replace(ref_log_prob=self.forward(steps.ref_log_prob, self.run.reference[1], rows)[0])
+    if steps.values is not None:
+      with timed(timing, "values"):
+        rows = rows.replace(values=self.forward(steps.values, self.state.critic, rows))
+    with timed(timing, "adv"):
+      return self._advantages(rows, step_metrics)
+
+  def _advantages(self, rows: Experience, step_metrics: dict) -> Experience:
+    """`rows` with the token-level rewards (KL in the reward), rollout correction, advantages and returns."""
+    alg = self.config.algorithm
+    token_rewards = rows.token_level_scores
+    if alg.use_kl_in_reward:
+      token_rewards, kl_ctrl, kl_metrics = kl_lib.apply_kl_penalty(
+          token_rewards, rows.old_log_probs, rows.ref_log_prob, rows.response_mask, self.state.kl_ctrl,
+          alg.kl_penalty)
+      self.state = self.state.replace(kl_ctrl=kl_ctrl)
+      step_metrics.update({k: float(v) for k, v in kl_metrics.items()})
+    rows = rows.replace(token_level_rewards=np.asarray(token_rewards, np.float32))
+    corr = alg.rollout_correction
+    if corr.rollout_is or corr.rollout_rs:
+      rows = self._rollout_correction(rows, step_metrics)
+    adv, ret = adv_lib.compute_advantage(alg.adv_estimator, adv_lib.AdvantageInputs(
+        rows.token_level_rewards, rows.response_mask, group_ids=rows.group, num_groups=self.config.data.train_batch_size,
+        values=rows.values, reward_baselines=rows.reward_baselines, reward_components=rows.reward_components,
+        old_log_probs=rows.old_log_probs), alg)
+    rows = rows.replace(advantages=np.asarray(adv, np.float32), returns=np.asarray(ret, np.float32))
+    if self.config.actor_rollout_ref.actor.positive_nll_coef:
+      rows = rows.replace(positive=rows.token_level_scores.sum(-1) > 0)
+    return rows
+
+  def _rollout_correction(self, rows: Experience, step_metrics: dict) -> Experience:
+    """`rows` with rollout-correction weights and the rejection-sampled response mask (verl's rollout_correction)."""
+    corr = self.config.algorithm.rollout_correction
+    weights, mask, corr_metrics = rollout_corr.compute_rollout_correction_and_rejection_mask(
+        rows.old_log_probs, rows.rollout_log_probs, rows.response_mask, rollout_is=corr.rollout_is,
+        rollout_is_threshold=corr.rollout_is_threshold, rollout_is_batch_normalize=corr.rollout_is_batch_normalize,
+        rollout_rs=corr.rollout_rs, rollout_rs_threshold=corr.rollout_rs_threshold)
+    step_metrics.update({k: float(v) for k, v in corr_metrics.items()})
+    return rows.replace(response_mask=np.asarray(mask, np.int32),
+                        rollout_is_weights=None if weights is None else np.asarray(weights, np.float32))
+
+  def _minibatches(self, rows: Experience, step: Step, epoch: int) -> Iterator[Experience]:
+    """The mini-batches of one epoch, placed as `step` takes them (its batch argument's fields and shardings)."""
+    layout, spec = self.run.layout, step.args[2]
+    rows = rows.select(spec.present())
+    order = np.arange(layout.rows)
+    if self.config.actor_rollout_ref.actor.shuffle:
+      order = np.asarray(jax.random.permutation(self._key(Stream.SHUFFLE, epoch), layout.rows))
+    for m in range(layout.minis):
+      yield experience_lib.place(rows.take(order[m * layout.mini_rows:(m + 1) * layout.mini_rows]), spec)
+
+  def _update(self, rows: Experience, timing: dict[str, float], step_metrics: dict) -> None:
+    """The critic's and then the actor's epochs over the mini-batches of `rows` (the state moves on)."""
+    actor, steps, layout = self.config.actor_rollout_ref.actor, self.run.steps, self.run.layout
+    collected: list[dict] = []
+    if steps.critic_update is not None:
+      with timed(timing, "update_critic"):
+        for epoch in range(self.config.critic.ppo_epochs):
+          for i, mini in enumerate(self._minibatches(rows, steps.critic_update, epoch)):
+            critic, critic_opt, m = steps.critic_update(self.state.critic, self.state.critic_opt, mini,
+                                                        self._key(Stream.CRITIC_UPDATE, epoch, i))
+            self.state = self.state.replace(critic=critic, critic_opt=critic_opt)
+            collected.append(m)
+        jax.block_until_ready(self.state.critic)
+    if self.step >= self.config.trainer.critic_warmup:
+      with timed(timing, "update_actor"):
+        for epoch in range(actor.ppo_epochs):
+          for i, mini in enumerate(self._minibatches(rows, steps.actor_update, epoch)):
+            trained, actor_opt, m = steps.actor_update(self.state.actor, self.state.actor_opt, mini,
+                                                       self._key(Stream.ACTOR_UPDATE, epoch, i), self.run.frozen)
+            self.state = self.state.replace(actor=trained, actor_opt=actor_opt)
+            collected.append(m)
+        jax.block_until_ready(self.state.actor)
+      step_metrics["actor/lr"] = float(self.run.actor_lr(self.step * actor.ppo_epochs * layout.minis))
+    for m in jax.device_get(collected):
+      for k, v in m.items():
+        step_metrics.setdefault(k, []).append(float(v))
+    for k, v in list(step_metrics.items()):
+      if isinstance(v, list):
+        step_metrics[k] = float(np.mean(v))
+
+  def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
+    """One RL step on a batch of prompts; returns its metrics."""
+    timing: dict[str, float] = {}
+    step_metrics: dict[str, Any] = {}
+    with profiling.step_trace(self.config, self.step + 1), timed(timing, "step"):
+      if self.config.algorithm.filter_groups.enable:
+        rows = self._kept_groups(batch, timing, step_metrics)
+      else:
+        rows = self._rollout(batch, timing)
+      data_parallel = sharding.data_parallel_size(self.mesh)
+      if self.config.trainer.balance_batch and data_parallel > 1:
+        rows = rows.take(balance_order(rows.attention_mask.sum(-1), data_parallel, self.run.layout.group))
+      rows = self._experience(rows, timing, step_metrics)
+      self._update(rows, timing, step_metrics)
+    step_metrics.update(metrics_lib.data_metrics(rows, self.run.layout.response_length, self.run.layout.prompt_length))
+    step_metrics.update(timing)
+    tokens = int(rows.attention_mask.sum())
+    step_metrics.update(training_metrics.throughput_metrics(timing, tokens, self.mesh.size))
+    step_metrics["training/global_step"] = float(self.step + 1)
+    step_metrics["training/epoch"] = float(self.step // max(1, self.train_iter.batches_per_epoch))
+    return step_metrics
+
+  # ----- validation ------------------------------------------------------------------
+
+  def validate(self) -> dict[str, float]:
+    """Greedy (val_kwargs) responses to data.val_files, scored per data source."""
+    val = self.config.actor_rollout_ref.rollout.val_kwargs
+    scores, sources, samples, records = [], [], [], []
+    for i, batch in enumerate(data_lib.make_val_batches(self.config, self.tokenizer, jax.process_index(),
+                                                        jax.process_count())):
+      rollout = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"], val.n,
+                                      self._key(Stream.VALIDATION, i), self.val_sampling, rows=batch)
+      idx = rollout.prompt_index
+      result = self._score(batch, rollout, use_model=False)
+      row_scores = result.reward_tensor.sum(-1)
+      scores.append(row_scores)
+      sources.append(np.asarray(batch["data_source"])[idx])
+      if self.config.trainer.validation_data_dir:
+        records += self._records(batch, idx, rollout.responses, rollout.attention_mask, row_scores)
+      if len(samples) < self.config.trainer.log_val_generations:
+        for row in range(min(len(idx), self.config.trainer.log_val_generations - len(samples))):
+          samples.append({"prompt": self.tokenizer.decode(batch["input_ids"][idx[row]][batch["attention_mask"][idx[row]] > 0]),
+                          "response": self.tokenizer.decode(rollout.responses[row][:rollout.response_lengths[row]]),
+                          "score": float(row_scores[row])})
+    out = metrics_lib.validation_metrics(np.concatenate(sources), np.concatenate(scores), val.n)
+    if samples:
+      self.tracker.log_generations(samples, self.step)
+    if records:
+      dump_generations(self.config.trainer.validation_data_dir, self.step, records)
+    return out
+
+  # ----- checkpoints -----------------------------------------------------------------
+
+  def save(self) -> None:
+    """Checkpoints the state (with the data position it has reached) and redraws the curves."""
+    self.state = self.state.replace(data_position=self.train_iter.get_state())
+    self.checkpointer.save(self.step, *assembly.checkpoint_items(self.state, self.config.trainer.seed))
+    self.saved_step = self.step
+    metrics_file = os.path.join(self.run_dir, tracking.METRICS_FILE)
+    if is_main_process() and self.step > 0 and os.path.exists(metrics_file):  # no curve before a step
+      tracking.plot_curves(metrics_file, os.path.join(self.run_dir, "curves.png"))
+
+  def restore(self, path: str) -> None:
+    """The state of the checkpoint step `path`, placed as this run's; the data resumes where it was."""
+    target, _ = assembly.checkpoint_items(assembly.abstract_like(self.state), self.config.trainer.seed)
+    self.state = assembly.restored(self.state, *checkpointing.restore_from_path(path, target))
+    self.train_iter.set_state(self.state.data_position)
+
+  # ----- the run -------------------------------------------------------------------------
+
+  def fit(self) -> dict[str, float]:
+    """Trains until trainer.total_training_steps / total_epochs; returns the last metrics."""
+    trainer = self.config.trainer
+    resume = checkpointing.resolve_resume(trainer)
+    if resume is not None:
+      self.restore(resume)
+      _LOG.info("resumed from %s at step %d", resume, self.step)
+    last: dict[str, float] = {}
+    if trainer.val_before_train and self.step == 0 and self.config.data.val_files:
+      last = self.validate()
+      self.tracker.log(last, self.step)
+      if trainer.val_only:
+        return last
+    test_freq = trainer.test_freq if self.config.data.val_files else 0
+    return training_loop.train_loop(self, self.run.layout.total_steps, _every(test_freq), _every(trainer.save_freq)) or last
+
+  def close(self) -> None:
+    self.sampler.close()
+    self.train_iter.close()
+    self.checkpointer.close()
+    self.reward_manager.close()
+
+
+def _every(freq: int) -> Callable[[int], bool]:
+  """step -> whether it is a multiple of `freq` (never when freq <= 0, verl's "off")."""
+  return lambda step: freq > 0 and step % freq == 0
+
+
+def run(config: ConfigDict) -> dict[str, float]:
+  """Trains with a finalized, validated config; prints where the outputs are."""
+  trainer = RLTrainer(config)
+  try:
+    metrics = trainer.fit()
+  finally:
+    trainer.close()
+  if is_main_process():
+    print(f"rljax: logs and curves in {trainer.run_dir}, checkpoints in {config.trainer.default_local_dir}")
+  return metrics
+
+
+__all__ = ["RLTrainer", "Stream", "run"]

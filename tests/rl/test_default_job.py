@@ -1,0 +1,31 @@
+"""The default job's own sizes on 8 devices: `trainer.n_gpus_per_node=auto` finds them and the unset micro-batch
+splits the mini-batch (a Colab TPU, a v5e-8 / v6e-8 VM, or 8 virtual CPU devices), with the tiny model in place of
+SmolLM2-135M so that the run takes seconds."""
+
+import json
+import os
+import subprocess
+import sys
+
+import yaml
+
+from rljax.data import ensure_synthetic_data
+from tests.rl import tiny_run
+
+
+def test_default_job_trains_on_eight_devices(model_dir, data_dir, tmp_path):
+  ensure_synthetic_data(data_dir)
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+  run_dir = tmp_path / "run"
+  result = subprocess.run(
+      [sys.executable, "-m", "rljax.train", "--config=configs/grpo.py", f"actor_rollout_ref.model.path={model_dir}",
+       f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+       "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
+       f"trainer.default_local_dir={run_dir}"],
+      cwd=tiny_run.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stdout[-3000:]
+  config = yaml.safe_load((run_dir / "config.yaml").read_text())
+  assert config["trainer"]["n_gpus_per_node"] == "auto"
+  assert config["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] == 4 * 4 // 8
+  steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  assert [s["step"] for s in steps] == [1, 2] and all(s["actor/grad_norm"] > 0 for s in steps)

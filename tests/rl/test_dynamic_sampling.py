@@ -1,0 +1,109 @@
+"""DAPO's dynamic sampling (algorithm.filter_groups): which groups are kept, how rounds join, and the trainer's
+generation rounds on the tiny model."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from rljax import config as config_lib
+from rljax import rl
+from rljax.rl import dynamic_sampling
+from rljax.rl.experience import Experience
+from tests.rl import tiny_run
+
+
+def test_only_groups_whose_metric_varies_are_kept():
+  # four prompts x 2 responses: all right, all wrong, mixed, mixed; then a prompt with a single response
+  acc = np.array([1, 1, 0, 0, 1, 0, 0, 1, 1], np.float64)
+  groups = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4])
+  assert dynamic_sampling.kept_rows(acc, groups).tolist() == [False, False, False, False, True, True, True, True,
+                                                             True]
+  scores = np.array([0.5, 0.5 + 1e-9, 0.2, 0.2])  # any spread counts, as np.std > 0 does in verl
+  assert dynamic_sampling.kept_rows(scores, np.array([7, 7, 9, 9])).tolist() == [True, True, False, False]
+
+
+def test_metric_values_read_scores_or_the_reward_functions_extra_info():
+  rows = Experience(token_level_scores=np.array([[0.0, 1.0], [0.5, -0.25]], np.float32),
+                    reward_components={"acc": np.array([1.0, 0.0], np.float32)})
+  np.testing.assert_allclose(dynamic_sampling.metric_values(rows, "seq_reward"), [1.0, 0.25])
+  np.testing.assert_allclose(dynamic_sampling.metric_values(rows, "seq_final_reward"), [1.0, 0.25])
+  np.testing.assert_allclose(dynamic_sampling.metric_values(rows, "acc"), [1.0, 0.0])
+  with pytest.raises(ValueError, match=r"metric='pred'.*extra info: \['acc'\].*seq_reward"):
+    dynamic_sampling.metric_values(rows, "pred")
+
+
+def test_rounds_join_into_exactly_the_wanted_groups_renumbered():
+  # a component only the first round's scorer returned ("format") is left out
+  first = Experience(responses=np.array([[1], [2]]), group=np.array([3, 3]),
+                     reward_components={"acc": np.array([1.0, 0.0]), "format": np.array([1.0, 0.0])})
+  second = Experience(responses=np.array([[5], [6], [7], [8]]), group=np.array([0, 0, 2, 2]),
+                      reward_components={"acc": np.array([0.0, 1.0, 1.0, 1.0])})
+  rows = dynamic_sampling.join_rounds([first, second], groups_wanted=2, group_size=2)
+  assert rows.responses.ravel().tolist() == [1, 2, 5, 6] and rows.group.tolist() == [0, 0, 1, 1]
+  assert rows.present() == ("responses", "group", "reward_components")
+  assert list(rows.reward_components) == ["acc"] and rows.reward_components["acc"].tolist() == [1.0, 0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["algorithm.filter_groups.enable=true"], "algorithm.filter_groups.metric=None"),
+    (["data.gen_batch_size=8"], "data.gen_batch_size=8: differs from data.train_batch_size"),
+    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_final_reward",
+      "algorithm.use_kl_in_reward=true"], "metric='seq_final_reward': the final reward with use_kl_in_reward"),
+])
+def test_bad_dynamic_sampling_settings_name_their_key(overrides, match):
+  config = config_lib.load_config_file(str(tiny_run.ROOT / "configs" / "grpo.py"))
+  config_lib.apply_overrides(config, overrides)
+  with pytest.raises(config_lib.ConfigError, match=match):
+    config_lib.validate(config_lib.finalize(config, device_count=1), 1)
+
+
+def run(model_dir, data_dir, run_dir, *extra):
+  config = tiny_run.run_config("dapo", model_dir, data_dir, run_dir, *extra)
+  trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
+  try:
+    trainer.fit()
+  finally:
+    trainer.close()
+  return [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
+
+
+SCORE_BY_TEXT = """
+import zlib
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+  return float(zlib.crc32(solution_str.encode()) % 2)
+"""
+
+
+def test_dapo_trains_on_kept_groups_of_generation_rounds(model_dir, data_dir, tmp_path):
+  # a score that is 0 or 1 by the response's text: some groups mixed (kept), some not (dropped); the dapo
+  # manager reports the plain score as "acc", the experiment's filter metric
+  scorer = tmp_path / "score.py"
+  scorer.write_text(SCORE_BY_TEXT)
+  history = run(model_dir, data_dir, str(tmp_path / "run"), f"custom_reward_function.path={scorer}",
+                "data.gen_batch_size=2")
+  assert [m["step"] for m in history] == [1, 2]
+  for m in history:
+    assert m["train/num_gen_batches"] >= 2 and m["train/kept_groups"] >= 4
+    assert m["train/kept_groups"] + m["train/filtered_groups"] == 2 * m["train/num_gen_batches"]
+    assert m["critic/score/mean"] not in (0.0, 1.0) and np.isfinite(m["actor/pg_loss"])
+
+
+def test_too_many_rounds_stop_with_verls_error(model_dir, data_dir, tmp_path):
+  with pytest.raises(ValueError, match="num_gen_batches=2 >= max_num_gen_batches=2"):
+    run(model_dir, data_dir, str(tmp_path / "run"), "algorithm.filter_groups.max_num_gen_batches=2",
+        "trainer.total_training_steps=1")
+
+
+def test_data_ending_inside_a_step_stops_the_run_with_a_warning(model_dir, data_dir, tmp_path, caplog):
+  # the random model scores 0 everywhere, so no group is ever kept: with no round limit the first step reads
+  # all 3 batches of 2 prompts and then finds the data ended
+  with caplog.at_level(logging.WARNING, logger="rljax.training.loop"):
+    history = run(model_dir, data_dir, str(tmp_path / "run"), "data.gen_batch_size=2", "data.train_max_samples=6",
+                  "trainer.total_epochs=1", "trainer.total_training_steps=null",
+                  "algorithm.filter_groups.max_num_gen_batches=0")
+  assert history == []
+  assert any("the training data ended inside step 1" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,163 @@
+"""python -m rljax.export: checkpoint actor -> HF directory that transformers opens."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tokenizers
+from flax import nnx
+
+from rljax import config as config_lib
+from rljax import export
+from rljax import models
+from rljax.training.checkpointing import Checkpointer
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+_CFG = models.ModelConfig(
+    model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True, rms_norm_eps=1e-6,
+    max_position_embeddings=128, eos_token_id=2,
+)
+
+
+def _write_tokenizer(path):
+  vocab = {f"t{i}": i for i in range(_CFG.vocab_size)}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.save(os.path.join(path, "tokenizer.json"))
+  with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+    json.dump({"eos_token": "t2", "tokenizer_class": "PreTrainedTokenizerFast"}, f)
+
+
+def _random_params(model_cfg, seed):
+  """(graphdef, parameters): N(0, 0.1^2) weights, norm scales near 1; numpy-made (no compiles)."""
+  abstract = nnx.eval_shape(lambda: models.CausalLM(model_cfg, nnx.Rngs(0)))
+  graphdef, params = nnx.split(abstract, nnx.Param)
+  rng = np.random.default_rng(seed)
+
+  def draw(path, leaf):
+    noise = rng.normal(0.0, 0.1, leaf.shape).astype(np.float32)
+    is_norm = any("norm" in str(getattr(k, "key", "")) for k in path)
+    return jnp.asarray(noise + 1.0 if is_norm else noise)
+
+  return graphdef, jax.tree_util.tree_map_with_path(draw, params)
+
+
+@nnx.jit
+def _logits(model, ids):
+  return model(ids)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """A base HF dir and a checkpoint dir whose latest step holds perturbed actor params."""
+  root = tmp_path_factory.mktemp("export")
+  base_dir, ckpt_dir = str(root / "base"), str(root / "ckpt")
+  graphdef, base = _random_params(_CFG, seed=0)
+  models.save_pretrained(nnx.merge(graphdef, base), base_dir)
+  _write_tokenizer(base_dir)
+  config = config_lib.get_base_config()
+  config.actor_rollout_ref.model.path = base_dir
+  config.trainer.default_local_dir = ckpt_dir
+  _, trained = _random_params(_CFG, seed=1)
+  _, early = _random_params(_CFG, seed=2)
+  with Checkpointer.from_config(config) as ckpt:
+    ckpt.save(3, {"actor": early, "critic": {"v": jnp.ones(4)}}, {"step": 3})
+    ckpt.save(7, {"actor": trained, "critic": {"v": jnp.ones(4)}}, {"step": 7})
+  return {"base": base_dir, "ckpt": ckpt_dir, "trained": nnx.merge(graphdef, trained),
+          "early": nnx.merge(graphdef, early)}
+
+
+def _max_logit_diff(hf_dir, model):
+  ids = np.random.default_rng(0).integers(0, _CFG.vocab_size, size=(2, 9))
+  hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32,
+                                                         attn_implementation="eager")
+  with torch.no_grad():
+    ref = hf(torch.as_tensor(ids)).logits.numpy()
+  ours = np.asarray(_logits(model, jnp.asarray(ids)))
+  return float(np.max(np.abs(ours - ref)))
+
+
+def test_cli_exports_latest_step_with_trained_logits(run, tmp_path):
+  out = str(tmp_path / "hf")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  result = subprocess.run([sys.executable, "-m", "rljax.export", "--checkpoint", run["ckpt"],
+                           "--out", out], env=env, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert os.path.exists(os.path.join(out, "tokenizer.json"))
+  assert _max_logit_diff(out, run["trained"]) <= 1e-4
+  assert _max_logit_diff(out, run["early"]) > 1e-2
+  tok = transformers.AutoTokenizer.from_pretrained(out)
+  assert tok.convert_tokens_to_ids("t5") == 5
+
+
+def test_export_an_earlier_step(run, tmp_path):
+  out = export.export(run["ckpt"], str(tmp_path / "hf3"), step=3)
+  assert _max_logit_diff(out, run["early"]) <= 1e-4
+
+
+def test_scan_layers_checkpoint(run, tmp_path):
+  ckpt_dir = str(tmp_path / "ckpt")
+  config = config_lib.get_base_config()
+  config.actor_rollout_ref.model.path = run["base"]
+  config.actor_rollout_ref.model.scan_layers = True
+  graphdef, params = _random_params(_CFG.replace(scan_layers=True), seed=3)
+  with Checkpointer(ckpt_dir) as ckpt:
+    ckpt.save_config(config)
+    ckpt.save(1, {"actor": params})
+  out = export.export(ckpt_dir, str(tmp_path / "hf"))
+  assert _max_logit_diff(out, nnx.merge(graphdef, params)) <= 1e-4
+
+
+def _cli_error(capsys, *args):
+  with pytest.raises(SystemExit) as e:
+    export.main(list(args))
+  assert e.value.code == 1
+  return capsys.readouterr().err
+
+
+def test_missing_checkpoint_dir(tmp_path, capsys):
+  missing = str(tmp_path / "nope")
+  err = _cli_error(capsys, "--checkpoint", missing, "--out", str(tmp_path / "o"))
+  assert f"checkpoint directory {missing} does not exist" in err
+
+
+def test_missing_config_yaml(run, tmp_path, capsys):
+  ckpt_dir = tmp_path / "ckpt"
+  ckpt_dir.mkdir()
+  err = _cli_error(capsys, "--checkpoint", str(ckpt_dir), "--out", str(tmp_path / "o"))
+  assert f"{ckpt_dir / 'config.yaml'} does not exist" in err
+
+
+def test_no_complete_checkpoint(run, tmp_path, capsys):
+  ckpt_dir = tmp_path / "ckpt"
+  (ckpt_dir / "global_step_5.orbax-checkpoint-tmp-99").mkdir(parents=True)
+  (ckpt_dir / "config.yaml").write_text(open(os.path.join(run["ckpt"], "config.yaml")).read())
+  err = _cli_error(capsys, "--checkpoint", str(ckpt_dir), "--out", str(tmp_path / "o"))
+  assert "no complete checkpoint" in err and str(ckpt_dir) in err
+  err = _cli_error(capsys, "--checkpoint", run["ckpt"], "--step", "5", "--out", str(tmp_path / "o"))
+  assert "global_step_5 is not a complete checkpoint" in err and "[3, 7]" in err
+  assert not (tmp_path / "o").exists()
+
+
+def test_missing_base_model_names_the_key(tmp_path, capsys):
+  config = config_lib.get_base_config()
+  config.actor_rollout_ref.model.path = str(tmp_path / "gone")
+  with Checkpointer(str(tmp_path / "ckpt")) as ckpt:
+    ckpt.save_config(config)
+    ckpt.save(1, {"actor": {"w": jnp.ones(2)}})
+  err = _cli_error(capsys, "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "o"))
+  assert f"actor_rollout_ref.model.path={tmp_path / 'gone'}" in err
+
+
+def test_peft_format_needs_a_lora_run(run, tmp_path, capsys):
+  err = _cli_error(capsys, "--checkpoint", run["ckpt"], "--out", str(tmp_path / "o"), "--format", "peft")
+  assert "needs a LoRA run (actor_rollout_ref.model.lora_rank > 0)" in err
+  assert not (tmp_path / "o").exists()

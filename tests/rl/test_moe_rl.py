@@ -1,0 +1,80 @@
+"""GRPO on a tiny Qwen3-MoE: the load-balancing loss and expert-load metrics, and expert parallelism equal to none."""
+
+import jax
+import pytest
+from flax import nnx
+
+from rljax import config as config_lib
+from rljax import sharding
+from rljax.models import CausalLM, ModelConfig, load_tokenizer, save_pretrained
+from rljax import rl
+from tests.rl import tiny_run
+from tests.rl.test_trainer import train
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+  path = tmp_path_factory.mktemp("tiny_moe")
+  cfg = ModelConfig(model_type="qwen3_moe", vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=100000.0, tie_word_embeddings=True,
+                    qk_norm=True, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                    norm_topk_prob=True, router_aux_loss_coef=0.01, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+  save_pretrained(CausalLM(cfg, nnx.Rngs(0)), str(path), tokenizer=load_tokenizer("smollm2-135m-instruct"))
+  return str(path)
+
+
+def test_expert_parallel_grpo_equals_one_device(moe_dir, data_dir, tmp_path):
+  # the load-balancing loss is a product of sums over a micro-batch: both runs take the 8 rows as one micro-batch
+  one = train(tiny_run.run_config("grpo", moe_dir, data_dir, str(tmp_path / "one"), "trainer.total_training_steps=1",
+                                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"))
+  config = tiny_run.run_config("grpo", moe_dir, data_dir, str(tmp_path / "ep"), "trainer.total_training_steps=1",
+                               "trainer.n_gpus_per_node=auto", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                               "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2")
+  mesh = sharding.make_mesh(config)
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 1, "sequence": 1, "expert": 2}
+  ep = train(config, mesh=mesh)
+  metrics = one[0]
+  assert 0 < metrics["actor/moe_aux_loss"] < 4 and metrics["actor/moe_max_load"] >= 1
+  # the worst layer per micro-batch, averaged: at least each layer's own average
+  assert metrics["actor/moe_max_load"] >= max(metrics["actor/moe_max_load/layer_0"],
+                                              metrics["actor/moe_max_load/layer_1"]) - 1e-6
+  for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm",
+              "actor/entropy", "actor/moe_aux_loss", "actor/moe_max_load/layer_0"):
+    assert ep[0][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
+  assert jax.device_count() == 8
+
+
+def test_router_replay_feeds_the_old_passes_experts_to_the_update(moe_dir, data_dir, tmp_path):
+  # two mini-batches, two epochs: every update after the first compares with old log-probs whose routing
+  # the update replays (R2); without it the update routes by its own, moved, router
+  off_policy = ["actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_epochs=2",
+                "actor_rollout_ref.actor.optim.lr=3e-2", "trainer.total_training_steps=1"]
+  runs = {mode: train(tiny_run.run_config("grpo", moe_dir, data_dir, str(tmp_path / mode), *off_policy,
+                                          f"actor_rollout_ref.actor.router_replay.mode={mode}"))[0]
+          for mode in ("disabled", "R2")}
+  assert runs["R2"]["actor/ppo_kl"] != runs["disabled"]["actor/ppo_kl"]
+
+
+def test_rollout_router_replay_feeds_the_rollouts_experts_to_every_actor_pass(moe_dir, data_dir, tmp_path):
+  # R3: the old, reference and update passes' batches carry the rollout's routing (a step whose batch lacked it
+  # would stop with a KeyError), and a run with it trains
+  config = tiny_run.run_config("grpo", moe_dir, data_dir, str(tmp_path / "r3"), "trainer.total_training_steps=1",
+                               "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                               "actor_rollout_ref.actor.router_replay.mode=R3",
+                               "actor_rollout_ref.rollout.enable_rollout_routing_replay=true")
+  trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
+  try:
+    steps = trainer.run.steps
+    for step, batch in ((steps.old_log_prob, 1), (steps.ref_log_prob, 1), (steps.actor_update, 2)):
+      assert step.args[batch].routed_experts is not None, step.name
+    trainer.fit()
+  finally:
+    trainer.close()
+  assert trainer.sampler.engine.record_routing
+
+
+def test_router_replay_on_a_dense_model_is_a_config_error(model_dir, data_dir, tmp_path):
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"),
+                               "actor_rollout_ref.actor.router_replay.mode=R2")
+  with pytest.raises(config_lib.ConfigError, match="router_replay.mode='R2': router replay needs a mixture-of-experts"):
+    train(config)

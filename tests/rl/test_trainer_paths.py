@@ -1,0 +1,254 @@
+"""Trainer paths beyond the core loop: a reward model, validation, rollout dtype, SIGTERM, bad data sources."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rljax import rl
+from tests.rl import tiny_run
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory, model_dir):
+  """A random transformers LlamaForSequenceClassification (num_labels=1) with SmolLM2's tokenizer."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=100000.0,
+                                 tie_word_embeddings=True, num_labels=1, pad_token_id=49151)
+  model = transformers.LlamaForSequenceClassification(cfg).eval()
+  with torch.no_grad():
+    model.score.weight.normal_(0.0, 1.0)
+  path = tmp_path_factory.mktemp("reward_model")
+  model.save_pretrained(path, safe_serialization=True)
+  for name in TOKENIZER_FILES:
+    if os.path.exists(os.path.join(model_dir, name)):
+      shutil.copy(os.path.join(model_dir, name), path / name)
+  return str(path)
+
+
+def hf_scores(path, sequences):
+  """transformers' reward for each unpadded token sequence."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+  with torch.no_grad():
+    return np.array([model(torch.tensor([list(seq)], dtype=torch.long)).logits[0, 0].item() for seq in sequences])
+
+
+def first_rollout(config):
+  trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
+  try:
+    batch = next(trainer.train_iter)
+    return trainer, batch, trainer._rollout(batch, {})  # pylint: disable=protected-access
+  finally:
+    trainer.close()
+
+
+def assert_scores_on_last_token(scores, response_mask, expected):
+  lengths = response_mask.sum(1)
+  assert np.count_nonzero(scores) == len(expected)
+  np.testing.assert_allclose(scores[np.arange(len(lengths)), lengths - 1], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_reward_model_scores_match_transformers(model_dir, data_dir, reward_model_dir, tmp_path):
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "reward_model.enable=true",
+                               f"reward_model.model.path={reward_model_dir}")
+  _, _, rows = first_rollout(config)
+  sequences = [ids[mask > 0] for ids, mask in zip(rows.input_ids, rows.attention_mask)]
+  assert_scores_on_last_token(rows.token_level_scores, rows.response_mask, hf_scores(reward_model_dir, sequences))
+
+
+def test_reward_model_with_its_own_tokenizer_rerenders_the_chat(model_dir, data_dir, reward_model_dir, tmp_path):
+  import transformers  # pylint: disable=import-outside-toplevel
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "reward_model.enable=true",
+                               f"reward_model.model.path={reward_model_dir}", "data.return_raw_chat=true",
+                               f"reward_model.model.input_tokenizer={reward_model_dir}")
+  trainer, batch, rows = first_rollout(config)
+  tok = transformers.AutoTokenizer.from_pretrained(reward_model_dir)
+  idx = rows.group
+  chats = []
+  for raw, response, mask in zip(np.asarray(batch["raw_prompt"])[idx], rows.responses, rows.response_mask):
+    text = trainer.tokenizer.decode(response[mask > 0], skip_special_tokens=True)
+    chats.append(tok.apply_chat_template(list(raw) + [{"role": "assistant", "content": text}], tokenize=True,
+                                         return_dict=False))
+  assert_scores_on_last_token(rows.token_level_scores, rows.response_mask, hf_scores(reward_model_dir, chats))
+
+
+def test_reward_model_config_errors_name_the_key(model_dir, data_dir, reward_model_dir, tmp_path):
+  from rljax.config import ConfigError  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ConfigError, match="data.return_raw_chat"):
+    tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "reward_model.enable=true",
+                        f"reward_model.model.path={reward_model_dir}",
+                        f"reward_model.model.input_tokenizer={reward_model_dir}")
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "reward_model.enable=true",
+                               f"reward_model.model.path={model_dir}")
+  with pytest.raises(ValueError, match="score.weight"):
+    rl.RLTrainer(config, mesh=tiny_run.one_device())
+
+
+def test_unknown_data_source_fails_before_training(model_dir, data_dir, tmp_path):
+  table = pq.read_table(os.path.join(data_dir, "train.parquet"))
+  sources = table.column("data_source").to_pylist()
+  sources[3] = "my/new_task"
+  path = tmp_path / "train.parquet"
+  pq.write_table(table.set_column(table.schema.get_field_index("data_source"), "data_source",
+                                  pa.array(sources)), path)
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"), f"data.train_files={path}")
+  with pytest.raises(ValueError, match=r"train.parquet: row 3 has data_source 'my/new_task'.*custom_reward_function"):
+    rl.RLTrainer(config, mesh=tiny_run.one_device())
+
+
+def test_rollout_dtype_sets_the_engine_compute_dtype_and_keeps_weights_in_place(model_dir, data_dir, tmp_path):
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "actor_rollout_ref.rollout.dtype=bfloat16")
+  trainer, batch, rows = first_rollout(config)
+  engine = trainer.sampler.engine
+  assert engine.cfg.dtype == jnp.bfloat16
+  assert engine.init_decode_state().cache.k[0].dtype == jnp.bfloat16
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(trainer.actor_params))
+  assert rows.responses.shape == (8, 8) and np.isfinite(rows.rollout_log_probs).all()
+  del batch
+
+
+def run_metrics(config):
+  trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
+  try:
+    trainer.fit()
+  finally:
+    trainer.close()
+  return trainer, [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
+
+
+def test_forward_micro_batches_change_memory_not_results(model_dir, data_dir, tmp_path):
+  common = ("trainer.total_training_steps=1", "actor_rollout_ref.actor.ppo_epochs=2")
+  _, whole = run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "whole"), *common))
+  micro, split = run_metrics(tiny_run.run_config(
+      "grpo", model_dir, data_dir, str(tmp_path / "micro"), *common,
+      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+      "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=420"))
+  assert micro.run.layout.forward_micros["old_log_prob"] == 4 and micro.run.layout.forward_micros["ref"] == 2
+  # actor/ppo_kl compares two passes of the same weights: it is float rounding (~1e-6) whatever the split.
+  drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/", "actor/ppo_kl"))}
+  assert drop(split[0]) == pytest.approx(drop(whole[0]), rel=1e-5, abs=1e-6)
+  assert split[0]["actor/ppo_kl"] == pytest.approx(whole[0]["actor/ppo_kl"], abs=2e-5)
+
+
+def test_validation_logs_per_source_metrics_and_generations(model_dir, data_dir, tmp_path):
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "trainer.total_training_steps=1",
+                               "trainer.val_before_train=true", "trainer.test_freq=1",
+                               "trainer.log_val_generations=3", "actor_rollout_ref.rollout.val_kwargs.n=2",
+                               "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+                               "actor_rollout_ref.rollout.val_kwargs.temperature=1.0")
+  trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
+  try:
+    trainer.fit()
+  finally:
+    trainer.close()
+  records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  val = [r for r in records if "val-core/rljax/arithmetic/reward/mean@2" in r]
+  assert [r["step"] for r in val] == [0, 1]
+  for record in val:
+    assert 0.0 <= record["val-core/rljax/arithmetic/reward/mean@2"] <= record["val-aux/rljax/arithmetic/reward/best@2/mean"] <= 1.0
+  generations = [json.loads(line) for line in open(tmp_path / "generations.jsonl")]
+  assert [g["step"] for g in generations] == [0, 0, 0, 1, 1, 1]
+  assert all({"prompt", "response", "score"} <= g.keys() for g in generations)
+
+
+def test_val_only_validates_and_stops(model_dir, data_dir, tmp_path):
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "trainer.val_before_train=true",
+                               "trainer.val_only=true")
+  trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
+  try:
+    metrics = trainer.fit()
+  finally:
+    trainer.close()
+  assert "val-core/rljax/arithmetic/reward/mean@1" in metrics
+  assert trainer.step == 0 and not os.path.exists(tmp_path / "global_step_1")
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(model_dir, data_dir, tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  args = tiny_run.overrides(model_dir, data_dir, str(tmp_path), "trainer.total_training_steps=200",
+                            "trainer.save_freq=-1")
+  proc = subprocess.Popen([sys.executable, "-m", "rljax.train", "--config=configs/grpo.py", *args],
+                          cwd=tiny_run.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  metrics = tmp_path / "metrics.jsonl"
+  deadline = time.time() + 300
+  while (not metrics.exists() or not metrics.read_text().strip()) and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  output = proc.communicate(timeout=300)[0]
+  assert proc.returncode == 0, output[-3000:]
+  steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+  last = max(steps)
+  assert last < 200 and "SIGTERM" in output
+  assert (tmp_path / f"global_step_{last}" / "commit_success.txt").exists()
+
+
+def test_remax_uses_the_greedy_response_reward_as_baseline(model_dir, data_dir, tmp_path):
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "algorithm.adv_estimator=remax",
+                               "trainer.total_training_steps=1")
+  trainer, batch, rows = first_rollout(config)
+  assert rows.reward_baselines.shape == (8,)
+  np.testing.assert_array_equal(rows.reward_baselines[0::2], rows.reward_baselines[1::2])
+  _, records = run_metrics(config)
+  assert "timing_s/gen_max" in records[0] and np.isfinite(records[0]["actor/pg_loss"])
+  del trainer, batch
+
+
+GDPO_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+  fmt = float(solution_str.strip() != "")
+  acc = float(ground_truth in solution_str)
+  return {"score": fmt + acc, "fmt": fmt, "acc": acc}
+'''
+
+
+def test_gdpo_reads_reward_components_and_names_missing_ones(model_dir, data_dir, tmp_path):
+  reward = tmp_path / "reward.py"
+  reward.write_text(GDPO_REWARD)
+  common = ("algorithm.adv_estimator=gdpo", "trainer.total_training_steps=1", f"custom_reward_function.path={reward}")
+  _, records = run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "ok"), *common,
+                                               "algorithm.gdpo_reward_keys=[fmt,acc]"))
+  assert np.isfinite(records[0]["actor/pg_loss"])
+  with pytest.raises(ValueError, match=r"gdpo_reward_keys names \['length'\].*'acc', 'fmt', 'score'"):
+    run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "bad"), *common,
+                                    "algorithm.gdpo_reward_keys=[acc,length]"))
+
+
+def test_rollout_and_validation_dumps(model_dir, data_dir, tmp_path):
+  run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "trainer.total_training_steps=1",
+                                  "trainer.val_before_train=true", f"trainer.rollout_data_dir={tmp_path}/rollouts",
+                                  f"trainer.validation_data_dir={tmp_path}/val"))
+  rollouts = [json.loads(line) for line in open(tmp_path / "rollouts" / "1.jsonl")]
+  val = [json.loads(line) for line in open(tmp_path / "val" / "0.jsonl")]
+  assert len(rollouts) == 8 and len(val) == 4
+  for record in rollouts + val:
+    assert {"input", "output", "gts", "score", "step"} <= record.keys() and record["gts"] is not None
+  metrics = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  assert np.mean([r["score"] for r in rollouts]) == pytest.approx(metrics[-1]["critic/score/mean"])
+
+
+def test_trainer_unsupported_settings_are_config_errors(model_dir, data_dir, tmp_path):
+  from rljax.config import ConfigError  # pylint: disable=import-outside-toplevel
+  for extra, key in (("algorithm.adv_estimator=optimal_token_baseline", "algorithm.adv_estimator"),
+                     ("algorithm.use_pf_ppo=true", "algorithm.use_pf_ppo"),
+                     ("actor_rollout_ref.rollout.max_model_len=50", "actor_rollout_ref.rollout.max_model_len")):
+    with pytest.raises(ConfigError, match=key):
+      tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), extra)
