@@ -21,6 +21,7 @@ from ml_collections import ConfigDict, FieldReference
 
 from rljax import config as config_lib
 from rljax.config import keys
+from rljax.config.yaml_io import format_value
 
 DOC_PATH = pathlib.Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 REGENERATE = "python -m rljax.docs_reference --write"
@@ -131,21 +132,6 @@ def followed_keys(config: ConfigDict) -> dict[str, list[str]]:
       if sources:
         links[path] = sources
   return links
-
-
-def format_value(value: Any) -> str:
-  """A default as YAML flow text: null, true, 1e-06, [a, b], {k: v}."""
-  if value is None:
-    return "null"
-  if isinstance(value, bool):
-    return "true" if value else "false"
-  if isinstance(value, str):
-    return value if value else "''"
-  if isinstance(value, (list, tuple)):
-    return "[" + ", ".join(format_value(v) for v in value) + "]"
-  if isinstance(value, (dict, ConfigDict)):
-    return "{" + ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) + "}"
-  return repr(value)
 
 
 def type_name(config: ConfigDict, path: str) -> str:
