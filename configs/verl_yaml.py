@@ -4,10 +4,10 @@
 
 The YAML is applied onto rljax's base config (verl's defaults), keeping its
 `${...}` interpolations as links; command-line overrides in either syntax
-come after it. Loading rules and errors: `rljax.verl_yaml`.
+come after it. Loading rules and errors: `rljax.config.verl_yaml`.
 """
 
-from rljax import verl_yaml
+from rljax.config import verl_yaml
 
 
 def get_config(arg=None):

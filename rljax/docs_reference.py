@@ -1,28 +1,39 @@
-"""Generates docs/configuration.md from the config tree.
+"""Generates docs/configuration.md and docs/configuration_sft_eval.md from the config trees.
 
     python -m rljax.docs_reference > docs/configuration.md
-    python -m rljax.docs_reference --write      # the same, in place
+    python -m rljax.docs_reference configuration_sft_eval.md > docs/configuration_sft_eval.md
+    python -m rljax.docs_reference --write      # both, in place
 
-Every key of `rljax.config.get_base_config()` becomes one table row: its
-default (and the key it follows, verl's `${...}`), its type, and from its
-record in `rljax.config.keys.KEYS` its meaning and what rljax does with it.
-`tests/test_docs.py` fails when the checked-in page differs from
-`render_config_reference()`.
+Every key of `rljax.config.get_base_config()` becomes one table row of
+docs/configuration.md: its default (and the key it follows, verl's
+`${...}`), its type, and from its record in `rljax.config.keys.KEYS` its
+meaning and what rljax does with it. docs/configuration_sft_eval.md has the
+same rows for the trees of `rljax.sft`, `rljax.generate` and `rljax.eval`
+(`TOOLS`), from their records (`rljax.sft.keys`, `rljax.evaluation.keys`).
+`tests/test_docs.py` fails when a checked-in page differs from its
+renderer (`PAGES`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ml_collections import ConfigDict, FieldReference
 
 from rljax import config as config_lib
 from rljax.config import keys
+from rljax.config.yaml_io import format_value
+from rljax.evaluation import config as eval_config
+from rljax.evaluation import keys as eval_keys
+from rljax.sft import config as sft_config
+from rljax.sft import keys as sft_keys
 
 DOC_PATH = pathlib.Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+SFT_EVAL_DOC_PATH = DOC_PATH.parent / "configuration_sft_eval.md"
 REGENERATE = "python -m rljax.docs_reference --write"
 # The status of a key accepted at verl's default only.
 DEFAULT_ONLY = "verl's default only"
@@ -49,6 +60,24 @@ GROUPS = (
 )
 
 _TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", list: "list", tuple: "list"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Described:
+  """A config tree's key records, the table of its ignored keys, and where the records are written.
+
+  Attributes:
+    records: key -> its `rljax.config.keys.Key` record.
+    ignored: the tree's `IGNORED_KEYS` (`rljax.config.keys.ignored_table`).
+    home: the file and dictionary holding `records`, named when a key has none.
+  """
+
+  records: dict[str, keys.Key]
+  ignored: dict[str, str]
+  home: str
+
+
+RL_RECORDS = Described(keys.KEYS, keys.IGNORED_KEYS, "rljax/config/keys.py KEYS")
 
 
 def reference_paths(config: ConfigDict) -> list[str]:
@@ -133,24 +162,9 @@ def followed_keys(config: ConfigDict) -> dict[str, list[str]]:
   return links
 
 
-def format_value(value: Any) -> str:
-  """A default as YAML flow text: null, true, 1e-06, [a, b], {k: v}."""
-  if value is None:
-    return "null"
-  if isinstance(value, bool):
-    return "true" if value else "false"
-  if isinstance(value, str):
-    return value if value else "''"
-  if isinstance(value, (list, tuple)):
-    return "[" + ", ".join(format_value(v) for v in value) + "]"
-  if isinstance(value, (dict, ConfigDict)):
-    return "{" + ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) + "}"
-  return repr(value)
-
-
-def type_name(config: ConfigDict, path: str) -> str:
+def type_name(config: ConfigDict, path: str, described: Described = RL_RECORDS) -> str:
   """The key's type as the reference shows it (`int or null`, `mapping`)."""
-  record = keys.KEYS.get(path)
+  record = described.records.get(path)
   if record is not None and record.type_note is not None:
     return record.type_note
   parent, key = _split(path)
@@ -162,16 +176,18 @@ def type_name(config: ConfigDict, path: str) -> str:
   return f"{name} or null" if config_lib.get_node(config, path) is None else name
 
 
-def rljax_status(path: str) -> str:
-  """What rljax does with the key, from its record (`rljax.config.keys`)."""
-  record = keys.KEYS.get(path, keys.Key(""))
+def rljax_status(path: str, described: Described = RL_RECORDS) -> str:
+  """What rljax does with the key, from its record (`rljax.config.keys.Key`)."""
+  record = described.records.get(path, keys.Key(""))
   if record.deprecated is not None:
     new, how = record.deprecated
     return f"deprecated: read as `{new}` ({how})" if new else f"deprecated: {how}"
+  if record.alias_of is not None:
+    return f"alias of `{record.alias_of}`: when set, its value replaces that key's"
   if record.default_only is not None:
     problem, _ = record.default_only
     return f"{DEFAULT_ONLY}: {problem}; another value is an error"
-  reason = keys.ignored_reason(path)
+  reason = keys.ignored_reason(path, described.ignored)
   if reason is not None:
     return f"accepted, ignored: {reason}"
   if record.mapped is not None:
@@ -193,21 +209,41 @@ def _default_cell(config: ConfigDict, path: str, links: dict[str, list[str]]) ->
   return cell
 
 
-def render_row(config: ConfigDict, path: str, links: dict[str, list[str]]) -> str:
+def render_row(config: ConfigDict, path: str, links: dict[str, list[str]], described: Described = RL_RECORDS) -> str:
   """One Markdown table row for `path`.
 
   Raises:
-    KeyError: the key has no record in `rljax.config.keys.KEYS`.
+    KeyError: the key has no record in `described`.
   """
-  if path not in keys.KEYS:
-    raise KeyError(f"{path} has no description: add it to rljax/config/keys.py KEYS")
-  cells = (f"`{path}`", _default_cell(config, path, links), type_name(config, path),
-           keys.KEYS[path].meaning, rljax_status(path))
+  if path not in described.records:
+    raise KeyError(f"{path} has no description: add it to {described.home}")
+  cells = (f"`{path}`", _default_cell(config, path, links), type_name(config, path, described),
+           described.records[path].meaning, rljax_status(path, described))
   return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
 
-def _count(paths: Iterable[str], prefix: str) -> int:
-  return sum(rljax_status(p).startswith(prefix) for p in paths)
+def _count(paths: Iterable[str], prefix: str, described: Described) -> int:
+  """How many of `paths` have a status that starts with `prefix`."""
+  return sum(rljax_status(p, described).startswith(prefix) for p in paths)
+
+
+# Each status a key's row can start with, and how the summary line counts it.
+_STATUS_COUNTS = (
+    ("as in verl", "as in verl"),
+    ("mapped", "mapped"),
+    ("rljax key", "added by rljax"),
+    ("accepted, ignored", "accepted and ignored"),
+    ("deprecated", "deprecated"),
+    ("alias of", "read as another key"),
+    (DEFAULT_ONLY, "accepted at verl's default only"),
+)
+_TABLE_HEAD = ["| Key | Default | Type | Meaning | In rljax |", "| --- | --- | --- | --- | --- |"]
+
+
+def summary(paths: list[str], described: Described = RL_RECORDS) -> str:
+  """`N keys: A as in verl, B mapped, ...`, naming each status some key has."""
+  counts = [(_count(paths, status, described), words) for status, words in _STATUS_COUNTS]
+  return f"{len(paths)} keys: " + ", ".join(f"{n} {words}" for n, words in counts if n) + "."
 
 
 def _header(paths: list[str]) -> list[str]:
@@ -238,9 +274,7 @@ def _header(paths: list[str]) -> list[str]:
       "- `verl's default only`: a verl feature rljax does not implement; any other value is an",
       "  error before the run starts, so it never runs something other than asked.",
       "",
-      f"{len(paths)} keys: {_count(paths, 'as in verl')} as in verl, {_count(paths, 'mapped')} mapped, "
-      f"{_count(paths, 'rljax key')} added by rljax, {_count(paths, 'accepted, ignored')} accepted and ignored, "
-      f"{_count(paths, 'deprecated')} deprecated, {_count(paths, DEFAULT_ONLY)} accepted at verl's default only.",
+      summary(paths),
       "",
   ]
 
@@ -261,25 +295,99 @@ def render_config_reference(config: ConfigDict | None = None) -> str:
   for group, members in by_group.items():
     if not members:
       continue
-    lines += [f"## `{group}`", "", keys.SECTIONS[group], "",
-              "| Key | Default | Type | Meaning | In rljax |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"## `{group}`", "", keys.SECTIONS[group], "", *_TABLE_HEAD]
     lines += [render_row(config, path, links) for path in members]
     lines.append("")
   return "\n".join(lines)
 
 
+@dataclasses.dataclass(frozen=True)
+class Tool:
+  """A command with a config tree of its own, and how docs/configuration_sft_eval.md documents it.
+
+  Attributes:
+    command: the command line that reads the tree.
+    verl_file: the verl config file the tree follows.
+    intro: the text introducing the tree.
+    build: the tree with its defaults.
+    described: its key records.
+  """
+
+  command: str
+  verl_file: str
+  intro: str
+  build: Callable[[], ConfigDict]
+  described: Described
+
+
+TOOLS = (
+    Tool("python -m rljax.sft", "sft_trainer.yaml",
+         "Supervised fine-tuning: the examples (single-turn prompt and response columns, or multi-turn "
+         "messages), the model and its LoRA adapters, the optimizer, and the run's length, logging and checkpoints.",
+         sft_config.get_sft_config, Described(sft_keys.KEYS, sft_keys.IGNORED_KEYS, "rljax/sft/keys.py KEYS")),
+    Tool("python -m rljax.generate", "generation.yaml",
+         "Offline generation (verl's main_generation): `data.n_samples` responses to every prompt of a parquet "
+         "file, by a model or an rljax run's actor, written to a parquet file that `rljax.eval` scores.",
+         eval_config.get_generate_config,
+         Described(eval_keys.GENERATE_KEYS, eval_keys.GENERATE_IGNORED_KEYS, "rljax/evaluation/keys.py GENERATE_KEYS")),
+    Tool("python -m rljax.eval", "evaluation.yaml",
+         "Offline evaluation (verl's main_eval): scores the responses `rljax.generate` wrote with the rule "
+         "rewards or your function, and reports mean@k and pass@k per data source in a JSON file.",
+         eval_config.get_eval_config,
+         Described(eval_keys.EVAL_KEYS, eval_keys.EVAL_IGNORED_KEYS, "rljax/evaluation/keys.py EVAL_KEYS")),
+)
+
+
+def render_tool(tool: Tool) -> list[str]:
+  """One tool's section of docs/configuration_sft_eval.md: its intro, a summary and a row per key."""
+  config = tool.build()
+  paths = reference_paths(config)
+  links = followed_keys(config)
+  return [f"## `{tool.command}`: verl's `{tool.verl_file}`", "", tool.intro, "", summary(paths, tool.described), "",
+          *_TABLE_HEAD, *(render_row(config, path, links, tool.described) for path in paths), ""]
+
+
+def render_sft_eval_reference() -> str:
+  """The configuration reference of `TOOLS` (SFT, offline generation and evaluation) as Markdown."""
+  lines = [
+      "# SFT, generation and evaluation configuration reference",
+      "",
+      "Generated from the trees of `rljax/sft/config.py` and `rljax/evaluation/config.py` and their",
+      "records (`rljax/sft/keys.py`, `rljax/evaluation/keys.py`: a record per key) by",
+      f"`{REGENERATE}`; edit those files, not this page",
+      "(`tests/test_docs.py` checks that it is current).",
+      "",
+      "Each command below reads its own verl tree, on the command line of `python -m rljax.train`",
+      "(`--config=configs/FILE.py`, overrides as `--config.KEY=VALUE` or `KEY=VALUE`, `--dry_run`);",
+      "each tree is locked, so a key not listed under its command is an error naming the closest one.",
+      "The columns and the **In rljax** statuses are those of [configuration.md](configuration.md),",
+      "and one more: `alias of`, verl's other spelling of a key, whose value replaces that key's",
+      "when it is set.",
+      "",
+  ]
+  for tool in TOOLS:
+    lines += render_tool(tool)
+  return "\n".join(lines)
+
+
+# Each generated page and its renderer.
+PAGES = {DOC_PATH: render_config_reference, SFT_EVAL_DOC_PATH: render_sft_eval_reference}
+
+
 def main(argv: list[str] | None = None) -> int:
-  """Prints the reference, or writes it to docs/configuration.md with --write."""
+  """Prints one page (docs/configuration.md by default), or writes every page with --write."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--write", action="store_true", help=f"write {DOC_PATH} instead of printing")
+  parser.add_argument("page", nargs="?", default=DOC_PATH.name, choices=[path.name for path in PAGES],
+                      help="the page to print")
+  parser.add_argument("--write", action="store_true", help="write every page under docs/ instead of printing")
   args = parser.parse_args(argv)
-  text = render_config_reference()
-  if args.write:
-    DOC_PATH.parent.mkdir(parents=True, exist_ok=True)
-    DOC_PATH.write_text(text)
-    print(f"wrote {DOC_PATH}", file=sys.stderr)
-  else:
-    sys.stdout.write(text)
+  if not args.write:
+    sys.stdout.write(PAGES[DOC_PATH.parent / args.page]())
+    return 0
+  for path, render in PAGES.items():
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render())
+    print(f"wrote {path}", file=sys.stderr)
   return 0
 
 

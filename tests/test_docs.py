@@ -27,11 +27,11 @@ def page(name):
   return (DOCS / name).read_text()
 
 
-def test_configuration_page_is_generated_from_the_config():
-  assert (DOCS / "configuration.md").exists(), f"docs/configuration.md is missing: run `{docs_reference.REGENERATE}`"
-  assert page("configuration.md") == docs_reference.render_config_reference(), (
-      f"docs/configuration.md is out of date with rljax/config/ (the tree or keys.py): "
-      f"run `{docs_reference.REGENERATE}`")
+@pytest.mark.parametrize("path, render", docs_reference.PAGES.items(), ids=[p.name for p in docs_reference.PAGES])
+def test_configuration_pages_are_generated_from_the_configs(path, render):
+  assert path.exists(), f"docs/{path.name} is missing: run `{docs_reference.REGENERATE}`"
+  assert path.read_text() == render(), (
+      f"docs/{path.name} is out of date with its config trees or their key records: run `{docs_reference.REGENERATE}`")
 
 
 def test_every_key_has_a_description_and_no_description_is_stale():
@@ -75,6 +75,45 @@ def test_missing_description_names_the_key_and_the_file(monkeypatch):
     docs_reference.render_config_reference()
 
 
+TOOLS = {tool.command: tool for tool in docs_reference.TOOLS}
+
+
+@pytest.mark.parametrize("tool", docs_reference.TOOLS, ids=list(TOOLS))
+def test_every_key_of_the_sft_generation_and_evaluation_trees_has_a_record(tool):
+  config = tool.build()
+  paths = docs_reference.reference_paths(config)
+  records = tool.described.records
+  missing = [p for p in paths if p not in records or not records[p].meaning.strip()]
+  assert not missing, f"keys of `{tool.command}` without a record in {tool.described.home}: {missing}"
+  stale = sorted(set(records) - set(paths))
+  assert not stale, f"records in {tool.described.home} of keys the tree does not have: {stale}"
+  untyped = [p for p in paths if docs_reference.type_name(config, p, tool.described) == "any"]
+  assert not untyped, f"keys of no single type need a type_note in their record: {untyped}"
+  for section in (key.removesuffix(".*") for key in tool.described.ignored if key.endswith(".*")):
+    assert any(p.startswith(section + ".") for p in paths), section
+
+
+def test_sft_generation_and_evaluation_rows_say_what_rljax_does():
+  text = docs_reference.render_sft_eval_reference()
+  rows = [line for line in text.splitlines() if line.startswith("| `")]
+  assert len(rows) == sum(len(docs_reference.reference_paths(tool.build())) for tool in docs_reference.TOOLS)
+
+  def row(key):
+    return next(line for line in rows if line.startswith(f"| `{key}` "))
+
+  assert "alias of `optim.warmup_steps_ratio`" in row("optim.lr_warmup_steps_ratio")
+  assert "deprecated: read as `data.micro_batch_size_per_gpu`" in row("data.micro_batch_size")
+  assert "accepted, ignored: FSDP options of verl's rollout worker" in row("actor.fsdp_config.fsdp_size")
+  assert "rljax key: a response passes when its score is >= this" in row("eval.pass_threshold")
+  assert "(follows `trainer.project_name`, `trainer.experiment_name`)" in row("trainer.default_local_dir")
+
+
+def test_missing_sft_description_names_the_key_and_the_file(monkeypatch):
+  monkeypatch.delitem(TOOLS["python -m rljax.sft"].described.records, "optim.betas")
+  with pytest.raises(KeyError, match=r"optim\.betas has no description: add it to rljax/sft/keys.py KEYS"):
+    docs_reference.render_sft_eval_reference()
+
+
 @pytest.mark.parametrize("name", algos.ADV_ESTIMATOR_REGISTRY.names())
 def test_every_advantage_estimator_is_documented(name):
   text = page("algorithms.md")
@@ -108,7 +147,7 @@ def test_every_key_a_page_names_exists(name):
 
 def test_readme_lists_every_page():
   readme = (ROOT / "README.md").read_text()
-  for name in PAGES:
+  for name in PAGES + [path.name for path in docs_reference.PAGES]:
     assert f"docs/{name}" in readme
 
 

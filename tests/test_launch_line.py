@@ -7,7 +7,8 @@ import jax
 import pytest
 
 from rljax import config as C
-from rljax import data, sharding, train, verl_yaml
+from rljax import data, sharding, train
+from rljax.config import verl_yaml
 from rljax.evaluation import cli
 from rljax.evaluation import config as eval_config
 from rljax.sft import __main__ as sft_main

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from rljax import config as C
-from rljax import train, verl_yaml
+from rljax import train
+from rljax.config import verl_yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -209,7 +210,7 @@ def test_missing_path_and_missing_file_say_how_to_call_it(tmp_path):
 
 
 def test_ignored_keys_are_reported_once_by_name(yaml_file, caplog):
-  with caplog.at_level(logging.INFO, logger="rljax.verl_yaml"):
+  with caplog.at_level(logging.INFO, logger="rljax.config.verl_yaml"):
     verl_yaml.load_file(str(yaml_file))
   warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
   assert len(warnings) == 1, warnings
@@ -229,7 +230,7 @@ def test_ignored_keys_are_reported_once_by_name(yaml_file, caplog):
 def test_a_file_with_only_honoured_keys_warns_nothing(tmp_path, caplog):
   path = tmp_path / "plain.yaml"
   path.write_text("data:\n  train_batch_size: 64\nactor_rollout_ref:\n  rollout:\n    n: 8\n")
-  with caplog.at_level(logging.WARNING, logger="rljax.verl_yaml"):
+  with caplog.at_level(logging.WARNING, logger="rljax.config.verl_yaml"):
     config = verl_yaml.load_file(str(path))
   assert not caplog.records
   assert (config.data.train_batch_size, config.actor_rollout_ref.rollout.n) == (64, 8)

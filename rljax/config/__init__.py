@@ -21,8 +21,10 @@ The public API of the config package, one module per concern:
   `checks` holds the public check helpers the SFT and evaluation configs
   share, `lora` the LoRA keys' defaults (their checks: `rljax.models.lora`), `choices` the values of
   enum keys and `kernel_names` the algorithm names of the kernel registries.
-* `yaml_io` reads and writes YAML as verl does; `cli` finds the config on
-  the command line (experiment files, Hydra's `--config-path/--config-name`).
+* `yaml_io` reads and writes YAML as verl does; `verl_yaml` loads a verl
+  `ppo_trainer.yaml` file onto the tree (its `${...}` kept as links); `cli`
+  finds the config on the command line (experiment files, verl YAML files,
+  Hydra's `--config-path/--config-name`).
 """
 
 from ml_collections import ConfigDict

@@ -8,6 +8,7 @@ from typing import Sequence
 
 from ml_collections import ConfigDict
 
+from rljax.config import verl_yaml
 from rljax.config.errors import NO_VALUE, ConfigError
 
 # Hydra's flags that pick a YAML file; --config-name alone reads it from here.
@@ -115,7 +116,6 @@ def load_config_file(spec: str) -> ConfigDict:
   import importlib.util  # pylint: disable=import-outside-toplevel
 
   if spec.endswith(VERL_YAML_SUFFIXES) and os.path.isfile(os.path.expanduser(spec)):
-    from rljax import verl_yaml  # pylint: disable=import-outside-toplevel
     return verl_yaml.load_file(spec)
   path, _, arg = spec.partition(":")
   path = os.path.expanduser(path)

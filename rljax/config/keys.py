@@ -14,14 +14,19 @@ rljax does not honour it as verl does, how not:
 * `default_only`: accepted at verl's default only; another value is an error.
 * `deprecated`: an old name still read; `mapping.finalize` moves its value
   onto the replacement.
+* `alias_of`: verl's other spelling of a key, read without a warning (the
+  SFT tree's `optim.lr_warmup_steps_ratio`).
 
 Keys that several roles share (optimizer, engine, profiler configs) are
 described once per node (`_OPTIM`, `_MEGATRON`, ...) and placed under each
 role by `_described`. The tables `IGNORED_KEYS`, `MAPPED_KEYS`,
 `RLJAX_KEYS`, `UNIMPLEMENTED_VALUES` and `DEPRECATED_KEYS` are views of
-`KEYS`; `rljax.docs_reference` renders it as docs/configuration.md, with
-`SECTIONS` introducing each group. `tests/test_docs.py` fails when a key has
-no record, so a new key in the tree needs one here.
+`KEYS` (`view`, `ignored_table`); `rljax.docs_reference` renders it as
+docs/configuration.md, with `SECTIONS` introducing each group.
+`tests/test_docs.py` fails when a key has no record, so a new key in the
+tree needs one here. The SFT, generation and evaluation trees describe their
+keys with the same `Key` records (`rljax.sft.keys`, `rljax.evaluation.keys`)
+and derive their tables with the same functions.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ import dataclasses
 from typing import Any, Callable, Union
 
 from rljax.config.engines import MEGATRON_SCHEDULE_KEYS, OPTIM_SECTIONS, PROFILED_SECTIONS
-from rljax.config.tree import is_open
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +50,8 @@ class Key:
       default is an error.
     deprecated: (the key it is read as, or None where it is still honoured;
       how the value moves).
+    alias_of: the key this one is verl's other spelling of: when set, its
+      value replaces that key's (no warning: it is not deprecated).
     type_note: the values a key declared with no single type accepts.
   """
 
@@ -55,6 +61,7 @@ class Key:
   added: str | None = None
   default_only: tuple[str, str] | None = None
   deprecated: tuple[str | None, str] | None = None
+  alias_of: str | None = None
   type_note: str | None = None
 
 
@@ -1310,25 +1317,35 @@ IGNORED_SECTIONS = {
 }
 
 
-def _view(field: str) -> dict[str, Any]:
-  """key -> the `field` of its record, for each key whose record has one."""
-  return {path: getattr(key, field) for path, key in KEYS.items() if getattr(key, field) is not None}
+def view(records: dict[str, Key], field: str) -> dict[str, Any]:
+  """key -> the `field` of its record, for each of `records` that has one (a tree's table of that field)."""
+  return {path: getattr(key, field) for path, key in records.items() if getattr(key, field) is not None}
 
 
-IGNORED_KEYS = {**_view("ignored"), **{f"{prefix}.*": why for prefix, why in IGNORED_SECTIONS.items()}}
-MAPPED_KEYS = _view("mapped")
-RLJAX_KEYS = _view("added")
-UNIMPLEMENTED_VALUES = _view("default_only")
-DEPRECATED_KEYS = _view("deprecated")
+def ignored_table(records: dict[str, Key], sections: dict[str, str]) -> dict[str, str]:
+  """A tree's `IGNORED_KEYS`: each key whose record is `ignored`, and `prefix.*` for each of `sections`."""
+  return {**view(records, "ignored"), **{f"{prefix}.*": why for prefix, why in sections.items()}}
 
 
-def ignored_reason(path: str) -> str | None:
-  """Why rljax accepts and ignores the key `path` (an `IGNORED_KEYS` entry, `prefix.*` ones included), or None.
+IGNORED_KEYS = ignored_table(KEYS, IGNORED_SECTIONS)
+MAPPED_KEYS = view(KEYS, "mapped")
+RLJAX_KEYS = view(KEYS, "added")
+UNIMPLEMENTED_VALUES = view(KEYS, "default_only")
+DEPRECATED_KEYS = view(KEYS, "deprecated")
 
-  An entry of an ignored free-form dictionary (`OPEN_DICTS`) is ignored with it.
+
+def ignored_reason(path: str, ignored: dict[str, str] = IGNORED_KEYS) -> str | None:
+  """Why rljax accepts and ignores the key `path` (an entry of `ignored`, `prefix.*` ones included), or None.
+
+  A key below an ignored one (an entry of an ignored free-form dictionary)
+  is ignored with it.
+
+  Args:
+    path: a key of the tree `ignored` belongs to.
+    ignored: the tree's `IGNORED_KEYS` (default: the RL tree's).
   """
-  for key, reason in IGNORED_KEYS.items():
-    below = key[:-1] if key.endswith(".*") else (key + "." if is_open(key) else None)
-    if path == key or (below and path.startswith(below)):
+  for key, reason in ignored.items():
+    below = key[:-1] if key.endswith(".*") else key + "."
+    if path == key or path.startswith(below):
       return reason
   return None

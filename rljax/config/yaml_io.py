@@ -1,4 +1,4 @@
-"""YAML as verl writes it: reading text with OmegaConf's float rule, writing the resolved tree."""
+"""YAML as verl writes it: reading text with OmegaConf's float rule, writing the resolved tree and single values."""
 
 from __future__ import annotations
 
@@ -21,6 +21,21 @@ def to_plain(config: ConfigDict) -> dict:
       return str(value)
     return value
   return plain(config.to_dict())
+
+
+def format_value(value: Any) -> str:
+  """A value as YAML flow text: null, true, 1e-06, [a, b], {k: v}."""
+  if value is None:
+    return "null"
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, str):
+    return value if value else "''"
+  if isinstance(value, (list, tuple)):
+    return "[" + ", ".join(format_value(v) for v in value) + "]"
+  if isinstance(value, (dict, ConfigDict)):
+    return "{" + ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) + "}"
+  return repr(value)
 
 
 def to_yaml(config: ConfigDict) -> str:

@@ -4,9 +4,10 @@
     python -m rljax.eval --config=configs/eval.py           # responses -> scores, pass@k, JSON
 
 `config` holds the two config trees (verl's generation.yaml and
-evaluation.yaml keys) and their checks; `generation` (imported on its own:
-it brings in JAX and the engine) and `scoring` the steps and each tool's
-`run(config)`; `table` the parquet helpers; `cli` the shared command line.
+evaluation.yaml keys) and their checks, `keys` a record per key of each;
+`generation` (imported on its own: it brings in JAX and the engine) and
+`scoring` the steps and each tool's `run(config)`; `table` the parquet
+helpers; `cli` the shared command line.
 """
 
 from rljax.evaluation.config import get_eval_config

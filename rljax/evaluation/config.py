@@ -3,17 +3,17 @@
 `get_generate_config()` holds verl's `generation.yaml` keys with verl's
 defaults (`data.path`, `data.prompt_key`, `data.n_samples`,
 `data.output_path`, `data.batch_size`, `model.path`, `rollout.*`,
-`trainer.{nnodes, n_gpus_per_node}`), plus the keys rljax adds
-(`GENERATE_RLJAX_KEYS`). `get_eval_config()` holds verl's `evaluation.yaml`
-keys (`data.{path, prompt_key, response_key, data_source_key,
-reward_model_key}`, `custom_reward_function.{path, name}`) plus
-`EVAL_RLJAX_KEYS`. Both trees are locked: overrides go through
-`rljax.config.apply_overrides`, so an unknown key names the closest valid
-one, and `validate_*` raise `rljax.config.ConfigError` naming the key, the
-value and the fix.
+`trainer.{nnodes, n_gpus_per_node}`), plus keys rljax adds.
+`get_eval_config()` holds verl's `evaluation.yaml` keys (`data.{path,
+prompt_key, response_key, data_source_key, reward_model_key}`,
+`custom_reward_function.{path, name}`) plus keys rljax adds. Both trees are
+locked: overrides go through `rljax.config.apply_overrides`, so an unknown
+key names the closest valid one, and `validate_*` raise
+`rljax.config.ConfigError` naming the key, the value and the fix.
 
-Keys listed in `GENERATE_IGNORED_KEYS` / `EVAL_IGNORED_KEYS` are accepted so a
-verl launch line pastes over, and do nothing.
+`rljax.evaluation.keys` describes every key of both trees with the RL tree's
+`Key` records: the keys rljax adds, and those it accepts so a verl launch
+line pastes over and ignores (`GENERATE_IGNORED_KEYS`, `EVAL_IGNORED_KEYS`).
 """
 
 from __future__ import annotations
@@ -25,42 +25,6 @@ from ml_collections import ConfigDict
 from rljax import config as config_lib
 from rljax.config import any_value, check, is_int, is_number, null
 
-GENERATE_RLJAX_KEYS = {
-    "data.truncation": "error (default), left, right or middle: what a prompt longer than rollout.prompt_length gets",
-    "data.tokenizer": "tokenizer path or alias (default: the model's)",
-    "model.checkpoint": "an rljax run directory (trainer.default_local_dir) or one of its global_step_N "
-                        "directories: generate with that actor instead of model.path",
-    "rollout.prefill_length_buckets": "prompt lengths the engine pads to; one compilation per bucket",
-    "rollout.cpu_dot_library": config_lib.RLJAX_KEYS["actor_rollout_ref.rollout.cpu_dot_library"],
-    "rollout.attention_kernel": config_lib.RLJAX_KEYS["actor_rollout_ref.model.attention_kernel"],
-    "trainer.seed": "seed of the sampling PRNG key",
-}
-GENERATE_IGNORED_KEYS = {
-    "model.external_lib": "registers PyTorch/HF classes; rljax models are chosen by config.json",
-    "rollout.name": "any value selects rljax's JetStream engine",
-    "rollout.mode": "the engine is always in-process",
-    "rollout.gpu_memory_utilization": "the KV cache is sized from max_num_seqs and the lengths",
-    "rollout.enforce_eager": "CUDA graphs; XLA compiles the decode step",
-    "rollout.load_format": "the engine reads the loaded arrays in place",
-    "rollout.max_num_batched_tokens": "vLLM scheduler budget",
-    "rollout.max_model_len": "the KV cache holds prompt_length + response_length",
-    "rollout.log_prob_micro_batch_size": "generation computes no log-probs",
-    "rollout.log_prob_micro_batch_size_per_gpu": "generation computes no log-probs",
-    "rollout.use_fire_sampling": "not implemented by the JetStream engine",
-    "rollout.disable_log_stats": "vLLM option",
-    "rollout.enable_chunked_prefill": "vLLM option",
-    "actor.*": "FSDP options of verl's rollout worker",
-    "ray_init.*": "no Ray: one JAX process",
-}
-EVAL_RLJAX_KEYS = {
-    "data.output_path": "the JSON report (default: beside data.path, NAME-eval.json)",
-    "custom_reward_function.reward_kwargs": "keyword arguments added to each call of the custom function",
-    "eval.pass_threshold": "a response passes when its score is >= this (pass@k)",
-}
-EVAL_IGNORED_KEYS = {
-    "data.prompt_key": "scores do not depend on the prompt; read by nothing",
-    "ray_init.*": "no Ray: responses are scored in this process",
-}
 DEFAULT_PREFILL_BUCKETS = [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 
 

@@ -1,7 +1,8 @@
 """Supervised fine-tuning with verl's sft_trainer keys: `python -m rljax.sft --config=configs/sft.py`.
 
-get_sft_config / finalize / validate build and check the SFT config tree;
-SFTDataset turns parquet rows into examples with response-only loss masks;
+get_sft_config / finalize / validate build and check the SFT config tree
+(`rljax.sft.keys` describes its keys); SFTDataset turns parquet rows into
+examples with response-only loss masks;
 `rljax.sft.packing` lays examples out as rows (packed or not);
 `rljax.sft.step` holds the loss and the jitted steps; `rljax.sft.trainer`
 (SFTTrainer, run) joins them with the RL trainer's checkpoints, tracking and

@@ -7,12 +7,12 @@
 of `rljax.config` (the same override parser, `ConfigError`, `${...}` as
 `FieldReference`s, unknown keys named with the closest valid one).
 
-Three tables say what each key means in rljax, as in `rljax.config`:
-`IGNORED_KEYS` (accepted so a verl launch line pastes over, no effect),
-`MAPPED_KEYS` (a JAX meaning) and `RLJAX_KEYS` (added by rljax).
-`DEPRECATED_KEYS` are read by `finalize()`, which moves them onto their
-replacements and warns once; an `ALIASES` key (verl's newer
-`optim.lr_warmup_steps_ratio`) that is set replaces the key it spells.
+`rljax.sft.keys.KEYS` says what each key means and what rljax does with it,
+with the RL tree's `Key` records (ignored, mapped, added by rljax,
+deprecated, an alias). `finalize()` moves the deprecated
+`data.micro_batch_size` onto its replacement and warns once; an `ALIASES`
+key (verl's newer `optim.lr_warmup_steps_ratio`) that is set replaces the
+key it spells.
 
 Sequence packing is verl's top-level `use_remove_padding`: verl removes the
 padding of each micro-batch and runs flash-attention over the concatenated
@@ -32,6 +32,7 @@ from rljax import config as config_lib
 from rljax import sharding
 from rljax.config import ConfigError, any_value, check, check_enum, check_positive, check_range, null
 from rljax.models import lora
+from rljax.sft.keys import ALIASES
 
 SFT_TRUNCATIONS = ("error", "left", "right")
 LR_SCHEDULERS = ("cosine", "wsd")
@@ -39,71 +40,6 @@ DTYPES = config_lib.DTYPES
 RESUME_MODES = config_lib.RESUME_MODES
 LOGGERS = config_lib.LOGGERS
 DEVICES = config_lib.DEVICES
-
-IGNORED_KEYS = {
-    "data.use_shm": "shared-memory loading for Ray workers",
-    "model.use_shm": "shared-memory model loading",
-    "model.strategy": "FSDP/FSDP2 choice; rljax shards with a device mesh",
-    "model.fsdp_config.wrap_policy.min_num_params": "sharding follows logical-axis rules, not module wrapping",
-    "model.fsdp_config.cpu_offload": "PyTorch FSDP CPU offload",
-    "model.fsdp_config.offload_params": "PyTorch FSDP CPU offload",
-    "model.trust_remote_code": (
-        "rljax runs no code from a checkpoint: the architecture is one of rljax's Flax families picked by "
-        "config.json's model_type, the tokenizer is tokenizer.json and the chat template renders in a jinja2 "
-        "sandbox, so true and false behave the same"),
-    "model.use_liger": "Liger's Triton kernels patch PyTorch models; XLA fuses on its own",
-    "trainer.default_hdfs_dir": (
-        "HDFS copy of checkpoints; default_local_dir may be any path orbax writes (gs:// included)"),
-}
-
-MAPPED_KEYS = {
-    "model.partial_pretrain": "an HF directory, a .gguf file or an alias such as smollm2-135m-instruct",
-    "model.fsdp_config.model_dtype": "dtype of the trained parameters and of the computation (fp32, bf16, fp16)",
-    "model.enable_gradient_checkpointing": "jax.checkpoint (remat) per decoder layer",
-    "use_remove_padding": "sequence packing: several examples per data.max_length row, kept apart by segment_ids",
-    "ulysses_sequence_parallel_size": "size of the mesh's sequence axis; the fsdp axis takes the other devices",
-    "data.balance_dp_token": (
-        "the loss is always divided by the response-token count of the whole global batch (verl's "
-        "balance_dp_token=true), so true and false give the same numbers"),
-    "data.micro_batch_size_per_gpu": (
-        "rows per data-parallel device in each gradient-accumulation step (packed rows with use_remove_padding); "
-        "null (an error in verl): the device's whole share of data.train_batch_size in one step"),
-    "data.chat_template": "a jinja2 chat template (the text, or a path to a .jinja file) replacing the tokenizer's",
-    "trainer.nnodes": "number of JAX processes (hosts); 'auto' = jax.process_count()",
-    "trainer.n_gpus_per_node": "devices per process; 'auto' = jax.local_device_count()",
-    "trainer.device": "checked only; JAX picks its platform (JAX_PLATFORMS)",
-    "trainer.default_local_dir": "orbax CheckpointManager directory",
-    "trainer.max_ckpt_to_keep": "newest complete steps orbax keeps (null: all)",
-    "trainer.logger": "console, jsonl, tensorboard, wandb (wandb honours WANDB_MODE=offline)",
-    "model.external_lib": (
-        "a module imported before the model loads, as verl does (rljax models themselves are chosen by config.json)"),
-    "model.lora_rank": "0 = full fine-tuning; > 0 trains LoRA adapters of this rank (rljax.models.lora)",
-    "model.lora_alpha": "LoRA scaling alpha / r; read only with model.lora_rank > 0",
-    "model.target_modules": "LoRA target modules (all-linear or HF projection names); read only with model.lora_rank > 0",
-    "trainer.seed": "seed of the data order (a fresh shuffle every epoch, as verl's sampler)",
-}
-
-RLJAX_KEYS = {
-    "data.train_max_samples": "rows kept from data.train_files (-1: all; verl reads it with .get)",
-    "data.val_max_samples": "rows kept from data.val_files (-1: all)",
-    "model.scan_layers": "scan over decoder layers: compile time flat in depth",
-    "model.lora_dropout": "cosmos-rl: dropout on the adapter input during training steps",
-    "model.use_rslora": "cosmos-rl: scale alpha / sqrt(r) instead of alpha / r",
-    "model.modules_to_save": "cosmos-rl: base modules trained in full beside the adapters (embed_tokens, lm_head, ...)",
-    "model.alpha_pattern": "cosmos-rl: {regex: alpha} per HF module name; first match wins",
-    "model.r_pattern": "cosmos-rl: {regex: r} per HF module name; first match wins",
-    "model.init_lora_weights": "cosmos-rl: true (A uniform, B=0) or gaussian (A normal, B=0)",
-    "trainer.logical_axis_rules": "logical axis -> mesh axis pairs; parallelism is a config change",
-}
-
-# old key -> (replacement, how the value moves).
-DEPRECATED_KEYS = {
-    "data.micro_batch_size": ("data.micro_batch_size_per_gpu", "global rows / data-parallel devices"),
-}
-# alias -> key: when set, the alias's value replaces the key's.
-ALIASES = {
-    "optim.lr_warmup_steps_ratio": "optim.warmup_steps_ratio",
-}
 
 _LOG = logging.getLogger("rljax.sft.config")
 _WARNED: set[str] = set()
@@ -399,7 +335,7 @@ def total_steps(config: ConfigDict, batches_per_epoch: int) -> int:
 
 
 __all__ = [
-    "ALIASES", "ConfigError", "DEPRECATED_KEYS", "IGNORED_KEYS", "MAPPED_KEYS", "RLJAX_KEYS", "data_parallel_size",
-    "export_view", "finalize", "get_sft_config", "optim_view", "total_steps", "validate",
+    "ConfigError", "data_parallel_size", "export_view", "finalize", "get_sft_config", "optim_view", "total_steps",
+    "validate",
 ]
 

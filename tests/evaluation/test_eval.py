@@ -151,14 +151,3 @@ def test_cli_reports_bad_input_and_bad_keys(tmp_path, capsys):
   assert eval_cli.main([EVAL_CONFIG, "data.response_key="]) == 2
   assert "data.response_key" in capsys.readouterr().err
   assert not (tmp_path / "bad-eval.json").exists()
-
-
-@pytest.mark.parametrize("tables, make", [
-    ((eval_config.GENERATE_RLJAX_KEYS, eval_config.GENERATE_IGNORED_KEYS), eval_config.get_generate_config),
-    ((eval_config.EVAL_RLJAX_KEYS, eval_config.EVAL_IGNORED_KEYS), eval_config.get_eval_config),
-])
-def test_documented_keys_exist(tables, make):
-  config = make()
-  for table in tables:
-    for key in table:
-      config_lib.get_node(config, key.removesuffix(".*"))

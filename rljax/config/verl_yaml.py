@@ -47,14 +47,18 @@ import yaml
 from ml_collections import ConfigDict, FieldReference
 from ml_collections.config_dict import MutabilityError
 
-from rljax import config as config_lib
-from rljax import docs_reference
+from rljax.config.errors import NO_VALUE, ConfigError
+from rljax.config.fields import get_node
+from rljax.config.keys import ignored_reason
+from rljax.config.overrides import DICT_FIELDS, set_value
+from rljax.config.tree import get_base_config, unknown_key_error
+from rljax.config.yaml_io import YamlLoader, format_value, parse_yaml
 
 DEFAULTS_KEY = "defaults"
 TARGET_KEY = "_target_"
 MISSING = "???"
 
-_LOG = logging.getLogger("rljax.verl_yaml")
+_LOG = logging.getLogger("rljax.config.verl_yaml")
 # `${...}`, whose resolver arguments may hold one level of braces (`${oc.select:a.b,{}}`).
 _INTERPOLATION = re.compile(r"\$\{((?:[^${}]|\{[^${}]*\})*)\}")
 _RESOLVER = re.compile(r"^(?P<name>[A-Za-z_][\w.]*):(?P<args>.*)$")
@@ -100,7 +104,7 @@ def _leaves(tree: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
     if key == TARGET_KEY or value == MISSING:
       continue
     path = f"{prefix}{key}"
-    if isinstance(value, dict) and path not in config_lib.DICT_FIELDS:
+    if isinstance(value, dict) and path not in DICT_FIELDS:
       yield from _leaves(value, path + ".")
     else:
       yield path, value
@@ -113,16 +117,16 @@ def read_entries(text: str, source: str = "<yaml>") -> list[Entry]:
     ConfigError: the text is not YAML, or its top level is not a mapping.
   """
   try:
-    tree = config_lib.parse_yaml(text)
-    lines = dict(_key_lines(yaml.compose(text, Loader=config_lib.YamlLoader)))
+    tree = parse_yaml(text)
+    lines = dict(_key_lines(yaml.compose(text, Loader=YamlLoader)))
   except yaml.YAMLError as error:
-    raise config_lib.ConfigError(source, config_lib.NO_VALUE, f"is not valid YAML ({error})",
-                                 "fix the YAML syntax at the position shown") from None
+    raise ConfigError(source, NO_VALUE, f"is not valid YAML ({error})",
+                      "fix the YAML syntax at the position shown") from None
   if tree is None:
     return []
   if not isinstance(tree, dict):
-    raise config_lib.ConfigError(source, type(tree).__name__, "the top level must be a mapping of verl keys",
-                                 "write nested KEY: VALUE lines as in verl's ppo_trainer.yaml")
+    raise ConfigError(source, type(tree).__name__, "the top level must be a mapping of verl keys",
+                      "write nested KEY: VALUE lines as in verl's ppo_trainer.yaml")
   if DEFAULTS_KEY in tree:
     _LOG.info("%s: Hydra's defaults list is skipped; rljax's base config holds every key it composes", source)
   body = {str(k): v for k, v in tree.items() if k != DEFAULTS_KEY}
@@ -141,7 +145,7 @@ def _relative(expression: str, path: str) -> str:
 
 def _has_key(config: ConfigDict, path: str) -> bool:
   try:
-    config_lib.get_node(config, path)
+    get_node(config, path)
   except (KeyError, AttributeError, TypeError):
     return False
   return True
@@ -157,7 +161,7 @@ def _scalar(text: str | None) -> Any:
   """A resolver's default or an environment value, read as YAML (`8` -> 8, `null` -> None)."""
   if text is None:
     return None
-  return config_lib.parse_yaml(text) if text else ""
+  return parse_yaml(text) if text else ""
 
 
 def _environment(entry: Entry, name: str, default: str | None) -> Any:
@@ -165,8 +169,8 @@ def _environment(entry: Entry, name: str, default: str | None) -> Any:
   if name in os.environ:
     return _scalar(os.environ[name])
   if default is None:
-    raise config_lib.ConfigError(entry.path, entry.value, f"environment variable {name} is not set",
-                                 f"export {name}=VALUE or give a default: ${{oc.env:{name},VALUE}}")
+    raise ConfigError(entry.path, entry.value, f"environment variable {name} is not set",
+                      f"export {name}=VALUE or give a default: ${{oc.env:{name},VALUE}}")
   return _scalar(default)
 
 
@@ -177,8 +181,8 @@ def _key_path(entry: Entry, expression: str) -> str:
   try:
     return _relative(expression, entry.path)
   except ValueError as error:
-    raise config_lib.ConfigError(entry.path, entry.value, str(error),
-                                 "write an absolute key path such as ${data.max_response_length}") from None
+    raise ConfigError(entry.path, entry.value, str(error),
+                      "write an absolute key path such as ${data.max_response_length}") from None
 
 
 def resolve_interpolation(config: ConfigDict, expression: str, entry: Entry) -> Link | Any:
@@ -192,9 +196,9 @@ def resolve_interpolation(config: ConfigDict, expression: str, entry: Entry) -> 
   if resolver is None:
     target = _key_path(entry, expression)
     if not _has_key(config, target):
-      near = config_lib.unknown_key_error(config, target)
-      raise config_lib.ConfigError(entry.path, entry.value, f"interpolates {target}, which is not a key of rljax's config",
-                                   near.fix)
+      near = unknown_key_error(config, target)
+      raise ConfigError(entry.path, entry.value, f"interpolates {target}, which is not a key of rljax's config",
+                        near.fix)
     return Link(target)
   name = resolver.group("name")
   first, default = _split_args(resolver.group("args"))
@@ -203,8 +207,8 @@ def resolve_interpolation(config: ConfigDict, expression: str, entry: Entry) -> 
   if name == "oc.select":
     target = _key_path(entry, first)
     return Link(target) if _has_key(config, target) else _scalar(default)
-  raise config_lib.ConfigError(entry.path, entry.value, f"uses the resolver {name}, which rljax does not evaluate",
-                               "write the value itself")
+  raise ConfigError(entry.path, entry.value, f"uses the resolver {name}, which rljax does not evaluate",
+                    "write the value itself")
 
 
 def interpolation_parts(config: ConfigDict, entry: Entry) -> list[Any]:
@@ -222,7 +226,7 @@ def interpolation_parts(config: ConfigDict, entry: Entry) -> list[Any]:
 
 def _parent_and_key(config: ConfigDict, path: str) -> tuple[ConfigDict, str]:
   parent, _, key = path.rpartition(".")
-  return (config_lib.get_node(config, parent) if parent else config), key
+  return (get_node(config, parent) if parent else config), key
 
 
 def _source_ref(config: ConfigDict, link: Link) -> FieldReference | None:
@@ -250,20 +254,20 @@ def _point(config: ConfigDict, entry: Entry, expression: FieldReference) -> None
   try:
     target.set(expression)
   except TypeError:
-    raise config_lib.ConfigError(entry.path, entry.value, f"holds a {target.get_type().__name__} but would follow a "
-                                 f"{expression.get_type().__name__}", "write the value itself") from None
+    raise ConfigError(entry.path, entry.value, f"holds a {target.get_type().__name__} but would follow a "
+                      f"{expression.get_type().__name__}", "write the value itself") from None
   except MutabilityError:
-    raise config_lib.ConfigError(entry.path, entry.value, "the interpolation makes keys follow each other in a cycle",
-                                 "write the value of one of them") from None
+    raise ConfigError(entry.path, entry.value, "the interpolation makes keys follow each other in a cycle",
+                      "write the value of one of them") from None
 
 
 def _follow(config: ConfigDict, entry: Entry, link: Link) -> None:
   """Sets `entry.path` to the linked key's value now and makes it follow that key."""
-  value = config_lib.get_node(config, link.source)
+  value = get_node(config, link.source)
   if isinstance(value, ConfigDict):
-    config_lib.set_value(config, entry.path, value.to_dict())
+    set_value(config, entry.path, value.to_dict())
     return
-  config_lib.set_value(config, entry.path, value)
+  set_value(config, entry.path, value)
   reference = _source_ref(config, link)
   if reference is not None:
     _point(config, entry, reference)
@@ -277,7 +281,7 @@ def _concatenate(config: ConfigDict, parts: list[Any]) -> FieldReference | str:
     if reference is not None:
       joined = joined + reference.to_str()
     else:
-      value = config_lib.get_node(config, part.source) if isinstance(part, Link) else part
+      value = get_node(config, part.source) if isinstance(part, Link) else part
       joined = joined + format_scalar(value)
   return joined
 
@@ -298,20 +302,20 @@ def apply_entry(config: ConfigDict, entry: Entry) -> None:
     ConfigError: for an unknown or mistyped key or interpolation.
   """
   if isinstance(entry.value, list) and any(isinstance(v, str) and "${" in v for v in entry.value):
-    raise config_lib.ConfigError(entry.path, entry.value, "interpolations inside a list are not evaluated",
-                                 "write the list's values themselves")
+    raise ConfigError(entry.path, entry.value, "interpolations inside a list are not evaluated",
+                      "write the list's values themselves")
   if not (isinstance(entry.value, str) and _INTERPOLATION.search(entry.value)):
-    config_lib.set_value(config, entry.path, entry.value)
+    set_value(config, entry.path, entry.value)
     return
   parts = interpolation_parts(config, entry)
   if len(parts) == 1 and isinstance(parts[0], Link):
     _follow(config, entry, parts[0])
     return
   if len(parts) == 1:
-    config_lib.set_value(config, entry.path, parts[0])
+    set_value(config, entry.path, parts[0])
     return
   joined = _concatenate(config, parts)
-  config_lib.set_value(config, entry.path, joined if isinstance(joined, str) else joined.get())
+  set_value(config, entry.path, joined if isinstance(joined, str) else joined.get())
   if isinstance(joined, FieldReference):
     _point(config, entry, joined)
 
@@ -322,14 +326,14 @@ def ignored_settings(config: ConfigDict, entries: list[Entry]) -> list[str]:
   A key the base config lacks (a new entry of a free-form mapping such as
   `engine_kwargs.vllm`) has no default, so it is always listed.
   """
-  base = config_lib.get_base_config()
+  base = get_base_config()
   settings = []
   for entry in entries:
-    if config_lib.ignored_reason(entry.path) is None:
+    if ignored_reason(entry.path) is None:
       continue
-    value = config_lib.get_node(config, entry.path)
-    if not _has_key(base, entry.path) or value != config_lib.get_node(base, entry.path):
-      settings.append(f"{entry.path}={docs_reference.format_value(value)}")
+    value = get_node(config, entry.path)
+    if not _has_key(base, entry.path) or value != get_node(base, entry.path):
+      settings.append(f"{entry.path}={format_value(value)}")
   return settings
 
 
@@ -347,14 +351,14 @@ def load_text(text: str, source: str = "<yaml>", base: ConfigDict | None = None)
   Raises:
     ConfigError: naming the key, the file and the line, and how to fix it.
   """
-  config = base if base is not None else config_lib.get_base_config()
+  config = base if base is not None else get_base_config()
   entries = read_entries(text, source)
   for entry in entries:
     try:
       apply_entry(config, entry)
-    except config_lib.ConfigError as error:
-      raise config_lib.ConfigError(error.key, error.value, f"{error.problem} ({_where(source, entry.line)})",
-                                   error.fix) from None
+    except ConfigError as error:
+      raise ConfigError(error.key, error.value, f"{error.problem} ({_where(source, entry.line)})",
+                        error.fix) from None
   ignored = ignored_settings(config, entries)
   if ignored:
     _LOG.warning("%s sets %d verl key(s) that have no effect in rljax (docs/configuration.md says why): %s",
@@ -369,11 +373,11 @@ def load_file(path: str | None) -> ConfigDict:
     ConfigError: no path given, no such file, or a bad key in it.
   """
   if not path:
-    raise config_lib.ConfigError("--config", "configs/verl_yaml.py", "needs the verl YAML file after a colon",
-                                 "pass --config=configs/verl_yaml.py:path/to/ppo_trainer.yaml")
+    raise ConfigError("--config", "configs/verl_yaml.py", "needs the verl YAML file after a colon",
+                      "pass --config=configs/verl_yaml.py:path/to/ppo_trainer.yaml")
   expanded = os.path.expanduser(path)
   if not os.path.isfile(expanded):
-    raise config_lib.ConfigError("--config", f"configs/verl_yaml.py:{path}", "no such YAML file",
-                                 "give the path of a verl ppo_trainer.yaml-style file")
+    raise ConfigError("--config", f"configs/verl_yaml.py:{path}", "no such YAML file",
+                      "give the path of a verl ppo_trainer.yaml-style file")
   with open(expanded, encoding="utf-8") as handle:
     return load_text(handle.read(), source=path)
