@@ -12,10 +12,14 @@ from tests.rl import tiny_run
 from tests.rl.test_trainer_paths import reward_model_dir  # noqa: F401  (fixture)
 
 
+def leaf(x):
+  """An abstract argument's shape, dtype and sharding (a static argument as it is)."""
+  return (x.shape, x.dtype, x.sharding) if hasattr(x, "shape") else x
+
+
 def signatures(steps):
-  """name -> (the abstract arguments' tree, each leaf's shape, dtype and sharding) of each step."""
-  return {s.name: (jax.tree.structure(s.args), [(x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(s.args)])
-          for s in steps}
+  """name -> (the abstract arguments' tree, each leaf's `leaf`) of each step."""
+  return {s.name: (jax.tree.structure(s.args), [leaf(x) for x in jax.tree.leaves(s.args)]) for s in steps}
 
 
 def engine_steps(run, state):
@@ -23,16 +27,15 @@ def engine_steps(run, state):
                                    samples_per_prompt=run.layout.n)
 
 
-@pytest.mark.parametrize("name,extra", [
-    ("ppo", ["actor_rollout_ref.actor.use_kl_loss=true", "reward_model.enable=true"]),
-    ("grpo", ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]),
-])
-def test_the_trainer_and_compile_build_the_same_steps(name, extra, model_dir, data_dir, reward_model_dir, tmp_path):
-  extra = [e.replace("reward_model.enable=true", f"reward_model.enable=true reward_model.model.path={reward_model_dir}")
-           for e in extra]
-  extra = [part for e in extra for part in e.split(" ")]
-  config = tiny_run.run_config(name, model_dir, data_dir, str(tmp_path / "run"), "trainer.n_gpus_per_node=auto",
-                               "actor_rollout_ref.rollout.tensor_model_parallel_size=2", *extra)
+@pytest.mark.parametrize("case", ["critic_and_reward_model", "lora"])
+def test_the_trainer_and_compile_build_the_same_steps(case, model_dir, data_dir, reward_model_dir, tmp_path):
+  extra = (["algorithm.adv_estimator=gae", "reward_model.enable=true", f"reward_model.model.path={reward_model_dir}"]
+           if case == "critic_and_reward_model" else
+           ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.actor.ppo_epochs=2"])
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"), "trainer.n_gpus_per_node=auto",
+                               "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "critic.ppo_micro_batch_size_per_gpu=1",
+                               *extra)
   mesh = sharding.make_mesh(config)
   trainer = rl.RLTrainer(config, mesh=mesh)
   try:
@@ -45,11 +48,10 @@ def test_the_trainer_and_compile_build_the_same_steps(name, extra, model_dir, da
   assert trained == signatures(compiled.compiled_steps() + list(engine_steps(compiled, compiled_state)))
   assert planned == trained
   expected = {"actor_update", "old_log_prob", "ref_log_prob"}
-  expected |= {"critic_update", "values", "reward_model"} if name == "ppo" else set()
+  expected |= {"critic_update", "values", "reward_model"} if case == "critic_and_reward_model" else set()
   assert expected <= set(trained) and any(n.startswith("decode_step") for n in trained)
   # the initial states agree leaf by leaf (shapes, dtypes, shardings) and hold the same static fields
-  concrete = jax.tree.map(lambda x: (x.shape, x.dtype, x.sharding), state)
-  assert concrete == jax.tree.map(lambda x: (x.shape, x.dtype, x.sharding), compiled_state)
+  assert jax.tree.map(leaf, state) == jax.tree.map(leaf, compiled_state)
 
 
 def test_a_checkpoint_is_the_state_tree(model_dir, data_dir, tmp_path):
