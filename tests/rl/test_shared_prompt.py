@@ -144,7 +144,7 @@ def test_trainer_numbers_do_not_depend_on_sharing(model_dir, data_dir, tmp_path)
       trainer.fit()
     finally:
       trainer.close()
-    return trainer.group, [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")][0]
+    return trainer.run.layout.group, [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")][0]
 
   (shared_group, shared), (plain_group, plain) = run("true"), run("false")
   assert (shared_group, plain_group) == (2, 1)
