@@ -1,8 +1,9 @@
 """One place builds an RL run: the trainer and `rljax.compile` get the same steps, and the state is one pytree."""
 
+import dataclasses
+
 import jax
 import numpy as np
-import pytest
 
 from rljax import rl, sharding
 from rljax.compile import plan
@@ -27,50 +28,45 @@ def engine_steps(run, state):
                                    samples_per_prompt=run.layout.n)
 
 
-@pytest.mark.parametrize("case", ["critic_and_reward_model", "lora"])
-def test_the_trainer_and_compile_build_the_same_steps(case, model_dir, data_dir, reward_model_dir, tmp_path):
-  extra = (["algorithm.adv_estimator=gae", "reward_model.enable=true", f"reward_model.model.path={reward_model_dir}"]
-           if case == "critic_and_reward_model" else
-           ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.actor.ppo_epochs=2"])
-  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"), "trainer.n_gpus_per_node=auto",
-                               "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "critic.ppo_micro_batch_size_per_gpu=1",
-                               *extra)
+def test_one_build_for_the_trainer_and_compile_and_a_checkpoint_is_the_state_tree(model_dir, data_dir,
+                                                                                 reward_model_dir, tmp_path):
+  # a critic, a reference, a reward model and an adaptive KL controller on 8 devices with a rollout tensor axis
+  config = tiny_run.run_config(
+      "grpo", model_dir, data_dir, str(tmp_path / "run"), "trainer.n_gpus_per_node=auto",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+      "critic.ppo_micro_batch_size_per_gpu=1", "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true",
+      "algorithm.kl_ctrl.type=adaptive", "reward_model.enable=true", f"reward_model.model.path={reward_model_dir}")
   mesh = sharding.make_mesh(config)
   trainer = rl.RLTrainer(config, mesh=mesh)
   try:
     run, state = trainer.run, trainer.state
     compiled, compiled_state = assembly.build_run(config, mesh, abstract=True)
-    planned = signatures(item.step for item in plan.rl_steps(config, mesh))
     trained = signatures(run.compiled_steps() + list(engine_steps(run, state)))
-  finally:
-    trainer.close()
-  assert trained == signatures(compiled.compiled_steps() + list(engine_steps(compiled, compiled_state)))
-  assert planned == trained
-  expected = {"actor_update", "old_log_prob", "ref_log_prob"}
-  expected |= {"critic_update", "values", "reward_model"} if case == "critic_and_reward_model" else set()
-  assert expected <= set(trained) and any(n.startswith("decode_step") for n in trained)
-  # the initial states agree leaf by leaf (shapes, dtypes, shardings) and hold the same static fields
-  assert jax.tree.map(leaf, state) == jax.tree.map(leaf, compiled_state)
+    assert trained == signatures(compiled.compiled_steps() + list(engine_steps(compiled, compiled_state)))
+    assert signatures(item.step for item in plan.rl_steps(config, mesh)) == trained
+    assert {"actor_update", "critic_update", "old_log_prob", "ref_log_prob", "values", "reward_model"} <= set(trained)
+    assert any(name.startswith("decode_step") for name in trained)
+    # the initial states agree leaf by leaf (shapes, dtypes, shardings) and in their static fields
+    assert jax.tree.map(leaf, state) == jax.tree.map(leaf, compiled_state)
 
-
-def test_a_checkpoint_is_the_state_tree(model_dir, data_dir, tmp_path):
-  config = tiny_run.run_config("ppo", model_dir, data_dir, str(tmp_path / "run"), "trainer.total_training_steps=1",
-                               "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive")
-  trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
-  try:
-    trainer.fit()
+    # a checkpoint is the state tree: a moved state saved, then restored over the initial one
+    initial = trainer.train_iter.get_state()
+    next(trainer.train_iter)
+    moved = jax.tree.map(lambda x: x + 1 if x.dtype.kind == "f" else x, state)
+    trainer.state = moved.replace(step=3, kl_ctrl=dataclasses.replace(state.kl_ctrl, value=0.25))
+    trainer.tracker.log({"critic/score/mean": 0.5, "response_length/mean": 4.0}, 3)  # the curves save() draws
+    trainer.save()
+    trainer.checkpointer.wait()
     saved = trainer.state
-    resumed = rl.RLTrainer(config, mesh=tiny_run.one_device())
-    try:
-      resumed.restore(f"{tmp_path}/run/global_step_1")
-      got = resumed.state
-    finally:
-      resumed.close()
+    trainer.state = state
+    trainer.train_iter.set_state(initial)
+    trainer.restore(f"{tmp_path}/run/global_step_3")
+    got, position = trainer.state, trainer.train_iter.get_state()
   finally:
     trainer.close()
   assert jax.tree.structure(got) == jax.tree.structure(saved)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved)):
+    assert a.sharding == b.sharding
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert (got.step, got.kl_ctrl, got.data_position) == (saved.step, saved.kl_ctrl, saved.data_position) != (0, None, None)
-  assert got.kl_ctrl.value != trainer.run.config.algorithm.kl_ctrl.kl_coef  # the adaptive coefficient moved
+  assert (got.step, got.kl_ctrl.value, got.data_position) == (3, 0.25, saved.data_position)
+  assert position == saved.data_position != initial  # the data resumes after the batch the state had read
