@@ -19,7 +19,7 @@ rljax does not honour it as verl does, how not:
 
 Keys that several roles share (optimizer, engine, profiler configs) are
 described once per node (`_OPTIM`, `_MEGATRON`, ...) and placed under each
-role by `_described`. The tables `IGNORED_KEYS`, `MAPPED_KEYS`,
+role by `described`. The tables `IGNORED_KEYS`, `MAPPED_KEYS`,
 `RLJAX_KEYS`, `UNIMPLEMENTED_VALUES` and `DEPRECATED_KEYS` are views of
 `KEYS` (`view`, `ignored_table`); `rljax.docs_reference` renders it as
 docs/configuration.md, with `SECTIONS` introducing each group.
@@ -69,13 +69,13 @@ class Key:
 Status = Union[dict[str, dict[str, Any]], Callable[[str], dict[str, dict[str, Any]]], None]
 
 
-def _described(roles: tuple[str, ...], node: str, meanings: dict[str, str], status: Status = None) -> dict[str, Key]:
-  """A `Key` for `ROLE.NODE.KEY`, for each of `roles` and each key of `meanings`."""
+def described(roles: tuple[str, ...], node: str, meanings: dict[str, str], status: Status = None) -> dict[str, Key]:
+  """A `Key` for `ROLE.NODE.KEY`, for each of `roles` and each key of `meanings` (an empty role: `NODE.KEY`)."""
   records = {}
   for role in roles:
     fields = status(role) if callable(status) else status or {}
     for key, meaning in meanings.items():
-      records[f"{role}.{node}.{key}"] = Key(meaning, **fields.get(key, {}))
+      records[".".join(part for part in (role, node, key) if part)] = Key(meaning, **fields.get(key, {}))
   return records
 
 
@@ -137,6 +137,19 @@ SECTIONS = {
     "global_profiler": "verl's Nsight/torch profiler settings for the whole run; rljax profiles with jax.profiler instead.",
     "transfer_queue": "verl's Ray data-transfer queue.",
     "ray_kwargs": "verl's newer home of the Ray start-up options; rljax runs without Ray.",
+}
+
+# Meanings of LoRA's keys on a model node (verl's and cosmos-rl's), shared by the RL and SFT trees.
+LORA_MEANINGS = {
+    "alpha_pattern": "Per-module LoRA alpha, keyed by a name pattern.",
+    "init_lora_weights": "LoRA initialisation: true (B = 0, so training starts at the base model) or gaussian.",
+    "lora_alpha": "LoRA scaling numerator (the update is scaled by alpha / rank).",
+    "lora_dropout": "Dropout on the LoRA branch's input.",
+    "lora_rank": "Rank of LoRA adapters; 0 trains every weight.",
+    "modules_to_save": "Modules trained in full beside the adapters.",
+    "r_pattern": "Per-module LoRA rank, keyed by a name pattern.",
+    "target_modules": "Layers that get LoRA adapters: all-linear or a list of names.",
+    "use_rslora": "Rank-stabilised LoRA scaling.",
 }
 
 # Meanings of the keys of nodes several roles have: KEY -> meaning.
@@ -280,7 +293,7 @@ KEYS = {
     "actor_rollout_ref.actor.checkpoint.async_save": Key(
         "Write checkpoints in the background.",
         ignored="orbax decides how a checkpoint is written; the saved state is the same"),
-    **_described(("actor_rollout_ref.actor",), "checkpoint", _CHECKPOINT, {
+    **described(("actor_rollout_ref.actor",), "checkpoint", _CHECKPOINT, {
         "contents": dict(
             deprecated=("actor_rollout_ref.actor.checkpoint.save_contents", "same value; load_contents follows")),
         "save_contents": dict(
@@ -307,7 +320,7 @@ KEYS = {
     "actor_rollout_ref.actor.fsdp_config.dtype": Key(
         "Mixed precision: the dtype the actor computes in.",
         mapped="compute dtype of the actor's and reference's forward and backward passes (mixed precision: parameters and optimizer state stay in model_dtype, each matmul reads its weight cast to this)"),
-    **_described(("actor_rollout_ref.actor", "critic.model"), "fsdp_config", _FSDP_ENGINE, {
+    **described(("actor_rollout_ref.actor", "critic.model"), "fsdp_config", _FSDP_ENGINE, {
         "use_orig_params": dict(ignored=_FSDP_ENGINE_SETTING),
         "seed": dict(ignored=_FSDP_ENGINE_SETTING),
         "full_determinism": dict(ignored=_FSDP_ENGINE_SETTING),
@@ -351,7 +364,7 @@ KEYS = {
     "actor_rollout_ref.actor.loss_agg_mode": Key(
         "How token losses become one number: token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm."),
     "actor_rollout_ref.actor.loss_scale_factor": Key("Divisor of seq-mean-token-sum-norm; null uses the response length."),
-    **_described(("actor_rollout_ref.actor",), "megatron", _MEGATRON, {
+    **described(("actor_rollout_ref.actor",), "megatron", _MEGATRON, {
         "param_offload": dict(ignored=_MEGATRON_LM_SETTING),
         "grad_offload": dict(ignored=_MEGATRON_LM_SETTING),
         "optimizer_offload": dict(ignored=_MEGATRON_LM_SETTING),
@@ -381,7 +394,7 @@ KEYS = {
     "actor_rollout_ref.actor.megatron.override_transformer_config": Key(
         "Megatron: fields that override its transformer config.",
         ignored="Megatron-LM settings"),
-    **_described(OPTIM_SECTIONS, "optim", _OPTIM, _optim_status),
+    **described(OPTIM_SECTIONS, "optim", _OPTIM, _optim_status),
     "actor_rollout_ref.actor.policy_loss.aipo_rho": Key(
         "AIPO: cap on the importance ratio (loss_mode=aipo).",
         added="cosmos-rl: AIPO clip of the importance ratio (policy_loss.loss_mode=aipo)"),
@@ -417,7 +430,7 @@ KEYS = {
         "Responses per forward/backward pass on each device; gradients accumulate over micro-batches. null: the device's whole mini-batch in one pass (verl requires a value).",
         mapped="micro-batch rows per data-parallel device; the global micro-batch is this times the data*fsdp axis size; null (an error in verl): the device's whole mini-batch in one pass, so a job runs on any device count"),
     "actor_rollout_ref.actor.ppo_mini_batch_size": Key("Prompts per optimizer step; each step updates on this many prompts times rollout.n responses."),
-    **_described(PROFILED_SECTIONS, "profiler", _PROFILER, {
+    **described(PROFILED_SECTIONS, "profiler", _PROFILER, {
         "discrete": dict(
             ignored="Nsight/NPU/torch profiler options; rljax records jax.profiler traces (profiler.enable, global_profiler.steps)"),
         "all_ranks": dict(
@@ -440,7 +453,7 @@ KEYS = {
     "actor_rollout_ref.actor.rollout_n": Key(
         "verl's copy of actor_rollout_ref.rollout.n.",
         ignored="verl's copy of actor_rollout_ref.rollout.n, which rljax reads"),
-    **_described(("actor_rollout_ref.actor", "actor_rollout_ref.ref"), "router_replay", _ROUTER_REPLAY,
+    **described(("actor_rollout_ref.actor", "actor_rollout_ref.ref"), "router_replay", _ROUTER_REPLAY,
                  _router_replay_status),
     "actor_rollout_ref.actor.shuffle": Key("Shuffle the rollouts before splitting them into mini-batches."),
     "actor_rollout_ref.actor.strategy": Key(
@@ -479,10 +492,6 @@ KEYS = {
         "Actor and rollout share one set of weights.",
         ignored="rljax always shares one set of parameter arrays between trainer and rollout"),
     # actor_rollout_ref.model
-    "actor_rollout_ref.model.alpha_pattern": Key(
-        "Per-module LoRA alpha, keyed by a name pattern.",
-        added="cosmos-rl: {regex: alpha} per HF module name (model.layers.0.self_attn.q_proj); first match wins",
-        type_note="mapping {regex: number}"),
     "actor_rollout_ref.model.attention_kernel": Key(
         "Attention implementation: auto, xla or pallas.",
         added="auto (pallas on TPU, xla elsewhere), xla (dense dot-product attention) or pallas (splash attention for training, log-prob and prefill passes; ragged decode attention over the live cache)"),
@@ -508,30 +517,32 @@ KEYS = {
     "actor_rollout_ref.model.hf_config_path": Key(
         "Directory of a config.json to use instead of the model's.",
         default_only=("a config.json apart from the weights is not read: the model's own would be used", "drop it, or copy the config.json into actor_rollout_ref.model.path")),
-    "actor_rollout_ref.model.init_lora_weights": Key(
-        "LoRA initialisation: true (B = 0, so training starts at the base model) or gaussian.",
-        added="cosmos-rl: true (A uniform +-1/sqrt(in), B=0) or gaussian (A normal std 1/r, B=0)",
-        type_note="bool or 'gaussian'"),
-    **_described(("actor_rollout_ref.model", "critic.model"), "lora", _MEGATRON_LORA, {
+    **described(("actor_rollout_ref",), "model", LORA_MEANINGS, {
+        "alpha_pattern": dict(added="cosmos-rl: {regex: alpha} per HF module name (model.layers.0.self_attn.q_proj); "
+                                    "first match wins", type_note="mapping {regex: number}"),
+        "init_lora_weights": dict(added="cosmos-rl: true (A uniform +-1/sqrt(in), B=0) or gaussian (A normal std 1/r, "
+                                        "B=0)", type_note="bool or 'gaussian'"),
+        "lora_alpha": dict(added="LoRA alpha (verl's name): adapter scale alpha / r"),
+        "lora_dropout": dict(added="cosmos-rl: dropout on the adapter input in the actor update only, seeded by the "
+                                   "update's key"),
+        "lora_rank": dict(added="LoRA rank (verl's name); > 0 trains only the actor's adapters (rljax.models.lora), "
+                                "0 = full fine-tuning; the critic stays full"),
+        "modules_to_save": dict(added="cosmos-rl: base modules trained in full beside the adapters (embed_tokens, "
+                                      "lm_head, norm, ...)"),
+        "r_pattern": dict(added="cosmos-rl: {regex: r} per HF module name; first match wins (uniform over layers "
+                                "with scan_layers)", type_note="mapping {regex: int}"),
+        "target_modules": dict(added="LoRA targets (verl's name): all-linear, or a list (or comma string) of q_proj "
+                                     "k_proj v_proj o_proj gate_proj up_proj down_proj", type_note="str or list"),
+        "use_rslora": dict(added="cosmos-rl: scale alpha / sqrt(r) instead of alpha / r"),
+    }),
+    **described(("actor_rollout_ref.model", "critic.model"), "lora", _MEGATRON_LORA, {
         "rank": dict(
             default_only=("Megatron's LoRA config is not read", "set actor_rollout_ref.model.lora_rank (and lora_alpha, target_modules)")),
     }),
     "actor_rollout_ref.model.lora_adapter_path": Key(
         "Saved LoRA adapters to start from.",
         default_only=("starting from saved LoRA adapters is not implemented: the adapters would start fresh", "drop actor_rollout_ref.model.lora_adapter_path (merge the adapters into the model first)")),
-    "actor_rollout_ref.model.lora_alpha": Key(
-        "LoRA scaling numerator (the update is scaled by alpha / rank).",
-        added="LoRA alpha (verl's name): adapter scale alpha / r"),
-    "actor_rollout_ref.model.lora_dropout": Key(
-        "Dropout on the LoRA branch's input.",
-        added="cosmos-rl: dropout on the adapter input in the actor update only, seeded by the update's key"),
-    "actor_rollout_ref.model.lora_rank": Key(
-        "Rank of LoRA adapters; 0 trains every weight.",
-        added="LoRA rank (verl's name); > 0 trains only the actor's adapters (rljax.models.lora), 0 = full fine-tuning; the critic stays full"),
-    "actor_rollout_ref.model.modules_to_save": Key(
-        "Modules trained in full beside the adapters.",
-        added="cosmos-rl: base modules trained in full beside the adapters (embed_tokens, lm_head, norm, ...)"),
-    **_described(("actor_rollout_ref.model",), "mtp", _MTP, {
+    **described(("actor_rollout_ref.model",), "mtp", _MTP, {
         "enable": dict(
             default_only=("multi-token prediction is not implemented", "set actor_rollout_ref.model.mtp.enable=false")),
     }),
@@ -546,10 +557,6 @@ KEYS = {
         default_only=("freezing the mixture-of-experts router is not implemented",
                       "set actor_rollout_ref.model.override_config.moe_config.freeze_moe_router=false")),
     "actor_rollout_ref.model.path": Key("Policy checkpoint: a Hugging Face directory, a GGUF file or a known alias."),
-    "actor_rollout_ref.model.r_pattern": Key(
-        "Per-module LoRA rank, keyed by a name pattern.",
-        added="cosmos-rl: {regex: r} per HF module name; first match wins (uniform over layers with scan_layers)",
-        type_note="mapping {regex: int}"),
     "actor_rollout_ref.model.remat_policy": Key(
         "What a rematerialised layer saves for the backward pass: full, attention or dots.",
         added="with enable_gradient_checkpointing, what each layer keeps for the backward pass: full (only its input), attention (also its attention output), dots (every matmul output)"),
@@ -559,11 +566,7 @@ KEYS = {
     "actor_rollout_ref.model.share_prompt_forward": Key(
         "Run each prompt's tokens once for its rollout.n responses when computing log-probs, values and updates.",
         added="run each prompt once for its rollout.n responses in the log-prob, value and update passes (same numbers, less work)"),
-    "actor_rollout_ref.model.target_modules": Key(
-        "Layers that get LoRA adapters: all-linear or a list of names.",
-        added="LoRA targets (verl's name): all-linear, or a list (or comma string) of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj",
-        type_note="str or list"),
-    **_described(("actor_rollout_ref.model", "critic.model"), "tiled_mlp", _TILED_MLP),
+    **described(("actor_rollout_ref.model", "critic.model"), "tiled_mlp", _TILED_MLP),
     "actor_rollout_ref.model.tokenizer_path": Key(
         "Directory of a tokenizer to use instead of the model's.",
         default_only=("a tokenizer apart from the model is not read: the model's own would be used", "drop it, or copy the tokenizer files into actor_rollout_ref.model.path")),
@@ -579,9 +582,6 @@ KEYS = {
     "actor_rollout_ref.model.use_remove_padding": Key(
         "Pack sequences without padding for the forward pass.",
         ignored="XLA needs static shapes; padding is masked instead"),
-    "actor_rollout_ref.model.use_rslora": Key(
-        "Rank-stabilised LoRA scaling.",
-        added="cosmos-rl: scale alpha / sqrt(r) instead of alpha / r"),
     "actor_rollout_ref.model.use_shm": Key(
         "Load the model through shared memory.",
         ignored="shared-memory model loading for Ray workers"),
@@ -597,7 +597,7 @@ KEYS = {
         "Compute the reference's entropy in chunks of tokens.",
         ignored="entropy is always computed in vocabulary-sized chunks of tokens"),
     "actor_rollout_ref.ref.fsdp_config.dtype": Key("Mixed precision: the dtype the reference computes in."),
-    **_described(("actor_rollout_ref.ref",), "fsdp_config", _FSDP_ENGINE),
+    **described(("actor_rollout_ref.ref",), "fsdp_config", _FSDP_ENGINE),
     "actor_rollout_ref.ref.fsdp_config.forward_prefetch": Key("FSDP: gather the reference's next layer early."),
     "actor_rollout_ref.ref.fsdp_config.fsdp_size": Key("FSDP group size of the reference."),
     "actor_rollout_ref.ref.fsdp_config.model_dtype": Key("dtype of the reference's stored parameters."),
@@ -615,7 +615,7 @@ KEYS = {
         deprecated=("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "global, in prompts: x rollout.n / data-parallel devices")),
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": Key("Responses per reference forward pass on each device."),
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": Key("Pack reference micro-batches by token count; follows the actor's use_dynamic_bsz."),
-    **_described(("actor_rollout_ref.ref", "critic", "reward_model"), "megatron", _MEGATRON),
+    **described(("actor_rollout_ref.ref", "critic", "reward_model"), "megatron", _MEGATRON),
     "actor_rollout_ref.ref.rollout_n": Key(
         "verl's copy of actor_rollout_ref.rollout.n.",
         ignored="verl's copy of actor_rollout_ref.rollout.n"),
@@ -714,7 +714,7 @@ KEYS = {
     "actor_rollout_ref.rollout.mode": Key(
         "Engine mode in verl: sync or async server.",
         ignored="the engine is always in-process"),
-    **_described(("actor_rollout_ref.rollout",), "mtp", _MTP),
+    **described(("actor_rollout_ref.rollout",), "mtp", _MTP),
     "actor_rollout_ref.rollout.multi_stage_wake_up": Key(
         "Wake the inference server's weights and KV cache up in stages.",
         ignored="vLLM/SGLang memory wake-up order"),
@@ -869,7 +869,7 @@ KEYS = {
     "critic.checkpoint.async_save": Key(
         "Write checkpoints in the background.",
         ignored="orbax decides how a checkpoint is written; the saved state is the same"),
-    **_described(("critic",), "checkpoint", _CHECKPOINT, {
+    **described(("critic",), "checkpoint", _CHECKPOINT, {
         "contents": dict(deprecated=("critic.checkpoint.save_contents", "same value; load_contents follows")),
         "save_contents": dict(ignored="an orbax checkpoint always holds model, optimizer and extra state"),
         "load_contents": dict(ignored="a resume always restores model, optimizer and extra state"),

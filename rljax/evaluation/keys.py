@@ -19,7 +19,26 @@ from rljax.config.keys import Key, ignored_table
 _VLLM_OPTION = "vLLM option"
 _NO_LOG_PROBS = "generation computes no log-probs"
 
+# Generation keys that mean what an RL-tree key means: key -> that key.
+_GENERATE_AS_IN_RL = {
+    "data.prompt_key": "data.prompt_key",
+    "model.external_lib": "actor_rollout_ref.model.external_lib",
+    "ray_init.num_cpus": "ray_init.num_cpus",
+    "ray_init.timeline_json_file": "ray_init.timeline_json_file",
+    "rollout.cpu_dot_library": "actor_rollout_ref.rollout.cpu_dot_library",
+    "rollout.disable_log_stats": "actor_rollout_ref.rollout.disable_log_stats",
+    "rollout.enable_chunked_prefill": "actor_rollout_ref.rollout.enable_chunked_prefill",
+    "rollout.enforce_eager": "actor_rollout_ref.rollout.enforce_eager",
+    "rollout.gpu_memory_utilization": "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "rollout.ignore_eos": "actor_rollout_ref.rollout.ignore_eos",
+    "rollout.mode": "actor_rollout_ref.rollout.mode",
+    "rollout.prefill_length_buckets": "actor_rollout_ref.rollout.prefill_length_buckets",
+    "rollout.top_k": "actor_rollout_ref.rollout.top_k",
+    "rollout.top_p": "actor_rollout_ref.rollout.top_p",
+}
+
 GENERATE_KEYS = {
+    **{key: RL_KEYS[rl] for key, rl in _GENERATE_AS_IN_RL.items()},
     # actor
     "actor.fsdp_config.fsdp_size": Key("FSDP: devices that shard the rollout worker's parameters; -1 uses all."),
     "actor.strategy": Key("Backend of verl's rollout worker (fsdp)."),
@@ -29,7 +48,6 @@ GENERATE_KEYS = {
     "data.n_samples": Key("Responses generated per prompt."),
     "data.output_path": Key("Parquet file the prompts and their responses are written to; null writes NAME-responses.parquet beside data.path."),
     "data.path": Key("Parquet file of prompts (verl's format: a chat-message prompt column)."),
-    "data.prompt_key": Key("Column holding the prompt (a list of chat messages)."),
     "data.tokenizer": Key(
         "Tokenizer to use; null takes the model's own.",
         added="tokenizer path or alias (default: the model's)"),
@@ -41,26 +59,13 @@ GENERATE_KEYS = {
         "An rljax run to generate with: its latest complete checkpoint, or the global_step_N directory named.",
         added=("an rljax run directory (trainer.default_local_dir) or one of its global_step_N directories: generate "
                "with that actor instead of model.path")),
-    "model.external_lib": Key(
-        "Python package imported first to register extra model or tokenizer classes.",
-        ignored="registers PyTorch/HF classes; rljax models are chosen by config.json"),
     "model.path": Key("The model to generate with: a Hugging Face directory, a GGUF file or a known alias."),
     # ray_init
-    "ray_init.num_cpus": Key("CPUs Ray may use; null = all."),
-    "ray_init.timeline_json_file": Key("File to write Ray's timeline to."),
     # rollout
     "rollout.attention_kernel": RL_KEYS["actor_rollout_ref.model.attention_kernel"],
-    "rollout.cpu_dot_library": RL_KEYS["actor_rollout_ref.rollout.cpu_dot_library"],
-    "rollout.disable_log_stats": Key("vLLM: silence its throughput statistics.", ignored=_VLLM_OPTION),
     "rollout.do_sample": Key("Sample (true) or decode greedily (false)."),
     "rollout.dtype": Key("Dtype of the weights and activations during generation."),
-    "rollout.enable_chunked_prefill": Key("vLLM: split long prefills into chunks.", ignored=_VLLM_OPTION),
-    "rollout.enforce_eager": Key("vLLM: run without CUDA graphs.", ignored="CUDA graphs; XLA compiles the decode step"),
     "rollout.free_cache_engine": Key("Release the engine's KV cache when generation ends."),
-    "rollout.gpu_memory_utilization": Key(
-        "vLLM/SGLang: fraction of GPU memory the engine may take.",
-        ignored="the KV cache is sized from max_num_seqs and the lengths"),
-    "rollout.ignore_eos": Key("Keep generating after the end-of-sequence token until response_length."),
     "rollout.load_format": Key("How vLLM receives the model's weights.", ignored="the engine reads the loaded arrays in place"),
     "rollout.log_prob_micro_batch_size": Key("Old global micro-batch of log-prob passes.", ignored=_NO_LOG_PROBS),
     "rollout.log_prob_micro_batch_size_per_gpu": Key("Responses per log-prob forward pass on each device.", ignored=_NO_LOG_PROBS),
@@ -69,18 +74,12 @@ GENERATE_KEYS = {
         ignored="the KV cache holds prompt_length + response_length"),
     "rollout.max_num_batched_tokens": Key("vLLM: tokens processed per scheduler step.", ignored="vLLM scheduler budget"),
     "rollout.max_num_seqs": Key("Sequences the engine decodes at once."),
-    "rollout.mode": Key("Engine mode in verl: sync or async server.", ignored="the engine is always in-process"),
     "rollout.n": Key("Responses per prompt of one engine call (data.n_samples sets how many are generated)."),
     "rollout.name": Key("Inference engine (vllm, sglang or hf in verl).", ignored="any value selects rljax's JetStream engine"),
-    "rollout.prefill_length_buckets": Key(
-        "Prompt lengths the engine pads prompts up to before prefill.",
-        added="prompt lengths the engine pads to; one compilation per bucket"),
     "rollout.prompt_length": Key("Longest prompt in tokens."),
     "rollout.response_length": Key("Tokens generated per response at most."),
     "rollout.temperature": Key("Sampling temperature; 0 decodes greedily."),
     "rollout.tensor_model_parallel_size": Key("Devices that split each weight matrix."),
-    "rollout.top_k": Key("Sample from the k most likely tokens; -1 (or 0) samples from all."),
-    "rollout.top_p": Key("Nucleus sampling: sample from the smallest set of tokens whose probability reaches top_p."),
     "rollout.use_fire_sampling": Key(
         "FIRE sampling (a higher temperature for the first token).",
         ignored="not implemented by the JetStream engine"),
@@ -95,8 +94,9 @@ GENERATE_IGNORED_SECTIONS = {
 }
 
 EVAL_KEYS = {
+    "custom_reward_function.path": RL_KEYS["custom_reward_function.path"],
+    "ray_init.num_cpus": RL_KEYS["ray_init.num_cpus"],
     "custom_reward_function.name": Key("Name of the scoring function in that file."),
-    "custom_reward_function.path": Key("Python file with your scoring function; null uses the built-in scorers."),
     "custom_reward_function.reward_kwargs": Key(
         "Extra keyword arguments passed to that function.",
         added="keyword arguments added to each call of the custom function"),
@@ -113,7 +113,6 @@ EVAL_KEYS = {
     "eval.pass_threshold": Key(
         "Score at which a response counts as passing (pass@k).",
         added="a response passes when its score is >= this (pass@k)"),
-    "ray_init.num_cpus": Key("CPUs Ray may use; null = all."),
 }
 EVAL_IGNORED_SECTIONS = {
     "ray_init": "no Ray: responses are scored in this process",

@@ -12,9 +12,31 @@ the tree has no record here.
 
 from __future__ import annotations
 
-from rljax.config.keys import Key, ignored_table, view
+from rljax.config.keys import KEYS as RL_KEYS, LORA_MEANINGS, Key, described, ignored_table, view
+
+# Keys that mean in the SFT tree what they mean in the RL tree.
+_AS_IN_RL = (
+    "data.train_files",
+    "data.use_shm",
+    "data.val_files",
+    "trainer.default_hdfs_dir",
+    "trainer.default_local_dir",
+    "trainer.experiment_name",
+    "trainer.logger",
+    "trainer.logical_axis_rules",
+    "trainer.n_gpus_per_node",
+    "trainer.nnodes",
+    "trainer.project_name",
+    "trainer.resume_from_path",
+    "trainer.resume_mode",
+    "trainer.save_freq",
+    "trainer.test_freq",
+    "trainer.total_epochs",
+    "trainer.total_training_steps",
+)
 
 KEYS = {
+    **{path: RL_KEYS[path] for path in _AS_IN_RL},
     # data
     "data.balance_dp_token": Key(
         "Divide the loss by the response tokens of the whole global batch rather than of each device's share.",
@@ -39,23 +61,30 @@ KEYS = {
     "data.response_dict_keys": Key("Keys to look the response up through when response_key's column holds dictionaries."),
     "data.response_key": Key("Column holding the response the model learns to write (single-turn data)."),
     "data.train_batch_size": Key("Examples per optimizer step."),
-    "data.train_files": Key("Training parquet file, or a list of them; ~ expands.", type_note="str or list"),
     "data.train_max_samples": Key(
         "Use at most this many training rows; -1 uses them all.",
         added="rows kept from data.train_files (-1: all; verl reads it with .get)"),
     "data.truncation": Key("What to do with an example longer than max_length: error, or cut it at the left or right."),
-    "data.use_shm": Key(
-        "Load data through shared memory (verl's Ray workers).",
-        ignored="shared-memory loading for Ray workers"),
-    "data.val_files": Key("Validation parquet file, or a list of them.", type_note="str or list"),
     "data.val_max_samples": Key(
         "Use at most this many validation rows; -1 uses them all.",
         added="rows kept from data.val_files (-1: all)"),
     # model
-    "model.alpha_pattern": Key(
-        "Per-module LoRA alpha, keyed by a name pattern.",
-        added="cosmos-rl: {regex: alpha} per HF module name; first match wins",
-        type_note="mapping {regex: number}"),
+    **described(("",), "model", LORA_MEANINGS, {
+        "alpha_pattern": dict(added="cosmos-rl: {regex: alpha} per HF module name; first match wins",
+                              type_note="mapping {regex: number}"),
+        "init_lora_weights": dict(added="cosmos-rl: true (A uniform, B=0) or gaussian (A normal, B=0)",
+                                  type_note="bool or 'gaussian'"),
+        "lora_alpha": dict(mapped="LoRA scaling alpha / r; read only with model.lora_rank > 0"),
+        "lora_dropout": dict(added="cosmos-rl: dropout on the adapter input during training steps"),
+        "lora_rank": dict(mapped="0 = full fine-tuning; > 0 trains LoRA adapters of this rank (rljax.models.lora)"),
+        "modules_to_save": dict(added="cosmos-rl: base modules trained in full beside the adapters (embed_tokens, "
+                                      "lm_head, ...)"),
+        "r_pattern": dict(added="cosmos-rl: {regex: r} per HF module name; first match wins",
+                          type_note="mapping {regex: int}"),
+        "target_modules": dict(mapped="LoRA target modules (all-linear or HF projection names); read only with "
+                                      "model.lora_rank > 0", type_note="str or list"),
+        "use_rslora": dict(added="cosmos-rl: scale alpha / sqrt(r) instead of alpha / r"),
+    }),
     "model.enable_gradient_checkpointing": Key(
         "Recompute activations in the backward pass instead of storing them.",
         mapped="jax.checkpoint (remat) per decoder layer"),
@@ -74,39 +103,15 @@ KEYS = {
     "model.fsdp_config.wrap_policy.min_num_params": Key(
         "FSDP: wrap modules with at least this many parameters.",
         ignored="sharding follows logical-axis rules, not module wrapping"),
-    "model.init_lora_weights": Key(
-        "LoRA initialisation: true (B = 0, so training starts at the base model) or gaussian.",
-        added="cosmos-rl: true (A uniform, B=0) or gaussian (A normal, B=0)",
-        type_note="bool or 'gaussian'"),
-    "model.lora_alpha": Key(
-        "LoRA scaling numerator (the update is scaled by alpha / rank).",
-        mapped="LoRA scaling alpha / r; read only with model.lora_rank > 0"),
-    "model.lora_dropout": Key(
-        "Dropout on the LoRA branch's input.",
-        added="cosmos-rl: dropout on the adapter input during training steps"),
-    "model.lora_rank": Key(
-        "Rank of LoRA adapters; 0 trains every weight.",
-        mapped="0 = full fine-tuning; > 0 trains LoRA adapters of this rank (rljax.models.lora)"),
-    "model.modules_to_save": Key(
-        "Modules trained in full beside the adapters.",
-        added="cosmos-rl: base modules trained in full beside the adapters (embed_tokens, lm_head, ...)"),
     "model.partial_pretrain": Key(
         "The model to fine-tune: a checkpoint path.",
         mapped="an HF directory, a .gguf file or an alias such as smollm2-135m-instruct"),
-    "model.r_pattern": Key(
-        "Per-module LoRA rank, keyed by a name pattern.",
-        added="cosmos-rl: {regex: r} per HF module name; first match wins",
-        type_note="mapping {regex: int}"),
     "model.scan_layers": Key(
         "Run the decoder layers as one scanned layer.",
         added="scan over decoder layers: compile time flat in depth"),
     "model.strategy": Key(
         "verl's training backend: fsdp or fsdp2.",
         ignored="FSDP/FSDP2 choice; rljax shards with a device mesh"),
-    "model.target_modules": Key(
-        "Layers that get LoRA adapters: all-linear or a list of names.",
-        mapped="LoRA target modules (all-linear or HF projection names); read only with model.lora_rank > 0",
-        type_note="str or list"),
     "model.trust_remote_code": Key(
         "Allow checkpoints that ship their own model or tokenizer code.",
         ignored=("rljax runs no code from a checkpoint: the architecture is one of rljax's Flax families picked by "
@@ -115,9 +120,6 @@ KEYS = {
     "model.use_liger": Key(
         "Use the Liger fused kernels.",
         ignored="Liger's Triton kernels patch PyTorch models; XLA fuses on its own"),
-    "model.use_rslora": Key(
-        "Rank-stabilised LoRA scaling.",
-        added="cosmos-rl: scale alpha / sqrt(r) instead of alpha / r"),
     "model.use_shm": Key(
         "Load the model through shared memory.",
         ignored="shared-memory model loading"),
@@ -132,41 +134,13 @@ KEYS = {
     "optim.warmup_steps_ratio": Key("Warm-up length as a fraction of all training steps."),
     "optim.weight_decay": Key("Decoupled (AdamW) weight decay."),
     # trainer
-    "trainer.default_hdfs_dir": Key(
-        "HDFS directory checkpoints are copied to.",
-        ignored="HDFS copy of checkpoints; default_local_dir may be any path orbax writes (gs:// included)"),
-    "trainer.default_local_dir": Key(
-        "Checkpoint directory; follows checkpoints/project_name/experiment_name.",
-        mapped="orbax CheckpointManager directory"),
     "trainer.device": Key("Accelerator platform.", mapped="checked only; JAX picks its platform (JAX_PLATFORMS)"),
-    "trainer.experiment_name": Key("Run name for the loggers and the checkpoint directory."),
-    "trainer.logger": Key(
-        "Where metrics go: a list of console, jsonl, tensorboard, wandb.",
-        mapped="console, jsonl, tensorboard, wandb (wandb honours WANDB_MODE=offline)"),
-    "trainer.logical_axis_rules": Key(
-        "Pairs (logical axis, mesh axes) that decide how parameters and batches are sharded.",
-        added="logical axis -> mesh axis pairs; parallelism is a config change"),
     "trainer.max_ckpt_to_keep": Key(
         "Checkpoints kept; null keeps all.",
         mapped="newest complete steps orbax keeps (null: all)"),
-    "trainer.n_gpus_per_node": Key(
-        "Accelerators per host.",
-        mapped="devices per process; 'auto' = jax.local_device_count()",
-        type_note="int or 'auto'"),
-    "trainer.nnodes": Key(
-        "Number of hosts.",
-        mapped="number of JAX processes (hosts); 'auto' = jax.process_count()",
-        type_note="int or 'auto'"),
-    "trainer.project_name": Key("Project name for the loggers and the checkpoint directory."),
-    "trainer.resume_from_path": Key("Checkpoint to resume from with resume_mode=resume_path."),
-    "trainer.resume_mode": Key("auto resumes from the latest checkpoint, disable starts fresh, resume_path uses resume_from_path."),
-    "trainer.save_freq": Key("Save a checkpoint every this many steps; -1 never saves."),
     "trainer.seed": Key(
         "Seed of the run's random numbers.",
         mapped="seed of the data order (a fresh shuffle every epoch, as verl's sampler)"),
-    "trainer.test_freq": Key("Validate every this many steps; -1 never."),
-    "trainer.total_epochs": Key("Passes over the training set."),
-    "trainer.total_training_steps": Key("Stop after this many steps; null runs total_epochs."),
     # top level
     "ulysses_sequence_parallel_size": Key(
         "Devices that split each sequence (Ulysses sequence parallelism).",
