@@ -109,10 +109,30 @@ class ModelReward:
     return ids, mask, np.asarray(models.positions_from_mask(mask))
 
   def __call__(self, rows: Experience, raw_prompts: Sequence[Any] | None = None) -> np.ndarray:
-    """[N, R] token-level scores for the rows (raw prompts needed only to re-render)."""
+    """[N, R] token-level scores for any number N of rows (raw prompts needed only to re-render).
+
+    The rows go through the compiled pass in pieces of its shape (a step's rows, this host's share), the
+    last one padded with copies of its final row: remax's greedy baselines and dynamic sampling's
+    generation batches score other row counts than a step has.
+    """
     spec = self.step.args[1]
-    micro = spec["input_ids"].shape[0]
-    inputs = as_micro_batches(dict(zip(SCORED_FIELDS, self._inputs(rows, raw_prompts))), micro)
-    placed = {k: jax.make_array_from_process_local_data(s.sharding, inputs[k], s.shape) for k, s in spec.items()}
-    scores = merge_micro_batches(self.step(self.params, placed))
+    inputs = dict(zip(SCORED_FIELDS, self._inputs(rows, raw_prompts)))
+    piece = spec["input_ids"].shape[0] * spec["input_ids"].shape[1] // jax.process_count()
+    total = len(inputs["input_ids"])
+    scores = np.concatenate([self._score(_padded_piece(inputs, start, piece), spec)[:total - start]
+                             for start in range(0, total, piece)])
     return token_level_scores(scores, rows.response_mask)
+
+  def _score(self, inputs: dict[str, np.ndarray], spec: dict[str, jax.ShapeDtypeStruct]) -> np.ndarray:
+    """[piece] scores of one piece of this host's rows."""
+    batches = as_micro_batches(inputs, spec["input_ids"].shape[0])
+    placed = {k: jax.make_array_from_process_local_data(s.sharding, batches[k], s.shape) for k, s in spec.items()}
+    return merge_micro_batches(self.step(self.params, placed))
+
+
+def _padded_piece(inputs: dict[str, np.ndarray], start: int, size: int) -> dict[str, np.ndarray]:
+  """Rows [start, start + size) of each [N, L] array, padded with copies of the last row to `size` rows."""
+  def piece(x):
+    x = x[start:start + size]
+    return np.concatenate([x, np.repeat(x[-1:], size - len(x), axis=0)])
+  return {k: piece(np.asarray(x)) for k, x in inputs.items()}

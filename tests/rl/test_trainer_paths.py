@@ -68,9 +68,12 @@ def assert_scores_on_last_token(scores, response_mask, expected):
 def test_reward_model_scores_match_transformers(model_dir, data_dir, reward_model_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "reward_model.enable=true",
                                f"reward_model.model.path={reward_model_dir}")
-  _, _, rows = first_rollout(config)
+  trainer, _, rows = first_rollout(config)
   sequences = [ids[mask > 0] for ids, mask in zip(rows.input_ids, rows.attention_mask)]
   assert_scores_on_last_token(rows.token_level_scores, rows.response_mask, hf_scores(reward_model_dir, sequences))
+  # other row counts than a step's (remax's baselines, dynamic sampling's rounds): 3 rows, and 11 in 2 pieces
+  for index in (np.arange(3), np.arange(11) % 8):
+    np.testing.assert_allclose(trainer.model_reward(rows.take(index)), rows.token_level_scores[index], atol=1e-5)
 
 
 def test_reward_model_with_its_own_tokenizer_rerenders_the_chat(model_dir, data_dir, reward_model_dir, tmp_path):
@@ -201,11 +204,13 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(model_dir, data_dir, tmp_p
   assert (tmp_path / f"global_step_{last}" / "commit_success.txt").exists()
 
 
-def test_remax_uses_the_greedy_response_reward_as_baseline(model_dir, data_dir, tmp_path):
+def test_remax_uses_the_greedy_response_reward_as_baseline(model_dir, data_dir, reward_model_dir, tmp_path):
+  # the reward model scores the 4 greedy rows in a pass compiled for a step's 8
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "algorithm.adv_estimator=remax",
-                               "trainer.total_training_steps=1")
+                               "trainer.total_training_steps=1", "reward_model.enable=true",
+                               f"reward_model.model.path={reward_model_dir}")
   trainer, batch, rows = first_rollout(config)
-  assert rows.reward_baselines.shape == (8,)
+  assert rows.reward_baselines.shape == (8,) and np.count_nonzero(rows.reward_baselines) == 8
   np.testing.assert_array_equal(rows.reward_baselines[0::2], rows.reward_baselines[1::2])
   _, records = run_metrics(config)
   assert "timing_s/gen_max" in records[0] and np.isfinite(records[0]["actor/pg_loss"])
