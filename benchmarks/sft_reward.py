@@ -36,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 from rljax import config as config_lib
-from rljax import rewards
+from rljax import rewards, sharding
 from rljax.data import parquet
 from rljax.evaluation import generation
 from rljax.rollout import RolloutSampler, SamplingParams, factory, make_engine
@@ -83,7 +83,7 @@ def load_config(path: str, run_dir: str, overrides: list[str]):
   config_lib.apply_overrides(config, [*overrides, f"trainer.default_local_dir={run_dir}", "trainer.logger=[jsonl]",
                                       "trainer.resume_mode=disable"])
   sft_config.finalize(config)
-  return sft_config.validate(config, config_lib.resolve_world_size(config))
+  return sft_config.validate(config, sharding.resolve_world_size(config))
 
 
 def main() -> None:
