@@ -441,7 +441,7 @@ def test_key_tables_name_real_keys():
 
 def test_enum_tables_match_the_kernel_registries():
   from rljax import algos  # pylint: disable=import-outside-toplevel
-  assert sorted(C.ADV_ESTIMATORS) == algos.ADV_ESTIMATOR_REGISTRY.names()
+  assert sorted(C.ADV_ESTIMATORS) == algos.adv_estimator_names()
   assert sorted(C.POLICY_LOSSES) == algos.POLICY_LOSS_REGISTRY.names()
   assert sorted(C.LOSS_AGG_MODES) == sorted(algos.LOSS_AGG_MODES)
 

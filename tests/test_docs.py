@@ -114,7 +114,7 @@ def test_missing_sft_description_names_the_key_and_the_file(monkeypatch):
     docs_reference.render_sft_eval_reference()
 
 
-@pytest.mark.parametrize("name", algos.ADV_ESTIMATOR_REGISTRY.names())
+@pytest.mark.parametrize("name", algos.adv_estimator_names())
 def test_every_advantage_estimator_is_documented(name):
   text = page("algorithms.md")
   assert f"`{name}`" in text

@@ -6,13 +6,13 @@ entropy, and rollout correction. Nothing here imports the rest of rljax.
 """
 
 from rljax.algos.advantages import (
-    AdvantageInputs, EstimatorInputs, adv_estimator_names, compute_advantage, estimator, compute_gae_advantage_return, compute_gdpo_outcome_advantage,
-    compute_gpg_outcome_advantage, compute_grpo_outcome_advantage, compute_grpo_passk_outcome_advantage,
-    compute_multi_turn_optimal_token_baseline_advantage, compute_optimal_token_baseline_advantage,
-    compute_opo_outcome_advantage, compute_reinforce_plus_plus_baseline_outcome_advantage,
-    compute_reinforce_plus_plus_outcome_advantage, compute_remax_outcome_advantage,
-    compute_rloo_outcome_advantage, compute_rloo_vectorized_outcome_advantage,
-    estimator_inputs, get_adv_estimator,
+    AdvantageInputs, EstimatorInputs, adv_estimator_names, compute_advantage, compute_gae_advantage_return,
+    compute_gdpo_outcome_advantage, compute_gpg_outcome_advantage, compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage, compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage, compute_opo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage, compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage, compute_rloo_outcome_advantage, compute_rloo_vectorized_outcome_advantage,
+    estimator, estimator_inputs, get_adv_estimator,
 )
 from rljax.algos.agg import LOSS_AGG_MODES, agg_loss, global_batch_info
 from rljax.algos.entropy import (
@@ -24,7 +24,7 @@ from rljax.algos.kl import (
 )
 from rljax.algos.masked import group_mean_std, masked_mean, masked_sum, masked_var, masked_whiten
 from rljax.algos.policy_loss import PolicyInputs, get_policy_loss, positive_nll_loss, ppo_loss
-from rljax.algos.registry import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+from rljax.algos.registry import POLICY_LOSS_REGISTRY
 from rljax.algos.rollout_corr import (
     compute_offpolicy_metrics, compute_rollout_correction_and_rejection_mask, compute_rollout_correction_weights,
     compute_rollout_rejection_mask,
@@ -32,7 +32,6 @@ from rljax.algos.rollout_corr import (
 from rljax.algos.value_loss import compute_value_loss
 
 __all__ = [
-    "ADV_ESTIMATOR_REGISTRY",
     "AdaptiveKLController",
     "AdvantageInputs",
     "EstimatorInputs",

@@ -127,6 +127,11 @@ _ESTIMATOR_INPUTS: dict[str, EstimatorInputs] = {}
 
 def estimator(*names: str, reads: tuple[str, ...], needs: tuple[str, ...] = ()) -> Callable:
   """Registers an estimator under verl's `names`, with the arguments it reads and the inputs it needs."""
+  unknown = sorted(set(needs) - set(_NEEDED))
+  if unknown:
+    raise ValueError(f"estimator {names[0]!r} needs {unknown}, which AdvantageInputs does not describe; "
+                     f"needs may name: {', '.join(_NEEDED)}")
+
   def register(fn: AdvantageFn) -> AdvantageFn:
     ADV_ESTIMATOR_REGISTRY.register(*names)(fn)
     for name in names:
@@ -1005,9 +1010,17 @@ def adv_estimator_names() -> Sequence[str]:
 
 
 def estimator_inputs(name: str) -> EstimatorInputs:
-  """What the estimator registered as `name` reads and needs (unknown name: KeyError listing the valid ones)."""
+  """What the estimator registered as `name` reads and needs.
+
+  Raises:
+    KeyError: an unknown name (listing the valid ones), or one registered without declaring its inputs.
+  """
   get_adv_estimator(name)
-  return _ESTIMATOR_INPUTS[str(getattr(name, "value", name))]
+  name = str(getattr(name, "value", name))
+  if name not in _ESTIMATOR_INPUTS:
+    raise KeyError(f"advantage estimator {name!r} was registered without its inputs: register it with "
+                   "rljax.algos.estimator(name, reads=..., needs=...)")
+  return _ESTIMATOR_INPUTS[name]
 
 
 def compute_advantage(adv_estimator: str, inputs: AdvantageInputs, config: Any = None

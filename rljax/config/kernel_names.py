@@ -6,30 +6,29 @@ printing or overriding a config does not need.
 
 from __future__ import annotations
 
-import inspect
+from typing import Any, Callable
 
 
 def adv_estimators() -> tuple[str, ...]:
   """`algorithm.adv_estimator`: the registered advantage estimators."""
   from rljax import algos  # pylint: disable=import-outside-toplevel
-  return tuple(algos.ADV_ESTIMATOR_REGISTRY.names())
+  return tuple(algos.adv_estimator_names())
 
 
-def _adv_estimators_taking(argument: str) -> tuple[str, ...]:
-  """The advantage estimators whose kernel takes `argument`."""
+def _adv_estimators_where(test: Callable[[Any], bool]) -> tuple[str, ...]:
+  """The advantage estimators whose declared inputs (`algos.estimator_inputs`) pass `test`."""
   from rljax import algos  # pylint: disable=import-outside-toplevel
-  registry = algos.ADV_ESTIMATOR_REGISTRY
-  return tuple(name for name in registry.names() if argument in inspect.signature(registry.get(name)).parameters)
+  return tuple(name for name in algos.adv_estimator_names() if test(algos.estimator_inputs(name)))
 
 
 def group_estimators() -> tuple[str, ...]:
-  """Estimators that compare the n responses of one prompt with each other: their kernels take group ids."""
-  return _adv_estimators_taking("index")
+  """Estimators that compare the n responses of one prompt with each other: they read group ids."""
+  return _adv_estimators_where(lambda inputs: "index" in inputs.reads)
 
 
 def trainer_unsupported_estimators() -> tuple[str, ...]:
-  """Estimators whose extra input (sum_pi_squared) the RL loop does not produce."""
-  return _adv_estimators_taking("sum_pi_squared")
+  """Estimators that need an input (sum_pi_squared) the RL loop does not produce."""
+  return _adv_estimators_where(lambda inputs: "sum_pi_squared" in inputs.needs)
 
 
 def policy_losses() -> tuple[str, ...]:

@@ -387,6 +387,9 @@ def test_every_estimator_declares_what_it_reads():
     assert set(declared.needs) <= {f.name for f in dataclasses.fields(adv.AdvantageInputs)}, name
   with pytest.raises(KeyError, match="valid names"):
     adv.estimator_inputs("nope")
+  # a need the inputs record does not describe fails at registration, naming the ones it may name
+  with pytest.raises(ValueError, match=r"estimator 'mine' needs \['critic_values'\].*values, reward_baselines"):
+    adv.estimator("mine", reads=("token_level_rewards",), needs=("values", "critic_values"))
 
 
 # ----------------------------------------------------------------------------
