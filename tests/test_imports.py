@@ -1,4 +1,5 @@
-"""The dependency rules of the package map (DESIGN.md): each package imports only the packages below it.
+"""The dependency rules of the package map, written down here as `ALLOWED`: each package imports only the
+packages below it.
 
 Every `import rljax.X` / `from rljax.X import ...` in rljax/, at module level or inside a function, is an
 arrow from the importing package to X. Below the config, packages may import only the config's leaf modules

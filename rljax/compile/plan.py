@@ -32,7 +32,7 @@ class PlannedStep:
 
 def rl_steps(config: ConfigDict, mesh: Mesh) -> list[PlannedStep]:
   """The steps of an RL run of `config` on `mesh`: updates, forward passes, prefill, insert and decode."""
-  run, state = assembly.build_run(config, mesh, abstract=True)
+  run, state = assembly.build_run(config, mesh, abstract=True, tokenizer=None, batches_per_epoch=1)
   layout, steps, engine = run.layout, run.steps, run.engine
   actor_params = run.actor_params(state)
   compute = run.model_config.dtype

@@ -17,7 +17,7 @@ rules, so `rljax.compile` lowers exactly the steps the trainer runs.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import optax
@@ -40,7 +40,7 @@ from rljax.training.optim import make_optimizer, make_schedule
 @struct.dataclass
 class RunState:
   """What training changes: a pytree of the trained arrays, with the step, KL controller and data position as
-  static fields beside them.
+  static fields beside them (a new step is a new treedef: no step is jitted over the whole state).
 
   Attributes:
     actor: the actor's trained state (under LoRA: the adapters and modules_to_save).
@@ -48,7 +48,7 @@ class RunState:
     critic, critic_opt: the critic's parameters and optimizer state (None without a critic).
     step: steps trained.
     kl_ctrl: the KL-in-reward controller (its coefficient moves under `kl_ctrl.type=adaptive`).
-    data_position: the training data iterator's state after the step's batches (None before the first).
+    data_position: the training data iterator's state after step `step`'s batches (None before the first).
   """
 
   actor: Any
@@ -82,36 +82,35 @@ def abstract_like(state: RunState) -> RunState:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
 
 
+class ScoringModel(NamedTuple):
+  """The reward model's parameters and its scoring pass."""
+
+  params: Any
+  step: Step
+
+
 @dataclasses.dataclass(frozen=True)
 class RLRun:
   """An RL run's fixed parts (see the module docstring).
 
   Attributes:
-    config, mesh, rules: the validated config, the job's mesh and its logical-axis rules.
     layout: the batch geometry.
     model_config: the actor's ModelConfig.
     graphdef: the actor's graph; `frozen` its untrained state (LoRA's base weights; empty otherwise).
-    lora: the LoRA settings, or None.
-    reference: (graphdef, params) of the reference policy, or None when the run needs none.
-    critic_graphdef: the critic's graph, or None without a critic.
-    reward_model: (params, its scoring Step), or None without reward_model.enable.
+    reference: the reference policy, or None when the run needs none.
+    reward_model: its parameters and scoring Step, or None without reward_model.enable.
     steps: the jitted steps.
     engine: the rollout engine over the actor's graph.
     on_policy: the update uses its own log-probs as the old ones (`steps.on_policy`).
     actor_lr: the actor's learning rate by optimizer step.
   """
 
-  config: ConfigDict
-  mesh: Mesh
-  rules: Any
   layout: Layout
   model_config: models.ModelConfig
   graphdef: nnx.GraphDef
   frozen: Any
-  lora: lora_lib.LoRAConfig | None
-  reference: tuple[nnx.GraphDef, Any] | None
-  critic_graphdef: nnx.GraphDef | None
-  reward_model: tuple[Any, Step] | None
+  reference: steps_lib.SplitModel | None
+  reward_model: ScoringModel | None
   steps: steps_lib.RLSteps
   engine: Engine
   on_policy: bool
@@ -123,7 +122,7 @@ class RLRun:
 
   def compiled_steps(self) -> list[Step]:
     """Every step the run jits, the reward model's included."""
-    return self.steps.all() + ([self.reward_model[1]] if self.reward_model is not None else [])
+    return self.steps.all() + ([self.reward_model.step] if self.reward_model is not None else [])
 
 
 def _checked_routing(config: ConfigDict, model_config: models.ModelConfig) -> None:
@@ -144,21 +143,22 @@ def _trainable_with_optimizer(tx: optax.GradientTransformation, params: Any, mes
   return sharding.init_optimizer(tx, params, shardings_of(params), mesh)
 
 
-def _critic(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, abstract: bool):
-  """(graphdef, params, optimizer, optimizer state, its shardings) of the critic."""
+def _critic(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout,
+            abstract: bool) -> tuple[steps_lib.CriticParts, Any]:
+  """The critic's parts and its optimizer state."""
   value_model = (policy.abstract_critic if abstract else policy.load_critic)(config, mesh, rules)
   graphdef, params = nnx.split(value_model)
   tx = make_optimizer(config.critic.optim, config.critic.grad_clip, layout.total_steps,
                       config.critic.ppo_epochs * layout.minis)
   opt_state, opt_sh = _trainable_with_optimizer(tx, params, mesh, abstract)
-  return graphdef, params, tx, opt_state, opt_sh
+  return steps_lib.CriticParts(graphdef, params, tx, opt_sh), opt_state
 
 
-def _reward_model(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, abstract: bool) -> tuple[Any, Step]:
-  """(params, scoring Step) of `reward_model.model.path`."""
+def _reward_model(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, abstract: bool) -> ScoringModel:
+  """`reward_model.model.path` and its scoring pass."""
   model = (policy.abstract_reward_model if abstract else policy.load_reward_model)(config, mesh, rules)
   graphdef, params = nnx.split(model)
-  return params, reward_model_lib.scoring_step(config, graphdef, params, layout, mesh, rules)
+  return ScoringModel(params, reward_model_lib.scoring_step(config, graphdef, params, layout, mesh, rules))
 
 
 def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Mesh, rules: Any,
@@ -174,8 +174,8 @@ def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Me
       record_routing=steps_lib.replays_rollout_routing(config), multi_turn=arr.rollout.multi_turn.enable)
 
 
-def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool = False, tokenizer: Any = None,
-              batches_per_epoch: int = 1) -> tuple[RLRun, RunState]:
+def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
+              batches_per_epoch: int) -> tuple[RLRun, RunState]:
   """The run of `config` on `mesh` and its initial state.
 
   Args:
@@ -184,6 +184,7 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool = False, tokeniz
     abstract: build with abstract parameters and optimizer states (no weights read, nothing allocated).
     tokenizer: the actor's tokenizer (its EOS ids end responses; None: the model config's alone).
     batches_per_epoch: sets the run's length when trainer.total_training_steps is unset.
+    Neither changes a shape: `rljax.compile`, which reads no data, passes None and 1.
 
   Raises:
     ConfigError: naming the key, when the model does not fit the mesh or router replay meets a dense model.
@@ -202,22 +203,21 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool = False, tokeniz
   actor_opt, actor_opt_sh = _trainable_with_optimizer(actor_tx, trainable, mesh, abstract)
   reference = (policy.reference(model, graphdef, nnx.merge_state(trainable, frozen), lora)
                if steps_lib.needs_reference(config) else None)
-  critic = _critic(config, mesh, rules, layout, abstract) if steps_lib.uses_critic(config) else None
+  critic, critic_opt = _critic(config, mesh, rules, layout, abstract) if steps_lib.uses_critic(config) else (None, None)
   lora_dropout = lora is not None and lora.dropout > 0
   steps = steps_lib.build_rl_steps(
       config, layout, mesh, rules, graphdef=graphdef, trainable=trainable, frozen=frozen, actor_tx=actor_tx,
       actor_opt_sh=actor_opt_sh, lora_dropout=lora_dropout, reference=reference,
-      critic=None if critic is None else (critic[0], critic[1], critic[2], critic[4]), routing=model.cfg.routing_shape)
-  run = RLRun(config=config, mesh=mesh, rules=rules, layout=layout, model_config=model.cfg, graphdef=graphdef,
-              frozen=frozen, lora=lora, reference=reference, critic_graphdef=None if critic is None else critic[0],
+      critic=critic, routing=model.cfg.routing_shape)
+  run = RLRun(layout=layout, model_config=model.cfg, graphdef=graphdef, frozen=frozen, reference=reference,
               reward_model=_reward_model(config, mesh, rules, layout, abstract) if config.reward_model.enable else None,
               steps=steps, engine=_engine(config, model, layout, mesh, rules, tokenizer),
               on_policy=steps_lib.on_policy(config, layout, lora_dropout),
               actor_lr=make_schedule(arr.actor.optim, layout.total_steps, updates_per_step))
-  state = RunState(actor=trainable, actor_opt=actor_opt, critic=None if critic is None else critic[1],
-                   critic_opt=None if critic is None else critic[3],
+  state = RunState(actor=trainable, actor_opt=actor_opt, critic=None if critic is None else critic.params,
+                   critic_opt=critic_opt,
                    kl_ctrl=kl_lib.get_kl_controller(config.algorithm.kl_ctrl))
   return run, state
 
 
-__all__ = ["RLRun", "RunState", "abstract_like", "build_run", "checkpoint_items", "restored"]
+__all__ = ["RLRun", "RunState", "ScoringModel", "abstract_like", "build_run", "checkpoint_items", "restored"]

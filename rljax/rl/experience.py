@@ -95,11 +95,6 @@ class Experience:
   rollout_is_weights: Any = _field(_RESPONSE, jnp.float32)
   positive: Any = _field(_ROW, jnp.bool_)
 
-  @property
-  def rows(self) -> int:
-    """N."""
-    return int(np.shape(self.response_mask)[0])
-
   def present(self) -> tuple[str, ...]:
     """The names of the fields that hold arrays."""
     return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None)

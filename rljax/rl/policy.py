@@ -27,6 +27,7 @@ from rljax.rollout.factory import attention_kernel, dtype_of
 from rljax.models import reward as reward_lib
 from rljax.models.reward import RewardModel
 from rljax.rl.critic import ValueModel
+from rljax.rl.steps import SplitModel
 
 
 def model_options(config: ConfigDict, mesh: Mesh, critic: bool = False) -> dict[str, Any]:
@@ -93,13 +94,13 @@ def abstract_actor(config: ConfigDict, mesh: Mesh, rules: Any) -> models.CausalL
 
 
 def reference(model: models.CausalLM, graphdef: nnx.GraphDef, actor_params: Any,
-              lora: lora_lib.LoRAConfig | None) -> tuple[nnx.GraphDef, Any]:
+              lora: lora_lib.LoRAConfig | None) -> SplitModel:
   """The reference policy: a copy of the initial actor, or under LoRA the base model without adapters over the
   actor's own frozen arrays (only modules_to_save are copied). Abstract parameters stay abstract."""
   if lora is not None:
-    return lora_lib.reference_split(model)
+    return SplitModel(*lora_lib.reference_split(model))
   copy = lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else jnp.copy(x)  # noqa: E731
-  return graphdef, jax.tree.map(copy, actor_params)
+  return SplitModel(graphdef, jax.tree.map(copy, actor_params))
 
 
 def load_critic(config: ConfigDict, mesh: Mesh, rules: Any) -> ValueModel:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -206,6 +206,22 @@ def value_fn(graphdef: nnx.GraphDef, group_size: int = 1) -> Callable:
   return lambda params, batch: nnx.merge(graphdef, params).response_values(batch, group_size)
 
 
+class SplitModel(NamedTuple):
+  """A model as its graph and its parameters (`nnx.split`)."""
+
+  graphdef: nnx.GraphDef
+  params: Any
+
+
+class CriticParts(NamedTuple):
+  """What the critic's steps are built from."""
+
+  graphdef: nnx.GraphDef
+  params: Any
+  tx: optax.GradientTransformation
+  opt_shardings: Any
+
+
 @dataclasses.dataclass
 class RLSteps:
   """The jitted steps of an RL run (None where the run has no such step)."""
@@ -241,8 +257,7 @@ def needs_reference(config: ConfigDict) -> bool:
 
 def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *, graphdef: nnx.GraphDef,
                    trainable: Any, frozen: Any, actor_tx: optax.GradientTransformation, actor_opt_sh: Any,
-                   lora_dropout: bool, reference: tuple[nnx.GraphDef, Any] | None = None,
-                   critic: tuple[nnx.GraphDef, Any, optax.GradientTransformation, Any] | None = None,
+                   lora_dropout: bool, reference: SplitModel | None = None, critic: CriticParts | None = None,
                    routing: tuple[int, int] | None = None) -> RLSteps:
   """Every jitted step of an RL run.
 
@@ -253,8 +268,8 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
       arrays or ShapeDtypeStructs with shardings.
     actor_tx, actor_opt_sh: the actor's optimizer and its state's shardings.
     lora_dropout: LoRA dropout draws a mask per row (no shared-prompt update).
-    reference: (graphdef, params) of the reference policy, when the run needs one.
-    critic: (graphdef, params, optimizer, optimizer-state shardings) of the critic.
+    reference: the reference policy, when the run needs one.
+    critic: the critic, when the run has one.
     routing: (L_sparse, k) of a mixture-of-experts actor (None for a dense one).
   """
   arr = config.actor_rollout_ref
@@ -274,16 +289,15 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
                      mesh, rules, actor_params, forward_rows("old_log_prob"))
   ref = None
   if reference is not None:
-    ref = make_forward("ref_log_prob", log_prob_fn(reference[0], temperature, False, layout.forward_group("ref")),
-                       mesh, rules, reference[1], forward_rows("ref"))
+    ref = make_forward("ref_log_prob", log_prob_fn(reference.graphdef, temperature, False, layout.forward_group("ref")),
+                       mesh, rules, reference.params, forward_rows("ref"))
   critic_update = values = None
   if critic is not None:
-    critic_graphdef, critic_params, critic_tx, critic_opt_sh = critic
     critic_update = make_update(
-        "critic_update", critic_loss(critic_graphdef, config.critic, layout.update_group(shuffled)), critic_tx, mesh,
-        rules, critic_params, critic_opt_sh, micro_rows(CRITIC_UPDATE_FIELDS, layout.micro_batches, layout.mini_rows),
-        metric_prefix="critic")
-    values = make_forward("values", value_fn(critic_graphdef, layout.forward_group("values")), mesh, rules,
-                          critic_params, forward_rows("values", MODEL_FIELDS))
+        "critic_update", critic_loss(critic.graphdef, config.critic, layout.update_group(shuffled)), critic.tx, mesh,
+        rules, critic.params, critic.opt_shardings,
+        micro_rows(CRITIC_UPDATE_FIELDS, layout.micro_batches, layout.mini_rows), metric_prefix="critic")
+    values = make_forward("values", value_fn(critic.graphdef, layout.forward_group("values")), mesh, rules,
+                          critic.params, forward_rows("values", MODEL_FIELDS))
   return RLSteps(actor_update=actor_update, old_log_prob=old, ref_log_prob=ref, critic_update=critic_update,
                  values=values)

@@ -68,6 +68,7 @@ from rljax.training import checkpointing, loop as training_loop, metrics as trai
 
 _LOG = logging.getLogger("rljax.rl")
 _REWARD_COLUMNS = ("data_source", "reward_model", "extra_info")
+CONSOLE_KEYS = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "timing_s/step")
 
 
 class Stream(enum.IntEnum):
@@ -139,18 +140,18 @@ class RLTrainer:
     arr = config.actor_rollout_ref
     self.tokenizer = models.load_tokenizer(config.data.tokenizer or arr.model.path)
     self.train_iter = data_lib.make_train_iterator(config, self.tokenizer, jax.process_index(), jax.process_count())
-    self.run, self.state = assembly.build_run(config, self.mesh, tokenizer=self.tokenizer,
+    self.run, self.state = assembly.build_run(config, self.mesh, abstract=False, tokenizer=self.tokenizer,
                                               batches_per_epoch=self.train_iter.batches_per_epoch)
     self.sampler = rollout_factory.build_sampler(
         self.run.engine, arr.rollout, rollout_factory.pad_id(self.tokenizer, self.run.engine.eos_ids), self.tokenizer)
     self.val_sampling = SamplingParams.from_rollout_config(arr.rollout.val_kwargs)
     self.reward_manager = managers.make_reward_manager(config, self.tokenizer)
-    self.model_reward = (ModelReward(config, self.tokenizer, *self.run.reward_model)
+    self.model_reward = (ModelReward(config, self.tokenizer, self.run.reward_model.params, self.run.reward_model.step)
                          if self.run.reward_model is not None else None)
     self.checkpointer = checkpointing.Checkpointer.from_config(config)
     self.run_dir = tracking.local_run_dir(config.trainer.default_local_dir, config.trainer.project_name,
                                           config.trainer.experiment_name)
-    self.tracker = tracking.Tracker(config, self.run_dir, self.run.layout.total_steps)
+    self.tracker = tracking.Tracker(config, self.run_dir, self.run.layout.total_steps, console_keys=CONSOLE_KEYS)
     self.base_key = jax.random.key(config.trainer.seed)
     self.saved_step = -1
 
@@ -163,7 +164,8 @@ class RLTrainer:
 
   @step.setter
   def step(self, value: int) -> None:
-    self.state = self.state.replace(step=value)
+    """Counts a step trained, with the data position its batches reached."""
+    self.state = self.state.replace(step=value, data_position=self.train_iter.get_state())
 
   @property
   def actor_params(self) -> Any:
@@ -281,7 +283,7 @@ class RLTrainer:
           rows = rows.replace(routed_experts=old[2])
     if steps.ref_log_prob is not None:
       with timed(timing, "ref"):
-        rows = rows.replace(ref_log_prob=self.forward(steps.ref_log_prob, self.run.reference[1], rows)[0])
+        rows = rows.replace(ref_log_prob=self.forward(steps.ref_log_prob, self.run.reference.params, rows)[0])
     if steps.values is not None:
       with timed(timing, "values"):
         rows = rows.replace(values=self.forward(steps.values, self.state.critic, rows))
@@ -416,8 +418,7 @@ class RLTrainer:
   # ----- checkpoints -----------------------------------------------------------------
 
   def save(self) -> None:
-    """Checkpoints the state (with the data position it has reached) and redraws the curves."""
-    self.state = self.state.replace(data_position=self.train_iter.get_state())
+    """Checkpoints the state and redraws the curves."""
     self.checkpointer.save(self.step, *assembly.checkpoint_items(self.state, self.config.trainer.seed))
     self.saved_step = self.step
     metrics_file = os.path.join(self.run_dir, tracking.METRICS_FILE)

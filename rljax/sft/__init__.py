@@ -5,8 +5,8 @@ get_sft_config / finalize / validate build and check the SFT config tree
 examples with response-only loss masks;
 `rljax.sft.packing` lays examples out as rows (packed or not);
 `rljax.sft.step` holds the loss and the jitted steps; `rljax.sft.trainer`
-(SFTTrainer, run) joins them with the RL trainer's checkpoints, tracking and
-faults. The trainer is imported from its module, so reading and checking a
+(SFTTrainer, run) joins them with the checkpoints, tracking and outer loop that
+RL training shares (`rljax.training`). The trainer is imported from its module, so reading and checking a
 config (`--dry_run`) does not load the training stack.
 """
 

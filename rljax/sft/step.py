@@ -13,10 +13,10 @@ or micro-batches (packed or not, any micro_batch_size_per_gpu). verl divides
 each micro-batch by its own token count and averages the micro-batches;
 the two agree when micro-batches hold equal numbers of response tokens.
 
-The gradient and optimizer cores are the RL trainer's
+The gradient and optimizer cores are shared with RL training
 (`rljax.training.updates.constrained_grad`, `apply_gradients`), traced inside
 the job's activation sharding: gradients reduce-scatter to their
-parameters' layout. Which parameters train is decided as in the RL trainer, by
+parameters' layout. Which parameters train is decided as in RL training, by
 `rljax.models.lora.split_trainable`: the model is split into (graphdef,
 trainable, frozen) states, gradients and optimizer state cover only
 `trainable`, and `frozen` is passed through, read and never copied. Full

@@ -94,7 +94,7 @@ class PreemptionGuard:
 
 
 def train_loop(job: Any, total_steps: int, validation_due: Callable[[int], bool],
-              save_due: Callable[[int], bool]) -> dict[str, float]:
+               save_due: Callable[[int], bool]) -> dict[str, float]:
   """The training loop both trainers (RL and SFT) run, with its fault handling.
 
   Steps `job` until `job.step == total_steps`, the data ends (also inside a

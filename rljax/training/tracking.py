@@ -29,7 +29,6 @@ from rljax.sharding.distributed import is_main_process
 from rljax import config as config_lib
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
-CONSOLE_KEYS = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "timing_s/step")
 METRICS_FILE = "metrics.jsonl"
 GENERATIONS_FILE = "generations.jsonl"
 
@@ -76,12 +75,12 @@ class Tracker:
     run_dir: directory for metrics.jsonl, generations.jsonl, tensorboard/
       and wandb/.
     total_steps: length of the console progress bar (None: unbounded).
-    console_keys: the metrics the console line shows, when logged (default:
-      the RL trainer's CONSOLE_KEYS).
+    console_keys: the metrics the console line shows, when logged (the RL and
+      SFT trainers' CONSOLE_KEYS).
   """
 
   def __init__(self, config: ConfigDict, run_dir: str, total_steps: int | None = None,
-               console_keys: Sequence[str] = CONSOLE_KEYS):
+               console_keys: Sequence[str] = ()):
     self.names = _logger_names(config)
     self.run_dir = run_dir
     self.console_keys = tuple(console_keys)

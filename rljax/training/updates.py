@@ -70,8 +70,9 @@ def make_train_step(loss_fn: Callable, tx: optax.GradientTransformation, mesh: M
                     opt_shardings: Any, batch_shardings: Any) -> Callable:
   """jitted `(params, opt_state, batch) -> (params, opt_state, loss, aux)`: one gradient and one update.
 
-  `loss_fn(params, batch) -> (loss, aux)`; the update cores of the RL and SFT
-  steps on a single batch (params and optimizer state donated).
+  `loss_fn(params, batch) -> (loss, aux)`; params and optimizer state are donated. It is the plain
+  one-batch step that the sharding tests and benchmarks measure; the RL and SFT steps accumulate
+  micro-batches over the same cores (`accumulate_gradients`, `apply_gradients`).
   """
   def step(params, opt_state, batch):
     (loss, aux), grads = constrained_grad(loss_fn, params, param_shardings, batch)

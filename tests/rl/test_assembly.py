@@ -40,7 +40,9 @@ def test_one_build_for_the_trainer_and_compile_and_a_checkpoint_is_the_state_tre
   trainer = rl.RLTrainer(config, mesh=mesh)
   try:
     run, state = trainer.run, trainer.state
-    compiled, compiled_state = assembly.build_run(config, mesh, abstract=True)
+    compiled, compiled_state = assembly.build_run(config, mesh, abstract=True, tokenizer=trainer.tokenizer,
+                                                  batches_per_epoch=trainer.train_iter.batches_per_epoch)
+    assert compiled.layout == run.layout and compiled.engine.eos_ids == run.engine.eos_ids
     trained = signatures(run.compiled_steps() + list(engine_steps(run, state)))
     assert trained == signatures(compiled.compiled_steps() + list(engine_steps(compiled, compiled_state)))
     assert signatures(item.step for item in plan.rl_steps(config, mesh)) == trained
@@ -53,7 +55,8 @@ def test_one_build_for_the_trainer_and_compile_and_a_checkpoint_is_the_state_tre
     initial = trainer.train_iter.get_state()
     next(trainer.train_iter)
     moved = jax.tree.map(lambda x: x + 1 if x.dtype.kind == "f" else x, state)
-    trainer.state = moved.replace(step=3, kl_ctrl=dataclasses.replace(state.kl_ctrl, value=0.25))
+    trainer.state = moved.replace(kl_ctrl=dataclasses.replace(state.kl_ctrl, value=0.25))
+    trainer.step = 3  # counting a step records the data position
     trainer.tracker.log({"critic/score/mean": 0.5, "response_length/mean": 4.0}, 3)  # the curves save() draws
     trainer.save()
     trainer.checkpointer.wait()

@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import rljax.models as M
 from rljax import rl
 from rljax.rl.sequences import make_sequences, prompts_shared, response_log_probs
+from rljax.rl.experience import Experience
 from rljax.rl import layout
 from rljax.rl.critic import ValueModel
 from tests.models import helpers
@@ -32,7 +33,7 @@ def saved(tmp_path_factory):
 
 
 def grouped_rows(vocab: int, prompts: int = 2, group: int = GROUP, prompt_len: int = 9, response_len: int = 6,
-                 seed: int = 0) -> dict[str, np.ndarray]:
+                 seed: int = 0) -> Experience:
   """Rows p * group + j answering prompt p: left-padded prompts of different lengths, and responses
   right-padded to different lengths (one ends after a single token)."""
   rng = np.random.default_rng(seed)

@@ -40,7 +40,8 @@ def test_jsonl_rows_are_floats_with_nan_as_null(tmp_path):
 
 
 def test_console_line_and_progress_bar(tmp_path, capsys):
-  with Tracker(_config("console"), str(tmp_path), total_steps=4) as tracker:
+  keys = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "timing_s/step")
+  with Tracker(_config("console"), str(tmp_path), total_steps=4, console_keys=keys) as tracker:
     tracker.log(_metrics(2), 2)
   out, err = capsys.readouterr()
   assert out.strip() == ("step 2/4 | critic/score/mean 0.5 | response_length/mean 12 | "

@@ -13,7 +13,7 @@
 * `execute(instance_id, parameters, **kwargs) -> (text, step_reward, metrics)`:
   evaluates `parameters["expression"]`: numbers (integers or decimals), + - *
   /, unary signs and parentheses, nothing else (parsed with `ast` by
-  `rljax.rewards.safe_arith`, never `eval`). The text is the value ("777777",
+  `rljax.utils.safe_arith`, never `eval`). The text is the value ("777777",
   "2.5"); a bad expression (other characters, `**`, `//`, division by zero,
   a result over `MAX_RESULT_DIGITS` digits, a missing or non-string
   `expression`) gives "Error: ..." instead of raising. The step reward is
