@@ -39,6 +39,7 @@ from rljax.models import config as model_config_lib
 from rljax.models import gguf_io
 from rljax.models import lora
 from rljax.training import checkpointing
+from rljax.utils import platforms
 
 ACTOR = "actor"
 FORMATS = ("merged", "peft")
@@ -177,6 +178,7 @@ def export(checkpoint_dir: str, out_dir: str, step: int | None = None, fmt: str 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+  platforms.skip_absent_tpu()  # no libtpu start-up noise on a host without a TPU
   parser = argparse.ArgumentParser(prog="python -m rljax.export", description=__doc__.split("\n")[0])
   parser.add_argument("--checkpoint", required=True, help="trainer.default_local_dir of the run")
   parser.add_argument("--step", type=int, default=None, help="global step (default: latest complete)")

@@ -26,6 +26,7 @@ from absl import app, flags
 from ml_collections import ConfigDict
 
 from rljax import config as config_lib
+from rljax.utils import platforms
 
 CONFIG = flags.DEFINE_string("config", None, "Experiment file, e.g. configs/grpo.py or configs/grpo.py:PRESET.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the resolved, validated config as YAML and exit.")
@@ -37,7 +38,12 @@ Resolve = Callable[..., ConfigDict]
 
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
-  """absl flag parser that first takes out the overrides, and reads Hydra's `--config-name` as `--config=FILE.yaml`."""
+  """absl flag parser that first takes out the overrides, and reads Hydra's `--config-name` as `--config=FILE.yaml`.
+
+  It runs before the tool touches JAX's devices, so it also keeps JAX from starting libtpu on a host with no
+  TPU (`rljax.utils.platforms`).
+  """
+  platforms.skip_absent_tpu()
   try:
     overrides, rest = config_lib.split_overrides(argv[1:])
     yaml_file, rest = config_lib.hydra_config_file(rest)

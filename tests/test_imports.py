@@ -8,7 +8,10 @@ between modules (a function-local import does not make a circle acceptable).
 """
 
 import ast
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -33,10 +36,11 @@ ALLOWED = {
     "training": {"models", "sharding", "config", *LEAVES},
     "rl": {"algos", "config", "data", "models", "rewards", "rollout", "sharding", "training", *LEAVES},
     "sft": {"config", "data", "launch", "models", "sharding", "training", *LEAVES},
-    "export": {"config", "models", "training", *LEAVES},
-    "evaluation": {"config", "data", "export", "models", "rewards", "rollout", "sharding", "training", *LEAVES},
+    "export": {"config", "models", "training", "utils", *LEAVES},
+    "evaluation": {"config", "data", "export", "models", "rewards", "rollout", "sharding", "training", "utils",
+                   *LEAVES},
     "compile": {"config", "launch", "models", "rl", "rollout", "sharding", "train", "training", *LEAVES},
-    "launch": {"config", *LEAVES},
+    "launch": {"config", "utils", *LEAVES},
     "train": {"config", "launch", "rl", "sharding", *LEAVES},
     "generate": {"evaluation"},
     "eval": {"evaluation"},
@@ -148,3 +152,12 @@ def test_no_import_circle_between_modules():
 @pytest.mark.parametrize("graph,expected", [({"a": {"b"}, "b": {"a"}}, ["a", "b", "a"]), ({"a": {"b"}, "b": set()}, None)])
 def test_the_circle_finder_finds_circles(graph, expected):
   assert _cycle(graph) == expected
+
+
+def test_building_and_compiling_import_no_jetstream_nor_tensorflow():
+  """JetStream's engine_api imports TensorFlow (seconds, CUDA-driver noise on CPU hosts): only serving may import it."""
+  code = ("import sys, rljax.rollout.engine, rljax.rollout, rljax.compile, rljax.train; "
+          "print(sorted(m for m in ('jetstream', 'tensorflow', 'seqio') if m in sys.modules))")
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT.parent), os.environ.get("PYTHONPATH", "")])}
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+  assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

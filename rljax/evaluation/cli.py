@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 from ml_collections import ConfigDict
 
 from rljax import config as config_lib
+from rljax.utils import platforms
 
 LOGGER_NAME = "rljax.evaluation"
 # Errors of bad input (files, rows, columns, keys): printed as one line, exit status 1.
@@ -101,6 +102,7 @@ def main(argv: Sequence[str], prog: str, description: str, validate: Callable[[C
     The exit status: 0 done, 1 bad input (the message names file, row or
     column), 2 bad config or command line (the message names the key).
   """
+  platforms.skip_absent_tpu()  # no libtpu start-up noise on a host without a TPU
   try:
     command = parse(argv, prog, description)
     config = resolve(command, validate, defaults)

@@ -3,11 +3,13 @@
 `Engine` implements the interface of `jetstream.engine.engine_api.Engine`
 (google-jetstream 0.2.2): `prefill` computes a request's KV cache, `insert`
 places it into one of `max_concurrent_decodes` decode slots, `generate` runs
-one decode step for every slot. When google-jetstream is installed the class
-is a real subclass of JetStream's `Engine` and returns its `ResultTokens`, so
-JetStream's orchestrator can serve it; without it (the core install, no
-TensorFlow) the same class works with a local `ResultTokens` of the same
-layout.
+one decode step for every slot, returning a `ResultTokens` of JetStream's
+layout. This module never imports JetStream: its `engine_api` pulls in
+TensorFlow (through seqio), seconds of start-up and CUDA-driver noise for
+every trainer and `rljax.compile` run that never serves. `serving.make_driver`
+imports it when JetStream's orchestrator is used and registers `Engine` and
+`ResultTokens` as (virtual) subclasses of JetStream's, which is all the
+orchestrator checks.
 
 Layout. The decode state holds a KV cache of L arrays `[slots, K, S, head_dim]`
 (`S = max_prefill_length + max_decode_length`, rounded up to whole
@@ -52,9 +54,9 @@ rollout's routing.
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import functools
+import importlib.util
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -69,13 +71,25 @@ from rljax.sharding import rules as rules_lib
 from rljax.sharding.placement import Step, abstract
 
 
-_JETSTREAM = jetstream_compat.import_quietly("jetstream.engine.engine_api")
-HAS_JETSTREAM = _JETSTREAM is not None
+# Whether google-jetstream is installed (found, not imported: see the module docstring).
+HAS_JETSTREAM = importlib.util.find_spec("jetstream") is not None
+
+
+class SlotData(NamedTuple):
+  """One slot's rows of a ResultTokens (JetStream's `SlotData`)."""
+
+  tokens: Any
+  valid: Any
+  lengths: Any
 
 
 @struct.dataclass
-class _LocalResultTokens:
-  """JetStream's ResultTokens layout: data [slots, 3] = token | valid | length."""
+class ResultTokens:
+  """JetStream's ResultTokens layout: data [slots, 3] = token | valid | length.
+
+  The same fields and methods as `jetstream.engine.engine_api.ResultTokens`;
+  `serving.make_driver` registers it as a subclass of that class.
+  """
 
   data: Any
   tokens_idx: tuple[int, int] = struct.field(pytree_node=False)
@@ -87,12 +101,15 @@ class _LocalResultTokens:
     if not isinstance(self.data, np.ndarray):
       self.data.copy_to_host_async()
 
-  def convert_to_numpy(self) -> "_LocalResultTokens":
+  def convert_to_numpy(self) -> "ResultTokens":
     return dataclasses.replace(self, data=np.asarray(self.data))
 
-
-ResultTokens = _JETSTREAM.ResultTokens if HAS_JETSTREAM else _LocalResultTokens
-_EngineBase = _JETSTREAM.Engine if HAS_JETSTREAM else abc.ABC
+  def get_result_at_slot(self, slot: int) -> SlotData:
+    """The `samples_per_slot` rows of one slot (lengths 1-D), as JetStream's."""
+    rows = self.data[slot * self.samples_per_slot:(slot + 1) * self.samples_per_slot]
+    return SlotData(tokens=rows[:, self.tokens_idx[0]:self.tokens_idx[1]],
+                    valid=rows[:, self.valid_idx[0]:self.valid_idx[1]],
+                    lengths=rows[:, self.length_idx[0]:self.length_idx[1]][:, 0])
 
 
 class Prefix(NamedTuple):
@@ -148,7 +165,7 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
                    "(actor_rollout_ref.rollout.prefill_length_buckets / data.max_prompt_length)")
 
 
-class Engine(_EngineBase):
+class Engine:
   """JetStream engine over a `CausalLM` graph, parameters passed per call."""
 
   def __init__(
@@ -579,10 +596,8 @@ class Engine(_EngineBase):
 
   def get_tokenizer(self) -> Any:
     """JetStream tokenizer metadata (the tokenizer object itself is `build_tokenizer`'s)."""
-    if HAS_JETSTREAM:
-      from jetstream.engine import tokenizer_pb2  # pylint: disable=import-outside-toplevel
-      return tokenizer_pb2.TokenizerParameters(path="rljax")
-    return {"path": "rljax"}
+    tokenizer_pb2 = jetstream_compat.import_quietly("jetstream.engine.tokenizer_pb2") if HAS_JETSTREAM else None
+    return {"path": "rljax"} if tokenizer_pb2 is None else tokenizer_pb2.TokenizerParameters(path="rljax")
 
   def build_tokenizer(self, metadata: Any = None) -> "JetStreamTokenizer":
     del metadata
