@@ -558,6 +558,19 @@ def test_engine_and_megatron_knobs_are_accepted_and_listed_as_ignored():
   assert listed == [text.lstrip("+").split("=")[0] for text in overrides]
 
 
+@pytest.mark.parametrize("name", ["sglang", "trtllm", "hf", "jetstream"])
+def test_every_verl_inference_server_name_resolves_as_vllm_does(name):
+  # The engine reads no rollout.name: every server name verl accepts leaves the rest of the run as vllm does
+  vllm = resolved(experiment("grpo"), ["actor_rollout_ref.rollout.name=vllm"]).to_dict()
+  other = resolved(experiment("grpo"), [f"actor_rollout_ref.rollout.name={name}"]).to_dict()
+  assert other["actor_rollout_ref"]["rollout"].pop("name") == name
+  vllm["actor_rollout_ref"]["rollout"].pop("name")
+  assert other == vllm
+  engine_kwarg = f"+actor_rollout_ref.rollout.engine_kwargs.{name}.some_arg=1"
+  if name in ("sglang", "trtllm"):
+    assert C.ignored_overrides([engine_kwarg]) == [engine_kwarg.lstrip("+")]
+
+
 def test_megatron_tensor_size_counts_in_the_filled_micro_batch():
   # 8 devices, tensor 2 via Megatron's key: 4 data-parallel devices share the 16-row mini-batch
   config = resolved(experiment("grpo"), ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",

@@ -763,7 +763,7 @@ KEYS = {
                       "set actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=false")),
     "actor_rollout_ref.rollout.n": Key("Responses sampled per prompt (the group size of GRPO and RLOO)."),
     "actor_rollout_ref.rollout.name": Key(
-        "Inference engine (vllm, sglang or hf in verl).",
+        "Inference engine (vllm, sglang, trtllm or hf in verl).",
         mapped="any value selects rljax's JetStream engine"),
     "actor_rollout_ref.rollout.over_sample_rate": Key(
         "Fraction of the slowest requests aborted per rollout.",
@@ -1188,7 +1188,7 @@ KEYS = {
     "reward_model.rollout.max_model_len": Key("Its context length."),
     "reward_model.rollout.max_num_batched_tokens": Key("Its scheduler's token budget."),
     "reward_model.rollout.max_num_seqs": Key("Its concurrent sequences."),
-    "reward_model.rollout.name": Key("Inference server of a generative reward model (vllm, sglang)."),
+    "reward_model.rollout.name": Key("Inference server of a generative reward model (vllm, sglang, trtllm)."),
     "reward_model.rollout.prompt_length": Key("Longest prompt it scores."),
     "reward_model.rollout.response_length": Key("Longest judgement it generates."),
     "reward_model.rollout.skip_tokenizer_init": Key("Start it without a tokenizer."),
@@ -1281,7 +1281,7 @@ KEYS = {
 IGNORED_SECTIONS = {
     "actor_rollout_ref.model.override_config.moe_config": "Megatron only",
     "actor_rollout_ref.ref.fsdp_config": "the reference model is sharded like the actor",
-    "actor_rollout_ref.rollout.engine_kwargs": "vLLM/SGLang engine arguments",
+    "actor_rollout_ref.rollout.engine_kwargs": "vLLM/SGLang/TensorRT-LLM engine arguments",
     "critic.model.fsdp_config.wrap_policy": "sharding follows logical-axis rules, not module wrapping",
     "reward_model.model.fsdp_config": "the reward model is sharded like the actor",
     "reward_model.sandbox_fusion": "remote code sandboxes are not called; no scorer runs model output as code",
