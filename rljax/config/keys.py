@@ -104,6 +104,8 @@ def _optim_status(role: str) -> dict[str, dict[str, Any]]:
                                  f"drop {optim}.{key}; {schedule_fix}"))
          for key in MEGATRON_SCHEDULE_KEYS},
       "use_checkpoint_opt_param_scheduler": dict(ignored="a resume always restores the schedule's step"),
+      "optimizer_offload_fraction": dict(ignored="a memory hint rljax does not implement: the optimizer state stays "
+                                                 "in device memory"),
   }
 
 
@@ -175,6 +177,8 @@ _OPTIM = {
     "lr_wsd_decay_style": "Megatron: decay shape of the WSD schedule's last phase.",
     "lr_wsd_decay_steps": "Megatron: steps of the WSD schedule's last phase.",
     "use_checkpoint_opt_param_scheduler": "Megatron: take the schedule's settings from the checkpoint on resume.",
+    "optimizer_offload_fraction": "Megatron: fraction of the optimizer state kept in host memory and updated on the CPU "
+                                  "(verl's override_optimizer_config.optimizer_offload_fraction lands here).",
 }
 _CHECKPOINT = {
     "contents": "Old name of save_contents: what a checkpoint holds.",
