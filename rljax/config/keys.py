@@ -858,6 +858,27 @@ KEYS = {
     "algorithm.rollout_correction.rollout_rs_threshold": Key(
         "Bound of the rejection statistic.",
         type_note="float, str or null"),
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": Key(
+        "verl 0.6-0.7: lower bound of the ratio pi_train/pi_rollout kept by rejection sampling (null = 1 / upper); "
+        "removed in verl 0.9.",
+        default_only=("verl 0.9 removed it with the token, sequence and geometric rejection modes it bounded; rljax "
+                      "implements verl 0.9's options, where a k1 option's lower bound is part of rollout_rs_threshold",
+                      "drop it and give both bounds as algorithm.rollout_correction.rollout_rs_threshold=LOWER_UPPER "
+                      "with a k1 option (token_k1, seq_sum_k1, seq_mean_k1); they bound pi_rollout/pi_train, so "
+                      "verl 0.7's rollout_rs=token with ratio bounds [L, U] is rollout_rs=token_k1 with "
+                      "rollout_rs_threshold=(1/U)_(1/L) (sequence: seq_sum_k1, geometric: seq_mean_k1)")),
+    "algorithm.rollout_correction.rollout_token_veto_threshold": Key(
+        "verl 0.6-0.7: reject a whole sequence when any token's ratio pi_train/pi_rollout is below it; "
+        "removed in verl 0.9.",
+        default_only=("verl 0.9 removed the per-token veto; rljax implements verl 0.9's rejection options",
+                      "drop it; to reject whole sequences holding an outlier token, set "
+                      "algorithm.rollout_correction.rollout_rs=seq_max_k3 (or seq_max_k2) with "
+                      "rollout_rs_threshold=UPPER")),
+    "algorithm.rollout_correction.use_policy_gradient": Key(
+        "verl 0.6: bypass mode's loss is REINFORCE with the IS weights instead of PPO's; verl 0.7 made it loss_type.",
+        default_only=("verl 0.7 replaced it by algorithm.rollout_correction.loss_type",
+                      "drop it and set algorithm.rollout_correction.loss_type=reinforce "
+                      "(with algorithm.rollout_correction.bypass_mode=true)")),
     "algorithm.rollout_is": Key("Older switch for rollout importance sampling; mapped onto rollout_correction."),
     "algorithm.rollout_is_level": Key("Older key: IS weights per token or per sequence."),
     "algorithm.rollout_is_mode": Key("Older key: truncate weights above the bound, or mask tokens outside the bounds."),
