@@ -535,6 +535,13 @@ def test_reward_manager_name_is_verls_newer_name_of_reward_models_reward_manager
     ("actor_rollout_ref.actor.optim.optimizer=SGD", "rljax's optimizer is optax's AdamW"),
     ("actor_rollout_ref.actor.optim.lr_decay_style=cosine", "Megatron's learning-rate schedule is not implemented"),
     ("+data.apply_chat_template_kwargs.enable_thinking=false", "extra chat-template arguments are not passed"),
+    # verl 0.6-0.7's rollout-correction keys, removed in verl 0.9: never silently dropped
+    ("algorithm.rollout_correction.rollout_rs_threshold_lower=0.5",
+     "rollout_rs_threshold_lower=0.5: verl 0.9 removed it with the token, sequence and geometric rejection modes"),
+    ("algorithm.rollout_correction.rollout_token_veto_threshold=1e-4",
+     "rollout_token_veto_threshold=0.0001: verl 0.9 removed the per-token veto"),
+    ("algorithm.rollout_correction.use_policy_gradient=true",
+     "Fix: drop it and set algorithm.rollout_correction.loss_type=reinforce"),
 ])
 def test_verl_values_rljax_does_not_implement_are_errors(override, problem):
   assert problem in error_text([override])
@@ -556,6 +563,19 @@ def test_engine_and_megatron_knobs_are_accepted_and_listed_as_ignored():
   resolved(experiment("grpo"), overrides)
   listed = [text.split("=")[0] for text in C.ignored_overrides(overrides)]
   assert listed == [text.lstrip("+").split("=")[0] for text in overrides]
+
+
+@pytest.mark.parametrize("name", ["sglang", "trtllm", "hf", "jetstream"])
+def test_every_verl_inference_server_name_resolves_as_vllm_does(name):
+  # The engine reads no rollout.name: every server name verl accepts leaves the rest of the run as vllm does
+  vllm = resolved(experiment("grpo"), ["actor_rollout_ref.rollout.name=vllm"]).to_dict()
+  other = resolved(experiment("grpo"), [f"actor_rollout_ref.rollout.name={name}"]).to_dict()
+  assert other["actor_rollout_ref"]["rollout"].pop("name") == name
+  vllm["actor_rollout_ref"]["rollout"].pop("name")
+  assert other == vllm
+  engine_kwarg = f"+actor_rollout_ref.rollout.engine_kwargs.{name}.some_arg=1"
+  if name in ("sglang", "trtllm"):
+    assert C.ignored_overrides([engine_kwarg]) == [engine_kwarg.lstrip("+")]
 
 
 def test_megatron_tensor_size_counts_in_the_filled_micro_batch():

@@ -1,6 +1,7 @@
 """A verl user's launch line runs as it is: Hydra's spellings, verl's free-form dicts, file lists, model paths."""
 
 import json
+import logging
 import os
 
 import jax
@@ -214,6 +215,30 @@ def test_override_optimizer_config_maps_lr_and_weight_decay_and_names_the_rest()
                      ["+actor_rollout_ref.actor.optim.override_optimizer_config.betas=[0.9,0.95]"])
   assert message.startswith("actor_rollout_ref.actor.optim.override_optimizer_config.betas=[0.9, 0.95]: is an "
                             "optimizer argument rljax does not implement")
+
+
+def test_optimizer_offload_fraction_is_a_memory_hint_listed_in_the_one_warning(caplog):
+  overrides = ["+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1.0",
+               "+critic.optim.override_optimizer_config.optimizer_offload_fraction=0.5"]
+  with caplog.at_level(logging.WARNING, logger="rljax.train"):
+    config = resolved(experiment("grpo"), overrides)
+  assert config.actor_rollout_ref.actor.optim.optimizer_offload_fraction == 1.0
+  assert config.critic.optim.optimizer_offload_fraction == 0.5
+  warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  assert len(warnings) == 1 and "2 override(s) set verl keys that change nothing" in warnings[0]
+  assert all(text.lstrip("+") in warnings[0] for text in overrides)
+  assert "memory hint" in C.ignored_reason("critic.optim.optimizer_offload_fraction")
+  # a verl YAML file's entry is listed the same way
+  with caplog.at_level(logging.WARNING, logger="rljax.config.verl_yaml"):
+    caplog.clear()
+    verl_yaml.load_text("actor_rollout_ref:\n  actor:\n    optim:\n      override_optimizer_config:\n"
+                        "        optimizer_offload_fraction: 1.0\n")
+  assert "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1.0" in caplog.text
+  # Megatron's other optimizer switches are not harmless by rule: still errors naming the key
+  message = error_of(C.apply_overrides, experiment("grpo"),
+                     ["+actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=true"])
+  assert message.startswith("actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer="
+                            "True: is an optimizer argument rljax does not implement")
 
 
 def test_a_hub_id_model_path_fails_validation_with_how_to_download():

@@ -37,6 +37,10 @@ def build_algorithm() -> ConfigDict:
           "rollout_rs_threshold": any_value(None),
           "bypass_mode": False,
           "loss_type": "ppo_clip",
+          # verl 0.6-0.7 keys that verl 0.9 removed: accepted at their defaults only (keys.py says why)
+          "rollout_rs_threshold_lower": null(float),
+          "rollout_token_veto_threshold": null(float),
+          "use_policy_gradient": False,
       },
   })
 

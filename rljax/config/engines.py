@@ -78,6 +78,8 @@ def optim(lr: float, weight_decay: float) -> ConfigDict:
       "optimizer_impl": "torch.optim",
       "betas": [0.9, 0.999],
       "clip_grad": 1.0,
+      # verl passes it to Megatron's optimizer in override_optimizer_config (no default there: unset)
+      "optimizer_offload_fraction": null(float),
       **_megatron_optim(),
   })
 

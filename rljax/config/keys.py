@@ -104,6 +104,8 @@ def _optim_status(role: str) -> dict[str, dict[str, Any]]:
                                  f"drop {optim}.{key}; {schedule_fix}"))
          for key in MEGATRON_SCHEDULE_KEYS},
       "use_checkpoint_opt_param_scheduler": dict(ignored="a resume always restores the schedule's step"),
+      "optimizer_offload_fraction": dict(ignored="a memory hint rljax does not implement: the optimizer state stays "
+                                                 "in device memory"),
   }
 
 
@@ -175,6 +177,8 @@ _OPTIM = {
     "lr_wsd_decay_style": "Megatron: decay shape of the WSD schedule's last phase.",
     "lr_wsd_decay_steps": "Megatron: steps of the WSD schedule's last phase.",
     "use_checkpoint_opt_param_scheduler": "Megatron: take the schedule's settings from the checkpoint on resume.",
+    "optimizer_offload_fraction": "Megatron: fraction of the optimizer state kept in host memory and updated on the CPU "
+                                  "(verl's override_optimizer_config.optimizer_offload_fraction lands here).",
 }
 _CHECKPOINT = {
     "contents": "Old name of save_contents: what a checkpoint holds.",
@@ -763,7 +767,7 @@ KEYS = {
                       "set actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=false")),
     "actor_rollout_ref.rollout.n": Key("Responses sampled per prompt (the group size of GRPO and RLOO)."),
     "actor_rollout_ref.rollout.name": Key(
-        "Inference engine (vllm, sglang or hf in verl).",
+        "Inference engine (vllm, sglang, trtllm or hf in verl).",
         mapped="any value selects rljax's JetStream engine"),
     "actor_rollout_ref.rollout.over_sample_rate": Key(
         "Fraction of the slowest requests aborted per rollout.",
@@ -854,6 +858,27 @@ KEYS = {
     "algorithm.rollout_correction.rollout_rs_threshold": Key(
         "Bound of the rejection statistic.",
         type_note="float, str or null"),
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": Key(
+        "verl 0.6-0.7: lower bound of the ratio pi_train/pi_rollout kept by rejection sampling (null = 1 / upper); "
+        "removed in verl 0.9.",
+        default_only=("verl 0.9 removed it with the token, sequence and geometric rejection modes it bounded; rljax "
+                      "implements verl 0.9's options, where a k1 option's lower bound is part of rollout_rs_threshold",
+                      "drop it and give both bounds as algorithm.rollout_correction.rollout_rs_threshold=LOWER_UPPER "
+                      "with a k1 option (token_k1, seq_sum_k1, seq_mean_k1); they bound pi_rollout/pi_train, so "
+                      "verl 0.7's rollout_rs=token with ratio bounds [L, U] is rollout_rs=token_k1 with "
+                      "rollout_rs_threshold=(1/U)_(1/L) (sequence: seq_sum_k1, geometric: seq_mean_k1)")),
+    "algorithm.rollout_correction.rollout_token_veto_threshold": Key(
+        "verl 0.6-0.7: reject a whole sequence when any token's ratio pi_train/pi_rollout is below it; "
+        "removed in verl 0.9.",
+        default_only=("verl 0.9 removed the per-token veto; rljax implements verl 0.9's rejection options",
+                      "drop it; to reject whole sequences holding an outlier token, set "
+                      "algorithm.rollout_correction.rollout_rs=seq_max_k3 (or seq_max_k2) with "
+                      "rollout_rs_threshold=UPPER")),
+    "algorithm.rollout_correction.use_policy_gradient": Key(
+        "verl 0.6: bypass mode's loss is REINFORCE with the IS weights instead of PPO's; verl 0.7 made it loss_type.",
+        default_only=("verl 0.7 replaced it by algorithm.rollout_correction.loss_type",
+                      "drop it and set algorithm.rollout_correction.loss_type=reinforce "
+                      "(with algorithm.rollout_correction.bypass_mode=true)")),
     "algorithm.rollout_is": Key("Older switch for rollout importance sampling; mapped onto rollout_correction."),
     "algorithm.rollout_is_level": Key("Older key: IS weights per token or per sequence."),
     "algorithm.rollout_is_mode": Key("Older key: truncate weights above the bound, or mask tokens outside the bounds."),
@@ -1188,7 +1213,7 @@ KEYS = {
     "reward_model.rollout.max_model_len": Key("Its context length."),
     "reward_model.rollout.max_num_batched_tokens": Key("Its scheduler's token budget."),
     "reward_model.rollout.max_num_seqs": Key("Its concurrent sequences."),
-    "reward_model.rollout.name": Key("Inference server of a generative reward model (vllm, sglang)."),
+    "reward_model.rollout.name": Key("Inference server of a generative reward model (vllm, sglang, trtllm)."),
     "reward_model.rollout.prompt_length": Key("Longest prompt it scores."),
     "reward_model.rollout.response_length": Key("Longest judgement it generates."),
     "reward_model.rollout.skip_tokenizer_init": Key("Start it without a tokenizer."),
@@ -1281,7 +1306,7 @@ KEYS = {
 IGNORED_SECTIONS = {
     "actor_rollout_ref.model.override_config.moe_config": "Megatron only",
     "actor_rollout_ref.ref.fsdp_config": "the reference model is sharded like the actor",
-    "actor_rollout_ref.rollout.engine_kwargs": "vLLM/SGLang engine arguments",
+    "actor_rollout_ref.rollout.engine_kwargs": "vLLM/SGLang/TensorRT-LLM engine arguments",
     "critic.model.fsdp_config.wrap_policy": "sharding follows logical-axis rules, not module wrapping",
     "reward_model.model.fsdp_config": "the reward model is sharded like the actor",
     "reward_model.sandbox_fusion": "remote code sandboxes are not called; no scorer runs model output as code",

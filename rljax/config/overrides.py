@@ -30,6 +30,8 @@ DICT_FIELDS = (
     "model.r_pattern",
 )
 
+_OPTIMIZER_ARGUMENTS = ("optimizer arguments: lr and weight_decay, and Megatron's optimizer_offload_fraction "
+                        "(accepted and ignored)")
 # verl's free-form dictionaries whose entries rljax holds under keys of its
 # own (verl launch lines fill them with `+KEY=VALUE`); `verl_free_form_path`
 # maps an entry onto its key, or names it when rljax has none.
@@ -39,12 +41,14 @@ VERL_FREE_FORM = {
         "reward_model.overlong_buffer.*, max_resp_len is reward_model.overlong_buffer.max_resp_len"),
     "actor_rollout_ref.model.override_config": (
         "Hugging Face config.json fields, held in actor_rollout_ref.model.override_config.model_config"),
-    "actor_rollout_ref.actor.optim.override_optimizer_config": "optimizer arguments: lr and weight_decay",
-    "critic.optim.override_optimizer_config": "optimizer arguments: lr and weight_decay",
+    "actor_rollout_ref.actor.optim.override_optimizer_config": _OPTIMIZER_ARGUMENTS,
+    "critic.optim.override_optimizer_config": _OPTIMIZER_ARGUMENTS,
 }
 _OVERLONG_BUFFER_KEYS = ("enable", "len", "penalty_factor", "log")
 # Optimizer arguments rljax's AdamW (rljax.training.optim) reads from an optim node.
 _OPTIMIZER_KWARGS = ("lr", "weight_decay")
+# Optimizer arguments that only place the optimizer's memory: held on the optim node, accepted and ignored.
+_OPTIMIZER_MEMORY_HINTS = ("optimizer_offload_fraction",)
 
 # A mapping key written against its value, as Hydra allows (`{a:1}`; YAML needs `{a: 1}`).
 _GLUED_KEY = re.compile(r"([{,]\s*[A-Za-z_][\w.\-]*):(?=\S)")
@@ -225,7 +229,7 @@ def verl_free_form_path(config: ConfigDict, path: str, value: Any = NO_VALUE) ->
     own = rest.split(".", 1)[0] in (_section(config, root) or ())
     return path if own else f"{root}.model_config.{rest}"
   node = root.rsplit(".", 1)[0]
-  if rest in _OPTIMIZER_KWARGS:
+  if rest in _OPTIMIZER_KWARGS + _OPTIMIZER_MEMORY_HINTS:
     return f"{node}.{rest}"
   raise ConfigError(path, value, "is an optimizer argument rljax does not implement (its AdamW reads only lr and "
                     "weight_decay from the config)", f"drop it, or set {node}.lr or {node}.weight_decay")
@@ -377,12 +381,27 @@ def apply_overrides(config: ConfigDict, overrides: Iterable[str],
   return config
 
 
+def held_at(path: str) -> str:
+  """The key of the RL tree that holds `path`: itself, or for an entry of one of verl's free-form
+  dictionaries the key it lands on (`verl_free_form_path`; `path` itself where rljax has none)."""
+  if not _in_verl_free_form(path):
+    return path
+  try:
+    return verl_free_form_path(get_base_config(), path)
+  except ConfigError:
+    return path
+
+
 def ignored_overrides(overrides: Iterable[str]) -> list[str]:
-  """`KEY=VALUE` for each override that sets a key rljax accepts and ignores (its value changes nothing)."""
+  """`KEY=VALUE` for each override that sets a key rljax accepts and ignores (its value changes nothing).
+
+  An entry of a verl free-form dictionary counts where the key it lands on is ignored
+  (`+...optim.override_optimizer_config.optimizer_offload_fraction=1`); it is listed as written.
+  """
   found = []
   for text in overrides:
     operation, path, value = parse_override(text)
-    if operation != "reset" and ignored_reason(path) is not None:
+    if operation != "reset" and ignored_reason(held_at(path)) is not None:
       found.append(f"{path}={value}")
   return found
 

@@ -50,7 +50,7 @@ from ml_collections.config_dict import MutabilityError
 from rljax.config.errors import NO_VALUE, ConfigError
 from rljax.config.fields import get_node
 from rljax.config.keys import ignored_reason
-from rljax.config.overrides import DICT_FIELDS, set_value
+from rljax.config.overrides import DICT_FIELDS, held_at, set_value
 from rljax.config.tree import get_base_config, unknown_key_error
 from rljax.config.yaml_io import YamlLoader, format_value, parse_yaml
 
@@ -324,15 +324,18 @@ def ignored_settings(config: ConfigDict, entries: list[Entry]) -> list[str]:
   """`key=value` for each ignored key the file sets to something other than verl's default.
 
   A key the base config lacks (a new entry of a free-form mapping such as
-  `engine_kwargs.vllm`) has no default, so it is always listed.
+  `engine_kwargs.vllm`) has no default, so it is always listed. An entry of
+  one of verl's free-form dictionaries that rljax holds on a key of its own
+  (`override_optimizer_config.optimizer_offload_fraction`) is judged by that key.
   """
   base = get_base_config()
   settings = []
   for entry in entries:
-    if ignored_reason(entry.path) is None:
+    path = held_at(entry.path)
+    if ignored_reason(path) is None:
       continue
-    value = get_node(config, entry.path)
-    if not _has_key(base, entry.path) or value != get_node(base, entry.path):
+    value = get_node(config, path)
+    if not _has_key(base, path) or value != get_node(base, path):
       settings.append(f"{entry.path}={format_value(value)}")
   return settings
 

@@ -75,7 +75,7 @@ GENERATE_KEYS = {
     "rollout.max_num_batched_tokens": Key("vLLM: tokens processed per scheduler step.", ignored="vLLM scheduler budget"),
     "rollout.max_num_seqs": Key("Sequences the engine decodes at once."),
     "rollout.n": Key("Responses per prompt of one engine call (data.n_samples sets how many are generated)."),
-    "rollout.name": Key("Inference engine (vllm, sglang or hf in verl).", ignored="any value selects rljax's JetStream engine"),
+    "rollout.name": Key("Inference engine (vllm, sglang, trtllm or hf in verl).", ignored="any value selects rljax's JetStream engine"),
     "rollout.prompt_length": Key("Longest prompt in tokens."),
     "rollout.response_length": Key("Tokens generated per response at most."),
     "rollout.temperature": Key("Sampling temperature; 0 decodes greedily."),

@@ -170,6 +170,39 @@ def test_combined_options_and_single_threshold_for_all():
   close(a, np.asarray(b))
 
 
+def _verl07_rs_mask(log_ratio, mask, mode, upper, lower=None):
+  """verl 0.6-0.7's rejection mask (rollout_rs token/sequence/geometric, rollout_rs_threshold_lower), in NumPy.
+
+  Written from verl v0.7.0's compute_rollout_rejection_mask: the ratio pi_train/pi_rollout per token, or
+  exp of the sequence's masked sum / masked mean of log-ratios, clamped to +-20, kept within
+  [lower, upper] (lower = 1/upper when unset); the response mask times that.
+  """
+  lower = 1.0 / upper if lower is None else lower
+  lr = log_ratio.astype(np.float64)
+  if mode == "token":
+    stat = lr
+  else:
+    total = (lr * mask).sum(-1, keepdims=True)
+    stat = total if mode == "sequence" else total / (mask.sum(-1, keepdims=True) + 1e-8)
+  w = np.exp(np.clip(stat, -20.0, 20.0))
+  return mask * ((w >= lower) & (w <= upper))
+
+
+@pytest.mark.parametrize("mode,option", [("token", "token_k1"), ("sequence", "seq_sum_k1"),
+                                         ("geometric", "seq_mean_k1")])
+def test_verl07_lower_threshold_is_a_k1_option_with_reciprocal_bounds(mode, option):
+  """The fix rljax's error for rollout_rs_threshold_lower gives: verl 0.7's [L, U] on pi_train/pi_rollout is
+  verl 0.9's k1 option with rollout_rs_threshold (1/U)_(1/L) (its bounds are on pi_rollout/pi_train)."""
+  old, roll, m = make_batch(30, scale=0.3)
+  lower, upper = {"token": (0.7, 1.25), "sequence": (0.5, 1.1), "geometric": (0.75, 1.05)}[mode]
+  want = _verl07_rs_mask(old - roll, m, mode, upper, lower)
+  assert 0 < want.sum() < m.sum(), "the bounds must reject some tokens and keep others"
+  got, _ = rejection(old - roll, m, option, f"{1 / upper}_{1 / lower}")
+  close(got, want)
+  unflipped, _ = rejection(old - roll, m, option, f"{lower}_{upper}")
+  assert not np.array_equal(np.asarray(unflipped), want)
+
+
 def test_full_pipeline_matches_reference_and_prefixes_metrics():
   old, roll, m = make_batch(21, scale=0.3)
   f = jax.jit(lambda o, r, mm: rc.compute_rollout_correction_and_rejection_mask(
