@@ -1,6 +1,12 @@
 """The RL job as several processes (`jax.distributed` over gloo, each with its own CPU devices) logs the same
 metrics as one process with the same devices."""
 
+import json
+import os
+import re
+import signal
+import time
+
 import pytest
 
 from rljax import config as config_lib
@@ -35,6 +41,38 @@ def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_
   assert len(trained) == 2 and trained[0]["actor/grad_norm"] > 0 and 0 < trained[0]["critic/score/mean"] < 1
   assert any(k.startswith("val-core/") for k in trained[1])
   processes.assert_same_metrics(one, two)
+
+
+@pytest.mark.slow  # a 2-process run killed after its second step, then restarted (about 3 minutes)
+def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_dir, tmp_path):
+  run_dir = tmp_path / "run"
+  argv = ["-m", "rljax.train", "--config=configs/grpo.py", *tiny_run.overrides(model_dir, data_dir, str(run_dir)),
+          "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "trainer.n_gpus_per_node=auto",
+          "trainer.total_epochs=50"]
+  procs = processes.start([*argv, "trainer.total_training_steps=50"], 2)
+  try:
+    metrics, start = run_dir / "metrics.jsonl", time.monotonic()
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+      assert time.monotonic() - start < 300 and procs[0].poll() is None, "the job did not reach step 2"
+      time.sleep(0.5)
+    procs[1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    survivor = processes.finish(procs[:1], timeout=120)[0]
+    stopped_after = time.monotonic() - killed
+  finally:
+    processes.finish(procs, timeout=1)
+  assert procs[0].returncode != 0 and stopped_after < 120
+  # JAX's coordination service names the lost process
+  assert re.search(r"stopped sending heartbeats\):\s*1\b|Task 1 heartbeat timeout", survivor), survivor[-2000:]
+  saved = sorted(int(p.name.rsplit("_", 1)[1]) for p in run_dir.glob("global_step_*") if "tmp" not in p.name)
+  assert saved and saved[-1] >= 1
+  # every host restarted: the job resumes after the last complete checkpoint
+  logged = len(metrics.read_text().splitlines())
+  processes.run_metrics([*argv, f"trainer.total_training_steps={saved[-1] + 1}"], 2, str(run_dir))
+  resumed = [json.loads(line) for line in metrics.read_text().splitlines()[logged:]]
+  assert [m["step"] for m in resumed] == [saved[-1] + 1]
+  assert os.path.isdir(run_dir / f"global_step_{saved[-1] + 1}")
 
 
 def test_what_a_multi_process_job_does_not_run_yet_is_named(model_dir, data_dir, tmp_path):
