@@ -30,13 +30,13 @@ arrays and ShapeDtypeStructs all travel in it: a jitted step takes an
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.sharding import rules as rules_lib
 
@@ -150,6 +150,28 @@ def place(rows: Experience, abstract: Experience) -> Experience:
     return jax.make_array_from_process_local_data(s.sharding, micro, s.shape)
 
   return jax.tree.map(put, rows.select(abstract.present()), abstract)
+
+
+def regrouped(abstract: Experience, micro_batches: int, rows: int) -> Experience:
+  """`abstract`'s fields as [micro_batches, rows / micro_batches, ...], laid out alike."""
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct((micro_batches, rows // micro_batches, *s.shape[2:]), s.dtype,
+                                                     sharding=s.sharding), abstract)
+
+
+def row_gather(abstract: Experience) -> Callable[[Experience, np.ndarray], Experience]:
+  """A jitted `(whole, index) -> batch`: rows `index` ([B] global row numbers, the same on every host) of `whole`
+  ([1, N, ...], each host's rows where `place` put them), as `abstract`'s [M, B / M, ...] batch.
+
+  The rows move between devices (and hosts) on device: a mini-batch holds the same rows in the same order
+  however many processes hold the step.
+  """
+  shardings = jax.tree.map(lambda s: s.sharding, abstract)
+  micro, per = next(iter(jax.tree.leaves(abstract))).shape[:2]
+  replicated = NamedSharding(next(iter(jax.tree.leaves(shardings))).mesh, PartitionSpec())
+  gather = jax.jit(lambda whole, index: jax.tree.map(lambda x: x[0][index].reshape(micro, per, *x.shape[2:]), whole),
+                   out_shardings=shardings)
+  return lambda whole, index: gather(whole, jax.make_array_from_process_local_data(
+      replicated, np.asarray(index, np.int32)))
 
 
 def concatenate(parts: list[Experience]) -> Experience:

@@ -30,7 +30,7 @@ from rljax.rl.experience import Experience
 from rljax.rl.layout import Layout
 from rljax.rl.sequences import as_micro_batches, merge_micro_batches
 from rljax.rl.steps import make_forward
-from rljax.sharding import rules as rules_lib
+from rljax.sharding import hosts, rules as rules_lib
 from rljax.sharding.placement import Step
 
 SCORED_FIELDS = ("input_ids", "attention_mask", "positions")
@@ -127,7 +127,7 @@ class ModelReward:
     """[piece] scores of one piece of this host's rows."""
     batches = as_micro_batches(inputs, spec["input_ids"].shape[0])
     placed = {k: jax.make_array_from_process_local_data(s.sharding, batches[k], s.shape) for k, s in spec.items()}
-    return merge_micro_batches(self.step(self.params, placed))
+    return merge_micro_batches(hosts.process_rows(self.step(self.params, placed), axis=1))
 
 
 def _padded_piece(inputs: dict[str, np.ndarray], start: int, size: int) -> dict[str, np.ndarray]:

@@ -30,6 +30,7 @@ from ml_collections import ConfigDict
 
 from rljax.algos import agg, policy_loss, value_loss
 from rljax.models import moe
+from rljax.sharding import rules as rules_lib
 from rljax.sharding.placement import Step, abstract, gradient_compiler_options, key_struct, shardings_of
 from rljax.training.updates import accumulate_gradients, apply_gradients, traced_in, training_model
 from rljax.rl import experience as experience_lib
@@ -179,9 +180,11 @@ def make_update(name: str, loss_fn: Callable, tx: optax.GradientTransformation, 
 
 def make_forward(name: str, fn: Callable, mesh: Mesh, rules: Any, params: Any, batch: Any) -> Step:
   """A jitted forward pass `fn(params, micro)` over every micro-batch of `batch` (a pytree of abstract
-  [M, rows, ...] arrays), one at a time."""
+  [M, rows, ...] arrays), one at a time; its [M, rows, ...] outputs keep the rows where the batch put them
+  (each host's rows on its own devices)."""
   def forward(params, batch):
-    return jax.lax.map(lambda micro: fn(params, micro), batch)
+    out = jax.lax.map(lambda micro: fn(params, micro), batch)
+    return jax.tree.map(lambda x: rules_lib.constrain(x, (None, "batch") + (None,) * (x.ndim - 2)), out)
 
   args = (abstract(params), batch)
   return Step(name, jax.jit(traced_in(mesh, rules, forward), in_shardings=jax.tree.map(lambda x: x.sharding, args)),

@@ -62,6 +62,7 @@ from rljax.rl.layout import balance_order
 from rljax.rl.reward_model import ModelReward
 from rljax.rl.sequences import make_sequences, merge_micro_batches, prompts_shared
 from rljax.rollout import SamplingParams, factory as rollout_factory
+from rljax.sharding import hosts
 from rljax.sharding.distributed import is_main_process
 from rljax.sharding.placement import Step
 from rljax.training import checkpointing, loop as training_loop, metrics as training_metrics, tracking
@@ -116,14 +117,44 @@ def timed(timing: dict[str, float], name: str):
   timing[f"timing_s/{name}"] = timing.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
 
 
+# Estimators that normalise over the whole batch (their statistics would be each host's own).
+_BATCH_WIDE_ESTIMATORS = ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gdpo", "gpg")
+
+
+def multi_process_limits(config: ConfigDict) -> list[tuple[str, Any, str]]:
+  """(key, value, why) for each setting a multi-process job does not run yet: the parts that need statistics
+  or rows of every host, and those not yet checked against one process."""
+  alg, arr = config.algorithm, config.actor_rollout_ref
+  limits = [
+      ("algorithm.filter_groups.enable", alg.filter_groups.enable,
+       "dynamic sampling's rounds are not yet agreed between hosts"),
+      ("algorithm.adv_estimator", alg.adv_estimator in _BATCH_WIDE_ESTIMATORS and alg.adv_estimator,
+       "it normalises over the whole batch, and the hosts do not yet share its statistics"),
+      ("critic.enable", steps_lib.uses_critic(config), "the critic has not yet been checked against one process"),
+      ("algorithm.use_kl_in_reward", alg.use_kl_in_reward, "the KL controller would see each host's own KL"),
+      ("algorithm.rollout_correction.rollout_is", alg.rollout_correction.rollout_is,
+       "rollout correction's batch statistics are each host's own"),
+      ("algorithm.rollout_correction.rollout_rs", alg.rollout_correction.rollout_rs,
+       "rollout correction's batch statistics are each host's own"),
+      ("reward_model.enable", config.reward_model.enable,
+       "the reward model has not yet been checked against one process"),
+      ("actor_rollout_ref.rollout.multi_turn.enable", arr.rollout.multi_turn.enable,
+       "multi-turn rollouts have not yet been checked against one process"),
+      ("actor_rollout_ref.model.lora_rank", arr.model.lora_rank, "LoRA has not yet been checked against one process"),
+      ("actor_rollout_ref.actor.router_replay.mode", arr.actor.router_replay.mode != "disabled" and
+       arr.actor.router_replay.mode, "router replay has not yet been checked against one process"),
+  ]
+  return [(key, value, why) for key, value, why in limits if value]
+
+
 def check_job(config: ConfigDict) -> None:
-  """What the trainer cannot run as configured, beyond `config.validate`'s checks: dynamic sampling on several
-  processes, and a data source no scorer knows (before any model loads)."""
-  if config.algorithm.filter_groups.enable and jax.process_count() > 1:
-    raise config_lib.ConfigError(
-        "algorithm.filter_groups.enable", True, f"dynamic sampling runs on one process; this job has "
-        f"{jax.process_count()} (each would keep different groups and run a different number of rounds)",
-        "set algorithm.filter_groups.enable=false on a multi-host job")
+  """What the trainer cannot run as configured, beyond `config.validate`'s checks: what a multi-process job
+  does not run yet (`multi_process_limits`), and a data source no scorer knows (before any model loads)."""
+  limits = multi_process_limits(config) if jax.process_count() > 1 else []
+  if limits:
+    key, value, why = limits[0]
+    raise config_lib.ConfigError(key, value, f"is not supported yet in a job of {jax.process_count()} processes: "
+                                 f"{why}", f"run the job as one process, or change {key}")
   if not (config.reward_model.enable or config.custom_reward_function.path):
     rewards.check_data_sources(data_lib.as_file_list(config.data.train_files)
                                + data_lib.as_file_list(config.data.val_files))
@@ -154,6 +185,7 @@ class RLTrainer:
     self.tracker = tracking.Tracker(config, self.run_dir, self.run.layout.total_steps, console_keys=CONSOLE_KEYS)
     self.base_key = jax.random.key(config.trainer.seed)
     self.saved_step = -1
+    self._row_gathers: dict[str, Any] = {}
 
   # ----- the state ----------------------------------------------------------------------
 
@@ -173,8 +205,14 @@ class RLTrainer:
     return self.run.actor_params(self.state)
 
   def forward(self, step: Step, params: Any, rows: Experience) -> Any:
-    """A forward Step over `rows` in its micro-batches, merged on the host."""
-    return jax.tree.map(merge_micro_batches, step(params, experience_lib.place(rows, step.args[1])))
+    """A forward Step over this host's `rows` in its micro-batches, this host's rows of it merged on the host."""
+    out = step(params, experience_lib.place(rows, step.args[1]))
+    return jax.tree.map(lambda x: merge_micro_batches(hosts.process_rows(x, axis=1)), out)
+
+  @staticmethod
+  def _first_request(prompts: int, n: int) -> int:
+    """The id of this host's first response when each host generates n responses to `prompts` prompts."""
+    return jax.process_index() * prompts * n
 
   # ----- one step -------------------------------------------------------------------
 
@@ -214,7 +252,8 @@ class RLTrainer:
     """remax: [N] the reward of each row's prompt's greedy response."""
     with timed(timing, "gen_max"):
       greedy = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"], 1,
-                                     self._key(Stream.GREEDY), SamplingParams(greedy=True), rows=batch)
+                                     self._key(Stream.GREEDY), SamplingParams(greedy=True), rows=batch,
+                                     first_request=self._first_request(len(batch["input_ids"]), 1))
     per_prompt = np.zeros(len(batch["input_ids"]), np.float32)
     per_prompt[greedy.prompt_index] = self._score(batch, greedy).reward_tensor.sum(-1)
     return per_prompt[idx]
@@ -225,7 +264,8 @@ class RLTrainer:
     with timed(timing, "gen"):
       rollout = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"],
                                       self.run.layout.n,
-                                      self._key(Stream.ROLLOUT, *([round_index] if round_index else [])), rows=batch)
+                                      self._key(Stream.ROLLOUT, *([round_index] if round_index else [])), rows=batch,
+                                      first_request=self._first_request(len(batch["input_ids"]), self.run.layout.n))
     timing.update(rollout.metrics)
     idx = rollout.prompt_index
     rows = make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
@@ -325,14 +365,29 @@ class RLTrainer:
                         rollout_is_weights=None if weights is None else np.asarray(weights, np.float32))
 
   def _minibatches(self, rows: Experience, step: Step, epoch: int) -> Iterator[Experience]:
-    """The mini-batches of one epoch, placed as `step` takes them (its batch argument's fields and shardings)."""
+    """The mini-batches of one epoch as `step` takes them (its batch argument's fields and shardings).
+
+    The step's rows (this host's) are placed once; each mini-batch is gathered on device from the global row
+    numbers of the epoch's order, so it holds the same rows whatever the number of hosts.
+    """
     layout, spec = self.run.layout, step.args[2]
-    rows = rows.select(spec.present())
-    order = np.arange(layout.rows)
+    if step.name not in self._row_gathers:
+      self._row_gathers[step.name] = experience_lib.row_gather(spec)
+    whole = experience_lib.place(rows, experience_lib.regrouped(spec, 1, layout.rows))
+    order = self._balanced_order(rows)
     if self.config.actor_rollout_ref.actor.shuffle:
-      order = np.asarray(jax.random.permutation(self._key(Stream.SHUFFLE, epoch), layout.rows))
+      order = order[np.asarray(jax.random.permutation(self._key(Stream.SHUFFLE, epoch), layout.rows))]
     for m in range(layout.minis):
-      yield experience_lib.place(rows.take(order[m * layout.mini_rows:(m + 1) * layout.mini_rows]), spec)
+      yield self._row_gathers[step.name](whole, order[m * layout.mini_rows:(m + 1) * layout.mini_rows])
+
+  def _balanced_order(self, rows: Experience) -> np.ndarray:
+    """The step's global row numbers in update order: trainer.balance_batch deals the prompts' groups to the
+    data-parallel ranks by token totals (the hosts exchange their rows' lengths, [N] integers)."""
+    data_parallel = sharding.data_parallel_size(self.mesh)
+    if not (self.config.trainer.balance_batch and data_parallel > 1):
+      return np.arange(self.run.layout.rows)
+    lengths = hosts.process_concat(rows.attention_mask.sum(-1).astype(np.int32))
+    return balance_order(lengths, data_parallel, self.run.layout.group)
 
   def _update(self, rows: Experience, timing: dict[str, float], step_metrics: dict) -> None:
     """The critic's and then the actor's epochs over the mini-batches of `rows` (the state moves on)."""
@@ -373,14 +428,11 @@ class RLTrainer:
         rows = self._kept_groups(batch, timing, step_metrics)
       else:
         rows = self._rollout(batch, timing)
-      data_parallel = sharding.data_parallel_size(self.mesh)
-      if self.config.trainer.balance_batch and data_parallel > 1:
-        rows = rows.take(balance_order(rows.attention_mask.sum(-1), data_parallel, self.run.layout.group))
       rows = self._experience(rows, timing, step_metrics)
       self._update(rows, timing, step_metrics)
     step_metrics.update(metrics_lib.data_metrics(rows, self.run.layout.response_length, self.run.layout.prompt_length))
     step_metrics.update(timing)
-    tokens = int(rows.attention_mask.sum())
+    tokens = int(hosts.process_sum([rows.attention_mask.sum()])[0])
     step_metrics.update(training_metrics.throughput_metrics(timing, tokens, self.mesh.size))
     step_metrics["training/global_step"] = float(self.step + 1)
     step_metrics["training/epoch"] = float(self.step // max(1, self.train_iter.batches_per_epoch))
@@ -395,7 +447,8 @@ class RLTrainer:
     for i, batch in enumerate(data_lib.make_val_batches(self.config, self.tokenizer, jax.process_index(),
                                                         jax.process_count())):
       rollout = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"], val.n,
-                                      self._key(Stream.VALIDATION, i), self.val_sampling, rows=batch)
+                                      self._key(Stream.VALIDATION, i), self.val_sampling, rows=batch,
+                                      first_request=self._first_request(len(batch["input_ids"]), val.n))
       idx = rollout.prompt_index
       result = self._score(batch, rollout, use_model=False)
       row_scores = result.reward_tensor.sum(-1)

@@ -314,11 +314,11 @@ class AgentSampler(RolloutSampler):
 
   def generate(self, params: Any, prompt_ids: np.ndarray, prompt_mask: np.ndarray, n: int,
                key: jax.Array, sampling_params: sampling.SamplingParams | None = None,
-               rows: Mapping[str, Sequence[Any]] | None = None) -> AgentRollout:
+               rows: Mapping[str, Sequence[Any]] | None = None, first_request: int = 0) -> AgentRollout:
     """n conversations per prompt.
 
     Args:
-      params, prompt_ids, prompt_mask, n, key, sampling_params: as RolloutSampler.generate.
+      params, prompt_ids, prompt_mask, n, key, sampling_params, first_request: as RolloutSampler.generate.
       rows: per-prompt columns: raw_prompt (the chat messages the prompt ids
         render; required), extra_info (tools_kwargs, interaction_kwargs),
         agent_name.
@@ -361,7 +361,8 @@ class AgentSampler(RolloutSampler):
           unique = sorted({r // n for r in take})
           prefix = self._prefill(params, [prompts[p] for p in unique])
           slots = [free.pop(0) for _ in take]
-          state = self.engine.insert_many(prefix, state, slots, [unique.index(r // n) for r in take])
+          state = self.engine.insert_many(prefix, state, slots, [unique.index(r // n) for r in take],
+                                          [first_request + r for r in take])
           started = self._executor.map(lambda r: self._start(rows["raw_prompt"][r // n], extra[r // n],
                                                              agents[r // n]), take)
           for slot, request, episode in zip(slots, take, started):

@@ -67,7 +67,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.models import CausalLM, KVCache, ModelConfig, init_cache
 from rljax.rollout import jetstream_compat, sampling
-from rljax.sharding import rules as rules_lib
+from rljax.sharding import hosts, rules as rules_lib
 from rljax.sharding.placement import Step, abstract
 
 
@@ -135,7 +135,10 @@ class DecodeState(NamedTuple):
     logits: [slots, V] float32 next-token logits per slot.
     generated: [slots] int32, tokens generated so far.
     done: [slots] bool, True for empty or finished slots.
-    key: PRNG key for sampling.
+    key: the rollout's PRNG key; request r samples from its own stream `fold_in(key, r)`, so a response does
+      not depend on which slot, batch or host decodes it.
+    slot_keys: [slots] PRNG keys, each slot's request's stream (advanced once per token it samples).
+    requests: int32, requests inserted so far (the id of a request inserted without one).
   """
 
   cache: KVCache
@@ -143,6 +146,8 @@ class DecodeState(NamedTuple):
   generated: jax.Array
   done: jax.Array
   key: jax.Array
+  slot_keys: jax.Array
+  requests: jax.Array
 
 
 class StepOutput(NamedTuple):
@@ -296,8 +301,8 @@ class Engine:
     return DecodeState(
         cache=KVCache(k=kv, v=kv, mask=self._sharding(("cache_batch", "length"), (slots, length)), index=per_slot),
         logits=self._sharding(("cache_batch", "vocab"), (slots, cfg.vocab_size)),
-        generated=per_slot, done=per_slot,
-        key=NamedSharding(self._mesh, PartitionSpec()))
+        generated=per_slot, done=per_slot, key=NamedSharding(self._mesh, PartitionSpec()),
+        slot_keys=NamedSharding(self._mesh, PartitionSpec()), requests=NamedSharding(self._mesh, PartitionSpec()))
 
   def compute_params(self, params: Any) -> Any:
     """`params` in the engine's compute dtype (`rollout.dtype`) and laid out on the engine's mesh.
@@ -318,6 +323,9 @@ class Engine:
       return abstract(jax.eval_shape(self._cast, params), target)
     if same_layout:
       return self._cast(params)
+    if not all(x.is_fully_addressable for x in leaves) and _host_local(self._mesh):
+      # a multi-process job's weights reach this host's engine mesh by one all-gather over the hosts
+      return hosts.host_local_copy(params, target, lambda x: _cast_floats(x, dtype))
     key = jax.tree.structure(params)
     if key not in self._reshards:
       self._reshards[key] = jax.jit(self._cast_impl, out_shardings=target)
@@ -354,7 +362,9 @@ class Engine:
         logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
         generated=jnp.zeros((slots,), jnp.int32),
         done=jnp.ones((slots,), bool),
-        key=jax.random.key(self.seed))
+        key=jax.random.key(self.seed),
+        slot_keys=jax.random.split(jax.random.key(self.seed), slots),
+        requests=jnp.zeros((), jnp.int32))
 
   def init_decode_state(self, *args, **kwargs) -> DecodeState:
     """Empty slots, all marked done; the cache is created on its devices."""
@@ -426,8 +436,10 @@ class Engine:
     experts = (jnp.concatenate([prefix.experts, routing.experts], axis=1) if self.record_routing else None)
     return Prefix(cache=cache, logits=logits[:, -1].astype(jnp.float32), experts=experts)
 
-  def _insert_impl(self, prefix: Prefix, state: DecodeState, source: jax.Array) -> DecodeState:
-    """Slot s takes prefix row source[s] where source[s] >= 0 (and keeps its state where it is -1).
+  def _insert_impl(self, prefix: Prefix, state: DecodeState, source: jax.Array, request_ids: jax.Array
+                   ) -> DecodeState:
+    """Slot s takes prefix row source[s] where source[s] >= 0 (and keeps its state where it is -1), and request
+    request_ids[s]'s sampling stream.
 
     One gather of the chosen prefix rows into slot order, then a select over
     the first `bucket` cache positions of every slot: no per-slot loop, and
@@ -451,27 +463,40 @@ class Engine:
     cache = KVCache(k=tuple(map(put, c.k, p.k)), v=tuple(map(put, c.v, p.v)),
                     mask=jnp.where(chosen[:, None], mask, c.mask),
                     index=jnp.where(chosen, rows(p.index, ("cache_batch",)), c.index))
+    streams = jax.vmap(lambda r: jax.random.fold_in(state.key, r))(request_ids)
     return state._replace(cache=cache, logits=jnp.where(chosen[:, None], rows(prefix.logits, ("cache_batch", "vocab")),
                                                         state.logits),
-                          generated=jnp.where(chosen, 0, state.generated), done=state.done & ~chosen)
+                          generated=jnp.where(chosen, 0, state.generated), done=state.done & ~chosen,
+                          slot_keys=jnp.where(chosen, streams, state.slot_keys),
+                          requests=state.requests + chosen.sum(dtype=jnp.int32))
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
     """Places a one-request prefix into `slot` (the decode state is donated)."""
     return self.insert_many(prefix, decode_state, [slot], [0])
 
-  def insert_many(self, prefix: Prefix, decode_state: DecodeState, slots: Sequence[int],
-                  rows: Sequence[int]) -> DecodeState:
-    """Places prefix row rows[i] into slot slots[i] for every i in one call (compiled once per prefix shape)."""
+  def insert_many(self, prefix: Prefix, decode_state: DecodeState, slots: Sequence[int], rows: Sequence[int],
+                  request_ids: Sequence[int] | None = None) -> DecodeState:
+    """Places prefix row rows[i] into slot slots[i] for every i in one call (compiled once per prefix shape).
+
+    request_ids[i] names the request slot slots[i] serves: its sampling stream (default: the state's running
+    count of insertions, as JetStream's requests carry no id).
+    """
     if len(slots) > self._slots:
       raise ValueError(f"{len(slots)} insertions for {self._slots} slots")
     source = np.full((self._slots,), -1, np.int32)
     source[np.asarray(slots, np.int64)] = np.asarray(rows, np.int32)
-    return self._insert(prefix, decode_state, jnp.asarray(source))
+    ids = np.zeros((self._slots,), np.int32)
+    if request_ids is None:
+      ids[np.asarray(slots, np.int64)] = np.arange(len(slots))
+      ids = jnp.asarray(ids) + decode_state.requests
+    else:
+      ids[np.asarray(slots, np.int64)] = np.asarray(request_ids, np.int64)
+    return self._insert(prefix, decode_state, jnp.asarray(source), jnp.asarray(ids))
 
   def _step(self, params, state: DecodeState, how: sampling.SamplingParams) -> tuple[DecodeState, StepOutput]:
     """Sample every active slot from its logits, then feed the sampled token."""
-    key, sub = jax.random.split(state.key)
-    tokens, log_probs = sampling.sample(sub, state.logits, how)
+    streams = jax.vmap(jax.random.split)(state.slot_keys)
+    tokens, log_probs = sampling.sample(streams[:, 1], state.logits, how)
     active = ~state.done
     generated = state.generated + active.astype(jnp.int32)
     stop = generated >= self.max_decode_length
@@ -482,7 +507,8 @@ class Engine:
                                         with_routing=True)
     cache = cache._replace(index=jnp.where(active, cache.index, state.cache.index))
     new_state = DecodeState(cache=cache, logits=logits[:, -1].astype(jnp.float32), generated=generated,
-                            done=state.done | (active & stop), key=key)
+                            done=state.done | (active & stop), key=state.key,
+                            slot_keys=jnp.where(active, streams[:, 0], state.slot_keys), requests=state.requests)
     experts = routing.experts[:, 0] if self.record_routing else None
     return new_state, StepOutput(tokens=tokens, valid=active, log_probs=log_probs, generated=generated,
                                  experts=experts)
@@ -581,7 +607,7 @@ class Engine:
                       self.prefix_shardings(rows, self.buckets[-1]))
     source = jax.ShapeDtypeStruct((self._slots,), jnp.int32, sharding=replicated)
     slots = self._slots
-    out.append(Step(f"insert[{rows} into {slots}]", self._insert, (prefix, state, source)))
+    out.append(Step(f"insert[{rows} into {slots}]", self._insert, (prefix, state, source, source)))
     out.append(Step(f"decode[{slots} slots x {steps_per_call}]", self._generate, (params, state, steps_per_call, how)))
     if steps_per_call > 1:
       out.append(Step(f"decode_step[{slots} slots]", self._generate, (params, state, 1, how)))
@@ -655,6 +681,11 @@ def _to_the_end(tokens: jax.Array, true_lengths: jax.Array) -> tuple[jax.Array, 
   shift = tokens.shape[1] - true_lengths
   rolled = jax.vmap(lambda row, k: jnp.roll(row, k))(tokens, shift)
   return rolled, jnp.arange(tokens.shape[1])[None, :] >= shift[:, None]
+
+
+def _host_local(mesh: Mesh) -> bool:
+  """Whether every device of `mesh` is this process's."""
+  return all(d.process_index == jax.process_index() for d in mesh.devices.flat)
 
 
 def _cast_floats(tree: Any, dtype: Any) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from ml_collections import ConfigDict
@@ -26,7 +27,7 @@ from rljax.rollout import agent_loop
 from rljax.rollout.engine import Engine, make_engine
 from rljax.rollout.sampler import RolloutSampler
 from rljax.rollout.sampling import SamplingParams
-from rljax.sharding import rules as rules_lib
+from rljax.sharding import hosts, rules as rules_lib
 from rljax.sharding.mesh import build_mesh
 
 EIGEN_ROWS = (8, 24)
@@ -72,10 +73,13 @@ def rollout_mesh(mesh: Mesh, tensor: int) -> Mesh:
   itself when the sizes agree (weights then read in place); otherwise the
   sampler reshards its cast copy of the weights once per rollout
   (`Engine.compute_params`). The data and expert axes are kept, fsdp takes the rest.
+  In a multi-process job, this host's devices alone (`rljax.sharding.hosts`).
 
   Raises:
     ConfigError: naming the key when `tensor` does not divide the devices left after the data axis.
   """
+  if jax.process_count() > 1:
+    return _host_rollout_mesh(tensor)
   if mesh.shape["tensor"] == tensor and mesh.shape["sequence"] == 1:
     return mesh
   data, expert = mesh.shape["data"], mesh.shape["expert"]
@@ -86,6 +90,17 @@ def rollout_mesh(mesh: Mesh, tensor: int) -> Mesh:
                                  f"choose a divisor of {rest}")
   return build_mesh({"data": data, "fsdp": rest // tensor, "tensor": tensor, "sequence": 1, "expert": expert},
                     list(mesh.devices.flat))
+
+
+def _host_rollout_mesh(tensor: int) -> Mesh:
+  """A multi-process job's rollout mesh: this host's devices (each host decodes its own prompts), fsdp by
+  tensor."""
+  local = jax.local_device_count()
+  if tensor < 1 or local % tensor:
+    raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size", tensor,
+                      f"does not divide the {local} devices of a host (each host decodes its own prompts)",
+                      f"choose a divisor of {local}")
+  return hosts.local_mesh({"data": 1, "fsdp": local // tensor, "tensor": tensor, "sequence": 1, "expert": 1})
 
 
 def slots_per_device(mesh: Mesh, rules: Any, slots: int) -> int:

@@ -121,7 +121,7 @@ class RolloutSampler:
 
   def generate(self, params: Any, prompt_ids: np.ndarray, prompt_mask: np.ndarray, n: int,
                key: jax.Array, sampling_params: sampling.SamplingParams | None = None,
-               rows: Any = None) -> Rollout:
+               rows: Any = None, first_request: int = 0) -> Rollout:
     """n responses per prompt (`rows`, the batch's per-prompt columns, are read by multi-turn samplers only).
 
     Args:
@@ -132,6 +132,9 @@ class RolloutSampler:
       n: responses per prompt.
       key: PRNG key (the run is reproducible for a given key).
       sampling_params: override of the engine's sampling settings.
+      first_request: the id of row 0's first response; response j of prompt b is request
+        first_request + b * n + j, whose sampling stream is `fold_in(key, id)`, whatever slot or call
+        decodes it (a host passes its rows' offset in the global batch).
 
     Returns:
       A Rollout of B * n rows.
@@ -162,7 +165,8 @@ class RolloutSampler:
         if experts is not None:
           _place_prompt_experts(experts, jax.device_get(prefix.experts), take, unique, prompts, n, width)
         slots = [free.pop(0) for _ in take]
-        state = self.engine.insert_many(prefix, state, slots, [unique.index(r // n) for r in take])
+        state = self.engine.insert_many(prefix, state, slots, [unique.index(r // n) for r in take],
+                                        [first_request + r for r in take])
         slot_request.update(zip(slots, take))
       state, out = self.engine.generate_steps(params, state, self.steps_per_sync, sampling_params)
       out, done = jax.device_get((out, state.done))

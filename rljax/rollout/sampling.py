@@ -99,20 +99,20 @@ def inverse_cdf_index(probs: jax.Array, u: jax.Array, block: int = CDF_BLOCK) ->
   return (b * block + t).astype(jnp.int32)
 
 
-def inverse_cdf_sample(key: jax.Array, probs: jax.Array) -> jax.Array:
-  """[N, V] probabilities -> [N] int32 draws, one uniform number per row.
+def inverse_cdf_sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
+  """[N] PRNG keys, [N, V] probabilities -> [N] int32 draws, one uniform number per row from its own key.
 
   One uniform per row instead of V Gumbel draws (the PRNG dominates a CPU
   decode step otherwise); `inverse_cdf_index` maps it to a token.
   """
-  return inverse_cdf_index(probs, jax.random.uniform(key, (probs.shape[0],), jnp.float32))
+  return inverse_cdf_index(probs, jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys))
 
 
-def sample(key: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
+def sample(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
   """Draws one token per row.
 
   Args:
-    key: PRNG key.
+    keys: [N] PRNG keys, one per row.
     logits: [N, V] next-token logits.
     params: sampling settings.
 
@@ -127,6 +127,6 @@ def sample(key: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[j
   else:
     scaled = logits / params.temperature
     filtered = top_p_filter(top_k_filter(scaled, params.top_k), params.top_p)
-    tokens = inverse_cdf_sample(key, jax.nn.softmax(filtered, axis=-1))
+    tokens = inverse_cdf_sample(keys, jax.nn.softmax(filtered, axis=-1))
   logp = jax.nn.log_softmax(scaled, axis=-1)
   return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]

@@ -39,7 +39,6 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
@@ -51,6 +50,7 @@ from rljax.sft import config as sft_config
 from rljax.sft import packing
 from rljax.sft import step as step_lib
 from rljax.sft.data import SFTDataset, with_chat_template
+from rljax.sharding import hosts
 from rljax.sharding.distributed import is_main_process
 from rljax.training import checkpointing, loop as training_loop, metrics as training_metrics, tracking
 from rljax.training.optim import make_optimizer, make_schedule
@@ -109,20 +109,6 @@ def load_val_examples(config: ConfigDict, tokenizer: tokenization.Tokenizer, pro
   dataset = SFTDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples, seed=config.trainer.seed)
   return [(item["token_ids"], item["loss_mask"])
           for item in (dataset[i] for i in range(process_index, len(dataset), process_count))]
-
-
-def global_max(value: int) -> int:
-  """The largest `value` over the job's processes."""
-  if jax.process_count() == 1:
-    return int(value)
-  return int(np.max(multihost_utils.process_allgather(np.asarray(value))))
-
-
-def global_sum(value: float) -> float:
-  """The sum of `value` over the job's processes."""
-  if jax.process_count() == 1:
-    return float(value)
-  return float(np.sum(multihost_utils.process_allgather(np.asarray(value, np.float64))))
 
 
 class SFTTrainer:
@@ -199,7 +185,7 @@ class SFTTrainer:
     """This process's examples as rows, padded to the job-wide number of micro-batches."""
     lengths = [len(ids) for ids, _ in examples]
     groups = packing.group_examples(lengths, self.config.data.max_length, self.config.use_remove_padding)
-    count = global_max(packing.padded_row_count(len(groups), self.local_micro_rows))
+    count = int(hosts.process_extrema([packing.padded_row_count(len(groups), self.local_micro_rows)])[0][0])
     return packing.build_rows(examples, groups, self.config.data.max_length, count, self.pad_id)
 
   def _place(self, micro: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -211,7 +197,7 @@ class SFTTrainer:
     """One optimizer step on a batch of examples; returns its metrics."""
     start = time.perf_counter()
     rows = self.rows(list(zip(batch["token_ids"], batch["loss_mask"])))
-    normaliser = jnp.float32(max(1.0, global_sum(packing.trained_tokens(rows))))
+    normaliser = jnp.float32(max(1.0, hosts.process_total(packing.trained_tokens(rows))))
     grads = self.zeros(self.trainable)
     losses = []
     step_key = jax.random.fold_in(self.key, self.step)
@@ -222,8 +208,8 @@ class SFTTrainer:
     self.trainable, self.opt_state, grad_norm = self.apply_step(self.trainable, self.opt_state, grads)
     loss, grad_norm = float(sum(jax.device_get(losses))), float(grad_norm)
     timing = {"timing_s/step": time.perf_counter() - start}
-    tokens = global_sum(packing.real_tokens(rows))
-    slots = global_sum(rows["segment_ids"].size)
+    tokens = hosts.process_total(packing.real_tokens(rows))
+    slots = hosts.process_total(rows["segment_ids"].size)
     out = {"train/loss": loss, "train/lr": float(self.lr(self.step)), "train/grad_norm": grad_norm,
            "train/tokens": tokens, "train/pad_ratio": 1.0 - tokens / slots,
            "training/global_step": float(self.step + 1),
@@ -237,7 +223,7 @@ class SFTTrainer:
     total = 0.0
     for micro in packing.micro_batches(self.val_rows, self.local_micro_rows):
       total += float(self.eval_step(self.trainable, self.frozen, self._place(micro)))
-    return {"val/loss": total / max(1.0, global_sum(packing.trained_tokens(self.val_rows)))}
+    return {"val/loss": total / max(1.0, hosts.process_total(packing.trained_tokens(self.val_rows)))}
 
   # ----- checkpoints ---------------------------------------------------------------------
 
@@ -298,6 +284,6 @@ def run(config: ConfigDict) -> dict[str, float]:
 
 
 __all__ = [
-    "SFTTrainer", "global_max", "global_sum", "import_external_lib", "load_val_examples", "make_mesh",
+    "SFTTrainer", "import_external_lib", "load_val_examples", "make_mesh",
     "make_train_iterator", "run",
 ]

@@ -21,6 +21,11 @@ from ml_collections import ConfigDict
 
 from rljax.config.errors import ConfigError
 
+# A process that sends no heartbeat for this long is lost: JAX's coordination service then stops every other
+# process with an error naming it (a killed host stops the job instead of leaving the others waiting in a
+# collective).
+HEARTBEAT_TIMEOUT_S = 60
+
 _ENV_ADDRESS = "JAX_COORDINATOR_ADDRESS"
 _ENV_COUNT = "JAX_NUM_PROCESSES"
 _ENV_ID = "JAX_PROCESS_ID"
@@ -81,7 +86,7 @@ def initialize(config: ConfigDict | None = None) -> bool:
   if args:
     # Only the CPU client reads this; it must be set before any backend starts.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(**args)
+  jax.distributed.initialize(**args, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   return True
 
 

@@ -103,6 +103,23 @@ def full_sequence_log_probs(model, ids, mask, rollout, temperature):
   return np.take_along_axis(pred, rollout.responses[..., None], -1)[..., 0]
 
 
+def test_a_sampled_response_depends_on_its_request_not_its_slot_or_batch(twins):
+  # request r samples from fold_in(key, r): any slot count, and prompts split over calls (as over hosts) with
+  # their first request id, give the same responses
+  _, model = twins
+  params = nnx.state(model, nnx.Param)
+  ids, mask = left_padded([2, 9, 4, 13, 6, 1], 128, seed=2)
+  whole = sampler_for(model, slots=3, greedy=False, eos=(5,)).generate(params, ids, mask, 2, jax.random.key(3))
+  many = sampler_for(model, slots=16, greedy=False, eos=(5,)).generate(params, ids, mask, 2, jax.random.key(3))
+  sampler = sampler_for(model, slots=4, greedy=False, eos=(5,))
+  halves = [sampler.generate(params, ids[i:i + 3], mask[i:i + 3], 2, jax.random.key(3), first_request=2 * i)
+            for i in (0, 3)]
+  np.testing.assert_array_equal(whole.responses, many.responses)
+  np.testing.assert_array_equal(whole.responses, np.concatenate([h.responses for h in halves]))
+  np.testing.assert_array_equal(whole.response_lengths, np.concatenate([h.response_lengths for h in halves]))
+  assert len({tuple(r) for r in whole.responses}) > len(ids)  # sampled: a prompt's two responses differ
+
+
 def test_log_probs_are_the_sampling_distributions(twins):
   _, model = twins
   ids, mask = left_padded([4, 10, 16], 128, seed=2)
@@ -138,8 +155,8 @@ def filtered_probs(logits, temperature, k, p):
 def test_sampled_distribution_matches_filtered_softmax(temperature, k, p):
   logits = jnp.asarray([2.0, 1.5, 1.4, 0.3, 0.0, -0.5, -1.0, 0.9])
   draws = 40000
-  tokens, _ = jax.jit(lambda key: sample(key, jnp.tile(logits, (draws, 1)), SamplingParams(temperature, k, p)))(
-      jax.random.key(0))
+  tokens, _ = jax.jit(lambda keys: sample(keys, jnp.tile(logits, (draws, 1)), SamplingParams(temperature, k, p)))(
+      jax.random.split(jax.random.key(0), draws))
   freq = np.bincount(np.asarray(tokens), minlength=8) / draws
   ref = filtered_probs(logits, temperature, k, p)
   assert np.all(freq[ref == 0] == 0), (freq, ref)

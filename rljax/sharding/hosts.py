@@ -1,0 +1,129 @@
+"""What a multi-process job moves between its hosts, and what stays on one.
+
+Each host decodes its own prompts on its own chips, so the rollout runs on a
+host-local mesh (`local_mesh`), and the trainer's globally sharded weights
+reach it through one on-device all-gather across hosts (`host_local_copy`):
+the weights are laid out over a mesh of every host's local mesh stacked on a
+leading process axis, replicated along it, and each host then reads its own
+shards as a host-local array, without a trip through host memory. A step's
+rows stay on the host that generated them (`process_rows`), and a step's
+statistics cross hosts as a few numbers each (`process_sum`).
+
+In a single-process job every function here is the identity or close to it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+
+from rljax.sharding.mesh import build_mesh
+
+
+def process_devices(process: int) -> list[jax.Device]:
+  """The devices of one process, in id order."""
+  return sorted((d for d in jax.devices() if d.process_index == process), key=lambda d: d.id)
+
+
+def local_mesh(shape: dict[str, int]) -> Mesh:
+  """`shape` (rljax's axes) over this process's devices, laid out as every process lays out its own."""
+  return build_mesh(shape, process_devices(jax.process_index()))
+
+
+def _stacked_mesh(shape: dict[str, int]) -> Mesh:
+  """Every process's `local_mesh(shape)` stacked on a leading `process` axis (all devices of the job)."""
+  grids = [build_mesh(shape, process_devices(p)).devices for p in range(jax.process_count())]
+  axes = build_mesh(shape, process_devices(jax.process_index())).axis_names
+  return Mesh(np.stack(grids), ("process", *axes))
+
+
+def host_local_copy(tree: Any, shardings: Any, cast: Callable[[Any], Any]) -> Any:
+  """`cast(tree)` laid out by `shardings` (NamedShardings over one `local_mesh`) on every host.
+
+  One jitted all-gather over the hosts: the output is replicated along the process axis of the stacked
+  mesh, so each host's devices hold exactly the host-local layout, which this host then wraps as host-local
+  arrays (no copy).
+
+  Args:
+    tree: arrays sharded over the job's (global) mesh.
+    shardings: the host-local NamedShardings, a pytree like `tree`.
+    cast: the elementwise function applied on the way (e.g. the engine's dtype cast).
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  local = treedef.flatten_up_to(shardings)
+  mesh = local[0].mesh
+  shape = dict(zip(mesh.axis_names, mesh.devices.shape))
+  stacked = _stacked_mesh(shape)
+  targets = [NamedSharding(stacked, s.spec) for s in local]
+  gathered = jax.jit(lambda xs: [cast(x) for x in xs], out_shardings=targets)(leaves)
+  mine = [jax.make_array_from_single_device_arrays(x.shape, s, [shard.data for shard in x.addressable_shards])
+          for x, s in zip(gathered, local)]
+  return jax.tree.unflatten(treedef, mine)
+
+
+def process_rows(x: jax.Array, axis: int = 0) -> np.ndarray:
+  """This process's rows of a global array whose `axis` is split over processes in process order (as
+  `jax.make_array_from_process_local_data` lays out each host's rows): its addressable block, on the host.
+
+  Raises:
+    ValueError: the addressable shards do not tile one block (the array is not laid out that way).
+  """
+  if x.is_fully_addressable:
+    return np.asarray(x)
+  shards = {tuple((s.start or 0, s.stop if s.stop is not None else n) for s, n in zip(shard.index, x.shape)):
+            shard.data for shard in x.addressable_shards}
+  start = [min(r[d][0] for r in shards) for d in range(x.ndim)]
+  stop = [max(r[d][1] for r in shards) for d in range(x.ndim)]
+  out = np.empty([b - a for a, b in zip(start, stop)], x.dtype)
+  covered = 0
+  for ranges, data in shards.items():
+    out[tuple(slice(a - s0, b - s0) for (a, b), s0 in zip(ranges, start))] = np.asarray(data)
+    covered += int(np.prod([b - a for a, b in ranges]))
+  whole_elsewhere = all((a, b) == (0, n) for d, (a, b, n) in enumerate(zip(start, stop, x.shape)) if d != axis)
+  if covered != out.size or not whole_elsewhere or out.shape[axis] * jax.process_count() != x.shape[axis]:
+    raise ValueError(f"array of shape {x.shape} ({x.sharding}) is not split over processes along axis {axis}")
+  return out
+
+
+def process_concat(values: np.ndarray) -> np.ndarray:
+  """Every host's `values` ([n] each) one after another, in process order ([P * n])."""
+  if jax.process_count() == 1:
+    return np.asarray(values)
+  return np.asarray(multihost_utils.process_allgather(np.asarray(values))).reshape(-1)
+
+
+def process_union(names: Sequence[str]) -> list[str]:
+  """The sorted union of every host's `names` (each host may hold other ones)."""
+  if jax.process_count() == 1:
+    return sorted(set(names))
+  data = np.frombuffer(json.dumps(sorted(set(names))).encode(), np.uint8)
+  width = int(process_extrema([data.size])[0][0])
+  every = np.asarray(multihost_utils.process_allgather(np.pad(data, (0, width - data.size))))
+  return sorted({name for row in every for name in json.loads(bytes(row).rstrip(b"\0").decode())})
+
+
+def process_sum(values: Sequence[float] | np.ndarray) -> np.ndarray:
+  """Elementwise sum over processes of a small float64 vector (each host's statistics)."""
+  values = np.asarray(values, np.float64)
+  if jax.process_count() == 1:
+    return values
+  return np.asarray(multihost_utils.process_allgather(values)).sum(0)
+
+
+def process_total(value: float) -> float:
+  """One number summed over processes."""
+  return float(process_sum([value])[0])
+
+
+def process_extrema(values: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Elementwise (max, min) over processes of a small float64 vector."""
+  values = np.asarray(values, np.float64)
+  if jax.process_count() == 1:
+    return values, values
+  every = np.asarray(multihost_utils.process_allgather(values))
+  return every.max(0), every.min(0)

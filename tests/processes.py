@@ -1,0 +1,61 @@
+"""Running an rljax command line as a multi-process job on this machine's CPU (`jax.distributed` over gloo,
+each process with its own virtual devices), as every host of a pod runs it."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def start(argv: list[str], processes: int, devices: int = 8) -> list[subprocess.Popen]:
+  """`python argv...` as `processes` processes sharing `devices` CPU devices (one process: no coordinator)."""
+  port, procs = free_port(), []
+  for rank in range(processes):
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices // processes}")
+    if processes > 1:
+      env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
+                 JAX_PROCESS_ID=str(rank))
+    procs.append(subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True))
+  return procs
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 400) -> list[str]:
+  """Each process's output; kills what is still running after `timeout` seconds."""
+  try:
+    return [p.communicate(timeout=timeout)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
+def run_metrics(argv: list[str], processes: int, run_dir: str) -> list[dict]:
+  """The metrics.jsonl records of `argv` (writing to run_dir) run as `processes` processes; all must succeed."""
+  procs = start(argv, processes)
+  logs = finish(procs)
+  assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+  return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+
+
+def assert_same_metrics(one: list[dict], many: list[dict]) -> None:
+  """Equal steps and metric names, values within 1e-5 relative (timings and throughputs aside)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  timing = ("timing_s/", "perf/time", "perf/throughput", "perf/mfu")
+  assert [m["step"] for m in one] == [m["step"] for m in many]
+  for a, b in zip(one, many):
+    names = sorted(k for k in a if not k.startswith(timing))
+    assert names == sorted(k for k in b if not k.startswith(timing))
+    np.testing.assert_allclose([b[k] for k in names], [a[k] for k in names], rtol=1e-5, atol=1e-7,
+                               err_msg=str(names))

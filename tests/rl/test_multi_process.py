@@ -1,0 +1,83 @@
+"""The RL job as several processes (`jax.distributed` over gloo, each with its own CPU devices) logs the same
+metrics as one process with the same devices."""
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from rljax import config as config_lib
+from rljax.rl import trainer as trainer_lib
+from tests import processes
+from tests.rl import tiny_run
+
+# 0, 0.5 or 1 by the response's text: groups with different scores, so the policy gradient is not zero
+SCORE_BY_TEXT = """
+import zlib
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+  return float(zlib.crc32(solution_str.encode()) % 3) / 2.0
+"""
+
+
+@pytest.mark.slow  # two trainer runs: one of 2 processes, one of 1 (about 90 s)
+def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
+  # 8 prompts x 2 responses over 8 devices; 2 shuffled mini-batches and balance_batch, so each update's rows
+  # come from both hosts' rollouts; validation before training and after step 2
+  scorer = tmp_path / "score.py"
+  scorer.write_text(SCORE_BY_TEXT)
+  overrides = [*tiny_run.overrides(model_dir, data_dir, "unused"), "data.train_batch_size=8",
+               "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+               "actor_rollout_ref.actor.shuffle=true", "trainer.balance_batch=true", "trainer.save_freq=-1",
+               "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.n_gpus_per_node=auto", f"custom_reward_function.path={scorer}"]
+  argv = ["-m", "rljax.train", "--config=configs/grpo.py", *overrides]
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
+  two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two"], 2, f"{tmp_path}/two")
+  trained = [m for m in one if m["step"] > 0]
+  assert len(trained) == 2 and trained[0]["actor/grad_norm"] > 0 and 0 < trained[0]["critic/score/mean"] < 1
+  assert any(k.startswith("val-core/") for k in trained[1])
+  processes.assert_same_metrics(one, two)
+
+
+@pytest.mark.slow  # a 2-process run killed after its second step, then restarted (about 3 minutes)
+def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_dir, tmp_path):
+  run_dir = tmp_path / "run"
+  argv = ["-m", "rljax.train", "--config=configs/grpo.py", *tiny_run.overrides(model_dir, data_dir, str(run_dir)),
+          "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "trainer.n_gpus_per_node=auto",
+          "trainer.total_epochs=50"]
+  procs = processes.start([*argv, "trainer.total_training_steps=50"], 2)
+  try:
+    metrics, start = run_dir / "metrics.jsonl", time.monotonic()
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+      assert time.monotonic() - start < 300 and procs[0].poll() is None, "the job did not reach step 2"
+      time.sleep(0.5)
+    procs[1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    survivor = processes.finish(procs[:1], timeout=120)[0]
+    stopped_after = time.monotonic() - killed
+  finally:
+    processes.finish(procs, timeout=1)
+  assert procs[0].returncode != 0 and stopped_after < 120
+  # JAX's coordination service names the lost process
+  assert re.search(r"stopped sending heartbeats\):\s*1\b|Task 1 heartbeat timeout", survivor), survivor[-2000:]
+  saved = sorted(int(p.name.rsplit("_", 1)[1]) for p in run_dir.glob("global_step_*") if "tmp" not in p.name)
+  assert saved and saved[-1] >= 1
+  # every host restarted: the job resumes after the last complete checkpoint
+  logged = len(metrics.read_text().splitlines())
+  processes.run_metrics([*argv, f"trainer.total_training_steps={saved[-1] + 1}"], 2, str(run_dir))
+  resumed = [json.loads(line) for line in metrics.read_text().splitlines()[logged:]]
+  assert [m["step"] for m in resumed] == [saved[-1] + 1]
+  assert os.path.isdir(run_dir / f"global_step_{saved[-1] + 1}")
+
+
+def test_what_a_multi_process_job_does_not_run_yet_is_named(model_dir, data_dir, tmp_path):
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path))
+  assert trainer_lib.multi_process_limits(config) == []
+  config_lib.apply_overrides(config, ["algorithm.use_kl_in_reward=true", "algorithm.adv_estimator=gae"])
+  assert [key for key, _, _ in trainer_lib.multi_process_limits(config)] == [
+      "algorithm.adv_estimator", "critic.enable", "algorithm.use_kl_in_reward"]
