@@ -323,12 +323,13 @@ class Engine:
       return abstract(jax.eval_shape(self._cast, params), target)
     if same_layout:
       return self._cast(params)
-    if not all(x.is_fully_addressable for x in leaves) and _host_local(self._mesh):
-      # a multi-process job's weights reach this host's engine mesh by one all-gather over the hosts
-      return hosts.host_local_copy(params, target, lambda x: _cast_floats(x, dtype))
     key = jax.tree.structure(params)
     if key not in self._reshards:
-      self._reshards[key] = jax.jit(self._cast_impl, out_shardings=target)
+      if not all(x.is_fully_addressable for x in leaves) and _host_local(self._mesh):
+        # a multi-process job's weights reach this host's engine mesh by one all-gather over the hosts
+        self._reshards[key] = hosts.host_local_copier(target, lambda x: _cast_floats(x, dtype))
+      else:
+        self._reshards[key] = jax.jit(self._cast_impl, out_shardings=target)
     return self._reshards[key](params)
 
   def prefix_shardings(self, rows: int, bucket: int) -> Prefix:

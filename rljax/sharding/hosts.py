@@ -2,7 +2,7 @@
 
 Each host decodes its own prompts on its own chips, so the rollout runs on a
 host-local mesh (`local_mesh`), and the trainer's globally sharded weights
-reach it through one on-device all-gather across hosts (`host_local_copy`):
+reach it through one on-device all-gather across hosts (`host_local_copier`):
 the weights are laid out over a mesh of every host's local mesh stacked on a
 leading process axis, replicated along it, and each host then reads its own
 shards as a host-local array, without a trip through host memory. A step's
@@ -42,28 +42,26 @@ def _stacked_mesh(shape: dict[str, int]) -> Mesh:
   return Mesh(np.stack(grids), ("process", *axes))
 
 
-def host_local_copy(tree: Any, shardings: Any, cast: Callable[[Any], Any]) -> Any:
-  """`cast(tree)` laid out by `shardings` (NamedShardings over one `local_mesh`) on every host.
+def host_local_copier(shardings: Any, cast: Callable[[Any], Any]) -> Callable[[Any], Any]:
+  """A function `tree -> cast(tree)` laid out by `shardings` (NamedShardings over one `local_mesh`, a pytree
+  like `tree`) on every host, compiled once.
 
   One jitted all-gather over the hosts: the output is replicated along the process axis of the stacked
   mesh, so each host's devices hold exactly the host-local layout, which this host then wraps as host-local
-  arrays (no copy).
-
-  Args:
-    tree: arrays sharded over the job's (global) mesh.
-    shardings: the host-local NamedShardings, a pytree like `tree`.
-    cast: the elementwise function applied on the way (e.g. the engine's dtype cast).
+  arrays (no copy). `tree` holds arrays sharded over the job's (global) mesh; `cast` is elementwise (e.g.
+  the engine's dtype cast).
   """
-  leaves, treedef = jax.tree.flatten(tree)
-  local = treedef.flatten_up_to(shardings)
+  local, treedef = jax.tree.flatten(shardings)
   mesh = local[0].mesh
-  shape = dict(zip(mesh.axis_names, mesh.devices.shape))
-  stacked = _stacked_mesh(shape)
-  targets = [NamedSharding(stacked, s.spec) for s in local]
-  gathered = jax.jit(lambda xs: [cast(x) for x in xs], out_shardings=targets)(leaves)
-  mine = [jax.make_array_from_single_device_arrays(x.shape, s, [shard.data for shard in x.addressable_shards])
-          for x, s in zip(gathered, local)]
-  return jax.tree.unflatten(treedef, mine)
+  stacked = _stacked_mesh(dict(zip(mesh.axis_names, mesh.devices.shape)))
+  gather = jax.jit(lambda xs: [cast(x) for x in xs], out_shardings=[NamedSharding(stacked, s.spec) for s in local])
+
+  def copy(tree: Any) -> Any:
+    gathered = gather(treedef.flatten_up_to(tree))
+    return jax.tree.unflatten(treedef, [
+        jax.make_array_from_single_device_arrays(x.shape, s, [shard.data for shard in x.addressable_shards])
+        for x, s in zip(gathered, local)])
+  return copy
 
 
 def process_rows(x: jax.Array, axis: int = 0) -> np.ndarray:
