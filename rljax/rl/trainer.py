@@ -364,21 +364,26 @@ class RLTrainer:
     return rows.replace(response_mask=np.asarray(mask, np.int32),
                         rollout_is_weights=None if weights is None else np.asarray(weights, np.float32))
 
-  def _minibatches(self, rows: Experience, step: Step, epoch: int) -> Iterator[Experience]:
-    """The mini-batches of one epoch as `step` takes them (its batch argument's fields and shardings).
+  def _minibatches(self, rows: Experience, step: Step, epochs: int,
+                   order: np.ndarray) -> Iterator[tuple[int, int, Experience]]:
+    """(epoch, index, mini-batch) over `epochs` epochs of `rows`, each mini-batch as `step` takes it (its batch
+    argument's fields and shardings).
 
     The step's rows (this host's) are placed once; each mini-batch is gathered on device from the global row
-    numbers of the epoch's order, so it holds the same rows whatever the number of hosts.
+    numbers of `order` (permuted per epoch under actor.shuffle), so it holds the same rows whatever the number
+    of hosts.
     """
     layout, spec = self.run.layout, step.args[2]
     if step.name not in self._row_gathers:
       self._row_gathers[step.name] = experience_lib.row_gather(spec)
+    gather, size = self._row_gathers[step.name], layout.mini_rows
     whole = experience_lib.place(rows, experience_lib.regrouped(spec, 1, layout.rows))
-    order = self._balanced_order(rows)
-    if self.config.actor_rollout_ref.actor.shuffle:
-      order = order[np.asarray(jax.random.permutation(self._key(Stream.SHUFFLE, epoch), layout.rows))]
-    for m in range(layout.minis):
-      yield self._row_gathers[step.name](whole, order[m * layout.mini_rows:(m + 1) * layout.mini_rows])
+    for epoch in range(epochs):
+      epoch_order = order
+      if self.config.actor_rollout_ref.actor.shuffle:
+        epoch_order = order[np.asarray(jax.random.permutation(self._key(Stream.SHUFFLE, epoch), layout.rows))]
+      for m in range(layout.minis):
+        yield epoch, m, gather(whole, epoch_order[m * size:(m + 1) * size])
 
   def _balanced_order(self, rows: Experience) -> np.ndarray:
     """The step's global row numbers in update order: trainer.balance_batch deals the prompts' groups to the
@@ -393,23 +398,22 @@ class RLTrainer:
     """The critic's and then the actor's epochs over the mini-batches of `rows` (the state moves on)."""
     actor, steps, layout = self.config.actor_rollout_ref.actor, self.run.steps, self.run.layout
     collected: list[dict] = []
+    order = self._balanced_order(rows)
     if steps.critic_update is not None:
       with timed(timing, "update_critic"):
-        for epoch in range(self.config.critic.ppo_epochs):
-          for i, mini in enumerate(self._minibatches(rows, steps.critic_update, epoch)):
-            critic, critic_opt, m = steps.critic_update(self.state.critic, self.state.critic_opt, mini,
-                                                        self._key(Stream.CRITIC_UPDATE, epoch, i))
-            self.state = self.state.replace(critic=critic, critic_opt=critic_opt)
-            collected.append(m)
+        for epoch, i, mini in self._minibatches(rows, steps.critic_update, self.config.critic.ppo_epochs, order):
+          critic, critic_opt, m = steps.critic_update(self.state.critic, self.state.critic_opt, mini,
+                                                      self._key(Stream.CRITIC_UPDATE, epoch, i))
+          self.state = self.state.replace(critic=critic, critic_opt=critic_opt)
+          collected.append(m)
         jax.block_until_ready(self.state.critic)
     if self.step >= self.config.trainer.critic_warmup:
       with timed(timing, "update_actor"):
-        for epoch in range(actor.ppo_epochs):
-          for i, mini in enumerate(self._minibatches(rows, steps.actor_update, epoch)):
-            trained, actor_opt, m = steps.actor_update(self.state.actor, self.state.actor_opt, mini,
-                                                       self._key(Stream.ACTOR_UPDATE, epoch, i), self.run.frozen)
-            self.state = self.state.replace(actor=trained, actor_opt=actor_opt)
-            collected.append(m)
+        for epoch, i, mini in self._minibatches(rows, steps.actor_update, actor.ppo_epochs, order):
+          trained, actor_opt, m = steps.actor_update(self.state.actor, self.state.actor_opt, mini,
+                                                     self._key(Stream.ACTOR_UPDATE, epoch, i), self.run.frozen)
+          self.state = self.state.replace(actor=trained, actor_opt=actor_opt)
+          collected.append(m)
         jax.block_until_ready(self.state.actor)
       step_metrics["actor/lr"] = float(self.run.actor_lr(self.step * actor.ppo_epochs * layout.minis))
     for m in jax.device_get(collected):
@@ -432,7 +436,7 @@ class RLTrainer:
       self._update(rows, timing, step_metrics)
     step_metrics.update(metrics_lib.data_metrics(rows, self.run.layout.response_length, self.run.layout.prompt_length))
     step_metrics.update(timing)
-    tokens = int(hosts.process_sum([rows.attention_mask.sum()])[0])
+    tokens = int(hosts.process_total(rows.attention_mask.sum()))
     step_metrics.update(training_metrics.throughput_metrics(timing, tokens, self.mesh.size))
     step_metrics["training/global_step"] = float(self.step + 1)
     step_metrics["training/epoch"] = float(self.step // max(1, self.train_iter.batches_per_epoch))
