@@ -49,13 +49,13 @@ def run_metrics(argv: list[str], processes: int, run_dir: str) -> list[dict]:
   return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
 
 
-def assert_same_metrics(one: list[dict], many: list[dict]) -> None:
-  """Equal steps and metric names, values within 1e-5 relative (timings and throughputs aside)."""
+def assert_same_metrics(one: list[dict], many: list[dict], atol: float = 1e-7) -> None:
+  """Equal steps and metric names, values within 1e-5 relative or `atol` (timings and throughputs aside)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
   timing = ("timing_s/", "perf/time", "perf/throughput", "perf/mfu")
   assert [m["step"] for m in one] == [m["step"] for m in many]
   for a, b in zip(one, many):
     names = sorted(k for k in a if not k.startswith(timing))
     assert names == sorted(k for k in b if not k.startswith(timing))
-    np.testing.assert_allclose([b[k] for k in names], [a[k] for k in names], rtol=1e-5, atol=1e-7,
+    np.testing.assert_allclose([b[k] for k in names], [a[k] for k in names], rtol=1e-5, atol=atol,
                                err_msg=str(names))

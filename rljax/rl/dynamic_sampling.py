@@ -10,16 +10,23 @@ would need more than `filter_groups.max_num_gen_batches` rounds (when > 0)
 stops with verl's error.
 
 The functions here are pure NumPy over a round's rows (an `Experience` of
-N = prompts x n rows, `group` [N] the prompt of each row).
+N = prompts x n rows, `group` [N] the prompt of each row), except
+`join_rounds`, which every host of a multi-process job calls with its own
+rounds: the hosts agree on the kept groups in the order one process would
+generate them (round by round, each round's prompts host by host), and each
+ends with its share of the first data.train_batch_size of them, moved
+between hosts on device.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
+import jax
 import numpy as np
 
 from rljax.rl.experience import Experience, concatenate
+from rljax.sharding import hosts
 
 SEQUENCE_METRICS = ("seq_reward", "seq_final_reward")
 
@@ -64,20 +71,47 @@ def kept_rows(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
   return keep[inverse]
 
 
-def join_rounds(rounds: Sequence[Experience], groups_wanted: int, group_size: int) -> Experience:
-  """The kept rows of several rounds as one batch of `groups_wanted` groups of `group_size` rows.
+def kept_order(keeps: np.ndarray) -> np.ndarray:
+  """[K] the row numbers of the kept rows in generation order.
 
   Args:
-    rounds: each round's kept rows (whole groups, in generation order).
+    keeps: [P, G, M] bool, whether host p's round g's row i is kept; row numbers count each host's rounds one
+      after another (p * G * M + g * M + i).
+
+  Returns:
+    The kept rows round by round and, within a round, host by host (the order of one process's rows).
+  """
+  hosts_, rounds, size = keeps.shape
+  numbers = np.arange(hosts_ * rounds * size).reshape(hosts_, rounds, size)
+  return numbers.transpose(1, 0, 2)[keeps.transpose(1, 0, 2)]
+
+
+def _rows_at(rows: Experience, index: Any) -> tuple[Experience, tuple]:
+  """(rows `index` of every field, nothing else): a `hosts.global_rows` function."""
+  return jax.tree.map(lambda x: x[index], rows), ()
+
+
+def join_rounds(rounds: Sequence[Experience], keeps: Sequence[np.ndarray], groups_wanted: int,
+                group_size: int) -> Experience:
+  """This host's share of the first `groups_wanted` kept groups of every host's rounds.
+
+  Args:
+    rounds: this host's rows of each round (whole groups, the same count on every host).
+    keeps: [M] bool per round, which of its rows are kept.
     groups_wanted: data.train_batch_size.
     group_size: rollout.n.
 
   Returns:
-    The rows of the first `groups_wanted` groups, `group` renumbered 0..groups_wanted - 1 in order; the
-    fields every round has (a reward-function component that only some rounds returned is left out).
+    groups_wanted / hosts groups (block p of the kept groups in generation order on host p), `group`
+    renumbered 0, 1, ... in order; the fields every round has (a reward-function component that some round
+    of some host did not return is left out).
   """
-  rows = concatenate(list(rounds)).take(slice(0, groups_wanted * group_size))
-  return rows.replace(group=np.repeat(np.arange(groups_wanted, dtype=np.int32), group_size))
+  rows = concatenate(list(rounds))
+  common = hosts.process_intersection(rows.reward_components)
+  rows = rows.replace(reward_components={k: v for k, v in rows.reward_components.items() if k in common})
+  keeps = hosts.process_concat(np.concatenate(keeps)).reshape(jax.process_count(), len(rounds), -1)
+  joined, _ = hosts.global_rows(_rows_at, rows, kept_order(keeps)[:groups_wanted * group_size])
+  return joined.replace(group=np.repeat(np.arange(len(joined.group) // group_size, dtype=np.int32), group_size))
 
 
 def too_many_rounds(rounds: int, limit: int) -> str:

@@ -52,10 +52,8 @@ from rljax import config as config_lib
 from rljax import data as data_lib
 from rljax import models, rewards, sharding
 from rljax.algos import advantages as adv_lib
-from rljax.algos import kl as kl_lib
-from rljax.algos import rollout_corr
 from rljax.rewards import managers
-from rljax.rl import assembly, dynamic_sampling, experience as experience_lib, metrics as metrics_lib, profiling
+from rljax.rl import advantage_stage, assembly, dynamic_sampling, experience as experience_lib, metrics as metrics_lib, profiling
 from rljax.rl import steps as steps_lib
 from rljax.rl.experience import Experience
 from rljax.rl.layout import balance_order
@@ -117,29 +115,14 @@ def timed(timing: dict[str, float], name: str):
   timing[f"timing_s/{name}"] = timing.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
 
 
-# Estimators that normalise over the whole batch (their statistics would be each host's own).
-_BATCH_WIDE_ESTIMATORS = ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gdpo", "gpg")
-
 
 def multi_process_limits(config: ConfigDict) -> list[tuple[str, Any, str]]:
   """(key, value, why) for each setting a multi-process job does not run yet: the parts that need statistics
   or rows of every host, and those not yet checked against one process."""
-  alg, arr = config.algorithm, config.actor_rollout_ref
+  arr = config.actor_rollout_ref
   limits = [
-      ("algorithm.filter_groups.enable", alg.filter_groups.enable,
-       "dynamic sampling's rounds are not yet agreed between hosts"),
-      ("algorithm.adv_estimator", alg.adv_estimator in _BATCH_WIDE_ESTIMATORS and alg.adv_estimator,
-       "it normalises over the whole batch, and the hosts do not yet share its statistics"),
-      ("critic.enable", steps_lib.uses_critic(config), "the critic has not yet been checked against one process"),
-      ("algorithm.use_kl_in_reward", alg.use_kl_in_reward, "the KL controller would see each host's own KL"),
-      ("algorithm.rollout_correction.rollout_is", alg.rollout_correction.rollout_is,
-       "rollout correction's batch statistics are each host's own"),
-      ("algorithm.rollout_correction.rollout_rs", alg.rollout_correction.rollout_rs,
-       "rollout correction's batch statistics are each host's own"),
       ("reward_model.enable", config.reward_model.enable,
        "the reward model has not yet been checked against one process"),
-      ("actor_rollout_ref.rollout.multi_turn.enable", arr.rollout.multi_turn.enable,
-       "multi-turn rollouts have not yet been checked against one process"),
       ("actor_rollout_ref.model.lora_rank", arr.model.lora_rank, "LoRA has not yet been checked against one process"),
       ("actor_rollout_ref.actor.router_replay.mode", arr.actor.router_replay.mode != "disabled" and
        arr.actor.router_replay.mode, "router replay has not yet been checked against one process"),
@@ -276,7 +259,7 @@ class RLTrainer:
       result = self._score(batch, rollout)
     rows = rows.replace(token_level_scores=np.asarray(result.reward_tensor, np.float32),
                         reward_components=reward_components(result.reward_extra_info, len(idx)))
-    timing.update({k: float(v) for k, v in result.metrics.items()})
+    timing.update({k: hosts.process_total(float(v)) for k, v in result.metrics.items()})  # counts
     if "reward_baselines" in adv_lib.estimator_inputs(self.config.algorithm.adv_estimator).needs:
       rows = rows.replace(reward_baselines=self._greedy_baselines(batch, idx, timing))
     if self.config.trainer.rollout_data_dir:
@@ -290,24 +273,24 @@ class RLTrainer:
     data.gen_batch_size prompts, until data.train_batch_size groups whose filter metric varies are kept."""
     groups = self.config.algorithm.filter_groups
     wanted, n = self.config.data.train_batch_size, self.run.layout.n
-    kept_rounds, kept, dropped, rounds = [], 0, 0, 0
+    generated, keeps, kept, dropped = [], [], 0, 0
     while kept < wanted:
-      if rounds:
-        if 0 < groups.max_num_gen_batches <= rounds:
-          raise ValueError(dynamic_sampling.too_many_rounds(rounds, groups.max_num_gen_batches))
+      if generated:
+        if 0 < groups.max_num_gen_batches <= len(generated):
+          raise ValueError(dynamic_sampling.too_many_rounds(len(generated), groups.max_num_gen_batches))
         try:
           batch = next(self.train_iter)
         except StopIteration:
           raise training_loop.DataExhausted() from None
-      rows = self._rollout(batch, timing, rounds)
-      rounds += 1
+      rows = self._rollout(batch, timing, len(generated))
       keep = dynamic_sampling.kept_rows(dynamic_sampling.metric_values(rows, groups.metric), rows.group)
-      kept_rounds.append(rows.take(keep))
-      kept += int(keep.sum()) // n
-      dropped += int((~keep).sum()) // n
-    step_metrics.update({"train/num_gen_batches": float(rounds), "train/kept_groups": float(kept),
+      generated.append(rows)
+      keeps.append(keep)
+      kept_now = int(hosts.process_total(keep.sum())) // n
+      kept, dropped = kept + kept_now, dropped + len(keep) * jax.process_count() // n - kept_now
+    step_metrics.update({"train/num_gen_batches": float(len(generated)), "train/kept_groups": float(kept),
                          "train/filtered_groups": float(dropped)})
-    return dynamic_sampling.join_rounds(kept_rounds, wanted, n)
+    return dynamic_sampling.join_rounds(generated, keeps, wanted, n)
 
   def _experience(self, rows: Experience, timing: dict[str, float], step_metrics: dict) -> Experience:
     """`rows` with the old and reference log-probs, values, rewards, advantages and returns the run uses."""
@@ -331,38 +314,24 @@ class RLTrainer:
       return self._advantages(rows, step_metrics)
 
   def _advantages(self, rows: Experience, step_metrics: dict) -> Experience:
-    """`rows` with the token-level rewards (KL in the reward), rollout correction, advantages and returns."""
-    alg = self.config.algorithm
-    token_rewards = rows.token_level_scores
-    if alg.use_kl_in_reward:
-      token_rewards, kl_ctrl, kl_metrics = kl_lib.apply_kl_penalty(
-          token_rewards, rows.old_log_probs, rows.ref_log_prob, rows.response_mask, self.state.kl_ctrl,
-          alg.kl_penalty)
-      self.state = self.state.replace(kl_ctrl=kl_ctrl)
-      step_metrics.update({k: float(v) for k, v in kl_metrics.items()})
-    rows = rows.replace(token_level_rewards=np.asarray(token_rewards, np.float32))
-    corr = alg.rollout_correction
-    if corr.rollout_is or corr.rollout_rs:
-      rows = self._rollout_correction(rows, step_metrics)
-    adv, ret = adv_lib.compute_advantage(alg.adv_estimator, adv_lib.AdvantageInputs(
-        rows.token_level_rewards, rows.response_mask, group_ids=rows.group, num_groups=self.config.data.train_batch_size,
-        values=rows.values, reward_baselines=rows.reward_baselines, reward_components=rows.reward_components,
-        old_log_probs=rows.old_log_probs), alg)
-    rows = rows.replace(advantages=np.asarray(adv, np.float32), returns=np.asarray(ret, np.float32))
+    """`rows` with the token-level rewards (KL in the reward), rollout correction, advantages and returns
+    (`advantage_stage`: each host's own rows, or every host's where a statistic is over the whole batch)."""
+    inputs = rows.select(advantage_stage.inputs(self.config))
+    if advantage_stage.reads_every_row(self.config):
+      inputs = inputs.replace(group=inputs.group + jax.process_index() * (len(inputs.group) // self.run.layout.n))
+      out, (kl_ctrl, metrics) = hosts.gathered_rows(self._stage, inputs, self.state.kl_ctrl)
+    else:
+      out, (kl_ctrl, metrics) = self._stage(inputs, self.state.kl_ctrl)
+    self.state = self.state.replace(kl_ctrl=kl_ctrl)
+    step_metrics.update({k: float(v) for k, v in metrics.items()})
+    rows = rows.replace(**{k: np.asarray(getattr(out, k), experience_lib.FIELDS[k][1]) for k in out.present()})
     if self.config.actor_rollout_ref.actor.positive_nll_coef:
       rows = rows.replace(positive=rows.token_level_scores.sum(-1) > 0)
     return rows
 
-  def _rollout_correction(self, rows: Experience, step_metrics: dict) -> Experience:
-    """`rows` with rollout-correction weights and the rejection-sampled response mask (verl's rollout_correction)."""
-    corr = self.config.algorithm.rollout_correction
-    weights, mask, corr_metrics = rollout_corr.compute_rollout_correction_and_rejection_mask(
-        rows.old_log_probs, rows.rollout_log_probs, rows.response_mask, rollout_is=corr.rollout_is,
-        rollout_is_threshold=corr.rollout_is_threshold, rollout_is_batch_normalize=corr.rollout_is_batch_normalize,
-        rollout_rs=corr.rollout_rs, rollout_rs_threshold=corr.rollout_rs_threshold)
-    step_metrics.update({k: float(v) for k, v in corr_metrics.items()})
-    return rows.replace(response_mask=np.asarray(mask, np.int32),
-                        rollout_is_weights=None if weights is None else np.asarray(weights, np.float32))
+  def _stage(self, rows: Experience, kl_ctrl: Any) -> tuple[Experience, tuple[Any, dict[str, Any]]]:
+    """`advantage_stage.stage` under this run's config."""
+    return advantage_stage.stage(self.config, rows, kl_ctrl)
 
   def _minibatches(self, rows: Experience, step: Step, epochs: int,
                    order: np.ndarray) -> Iterator[tuple[int, int, Experience]]:

@@ -48,6 +48,7 @@ from rljax.config.choices import AGENT_LOOPS
 from rljax.rollout import engine as engine_lib
 from rljax.rollout import sampling
 from rljax.rollout.sampler import Rollout, RolloutSampler
+from rljax.sharding import hosts
 
 _LOG = logging.getLogger("rljax.rollout")
 ENDINGS = ("answer", "length", "assistant_turns", "user_turns", "interaction")
@@ -151,7 +152,8 @@ class AgentRollout(Rollout):
 
   @property
   def metrics(self) -> dict[str, float]:
-    return rollout_metrics(self.episodes)
+    """Over every host's episodes (each host's per-episode counts, one number per row)."""
+    return rollout_metrics({k: hosts.process_concat(v) for k, v in episode_counts(self.episodes).items()})
 
   def extra_info(self, rows: Sequence[Any] | None) -> list[dict[str, Any]]:
     """Each row's extra_info with verl's additions: num_turns and rollout_reward_scores (tools' calc_reward,
@@ -166,21 +168,31 @@ def episode_turns(episode: Episode) -> int:
   return 1 + episode.assistant_turns + episode.user_turns
 
 
-def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
-  """verl's num_turns/{min,max,mean} and the tool agent's counts over a rollout's episodes."""
-  turns = np.array([episode_turns(e) for e in episodes], np.float32)
-  calls = np.array([e.tool_calls for e in episodes], np.float32)
-  generated = [e.mask for e in episodes]
+def episode_counts(episodes: Sequence[Episode]) -> dict[str, np.ndarray]:
+  """[B] per-episode numbers the rollout's metrics come from: turns, tool calls and errors, assistant and user
+  tokens, tokenization mismatches, and each ending (1 where the episode ended so)."""
+  out = {"turns": [episode_turns(e) for e in episodes], "calls": [e.tool_calls for e in episodes],
+         "errors": [e.tool_errors for e in episodes], "assistant": [sum(e.mask) for e in episodes],
+         "user": [len(e.mask) - sum(e.mask) for e in episodes],
+         "mismatches": [e.tokenization_mismatch is not None for e in episodes]}
+  out.update({f"ended/{ending}": [e.ended == ending for e in episodes] for ending in ENDINGS})
+  return {k: np.asarray(v, np.float64) for k, v in out.items()}
+
+
+def rollout_metrics(counts: dict[str, np.ndarray]) -> dict[str, float]:
+  """verl's num_turns/{min,max,mean} and the tool agent's counts over a rollout's episodes (`episode_counts`,
+  every host's)."""
+  turns, calls = counts["turns"], counts["calls"]
   out = {"num_turns/min": float(turns.min()), "num_turns/max": float(turns.max()),
          "num_turns/mean": float(turns.mean()),
          "multi_turn/tool_calls/mean": float(calls.mean()), "multi_turn/tool_calls/max": float(calls.max()),
          "multi_turn/tool_call_rate": float(np.mean(calls > 0)),
-         "multi_turn/tool_errors": float(sum(e.tool_errors for e in episodes)),
-         "multi_turn/assistant_tokens/mean": float(np.mean([sum(m) for m in generated])),
-         "multi_turn/user_tokens/mean": float(np.mean([len(m) - sum(m) for m in generated])),
-         "multi_turn/tokenization_mismatches": float(sum(e.tokenization_mismatch is not None for e in episodes))}
+         "multi_turn/tool_errors": float(counts["errors"].sum()),
+         "multi_turn/assistant_tokens/mean": float(counts["assistant"].mean()),
+         "multi_turn/user_tokens/mean": float(counts["user"].mean()),
+         "multi_turn/tokenization_mismatches": float(counts["mismatches"].sum())}
   for ending in ENDINGS:
-    out[f"multi_turn/ended/{ending}"] = float(np.mean([e.ended == ending for e in episodes]))
+    out[f"multi_turn/ended/{ending}"] = float(counts[f"ended/{ending}"].mean())
   return out
 
 

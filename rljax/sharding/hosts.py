@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.sharding.mesh import build_mesh
 
@@ -88,6 +88,47 @@ def process_rows(x: jax.Array, axis: int = 0) -> np.ndarray:
   return out
 
 
+def global_rows(fn: Callable[[Any, Any], tuple[Any, Any]], rows: Any, shared: Any = ()) -> tuple[Any, Any]:
+  """`fn(rows, shared) -> (row_out, other_out)` over every host's rows at once, compiled.
+
+  `rows` is a pytree of this host's rows ([n, ...] NumPy arrays, n the same on every host); `fn` sees them
+  as global arrays of every host's rows in process order ([P * n, ...], one device per host), so a gather
+  of rows from other hosts (or a statistic over the batch) moves what it needs on device. `row_out` (a
+  pytree of [P * m, ...] arrays) comes back as this host's block of rows ([m, ...]), `other_out` whole.
+  `shared` (the same on every host) enters replicated. One process calls `fn` directly.
+  """
+  if jax.process_count() == 1:
+    return fn(rows, shared)
+  mesh = Mesh(np.array([process_devices(p)[0] for p in range(jax.process_count())]), ("process",))
+  split, whole = NamedSharding(mesh, PartitionSpec("process")), NamedSharding(mesh, PartitionSpec())
+  rows = jax.tree.map(lambda x: jax.make_array_from_process_local_data(split, np.asarray(x)), rows)
+  shared = jax.tree.map(lambda x: jax.make_array_from_process_local_data(whole, np.asarray(x)), shared)
+  row_out, other_out = jax.eval_shape(fn, rows, shared)
+  out = jax.jit(fn, out_shardings=(jax.tree.map(lambda _: split, row_out), jax.tree.map(lambda _: whole, other_out)))(
+      rows, shared)
+  return jax.tree.map(process_rows, out[0]), jax.tree.map(np.asarray, out[1])
+
+
+def gathered_rows(fn: Callable[[Any, Any], tuple[Any, Any]], rows: Any, shared: Any = ()) -> tuple[Any, Any]:
+  """`fn(rows, shared) -> (row_out, other_out)` on every host's rows, with the numbers one process gets.
+
+  Every host gathers every host's `rows` (a pytree of [n, ...] arrays) in process order and calls `fn`
+  on them as one process does, then keeps its own block of `row_out`. For statistics over the batch
+  that must not depend on how many hosts hold it (a float sum's order would): the cost is the rows `fn`
+  reads, sent to every host.
+  """
+  if jax.process_count() == 1:
+    return fn(rows, shared)
+  every = jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True)), rows)
+  row_out, other_out = fn(every, shared)
+
+  def mine(x: Any) -> np.ndarray:
+    x = np.asarray(x)
+    size = x.shape[0] // jax.process_count()
+    return x[jax.process_index() * size:(jax.process_index() + 1) * size]
+  return jax.tree.map(mine, row_out), other_out
+
+
 def process_concat(values: np.ndarray) -> np.ndarray:
   """Every host's `values` ([n] each) one after another, in process order ([P * n])."""
   if jax.process_count() == 1:
@@ -103,6 +144,12 @@ def process_union(names: Sequence[str]) -> list[str]:
   width = int(process_extrema([data.size])[0][0])
   every = np.asarray(multihost_utils.process_allgather(np.pad(data, (0, width - data.size))))
   return sorted({name for row in every for name in json.loads(bytes(row).rstrip(b"\0").decode())})
+
+
+def process_intersection(names: Sequence[str]) -> list[str]:
+  """The sorted names every host holds."""
+  every = process_union(names)
+  return sorted(set(every) - set(process_union(sorted(set(every) - set(names)))))
 
 
 def process_sum(values: Sequence[float] | np.ndarray) -> np.ndarray:

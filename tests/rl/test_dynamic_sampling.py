@@ -36,14 +36,21 @@ def test_metric_values_read_scores_or_the_reward_functions_extra_info():
 
 def test_rounds_join_into_exactly_the_wanted_groups_renumbered():
   # a component only the first round's scorer returned ("format") is left out
-  first = Experience(responses=np.array([[1], [2]]), group=np.array([3, 3]),
-                     reward_components={"acc": np.array([1.0, 0.0]), "format": np.array([1.0, 0.0])})
+  first = Experience(responses=np.array([[1], [2], [3], [4]]), group=np.array([3, 3, 4, 4]),
+                     reward_components={"acc": np.array([1.0, 0.0, 1.0, 1.0]), "format": np.array([1.0, 0, 0, 0])})
   second = Experience(responses=np.array([[5], [6], [7], [8]]), group=np.array([0, 0, 2, 2]),
                       reward_components={"acc": np.array([0.0, 1.0, 1.0, 1.0])})
-  rows = dynamic_sampling.join_rounds([first, second], groups_wanted=2, group_size=2)
+  keeps = [np.array([True, True, False, False]), np.array([True, True, True, True])]
+  rows = dynamic_sampling.join_rounds([first, second], keeps, groups_wanted=2, group_size=2)
   assert rows.responses.ravel().tolist() == [1, 2, 5, 6] and rows.group.tolist() == [0, 0, 1, 1]
   assert rows.present() == ("responses", "group", "reward_components")
   assert list(rows.reward_components) == ["acc"] and rows.reward_components["acc"].tolist() == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_kept_rows_of_several_hosts_are_ordered_as_one_process_generates_them():
+  # 2 hosts x 2 rounds x 2 rows, numbered host by host: round 0 is rows 0, 1 (host 0) then 4, 5 (host 1)
+  keeps = np.array([[[True, False], [True, True]], [[False, True], [True, False]]])
+  assert dynamic_sampling.kept_order(keeps).tolist() == [0, 5, 2, 3, 6]
 
 
 @pytest.mark.parametrize("overrides,match", [

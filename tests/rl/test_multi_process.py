@@ -43,6 +43,29 @@ def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_
   processes.assert_same_metrics(one, two)
 
 
+@pytest.mark.slow  # two trainer runs of one step: one of 4 processes, one of 1 (about 2 minutes)
+def test_ppo_with_dynamic_sampling_as_four_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
+  # the parts whose statistics are over the whole batch: GAE's whitening (critic), the adaptive KL controller,
+  # rollout correction; and dynamic sampling's rounds, agreed by 4 hosts and cut to 8 groups across them
+  scorer = tmp_path / "score.py"
+  scorer.write_text(SCORE_BY_TEXT)
+  overrides = [*tiny_run.overrides(model_dir, data_dir, "unused"), "data.train_batch_size=8",
+               "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+               "actor_rollout_ref.actor.shuffle=true", "trainer.save_freq=-1", "trainer.total_training_steps=1",
+               "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+               "algorithm.rollout_correction.rollout_is=token", "algorithm.filter_groups.enable=true",
+               "algorithm.filter_groups.metric=seq_reward", "trainer.n_gpus_per_node=auto",
+               f"custom_reward_function.path={scorer}"]
+  argv = ["-m", "rljax.train", "--config=configs/ppo.py", *overrides]
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
+  four = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/four"], 4, f"{tmp_path}/four")
+  assert one[0]["train/num_gen_batches"] >= 2 and one[0]["critic/vf_loss"] > 0
+  assert one[0]["actor/reward_kl_penalty_coeff"] > 0 and "rollout_corr/rollout_is_mean" in one[0]
+  # one step: the critic's forward and the gradients' all-reduce differ in their last bit between in-process
+  # and cross-process collectives (summation order), and the next step's sampled tokens can follow them
+  processes.assert_same_metrics(one, four, atol=1e-6)
+
+
 @pytest.mark.slow  # a 2-process run killed after its second step, then restarted (about 3 minutes)
 def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_dir, tmp_path):
   run_dir = tmp_path / "run"
@@ -77,7 +100,9 @@ def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_di
 
 def test_what_a_multi_process_job_does_not_run_yet_is_named(model_dir, data_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path))
+  config_lib.apply_overrides(config, ["algorithm.use_kl_in_reward=true", "algorithm.adv_estimator=gae",
+                                      "algorithm.filter_groups.enable=true"])
   assert trainer_lib.multi_process_limits(config) == []
-  config_lib.apply_overrides(config, ["algorithm.use_kl_in_reward=true", "algorithm.adv_estimator=gae"])
+  config_lib.apply_overrides(config, ["actor_rollout_ref.model.lora_rank=4", "reward_model.enable=true"])
   assert [key for key, _, _ in trainer_lib.multi_process_limits(config)] == [
-      "algorithm.adv_estimator", "critic.enable", "algorithm.use_kl_in_reward"]
+      "reward_model.enable", "actor_rollout_ref.model.lora_rank"]

@@ -10,6 +10,7 @@ import pytest
 from rljax import config as config_lib
 from rljax.models import save_pretrained
 from rljax import rl
+from tests import processes
 from tests.rollout import chain
 from tests.rl import tiny_run
 
@@ -56,10 +57,10 @@ def setup(tmp_path_factory):
   return str(root / "model"), root
 
 
-def run(setup, run_dir, *extra):
+def overrides(setup, run_dir, *extra):
+  """The multi-turn job's command-line overrides: 2 steps of 4 prompts x 2 conversations."""
   model_dir, root = setup
-  config = config_lib.load_config_file(str(tiny_run.ROOT / "configs" / "grpo.py"))
-  config_lib.apply_overrides(config, [
+  return [
       f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={root}/train.parquet",
       f"data.val_files={root}/test.parquet", "data.train_batch_size=4", "data.max_prompt_length=16",
       "data.max_response_length=48", "data.return_raw_chat=true", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
@@ -69,7 +70,12 @@ def run(setup, run_dir, *extra):
       f"trainer.default_local_dir={run_dir}", "actor_rollout_ref.rollout.multi_turn.enable=true",
       f"actor_rollout_ref.rollout.multi_turn.tool_config_path={root}/tools.yaml",
       "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-      f"custom_reward_function.path={root}/calc_tools.py", f"trainer.rollout_data_dir={run_dir}/rollouts", *extra])
+      f"custom_reward_function.path={root}/calc_tools.py", f"trainer.rollout_data_dir={run_dir}/rollouts", *extra]
+
+
+def run(setup, run_dir, *extra):
+  config = config_lib.load_config_file(str(tiny_run.ROOT / "configs" / "grpo.py"))
+  config_lib.apply_overrides(config, overrides(setup, run_dir, *extra))
   config_lib.finalize(config)
   config_lib.validate(config)
   trainer = rl.RLTrainer(config, mesh=None if "trainer.n_gpus_per_node=auto" in extra else tiny_run.one_device())
@@ -80,7 +86,8 @@ def run(setup, run_dir, *extra):
   return [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
 
 
-def test_two_multi_turn_grpo_steps_and_eight_devices_equal_one(setup, tmp_path):
+@pytest.mark.slow  # three runs: one device, eight devices, and two processes of four (about 2 minutes)
+def test_two_multi_turn_grpo_steps_on_eight_devices_and_on_two_processes_equal_one(setup, tmp_path):
   one = run(setup, tmp_path / "one", "trainer.n_gpus_per_node=1")
   assert len(one) == 2
   for step in one:
@@ -94,3 +101,8 @@ def test_two_multi_turn_grpo_steps_and_eight_devices_equal_one(setup, tmp_path):
               "actor/entropy"):
     for a, b in zip(one, eight):
       assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+  # the same 8 devices as 2 processes: each host runs its own conversations and tools
+  two = processes.run_metrics(["-m", "rljax.train", "--config=configs/grpo.py",
+                               *overrides(setup, tmp_path / "two", "trainer.n_gpus_per_node=auto")], 2,
+                              str(tmp_path / "two"))
+  processes.assert_same_metrics(eight, two)
