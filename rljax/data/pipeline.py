@@ -153,6 +153,7 @@ class BatchIterator:
       dropped by `data.filter_overlong_prompts`).
     batches_per_epoch: N // B.
     total_batches: batches_per_epoch * trainer.total_epochs.
+    batches_read: batches taken so far (a resumed iterator counts those before it was saved).
   """
 
   def __init__(self, batches: grain.MapDataset, dataset: Any,
@@ -181,12 +182,20 @@ class BatchIterator:
       stream = stream.mp_prefetch(
           grain.MultiprocessingOptions(num_workers=num_workers))
     self._iterator = iter(stream)
+    self.batches_read = 0
 
   def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
-    return next(self._iterator)
+    batch = next(self._iterator)
+    self.batches_read += 1
+    return batch
+
+  @property
+  def epoch(self) -> int:
+    """The epoch of the last batch read (0 before any)."""
+    return max(self.batches_read - 1, 0) // max(1, self.batches_per_epoch)
 
   def __len__(self) -> int:
     return self.total_batches
@@ -203,11 +212,16 @@ class BatchIterator:
 
   def get_state(self) -> dict[str, Any]:
     """The position: save it with the checkpoint."""
-    return self._iterator.get_state()
+    return {"iterator": self._iterator.get_state(), "batches_read": self.batches_read}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    """Resumes at the batch after the one `state` was taken after."""
-    self._iterator.set_state(state)
+    """Resumes at the batch after the one `state` was taken after (a state saved before `batches_read` was
+    recorded, grain's own, resumes its position and counts from 0)."""
+    if "iterator" in state and "batches_read" in state:
+      self._iterator.set_state(state["iterator"])
+      self.batches_read = int(state["batches_read"])
+    else:
+      self._iterator.set_state(state)
 
 
 def ensure_config_data(config: Any) -> None:

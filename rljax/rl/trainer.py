@@ -116,28 +116,9 @@ def timed(timing: dict[str, float], name: str):
 
 
 
-def multi_process_limits(config: ConfigDict) -> list[tuple[str, Any, str]]:
-  """(key, value, why) for each setting a multi-process job does not run yet: the parts that need statistics
-  or rows of every host, and those not yet checked against one process."""
-  arr = config.actor_rollout_ref
-  limits = [
-      ("reward_model.enable", config.reward_model.enable,
-       "the reward model has not yet been checked against one process"),
-      ("actor_rollout_ref.model.lora_rank", arr.model.lora_rank, "LoRA has not yet been checked against one process"),
-      ("actor_rollout_ref.actor.router_replay.mode", arr.actor.router_replay.mode != "disabled" and
-       arr.actor.router_replay.mode, "router replay has not yet been checked against one process"),
-  ]
-  return [(key, value, why) for key, value, why in limits if value]
-
-
 def check_job(config: ConfigDict) -> None:
-  """What the trainer cannot run as configured, beyond `config.validate`'s checks: what a multi-process job
-  does not run yet (`multi_process_limits`), and a data source no scorer knows (before any model loads)."""
-  limits = multi_process_limits(config) if jax.process_count() > 1 else []
-  if limits:
-    key, value, why = limits[0]
-    raise config_lib.ConfigError(key, value, f"is not supported yet in a job of {jax.process_count()} processes: "
-                                 f"{why}", f"run the job as one process, or change {key}")
+  """What the trainer cannot run as configured, beyond `config.validate`'s checks: a data source no scorer
+  knows (before any model loads)."""
   if not (config.reward_model.enable or config.custom_reward_function.path):
     rewards.check_data_sources(data_lib.as_file_list(config.data.train_files)
                                + data_lib.as_file_list(config.data.val_files))
@@ -408,7 +389,7 @@ class RLTrainer:
     tokens = int(hosts.process_total(rows.attention_mask.sum()))
     step_metrics.update(training_metrics.throughput_metrics(timing, tokens, self.mesh.size))
     step_metrics["training/global_step"] = float(self.step + 1)
-    step_metrics["training/epoch"] = float(self.step // max(1, self.train_iter.batches_per_epoch))
+    step_metrics["training/epoch"] = float(self.train_iter.epoch)  # batches read: dynamic sampling reads several
     return step_metrics
 
   # ----- validation ------------------------------------------------------------------

@@ -132,8 +132,14 @@ def test_make_train_iterator_resumes_exactly(tmp_path, tokenizer):
   next(iterator)
   state = iterator.get_state()
   rest = list(iterator)
-  assert len(rest) == 4
+  assert len(rest) == 4 and iterator.batches_read == 6 and iterator.epoch == 1
   resumed = data.make_train_iterator(config, tokenizer)
+  resumed.set_state(state)
+  assert resumed.batches_read == 2 and resumed.epoch == 0
+  next(resumed)
+  assert resumed.epoch == 0  # the third batch closes the first epoch
+  next(resumed)
+  assert resumed.epoch == 1
   resumed.set_state(state)
   again = list(resumed)
   for a, b in zip(rest, again):

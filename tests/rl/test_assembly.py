@@ -10,7 +10,6 @@ from rljax.compile import plan
 from rljax.rl import assembly
 from rljax.rollout.sampler import RolloutSampler
 from tests.rl import tiny_run
-from tests.rl.test_trainer_paths import reward_model_dir  # noqa: F401  (fixture)
 
 
 def leaf(x):

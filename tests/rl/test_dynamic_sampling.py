@@ -91,8 +91,11 @@ def test_dapo_trains_on_kept_groups_of_generation_rounds(model_dir, data_dir, tm
   scorer = tmp_path / "score.py"
   scorer.write_text(SCORE_BY_TEXT)
   history = run(model_dir, data_dir, str(tmp_path / "run"), f"custom_reward_function.path={scorer}",
-                "data.gen_batch_size=2")
+                "data.gen_batch_size=2", "data.train_max_samples=6", "trainer.total_epochs=10")
   assert [m["step"] for m in history] == [1, 2]
+  read = np.cumsum([m["train/num_gen_batches"] for m in history])
+  # 3 batches of 2 prompts an epoch: step 2 has read at least 4 batches, so it is in the second epoch
+  assert [m["training/epoch"] for m in history] == [(r - 1) // 3 for r in read] and history[1]["training/epoch"] >= 1
   for m in history:
     assert m["train/num_gen_batches"] >= 2 and m["train/kept_groups"] >= 4
     assert m["train/kept_groups"] + m["train/filtered_groups"] == 2 * m["train/num_gen_batches"]

@@ -2,25 +2,12 @@
 
 import jax
 import pytest
-from flax import nnx
 
 from rljax import config as config_lib
 from rljax import sharding
-from rljax.models import CausalLM, ModelConfig, load_tokenizer, save_pretrained
 from rljax import rl
 from tests.rl import tiny_run
 from tests.rl.test_trainer import train
-
-
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
-  path = tmp_path_factory.mktemp("tiny_moe")
-  cfg = ModelConfig(model_type="qwen3_moe", vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
-                    num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=100000.0, tie_word_embeddings=True,
-                    qk_norm=True, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                    norm_topk_prob=True, router_aux_loss_coef=0.01, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-  save_pretrained(CausalLM(cfg, nnx.Rngs(0)), str(path), tokenizer=load_tokenizer("smollm2-135m-instruct"))
-  return str(path)
 
 
 def test_expert_parallel_grpo_equals_one_device(moe_dir, data_dir, tmp_path):

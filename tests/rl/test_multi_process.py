@@ -4,13 +4,12 @@ metrics as one process with the same devices."""
 import json
 import os
 import re
+import shutil
 import signal
 import time
 
 import pytest
 
-from rljax import config as config_lib
-from rljax.rl import trainer as trainer_lib
 from tests import processes
 from tests.rl import tiny_run
 
@@ -24,7 +23,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
-@pytest.mark.slow  # two trainer runs: one of 2 processes, one of 1 (about 90 s)
+@pytest.mark.slow  # three trainer runs: one of 1 process, two of 2 (about 2 minutes)
 def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
   # 8 prompts x 2 responses over 8 devices; 2 shuffled mini-batches and balance_batch, so each update's rows
   # come from both hosts' rollouts; validation before training and after step 2
@@ -36,11 +35,17 @@ def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_
                "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.n_gpus_per_node=auto", f"custom_reward_function.path={scorer}"]
   argv = ["-m", "rljax.train", "--config=configs/grpo.py", *overrides]
   one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
-  two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two"], 2, f"{tmp_path}/two")
+  two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two", "trainer.save_freq=1"], 2,
+                              f"{tmp_path}/two")
   trained = [m for m in one if m["step"] > 0]
   assert len(trained) == 2 and trained[0]["actor/grad_norm"] > 0 and 0 < trained[0]["critic/score/mean"] < 1
   assert any(k.startswith("val-core/") for k in trained[1])
   processes.assert_same_metrics(one, two)
+  # every host restarted after step 1's checkpoint: step 2 again, as the uninterrupted run logged it
+  shutil.rmtree(tmp_path / "two" / "global_step_2")
+  again = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two", "trainer.save_freq=1"], 2,
+                                f"{tmp_path}/two")
+  processes.assert_same_metrics(two[-1:], again[-1:])
 
 
 @pytest.mark.slow  # two trainer runs of one step: one of 4 processes, one of 1 (about 2 minutes)
@@ -64,6 +69,24 @@ def test_ppo_with_dynamic_sampling_as_four_processes_logs_the_metrics_of_one(mod
   # one step: the critic's forward and the gradients' all-reduce differ in their last bit between in-process
   # and cross-process collectives (summation order), and the next step's sampled tokens can follow them
   processes.assert_same_metrics(one, four, atol=1e-6)
+
+
+@pytest.mark.slow  # two trainer runs: one of 2 processes, one of 1 (about 2 minutes)
+def test_lora_moe_router_replay_and_a_reward_model_as_two_processes_log_the_metrics_of_one(
+    moe_dir, reward_model_dir, data_dir, tmp_path):
+  # LoRA adapters on a mixture of experts, each token's rollout routing replayed in every actor pass (R3),
+  # and a reward model scoring each host's rows
+  overrides = [*tiny_run.overrides(moe_dir, data_dir, "unused"), "data.train_batch_size=8",
+               "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+               "trainer.save_freq=-1", "trainer.n_gpus_per_node=auto", "actor_rollout_ref.model.lora_rank=4",
+               "actor_rollout_ref.model.lora_alpha=8", "actor_rollout_ref.actor.router_replay.mode=R3",
+               "actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "reward_model.enable=true",
+               f"reward_model.model.path={reward_model_dir}"]
+  argv = ["-m", "rljax.train", "--config=configs/grpo.py", *overrides]
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
+  two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two"], 2, f"{tmp_path}/two")
+  assert len(one) == 2 and one[0]["actor/grad_norm"] > 0 and "actor/moe_aux_loss" in one[0]
+  processes.assert_same_metrics(one, two)
 
 
 @pytest.mark.slow  # a 2-process run killed after its second step, then restarted (about 3 minutes)
@@ -96,13 +119,3 @@ def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_di
   resumed = [json.loads(line) for line in metrics.read_text().splitlines()[logged:]]
   assert [m["step"] for m in resumed] == [saved[-1] + 1]
   assert os.path.isdir(run_dir / f"global_step_{saved[-1] + 1}")
-
-
-def test_what_a_multi_process_job_does_not_run_yet_is_named(model_dir, data_dir, tmp_path):
-  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path))
-  config_lib.apply_overrides(config, ["algorithm.use_kl_in_reward=true", "algorithm.adv_estimator=gae",
-                                      "algorithm.filter_groups.enable=true"])
-  assert trainer_lib.multi_process_limits(config) == []
-  config_lib.apply_overrides(config, ["actor_rollout_ref.model.lora_rank=4", "reward_model.enable=true"])
-  assert [key for key, _, _ in trainer_lib.multi_process_limits(config)] == [
-      "reward_model.enable", "actor_rollout_ref.model.lora_rank"]

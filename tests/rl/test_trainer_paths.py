@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,29 +16,6 @@ import pytest
 
 from rljax import rl
 from tests.rl import tiny_run
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-@pytest.fixture(scope="module")
-def reward_model_dir(tmp_path_factory, model_dir):
-  """A random transformers LlamaForSequenceClassification (num_labels=1) with SmolLM2's tokenizer."""
-  import torch  # pylint: disable=import-outside-toplevel
-  import transformers  # pylint: disable=import-outside-toplevel
-  torch.manual_seed(0)
-  cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=100000.0,
-                                 tie_word_embeddings=True, num_labels=1, pad_token_id=49151)
-  model = transformers.LlamaForSequenceClassification(cfg).eval()
-  with torch.no_grad():
-    model.score.weight.normal_(0.0, 1.0)
-  path = tmp_path_factory.mktemp("reward_model")
-  model.save_pretrained(path, safe_serialization=True)
-  for name in TOKENIZER_FILES:
-    if os.path.exists(os.path.join(model_dir, name)):
-      shutil.copy(os.path.join(model_dir, name), path / name)
-  return str(path)
-
 
 def hf_scores(path, sequences):
   """transformers' reward for each unpadded token sequence."""
