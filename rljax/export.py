@@ -2,8 +2,10 @@
 
   python -m rljax.export --checkpoint DIR [--step N] --out HF_DIR [--format merged|peft]
 
-DIR is `trainer.default_local_dir` of the run: it holds `config.yaml` (the
-run's resolved config) and `global_step_N/` checkpoints. The architecture and
+It runs on one host: launched on every host (`JAX_PROCESS_ID` set), process
+0 writes and the others exit. DIR is `trainer.default_local_dir` of the run:
+it holds `config.yaml` (the run's resolved config) and `global_step_N/`
+checkpoints. The architecture and
 tokenizer come from `actor_rollout_ref.model.path` (an HF directory, a .gguf
 file or an alias such as smollm2-135m-instruct) with the run's
 `override_config.model_config` and `scan_layers`; the weights are the
@@ -38,6 +40,7 @@ from rljax.models import checkpoint as model_checkpoint
 from rljax.models import config as model_config_lib
 from rljax.models import gguf_io
 from rljax.models import lora
+from rljax.sharding import distributed
 from rljax.training import checkpointing
 from rljax.utils import platforms
 
@@ -186,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--format", choices=FORMATS, default="merged",
                       help="merged: a full HF model (LoRA folded in); peft: a LoRA run's PEFT adapter")
   args = parser.parse_args(argv)
+  if distributed.launch_index() > 0:  # a multi-process launch: one host writes the directory
+    print(f"rljax.export: process {distributed.launch_index()} leaves the export to process 0")
+    return
   try:
     out = export(args.checkpoint, args.out, args.step, args.format)
   except (FileNotFoundError, ValueError) as e:

@@ -36,7 +36,7 @@ ALLOWED = {
     "training": {"models", "sharding", "config", *LEAVES},
     "rl": {"algos", "config", "data", "models", "rewards", "rollout", "sharding", "training", *LEAVES},
     "sft": {"config", "data", "launch", "models", "sharding", "training", *LEAVES},
-    "export": {"config", "models", "training", "utils", *LEAVES},
+    "export": {"config", "models", "sharding", "training", "utils", *LEAVES},
     "evaluation": {"config", "data", "export", "models", "rewards", "rollout", "sharding", "training", "utils",
                    *LEAVES},
     "compile": {"config", "launch", "models", "rl", "rollout", "sharding", "train", "training", *LEAVES},

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 from ml_collections import ConfigDict
 
 from rljax import config as config_lib
+from rljax.sharding import distributed
 from rljax.utils import platforms
 
 LOGGER_NAME = "rljax.evaluation"
@@ -114,6 +115,7 @@ def main(argv: Sequence[str], prog: str, description: str, validate: Callable[[C
     return 0
   enable_progress_log()
   try:
+    distributed.initialize(config if "trainer" in config else None)  # one process per host, as rljax.train
     run(config)
   except config_lib.ConfigError as error:
     print(f"config error: {error}", file=sys.stderr)

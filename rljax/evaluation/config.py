@@ -172,8 +172,6 @@ def validate_generate(config: ConfigDict) -> ConfigDict:
         "no model to generate with", "set model.path=DIR (or an alias) or model.checkpoint=RUN_DIR")
   if not config.model.checkpoint:
     config_lib.check_model_path("model.path", config.model.path)
-  check(config.trainer.nnodes in (1, "auto"), "trainer.nnodes", config.trainer.nnodes,
-        "generation runs in one process", "set trainer.nnodes=1")
   _check_generate_sampling(config)
   _check_generate_lengths(config)
   return config

@@ -45,6 +45,8 @@ from rljax.data import tokenization
 from rljax.evaluation import cli
 from rljax.evaluation import table as table_lib
 from rljax.rollout import RolloutSampler, factory as rollout_factory
+from rljax.sharding import hosts
+from rljax.sharding.distributed import is_main_process
 from rljax.training import checkpointing
 
 RESPONSES_COLUMN = table_lib.RESPONSES_COLUMN
@@ -136,7 +138,11 @@ def decode_responses(responses: np.ndarray, lengths: np.ndarray, n: int, tokeniz
 
 def generate_responses(sampler: RolloutSampler, params: Any, prompts: Sequence[Sequence[int]], n: int,
                        batch_size: int, key: jax.Array, tokenizer: Any) -> list[list[str]]:
-  """n decoded responses per prompt, `batch_size` prompts per sampler call.
+  """n decoded responses per prompt, `batch_size` prompts per sampler call, every host's.
+
+  On several hosts each batch's prompts are split over them (`hosts.share`) and each host generates its
+  share on its own devices: response j of the batch's prompt i samples as request i * n + j of the batch,
+  so the responses are the ones one process generates, which every host then receives.
 
   Args:
     sampler: the rollout sampler (its engine holds the sampling settings).
@@ -150,15 +156,19 @@ def generate_responses(sampler: RolloutSampler, params: Any, prompts: Sequence[S
   Returns:
     B lists of n strings, in prompt order.
   """
-  out: list[list[str]] = []
+  mine: list[list[list[str]]] = []
   count = -(-len(prompts) // batch_size)
   for b in range(count):
     chunk = prompts[b * batch_size:(b + 1) * batch_size]
-    _LOG.info("batch %d/%d: %d prompts x %d samples", b + 1, count, len(chunk), n)
-    ids, mask = pad_prompts(chunk, sampler.pad_id)
-    rollout = sampler.generate(params, ids, mask, n, jax.random.fold_in(key, b))
-    out.extend(decode_responses(rollout.responses, rollout.response_lengths, n, tokenizer))
-  return out
+    part = hosts.share(len(chunk))
+    _LOG.info("batch %d/%d: %d prompts x %d samples", b + 1, count, part.stop - part.start, n)
+    mine.append([])
+    if part.stop > part.start:
+      ids, mask = pad_prompts(chunk[part], sampler.pad_id)
+      rollout = sampler.generate(params, ids, mask, n, jax.random.fold_in(key, b), first_request=part.start * n)
+      mine[-1] = decode_responses(rollout.responses, rollout.response_lengths, n, tokenizer)
+  every = hosts.process_objects(mine)
+  return [responses for b in range(count) for host in every for responses in host[b]]
 
 
 def with_responses(table: pa.Table, responses: Sequence[Sequence[str]]) -> pa.Table:
@@ -290,6 +300,8 @@ def run(config: ConfigDict) -> str:
   sampler = make_sampler(policy, config, mesh, rules)
   responses = generate_responses(sampler, policy.params, prompts, config.data.n_samples, config.data.batch_size,
                                  jax.random.key(config.trainer.seed), tokenizer)
+  if not is_main_process():
+    return output_path(config)
   path = table_lib.write_parquet(with_responses(table, responses), output_path(config))
   _LOG.info("wrote %s", path)
   return path

@@ -85,7 +85,8 @@ GENERATE_KEYS = {
         ignored="not implemented by the JetStream engine"),
     # trainer
     "trainer.n_gpus_per_node": Key("Accelerators per host.", type_note="int or 'auto'"),
-    "trainer.nnodes": Key("Number of hosts (generation runs on one).", type_note="int or 'auto'"),
+    "trainer.nnodes": Key("Number of hosts (processes); each generates its share of every batch.",
+                          type_note="int or 'auto'"),
     "trainer.seed": Key("Seed of the sampling.", added="seed of the sampling PRNG key"),
 }
 GENERATE_IGNORED_SECTIONS = {

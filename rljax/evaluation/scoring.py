@@ -47,6 +47,7 @@ from ml_collections import ConfigDict
 from rljax.evaluation import cli
 from rljax.evaluation import table as table_lib
 from rljax.rewards import default_compute_score, has_builtin_scorer, known_data_sources, load_compute_score
+from rljax.sharding.distributed import is_main_process
 
 EXTRA_INFO_COLUMN = "extra_info"
 _LOG = logging.getLogger(cli.LOGGER_NAME)
@@ -281,7 +282,12 @@ def evaluate(config: ConfigDict) -> dict[str, Any]:
 
 
 def run(config: ConfigDict) -> str:
-  """Evaluates `data.path`, prints the table, writes the JSON report; returns its path."""
+  """Evaluates `data.path`, prints the table, writes the JSON report; returns its path.
+
+  On several hosts the first scores every row and writes the report once; the others return its path.
+  """
+  if not is_main_process():
+    return output_path(config)
   report = evaluate(config)
   print(format_table(report["data_sources"]))
   path = output_path(config)

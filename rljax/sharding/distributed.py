@@ -90,6 +90,11 @@ def initialize(config: ConfigDict | None = None) -> bool:
   return True
 
 
+def launch_index() -> int:
+  """This process's `JAX_PROCESS_ID` in a multi-process launch (0 otherwise), without starting the runtime."""
+  return _env_int(_ENV_ID) or 0
+
+
 def is_main_process() -> bool:
   """Only process 0 writes logs and plots."""
   return jax.process_index() == 0

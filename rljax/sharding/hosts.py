@@ -136,14 +136,27 @@ def process_concat(values: np.ndarray) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(np.asarray(values))).reshape(-1)
 
 
-def process_union(names: Sequence[str]) -> list[str]:
-  """The sorted union of every host's `names` (each host may hold other ones)."""
+def process_objects(value: Any) -> list[Any]:
+  """Every host's `value` (JSON-serialisable), in process order."""
   if jax.process_count() == 1:
-    return sorted(set(names))
-  data = np.frombuffer(json.dumps(sorted(set(names))).encode(), np.uint8)
+    return [value]
+  data = np.frombuffer(json.dumps(value).encode(), np.uint8)
   width = int(process_extrema([data.size])[0][0])
   every = np.asarray(multihost_utils.process_allgather(np.pad(data, (0, width - data.size))))
-  return sorted({name for row in every for name in json.loads(bytes(row).rstrip(b"\0").decode())})
+  return [json.loads(bytes(row).rstrip(b"\0").decode()) for row in every]
+
+
+def process_union(names: Sequence[str]) -> list[str]:
+  """The sorted union of every host's `names` (each host may hold other ones)."""
+  return sorted({name for names_of_host in process_objects(sorted(set(names))) for name in names_of_host})
+
+
+def share(count: int) -> slice:
+  """This host's contiguous share of `count` rows split over the hosts in process order (the first
+  `count % hosts` hosts take one row more)."""
+  size, extra = divmod(count, jax.process_count())
+  start = jax.process_index() * size + min(jax.process_index(), extra)
+  return slice(start, start + size + (jax.process_index() < extra))
 
 
 def process_intersection(names: Sequence[str]) -> list[str]:

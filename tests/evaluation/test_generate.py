@@ -20,6 +20,7 @@ from rljax.evaluation import generation
 from rljax.models import from_pretrained, load_tokenizer, save_pretrained
 from rljax.rollout import RolloutSampler, SamplingParams, factory, make_engine
 from rljax.training.checkpointing import Checkpointer
+from tests import processes
 from tests.rl import tiny_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -149,6 +150,27 @@ def test_generate_then_eval_end_to_end(tiny):
   for m in (1, 2, 3):
     subsets = [np.mean([any(s >= 1.0 for s in c) for c in itertools.combinations(r, m)]) for r in scores]
     assert group[f"pass@{m}"] == pytest.approx(np.mean(subsets))
+
+
+@pytest.mark.slow  # a 2-process generation and evaluation (about 40 s)
+def test_two_processes_generate_and_evaluate_what_one_does(tiny):
+  # each batch's prompts split over the hosts (3 = 2 + 1, then 2 = 1 + 1), sampled, merged and written once
+  args = generate_args(tiny, "OUT", "data.n_samples=2", "data.batch_size=3", "rollout.temperature=1.0",
+                       "rollout.top_k=-1", "rollout.top_p=1.0")
+  one, two = tiny["root"] / "one.parquet", tiny["root"] / "two.parquet"
+  assert generate_cli.main([a.replace("OUT", str(one)) for a in args]) == 0
+  procs = processes.start(["-m", "rljax.generate", *[a.replace("OUT", str(two)) for a in args]], 2, devices=2)
+  logs = processes.finish(procs, timeout=300)
+  assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+  assert pq.read_table(two).equals(pq.read_table(one))
+  assert len({t for r in pq.read_table(one).column("responses").to_pylist() for t in r}) > len(QUESTIONS)
+  procs = processes.start(["-m", "rljax.eval", EVAL_CONFIG, f"data.path={two}"], 2, devices=2)
+  logs = processes.finish(procs, timeout=300)
+  assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+  assert eval_cli.main([EVAL_CONFIG, f"data.path={one}"]) == 0
+  report = lambda name: json.loads((tiny["root"] / f"{name}-eval.json").read_text())
+  assert report("two")["scores"] == report("one")["scores"]
+  assert sum("rljax.evaluation: wrote" in log for log in logs) == 1
 
 
 def test_over_long_prompt_names_the_row(tiny, capsys):

@@ -98,6 +98,14 @@ def test_cli_exports_latest_step_with_trained_logits(run, tmp_path):
   assert tok.convert_tokens_to_ids("t5") == 5
 
 
+def test_on_every_host_only_process_zero_exports(run, tmp_path):
+  out = tmp_path / "hf"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "JAX_PROCESS_ID": "1", "JAX_NUM_PROCESSES": "2"}
+  result = subprocess.run([sys.executable, "-m", "rljax.export", "--checkpoint", run["ckpt"], "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0 and "leaves the export to process 0" in result.stdout and not out.exists()
+
+
 def test_export_an_earlier_step(run, tmp_path):
   out = export.export(run["ckpt"], str(tmp_path / "hf3"), step=3)
   assert _max_logit_diff(out, run["early"]) <= 1e-4
