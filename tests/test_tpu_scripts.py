@@ -497,3 +497,37 @@ def test_bad_dry_run_value_runs_nothing(sandbox):
   assert result.returncode == 2
   assert result.stdout == ""
   assert "RLJAX_TPU_DRY_RUN" in result.stderr
+
+
+# ---------------------------------------------------------------- the pod walk-through
+
+
+def walkthrough_commands():
+  """The scripts/tpu lines of scripts/tpu/README.md's pod walk-through (continuations joined), and its exports."""
+  text = (SCRIPT_DIR / "README.md").read_text()
+  block = text.split("<!-- pod walk-through:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+  lines = block.replace("\\\n", " ").splitlines()
+  exports = dict(word.split("=", 1) for line in lines if line.startswith("export ") for word in line.split()[1:])
+  bucket = "gs://my-rljax-bucket"
+  return [shlex.split(line.replace("$BUCKET", bucket)) for line in lines if line.startswith("scripts/tpu/")], exports
+
+
+def test_the_pod_walk_through_runs_as_written(sandbox):
+  commands, exports = walkthrough_commands()
+  assert exports["RLJAX_TPU_TYPE"] == "v5litepod-16"
+  assert [c[0] for c in commands] == ["scripts/tpu/create.sh", "scripts/tpu/setup.sh", "scripts/tpu/launch.sh",
+                                      "scripts/tpu/logs.sh", "scripts/tpu/sync_checkpoints.sh",
+                                      "scripts/tpu/delete.sh"]
+  env = {**exports, "RLJAX_TPU_PROJECT": "my-project", "RLJAX_PYTHON": "python3"}
+  printed = {c[0]: dry_run(sandbox, pathlib.Path(c[0]).name, *c[1:], env=env, target=False) for c in commands}
+  check = printed["scripts/tpu/create.sh"][0]
+  assert check == ["python3", "-m", "rljax.compile", "--config=configs/grpo.py:qwen2_5_7b_gsm8k",
+                   "--topology=v5litepod-16"]
+  [launch] = printed["scripts/tpu/launch.sh"]
+  assert flag(launch, "worker") == "all"
+  steps = words(flag(launch, "command"))
+  train = steps[steps.index("nohup") + 1:steps.index(">")]
+  assert train[1:] == ["-m", "rljax.train", "--config=configs/grpo.py:qwen2_5_7b_gsm8k",
+                       "trainer.default_local_dir=gs://my-rljax-bucket/runs/grpo_qwen2_5_7b_gsm8k",
+                       "trainer.logger=[console,jsonl,tensorboard]"]
+  assert presets.PRESETS["qwen2_5_7b_gsm8k"]["actor_rollout_ref.model.path"] == "~/models/Qwen2.5-7B-Instruct"
