@@ -637,3 +637,27 @@ def test_the_tool_experiment_validates(devices):
   assert node.enable and os.path.isfile(node.tool_config_path) and config.data.tool_config_path == node.tool_config_path
   with pytest.raises(C.ConfigError, match="this experiment has no presets"):
     C.load_config_file(str(ROOT / "configs" / "grpo_tool.py") + ":qwen2_5_0_5b_gsm8k")
+
+
+def test_ulysses_groups_lie_inside_verls_fsdp_group():
+  # verl: fsdp_size=32 with Ulysses 4 on 64 devices is 2 FSDP groups of 32, each 8 Ulysses groups of 4
+  config = resolved(experiment("grpo"), ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",
+                                         "actor_rollout_ref.actor.fsdp_config.fsdp_size=32",
+                                         "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=16"],
+                    devices=64)
+  assert sharding.mesh_shape(config, 64) == {"data": 2, "fsdp": 8, "tensor": 1, "sequence": 4, "expert": 1}
+  text = error_text(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",
+                     "actor_rollout_ref.actor.fsdp_config.fsdp_size=6"], devices=64)
+  assert "fsdp_size=6: does not divide the 16 devices left" in text and "holds the Ulysses groups" in text
+
+
+def test_a_token_budget_per_device_holds_a_sequence_over_its_ulysses_group():
+  # verl: 2048 + 20480 tokens with 11264 per GPU and Ulysses 2 (22528 tokens per sequence-parallel group)
+  lengths = ["data.max_prompt_length=2048", "data.max_response_length=20480",
+             "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=11264"]
+  ulysses = "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"
+  resolved(experiment("grpo"), [*lengths, ulysses], devices=8)
+  assert ">= 22528" in error_text(lengths, devices=8)
+  text = error_text([*lengths, ulysses, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=11000"], devices=8)
+  assert "ppo_max_token_len_per_gpu=11000: must hold a device's share of one whole sequence" in text
+  assert ">= 11264" in text

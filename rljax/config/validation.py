@@ -18,6 +18,7 @@ from rljax.config.fields import get_node
 from rljax.config.keys import UNIMPLEMENTED_VALUES
 from rljax.config.mapping import data_parallel_size
 from rljax.config.tree import get_base_config
+from rljax.sharding.mesh import device_tokens, fsdp_axis
 
 
 def _check_batches(config: ConfigDict, world_size: int | None) -> None:
@@ -34,9 +35,13 @@ def _check_batches(config: ConfigDict, world_size: int | None) -> None:
         f"set {mini_key} to a divisor of {data.train_batch_size}")
   if actor.use_dynamic_bsz:
     key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
-    need = data.max_prompt_length + data.max_response_length
+    sequence = actor.ulysses_sequence_parallel_size
+    need = device_tokens(data.max_prompt_length + data.max_response_length, sequence)
+    whole = data.max_prompt_length + data.max_response_length
     check(actor.ppo_max_token_len_per_gpu >= need, key, actor.ppo_max_token_len_per_gpu,
-          f"must hold one whole sequence (max_prompt_length + max_response_length = {need})", f"set {key} >= {need}")
+          f"must hold one whole sequence (max_prompt_length + max_response_length = {whole})" if sequence == 1 else
+          f"must hold a device's share of one whole sequence (max_prompt_length + max_response_length = {whole} "
+          f"over ulysses_sequence_parallel_size={sequence} devices: {need})", f"set {key} >= {need}")
     return
   mini_rows = actor.ppo_mini_batch_size * n
   dp = data_parallel_size(config, world_size) if world_size else 1
@@ -331,9 +336,13 @@ def _check_mesh(config: ConfigDict, world_size: int | None) -> None:
         expert, f"does not divide the {world_size // model_axes} devices left after tensor x sequence",
         f"choose a divisor of {world_size // model_axes}")
   if fsdp != -1:
-    left = world_size // (model_axes * expert)
-    check(left % fsdp == 0, "actor_rollout_ref.actor.fsdp_config.fsdp_size", fsdp,
-          f"does not divide the {left} devices left after tensor x sequence x expert", "set it to -1 or a divisor")
+    left, sequence = world_size // (model_axes * expert), actor.ulysses_sequence_parallel_size
+    axis = fsdp_axis(fsdp, sequence)
+    check(axis > 0 and left % axis == 0, "actor_rollout_ref.actor.fsdp_config.fsdp_size", fsdp,
+          f"does not divide the {left} devices left after tensor x sequence x expert"
+          + (f", as {fsdp} / ulysses_sequence_parallel_size ({sequence})" if sequence > 1 else ""),
+          "set it to -1 or a divisor" + (f" times {sequence} (verl's FSDP group holds the Ulysses groups)"
+                                         if sequence > 1 else ""))
   tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
   check(world_size % tp == 0, "actor_rollout_ref.rollout.tensor_model_parallel_size", tp,
         f"does not divide the {world_size} devices", f"set it to a divisor of {world_size}")

@@ -12,6 +12,8 @@ import dataclasses
 import numpy as np
 from ml_collections import ConfigDict
 
+from rljax.sharding.mesh import device_tokens
+
 FORWARD_PASSES = ("old_log_prob", "ref", "values", "reward_model")
 
 
@@ -66,9 +68,10 @@ def largest_divisor(n: int, cap: int) -> int:
 def micro_batch_count(config: ConfigDict, mini_rows: int, data_parallel: int, row_tokens: int) -> int:
   """Micro-batches per mini-batch from the per-device micro size or token budget.
 
-  With use_dynamic_bsz, rows are padded to P + R tokens (static shapes), so
+  With use_dynamic_bsz, rows are padded to P + R tokens (static shapes), a
+  device holding `row_tokens` of each (P + R over the sequence axis), so
   the per-device budget `ppo_max_token_len_per_gpu` buys
-  budget // (P + R) rows per device.
+  budget // row_tokens rows per data-parallel group.
   """
   actor = config.actor_rollout_ref.actor
   per_device = mini_rows // data_parallel
@@ -138,10 +141,11 @@ def make_layout(config: ConfigDict, batches_per_epoch: int, data_parallel: int) 
   mini_rows = arr.actor.ppo_mini_batch_size * n
   total = config.trainer.total_training_steps or batches_per_epoch * config.trainer.total_epochs
   prompt, response = data.max_prompt_length, arr.rollout.response_length
+  row_tokens = device_tokens(prompt + response, arr.actor.ulysses_sequence_parallel_size)
   return Layout(n=n, rows=rows, mini_rows=mini_rows,
-                micro_batches=micro_batch_count(config, mini_rows, data_parallel, prompt + response),
+                micro_batches=micro_batch_count(config, mini_rows, data_parallel, row_tokens),
                 total_steps=int(total), prompt_length=prompt, response_length=response,
-                forward_micros=_forward_micros(config, rows, data_parallel, prompt + response),
+                forward_micros=_forward_micros(config, rows, data_parallel, row_tokens),
                 group=prompt_group_size(config, n, rows, data_parallel))
 
 

@@ -23,7 +23,8 @@ more fsdp). Their sizes come from verl's keys:
 * expert: `actor_rollout_ref.actor.megatron.expert_model_parallel_size`;
 * fsdp: `actor_rollout_ref.actor.fsdp_config.fsdp_size` (-1: every device
   left after tensor, sequence and expert, within one slice when the devices
-  span several TPU slices);
+  span several TPU slices); as in verl, its group holds the Ulysses groups,
+  so the axis is fsdp_size / ulysses_sequence_parallel_size;
 * data: whatever is left (across the slices, with fsdp_size=-1).
 """
 
@@ -77,13 +78,29 @@ def mesh_shape(config: ConfigDict, device_count: int, slices: int = 1) -> dict[s
   rest = device_count // (model * expert)
   if fsdp == -1:
     fsdp = rest // slices if rest % slices == 0 else rest
+  else:
+    fsdp = fsdp_axis(fsdp, sequence)
   if fsdp < 1 or rest % fsdp:
     raise ConfigError(
-        _FSDP_KEY, fsdp,
+        _FSDP_KEY, actor.fsdp_config.fsdp_size,
         f"does not divide the {rest} devices left after tensor x sequence x expert "
-        f"({device_count} devices / {model * expert})",
-        f"set {_FSDP_KEY}=-1 (all of them) or a divisor of {rest}")
+        f"({device_count} devices / {model * expert})" + (f", as {fsdp} groups of {_SEQUENCE_KEY}={sequence}"
+                                                           if sequence > 1 else ""),
+        f"set {_FSDP_KEY}=-1 (all of them) or a divisor of {rest}" + (f" times {sequence}" if sequence > 1 else ""))
   return {"data": rest // fsdp, "fsdp": fsdp, "tensor": tensor, "sequence": sequence, "expert": expert}
+
+
+def fsdp_axis(fsdp_size: int, sequence: int) -> int:
+  """The fsdp axis of verl's `fsdp_size`: its FSDP group holds the Ulysses (sequence) groups inside it, so a
+  group of fsdp_size devices is fsdp_size / sequence along fsdp times sequence (0 when that does not divide)."""
+  return fsdp_size // sequence if fsdp_size % sequence == 0 else 0
+
+
+def device_tokens(row_tokens: int, sequence: int) -> int:
+  """The tokens of a row of `row_tokens` one device holds when the sequence axis (Ulysses) splits it over
+  `sequence` devices: verl's per-GPU token budgets (`*_max_token_len_per_gpu`) count these, so a
+  sequence-parallel group holds budget x sequence tokens."""
+  return -(-row_tokens // sequence)
 
 
 def build_mesh(shape: dict[str, int] | Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:

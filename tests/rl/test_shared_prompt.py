@@ -153,3 +153,12 @@ def test_trainer_numbers_do_not_depend_on_sharing(model_dir, data_dir, tmp_path)
   drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/", "actor/ppo_kl"))}  # noqa: E731
   assert drop(shared) == pytest.approx(drop(plain), rel=1e-4, abs=1e-6)
   assert shared["actor/ppo_kl"] == pytest.approx(plain["actor/ppo_kl"], abs=2e-5)
+
+
+def test_a_token_budget_buys_rows_by_each_devices_share_of_them(model_dir, data_dir, tmp_path):
+  # 8 rows of 96 + 8 tokens, a budget of 208 tokens a device: 2 whole rows, or 4 split over 2 Ulysses devices
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=208")
+  assert layout.make_layout(config, 10, 1).micro_batches == 4
+  config.actor_rollout_ref.actor.ulysses_sequence_parallel_size = 2
+  assert layout.make_layout(config, 10, 1).micro_batches == 2
