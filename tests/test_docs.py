@@ -57,7 +57,7 @@ def test_reference_rows_say_what_rljax_does():
   assert len(rows) == len(docs_reference.reference_paths(C.get_base_config()))
   assert "accepted, ignored: PyTorch FSDP CPU offload" in rows["actor_rollout_ref.actor.fsdp_config.param_offload"]
   assert "accepted, ignored: vLLM/SGLang/TensorRT-LLM engine arguments" in rows["actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space"]
-  assert "mapped: size of the mesh's fsdp axis" in rows["actor_rollout_ref.actor.fsdp_config.fsdp_size"]
+  assert "mapped: size of the mesh's fsdp axis times ulysses" in rows["actor_rollout_ref.actor.fsdp_config.fsdp_size"]
   assert "deprecated: read as `actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu`" in rows["actor_rollout_ref.actor.ppo_micro_batch_size"]
   assert "rljax key:" in rows["trainer.logical_axis_rules"]
   assert "verl's default only: quantized rollouts are not implemented" in rows["actor_rollout_ref.rollout.quantization"]

@@ -340,7 +340,8 @@ KEYS = {
         ignored="XLA schedules all-gathers"),
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": Key(
         "Devices that shard parameters and optimizer state; -1 uses all.",
-        mapped="size of the mesh's fsdp axis; -1 = all devices left after tensor and sequence"),
+        mapped="size of the mesh's fsdp axis times ulysses_sequence_parallel_size (the FSDP group holds the Ulysses "
+               "groups, as in verl); -1 = all devices left after tensor and sequence"),
     "actor_rollout_ref.actor.fsdp_config.model_dtype": Key(
         "Dtype of the trained parameters: fp32, bf16 or fp16.",
         mapped="dtype of the trained parameters (fp32, bf16, fp16)"),

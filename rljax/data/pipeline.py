@@ -214,9 +214,11 @@ class BatchIterator:
     """The position: save it with the checkpoint."""
     return {"iterator": self._iterator.get_state(), "batches_read": self.batches_read}
 
-  def set_state(self, state: dict[str, Any]) -> None:
-    """Resumes at the batch after the one `state` was taken after (a state saved before `batches_read` was
-    recorded, grain's own, resumes its position and counts from 0)."""
+  def set_state(self, state: dict[str, Any] | None) -> None:
+    """Resumes at the batch after the one `state` was taken after (None: at the start; a state saved before
+    `batches_read` was recorded, grain's own, resumes its position and counts from 0)."""
+    if state is None:  # saved before any batch was read
+      return
     if "iterator" in state and "batches_read" in state:
       self._iterator.set_state(state["iterator"])
       self.batches_read = int(state["batches_read"])

@@ -115,7 +115,8 @@ def main(argv: Sequence[str], prog: str, description: str, validate: Callable[[C
     return 0
   enable_progress_log()
   try:
-    distributed.initialize(config if "trainer" in config else None)  # one process per host, as rljax.train
+    if "trainer" in config:  # rljax.generate: one process per host, as rljax.train (rljax.eval runs on one)
+      distributed.initialize(config)
     run(config)
   except config_lib.ConfigError as error:
     print(f"config error: {error}", file=sys.stderr)

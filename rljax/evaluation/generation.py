@@ -156,19 +156,19 @@ def generate_responses(sampler: RolloutSampler, params: Any, prompts: Sequence[S
   Returns:
     B lists of n strings, in prompt order.
   """
-  mine: list[list[list[str]]] = []
+  out: list[list[str]] = []
   count = -(-len(prompts) // batch_size)
   for b in range(count):
     chunk = prompts[b * batch_size:(b + 1) * batch_size]
     part = hosts.share(len(chunk))
     _LOG.info("batch %d/%d: %d prompts x %d samples", b + 1, count, part.stop - part.start, n)
-    mine.append([])
+    mine: list[list[str]] = []
     if part.stop > part.start:
       ids, mask = pad_prompts(chunk[part], sampler.pad_id)
       rollout = sampler.generate(params, ids, mask, n, jax.random.fold_in(key, b), first_request=part.start * n)
-      mine[-1] = decode_responses(rollout.responses, rollout.response_lengths, n, tokenizer)
-  every = hosts.process_objects(mine)
-  return [responses for b in range(count) for host in every for responses in host[b]]
+      mine = decode_responses(rollout.responses, rollout.response_lengths, n, tokenizer)
+    out.extend(responses for host in hosts.process_objects(mine) for responses in host)
+  return out
 
 
 def with_responses(table: pa.Table, responses: Sequence[Sequence[str]]) -> pa.Table:
@@ -211,7 +211,8 @@ def load_tokenizer(config: ConfigDict) -> Any:
 
 
 def make_mesh(config: ConfigDict) -> tuple[Mesh, list[tuple[str, Any]]]:
-  """(mesh, logical-axis rules) over trainer.n_gpus_per_node devices of this process.
+  """(mesh, logical-axis rules) over trainer.n_gpus_per_node devices of this process (each host's own: on
+  several hosts, trainer.nnodes of them, each generates its share).
 
   The rollout's tensor axis is `rollout.tensor_model_parallel_size`; the
   rest of the devices split the decode slots (data axis). The rules are the
@@ -222,8 +223,10 @@ def make_mesh(config: ConfigDict) -> tuple[Mesh, list[tuple[str, Any]]]:
       that does not divide them.
   """
   devices = jax.local_devices()
-  world = sharding.resolve_world_size(config, len(devices))
-  _check_devices(world, len(devices), config.trainer.n_gpus_per_node)
+  sharding.resolve_world_size(config, len(devices))  # checks trainer.nnodes and n_gpus_per_node
+  per_node = config.trainer.n_gpus_per_node
+  world = len(devices) if per_node == "auto" or config.trainer.nnodes == "auto" else per_node
+  _check_devices(world, len(devices), per_node)
   tensor = config.rollout.tensor_model_parallel_size
   if world % tensor:
     raise config_lib.ConfigError("rollout.tensor_model_parallel_size", tensor, f"does not divide the {world} devices",

@@ -47,7 +47,7 @@ from ml_collections import ConfigDict
 from rljax.evaluation import cli
 from rljax.evaluation import table as table_lib
 from rljax.rewards import default_compute_score, has_builtin_scorer, known_data_sources, load_compute_score
-from rljax.sharding.distributed import is_main_process
+from rljax.sharding import distributed
 
 EXTRA_INFO_COLUMN = "extra_info"
 _LOG = logging.getLogger(cli.LOGGER_NAME)
@@ -284,9 +284,10 @@ def evaluate(config: ConfigDict) -> dict[str, Any]:
 def run(config: ConfigDict) -> str:
   """Evaluates `data.path`, prints the table, writes the JSON report; returns its path.
 
-  On several hosts the first scores every row and writes the report once; the others return its path.
+  Launched on several hosts (`JAX_PROCESS_ID` set), process 0 scores every row and writes the report once;
+  the others return its path.
   """
-  if not is_main_process():
+  if distributed.launch_index() > 0:
     return output_path(config)
   report = evaluate(config)
   print(format_table(report["data_sources"]))

@@ -104,11 +104,9 @@ def join_rounds(rounds: Sequence[Experience], keeps: Sequence[np.ndarray], group
   Returns:
     groups_wanted / hosts groups (block p of the kept groups in generation order on host p), `group`
     renumbered 0, 1, ... in order; the fields every round has (a reward-function component that some round
-    of some host did not return is left out).
+    did not return is left out; the hosts agree on each round's, `rl.trainer.reward_components`).
   """
   rows = concatenate(list(rounds))
-  common = hosts.process_intersection(rows.reward_components)
-  rows = rows.replace(reward_components={k: v for k, v in rows.reward_components.items() if k in common})
   keeps = hosts.process_concat(np.concatenate(keeps)).reshape(jax.process_count(), len(rounds), -1)
   joined, _ = hosts.global_rows(_rows_at, rows, kept_order(keeps)[:groups_wanted * group_size])
   return joined.replace(group=np.repeat(np.arange(len(joined.group) // group_size, dtype=np.int32), group_size))

@@ -82,13 +82,15 @@ class Stream(enum.IntEnum):
 
 
 def reward_components(extra_info: dict[str, Any], rows: int) -> dict[str, np.ndarray]:
-  """The numeric per-row entries of a reward manager's extra info, as float32 [rows] arrays."""
+  """The numeric per-row entries of a reward manager's extra info, as float32 [rows] arrays; on several hosts,
+  every name any host has (NaN on the rows of a host without it, as one process fills a row without it)."""
   out = {}
   for key, values in extra_info.items():
     array = np.asarray(values)
     if array.shape == (rows,) and array.dtype.kind in "biuf":
       out[key] = array.astype(np.float32)
-  return out
+  names = hosts.process_union(out) if jax.process_count() > 1 else sorted(out)
+  return {k: out[k] if k in out else np.full(rows, np.nan, np.float32) for k in names}
 
 
 def dump_generations(directory: str, step: int, records: list[dict[str, Any]], append: bool = False) -> str:
@@ -117,8 +119,13 @@ def timed(timing: dict[str, float], name: str):
 
 
 def check_job(config: ConfigDict) -> None:
-  """What the trainer cannot run as configured, beyond `config.validate`'s checks: a data source no scorer
-  knows (before any model loads)."""
+  """What the trainer cannot run as configured, beyond `config.validate`'s checks: kept groups that do not
+  deal evenly to the processes, a data source no scorer knows (before any model loads)."""
+  processes, wanted = jax.process_count(), config.data.train_batch_size
+  if config.algorithm.filter_groups.enable and wanted % processes:
+    raise config_lib.ConfigError("data.train_batch_size", wanted, f"does not split over the {processes} processes "
+                                 "(dynamic sampling deals the kept groups to them equally)",
+                                 f"make it a multiple of {processes}")
   if not (config.reward_model.enable or config.custom_reward_function.path):
     rewards.check_data_sources(data_lib.as_file_list(config.data.train_files)
                                + data_lib.as_file_list(config.data.val_files))

@@ -6,8 +6,11 @@ reach it through one on-device all-gather across hosts (`host_local_copier`):
 the weights are laid out over a mesh of every host's local mesh stacked on a
 leading process axis, replicated along it, and each host then reads its own
 shards as a host-local array, without a trip through host memory. A step's
-rows stay on the host that generated them (`process_rows`), and a step's
-statistics cross hosts as a few numbers each (`process_sum`).
+rows stay on the host that generated them (`process_rows`) and its
+statistics cross hosts as a few numbers each (`process_sum`), except where
+a statistic over the whole batch must equal one process's to the bit (the
+fields it reads go to every host, `gathered_rows`) and where dynamic
+sampling moves kept rows between hosts (`global_rows`).
 
 In a single-process job every function here is the identity or close to it.
 """
@@ -141,7 +144,7 @@ def process_objects(value: Any) -> list[Any]:
   if jax.process_count() == 1:
     return [value]
   data = np.frombuffer(json.dumps(value).encode(), np.uint8)
-  width = int(process_extrema([data.size])[0][0])
+  width = int(np.asarray(multihost_utils.process_allgather(np.int32(data.size))).max())  # exact (no float)
   every = np.asarray(multihost_utils.process_allgather(np.pad(data, (0, width - data.size))))
   return [json.loads(bytes(row).rstrip(b"\0").decode()) for row in every]
 
@@ -157,12 +160,6 @@ def share(count: int) -> slice:
   size, extra = divmod(count, jax.process_count())
   start = jax.process_index() * size + min(jax.process_index(), extra)
   return slice(start, start + size + (jax.process_index() < extra))
-
-
-def process_intersection(names: Sequence[str]) -> list[str]:
-  """The sorted names every host holds."""
-  every = process_union(names)
-  return sorted(set(every) - set(process_union(sorted(set(every) - set(names)))))
 
 
 def process_sum(values: Sequence[float] | np.ndarray) -> np.ndarray:

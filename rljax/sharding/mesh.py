@@ -84,7 +84,7 @@ def mesh_shape(config: ConfigDict, device_count: int, slices: int = 1) -> dict[s
     raise ConfigError(
         _FSDP_KEY, actor.fsdp_config.fsdp_size,
         f"does not divide the {rest} devices left after tensor x sequence x expert "
-        f"({device_count} devices / {model * expert})" + (f", as {fsdp} groups of {_SEQUENCE_KEY}={sequence}"
+        f"({device_count} devices / {model * expert})" + (f", in groups of {_SEQUENCE_KEY}={sequence}"
                                                            if sequence > 1 else ""),
         f"set {_FSDP_KEY}=-1 (all of them) or a divisor of {rest}" + (f" times {sequence}" if sequence > 1 else ""))
   return {"data": rest // fsdp, "fsdp": fsdp, "tensor": tensor, "sequence": sequence, "expert": expert}

@@ -23,17 +23,23 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
+def job(config, model_dir, data_dir, tmp_path, *extra):
+  """`python -m rljax.train` of 8 prompts x 2 responses over 8 devices in 2 mini-batches of 4 prompts, scored by
+  the response's text, with `extra` overrides."""
+  scorer = tmp_path / "score.py"
+  scorer.write_text(SCORE_BY_TEXT)
+  return ["-m", "rljax.train", f"--config=configs/{config}.py", *tiny_run.overrides(model_dir, data_dir, "unused"),
+          "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "trainer.save_freq=-1",
+          "trainer.n_gpus_per_node=auto", f"custom_reward_function.path={scorer}", *extra]
+
+
 @pytest.mark.slow  # three trainer runs: one of 1 process, two of 2 (about 2 minutes)
 def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
   # 8 prompts x 2 responses over 8 devices; 2 shuffled mini-batches and balance_batch, so each update's rows
   # come from both hosts' rollouts; validation before training and after step 2
-  scorer = tmp_path / "score.py"
-  scorer.write_text(SCORE_BY_TEXT)
-  overrides = [*tiny_run.overrides(model_dir, data_dir, "unused"), "data.train_batch_size=8",
-               "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-               "actor_rollout_ref.actor.shuffle=true", "trainer.balance_batch=true", "trainer.save_freq=-1",
-               "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.n_gpus_per_node=auto", f"custom_reward_function.path={scorer}"]
-  argv = ["-m", "rljax.train", "--config=configs/grpo.py", *overrides]
+  argv = job("grpo", model_dir, data_dir, tmp_path, "actor_rollout_ref.actor.shuffle=true", "trainer.balance_batch=true",
+             "trainer.val_before_train=true", "trainer.test_freq=2")
   one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
   two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two", "trainer.save_freq=1"], 2,
                               f"{tmp_path}/two")
@@ -45,6 +51,7 @@ def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_
   shutil.rmtree(tmp_path / "two" / "global_step_2")
   again = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two", "trainer.save_freq=1"], 2,
                                 f"{tmp_path}/two")
+  assert [m["step"] for m in again[len(two):]] == [2]  # one step trained after the restart
   processes.assert_same_metrics(two[-1:], again[-1:])
 
 
@@ -52,16 +59,10 @@ def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_
 def test_ppo_with_dynamic_sampling_as_four_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
   # the parts whose statistics are over the whole batch: GAE's whitening (critic), the adaptive KL controller,
   # rollout correction; and dynamic sampling's rounds, agreed by 4 hosts and cut to 8 groups across them
-  scorer = tmp_path / "score.py"
-  scorer.write_text(SCORE_BY_TEXT)
-  overrides = [*tiny_run.overrides(model_dir, data_dir, "unused"), "data.train_batch_size=8",
-               "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-               "actor_rollout_ref.actor.shuffle=true", "trainer.save_freq=-1", "trainer.total_training_steps=1",
-               "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
-               "algorithm.rollout_correction.rollout_is=token", "algorithm.filter_groups.enable=true",
-               "algorithm.filter_groups.metric=seq_reward", "trainer.n_gpus_per_node=auto",
-               f"custom_reward_function.path={scorer}"]
-  argv = ["-m", "rljax.train", "--config=configs/ppo.py", *overrides]
+  argv = job("ppo", model_dir, data_dir, tmp_path, "actor_rollout_ref.actor.shuffle=true",
+             "trainer.total_training_steps=1", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+             "algorithm.rollout_correction.rollout_is=token", "algorithm.filter_groups.enable=true",
+             "algorithm.filter_groups.metric=seq_reward")
   one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
   four = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/four"], 4, f"{tmp_path}/four")
   assert one[0]["train/num_gen_batches"] >= 2 and one[0]["critic/vf_loss"] > 0
@@ -76,13 +77,10 @@ def test_lora_moe_router_replay_and_a_reward_model_as_two_processes_log_the_metr
     moe_dir, reward_model_dir, data_dir, tmp_path):
   # LoRA adapters on a mixture of experts, each token's rollout routing replayed in every actor pass (R3),
   # and a reward model scoring each host's rows
-  overrides = [*tiny_run.overrides(moe_dir, data_dir, "unused"), "data.train_batch_size=8",
-               "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-               "trainer.save_freq=-1", "trainer.n_gpus_per_node=auto", "actor_rollout_ref.model.lora_rank=4",
-               "actor_rollout_ref.model.lora_alpha=8", "actor_rollout_ref.actor.router_replay.mode=R3",
-               "actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "reward_model.enable=true",
-               f"reward_model.model.path={reward_model_dir}"]
-  argv = ["-m", "rljax.train", "--config=configs/grpo.py", *overrides]
+  argv = job("grpo", moe_dir, data_dir, tmp_path, "actor_rollout_ref.model.lora_rank=4",
+             "actor_rollout_ref.model.lora_alpha=8", "actor_rollout_ref.actor.router_replay.mode=R3",
+             "actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "reward_model.enable=true",
+             f"reward_model.model.path={reward_model_dir}")
   one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
   two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two"], 2, f"{tmp_path}/two")
   assert len(one) == 2 and one[0]["actor/grad_norm"] > 0 and "actor/moe_aux_loss" in one[0]

@@ -1,0 +1,43 @@
+"""Which estimators read the whole batch: a host computing its own rows' advantages (whole groups) gets one
+process's numbers exactly when the estimator is not listed as batch-wide (`advantage_stage.reads_every_row`)."""
+
+import numpy as np
+import pytest
+
+from rljax.algos import advantages as adv_lib
+from rljax.rl import advantage_stage
+
+
+def inputs(rows, group, seed):
+  """AdvantageInputs of `rows` rows in groups of `group`, 5 tokens, varied lengths, scores, values and components."""
+  rng = np.random.default_rng(seed)
+  mask = (np.arange(5)[None, :] < rng.integers(1, 6, rows)[:, None]).astype(np.int32)
+  rewards = np.where(np.arange(5)[None, :] == mask.sum(1, keepdims=True) - 1, rng.integers(0, 3, (rows, 1)), 0.0)
+  return adv_lib.AdvantageInputs(
+      rewards.astype(np.float32), mask, group_ids=np.repeat(np.arange(rows // group), group).astype(np.int32),
+      num_groups=rows // group, values=rng.normal(size=(rows, 5)).astype(np.float32),
+      reward_baselines=rng.normal(size=rows).astype(np.float32),
+      reward_components={"acc": rng.integers(0, 2, rows).astype(np.float32)},
+      old_log_probs=-rng.random((rows, 5)).astype(np.float32))
+
+
+def half(x, which, rows):
+  """Host `which` of 2's rows of x (group ids renumbered from 0, as each host numbers its own)."""
+  if isinstance(x, dict):
+    return {k: half(v, which, rows) for k, v in x.items()}
+  if isinstance(x, np.ndarray) and x.shape[:1] == (rows,):
+    part = x[which * rows // 2:(which + 1) * rows // 2]
+    return part - part.min() if x.dtype == np.int32 and x.ndim == 1 else part
+  return x
+
+
+@pytest.mark.parametrize("name", [n for n in adv_lib.adv_estimator_names()
+                                  if "sum_pi_squared" not in adv_lib.estimator_inputs(n).needs])
+def test_only_the_batch_wide_estimators_depend_on_other_hosts_rows(name):
+  whole = inputs(16, 4, seed=1)
+  one, _ = adv_lib.compute_advantage(name, whole)
+  fields = {k: getattr(whole, k) for k in whole.__dataclass_fields__}
+  halves = [adv_lib.compute_advantage(name, adv_lib.AdvantageInputs(**{
+      k: (v // 2 if k == "num_groups" else half(v, h, 16)) for k, v in fields.items()}))[0] for h in (0, 1)]
+  local = np.allclose(np.concatenate(halves), one, rtol=1e-6, atol=1e-6)
+  assert local != (name in advantage_stage.BATCH_WIDE_ESTIMATORS)
