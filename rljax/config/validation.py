@@ -18,7 +18,6 @@ from rljax.config.fields import get_node
 from rljax.config.keys import UNIMPLEMENTED_VALUES
 from rljax.config.mapping import data_parallel_size
 from rljax.config.tree import get_base_config
-from rljax.sharding.mesh import device_tokens, fsdp_axis
 
 
 def _check_batches(config: ConfigDict, world_size: int | None) -> None:
@@ -35,6 +34,7 @@ def _check_batches(config: ConfigDict, world_size: int | None) -> None:
         f"set {mini_key} to a divisor of {data.train_batch_size}")
   if actor.use_dynamic_bsz:
     key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    from rljax.sharding.mesh import device_tokens  # pylint: disable=import-outside-toplevel  (no jax at import)
     sequence = actor.ulysses_sequence_parallel_size
     need = device_tokens(data.max_prompt_length + data.max_response_length, sequence)
     whole = data.max_prompt_length + data.max_response_length
@@ -336,6 +336,7 @@ def _check_mesh(config: ConfigDict, world_size: int | None) -> None:
         expert, f"does not divide the {world_size // model_axes} devices left after tensor x sequence",
         f"choose a divisor of {world_size // model_axes}")
   if fsdp != -1:
+    from rljax.sharding.mesh import fsdp_axis  # pylint: disable=import-outside-toplevel  (no jax at import)
     left, sequence = world_size // (model_axes * expert), actor.ulysses_sequence_parallel_size
     axis = fsdp_axis(fsdp, sequence)
     check(axis > 0 and left % axis == 0, "actor_rollout_ref.actor.fsdp_config.fsdp_size", fsdp,
