@@ -153,7 +153,9 @@ class AgentRollout(Rollout):
   @property
   def metrics(self) -> dict[str, float]:
     """Over every host's episodes (each host's per-episode counts, one number per row)."""
-    return rollout_metrics({k: hosts.process_concat(v) for k, v in episode_counts(self.episodes).items()})
+    counts = episode_counts(self.episodes)
+    every = hosts.process_concat(np.stack(list(counts.values()), axis=1))  # [B, K]: one exchange
+    return rollout_metrics(dict(zip(counts, every.T)))
 
   def extra_info(self, rows: Sequence[Any] | None) -> list[dict[str, Any]]:
     """Each row's extra_info with verl's additions: num_turns and rollout_reward_scores (tools' calc_reward,

@@ -122,21 +122,16 @@ def gathered_rows(fn: Callable[[Any, Any], tuple[Any, Any]], rows: Any, shared: 
   """
   if jax.process_count() == 1:
     return fn(rows, shared)
-  every = jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True)), rows)
-  row_out, other_out = fn(every, shared)
-
-  def mine(x: Any) -> np.ndarray:
-    x = np.asarray(x)
-    size = x.shape[0] // jax.process_count()
-    return x[jax.process_index() * size:(jax.process_index() + 1) * size]
-  return jax.tree.map(mine, row_out), other_out
+  row_out, other_out = fn(jax.tree.map(process_concat, rows), shared)
+  return jax.tree.map(lambda x: np.asarray(x)[share(x.shape[0])], row_out), other_out
 
 
 def process_concat(values: np.ndarray) -> np.ndarray:
-  """Every host's `values` ([n] each) one after another, in process order ([P * n])."""
+  """Every host's `values` ([n, ...] each) one after another along the first axis, in process order
+  ([P * n, ...])."""
   if jax.process_count() == 1:
     return np.asarray(values)
-  return np.asarray(multihost_utils.process_allgather(np.asarray(values))).reshape(-1)
+  return np.asarray(multihost_utils.process_allgather(np.asarray(values), tiled=True))
 
 
 def process_objects(value: Any) -> list[Any]:

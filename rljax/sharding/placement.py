@@ -16,6 +16,9 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from rljax.sharding import hosts
+
+
 def shard_like(tree: Any, shardings: Any) -> Any:
   """Places every leaf of `tree` by the matching leaf of `shardings`."""
   return jax.device_put(tree, shardings)
@@ -67,11 +70,9 @@ def global_batch(local: Any, sharding: NamedSharding | Any) -> Any:
 
 def local_rows(global_rows: int) -> slice:
   """The rows of a global batch this process feeds (even split by process)."""
-  count, index = jax.process_count(), jax.process_index()
-  if global_rows % count:
-    raise ValueError(f"a batch of {global_rows} rows does not split over {count} processes")
-  per = global_rows // count
-  return slice(index * per, (index + 1) * per)
+  if global_rows % jax.process_count():
+    raise ValueError(f"a batch of {global_rows} rows does not split over {jax.process_count()} processes")
+  return hosts.share(global_rows)
 
 
 def addressable_bytes(tree: Any) -> int:
