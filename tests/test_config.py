@@ -465,6 +465,21 @@ def test_accepted_but_unimplemented_switches_are_errors_when_on(key):
     resolved(experiment("grpo"), [f"{key}=true"])
 
 
+def test_verl_v1_trainer_keys_run_the_sync_trainer_and_refuse_the_asynchronous_modes(caplog):
+  """verl 0.9's `trainer.use_v1` and `trainer.v1.*`: sync is rljax's trainer; the asynchronous modes are errors
+  naming the key; their settings change nothing in sync and are listed in the ignored-key warning."""
+  with caplog.at_level(logging.WARNING, logger="rljax.train"):
+    config = resolved(experiment("grpo"), ["trainer.use_v1=true", "trainer.v1.trainer_mode=sync",
+                                           "trainer.v1.sampler.max_off_policy_threshold=2"])
+  assert config.trainer.v1.trainer_mode == "sync"
+  warnings = [r.getMessage() for r in caplog.records if r.name == "rljax.train"]
+  assert len(warnings) == 1 and "trainer.v1.sampler.max_off_policy_threshold" in warnings[0]
+  for mode in ("colocate_async", "separate_async"):
+    with pytest.raises(C.ConfigError, match=f"trainer.v1.trainer_mode='{mode}': asynchronous training is not "
+                                            "implemented.*Fix: set trainer.v1.trainer_mode=sync"):
+      resolved(experiment("grpo"), [f"trainer.v1.trainer_mode={mode}"])
+
+
 def test_overrides_of_ignored_keys_are_listed_in_one_warning(caplog):
   with caplog.at_level(logging.WARNING, logger="rljax.train"):
     resolved(experiment("grpo"), ["actor_rollout_ref.rollout.gpu_memory_utilization=0.3",

@@ -1289,6 +1289,44 @@ KEYS = {
     "trainer.use_legacy_worker_impl": Key(
         "Which of verl's Ray worker classes to use (auto, enable, disable).",
         ignored="chooses between verl's Ray worker classes"),
+    "trainer.use_v1": Key(
+        "Run verl's V1 trainer (its loop with the synchronous and asynchronous modes of trainer.v1.trainer_mode).",
+        mapped="rljax has one trainer, verl's sync mode; true and false run it alike"),
+    "trainer.v1.trainer_mode": Key(
+        "sync: generate, then train on what was generated; colocate_async: generation and training overlap on "
+        "the same devices; separate_async: on separate devices, weights sent every parameter_sync_step steps.",
+        default_only=("asynchronous training is not implemented: rljax's trainer generates, then trains (sync)",
+                      "set trainer.v1.trainer_mode=sync")),
+    "trainer.v1.sync": Key("Settings of the sync mode (none)."),
+    "trainer.v1.colocate_async.num_warmup_batches": Key(
+        "colocate_async: batches generated before the first update.", ignored="read only by trainer.v1.trainer_mode=colocate_async or separate_async, which rljax does not implement (an error)"),
+    "trainer.v1.separate_async.num_warmup_batches": Key(
+        "separate_async: batches generated before the first update.", ignored="read only by trainer.v1.trainer_mode=colocate_async or separate_async, which rljax does not implement (an error)"),
+    "trainer.v1.separate_async.parameter_sync_step": Key(
+        "separate_async: updates between two weight transfers to the rollout devices.", ignored="read only by trainer.v1.trainer_mode=colocate_async or separate_async, which rljax does not implement (an error)"),
+    "trainer.v1.separate_async.hybrid_rollout.enable_switch": Key("separate_async: let rollout devices switch to training when generation outpaces it."),
+    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio": Key("separate_async: share of idle rollout capacity that triggers a switch."),
+    "trainer.v1.separate_async.hybrid_rollout.adaptive_switch_threshold": Key("separate_async: adjust that threshold from the measured switch costs."),
+    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_step_up": Key("separate_async: how much the threshold rises after a costly switch."),
+    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_step_down": Key("separate_async: how much the threshold falls after a cheap switch."),
+    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_release_steps": Key("separate_async: steps before switched devices return to rollout."),
+    "trainer.v1.separate_async.hybrid_rollout.switch_cost_window_size": Key("separate_async: switches averaged to estimate a switch's cost."),
+    "trainer.v1.sampler.max_off_policy_threshold": Key(
+        "Policy versions a sample may lag behind the trained policy.", ignored="read only by trainer.v1.trainer_mode=colocate_async or separate_async, which rljax does not implement (an error)"),
+    "trainer.v1.sampler.max_off_policy_strategy": Key(
+        "drop: discard a sample older than the threshold; wait: hold generation until training catches up.",
+        ignored="read only by trainer.v1.trainer_mode=colocate_async or separate_async, which rljax does not implement (an error)"),
+    "trainer.v1.sampler.sync_refill_failed_groups": Key(
+        "Generate new groups in place of groups that failed.",
+        default_only=("refilling failed groups is not implemented (dynamic sampling regenerates filtered groups: "
+                      "algorithm.filter_groups)", "set trainer.v1.sampler.sync_refill_failed_groups=false")),
+    "trainer.v1.sampler.custom_sampler.path": Key(
+        "Python file with your own sampler class.",
+        default_only=("custom samplers are not loaded", "drop trainer.v1.sampler.custom_sampler.path")),
+    "trainer.v1.sampler.custom_sampler.name": Key("Name of the sampler class in that file."),
+    "trainer.v1.sampler.sampler_kwargs": Key(
+        "Extra arguments of the sampler.",
+        default_only=("the V1 sampler is not implemented", "drop trainer.v1.sampler.sampler_kwargs")),
     "trainer.val_before_train": Key("Validate once before the first step."),
     "trainer.val_only": Key("Validate and exit without training."),
     "trainer.validation_data_dir": Key(
@@ -1313,6 +1351,8 @@ IGNORED_SECTIONS = {
     "reward_model.sandbox_fusion": "remote code sandboxes are not called; no scorer runs model output as code",
     "ray_init": "no Ray: one JAX program per host",
     "trainer.controller_nsight_options": "Nsight profiling",
+    "trainer.v1.separate_async.hybrid_rollout": "separate_async's switching of rollout devices to training, read "
+                                                 "only by trainer.v1.trainer_mode=separate_async (an error)",
     "trainer.worker_nsight_options": "Nsight profiling",
     "algorithm.pf_ppo": "read only with algorithm.use_pf_ppo, which rljax does not implement (an error when true)",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision": "PyTorch FSDP's dtypes; fsdp_config.model_dtype and dtype set rljax's",

@@ -16,6 +16,31 @@ def _nsight_options() -> dict[str, Any]:
   return {"controller_nsight_options": controller, "worker_nsight_options": worker}
 
 
+def _v1_trainer() -> dict[str, Any]:
+  """verl's V1 trainer node (`trainer.v1`): its mode, the asynchronous modes' settings and its sampler."""
+  return {
+      "trainer_mode": "sync",
+      "sync": {},
+      "colocate_async": {"num_warmup_batches": 1},
+      "separate_async": {
+          "num_warmup_batches": 1,
+          "parameter_sync_step": 4,
+          "hybrid_rollout": {
+              "enable_switch": False, "switch_threshold_ratio": 0.4, "adaptive_switch_threshold": True,
+              "switch_threshold_step_up": 0.05, "switch_threshold_step_down": 0.03,
+              "switch_threshold_release_steps": 2, "switch_cost_window_size": 3,
+          },
+      },
+      "sampler": {
+          "max_off_policy_threshold": 8,
+          "max_off_policy_strategy": "drop",
+          "sync_refill_failed_groups": False,
+          "custom_sampler": {"path": null(str), "name": null(str)},
+          "sampler_kwargs": {},
+      },
+  }
+
+
 def build_trainer() -> ConfigDict:
   """verl's `trainer` node; default_local_dir follows the project and experiment names."""
   trainer = ConfigDict({
@@ -47,6 +72,8 @@ def build_trainer() -> ConfigDict:
       "ray_wait_register_center_timeout": 300,
       "esi_redundant_time": 0,
       "use_legacy_worker_impl": "auto",
+      "use_v1": True,
+      "v1": _v1_trainer(),
       "seed": 1,
       "logical_axis_rules": [
           ["batch", ["data", "fsdp", "expert"]],
