@@ -8,6 +8,13 @@ chips). Overrides are the trainer's (`rljax.launch`). Prints one row per
 step (per-device GiB, TFLOP, the compiler's time estimate, collective GiB by
 kind, the bound and measured/bound) and exits 1 when a step does not fit,
 with what to change.
+
+On a slice of several hosts the rollout is compiled as a multi-process job
+runs it (each host decodes on its own chips, compiled on a one-host slice of
+the same chips) and `x-host` is the GiB that reach the busiest host's chips
+from other hosts' chips in one run of each step (`rljax.compile.hlo`);
+`rollout_weights`, the all-gather that gives every host the weights once
+per rollout, is bounded by the weights that host does not hold.
 """
 
 from __future__ import annotations
@@ -61,7 +68,8 @@ def main(argv: Sequence[str]) -> int:
       where = f"{len(devices)} x {devices[0].device_kind}"
     config = resolve(config_lib.load_config_file(launch.CONFIG.value), launch.overrides(), device_count=len(devices))
     mesh = sharding.make_mesh(config, devices=devices)
-    planned = plan.rl_steps(config, mesh)
+    several_hosts = _TOPOLOGY.value and len({d.process_index for d in devices}) > 1
+    planned = plan.rl_steps(config, mesh, topology_lib.devices(topology_lib.one_host(target)) if several_hosts else None)
   except (config_lib.ConfigError, ValueError) as error:
     print(f"config error: {error}", file=sys.stderr)
     return 2

@@ -23,6 +23,16 @@ channel_id and replica groups and counts once; collectives that share a
 channel_id over other groups (a `psum_scatter` per device subgroup) or in
 another loop (a rematerialised layer's gather, cloned into the backward
 loop) each count.
+
+On a slice of several hosts (`cross_host_bytes`), each collective's replica
+groups, mapped through the program's device assignment to the devices'
+processes, say what must arrive at a host's chips from other hosts' chips,
+the least any algorithm moves (a host's chips first reduce or share among
+themselves): an all-gather brings each shard held elsewhere in once, a
+reduce-scatter one partial sum of each of the host's output shards from
+every other host of the group, an all-reduce both, an all-to-all each
+remote chip's block for each of the host's chips, a collective-permute the
+pairs whose ends lie on different hosts.
 """
 
 from __future__ import annotations
@@ -30,7 +40,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Iterator
+from typing import Iterator, Sequence
+
+import numpy as np
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute", "dcn")
 
@@ -224,6 +236,8 @@ class Collective:
   op_name: str
   shape: str
   channel: str = ""
+  groups: list[list[int]] | None = None
+  unit: int = 0
 
   @property
   def total(self) -> int:
@@ -267,6 +281,30 @@ def group_size(attributes: str) -> int:
   return 1
 
 
+def replica_groups(attributes: str) -> list[list[int]] | None:
+  """The partitions of each group of a collective (`source_target_pairs` for a collective-permute), in the
+  mesh, iota or listed forms of HLO text; None for a form not known here."""
+  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attributes)
+  if mesh:
+    axes = re.findall(r"'(\w+)'=(\d+)", mesh.group(1))
+    names, sizes = [a for a, _ in axes], [int(n) for _, n in axes]
+    grouped = [names.index(a) for a in re.findall(r"'(\w+)'", mesh.group(2)) if a in names]
+    ids = np.arange(math.prod(sizes)).reshape(sizes)
+    kept = [i for i in range(len(sizes)) if i not in grouped]
+    return ids.transpose(kept + grouped).reshape(-1, math.prod(sizes[i] for i in grouped) or 1).tolist()
+  iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attributes)
+  if iota:
+    dims = [int(d) for d in iota.group(3).split(",")]
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    if iota.group(4):
+      ids = ids.transpose([int(d) for d in iota.group(4).split(",")])
+    return ids.reshape(int(iota.group(1)), int(iota.group(2))).tolist()
+  listed = re.search(r"(?:replica_groups|source_target_pairs)=\{((?:\{[\d,]*\},?)*)\}", attributes)
+  if listed:
+    return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", listed.group(1))]
+  return None
+
+
 def _operand_bytes(inst: Instruction, computation: Computation) -> int | None:
   """Bytes of the collective's input (for an async `-done`, the input of its `-start`)."""
   table = computation.by_name()
@@ -274,6 +312,22 @@ def _operand_bytes(inst: Instruction, computation: Computation) -> int | None:
   if source is not None and inst.opcode.endswith("-done") and source.opcode.endswith("-start"):
     source = table.get(source.operands[0]) if source.operands else None
   return source.bytes if source is not None else None
+
+
+def _start(inst: Instruction, computation: Computation) -> Instruction:
+  """The `-start` half of an asynchronous `-done` (which carries the groups); else `inst`."""
+  source = computation.by_name().get(inst.operands[0]) if inst.operands and inst.opcode.endswith("-done") else None
+  return source if source is not None and source.opcode.endswith("-start") else inst
+
+
+def _unit_bytes(kind: str, inst: Instruction, computation: Computation) -> int:
+  """The per-device block a collective works in: an all-gather's or collective-permute's operand, a
+  reduce-scatter's output, an all-reduce's or all-to-all's whole array."""
+  if kind in ("all-gather", "collective-permute", "dcn"):
+    return _operand_bytes(inst, computation) or inst.bytes
+  if kind == "reduce-scatter" and not inst.opcode.startswith("reduce-scatter"):
+    return inst.bytes // max(group_size(inst.attributes), 1)
+  return inst.bytes
 
 
 def _collective_bytes(kind: str, inst: Instruction, computation: Computation) -> int:
@@ -307,7 +361,8 @@ def _walk(computations: dict[str, Computation], name: str, count: int, seen: tup
       channel = re.search(r"channel_id=(\d+)", inst.attributes)
       groups = re.search(r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\S+)", inst.attributes)
       yield Collective(kind, _collective_bytes(kind, inst, computation), count, inst.op_name, inst.shape,
-                       f"{loops} {channel.group(1)} {groups.group(1) if groups else ''}" if channel else "")
+                       f"{loops} {channel.group(1)} {groups.group(1) if groups else ''}" if channel else "",
+                       replica_groups(_start(inst, computation).attributes), _unit_bytes(kind, inst, computation))
     called = inst.called()
     if inst.opcode == "while":
       body, trips = _loop(inst, computation, computations)
@@ -348,6 +403,55 @@ def collectives(text: str) -> CollectiveSummary:
   for c in found:
     by_kind[c.kind] += c.total
   return CollectiveSummary(by_kind, found, unknown)
+
+
+def _arriving(kind: str, unit: int, group: Sequence[int], hosts: np.ndarray) -> np.ndarray:
+  """[hosts] bytes one execution of a collective over `group` (partitions) must bring to each host's chips
+  from other hosts' (see the module docstring); `hosts[p]` is partition p's host."""
+  out = np.zeros(hosts.max() + 1)
+  if kind == "collective-permute":
+    source, target = group
+    if hosts[source] != hosts[target]:
+      out[hosts[target]] += unit
+    return out
+  members = np.bincount(hosts[list(group)], minlength=len(out))
+  n, spanned = len(group), int((members > 0).sum())
+  here = members[members > 0]
+  if kind == "all-gather":
+    out[members > 0] = (n - here) * unit
+  elif kind == "reduce-scatter":
+    out[members > 0] = (spanned - 1) * here * unit
+  elif kind == "all-reduce":
+    out[members > 0] = ((spanned - 1) * here + n - here) * unit / n
+  elif kind == "all-to-all":
+    out[members > 0] = here * (n - here) * unit / n
+  elif kind == "dcn":
+    out[members > 0] = here * unit
+  return out
+
+
+def cross_host_bytes(summary: CollectiveSummary, hosts: Sequence[int]) -> float | None:
+  """Bytes the busiest host's chips receive from other hosts' chips in one run of the program.
+
+  Args:
+    summary: the program's collectives.
+    hosts: [partitions] the host (process index) of each partition, in the program's device assignment.
+
+  Returns:
+    None when a collective's groups are in a form `replica_groups` does not read.
+  """
+  hosts = np.asarray(hosts)
+  total = np.zeros(hosts.max() + 1)
+  for c in summary.collectives:
+    if c.kind == "dcn":
+      total += _arriving("dcn", c.unit, range(len(hosts)), hosts) * c.count
+      continue
+    if c.groups is None:
+      return None
+    for group in c.groups:
+      if len(group) > 1:
+        total += _arriving(c.kind, c.unit, group, hosts) * c.count
+  return float(total.max())
 
 
 _NO_TRAFFIC = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while", "call", "conditional",

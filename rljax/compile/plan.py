@@ -1,5 +1,9 @@
 """Every jitted step of an RL run, built abstractly for a mesh, ready to lower and compile.
 
+On a slice of several hosts the rollout runs as a multi-process job runs it:
+each host decodes on its own chips, and `rollout_weights` is the all-gather
+that brings the trainer's weights to every host once per rollout.
+
 `rl_steps(config, mesh)` assembles the run with the trainer's own call
 (`rljax.rl.assembly.build_run`, `abstract=True`): no weights are read and
 nothing is allocated, and the steps are the ones the trainer runs. Each
@@ -9,8 +13,9 @@ step comes with the bound `rljax.compile.report` holds it to.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 from jax.sharding import Mesh
@@ -19,6 +24,7 @@ from ml_collections import ConfigDict
 from rljax.compile import report
 from rljax.rl import assembly
 from rljax.rollout.sampler import RolloutSampler
+from rljax.sharding import hosts
 from rljax.sharding.placement import Step
 
 
@@ -30,8 +36,10 @@ class PlannedStep:
   bound: tuple[str, float] | None = None
 
 
-def rl_steps(config: ConfigDict, mesh: Mesh) -> list[PlannedStep]:
-  """The steps of an RL run of `config` on `mesh`: updates, forward passes, prefill, insert and decode."""
+def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] | None = None) -> list[PlannedStep]:
+  """The steps of an RL run of `config` on `mesh`: updates, forward passes, the rollout's weight copy, prefill,
+  insert and decode. `host_devices`: where `mesh` spans several hosts, one host's slice (as many devices as a
+  host of the mesh has) to compile the host-local rollout on."""
   run, state = assembly.build_run(config, mesh, abstract=True, tokenizer=None, batches_per_epoch=1)
   layout, steps, engine = run.layout, run.steps, run.engine
   actor_params = run.actor_params(state)
@@ -45,12 +53,37 @@ def rl_steps(config: ConfigDict, mesh: Mesh) -> list[PlannedStep]:
   planned += [PlannedStep(s) for s in run.compiled_steps() if not any(s is b for b in bounded)]
   sampler_steps = RolloutSampler(engine, pad_id=0).steps_per_sync
   rollout_params = engine.compute_params(actor_params)
+  weight_sync = engine.weight_sync_step(actor_params)
+  if weight_sync is not None:
+    planned.append(PlannedStep(weight_sync, ("host share", _host_share(weight_sync))))
+  if host_devices is not None and engine.mesh is not mesh and len(hosts.processes(mesh.devices.flat)) > 1:
+    engine = engine.on_devices(host_devices)
+    rollout_params = engine.compute_params(actor_params)
   for step in engine.lowering_steps(actor_params, sampler_steps, samples_per_prompt=layout.n):
     bound = None
     if step.name.startswith("decode_step"):
       bound = ("param+cache", report.decode_minimum(rollout_params, engine.abstract_decode_state()))
     planned.append(PlannedStep(step, bound))
   return planned
+
+
+def _host_share(weight_sync: Step) -> float | None:
+  """The least the rollout's weight copy brings to a host from others: the weights (in the rollout dtype, as
+  the step's argument holds them) outside the busiest host's own shards; None on one host."""
+  leaves = jax.tree.leaves(weight_sync.args)
+  devices = list(leaves[0].sharding.mesh.devices.flat)
+  if len(hosts.processes(devices)) < 2:
+    return None
+  total = sum(x.size * x.dtype.itemsize for x in leaves)
+  return float(max(total - sum(_held_bytes(x, set(hosts.process_devices(p, devices))) for x in leaves)
+                   for p in hosts.processes(devices)))
+
+
+def _held_bytes(x: jax.ShapeDtypeStruct, devices: set) -> int:
+  """Bytes of `x` that `devices` hold between them (each distinct block once)."""
+  blocks = {tuple(s.indices(n) for s, n in zip(index, x.shape))
+            for d, index in x.sharding.devices_indices_map(x.shape).items() if d in devices}
+  return sum(math.prod(len(range(*r)) for r in block) for block in blocks) * x.dtype.itemsize
 
 
 def compile_step(planned: PlannedStep, hbm: int) -> tuple[report.StepReport, Any]:
@@ -62,7 +95,7 @@ def compile_step(planned: PlannedStep, hbm: int) -> tuple[report.StepReport, Any
     result = report.from_error(planned.step.name, error, hbm)
     result.compile_seconds = time.perf_counter() - start
     return result, None
-  result = report.from_compiled(planned.step.name, compiled, hbm, planned.step.args[0])
+  result = report.from_compiled(planned.step.name, compiled, hbm, planned.step.args[0], planned.step.args)
   result.bound = planned.bound
   result.compile_seconds = time.perf_counter() - start
   return result, compiled

@@ -57,16 +57,19 @@ class StepReport:
   hbm_traffic: float | None = None
   collectives: dict[str, int] = dataclasses.field(default_factory=dict)
   activation_all_reduce: int = 0
+  cross_host: float | None = None
   bound: tuple[str, float] | None = None
   error: str | None = None
   compile_seconds: float = 0.0
 
   @property
   def ratio(self) -> float | None:
-    """Measured / bound: collective bytes of an update, bytes accessed of a decode step."""
+    """Measured / bound: collective bytes of an update, bytes accessed of a decode step, what reaches the
+    busiest host of the rollout's weight copy."""
     if self.bound is None or not self.bound[1]:
       return None
-    measured = self.hbm_traffic if self.bound[0] == "param+cache" else sum(self.collectives.values())
+    measured = {"param+cache": self.hbm_traffic, "host share": self.cross_host}.get(
+        self.bound[0], sum(self.collectives.values()))
     return None if measured is None else measured / self.bound[1]
 
   def as_dict(self) -> dict[str, Any]:
@@ -131,8 +134,16 @@ def activation_all_reduce(summary: hlo.CollectiveSummary, params: Any, smallest:
   return total
 
 
-def from_compiled(name: str, compiled: Any, hbm: int, params: Any = None) -> StepReport:
-  """A report of a compiled executable (`params`: the step's parameters, to tell activation all-reduces)."""
+def partition_hosts(args: Any) -> list[int]:
+  """[partitions] the process (host) of each device of a program jitted on `args`, in its device assignment
+  (that of its first sharded argument, as jit assigns devices)."""
+  first = next(x.sharding for x in jax.tree.leaves(args) if getattr(x, "sharding", None) is not None)
+  return [d.process_index for d in first._device_assignment]  # pylint: disable=protected-access
+
+
+def from_compiled(name: str, compiled: Any, hbm: int, params: Any = None, args: Any = None) -> StepReport:
+  """A report of a compiled executable (`params`: the step's parameters, to tell activation all-reduces;
+  `args`: its abstract arguments, to tell what crosses hosts)."""
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, list):
@@ -147,7 +158,13 @@ def from_compiled(name: str, compiled: Any, hbm: int, params: Any = None) -> Ste
       temporaries=memory.temp_size_in_bytes, required=required, flops=cost.get("flops"),
       seconds=cost.get("optimal_seconds"), bytes_accessed=cost.get("bytes accessed"), hbm_traffic=hlo.hbm_bytes(text),
       collectives={k: v for k, v in summary.by_kind.items() if v},
-      activation_all_reduce=0 if params is None else activation_all_reduce(summary, params))
+      activation_all_reduce=0 if params is None else activation_all_reduce(summary, params),
+      cross_host=None if args is None else _cross_host(summary, partition_hosts(args)))
+
+
+def _cross_host(summary: hlo.CollectiveSummary, hosts: list[int]) -> float | None:
+  """What reaches the busiest host from others per run (None on one host, or when a group is unreadable)."""
+  return hlo.cross_host_bytes(summary, hosts) if len(set(hosts)) > 1 else None
 
 
 def from_error(name: str, error: Exception, hbm: int) -> StepReport:
@@ -220,7 +237,7 @@ def gib(value: float | None) -> str:
 def table(reports: list[StepReport]) -> str:
   """The reports as a text table (GiB per device: memory, HBM traffic, collective bytes by kind)."""
   header = ("step", "fits", "args", "temp", "need", "HBM", "TFLOP", "est s", "traffic", "all-gath", "red-scat",
-            "all-red", "act-AR", "all2all", "permute", "dcn", "bound", "ratio")
+            "all-red", "act-AR", "all2all", "permute", "dcn", "x-host", "bound", "ratio")
   rows = [header]
   for r in reports:
     c = r.collectives
@@ -229,7 +246,7 @@ def table(reports: list[StepReport]) -> str:
         "-" if r.flops is None else f"{r.flops / 1e12:.2f}", "-" if r.seconds is None else f"{r.seconds:.3f}",
         gib(r.hbm_traffic), gib(c.get("all-gather")), gib(c.get("reduce-scatter")), gib(c.get("all-reduce")),
         gib(r.activation_all_reduce),
-        gib(c.get("all-to-all")), gib(c.get("collective-permute")), gib(c.get("dcn")),
+        gib(c.get("all-to-all")), gib(c.get("collective-permute")), gib(c.get("dcn")), gib(r.cross_host),
         "-" if r.bound is None else f"{r.bound[0]} {gib(r.bound[1])}",
         "-" if r.ratio is None else f"{r.ratio:.2f}"))
   widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]

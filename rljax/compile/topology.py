@@ -77,6 +77,13 @@ class Topology:
     return GENERATIONS[self.generation][3]
 
 
+def one_host(topology: Topology) -> Topology:
+  """The single-host slice of one host of `topology` (itself when it has one host): `v5e:2x2` for v5e-16."""
+  grid = topology.host_bounds[:len(topology.grid)]
+  return Topology(name=f"{topology.generation}:{'x'.join(map(str, grid))}", generation=topology.generation,
+                  grid=grid)
+
+
 def parse(name: str, num_slices: int = 1) -> Topology:
   """A Topology from `v5p-8`, `v5litepod-16`, `v6e-8` or `v5p:2x2x1`.
 

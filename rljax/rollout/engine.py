@@ -54,10 +54,11 @@ rollout's routing.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import importlib.util
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -239,19 +240,32 @@ class Engine:
     headroom = self.append_buckets[-1] if self.append_buckets else 0
     self.cache_length = cache_length(self.buckets[-1] + self.max_decode_length + headroom, cfg.attention_kernel)
     self.decode_compiler_options = dict(decode_compiler_options or {})
-    step_rules = rules_lib.decode_rules(rules)
-    self._prefills: dict[tuple[int, int], Any] = {}
     self._cast_impl = functools.partial(_cast_floats, dtype=jnp.dtype(cfg.dtype))
     self._cast = jax.jit(self._cast_impl)
+    self._jit_on_mesh()
+
+  def _jit_on_mesh(self) -> None:
+    """The jitted calls over `self._mesh` (prefills and reshards are made when first needed)."""
+    step_rules = rules_lib.decode_rules(self.rules)
+    self._prefills: dict[tuple[int, int], Any] = {}
+    self._continue_prefills: dict[tuple[int, int, int], Any] = {}
     self._reshards: dict[Any, Any] = {}
-    self._insert = jax.jit(_traced(self._mesh, rules, self._insert_impl, gather_weights=False),
+    self._insert = jax.jit(_traced(self._mesh, self.rules, self._insert_impl, gather_weights=False),
                            donate_argnums=(1,), out_shardings=self.decode_state_shardings())
     self._generate = jax.jit(_traced(self._mesh, step_rules, self._generate_impl, gather_weights=False),
                              static_argnums=(2, 3),
                              donate_argnums=(1,), compiler_options=self.decode_compiler_options)
     self._append = jax.jit(_traced(self._mesh, step_rules, self._append_impl, gather_weights=False),
                            donate_argnums=(1,), out_shardings=self.decode_state_shardings())
-    self._continue_prefills: dict[tuple[int, int, int], Any] = {}
+
+  def on_devices(self, devices: Sequence[jax.Device]) -> "Engine":
+    """This engine with its mesh laid over `devices` instead (as many, same axes): `rljax.compile` compiles
+    one host of a multi-host slice on a single-host slice of the same chips, as libtpu compiles a program
+    for a whole slice or one host's slice, not for some of a slice's chips."""
+    other = copy.copy(self)
+    other._mesh = Mesh(np.array(devices).reshape(self._mesh.devices.shape), self._mesh.axis_names)
+    other._jit_on_mesh()  # pylint: disable=protected-access
+    return other
 
   # ----- JetStream properties -------------------------------------------------
 
@@ -323,14 +337,33 @@ class Engine:
       return abstract(jax.eval_shape(self._cast, params), target)
     if same_layout:
       return self._cast(params)
+    return self._resharder(params, target)(params)
+
+  def _resharder(self, params: Any, target: Any) -> Callable[[Any], Any]:
+    """The jitted cast-and-reshard of `params` (arrays or ShapeDtypeStructs) to `target`, made once per tree."""
     key = jax.tree.structure(params)
     if key not in self._reshards:
-      if not all(x.is_fully_addressable for x in leaves) and _host_local(self._mesh):
+      source = sorted(jax.tree.leaves(params)[0].sharding.device_set, key=lambda d: d.id)
+      if len(hosts.processes(source)) > 1 and len(hosts.processes(self._mesh.devices.flat)) == 1:
         # a multi-process job's weights reach this host's engine mesh by one all-gather over the hosts
-        self._reshards[key] = hosts.host_local_copier(target, lambda x: _cast_floats(x, dtype))
+        self._reshards[key] = hosts.HostLocalCopy(target, self._cast_impl, source)
       else:
         self._reshards[key] = jax.jit(self._cast_impl, out_shardings=target)
-    return self._reshards[key](params)
+    return self._reshards[key]
+
+  def weight_sync_step(self, params: Any) -> Step | None:
+    """The jitted copy that brings the trainer's weights (`params`: arrays or ShapeDtypeStructs with their
+    shardings) to the engine's dtype and layout once per rollout; None when the engine reads them in place.
+    On a host-local engine of a multi-process job, the all-gather over the hosts (`rljax.sharding.hosts`)."""
+    params = abstract(params)
+    if self.compute_params(params) is params:
+      return None
+    target = rules_lib.param_shardings(params, self._mesh, self.rules)
+    same_layout = all(x.sharding == s for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
+    copy = self._cast if same_layout else self._resharder(params, target)
+    if isinstance(copy, hosts.HostLocalCopy):
+      return Step("rollout_weights", *copy.program(params))
+    return Step("rollout_weights", copy, (params,))
 
   def prefix_shardings(self, rows: int, bucket: int) -> Prefix:
     """NamedShardings of a prefill's output for `rows` prompts of `bucket` tokens."""
@@ -682,11 +715,6 @@ def _to_the_end(tokens: jax.Array, true_lengths: jax.Array) -> tuple[jax.Array, 
   shift = tokens.shape[1] - true_lengths
   rolled = jax.vmap(lambda row, k: jnp.roll(row, k))(tokens, shift)
   return rolled, jnp.arange(tokens.shape[1])[None, :] >= shift[:, None]
-
-
-def _host_local(mesh: Mesh) -> bool:
-  """Whether every device of `mesh` is this process's."""
-  return all(d.process_index == jax.process_index() for d in mesh.devices.flat)
 
 
 def _cast_floats(tree: Any, dtype: Any) -> Any:

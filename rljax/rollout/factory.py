@@ -73,13 +73,15 @@ def rollout_mesh(mesh: Mesh, tensor: int) -> Mesh:
   itself when the sizes agree (weights then read in place); otherwise the
   sampler reshards its cast copy of the weights once per rollout
   (`Engine.compute_params`). The data and expert axes are kept, fsdp takes the rest.
-  In a multi-process job, this host's devices alone (`rljax.sharding.hosts`).
+  When the mesh spans several processes (a multi-process job, or `rljax.compile`
+  for a slice of several hosts), this host's devices alone (`rljax.sharding.hosts`).
 
   Raises:
     ConfigError: naming the key when `tensor` does not divide the devices left after the data axis.
   """
-  if jax.process_count() > 1:
-    return _host_rollout_mesh(tensor)
+  devices = list(mesh.devices.flat)
+  if len(hosts.processes(devices)) > 1:
+    return _host_rollout_mesh(devices, tensor)
   if mesh.shape["tensor"] == tensor and mesh.shape["sequence"] == 1:
     return mesh
   data, expert = mesh.shape["data"], mesh.shape["expert"]
@@ -89,18 +91,18 @@ def rollout_mesh(mesh: Mesh, tensor: int) -> Mesh:
                                  f"does not divide the {rest} devices of a data-parallel replica",
                                  f"choose a divisor of {rest}")
   return build_mesh({"data": data, "fsdp": rest // tensor, "tensor": tensor, "sequence": 1, "expert": expert},
-                    list(mesh.devices.flat))
+                    devices)
 
 
-def _host_rollout_mesh(tensor: int) -> Mesh:
-  """A multi-process job's rollout mesh: this host's devices (each host decodes its own prompts), fsdp by
-  tensor."""
-  local = jax.local_device_count()
+def _host_rollout_mesh(devices: list[jax.Device], tensor: int) -> Mesh:
+  """A multi-process job's rollout mesh: this host's share of `devices` (each host decodes its own prompts),
+  fsdp by tensor."""
+  local = len(hosts.process_devices(jax.process_index(), devices))
   if tensor < 1 or local % tensor:
     raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size", tensor,
                       f"does not divide the {local} devices of a host (each host decodes its own prompts)",
                       f"choose a divisor of {local}")
-  return hosts.local_mesh({"data": 1, "fsdp": local // tensor, "tensor": tensor, "sequence": 1, "expert": 1})
+  return hosts.local_mesh({"data": 1, "fsdp": local // tensor, "tensor": tensor, "sequence": 1, "expert": 1}, devices)
 
 
 def slots_per_device(mesh: Mesh, rules: Any, slots: int) -> int:

@@ -18,7 +18,7 @@ In a single-process job every function here is the identity or close to it.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import numpy as np
@@ -28,43 +28,76 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rljax.sharding.mesh import build_mesh
 
 
-def process_devices(process: int) -> list[jax.Device]:
-  """The devices of one process, in id order."""
-  return sorted((d for d in jax.devices() if d.process_index == process), key=lambda d: d.id)
+def processes(devices: Iterable[jax.Device]) -> list[int]:
+  """The processes (hosts) that `devices` belong to, in order."""
+  return sorted({d.process_index for d in devices})
 
 
-def local_mesh(shape: dict[str, int]) -> Mesh:
-  """`shape` (rljax's axes) over this process's devices, laid out as every process lays out its own."""
-  return build_mesh(shape, process_devices(jax.process_index()))
+def process_devices(process: int, devices: Iterable[jax.Device] | None = None) -> list[jax.Device]:
+  """The devices of one process among `devices` (default: the job's), in id order."""
+  return sorted((d for d in (jax.devices() if devices is None else devices) if d.process_index == process),
+                key=lambda d: d.id)
 
 
-def _stacked_mesh(shape: dict[str, int]) -> Mesh:
-  """Every process's `local_mesh(shape)` stacked on a leading `process` axis (all devices of the job)."""
-  grids = [build_mesh(shape, process_devices(p)).devices for p in range(jax.process_count())]
-  axes = build_mesh(shape, process_devices(jax.process_index())).axis_names
+def local_mesh(shape: dict[str, int], devices: Iterable[jax.Device] | None = None) -> Mesh:
+  """`shape` (rljax's axes) over this process's devices (among `devices`, default the job's), laid out as
+  every process lays out its own."""
+  return build_mesh(shape, process_devices(jax.process_index(), devices))
+
+
+def _stacked_mesh(shape: dict[str, int], devices: Sequence[jax.Device]) -> Mesh:
+  """Every process's local mesh of `shape` over its share of `devices`, stacked on a leading `process` axis."""
+  grids = [build_mesh(shape, process_devices(p, devices)).devices for p in processes(devices)]
+  axes = local_mesh(shape, devices).axis_names
   return Mesh(np.stack(grids), ("process", *axes))
 
 
-def host_local_copier(shardings: Any, cast: Callable[[Any], Any]) -> Callable[[Any], Any]:
-  """A function `tree -> cast(tree)` laid out by `shardings` (NamedShardings over one `local_mesh`, a pytree
-  like `tree`) on every host, compiled once.
+class HostLocalCopy:
+  """`tree -> cast(tree)` laid out by `shardings` (NamedShardings over one local mesh, a pytree like `tree`)
+  on every host.
 
-  One jitted all-gather over the hosts: the output is replicated along the process axis of the stacked
-  mesh, so each host's devices hold exactly the host-local layout, which this host then wraps as host-local
-  arrays (no copy). `tree` holds arrays sharded over the job's (global) mesh; `cast` is elementwise (e.g.
-  the engine's dtype cast).
+  The cast runs where the weights lie (elementwise, so the gather moves
+  the cast bytes); then one all-gather over the hosts lays the tree out on
+  the stacked mesh, replicated along its process axis, so each host's
+  devices hold exactly the host-local layout, which this host wraps as
+  host-local arrays (no copy). `tree` holds arrays sharded over the job's
+  mesh, whose devices are `devices`: a TPU mesh orders them by the chips'
+  coordinates, the stacked mesh host by host, so the gather is
+  `jax.device_put`'s reshard between two device orders (`program`: the same
+  program, for `rljax.compile`).
   """
-  local, treedef = jax.tree.flatten(shardings)
-  mesh = local[0].mesh
-  stacked = _stacked_mesh(dict(zip(mesh.axis_names, mesh.devices.shape)))
-  gather = jax.jit(lambda xs: [cast(x) for x in xs], out_shardings=[NamedSharding(stacked, s.spec) for s in local])
 
-  def copy(tree: Any) -> Any:
-    gathered = gather(treedef.flatten_up_to(tree))
-    return jax.tree.unflatten(treedef, [
+  def __init__(self, shardings: Any, cast: Callable[[Any], Any], devices: Sequence[jax.Device]):
+    self._local, self._treedef = jax.tree.flatten(shardings)
+    mesh = self._local[0].mesh
+    self._devices = list(devices)
+    stacked = _stacked_mesh(dict(zip(mesh.axis_names, mesh.devices.shape)), self._devices)
+    self._stacked = [NamedSharding(stacked, s.spec) for s in self._local]
+    self._cast = jax.jit(cast)
+
+  def __call__(self, tree: Any) -> Any:
+    leaves = self._treedef.flatten_up_to(self._cast(tree))
+    gathered = jax.device_put(leaves, self._stacked)
+    return self._treedef.unflatten([
         jax.make_array_from_single_device_arrays(x.shape, s, [shard.data for shard in x.addressable_shards])
-        for x, s in zip(gathered, local)])
-  return copy
+        for x, s in zip(gathered, self._local)])
+
+  def program(self, tree: Any) -> tuple[Callable[..., Any], tuple[Any]]:
+    """(the jitted gather, its abstract argument) for `tree` (ShapeDtypeStructs on the job's mesh): the
+    program `__call__`'s device_put runs, its input relabelled into the stacked mesh's device order."""
+    cast = self._treedef.flatten_up_to(jax.eval_shape(self._cast, tree))
+    order = list(self._stacked[0].mesh.devices.flat)
+    args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_in_device_order(t.sharding, order))
+            for x, t in zip(cast, self._treedef.flatten_up_to(tree))]
+    return jax.jit(lambda xs: xs, out_shardings=self._stacked), (args,)
+
+
+def _in_device_order(sharding: NamedSharding, order: Sequence[jax.Device]) -> NamedSharding:
+  """`sharding` (each device holding the same block) over a mesh listing its devices in `order`: how
+  `jax.device_put` lets one program take an array of one device order and return one of another."""
+  index = {d: i for i, d in enumerate(order)}
+  mesh = Mesh(np.array(order).reshape(sharding.mesh.devices.shape), sharding.mesh.axis_names)
+  return NamedSharding(mesh, sharding.spec, _logical_device_ids=tuple(index[d] for d in sharding.mesh.devices.flat))
 
 
 def process_rows(x: jax.Array, axis: int = 0) -> np.ndarray:

@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rljax import config as config_lib, sharding
 from rljax.compile import hlo, plan, report, topology
+from rljax.sharding import hosts
 from rljax.train import resolve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -238,3 +239,63 @@ def test_the_data_center_network_part_of_a_multislice_sum_counts_as_dcn():
   parts = jax.ShapeDtypeStruct((2, 4096, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P("data", "fsdp")))
   summary = hlo.collectives(jax.jit(total).lower(parts).compile().as_text())
   assert summary.by_kind["dcn"] == 1024 * 1024 * 2  # each chip sends its [1, 1024, 1024] bfloat16 block once
+
+
+def four_hosts():
+  """v5e-16's chips as a [host, chip] mesh (4 hosts of 2x2 chips)."""
+  devices = topology.devices(topology.parse("v5litepod-16"))
+  return Mesh(np.array([hosts.process_devices(p, devices) for p in range(4)]), ("hosts", "chips"))
+
+
+def cross_host(mesh, fn, spec, shape=(16, 4096)):
+  """What reaches the busiest host when `fn` runs on a bfloat16 array of `shape` laid out by `spec`."""
+  arg = jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, spec))
+  compiled = jax.jit(fn).lower(arg).compile()
+  return hlo.cross_host_bytes(hlo.collectives(compiled.as_text()), report.partition_hosts(arg))
+
+
+def test_cross_host_bytes_count_what_reaches_a_host_from_the_others():
+  mesh = four_hosts()
+  whole = 16 * 4096 * 2
+  gather = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P()))
+  assert cross_host(mesh, gather, P(("hosts", "chips"))) == whole * 12 / 16  # the 12 shards held elsewhere
+  within = jax.shard_map(lambda x: jax.lax.psum(x, "chips"), mesh=mesh, in_specs=P("hosts", "chips"),
+                         out_specs=P("hosts"), check_vma=False)
+  assert cross_host(mesh, within, P("hosts", "chips")) == 0
+  across = jax.shard_map(lambda x: jax.lax.psum(x, "hosts"), mesh=mesh, in_specs=P("hosts", "chips"),
+                         out_specs=P(None, "chips"), check_vma=False)
+  block = whole // 16
+  # each of a host's 4 chips sums with one chip of each other host: 3/4 of its block in, reduced, 3/4 back
+  assert cross_host(mesh, across, P("hosts", "chips")) == 4 * 1.5 * block
+
+
+@pytest.mark.parametrize("attributes, groups", [
+    ("replica_groups=mesh['a'=2,'b'=2] {'a'}", [[0, 2], [1, 3]]),
+    ("replica_groups=[2,2]<=[4]", [[0, 1], [2, 3]]),
+    ("replica_groups=[2,2]<=[2,2]T(1,0)", [[0, 2], [1, 3]]),
+    ("replica_groups={{0,3},{1,2}}, dimensions={0}", [[0, 3], [1, 2]]),
+    ("source_target_pairs={{0,1},{1,0}}", [[0, 1], [1, 0]]),
+])
+def test_replica_groups_are_read_in_each_form_hlo_writes(attributes, groups):
+  assert hlo.replica_groups(attributes) == groups
+
+
+def test_a_slice_of_four_hosts_rolls_out_on_each_host_after_one_weight_all_gather(model_dir):
+  """v5e-16 is 4 hosts: each decodes on its own 4 chips (compiled on a one-host slice) after one all-gather
+  that brings each host the 3/4 of the weights it does not hold, within 1.3x of that."""
+  target = topology.parse("v5litepod-16")
+  devices = topology.devices(target)
+  config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),
+                   [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES, "data.train_batch_size=16",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=16"], device_count=len(devices))
+  host = topology.devices(topology.one_host(target))
+  steps = {p.step.name.split("[")[0]: p for p in plan.rl_steps(config, sharding.make_mesh(config, devices=devices),
+                                                                host)}
+  weights, _ = plan.compile_step(steps["rollout_weights"], target.hbm_bytes)
+  bf16 = sum(x.size * 2 for x in jax.tree.leaves(steps["rollout_weights"].step.args))
+  assert weights.fits and weights.bound == ("host share", 0.75 * bf16)
+  assert 1.0 <= weights.ratio <= 1.3, weights.cross_host
+  decode = steps["decode_step"]
+  assert set(jax.tree.leaves(decode.step.args[0])[0].sharding.device_set) <= set(host)
+  result, _ = plan.compile_step(decode, target.hbm_bytes)
+  assert result.fits and result.cross_host is None and result.ratio <= 1.3

@@ -10,7 +10,9 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from rljax import sharding  # noqa: E402
 from rljax.sharding import hosts  # noqa: E402
@@ -35,6 +37,21 @@ def check_global_rows():
     np.testing.assert_allclose(value, want[name].reshape(2, 4, 2)[jax.process_index()], rtol=1e-5, err_msg=name)
 
 
+def check_host_local_copy():
+  """hosts.HostLocalCopy gives each host the whole weights in its own layout, also from a mesh whose device
+  order interleaves the processes (a TPU mesh orders its chips by their coordinates, not host by host)."""
+  interleaved = [d for pair in zip(hosts.process_devices(0), hosts.process_devices(1)) for d in pair]
+  mesh = sharding.build_mesh({"data": 1, "fsdp": 8, "tensor": 1, "sequence": 1}, interleaved)
+  whole = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+  weights = {"w": jax.make_array_from_callback(whole.shape, NamedSharding(mesh, P("fsdp")), lambda i: whole[i])}
+  local = hosts.local_mesh({"data": 1, "fsdp": 2, "tensor": 2, "sequence": 1})
+  target = {"w": NamedSharding(local, P("fsdp", "tensor"))}
+  copy = hosts.HostLocalCopy(target, lambda tree: jax.tree.map(lambda x: x.astype(jnp.bfloat16), tree), interleaved)
+  out = copy(weights)["w"]
+  assert out.is_fully_addressable and out.sharding == target["w"] and out.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(out, np.float32), whole)
+
+
 def main(out):
   assert sharding.initialize(), "the worker must run as a multi-process job"
   assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
@@ -43,6 +60,7 @@ def main(out):
   loss, host, _, _ = tiny_step.run_step(mesh, lambda full: {k: v[rows] for k, v in full.items()})
   flat = {"/".join(map(str, k)): v for k, v in jax.tree_util.tree_flatten_with_path(host)[0]}
   check_global_rows()
+  check_host_local_copy()
   if jax.process_index() == 0:
     np.savez(out, loss=loss, **{k: v for k, v in flat.items()})
   jax.distributed.shutdown()
