@@ -55,7 +55,8 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   rollout_params = engine.compute_params(actor_params)
   weight_sync = engine.weight_sync_step(actor_params)
   if weight_sync is not None:
-    planned.append(PlannedStep(weight_sync, ("host share", _host_share(weight_sync))))
+    share = _host_share(weight_sync)
+    planned.append(PlannedStep(weight_sync, None if share is None else ("host share", share)))
   if host_devices is not None and engine.mesh is not mesh and len(hosts.processes(mesh.devices.flat)) > 1:
     engine = engine.on_devices(host_devices)
     rollout_params = engine.compute_params(actor_params)
