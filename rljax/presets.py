@@ -90,8 +90,11 @@ def _gsm8k_7b(model: str) -> dict[str, Any]:
   (attention_kernel=auto on TPU), and micro-batches from a token budget of
   3072 tokens (2 rows of 512 + 1024) per chip for the update and 24576 (16
   rows) for the log-prob passes, which hold no gradients: `python -m
-  rljax.compile` fits every step in HBM on v5p-8, v6e-8 and v5e-16
-  (BENCHMARKS.md). The rollout decodes on a tensor axis of 4 (verl's
+  rljax.compile` fits every step in HBM on v5p-8 and v6e-8, and Qwen2.5-7B
+  on v5e-16 with actor_rollout_ref.rollout.max_num_seqs=128 (each of its 4
+  hosts decodes on its own 4 chips beside the trainer's state); Llama-3.1-8B's
+  update does not fit v5e-16 beside the reference's copy (BENCHMARKS.md).
+  The rollout decodes on a tensor axis of 4 (verl's
   rollout.tensor_model_parallel_size; its 7B example uses 2), which keeps
   a decode step's HBM traffic within 1.16x of its parameter and KV-cache
   shard on those slices; with 1, every chip holds a 1/chips slice of each
@@ -123,9 +126,7 @@ def _gsm8k_7b(model: str) -> dict[str, Any]:
 
 
 QWEN2_5_7B_GSM8K = _gsm8k_7b("Qwen2.5-7B-Instruct")
-# Llama-3.1-8B's KV cache (8 KV heads x 32 layers, 2.3x Qwen2.5-7B's) for 256 slots of 1536 tokens is 12.9 GiB
-# per chip of a v5e host, which decodes on its own 4 chips: 128 slots per host fit (10.1 GiB of 15.75).
-LLAMA3_1_8B_GSM8K = {**_gsm8k_7b("Llama-3.1-8B-Instruct"), "actor_rollout_ref.rollout.max_num_seqs": 128}
+LLAMA3_1_8B_GSM8K = _gsm8k_7b("Llama-3.1-8B-Instruct")
 # Qwen3-30B-A3B (128 experts, 8 per token) on the same recipe, its experts split 8 ways over the mesh's expert
 # axis (verl's megatron.expert_model_parallel_size): each chip holds 16 experts of every layer. The rollout's
 # tensor axis is 2: it splits each expert's width 768 into 384 (a multiple of the TPU's 128-lane tiles; at 4 the

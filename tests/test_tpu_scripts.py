@@ -521,13 +521,14 @@ def test_the_pod_walk_through_runs_as_written(sandbox):
   env = {**exports, "RLJAX_TPU_PROJECT": "my-project", "RLJAX_PYTHON": "python3"}
   printed = {c[0]: dry_run(sandbox, pathlib.Path(c[0]).name, *c[1:], env=env, target=False) for c in commands}
   check = printed["scripts/tpu/create.sh"][0]
+  slots = "actor_rollout_ref.rollout.max_num_seqs=128"  # what a v5e host holds beside the trainer's state
   assert check == ["python3", "-m", "rljax.compile", "--config=configs/grpo.py:qwen2_5_7b_gsm8k",
-                   "--topology=v5litepod-16"]
+                   "--topology=v5litepod-16", slots]
   [launch] = printed["scripts/tpu/launch.sh"]
   assert flag(launch, "worker") == "all"
   steps = words(flag(launch, "command"))
   train = steps[steps.index("nohup") + 1:steps.index(">")]
   assert train[1:] == ["-m", "rljax.train", "--config=configs/grpo.py:qwen2_5_7b_gsm8k",
                        "trainer.default_local_dir=gs://my-rljax-bucket/runs/grpo_qwen2_5_7b_gsm8k",
-                       "trainer.logger=[console,jsonl,tensorboard]"]
+                       "trainer.logger=[console,jsonl,tensorboard]", slots]
   assert presets.PRESETS["qwen2_5_7b_gsm8k"]["actor_rollout_ref.model.path"] == "~/models/Qwen2.5-7B-Instruct"

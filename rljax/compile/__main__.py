@@ -7,14 +7,18 @@ extra brings libtpu); without it, for the devices JAX sees (a TPU VM's own
 chips). Overrides are the trainer's (`rljax.launch`). Prints one row per
 step (per-device GiB, TFLOP, the compiler's time estimate, collective GiB by
 kind, the bound and measured/bound) and exits 1 when a step does not fit,
-with what to change.
+with what to change. A step's `need` counts `state`: the trainer's arrays
+(weights, optimizer moments, the reference's copy) that stay on each chip
+while a step that does not take them runs (a rollout step, or the update
+beside the reference).
 
 On a slice of several hosts the rollout is compiled as a multi-process job
 runs it (each host decodes on its own chips, compiled on a one-host slice of
 the same chips) and `x-host` is the GiB that reach the busiest host's chips
 from other hosts' chips in one run of each step (`rljax.compile.hlo`);
-`rollout_weights`, the all-gather that gives every host the weights once
-per rollout, is bounded by the weights that host does not hold.
+`rollout_weights`, the copy that gives every host the weights once per
+rollout (one array at a time), is bounded by the weights that host does not
+hold.
 """
 
 from __future__ import annotations

@@ -268,10 +268,10 @@ def _kind(inst: Instruction, computation: Computation) -> str | None:
 
 def group_size(attributes: str) -> int:
   """Devices in one replica group of a collective (1 when the groups are not spelled in a known form)."""
-  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attributes)
+  mesh = _MESH_GROUPS.search(attributes)
   if mesh:
     sizes = dict(re.findall(r"'(\w+)'=(\d+)", mesh.group(1)))
-    return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", mesh.group(2)) if a in sizes)
+    return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", mesh.group(3)) if a in sizes)
   iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attributes)
   if iota:
     return int(iota.group(2))
@@ -281,15 +281,34 @@ def group_size(attributes: str) -> int:
   return 1
 
 
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\((.*?)\))?\s*\{([^}]*)\}")
+
+
+def _device_ids(text: str | None, count: int) -> np.ndarray | None:
+  """[count] the device at each position of a mesh-form group's mesh: in order, or as its `device_ids`
+  (`[4,4]T(1,0)`: an iota reshaped and transposed, or listed ids); None for a form not known here."""
+  if not text:
+    return np.arange(count)
+  iota = re.fullmatch(r"\s*\[([\d,]+)\](?:T\(([\d,]+)\))?\s*", text)
+  if iota:
+    ids = np.arange(count).reshape([int(d) for d in iota.group(1).split(",")])
+    return (ids.transpose([int(d) for d in iota.group(2).split(",")]) if iota.group(2) else ids).reshape(-1)
+  listed = re.fullmatch(r"\s*\{?([\d,\s]+)\}?\s*", text)
+  return np.array([int(x) for x in listed.group(1).split(",") if x.strip()]) if listed else None
+
+
 def replica_groups(attributes: str) -> list[list[int]] | None:
   """The partitions of each group of a collective (`source_target_pairs` for a collective-permute), in the
   mesh, iota or listed forms of HLO text; None for a form not known here."""
-  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attributes)
+  mesh = _MESH_GROUPS.search(attributes)
   if mesh:
     axes = re.findall(r"'(\w+)'=(\d+)", mesh.group(1))
     names, sizes = [a for a, _ in axes], [int(n) for _, n in axes]
-    grouped = [names.index(a) for a in re.findall(r"'(\w+)'", mesh.group(2)) if a in names]
-    ids = np.arange(math.prod(sizes)).reshape(sizes)
+    grouped = [names.index(a) for a in re.findall(r"'(\w+)'", mesh.group(3)) if a in names]
+    ids = _device_ids(mesh.group(2), math.prod(sizes))
+    if ids is None:
+      return None
+    ids = ids.reshape(sizes)
     kept = [i for i in range(len(sizes)) if i not in grouped]
     return ids.transpose(kept + grouped).reshape(-1, math.prod(sizes[i] for i in grouped) or 1).tolist()
   iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attributes)

@@ -12,6 +12,7 @@ step comes with the bound `rljax.compile.report` holds it to.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -22,7 +23,7 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from rljax.compile import report
-from rljax.rl import assembly
+from rljax.rl import assembly, policy
 from rljax.rollout.sampler import RolloutSampler
 from rljax.sharding import hosts
 from rljax.sharding.placement import Step
@@ -30,10 +31,15 @@ from rljax.sharding.placement import Step
 
 @dataclasses.dataclass
 class PlannedStep:
-  """A step to compile and the bound its figures are compared with (None: no bound)."""
+  """A step to compile, the bound its figures are compared with (None: no bound), and the bytes per device
+  that other arrays hold while it runs (a rollout step runs beside the trainer's state). `parts`: programs
+  that run one after the other as this step, each with whether its output only feeds the next, when it is
+  several."""
 
   step: Step
   bound: tuple[str, float] | None = None
+  resident: int = 0
+  parts: list[tuple[Step, bool]] = dataclasses.field(default_factory=list)
 
 
 def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] | None = None) -> list[PlannedStep]:
@@ -53,10 +59,12 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   planned += [PlannedStep(s) for s in run.compiled_steps() if not any(s is b for b in bounded)]
   sampler_steps = RolloutSampler(engine, pad_id=0).steps_per_sync
   rollout_params = engine.compute_params(actor_params)
-  weight_sync = engine.weight_sync_step(actor_params)
-  if weight_sync is not None:
-    share = _host_share(weight_sync)
-    planned.append(PlannedStep(weight_sync, None if share is None else ("host share", share)))
+  weight_sync = engine.weight_sync_steps(actor_params)
+  if weight_sync:
+    fed = [False] + [feeds for _, feeds in weight_sync[:-1]]
+    share = _host_share([s.args for (s, _), by_previous in zip(weight_sync, fed) if not by_previous])
+    planned.append(PlannedStep(weight_sync[0][0], None if share is None else ("host share", share),
+                               parts=weight_sync if len(weight_sync) > 1 else []))
   if host_devices is not None and engine.mesh is not mesh and len(hosts.processes(mesh.devices.flat)) > 1:
     engine = engine.on_devices(host_devices)
     rollout_params = engine.compute_params(actor_params)
@@ -65,13 +73,38 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
     if step.name.startswith("decode_step"):
       bound = ("param+cache", report.decode_minimum(rollout_params, engine.abstract_decode_state()))
     planned.append(PlannedStep(step, bound))
+  trainer = _trainer_arrays(config, run, state)
+  for item in planned:
+    item.resident = _beside(trainer, [part.args for part, _ in item.parts] or item.step.args)
   return planned
 
 
-def _host_share(weight_sync: Step) -> float | None:
+def _trainer_arrays(config: ConfigDict, run: assembly.RLRun, state: assembly.RunState) -> list[Any]:
+  """The trainer's arrays, which stay on the devices through every step: the trained state and its
+  optimizer's, frozen weights, the reward model's and the reference's (a copy of the actor's weights, or under
+  LoRA the actor's own frozen arrays), each array once."""
+  kept = {id(leaf): leaf for leaf in jax.tree.leaves([state, run.frozen, None if run.reward_model is None
+                                                      else run.reward_model.params])}
+  reference = jax.tree.leaves(None if run.reference is None else run.reference.params)
+  return list(kept.values()) + (reference if policy.lora_config(config) is None
+                                else [x for x in reference if id(x) not in kept])
+
+
+def _beside(trainer: list[Any], args: Any) -> int:
+  """Per device: the bytes of the trainer's arrays a step does not take as arguments (one array for each
+  argument of the same shape, dtype and sharding), which stay allocated while it runs."""
+  left = collections.Counter((x.shape, x.dtype, x.sharding) for x in trainer)
+  for x in jax.tree.leaves(args):
+    key = (getattr(x, "shape", None), getattr(x, "dtype", None), getattr(x, "sharding", None))
+    left[key] -= 1 if left[key] > 0 else 0
+  return sum(report.shard_bytes([jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)]) * n
+             for (shape, dtype, sharding), n in left.items() if n > 0)
+
+
+def _host_share(args: Any) -> float | None:
   """The least the rollout's weight copy brings to a host from others: the weights (in the rollout dtype, as
-  the step's argument holds them) outside the busiest host's own shards; None on one host."""
-  leaves = jax.tree.leaves(weight_sync.args)
+  the copy's arguments `args` hold them) outside the busiest host's own shards; None on one host."""
+  leaves = jax.tree.leaves(args)
   devices = list(leaves[0].sharding.mesh.devices.flat)
   if len(hosts.processes(devices)) < 2:
     return None
@@ -88,15 +121,25 @@ def _held_bytes(x: jax.ShapeDtypeStruct, devices: set) -> int:
 
 
 def compile_step(planned: PlannedStep, hbm: int) -> tuple[report.StepReport, Any]:
-  """(its report, the compiled executable or None when the compiler refused it)."""
+  """(its report, the compiled executable or None when the compiler refused it; for a step of several parts,
+  their combined report and the last part's executable)."""
+  if planned.parts:
+    start = time.perf_counter()
+    compiled = [compile_step(PlannedStep(part), hbm) for part, _ in planned.parts]
+    result = report.in_sequence(planned.step.name, [(r, feeds) for (r, _), (_, feeds) in zip(compiled, planned.parts)],
+                                hbm).with_resident(planned.resident)
+    result.bound = planned.bound
+    result.compile_seconds = time.perf_counter() - start
+    return result, compiled[-1][1]
   start = time.perf_counter()
   try:
     compiled = planned.step.lower().compile()
   except jax.errors.JaxRuntimeError as error:
-    result = report.from_error(planned.step.name, error, hbm)
+    result = report.from_error(planned.step.name, error, hbm).with_resident(planned.resident)
     result.compile_seconds = time.perf_counter() - start
     return result, None
   result = report.from_compiled(planned.step.name, compiled, hbm, planned.step.args[0], planned.step.args)
+  result = result.with_resident(planned.resident)
   result.bound = planned.bound
   result.compile_seconds = time.perf_counter() - start
   return result, compiled

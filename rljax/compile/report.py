@@ -51,6 +51,7 @@ class StepReport:
   aliased: int = 0
   temporaries: int = 0
   required: int = 0
+  resident: int = 0
   flops: float | None = None
   seconds: float | None = None
   bytes_accessed: float | None = None
@@ -71,6 +72,13 @@ class StepReport:
     measured = {"param+cache": self.hbm_traffic, "host share": self.cross_host}.get(
         self.bound[0], sum(self.collectives.values()))
     return None if measured is None else measured / self.bound[1]
+
+  def with_resident(self, resident: int) -> "StepReport":
+    """This report with `resident` bytes per device that stay allocated while the step runs (the trainer's
+    state during a rollout step): they count towards the fit."""
+    self.resident = resident
+    self.fits = self.fits and self.required + resident <= self.hbm
+    return self
 
   def as_dict(self) -> dict[str, Any]:
     out = dataclasses.asdict(self)
@@ -162,6 +170,34 @@ def from_compiled(name: str, compiled: Any, hbm: int, params: Any = None, args: 
       cross_host=None if args is None else _cross_host(summary, partition_hosts(args)))
 
 
+def in_sequence(name: str, parts: list[tuple[StepReport, bool]], hbm: int) -> StepReport:
+  """One report of programs that run one after the other, each with whether its output only feeds the next
+  (freed once that has run; else kept until the last has run). Arguments not fed by a part stay allocated
+  throughout; the peak is the largest of what is alive during each part. Flops, traffic and collectives add
+  up, and so does what reaches each part's busiest host."""
+  reports = [r for r, _ in parts]
+  failed = next((r for r in reports if r.error), None)
+  if failed is not None:
+    return StepReport(name=name, hbm=hbm, fits=False, required=failed.required, error=failed.error)
+  fed = [False] + [feeds for _, feeds in parts[:-1]]
+  arguments = sum(r.arguments for r, by_previous in zip(reports, fed) if not by_previous)
+  kept = peak = carried = 0
+  for (r, feeds) in parts:
+    kept += 0 if feeds else r.outputs
+    peak = max(peak, arguments + kept + carried + r.temporaries + (r.outputs if feeds else 0))
+    carried = r.outputs if feeds else 0
+  total = lambda field: sum(getattr(r, field) or 0 for r in reports)  # noqa: E731
+  kinds = {k for r in reports for k in r.collectives}
+  hosts_apart = [r.cross_host for r in reports]
+  return StepReport(
+      name=name, hbm=hbm, fits=peak <= hbm, arguments=arguments, outputs=kept, aliased=0,
+      temporaries=peak - arguments - kept, required=peak, flops=total("flops"), seconds=total("seconds"),
+      bytes_accessed=total("bytes_accessed"), hbm_traffic=total("hbm_traffic"),
+      collectives={k: sum(r.collectives.get(k, 0) for r in reports) for k in kinds},
+      activation_all_reduce=total("activation_all_reduce"),
+      cross_host=None if any(c is None for c in hosts_apart) else sum(hosts_apart))
+
+
 def _cross_host(summary: hlo.CollectiveSummary, hosts: list[int]) -> float | None:
   """What reaches the busiest host from others per run (None on one host, or when a group is unreadable)."""
   return hlo.cross_host_bytes(summary, hosts) if len(set(hosts)) > 1 else None
@@ -235,14 +271,16 @@ def gib(value: float | None) -> str:
 
 
 def table(reports: list[StepReport]) -> str:
-  """The reports as a text table (GiB per device: memory, HBM traffic, collective bytes by kind)."""
-  header = ("step", "fits", "args", "temp", "need", "HBM", "TFLOP", "est s", "traffic", "all-gath", "red-scat",
+  """The reports as a text table (GiB per device: memory, HBM traffic, collective bytes by kind). `state` is
+  what the trainer keeps on each device while a rollout step runs; `need` counts it."""
+  header = ("step", "fits", "args", "temp", "state", "need", "HBM", "TFLOP", "est s", "traffic", "all-gath", "red-scat",
             "all-red", "act-AR", "all2all", "permute", "dcn", "x-host", "bound", "ratio")
   rows = [header]
   for r in reports:
     c = r.collectives
     rows.append((
-        r.name, "yes" if r.fits else "NO", gib(r.arguments), gib(r.temporaries), gib(r.required), gib(r.hbm),
+        r.name, "yes" if r.fits else "NO", gib(r.arguments), gib(r.temporaries),
+        gib(r.resident) if r.resident else "-", gib(r.required + r.resident), gib(r.hbm),
         "-" if r.flops is None else f"{r.flops / 1e12:.2f}", "-" if r.seconds is None else f"{r.seconds:.3f}",
         gib(r.hbm_traffic), gib(c.get("all-gather")), gib(c.get("reduce-scatter")), gib(c.get("all-reduce")),
         gib(r.activation_all_reduce),

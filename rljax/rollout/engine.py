@@ -351,19 +351,20 @@ class Engine:
         self._reshards[key] = jax.jit(self._cast_impl, out_shardings=target)
     return self._reshards[key]
 
-  def weight_sync_step(self, params: Any) -> Step | None:
-    """The jitted copy that brings the trainer's weights (`params`: arrays or ShapeDtypeStructs with their
-    shardings) to the engine's dtype and layout once per rollout; None when the engine reads them in place.
-    On a host-local engine of a multi-process job, the all-gather over the hosts (`rljax.sharding.hosts`)."""
+  def weight_sync_steps(self, params: Any) -> list[tuple[Step, bool]]:
+    """The jitted copies that bring the trainer's weights (`params`: arrays or ShapeDtypeStructs with their
+    shardings) to the engine's dtype and layout once per rollout, in the order they run, each with whether its
+    output only feeds the next; none when the engine reads them in place. One for the whole tree; on a
+    host-local engine of a multi-process job, two per array (`rljax.sharding.hosts.HostLocalCopy`)."""
     params = abstract(params)
     if self.compute_params(params) is params:
-      return None
+      return []
     target = rules_lib.param_shardings(params, self._mesh, self.rules)
     same_layout = all(x.sharding == s for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
     copy = self._cast if same_layout else self._resharder(params, target)
     if isinstance(copy, hosts.HostLocalCopy):
-      return Step("rollout_weights", *copy.program(params))
-    return Step("rollout_weights", copy, (params,))
+      return [(Step("rollout_weights", fn, args), feeds) for fn, args, feeds in copy.programs(params)]
+    return [(Step("rollout_weights", copy, (params,)), False)]
 
   def prefix_shardings(self, rows: int, bucket: int) -> Prefix:
     """NamedShardings of a prefill's output for `rows` prompts of `bucket` tokens."""

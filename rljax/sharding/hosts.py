@@ -18,6 +18,7 @@ In a single-process job every function here is the identity or close to it.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -57,14 +58,19 @@ class HostLocalCopy:
   on every host.
 
   The cast runs where the weights lie (elementwise, so the gather moves
-  the cast bytes); then one all-gather over the hosts lays the tree out on
-  the stacked mesh, replicated along its process axis, so each host's
-  devices hold exactly the host-local layout, which this host wraps as
-  host-local arrays (no copy). `tree` holds arrays sharded over the job's
-  mesh, whose devices are `devices`: a TPU mesh orders them by the chips'
-  coordinates, the stacked mesh host by host, so the gather is
-  `jax.device_put`'s reshard between two device orders (`program`: the same
-  program, for `rljax.compile`).
+  the cast bytes). Then each array, one at a time, is gathered across the
+  hosts while staying split within each host as the job's mesh splits it
+  (each host's chips then hold the whole array between them), and laid out
+  within each host as `shardings` say: the stacked mesh of every host's
+  local mesh, replicated along its process axis, so each host's devices
+  hold exactly the host-local layout, which this host wraps as host-local
+  arrays (no copy). Two steps per array keep the temporaries to about one
+  host's share of one array, where a direct reshard between the two
+  layouts goes through whole copies. `tree` holds arrays sharded over the
+  job's mesh, whose devices are `devices`: a TPU mesh orders them by the
+  chips' coordinates, the stacked mesh host by host, so each step is
+  `jax.device_put`'s reshard between two device orders (`programs`: the
+  same programs, for `rljax.compile`).
   """
 
   def __init__(self, shardings: Any, cast: Callable[[Any], Any], devices: Sequence[jax.Device]):
@@ -74,22 +80,51 @@ class HostLocalCopy:
     stacked = _stacked_mesh(dict(zip(mesh.axis_names, mesh.devices.shape)), self._devices)
     self._stacked = [NamedSharding(stacked, s.spec) for s in self._local]
     self._cast = jax.jit(cast)
+    self._meshes: dict[tuple[tuple[str, int], ...], Mesh] = {}
+
+  def _stages(self, source: NamedSharding, target: NamedSharding) -> list[NamedSharding]:
+    """The layouts an array of `source`'s goes through to `target`: gathered across hosts and split within
+    each as `source` splits it, then `target` (`target` alone where the job's mesh does not divide per host)."""
+    shape = _host_shape(dict(source.mesh.shape), len(processes(self._devices)))
+    if shape is None:
+      return [target]
+    key = tuple(shape.items())
+    if key not in self._meshes:
+      self._meshes[key] = _stacked_mesh(shape, self._devices)
+    return [NamedSharding(self._meshes[key], source.spec), target]
 
   def __call__(self, tree: Any) -> Any:
-    leaves = self._treedef.flatten_up_to(self._cast(tree))
-    gathered = jax.device_put(leaves, self._stacked)
-    return self._treedef.unflatten([
-        jax.make_array_from_single_device_arrays(x.shape, s, [shard.data for shard in x.addressable_shards])
-        for x, s in zip(gathered, self._local)])
+    out = []
+    for x, target, local in zip(self._treedef.flatten_up_to(self._cast(tree)), self._stacked, self._local):
+      for stage in self._stages(x.sharding, target):
+        x = jax.device_put(x, stage)
+      out.append(jax.make_array_from_single_device_arrays(x.shape, local, [s.data for s in x.addressable_shards]))
+    return self._treedef.unflatten(out)
 
-  def program(self, tree: Any) -> tuple[Callable[..., Any], tuple[Any]]:
-    """(the jitted gather, its abstract argument) for `tree` (ShapeDtypeStructs on the job's mesh): the
-    program `__call__`'s device_put runs, its input relabelled into the stacked mesh's device order."""
-    cast = self._treedef.flatten_up_to(jax.eval_shape(self._cast, tree))
-    order = list(self._stacked[0].mesh.devices.flat)
-    args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_in_device_order(t.sharding, order))
-            for x, t in zip(cast, self._treedef.flatten_up_to(tree))]
-    return jax.jit(lambda xs: xs, out_shardings=self._stacked), (args,)
+  def programs(self, tree: Any) -> list[tuple[Callable[..., Any], tuple[Any], bool]]:
+    """(jitted reshard, its abstract argument, whether its output only feeds the next) for each step of each
+    leaf of `tree` (ShapeDtypeStructs on the job's mesh), in order: the programs `__call__`'s device_puts run,
+    each input relabelled into its output's device order."""
+    out = []
+    for x, source, target in zip(self._treedef.flatten_up_to(jax.eval_shape(self._cast, tree)),
+                                 self._treedef.flatten_up_to(tree), self._stacked):
+      current = source.sharding
+      stages = self._stages(current, target)
+      for i, stage in enumerate(stages):
+        arg = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_in_device_order(current, list(stage.mesh.devices.flat)))
+        out.append((jax.jit(lambda a: a, out_shardings=stage), (arg,), i < len(stages) - 1))
+        current = stage
+    return out
+
+
+def _host_shape(shape: dict[str, int], hosts: int) -> dict[str, int] | None:
+  """One host's share of a mesh of `shape` over `hosts` hosts: its axes divided by `hosts`, outermost first
+  (None when they do not divide)."""
+  out, left = dict(shape), hosts
+  for axis in out:
+    take = math.gcd(out[axis], left)
+    out[axis], left = out[axis] // take, left // take
+  return out if left == 1 else None
 
 
 def _in_device_order(sharding: NamedSharding, order: Sequence[jax.Device]) -> NamedSharding:

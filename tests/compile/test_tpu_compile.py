@@ -271,6 +271,7 @@ def test_cross_host_bytes_count_what_reaches_a_host_from_the_others():
 
 @pytest.mark.parametrize("attributes, groups", [
     ("replica_groups=mesh['a'=2,'b'=2] {'a'}", [[0, 2], [1, 3]]),
+    ("replica_groups=mesh['a'=2,'b'=2], device_ids=([2,2]T(1,0)) {'a'}", [[0, 1], [2, 3]]),
     ("replica_groups=[2,2]<=[4]", [[0, 1], [2, 3]]),
     ("replica_groups=[2,2]<=[2,2]T(1,0)", [[0, 2], [1, 3]]),
     ("replica_groups={{0,3},{1,2}}, dimensions={0}", [[0, 3], [1, 2]]),
@@ -282,7 +283,8 @@ def test_replica_groups_are_read_in_each_form_hlo_writes(attributes, groups):
 
 def test_a_slice_of_four_hosts_rolls_out_on_each_host_after_one_weight_all_gather(model_dir):
   """v5e-16 is 4 hosts: each decodes on its own 4 chips (compiled on a one-host slice) after one all-gather
-  that brings each host the 3/4 of the weights it does not hold, within 1.3x of that."""
+  that brings each host the 3/4 of the weights it does not hold, within 1.3x of that; the trainer's state
+  counts towards each rollout step's fit."""
   target = topology.parse("v5litepod-16")
   devices = topology.devices(target)
   config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),
@@ -292,10 +294,18 @@ def test_a_slice_of_four_hosts_rolls_out_on_each_host_after_one_weight_all_gathe
   steps = {p.step.name.split("[")[0]: p for p in plan.rl_steps(config, sharding.make_mesh(config, devices=devices),
                                                                 host)}
   weights, _ = plan.compile_step(steps["rollout_weights"], target.hbm_bytes)
-  bf16 = sum(x.size * 2 for x in jax.tree.leaves(steps["rollout_weights"].step.args))
+  copies = steps["rollout_weights"].parts  # per array: gathered across hosts, then laid out within each
+  bf16 = sum(x.size * 2 for part, feeds in copies if feeds for x in jax.tree.leaves(part.args))
+  assert [feeds for _, feeds in copies] == [True, False] * len(jax.tree.leaves(steps["actor_update"].step.args[0]))
   assert weights.fits and weights.bound == ("host share", 0.75 * bf16)
   assert 1.0 <= weights.ratio <= 1.3, weights.cross_host
   decode = steps["decode_step"]
   assert set(jax.tree.leaves(decode.step.args[0])[0].sharding.device_set) <= set(host)
   result, _ = plan.compile_step(decode, target.hbm_bytes)
   assert result.fits and result.cross_host is None and result.ratio <= 1.3
+  # beside the rollout, each chip keeps its 1/16 of the trainer's float32 weights, Adam's two moments and the
+  # reference's copy: 4 x 4 bytes per parameter over 16 chips
+  parameters = bf16 // 2
+  assert result.resident == pytest.approx(4 * 4 * parameters / 16, rel=1e-3)
+  assert weights.resident == result.resident  # the copy's argument is a cast: the float32 weights stay too
+  assert steps["actor_update"].resident == pytest.approx(4 * parameters / 16, rel=1e-3)  # the reference's copy
