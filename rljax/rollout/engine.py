@@ -345,7 +345,7 @@ class Engine:
     if key not in self._reshards:
       source = sorted(jax.tree.leaves(params)[0].sharding.device_set, key=lambda d: d.id)
       if len(hosts.processes(source)) > 1 and len(hosts.processes(self._mesh.devices.flat)) == 1:
-        # a multi-process job's weights reach this host's engine mesh by one all-gather over the hosts
+        # a multi-process job's weights reach this host's engine mesh across the hosts, one array at a time
         self._reshards[key] = hosts.HostLocalCopy(target, self._cast_impl, source)
       else:
         self._reshards[key] = jax.jit(self._cast_impl, out_shardings=target)
@@ -361,10 +361,10 @@ class Engine:
       return []
     target = rules_lib.param_shardings(params, self._mesh, self.rules)
     same_layout = all(x.sharding == s for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
-    copy = self._cast if same_layout else self._resharder(params, target)
-    if isinstance(copy, hosts.HostLocalCopy):
-      return [(Step("rollout_weights", fn, args), feeds) for fn, args, feeds in copy.programs(params)]
-    return [(Step("rollout_weights", copy, (params,)), False)]
+    copier = self._cast if same_layout else self._resharder(params, target)
+    if isinstance(copier, hosts.HostLocalCopy):
+      return [(Step("rollout_weights", fn, args), feeds) for fn, args, feeds in copier.programs(params)]
+    return [(Step("rollout_weights", copier, (params,)), False)]
 
   def prefix_shardings(self, rows: int, bucket: int) -> Prefix:
     """NamedShardings of a prefill's output for `rows` prompts of `bucket` tokens."""

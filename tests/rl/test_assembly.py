@@ -23,8 +23,11 @@ def signatures(steps):
 
 
 def engine_steps(run, state):
-  return run.engine.lowering_steps(run.actor_params(state), RolloutSampler(run.engine, pad_id=0).steps_per_sync,
-                                   samples_per_prompt=run.layout.n)
+  """The rollout's steps: its copy of the weights (here a cast and reshard to the tensor axis), then the engine's."""
+  copies = [step for step, _ in run.engine.weight_sync_steps(run.actor_params(state))]
+  return copies + run.engine.lowering_steps(run.actor_params(state),
+                                            RolloutSampler(run.engine, pad_id=0).steps_per_sync,
+                                            samples_per_prompt=run.layout.n)
 
 
 def test_one_build_for_the_trainer_and_compile_and_a_checkpoint_is_the_state_tree(model_dir, data_dir,
@@ -46,7 +49,7 @@ def test_one_build_for_the_trainer_and_compile_and_a_checkpoint_is_the_state_tre
     assert trained == signatures(compiled.compiled_steps() + list(engine_steps(compiled, compiled_state)))
     assert signatures(item.step for item in plan.rl_steps(config, mesh)) == trained
     assert {"actor_update", "critic_update", "old_log_prob", "ref_log_prob", "values", "reward_model"} <= set(trained)
-    assert any(name.startswith("decode_step") for name in trained)
+    assert any(name.startswith("decode_step") for name in trained) and "rollout_weights" in trained
     # the initial states agree leaf by leaf (shapes, dtypes, shardings) and in their static fields
     assert jax.tree.map(leaf, state) == jax.tree.map(leaf, compiled_state)
 
