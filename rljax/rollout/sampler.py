@@ -22,6 +22,7 @@ import numpy as np
 
 from rljax.rollout import engine as engine_lib
 from rljax.rollout import sampling
+from rljax.rollout import stream as stream_lib
 
 
 @dataclasses.dataclass
@@ -40,6 +41,9 @@ class Rollout:
       the experts each prompt and response token went to, in the trainer's
       layout (prompt left-padded to P, response from P on; 0 at padding);
       else None.
+    versions: [B * n, R] int32 the policy version that sampled each token (-1 after the end); None where the
+      sampler does not record it.
+    stats: the sampler's measurements (the share of decode slot-steps that decoded a token).
   """
 
   responses: np.ndarray
@@ -49,6 +53,8 @@ class Rollout:
   prompt_index: np.ndarray
   truncated: np.ndarray
   routed_experts: np.ndarray | None = None
+  versions: np.ndarray | None = None
+  stats: dict[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def attention_mask(self) -> np.ndarray:
@@ -57,30 +63,13 @@ class Rollout:
 
   @property
   def metrics(self) -> dict[str, float]:
-    """Rollout metrics beyond the trainer's own (a multi-turn rollout's; none here)."""
-    return {}
+    """Rollout metrics beyond the trainer's own (the sampler's `stats`; a multi-turn rollout adds its own)."""
+    return dict(self.stats)
 
   def extra_info(self, rows: Sequence[Any] | None) -> Sequence[Any] | None:
     """Each row's extra_info as the reward function gets it: the data's (`rows`, one per response row, or None);
     a multi-turn rollout adds verl's num_turns and rollout_reward_scores."""
     return rows
-
-
-def _power_of_two_at_least(n: int) -> int:
-  return 1 << max(0, (n - 1).bit_length())
-
-
-def _place_prompt_experts(experts: np.ndarray, prefix: np.ndarray, requests: Sequence[int], unique: list[int],
-                          prompts: Sequence[np.ndarray], n: int, width: int) -> None:
-  """Writes each request's prompt routing (its prefix row [bucket, L, k], left-padded) into experts[request, :width].
-
-  Request r answers prompt r // n, whose prefix is row `unique.index(r // n)`;
-  its `len` tokens end both the prefix row and the trainer's width-`width` prompt.
-  """
-  for request in requests:
-    prompt = request // n
-    size = len(prompts[prompt])
-    experts[request, width - size:width] = prefix[unique.index(prompt), prefix.shape[1] - size:]
 
 
 class RolloutSampler:
@@ -107,14 +96,7 @@ class RolloutSampler:
     return state._replace(key=key)
 
   def _prefill(self, params, prompts: Sequence[np.ndarray]) -> engine_lib.Prefix:
-    rows = _power_of_two_at_least(len(prompts))
-    bucket = engine_lib.bucket_for(max(len(p) for p in prompts), self.engine.buckets)
-    tokens = np.full((rows, bucket), self.pad_id, np.int32)
-    lengths = np.ones((rows,), np.int32)
-    for i, ids in enumerate(prompts):
-      tokens[i, :len(ids)] = ids
-      lengths[i] = len(ids)
-    return self.engine.prefill(params=params, padded_tokens=tokens, true_length=lengths)
+    return stream_lib.prefill(self.engine, params, prompts, self.pad_id)
 
   def close(self) -> None:
     """Nothing to release (the multi-turn sampler stops its tool threads)."""
@@ -140,54 +122,34 @@ class RolloutSampler:
       A Rollout of B * n rows.
     """
     del rows
-    params = self.engine.compute_params(params)
     prompt_ids, prompt_mask = np.asarray(prompt_ids), np.asarray(prompt_mask).astype(bool)
     prompts = [row[m] for row, m in zip(prompt_ids, prompt_mask)]
     if any(len(p) == 0 for p in prompts):
       raise ValueError(f"prompt rows {[i for i, p in enumerate(prompts) if not len(p)]} are empty")
-    total, length = len(prompts) * n, self.engine.max_decode_length
-    tokens = np.full((total, length), self.pad_id, np.int32)
-    log_probs = np.zeros((total, length), np.float32)
-    lengths = np.zeros((total,), np.int32)
-    width = prompt_ids.shape[1]
-    routing = self.engine.cfg.routing_shape if self.engine.record_routing else None
-    experts = None if routing is None else np.zeros((total, width + length, *routing), np.int32)
-    state = self._decode_state(key)
-    free = list(range(self.engine.max_concurrent_decodes))
-    slot_request: dict[int, int] = {}
-    next_request = finished = 0
-    while finished < total:
-      if free and next_request < total:
-        take = list(range(next_request, min(total, next_request + len(free))))
-        next_request += len(take)
-        unique = sorted({r // n for r in take})
-        prefix = self._prefill(params, [prompts[p] for p in unique])
-        if experts is not None:
-          _place_prompt_experts(experts, jax.device_get(prefix.experts), take, unique, prompts, n, width)
-        slots = [free.pop(0) for _ in take]
-        state = self.engine.insert_many(prefix, state, slots, [unique.index(r // n) for r in take],
-                                        [first_request + r for r in take])
-        slot_request.update(zip(slots, take))
-      state, out = self.engine.generate_steps(params, state, self.steps_per_sync, sampling_params)
-      out, done = jax.device_get((out, state.done))
-      for slot, request in list(slot_request.items()):
-        valid = out.valid[slot]
-        count = int(valid.sum())
-        start = lengths[request]
-        tokens[request, start:start + count] = out.tokens[slot][valid]
-        log_probs[request, start:start + count] = out.log_probs[slot][valid]
-        if experts is not None:
-          experts[request, width + start:width + start + count] = out.experts[slot][valid]
-        lengths[request] += count
-        if done[slot]:
-          del slot_request[slot]
-          free.append(slot)
-          finished += 1
+    stream = stream_lib.DecodeStream(self.engine, self.pad_id, self.steps_per_sync, self._decode_state(key),
+                                     sampling_params)
+    stream.set_params(params, 0)
+    requests = [stream_lib.new_request(self.engine, self.pad_id, first_request + r, r // n, prompts[r // n], key,
+                                       prompt_ids.shape[1]) for r in range(len(prompts) * n)]
+    stream.submit(requests)
+    while not stream.idle:
+      stream.step()
     if not self.free_cache:
-      self._state = state
-    mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.int32)
-    last = tokens[np.arange(total), np.maximum(lengths - 1, 0)]
-    ended_on_eos = np.isin(last, self.engine.eos_ids) & ~self.engine.ignore_eos
-    return Rollout(responses=tokens, response_mask=mask, response_lengths=lengths, log_probs=log_probs,
-                   prompt_index=np.repeat(np.arange(len(prompts)), n),
-                   truncated=(lengths >= length) & ~ended_on_eos, routed_experts=experts)
+      self._state = stream.state
+    return assemble(requests, self.engine, metrics={"perf/slot_occupancy": stream.occupancy()})
+
+
+def assemble(requests: Sequence[stream_lib.Request], engine: engine_lib.Engine,
+             metrics: dict[str, float] | None = None) -> Rollout:
+  """The Rollout of finished `requests`, row i from requests[i] (prompt_index: each one's group)."""
+  tokens = np.stack([r.tokens for r in requests])
+  lengths = np.asarray([r.length for r in requests], np.int32)
+  length = tokens.shape[1]
+  last = tokens[np.arange(len(requests)), np.maximum(lengths - 1, 0)]
+  ended_on_eos = np.isin(last, engine.eos_ids) & ~engine.ignore_eos
+  return Rollout(responses=tokens, response_mask=(np.arange(length)[None, :] < lengths[:, None]).astype(np.int32),
+                 response_lengths=lengths, log_probs=np.stack([r.log_probs for r in requests]),
+                 prompt_index=np.asarray([r.group for r in requests], np.int64),
+                 truncated=(lengths >= length) & ~ended_on_eos,
+                 routed_experts=None if requests[0].experts is None else np.stack([r.experts for r in requests]),
+                 versions=np.stack([r.versions for r in requests]), stats=metrics or {})

@@ -1,0 +1,202 @@
+"""Continuous batching over an engine's decode slots, for requests that come and go at any time.
+
+A `DecodeStream` holds a decode state across calls: `submit` queues
+requests, each `step` refills the free slots from the queue (a prompt is
+prefilled once for all its requests that enter slots together) and runs one
+chunk of decode steps, returning the requests that ended in it. Parameters
+can change between steps (`set_params`): a request in flight continues under
+the new ones on what its cache holds, and each token records the policy
+version whose forward pass gave the logits it was sampled from (a chunk's
+first token after a change comes from the logits the old version left). `RolloutSampler.generate` is one batch
+through a stream; the asynchronous trainer (`rljax.rl.streaming`) keeps
+one open across its updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.rollout import engine as engine_lib
+from rljax.rollout import sampling
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+  """One response being generated.
+
+  Attributes:
+    id: its sampling stream (`fold_in(key, id)`), whatever slot or step decodes it.
+    group: the prompt it answers (requests of one group share the prompt's prefill).
+    prompt: [p] the prompt's token ids.
+    key: the rollout key its stream derives from.
+    tokens, log_probs, versions: [R] each generated token, its log-probability under the sampling
+      distribution and the policy version that sampled it (-1 past the end).
+    length: tokens generated.
+    experts: with the engine's record_routing, [width + R, L_sparse, k] the experts of its prompt (left-padded
+      to `width`) and response tokens; else None.
+  """
+
+  id: int
+  group: int
+  prompt: np.ndarray
+  key: jax.Array
+  tokens: np.ndarray
+  log_probs: np.ndarray
+  versions: np.ndarray
+  length: int = 0
+  experts: np.ndarray | None = None
+
+
+def new_request(engine: engine_lib.Engine, pad_id: int, request_id: int, group: int, prompt: np.ndarray,
+                key: jax.Array, width: int) -> Request:
+  """An empty request for `engine` (its buffers sized to the response length; `width` is the prompt width the
+  trainer's routing layout uses)."""
+  length = engine.max_decode_length
+  routing = engine.cfg.routing_shape if engine.record_routing else None
+  return Request(id=request_id, group=group, prompt=prompt, key=key,
+                 tokens=np.full((length,), pad_id, np.int32), log_probs=np.zeros((length,), np.float32),
+                 versions=np.full((length,), -1, np.int32),
+                 experts=None if routing is None else np.zeros((width + length, *routing), np.int32))
+
+
+def _power_of_two_at_least(n: int) -> int:
+  return 1 << max(0, (n - 1).bit_length())
+
+
+def prefill(engine: engine_lib.Engine, params: Any, prompts: Sequence[np.ndarray], pad_id: int) -> engine_lib.Prefix:
+  """The prefix of `prompts`, padded to a power of two rows and a length bucket (few compilations)."""
+  rows = _power_of_two_at_least(len(prompts))
+  bucket = engine_lib.bucket_for(max(len(p) for p in prompts), engine.buckets)
+  tokens = np.full((rows, bucket), pad_id, np.int32)
+  lengths = np.ones((rows,), np.int32)
+  for i, ids in enumerate(prompts):
+    tokens[i, :len(ids)] = ids
+    lengths[i] = len(ids)
+  return engine.prefill(params=params, padded_tokens=tokens, true_length=lengths)
+
+
+class DecodeStream:
+  """Requests through an engine's slots across calls (see the module docstring)."""
+
+  def __init__(self, engine: engine_lib.Engine, pad_id: int, steps_per_sync: int,
+               state: engine_lib.DecodeState | None = None,
+               sampling_params: sampling.SamplingParams | None = None):
+    """Args:
+      engine: the JetStream engine.
+      pad_id: pads prefill rows.
+      steps_per_sync: decode steps per chunk (a finished slot waits at most this many before it is refilled).
+      state: a decode state to continue in (default: the engine's empty one).
+      sampling_params: override of the engine's sampling settings.
+    """
+    self.engine = engine
+    self.pad_id = pad_id
+    self.steps_per_sync = steps_per_sync
+    self.state = state if state is not None else engine.init_decode_state()
+    self.sampling_params = sampling_params
+    self.pending: list[Request] = []
+    self.slots: dict[int, Request] = {}
+    self.free = list(range(engine.max_concurrent_decodes))
+    self.params: Any = None
+    self.version = 0
+    self.logits_version = np.zeros((engine.max_concurrent_decodes,), np.int32)
+    self.decode_steps = 0
+    self.busy_slot_steps = 0
+
+  @property
+  def idle(self) -> bool:
+    """Nothing queued and nothing decoding."""
+    return not self.pending and not self.slots
+
+  def set_params(self, params: Any, version: int) -> None:
+    """Decode from now on with `params` (the trainer's arrays, cast once if the engine computes in another
+    dtype), recording `version` on the tokens they sample."""
+    self.params = self.engine.compute_params(params)
+    self.version = int(version)
+
+  def submit(self, requests: Sequence[Request]) -> None:
+    """Queues `requests` (they enter slots in this order)."""
+    self.pending.extend(requests)
+
+  def cancel(self, doomed: Callable[[Request], bool]) -> list[Request]:
+    """Removes the queued and decoding requests for which `doomed` holds (their slots are refilled next step)."""
+    gone = [r for r in self.pending if doomed(r)]
+    self.pending = [r for r in self.pending if not doomed(r)]
+    for slot, request in list(self.slots.items()):
+      if doomed(request):
+        gone.append(self.slots.pop(slot))
+        self.free.append(slot)
+    return gone
+
+  def _refill(self) -> None:
+    """Moves queued requests into the free slots: one prefill for their prompts, one insert per rollout key (the
+    insert donates the state, so each takes its own copy of the key)."""
+    take, self.pending = self.pending[:len(self.free)], self.pending[len(self.free):]
+    groups = sorted({r.group for r in take})
+    prompts = {r.group: r.prompt for r in take}
+    prefix = prefill(self.engine, self.params, [prompts[g] for g in groups], self.pad_id)
+    if self.engine.record_routing:
+      _place_prompt_experts(jax.device_get(prefix.experts), take, groups)
+    slots = [self.free.pop(0) for _ in take]
+    for key in _distinct(r.key for r in take):
+      mine = [(s, r) for s, r in zip(slots, take) if r.key is key]
+      self.state = self.engine.insert_many(prefix, self.state._replace(key=jnp.copy(key)), [s for s, _ in mine],
+                                           [groups.index(r.group) for _, r in mine], [r.id for _, r in mine])
+    self.slots.update(zip(slots, take))
+    self.logits_version[slots] = self.version
+
+  def step(self) -> list[Request]:
+    """Refills the free slots, runs one chunk of decode steps; returns the requests that ended in it."""
+    if self.free and self.pending:
+      self._refill()
+    self.state, out = self.engine.generate_steps(self.params, self.state, self.steps_per_sync, self.sampling_params)
+    out, done = jax.device_get((out, self.state.done))
+    self.decode_steps += self.steps_per_sync
+    self.busy_slot_steps += int(out.valid[list(self.slots)].sum()) if self.slots else 0
+    ended = []
+    for slot, request in list(self.slots.items()):
+      valid = out.valid[slot]
+      count, start = int(valid.sum()), request.length
+      request.tokens[start:start + count] = out.tokens[slot][valid]
+      request.log_probs[start:start + count] = out.log_probs[slot][valid]
+      request.versions[start:start + count] = self.version
+      request.versions[start:start + min(count, 1)] = self.logits_version[slot]
+      if request.experts is not None:
+        width = request.experts.shape[0] - len(request.tokens)
+        request.experts[width + start:width + start + count] = out.experts[slot][valid]
+      request.length += count
+      self.logits_version[slot] = self.version
+      if done[slot]:
+        ended.append(self.slots.pop(slot))
+        self.free.append(slot)
+    return ended
+
+  def occupancy(self) -> float:
+    """The share of slot-steps that decoded a request's token so far (1.0 before any step)."""
+    total = self.decode_steps * self.engine.max_concurrent_decodes
+    return self.busy_slot_steps / total if total else 1.0
+
+
+def _distinct(keys) -> list[jax.Array]:
+  """The distinct key objects of `keys`, in order of first appearance."""
+  seen: list[jax.Array] = []
+  for key in keys:
+    if not any(key is k for k in seen):
+      seen.append(key)
+  return seen
+
+
+def _place_prompt_experts(prefix: np.ndarray, requests: Sequence[Request], groups: list[int]) -> None:
+  """Writes each request's prompt routing (its group's prefix row [bucket, L, k], left-padded) into its experts'
+  first `width` rows: its `len(prompt)` tokens end both the prefix row and the trainer's prompt."""
+  for request in requests:
+    size = len(request.prompt)
+    width = request.experts.shape[0] - len(request.tokens)
+    request.experts[width - size:width] = prefix[groups.index(request.group), prefix.shape[1] - size:]
+
+
+__all__ = ["DecodeStream", "Request", "new_request", "prefill"]
