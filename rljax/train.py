@@ -30,7 +30,7 @@ def resolve(config, overrides: Sequence[str], device_count: int | None = None, d
   JAX for its devices (it must come first).
   """
   config_lib.apply_overrides(config, overrides)
-  ignored = config_lib.ignored_overrides(overrides)
+  ignored = config_lib.ignored_overrides(overrides, config)
   if ignored:
     _LOG.warning("%d override(s) set verl keys that change nothing in rljax (docs/configuration.md says why): %s",
                  len(ignored), ", ".join(ignored))

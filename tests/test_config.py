@@ -465,19 +465,30 @@ def test_accepted_but_unimplemented_switches_are_errors_when_on(key):
     resolved(experiment("grpo"), [f"{key}=true"])
 
 
-def test_verl_v1_trainer_keys_run_the_sync_trainer_and_refuse_the_asynchronous_modes(caplog):
-  """verl 0.9's `trainer.use_v1` and `trainer.v1.*`: sync is rljax's trainer; the asynchronous modes are errors
-  naming the key; their settings change nothing in sync and are listed in the ignored-key warning."""
+def test_verl_v1_trainer_keys_choose_sync_or_colocate_async_and_refuse_what_does_not_stream(caplog):
+  """verl 0.9's `trainer.use_v1` and `trainer.v1.*`: sync and colocate_async run; separate_async is an error naming
+  the key; the asynchronous settings change nothing in sync (listed in the ignored-key warning) and are read by
+  colocate_async (not listed)."""
+  async_keys = ["trainer.v1.sampler.max_off_policy_threshold=2", "trainer.v1.sampler.max_off_policy_strategy=wait"]
   with caplog.at_level(logging.WARNING, logger="rljax.train"):
-    config = resolved(experiment("grpo"), ["trainer.use_v1=true", "trainer.v1.trainer_mode=sync",
-                                           "trainer.v1.sampler.max_off_policy_threshold=2"])
-  assert config.trainer.v1.trainer_mode == "sync"
+    config = resolved(experiment("grpo"), ["trainer.use_v1=true", "trainer.v1.trainer_mode=sync", *async_keys])
+    assert config.trainer.v1.trainer_mode == "sync"
+    resolved(experiment("grpo"), ["trainer.v1.trainer_mode=colocate_async", *async_keys])
   warnings = [r.getMessage() for r in caplog.records if r.name == "rljax.train"]
-  assert len(warnings) == 1 and "trainer.v1.sampler.max_off_policy_threshold" in warnings[0]
-  for mode in ("colocate_async", "separate_async"):
-    with pytest.raises(C.ConfigError, match=f"trainer.v1.trainer_mode='{mode}': asynchronous training is not "
-                                            "implemented.*Fix: set trainer.v1.trainer_mode=sync"):
-      resolved(experiment("grpo"), [f"trainer.v1.trainer_mode={mode}"])
+  assert len(warnings) == 1 and warnings[0].startswith("2 override(s)") and "max_off_policy_strategy" in warnings[0]
+  with pytest.raises(C.ConfigError, match="trainer.v1.trainer_mode='separate_async': generation on devices of its "
+                                          "own is not implemented.*Fix: set trainer.v1.trainer_mode=colocate_async"):
+    resolved(experiment("grpo"), ["trainer.v1.trainer_mode=separate_async"])
+  streamed = "trainer.v1.trainer_mode=colocate_async"
+  for overrides, match in (
+      (["trainer.v1.sampler.max_off_policy_threshold=0"], "max_off_policy_threshold=0: must be a whole number"),
+      (["trainer.v1.sampler.max_off_policy_strategy=skip"], "max_off_policy_strategy='skip': must be one of drop, wait"),
+      (["trainer.v1.colocate_async.num_warmup_batches=-1"], "num_warmup_batches=-1: must be a whole number"),
+      (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"],
+       "algorithm.filter_groups.enable=True: dynamic sampling does not stream across updates yet"),
+      (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator='remax': remax's greedy baselines")):
+    with pytest.raises(C.ConfigError, match=match):
+      resolved(experiment("grpo"), [streamed, *overrides])
 
 
 def test_overrides_of_ignored_keys_are_listed_in_one_warning(caplog):

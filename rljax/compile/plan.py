@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from rljax.compile import report
-from rljax.rl import assembly, policy
+from rljax.rl import assembly, policy, streaming
 from rljax.rollout.sampler import RolloutSampler
 from rljax.sharding import hosts
 from rljax.sharding.placement import Step
@@ -44,7 +44,8 @@ class PlannedStep:
 
 def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] | None = None) -> list[PlannedStep]:
   """The steps of an RL run of `config` on `mesh`: updates, forward passes, the rollout's weight copy, prefill,
-  insert and decode. `host_devices`: where `mesh` spans several hosts, one host's slice (as many devices as a
+  insert and decode, each with the trainer's arrays it runs beside (under colocate_async the engine's decode
+  state too, which lives across updates). `host_devices`: where `mesh` spans several hosts, one host's slice (as many devices as a
   host of the mesh has) to compile the host-local rollout on."""
   run, state = assembly.build_run(config, mesh, abstract=True, tokenizer=None, batches_per_epoch=1)
   layout, steps, engine = run.layout, run.steps, run.engine
@@ -74,6 +75,9 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
       bound = ("param+cache", report.decode_minimum(rollout_params, engine.abstract_decode_state()))
     planned.append(PlannedStep(step, bound))
   trainer = _trainer_arrays(config, run, state)
+  if streaming.policy_of(config, 1) is not None:  # colocate_async: the KV cache stays allocated across updates
+    trainer += [x for x in jax.tree.leaves(engine.abstract_decode_state())
+                if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)]  # its key: a few bytes
   for item in planned:
     item.resident = _beside(trainer, [part.args for part, _ in item.parts] or item.step.args)
   return planned

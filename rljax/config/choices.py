@@ -1,6 +1,8 @@
 """The values enum keys of the RL tree accept (algorithm names come from `kernel_names`)."""
 
 TRUNCATIONS = ("error", "left", "right", "middle")
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")
+OFF_POLICY_STRATEGIES = ("drop", "wait")
 RESUME_MODES = ("auto", "disable", "resume_path")
 LR_SCHEDULERS = ("constant", "cosine")
 KL_CONTROLLERS = ("fixed", "adaptive")

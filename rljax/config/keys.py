@@ -1291,19 +1291,22 @@ KEYS = {
         ignored="chooses between verl's Ray worker classes"),
     "trainer.use_v1": Key(
         "Run verl's V1 trainer (its loop with the synchronous and asynchronous modes of trainer.v1.trainer_mode).",
-        mapped="rljax has one trainer, verl's sync mode; true and false run it alike"),
+        mapped="rljax has one trainer, which runs trainer.v1.trainer_mode; true and false run it alike"),
     "trainer.v1.trainer_mode": Key(
         "sync: generate, then train on what was generated; colocate_async: generation and training overlap on "
         "the same devices; separate_async: on separate devices, weights sent every parameter_sync_step steps.",
-        default_only=("asynchronous training is not implemented: rljax's trainer generates, then trains (sync)",
-                      "set trainer.v1.trainer_mode=sync")),
+        mapped="sync and colocate_async run (colocate_async as rljax.rl.streaming describes: the engine's slots "
+               "stay full across updates, partial rollouts continue under the new weights); separate_async is "
+               "not implemented (an error)"),
     "trainer.v1.sync": Key("Settings of the sync mode (none)."),
     "trainer.v1.colocate_async.num_warmup_batches": Key(
-        "colocate_async: batches generated before the first update.", ignored="read only by trainer.v1.trainer_mode=colocate_async or separate_async, which rljax does not implement (an error)"),
+        "colocate_async: batches generated before the first update.",
+        mapped="colocate_async admits prompts while fewer than 1 + num_warmup_batches batches of them are "
+               "untrained (how far generation runs ahead of training); no effect in sync"),
     "trainer.v1.separate_async.num_warmup_batches": Key(
-        "separate_async: batches generated before the first update.", ignored="read only by trainer.v1.trainer_mode=colocate_async or separate_async, which rljax does not implement (an error)"),
+        "separate_async: batches generated before the first update.", ignored="read only by trainer.v1.trainer_mode=separate_async, which rljax does not implement (an error)"),
     "trainer.v1.separate_async.parameter_sync_step": Key(
-        "separate_async: updates between two weight transfers to the rollout devices.", ignored="read only by trainer.v1.trainer_mode=colocate_async or separate_async, which rljax does not implement (an error)"),
+        "separate_async: updates between two weight transfers to the rollout devices.", ignored="read only by trainer.v1.trainer_mode=separate_async, which rljax does not implement (an error)"),
     "trainer.v1.separate_async.hybrid_rollout.enable_switch": Key("separate_async: let rollout devices switch to training when generation outpaces it."),
     "trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio": Key("separate_async: share of idle rollout capacity that triggers a switch."),
     "trainer.v1.separate_async.hybrid_rollout.adaptive_switch_threshold": Key("separate_async: adjust that threshold from the measured switch costs."),
@@ -1312,10 +1315,14 @@ KEYS = {
     "trainer.v1.separate_async.hybrid_rollout.switch_threshold_release_steps": Key("separate_async: steps before switched devices return to rollout."),
     "trainer.v1.separate_async.hybrid_rollout.switch_cost_window_size": Key("separate_async: switches averaged to estimate a switch's cost."),
     "trainer.v1.sampler.max_off_policy_threshold": Key(
-        "Policy versions a sample may lag behind the trained policy.", ignored="read only by trainer.v1.trainer_mode=colocate_async or separate_async, which rljax does not implement (an error)"),
+        "Policy versions a sample may span (1: generated whole by the policy it trains).",
+        mapped="colocate_async: no trained group spans more policy versions than this, counted from the "
+               "version of its first sampled token; no effect in sync"),
     "trainer.v1.sampler.max_off_policy_strategy": Key(
         "drop: discard a sample older than the threshold; wait: hold generation until training catches up.",
-        ignored="read only by trainer.v1.trainer_mode=colocate_async or separate_async, which rljax does not implement (an error)"),
+        mapped="colocate_async: drop evicts groups past the threshold at an update (off_policy/evicted_samples) "
+               "and refills their slots; wait drops nothing: an update waits for the groups that would pass "
+               "it, and at most threshold batches are admitted untrained; no effect in sync"),
     "trainer.v1.sampler.sync_refill_failed_groups": Key(
         "Generate new groups in place of groups that failed.",
         default_only=("refilling failed groups is not implemented (dynamic sampling regenerates filtered groups: "
@@ -1394,6 +1401,9 @@ def ignored_table(records: dict[str, Key], sections: dict[str, str]) -> dict[str
 
 
 IGNORED_KEYS = ignored_table(KEYS, IGNORED_SECTIONS)
+# Keys only an asynchronous trainer.v1.trainer_mode reads: in sync they change nothing (listed in the one warning).
+ASYNC_ONLY_KEYS = ("trainer.v1.colocate_async.num_warmup_batches", "trainer.v1.sampler.max_off_policy_threshold",
+                   "trainer.v1.sampler.max_off_policy_strategy")
 MAPPED_KEYS = view(KEYS, "mapped")
 RLJAX_KEYS = view(KEYS, "added")
 UNIMPLEMENTED_VALUES = view(KEYS, "default_only")

@@ -17,7 +17,7 @@ from ml_collections import ConfigDict, FieldReference
 
 from rljax.config.errors import NO_VALUE, ConfigError
 from rljax.config.fields import follow
-from rljax.config.keys import ignored_reason
+from rljax.config.keys import ASYNC_ONLY_KEYS, ignored_reason
 from rljax.config.tree import OPEN_DICTS, get_base_config, is_open, unknown_key_error
 from rljax.config.yaml_io import parse_yaml
 
@@ -392,16 +392,18 @@ def held_at(path: str) -> str:
     return path
 
 
-def ignored_overrides(overrides: Iterable[str]) -> list[str]:
+def ignored_overrides(overrides: Iterable[str], config: ConfigDict | None = None) -> list[str]:
   """`KEY=VALUE` for each override that sets a key rljax accepts and ignores (its value changes nothing).
 
   An entry of a verl free-form dictionary counts where the key it lands on is ignored
   (`+...optim.override_optimizer_config.optimizer_offload_fraction=1`); it is listed as written.
+  With the overridden `config`, so do the asynchronous modes' keys when it trains in sync mode.
   """
+  inert = set(ASYNC_ONLY_KEYS) if config is not None and config.trainer.v1.trainer_mode == "sync" else set()
   found = []
   for text in overrides:
     operation, path, value = parse_override(text)
-    if operation != "reset" and ignored_reason(held_at(path)) is not None:
+    if operation != "reset" and (ignored_reason(held_at(path)) is not None or path in inert):
       found.append(f"{path}={value}")
   return found
 

@@ -12,7 +12,7 @@ from rljax.config.errors import check, is_int
 from rljax.config.choices import (
     ADAM_NAMES, AGENT_LOOPS, CHECKPOINT_CONTENTS, CPU_DOT_LIBRARIES, DEVICES, DTYPES, KL_CONTROLLERS, LOGGERS,
     LR_SCHEDULERS, RESUME_MODES, REWARD_MANAGERS, ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, ROLLOUT_NAMES,
-    SANITY_CHECK_MODES, TOOL_CALL_FORMATS, TRUNCATE_SIDES, TRUNCATIONS,
+    OFF_POLICY_STRATEGIES, SANITY_CHECK_MODES, TOOL_CALL_FORMATS, TRAINER_MODES, TRUNCATE_SIDES, TRUNCATIONS,
 )
 from rljax.config.fields import get_node
 from rljax.config.keys import UNIMPLEMENTED_VALUES
@@ -245,6 +245,32 @@ def _check_trainer(config: ConfigDict) -> None:
   check_positive(config, "data.filter_overlong_prompts_workers")
 
 
+def _check_trainer_mode(config: ConfigDict) -> None:
+  """trainer.v1: sync or colocate_async, and what colocate_async cannot run with yet."""
+  v1, key = config.trainer.v1, "trainer.v1.trainer_mode"
+  check_enum(config, key, TRAINER_MODES)
+  check(v1.trainer_mode != "separate_async", key, v1.trainer_mode,
+        "generation on devices of its own is not implemented", "set trainer.v1.trainer_mode=colocate_async (generation "
+        "and training overlap on the same devices) or sync")
+  if v1.trainer_mode != "colocate_async":
+    return
+  check_enum(config, "trainer.v1.sampler.max_off_policy_strategy", OFF_POLICY_STRATEGIES)
+  threshold, ahead = v1.sampler.max_off_policy_threshold, v1.colocate_async.num_warmup_batches
+  check(is_int(threshold) and threshold >= 1, "trainer.v1.sampler.max_off_policy_threshold", threshold,
+        "must be a whole number of policy versions, at least 1 (1: on-policy)", "set it to 1 or more")
+  check(is_int(ahead) and ahead >= 0, "trainer.v1.colocate_async.num_warmup_batches", ahead,
+        "must be a whole number of batches, 0 or more", "set it to 0 or more")
+  for enabled, name, fix in (
+      (config.actor_rollout_ref.rollout.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable",
+       "multi-turn rollouts with tools do not stream across updates yet"),
+      (config.algorithm.filter_groups.enable, "algorithm.filter_groups.enable",
+       "dynamic sampling does not stream across updates yet"),
+      (config.algorithm.adv_estimator == "remax", "algorithm.adv_estimator",
+       "remax's greedy baselines are generated per synchronous step")):
+    check(not enabled, name, get_node(config, name), f"{fix} (trainer.v1.trainer_mode=colocate_async)",
+          "set trainer.v1.trainer_mode=sync, or drop it")
+
+
 def _check_cache_length(config: ConfigDict) -> None:
   rollout = config.actor_rollout_ref.rollout
   needed = config.data.max_prompt_length + rollout.response_length
@@ -372,6 +398,7 @@ def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
   _check_dynamic_sampling(config)
   _check_optim(config)
   _check_trainer(config)
+  _check_trainer_mode(config)
   _check_reward_model(config)
   _check_overlong_buffer(config)
   _check_data_files(config)

@@ -48,7 +48,10 @@ class RunState:
     critic, critic_opt: the critic's parameters and optimizer state (None without a critic).
     step: steps trained.
     kl_ctrl: the KL-in-reward controller (its coefficient moves under `kl_ctrl.type=adaptive`).
-    data_position: the training data iterator's state after step `step`'s batches (None before the first).
+    data_position: the training data iterator's state after step `step`'s batches (None before the first);
+      under colocate_async, before the oldest batch with an untrained prompt.
+    stream_position: colocate_async's place in the data (`AsyncRollout.position`: that batch's index and the
+      prompts from it on already trained or evicted); None in sync mode.
   """
 
   actor: Any
@@ -58,6 +61,7 @@ class RunState:
   step: int = struct.field(pytree_node=False, default=0)
   kl_ctrl: Any = struct.field(pytree_node=False, default=None)
   data_position: Any = struct.field(pytree_node=False, default=None)
+  stream_position: Any = struct.field(pytree_node=False, default=None)
 
 
 def checkpoint_items(state: RunState, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -65,7 +69,8 @@ def checkpoint_items(state: RunState, seed: int) -> tuple[dict[str, Any], dict[s
   arrays = {"actor": state.actor, "actor_opt": state.actor_opt}
   if state.critic is not None:
     arrays.update(critic=state.critic, critic_opt=state.critic_opt)
-  extras = {"step": state.step, "data_state": state.data_position, "seed": seed, "kl_coef": float(state.kl_ctrl.value)}
+  extras = {"step": state.step, "data_state": state.data_position, "seed": seed, "kl_coef": float(state.kl_ctrl.value),
+            "stream": state.stream_position}
   return arrays, extras
 
 
@@ -74,7 +79,7 @@ def restored(state: RunState, arrays: dict[str, Any], extras: dict[str, Any]) ->
   return state.replace(actor=arrays["actor"], actor_opt=arrays["actor_opt"], critic=arrays.get("critic"),
                        critic_opt=arrays.get("critic_opt"), step=int(extras["step"]),
                        kl_ctrl=dataclasses.replace(state.kl_ctrl, value=float(extras["kl_coef"])),
-                       data_position=extras["data_state"])
+                       data_position=extras["data_state"], stream_position=extras.get("stream"))
 
 
 def abstract_like(state: RunState) -> RunState:

@@ -10,11 +10,16 @@ Each step, for `data.train_batch_size` prompts:
     -> advantages -> critic update -> actor update (after critic_warmup)
     -> metrics, validation, checkpoint.
 
+Under trainer.v1.trainer_mode=colocate_async the rollout streams across
+steps instead (`rljax.rl.streaming`): a step trains the first batch of
+prompts whose responses are all done, some begun under older weights.
+
 On-policy shortcut: with one PPO epoch over a single mini-batch and nothing
 that needs them before the update (KL in reward, rollout correction, bypass
 mode, LoRA dropout), the old log-probs equal the current ones at the update;
 the update uses `stop_gradient(log_prob)` instead of a separate forward
-pass, which is the same number a recomputation gives.
+pass, which is the same number a recomputation gives (not under
+colocate_async, unless its threshold or read-ahead keeps it on-policy).
 
 The run is assembled once by `rljax.rl.assembly.build_run` (the same call
 `rljax.compile` makes, abstractly, to lower the steps for a TPU): its fixed
@@ -54,12 +59,13 @@ from rljax import models, rewards, sharding
 from rljax.algos import advantages as adv_lib
 from rljax.rewards import managers
 from rljax.rl import advantage_stage, assembly, dynamic_sampling, experience as experience_lib, metrics as metrics_lib, profiling
+from rljax.rl import streaming
 from rljax.rl import steps as steps_lib
 from rljax.rl.experience import Experience
 from rljax.rl.layout import balance_order
 from rljax.rl.reward_model import ModelReward
 from rljax.rl.sequences import make_sequences, merge_micro_batches, prompts_shared
-from rljax.rollout import SamplingParams, factory as rollout_factory
+from rljax.rollout import SamplingParams, factory as rollout_factory, stream as stream_lib
 from rljax.sharding import hosts
 from rljax.sharding.distributed import is_main_process
 from rljax.sharding.placement import Step
@@ -157,6 +163,7 @@ class RLTrainer:
     self.base_key = jax.random.key(config.trainer.seed)
     self.saved_step = -1
     self._row_gathers: dict[str, Any] = {}
+    self.streaming = self._async_rollout()
 
   # ----- the state ----------------------------------------------------------------------
 
@@ -167,8 +174,36 @@ class RLTrainer:
 
   @step.setter
   def step(self, value: int) -> None:
-    """Counts a step trained, with the data position its batches reached."""
-    self.state = self.state.replace(step=value, data_position=self.train_iter.get_state())
+    """Counts a step trained, with the data position its batches reached (under colocate_async, where a resumed
+    run finds its first untrained prompt)."""
+    if self.streaming is None:
+      self.state = self.state.replace(step=value, data_position=self.train_iter.get_state())
+      return
+    position = self.streaming.position()
+    self.state = self.state.replace(step=value, data_position=position.pop("data_state"), stream_position=position)
+
+  def _async_rollout(self, position: dict[str, Any] | None = None) -> streaming.AsyncRollout | None:
+    """colocate_async's generation (None in sync mode), from `position` (a checkpoint's) or the data's start."""
+    groups = self.config.data.train_batch_size // jax.process_count()
+    policy = streaming.policy_of(self.config, groups)
+    if policy is None:
+      return None
+    position = position or {}
+    self._batch_state = self.train_iter.get_state()
+    return streaming.AsyncRollout(
+        stream_lib.DecodeStream(self.run.engine, self.sampler.pad_id, self.sampler.steps_per_sync), policy,
+        self.run.layout.n, self._first_request(groups, self.run.layout.n),
+        batch_key=lambda index: self._key_at(index, Stream.ROLLOUT), read_batch=self._read_batch,
+        data_position=self.train_iter.get_state, first_batch=position.get("batch", self.step),
+        consumed=position.get("consumed", ()))
+
+  def _read_batch(self) -> tuple[dict[str, Any], Any] | None:
+    """(the next training batch, the data position before it), or None when the data has ended."""
+    before = self.train_iter.get_state()
+    try:
+      return next(self.train_iter), before
+    except StopIteration:
+      return None
 
   @property
   def actor_params(self) -> Any:
@@ -189,7 +224,11 @@ class RLTrainer:
 
   def _key(self, stream: Stream, *indices: int) -> jax.Array:
     """The key of draw `indices` of `stream` at this step."""
-    key = jax.random.fold_in(jax.random.fold_in(self.base_key, self.step), int(stream))
+    return self._key_at(self.step, stream, *indices)
+
+  def _key_at(self, step: int, stream: Stream, *indices: int) -> jax.Array:
+    """The key of draw `indices` of `stream` at `step`."""
+    key = jax.random.fold_in(jax.random.fold_in(self.base_key, step), int(stream))
     for index in indices:
       key = jax.random.fold_in(key, index)
     return key
@@ -237,6 +276,26 @@ class RLTrainer:
                                       self.run.layout.n,
                                       self._key(Stream.ROLLOUT, *([round_index] if round_index else [])), rows=batch,
                                       first_request=self._first_request(len(batch["input_ids"]), self.run.layout.n))
+    return self._scored(batch, rollout, timing, round_index)
+
+  def _streamed(self, batch: dict[str, Any], timing: dict[str, float], step_metrics: dict) -> Experience:
+    """colocate_async: the step's batch joins the stream (`rljax.rl.streaming`), which decodes until a batch of
+    prompts can train at this step's policy version; their rows, scored."""
+    self.streaming.feed(batch, self._batch_state)
+    with timed(timing, "gen"):
+      try:
+        picked, ended = self.streaming.next_groups(self.actor_params, self.step), 0.0
+      except StopIteration:
+        picked, ended = None, 1.0
+    if hosts.process_total(ended):  # every host stops where one's data ends (none waits for the others)
+      raise training_loop.DataExhausted()
+    step_metrics.update(streaming.off_policy_metrics(picked))
+    self._batch_state = self.train_iter.get_state()
+    return self._scored(picked.columns, picked.rollout, timing)
+
+  def _scored(self, batch: dict[str, Any], rollout: Any, timing: dict[str, float], round_index: int = 0) -> Experience:
+    """The rows of `rollout` (responses to `batch`'s prompts), scored, with what the advantage estimator needs from
+    the rollout (remax's baselines); dumped under trainer.rollout_data_dir."""
     timing.update(rollout.metrics)
     idx = rollout.prompt_index
     rows = make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
@@ -387,6 +446,8 @@ class RLTrainer:
     with profiling.step_trace(self.config, self.step + 1), timed(timing, "step"):
       if self.config.algorithm.filter_groups.enable:
         rows = self._kept_groups(batch, timing, step_metrics)
+      elif self.streaming is not None:
+        rows = self._streamed(batch, timing, step_metrics)
       else:
         rows = self._rollout(batch, timing)
       rows = self._experience(rows, timing, step_metrics)
@@ -444,6 +505,8 @@ class RLTrainer:
     target, _ = assembly.checkpoint_items(assembly.abstract_like(self.state), self.config.trainer.seed)
     self.state = assembly.restored(self.state, *checkpointing.restore_from_path(path, target))
     self.train_iter.set_state(self.state.data_position)
+    if self.streaming is not None:
+      self.streaming = self._async_rollout(self.state.stream_position)
 
   # ----- the run -------------------------------------------------------------------------
 

@@ -37,15 +37,18 @@ def job(config, model_dir, data_dir, tmp_path, *extra):
 @pytest.mark.slow  # three trainer runs: one of 1 process, two of 2 (about 2 minutes)
 def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
   # 8 prompts x 2 responses over 8 devices; 2 shuffled mini-batches and balance_batch, so each update's rows
-  # come from both hosts' rollouts; validation before training and after step 2
+  # come from both hosts' rollouts; validation before training and after step 2. The rollouts stream
+  # (colocate_async, verl's defaults: threshold 8, one batch read ahead, so old log-probs are recomputed), each
+  # host over 8 decode slots, as many as its rows: the one process's 8 slots then decode the same waves
   argv = job("grpo", model_dir, data_dir, tmp_path, "actor_rollout_ref.actor.shuffle=true", "trainer.balance_batch=true",
-             "trainer.val_before_train=true", "trainer.test_freq=2")
+             "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.v1.trainer_mode=colocate_async",
+             "actor_rollout_ref.rollout.max_num_seqs=8")
   one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
   two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two", "trainer.save_freq=1"], 2,
                               f"{tmp_path}/two")
   trained = [m for m in one if m["step"] > 0]
   assert len(trained) == 2 and trained[0]["actor/grad_norm"] > 0 and 0 < trained[0]["critic/score/mean"] < 1
-  assert any(k.startswith("val-core/") for k in trained[1])
+  assert any(k.startswith("val-core/") for k in trained[1]) and trained[1]["off_policy/staleness/max"] == 1
   processes.assert_same_metrics(one, two)
   # every host restarted after step 1's checkpoint: step 2 again, as the uninterrupted run logged it
   shutil.rmtree(tmp_path / "two" / "global_step_2")

@@ -52,10 +52,16 @@ def test_each_algorithm_runs_two_steps(name, model_dir, data_dir, tmp_path):
   assert (tmp_path / "run" / "global_step_2").is_dir() and (tmp_path / "run" / "curves.png").is_file()
 
 
-def test_same_seed_same_metrics(model_dir, data_dir, tmp_path):
-  runs = [train(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / f"run{i}"))) for i in range(2)]
-  drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/"))}
-  assert [drop(m) for m in runs[0]] == [drop(m) for m in runs[1]]
+def test_same_seed_same_metrics_also_streamed_at_threshold_one(model_dir, data_dir, tmp_path):
+  # the second run streams its rollouts (colocate_async) at threshold 1 with wait, which keeps every group on the
+  # policy that trains it: the same run as sync, step for step, bit for bit
+  streamed = ("trainer.v1.trainer_mode=colocate_async", "trainer.v1.sampler.max_off_policy_threshold=1",
+              "trainer.v1.sampler.max_off_policy_strategy=wait")
+  runs = [train(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / f"run{i}"), *extra))
+          for i, extra in enumerate([(), streamed])]
+  drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/", "off_policy/"))}
+  assert [drop(m) for m in runs[0]] == [drop(m) for m in runs[1]] and len(runs[0]) == 2
+  assert all(m["off_policy/staleness/max"] == 1 and m["off_policy/evicted_samples"] == 0 for m in runs[1])
 
 
 def test_eight_devices_equal_one(model_dir, data_dir, tmp_path):

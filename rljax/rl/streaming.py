@@ -1,0 +1,338 @@
+"""colocate_async: generation streams across updates on the trainer's own devices (verl's trainer.v1).
+
+In sync mode a step decodes its batch until the longest response ends, with
+more and more decode slots idle in the tail, then trains. Here the engine's
+slots stay full: a slot whose response ends takes the next prompt's
+response, from later batches if need be, and an update runs as soon as
+`data.train_batch_size` prompts have all n responses. The responses still
+decoding continue under the new weights on what their KV cache holds
+(partial rollouts); each token records the policy version that sampled it
+and its behaviour log-prob (`Rollout.versions`, `rollout_log_probs`), and
+the update recomputes the old log-probs under the weights it starts from
+(decoupled PPO; `algorithm.rollout_correction` corrects the behaviour
+mismatch when configured).
+
+Staleness, in verl's terms: a group *spans* `version - start + 1` policy
+versions when the update at `version` trains on it, `start` being the
+version its first token was sampled under; `trainer.v1.sampler` bounds it:
+
+* `max_off_policy_threshold` T: no trained group spans more than T versions.
+* `max_off_policy_strategy`:
+  - `drop`: at an update, groups that already span more than T versions are
+    evicted (counted in `off_policy/evicted_samples`) and fresh prompts take
+    their slots.
+  - `wait`: nothing is dropped: an update waits for every group that would
+    otherwise span more than T versions at the next one, and admission
+    stops at T batches of groups not yet trained (which bounds those to one
+    batch).
+* `trainer.v1.colocate_async.num_warmup_batches` W: prompts are admitted
+  while fewer than (1 + W) batches of groups are untrained (at most T of
+  them under `wait`).
+
+T = 1 or W = 0 trains every group on the policy that generated all of it:
+with `wait` that is today's synchronous trainer, step for step. An update
+picks the oldest finished groups first (by start version, then admission),
+and trains them in admission order.
+
+Each host streams its own prompts and trains its share of the batch; the
+rollout is host-local, so hosts need not decode in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import numpy as np
+
+from rljax.rollout import sampler as sampler_lib
+from rljax.rollout import stream as stream_lib
+from rljax.sharding import hosts
+
+STRATEGIES = ("drop", "wait")
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  """How far generation runs ahead of training, and what happens to samples that fall too far behind.
+
+  Attributes:
+    groups: prompts (groups of n responses) each update trains on this host.
+    threshold: trainer.v1.sampler.max_off_policy_threshold (>= 1).
+    strategy: trainer.v1.sampler.max_off_policy_strategy, drop or wait.
+    ahead: trainer.v1.colocate_async.num_warmup_batches (>= 0).
+  """
+
+  groups: int
+  threshold: int
+  strategy: str
+  ahead: int
+
+  @property
+  def capacity(self) -> int:
+    """Groups admitted and not yet trained or evicted, at most."""
+    batches = 1 + self.ahead
+    return (min(batches, self.threshold) if self.strategy == "wait" else batches) * self.groups
+
+  @property
+  def on_policy(self) -> bool:
+    """Every trained group was generated whole by the policy the update starts from."""
+    return self.threshold == 1 or self.ahead == 0
+
+
+def policy_of(config: Any, groups: int) -> Policy | None:
+  """colocate_async's policy under `config` for `groups` prompts per update on this host (None in sync mode)."""
+  v1 = config.trainer.v1
+  if v1.trainer_mode != "colocate_async":
+    return None
+  return Policy(groups=groups, threshold=int(v1.sampler.max_off_policy_threshold),
+                strategy=v1.sampler.max_off_policy_strategy, ahead=int(v1.colocate_async.num_warmup_batches))
+
+
+def streams_off_policy(config: Any) -> bool:
+  """Whether `config`'s trainer may train on groups generated partly by older weights (colocate_async's
+  policy off-policy: the update must then recompute the old log-probs)."""
+  policy = policy_of(config, 1)
+  return policy is not None and not policy.on_policy
+
+
+def spans(start: int, version: int) -> int:
+  """Policy versions a group first sampled under `start` spans when the update at `version` trains on it."""
+  return version - start + 1
+
+
+@dataclasses.dataclass(eq=False)
+class Group:
+  """One prompt's n responses.
+
+  Attributes:
+    id: admission order on this host.
+    batch: the data batch it came from (its step in a synchronous run), row: its row there.
+    requests: its n responses, in sample order.
+    columns: its row of each data column (what the reward function reads).
+    ended: responses finished.
+  """
+
+  id: int
+  batch: int
+  row: int
+  requests: list[stream_lib.Request]
+  columns: dict[str, Any]
+  ended: int = 0
+
+  @property
+  def start(self) -> int | None:
+    """The policy version of its first sampled token (None before any)."""
+    started = [int(r.versions[0]) for r in self.requests if r.length]
+    return min(started) if started else None
+
+  @property
+  def finished(self) -> bool:
+    return self.ended == len(self.requests)
+
+
+class AsyncRollout:
+  """colocate_async's generation on this host (see the module docstring)."""
+
+  def __init__(self, stream: stream_lib.DecodeStream, policy: Policy, n: int, first_request: int,
+               batch_key: Callable[[int], jax.Array], read_batch: Callable[[], tuple[dict[str, Any], Any] | None],
+               data_position: Callable[[], Any], first_batch: int = 0,
+               consumed: Iterable[Sequence[int]] = ()):
+    """Args:
+      stream: the decode stream, kept open across updates.
+      policy: the staleness policy.
+      n: responses per prompt.
+      first_request: the sampling-stream id of this host's first response of a batch (as the sync trainer's).
+      batch_key: batch index -> the rollout key of its responses (the sync trainer's key at that step).
+      read_batch: (the next data batch, the data position before it), or None when the data has ended.
+      data_position: the data position after the last batch read.
+      first_batch: the index of the first batch fed or read (a resumed run's oldest untrained batch).
+      consumed: [batch, row] of prompts already trained or evicted there (skipped when their batch comes).
+    """
+    self.stream, self.policy, self.n = stream, policy, n
+    self.first_request, self.batch_key, self.read_batch = first_request, batch_key, read_batch
+    self.data_position = data_position
+    self.batches: list[tuple[int, dict[str, Any]]] = []
+    self.states: dict[int, Any] = {}
+    self.next_batch, self.next_row = first_batch, 0
+    self.consumed = {(int(b), int(r)) for b, r in consumed}
+    self.live: dict[int, Group] = {}
+    self.admitted = 0
+    self.data_ended = False
+
+  # ----- data ------------------------------------------------------------------------------
+
+  def feed(self, batch: dict[str, Any], before: Any) -> None:
+    """Queues a data batch for admission (the training loop's batch of this step; `before`: the data position
+    before it)."""
+    index = self.next_batch + len(self.batches)
+    self.batches.append((index, batch))
+    self.states[index] = before
+
+  def _next_prompt(self) -> tuple[int, int, dict[str, Any]] | None:
+    """(batch index, row, batch) of the next prompt to admit, reading a batch when none is queued."""
+    while True:
+      if not self.batches:
+        read = None if self.data_ended else self.read_batch()
+        if read is None:
+          self.data_ended = True
+          return None
+        self.feed(*read)
+      index, batch = self.batches[0]
+      rows = len(batch["input_ids"])
+      while self.next_row < rows and (index, self.next_row) in self.consumed:
+        self.next_row += 1
+      if self.next_row < rows:
+        self.next_row += 1
+        return index, self.next_row - 1, batch
+      self.batches.pop(0)
+      self.next_batch, self.next_row = index + 1, 0
+
+  def _admit(self) -> None:
+    """Queues prompts' responses on the stream while fewer than the policy's capacity are untrained."""
+    while len(self.live) < self.policy.capacity:
+      found = self._next_prompt()
+      if found is None:
+        return
+      index, row, batch = found
+      mask = np.asarray(batch["attention_mask"][row]).astype(bool)
+      prompt = np.asarray(batch["input_ids"][row])[mask]
+      if not len(prompt):
+        raise ValueError(f"prompt row {row} of batch {index} is empty")
+      key = self.batch_key(index)
+      requests = [stream_lib.new_request(self.stream.engine, self.stream.pad_id,
+                                         self.first_request + row * self.n + j, self.admitted, prompt, key,
+                                         len(batch["input_ids"][row])) for j in range(self.n)]
+      self.live[self.admitted] = Group(self.admitted, index, row, requests,
+                                       {k: np.asarray(v)[row] for k, v in batch.items()})
+      self.admitted += 1
+      self.stream.submit(requests)
+
+  # ----- one update's groups ----------------------------------------------------------------
+
+  def _evict(self, version: int) -> list[Group]:
+    """Under drop: the live groups that already span more than the threshold, cancelled."""
+    if self.policy.strategy != "drop":
+      return []
+    stale = [g for g in self.live.values()
+             if g.start is not None and spans(g.start, version) > self.policy.threshold]
+    doomed = {g.id for g in stale}
+    self.stream.cancel(lambda r: r.group in doomed)
+    for g in stale:
+      del self.live[g.id]
+      self.consumed.add((g.batch, g.row))
+    return stale
+
+  def _pick(self, version: int) -> list[Group] | None:
+    """The groups this update trains, in admission order, or None while it must decode on."""
+    finished = sorted((g for g in self.live.values() if g.finished), key=lambda g: (g.start, g.id))
+    if len(finished) < self.policy.groups:
+      return None
+    if self.policy.strategy == "wait":
+      due = [g for g in self.live.values()
+             if g.start is not None and spans(g.start, version) >= self.policy.threshold]
+      if any(not g.finished for g in due):
+        return None
+      if len(due) > self.policy.groups:
+        raise RuntimeError(f"{len(due)} groups must train at version {version}, more than a batch of "
+                           f"{self.policy.groups}; report this")
+    return sorted(finished[:self.policy.groups], key=lambda g: g.id)
+
+  def next_groups(self, params: Any, version: int) -> "Picked":
+    """Decodes until a batch of groups can train at `version` (params: the weights of that version).
+
+    Returns:
+      The groups this host trains at `version` (`Picked`).
+
+    Raises:
+      StopIteration: the data ended before a batch of groups finished.
+    """
+    self.stream.set_params(params, version)
+    evicted = self._evict(version)
+    steps, busy = self.stream.decode_steps, self.stream.busy_slot_steps
+    while True:
+      self._admit()
+      picked = self._pick(version)
+      if picked is not None:
+        break
+      if self.stream.idle:
+        raise StopIteration(f"the training data ended with {len(self.live)} prompt(s) generating, fewer than a "
+                            f"batch of {self.policy.groups}")
+      for request in self.stream.step():
+        self.live[request.group].ended += 1
+    for g in picked:
+      del self.live[g.id]
+      self.consumed.add((g.batch, g.row))
+    occupancy = ((self.stream.busy_slot_steps - busy)
+                 / max(1, (self.stream.decode_steps - steps) * self.stream.engine.max_concurrent_decodes))
+    columns = {k: _stacked([g.columns[k] for g in picked]) for k in picked[0].columns}
+    rollout = sampler_lib.assemble([r for g in picked for r in g.requests], self.stream.engine,
+                                   {"perf/slot_occupancy": occupancy})
+    rollout.prompt_index = np.repeat(np.arange(len(picked)), self.n)
+    return Picked(columns, rollout, np.asarray([spans(g.start, version) for g in picked], np.float32), version,
+                  len(evicted))
+
+  # ----- resuming ---------------------------------------------------------------------------
+
+  def position(self) -> dict[str, Any]:
+    """Where a resumed run starts: `data_state`, the data position before the oldest batch with an untrained
+    prompt; `batch`, that batch's index; `consumed`, the prompts of it and later batches already trained or evicted
+    (responses still generating are generated again after a resume)."""
+    untrained = [g.batch for g in self.live.values()] + [b for b, _ in self.batches[:1]]
+    if not untrained:
+      return {"data_state": self.data_position(), "batch": int(self.next_batch), "consumed": []}
+    oldest = min(untrained)
+    self.states = {b: s for b, s in self.states.items() if b >= oldest}
+    self.consumed = {(b, r) for b, r in self.consumed if b >= oldest}
+    return {"data_state": self.states[oldest], "batch": int(oldest),
+            "consumed": sorted([int(b), int(r)] for b, r in self.consumed)}
+
+
+def _stacked(values: list[Any]) -> np.ndarray:
+  """[G, ...] of G per-prompt values (an object array where they are not numbers)."""
+  first = np.asarray(values[0])
+  if first.dtype != object:
+    return np.stack([np.asarray(v) for v in values])
+  out = np.empty((len(values),) + first.shape, object)
+  for i, v in enumerate(values):
+    out[i] = v
+  return out
+
+
+@dataclasses.dataclass
+class Picked:
+  """The groups an update trains on one host.
+
+  Attributes:
+    columns: their data columns ([G] per prompt).
+    rollout: their G * n responses (row g * n + j: response j of group g), with each token's policy version.
+    spans: [G] the policy versions each spans.
+    version: the version that trains them.
+    evicted: groups this host evicted at this update.
+  """
+
+  columns: dict[str, Any]
+  rollout: sampler_lib.Rollout
+  spans: np.ndarray
+  version: int
+  evicted: int
+
+
+def off_policy_metrics(picked: Picked) -> dict[str, float]:
+  """off_policy/* over every host's trained groups (every host calls it): versions spanned (verl's staleness: 1 is
+  on-policy), the share of responses sampled by more than one policy version, the mean lag of a trained token, the
+  groups evicted."""
+  rollout, version = picked.rollout, picked.version
+  span = hosts.process_concat(picked.spans)
+  mask = rollout.response_mask > 0
+  versions = np.where(mask, rollout.versions, version)
+  mixed = hosts.process_concat((versions.min(-1) != versions.max(-1)).astype(np.float32))
+  lag = hosts.process_sum([float((version - versions)[mask].sum()), float(mask.sum())])
+  return {"off_policy/staleness/mean": float(span.mean()), "off_policy/staleness/max": float(span.max()),
+          "off_policy/mixed_version_frac": float(mixed.mean()),
+          "off_policy/token_lag/mean": float(lag[0] / max(lag[1], 1.0)),
+          "off_policy/evicted_samples": hosts.process_total(float(picked.evicted))}
+
+
+__all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "policy_of", "streams_off_policy", "off_policy_metrics", "spans"]

@@ -1,0 +1,143 @@
+"""colocate_async (`rljax.rl.streaming`): partial rollouts across policy versions, drop and wait, resuming, and
+rljax.compile's memory check (tests/rl/test_trainer.py runs the trainer at threshold 1 against the synchronous one)."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from rljax.rl import streaming
+from rljax.rollout import SamplingParams, make_engine
+from rljax.rollout import stream as stream_lib
+from tests.rl import tiny_run
+from tests.rollout import chain
+
+LONG, OTHER, SHORT = 100, 101, 102  # a prompt ending in LONG or OTHER is answered until the length limit
+RESPONSE = 12
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return chain.tokenizer()
+
+
+def policy_params(tok, version: int):
+  """Version 0 picks LONG or OTHER after either with probability 1/2 each; version 1 with 0.8 and 0.2 (so a
+  token's log-prob says which version sampled it); after SHORT both end the response."""
+  odds = {0: (0.0, 0.0), 1: (np.log(0.8), np.log(0.2))}[version]
+  table = {t: {LONG: odds[0], OTHER: odds[1]} for t in (LONG, OTHER)}
+  table[SHORT] = {tok.eos_token_id: 0.0}
+  return chain.model(tok, table)
+
+
+@pytest.fixture(scope="module")
+def scripted(tok):
+  models = [policy_params(tok, v) for v in (0, 1, 1, 1, 1)]
+  engine = make_engine(models[0], max_concurrent_decodes=4, prefill_buckets=(8,), max_decode_length=RESPONSE,
+                       eos_ids=(tok.eos_token_id,), sampling_params=SamplingParams(temperature=1.0))
+  return engine, [nnx.state(m, nnx.Param) for m in models]
+
+
+def batches(*kinds):
+  """One data batch per string: a prompt per letter, L long and S short; its tag names batch, letter and row."""
+  out = []
+  for index, kind in enumerate(kinds):
+    ids = np.zeros((len(kind), 4), np.int32)
+    mask = np.zeros((len(kind), 4), np.int32)
+    for row, letter in enumerate(kind):
+      ids[row, 2:] = (5, LONG if letter == "L" else SHORT)
+      mask[row, 2:] = 1
+    out.append({"input_ids": ids, "attention_mask": mask, "tag": np.asarray([f"{index}{letter}{r}" for r, letter in enumerate(kind)])})
+  return out
+
+
+def rollout(engine, policy, data, consumed=(), first_batch=0):
+  pending = list(data)
+  return streaming.AsyncRollout(stream_lib.DecodeStream(engine, 0, 4), policy, 2, 0,
+                                batch_key=lambda b: jax.random.key(b), data_position=lambda: "end",
+                                read_batch=lambda: (pending.pop(0), f"before{len(data) - len(pending) - 1}")
+                                if pending else None, first_batch=first_batch, consumed=consumed)
+
+
+def test_a_response_spanning_two_versions_records_each_tokens_version_and_log_prob(scripted):
+  engine, params = scripted
+  stream = rollout(engine, streaming.Policy(groups=1, threshold=2, strategy="drop", ahead=1), batches("LS", "LS"))
+  picked = stream.next_groups(params[0], 0)
+  assert list(picked.columns["tag"]) == ["0S1"] and picked.spans.tolist() == [1]  # the short one ends first
+  picked = stream.next_groups(params[1], 1)
+  second, metrics = picked.rollout, streaming.off_policy_metrics(picked)
+  assert list(picked.columns["tag"]) == ["0L0"]
+  # one chunk of 4 tokens under version 0, and the 5th from the logits version 0 left; then version 1's
+  np.testing.assert_array_equal(second.versions, [[0] * 5 + [1] * 7] * 2)
+  np.testing.assert_allclose(second.log_probs[:, :5], np.log(0.5), atol=1e-3)  # RMSNorm's eps scales the logits a little
+  expected = np.where(second.responses[:, 5:] == LONG, np.log(0.8), np.log(0.2))
+  np.testing.assert_allclose(second.log_probs[:, 5:], expected, atol=1e-3)
+  assert metrics["off_policy/staleness/mean"] == 2 and metrics["off_policy/mixed_version_frac"] == 1
+  assert metrics["off_policy/token_lag/mean"] == pytest.approx(5 / 12)
+  assert second.response_lengths.tolist() == [RESPONSE] * 2 and second.prompt_index.tolist() == [0, 0]
+
+
+def trained_until_the_end(stream, params, first_version):
+  """The tags each update trains from `first_version` on until the data ends."""
+  out = []
+  for version in range(first_version, first_version + 10):
+    try:
+      out.append(list(stream.next_groups(params[min(version, len(params) - 1)], version).columns["tag"]))
+    except StopIteration:
+      return out
+  raise AssertionError("the stream did not end")
+
+
+def test_drop_evicts_groups_past_the_threshold_and_wait_trains_them(scripted):
+  engine, params = scripted
+  dropped = rollout(engine, streaming.Policy(groups=1, threshold=1, strategy="drop", ahead=1),
+                    batches("LS", "SS", "SS"))
+  trained, evicted = [], 0
+  for version in range(3):
+    picked = dropped.next_groups(params[version], version)
+    trained += list(picked.columns["tag"])
+    evicted += picked.evicted
+    out = picked.rollout
+    assert picked.spans.tolist() == [1] and (out.versions[out.response_mask > 0] == version).all()
+  # at version 1, 0L0 (first sampled at 0) would span 2; at version 2, 1S1 (finished at 1, untrained)
+  assert trained == ["0S1", "1S0", "2S0"] and evicted == 2
+
+  waited = rollout(engine, streaming.Policy(groups=1, threshold=2, strategy="wait", ahead=3), batches("LS", "SS"))
+  assert waited.policy.capacity == 2  # at most threshold batches untrained
+  # version 1 waits for 0L0 (it would span 3 versions at version 2) although 1S0 finished first
+  assert trained_until_the_end(waited, params, 0) == [["0S1"], ["0L0"], ["1S0"], ["1S1"]]
+
+
+def test_resuming_from_the_position_loses_and_repeats_no_prompt(scripted):
+  engine, params = scripted
+  policy = streaming.Policy(groups=1, threshold=4, strategy="drop", ahead=1)
+  data = ("LS", "SS", "SL")
+  whole = rollout(engine, policy, batches(*data))
+  first = [list(whole.next_groups(params[v], v).columns["tag"]) for v in range(2)]
+  assert first == [["0S1"], ["1S0"]]
+  position = whole.position()  # 0L0 is still generating
+  assert position == {"data_state": "before0", "batch": 0, "consumed": [[0, 1], [1, 0]]}
+  rest = trained_until_the_end(whole, params, 2)
+  again = trained_until_the_end(rollout(engine, policy, batches(*data), position["consumed"], position["batch"]),
+                                params, 2)
+  every = sorted(f"{b}{letter}{r}" for b, kind in enumerate(data) for r, letter in enumerate(kind))
+  assert sorted(sum(first + rest, [])) == every and sorted(sum(first + again, [])) == every
+
+
+def test_compile_counts_the_kv_cache_beside_the_update_under_colocate_async(model_dir, data_dir, tmp_path):
+  """The decode state lives across updates under colocate_async: rljax.compile's memory check counts it beside
+  every step that does not take it."""
+  from rljax.compile import plan  # pylint: disable=import-outside-toplevel
+  from rljax.compile.report import shard_bytes  # pylint: disable=import-outside-toplevel
+
+  def planned(*extra):
+    config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"), *extra)
+    return {p.step.name: p for p in plan.rl_steps(config, tiny_run.one_device())}
+
+  sync, streamed = planned(), planned("trainer.v1.trainer_mode=colocate_async")
+  decode = next(p for name, p in sync.items() if name.startswith("decode_step"))
+  cache = shard_bytes([x for x in jax.tree.leaves(decode.step.args[1])
+                       if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)])
+  assert streamed["actor_update"].resident - sync["actor_update"].resident == cache > 0
+  # the decode step takes the state (its int32 request count matches an optimizer's step count in sync: 4 bytes)
+  assert abs(streamed[decode.step.name].resident - sync[decode.step.name].resident) <= 4
