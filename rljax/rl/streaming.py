@@ -335,4 +335,5 @@ def off_policy_metrics(picked: Picked) -> dict[str, float]:
           "off_policy/evicted_samples": hosts.process_total(float(picked.evicted))}
 
 
-__all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "policy_of", "streams_off_policy", "off_policy_metrics", "spans"]
+__all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "off_policy_metrics", "policy_of", "spans",
+           "streams_off_policy"]

@@ -182,8 +182,10 @@ class RLTrainer:
     position = self.streaming.position()
     self.state = self.state.replace(step=value, data_position=position.pop("data_state"), stream_position=position)
 
-  def _async_rollout(self, position: dict[str, Any] | None = None) -> streaming.AsyncRollout | None:
-    """colocate_async's generation (None in sync mode), from `position` (a checkpoint's) or the data's start."""
+  def _async_rollout(self, position: dict[str, Any] | None = None,
+                     stream: stream_lib.DecodeStream | None = None) -> streaming.AsyncRollout | None:
+    """colocate_async's generation (None in sync mode), from `position` (a checkpoint's) or the data's start, on
+    `stream` (an idle one, whose KV cache it reuses) or a new one."""
     groups = self.config.data.train_batch_size // jax.process_count()
     policy = streaming.policy_of(self.config, groups)
     if policy is None:
@@ -191,7 +193,7 @@ class RLTrainer:
     position = position or {}
     self._batch_state = self.train_iter.get_state()
     return streaming.AsyncRollout(
-        stream_lib.DecodeStream(self.run.engine, self.sampler.pad_id, self.sampler.steps_per_sync), policy,
+        stream or stream_lib.DecodeStream(self.run.engine, self.sampler.pad_id, self.sampler.steps_per_sync), policy,
         self.run.layout.n, self._first_request(groups, self.run.layout.n),
         batch_key=lambda index: self._key_at(index, Stream.ROLLOUT), read_batch=self._read_batch,
         data_position=self.train_iter.get_state, first_batch=position.get("batch", self.step),
@@ -506,7 +508,8 @@ class RLTrainer:
     self.state = assembly.restored(self.state, *checkpointing.restore_from_path(path, target))
     self.train_iter.set_state(self.state.data_position)
     if self.streaming is not None:
-      self.streaming = self._async_rollout(self.state.stream_position)
+      stream = self.streaming.stream
+      self.streaming = self._async_rollout(self.state.stream_position, stream if stream.idle else None)
 
   # ----- the run -------------------------------------------------------------------------
 
