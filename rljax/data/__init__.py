@@ -11,6 +11,7 @@ from rljax.data.dataset import RLHFDataset
 from rljax.data.parquet import as_file_list
 from rljax.data.parquet import read_parquet
 from rljax.data.pipeline import batch_dataset
+from rljax.data.pipeline import ensure_config_data
 from rljax.data.pipeline import BatchIterator
 from rljax.data.pipeline import eval_batch_dataset
 from rljax.data.pipeline import make_train_iterator
@@ -25,6 +26,7 @@ __all__ = [
     "as_file_list",
     "batch_dataset",
     "collate",
+    "ensure_config_data",
     "ensure_synthetic_data",
     "eval_batch_dataset",
     "load_dataset_class",

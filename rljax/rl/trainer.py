@@ -126,12 +126,14 @@ def timed(timing: dict[str, float], name: str):
 
 def check_job(config: ConfigDict) -> None:
   """What the trainer cannot run as configured, beyond `config.validate`'s checks: kept groups that do not
-  deal evenly to the processes, a data source no scorer knows (before any model loads)."""
+  deal evenly to the processes, a data source no scorer knows (before any model loads). Writes the synthetic
+  task first where a data file is its absent default path, so a fresh machine's default job finds its data."""
   processes, wanted = jax.process_count(), config.data.train_batch_size
   if config.algorithm.filter_groups.enable and wanted % processes:
     raise config_lib.ConfigError("data.train_batch_size", wanted, f"does not split over the {processes} processes "
                                  "(dynamic sampling deals the kept groups to them equally)",
                                  f"make it a multiple of {processes}")
+  data_lib.ensure_config_data(config)
   if not (config.reward_model.enable or config.custom_reward_function.path):
     rewards.check_data_sources(data_lib.as_file_list(config.data.train_files)
                                + data_lib.as_file_list(config.data.val_files))

@@ -11,11 +11,16 @@ import pytest
 
 from rljax import data
 from rljax import rewards
+from rljax import config as C
+from rljax import train
 from rljax.config import get_base_config
 from rljax.sft.config import get_sft_config
 from rljax.data import synthetic
 from rljax.data.synthetic import arithmetic
 from rljax.sft import data as sft_data
+from rljax.rl import trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
@@ -172,3 +177,12 @@ def test_default_paths_generate_on_first_use(tmp_path, monkeypatch, tokenizer):
   batches = data.make_val_batches(config, tokenizer)
   assert os.path.isfile(tmp_path / "data/rljax/arithmetic/train.parquet")
   assert batches[0]["input_ids"].shape == (500, 32)
+
+
+def test_the_trainers_job_check_writes_the_default_data_before_reading_it(tmp_path, monkeypatch):
+  """A fresh machine: `python -m rljax.train --config=configs/grpo.py` checks the data sources of files the
+  synthetic task writes on first use."""
+  monkeypatch.setenv("HOME", str(tmp_path))
+  config = train.resolve(C.load_config_file(os.path.join(ROOT, "configs", "grpo.py")), [], device_count=1)
+  trainer.check_job(config)
+  assert os.path.isfile(tmp_path / "data/rljax/arithmetic/train.parquet")
