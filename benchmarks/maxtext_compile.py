@@ -10,9 +10,10 @@ shaped inputs, shardings, `train_step`, its jit) and keeps it. Settings:
 per_device_batch_size=2, max_target_length=1536, gradient_accumulation_steps=1,
 remat_policy=full, scan_layers=true, dtype=bfloat16, weight_dtype=float32,
 attention=flash, ici_fsdp_parallelism=-1, synthetic data; the rest is
-MaxText's base.yml. Prints one JSON line: per-chip memory, TFLOP and time
-estimate (a scanned layer counted once), HBM traffic and collective GiB by
-kind (`rljax.compile.hlo`).
+MaxText's base.yml. Prints one JSON line: per-chip memory, TFLOP with loop
+iterations counted and the roofline time rljax.compile prints (`roof s`),
+the compiler's TFLOP and time estimate (a scanned layer counted once), HBM
+traffic and collective GiB by kind (`rljax.compile.hlo`).
 """
 
 import importlib.metadata
@@ -66,20 +67,24 @@ def main():
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ["TPU_ACCELERATOR_TYPE"] = accelerator
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-  from rljax.compile import hlo  # pylint: disable=import-outside-toplevel
+  from rljax.compile import hlo, report, topology  # pylint: disable=import-outside-toplevel
   compiled, seconds = compiled_train_step(model, accelerator)
   memory, cost = compiled.memory_analysis(), compiled.cost_analysis() or {}
   cost = cost[0] if isinstance(cost, list) else cost
   text = compiled.as_text()
+  flops, traffic, summary = hlo.loop_flops(text), hlo.hbm_bytes(text), hlo.collectives(text)
+  chip = topology.parse(accelerator).chip
   peak = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
           + memory.temp_size_in_bytes)
   versions = {p: importlib.metadata.version(p) for p in ("maxtext", "jax", "jaxlib", "libtpu", "flax")}
   print(json.dumps({
       "library": "maxtext", "model": model, "topology": accelerator, "versions": versions, "settings": SETTINGS,
       "argument_gib": memory.argument_size_in_bytes / GiB, "temp_gib": memory.temp_size_in_bytes / GiB,
-      "peak_gib": peak / GiB, "tflop": cost.get("flops", 0) / 1e12, "estimated_s": cost.get("optimal_seconds"),
-      "hbm_traffic_gib": hlo.hbm_bytes(text) / GiB,
-      "collectives_gib": {k: v / GiB for k, v in hlo.collectives(text).by_kind.items() if v},
+      "peak_gib": peak / GiB, "loop_tflop": flops / 1e12,
+      "roofline_s": None if chip is None else report.roofline_seconds(flops, traffic, sum(summary.by_kind.values()), chip),
+      "tflop_loop_once": cost.get("flops", 0) / 1e12, "estimated_s_loop_once": cost.get("optimal_seconds"),
+      "hbm_traffic_gib": traffic / GiB,
+      "collectives_gib": {k: v / GiB for k, v in summary.by_kind.items() if v},
       "compile_s": round(seconds, 1)}), flush=True)
 
 

@@ -10,8 +10,10 @@ chip per update, every prompt run with its response (no shared-prompt pass):
 the work of MaxText's `train_compile` with per_device_batch_size=2,
 max_target_length=1536, gradient_accumulation_steps=1 (benchmarks/
 maxtext_compile.py). Prints one JSON line per compile: per-chip memory,
-TFLOP and the compiler's time estimate (both count a scanned layer once),
-HBM traffic, collective GiB by kind and the FSDP minimum. Run it in the
+TFLOP with loop iterations counted and the roofline time at the chip's peak
+rates (`rljax.compile.report`), the compiler's TFLOP and time estimate
+(both count a scanned layer once), HBM traffic, collective GiB by kind and
+the FSDP minimum. Run it in the
 same environment (jax / libtpu) as the MaxText side for a like-for-like
 compiler.
 """
@@ -57,13 +59,16 @@ def main():
       for item in plan.rl_steps(config, mesh):
         if not any(item.step.name.startswith(p) for p in args.steps.split(",")):
           continue
-        result, _ = plan.compile_step(item, target.hbm_bytes)
+        result, _ = plan.compile_step(item, target.hbm_bytes, target.chip)
         print(json.dumps({
             "library": "rljax", "preset": preset, "topology": name, "num_slices": args.num_slices,
             "mesh": dict(mesh.shape), "overrides": args.overrides, "step": result.name, "versions": versions,
             "fits": result.fits, "argument_gib": result.arguments / GiB, "temp_gib": result.temporaries / GiB,
             "peak_gib": result.required / GiB, "hbm_gib": result.hbm / GiB,
-            "tflop": None if result.flops is None else result.flops / 1e12, "estimated_s": result.seconds,
+            "loop_tflop": None if result.loop_flops is None else result.loop_flops / 1e12,
+            "roofline_s": result.roofline_seconds,
+            "tflop_loop_once": None if result.flops is None else result.flops / 1e12,
+            "estimated_s_loop_once": result.seconds,
             "hbm_traffic_gib": None if result.hbm_traffic is None else result.hbm_traffic / GiB,
             "collectives_gib": {k: v / GiB for k, v in result.collectives.items()},
             "bound": None if result.bound is None else [result.bound[0], result.bound[1] / GiB],

@@ -5,9 +5,13 @@
 With `--topology` the steps compile for that slice on any host (the `tpu`
 extra brings libtpu); without it, for the devices JAX sees (a TPU VM's own
 chips). Overrides are the trainer's (`rljax.launch`). Prints one row per
-step (per-device GiB, TFLOP, the compiler's time estimate, collective GiB by
-kind, the bound and measured/bound) and exits 1 when a step does not fit,
-with what to change. A step's `need` counts `state`: the trainer's arrays
+step (per-device GiB, TFLOP with loop iterations counted and the roofline
+time `roof s` at the chip's peak rates, the compiler's TFLOP and time
+estimate, which count each loop body once, collective GiB by kind, the bound
+and measured/bound) and exits 1 when a step does not fit, with what to
+change. `roof s` is max(FLOPs / peak FLOP/s, HBM traffic / HBM bandwidth)
++ collective bytes / ICI bandwidth: collectives not overlapped with
+compute, every rate at its peak (`rljax.compile.report`); none for v4. A step's `need` counts `state`: the trainer's arrays
 (weights, optimizer moments, the reference's copy) that stay on each chip
 while a step that does not take them runs (a rollout step, or the update
 beside the reference).
@@ -66,10 +70,12 @@ def main(argv: Sequence[str]) -> int:
     if _TOPOLOGY.value:
       target = topology_lib.parse(_TOPOLOGY.value, _NUM_SLICES.value)
       devices, hbm, where = topology_lib.devices(target), target.hbm_bytes, f"{target.topology_name} x{target.num_slices}"
+      chip = target.chip
     else:
       devices = jax.devices()
       hbm = int((devices[0].memory_stats() or {}).get("bytes_limit", 0)) or (1 << 62)
       where = f"{len(devices)} x {devices[0].device_kind}"
+      chip = topology_lib.chip_of(devices[0].device_kind)
     config = resolve(config_lib.load_config_file(launch.CONFIG.value), launch.overrides(), device_count=len(devices))
     mesh = sharding.make_mesh(config, devices=devices)
     several_hosts = _TOPOLOGY.value and len({d.process_index for d in devices}) > 1
@@ -82,7 +88,7 @@ def main(argv: Sequence[str]) -> int:
   for item in planned:
     if _ONLY.value and not any(item.step.name.startswith(p) for p in _ONLY.value):
       continue
-    result, _ = plan.compile_step(item, hbm)
+    result, _ = plan.compile_step(item, hbm, chip)
     reports.append(result)
     status = "fits" if result.fits else f"does NOT fit: {result.error or 'over HBM'}"
     print(f"  {result.name}: {status} ({result.compile_seconds:.0f} s)", flush=True)

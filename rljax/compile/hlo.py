@@ -6,7 +6,8 @@ adds up the bytes each kind of collective moves, walking the call graph from
 the entry computation so that an instruction inside a loop counts once per
 iteration (a `lax.scan` over layers or micro-batches becomes a `while` whose
 condition compares the counter with a constant: that constant is the trip
-count).
+count; where the comparison is hidden in a fusion, as XLA's CPU backend
+writes it, the `known_trip_count` the compiler wrote on the loop).
 
 Bytes of a collective are what one device sends or receives over the
 interconnect, for a group of n devices: an all-gather receives the other
@@ -57,6 +58,7 @@ _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\((.*)$")
 _CALLED = re.compile(r"\b(calls|body|condition|to_apply|branch_computations|async_execution_thread)=\{?%?([\w.\-, %]+)\}?")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+_KNOWN_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 
 @dataclasses.dataclass
@@ -223,6 +225,9 @@ def _loop(inst: Instruction, computation: Computation,
   condition = computations.get(cond.group(1)) if cond else None
   trips = None if condition is None else trip_count(
       condition, computations.get(body.group(1)) if body else None, _loop_start(inst, computation, condition))
+  if trips is None:
+    known = _KNOWN_TRIPS.search(inst.attributes)
+    trips = int(known.group(1)) if known else None
   return (body.group(1) if body else None), trips
 
 
@@ -558,3 +563,162 @@ def hbm_bytes(text: str) -> float:
   entry = next((c.name for c in computations.values() if c.is_entry), None)
   return _hbm_walk(computations, entry, 1, ()) if entry else 0.0
 
+
+
+_LHS_CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
+_DIM_LABELS = re.compile(r"dim_labels=(\w+_\w+->\w+)")
+_WINDOW = re.compile(r"window=\{([^}]*)\}")
+_DECLARED_FLOPS = re.compile(r'cost_estimate\\?"\s*:\s*\{\s*\\?"flops\\?"\s*:\s*\\?"?(\d+)')
+
+
+def _array_dims(shape: str) -> tuple[int, ...] | None:
+  """Dimensions of a one-array HLO shape (`bf16[4,8]{1,0}` -> (4, 8)); None for a tuple or no array."""
+  arrays = _ARRAY.findall(shape)
+  if len(arrays) != 1:
+    return None
+  return tuple(int(d) for d in arrays[0][1].split(",") if d)
+
+
+def _operand_dims(inst: Instruction, index: int, table: dict[str, Instruction]) -> tuple[int, ...] | None:
+  """Dimensions of operand `index`: from the instruction that makes it, else the shape written beside it."""
+  source = table.get(inst.operands[index]) if index < len(inst.operands) else None
+  if source is not None:
+    return _array_dims(source.shape)
+  written = _ARRAY.findall(inst.arguments)
+  if len(written) != len(inst.operands) or index >= len(written):
+    return None
+  return tuple(int(d) for d in written[index][1].split(",") if d)
+
+
+def dot_flops(output: Sequence[int], lhs: Sequence[int], contracting: Sequence[int]) -> int:
+  """FLOPs of a `dot`: 2 (a multiply and an add) x output elements x contracted elements.
+
+  Args:
+    output: the result's dimensions (batch dimensions included).
+    lhs: the left operand's dimensions.
+    contracting: the left operand's contracted dimensions (indices into `lhs`).
+  """
+  return 2 * math.prod(output) * math.prod(lhs[d] for d in contracting)
+
+
+def valid_taps(input_size: int, output_size: int, kernel_size: int, stride: int = 1, pad_low: int = 0,
+               lhs_dilation: int = 1, rhs_dilation: int = 1) -> int:
+  """(output position, kernel position) pairs of one spatial dimension of a convolution that read an input
+  element rather than padding or a hole the input's dilation leaves (what XLA's own cost analysis counts)."""
+  last = (input_size - 1) * lhs_dilation
+  count = 0
+  for k in range(kernel_size):
+    offset = k * rhs_dilation - pad_low  # input position of output position 0
+    if lhs_dilation == 1:
+      count += max(0, min(output_size - 1, (last - offset) // stride) - max(0, -(offset // stride)) + 1)
+    else:
+      count += sum(1 for o in range(output_size)
+                   if 0 <= o * stride + offset <= last and (o * stride + offset) % lhs_dilation == 0)
+  return count
+
+
+def _window_fields(window: str, spatial: int) -> list[dict[str, int]]:
+  """Per spatial dimension, the `valid_taps` keywords of a convolution's `window={size=1x8 pad=0_0x7_7 ...}`."""
+  fields = dict(re.findall(r"(\w+)=(\S+)", window))
+  per_dim = [{} for _ in range(spatial)]
+  for key, name in (("stride", "stride"), ("lhs_dilate", "lhs_dilation"), ("rhs_dilate", "rhs_dilation")):
+    for dim, value in enumerate(fields[key].split("x") if key in fields else []):
+      per_dim[dim][name] = int(value)
+  for dim, value in enumerate(fields["pad"].split("x") if "pad" in fields else []):
+    per_dim[dim]["pad_low"] = int(value.split("_")[0])
+  return per_dim
+
+
+def convolution_flops(lhs: Sequence[int], kernel: Sequence[int], output: Sequence[int], dim_labels: str,
+                      window: str = "") -> int:
+  """FLOPs of a `convolution`: 2 x output batch x output features x the kernel's input features x, over the
+  spatial dimensions, the product of their `valid_taps`.
+
+  libtpu writes matmuls as convolutions, some with a spatial dimension that
+  only selects (`btd,dnh->btnh` as a window of 8 heads over an input of 1,
+  padded 7 each side: each output head reads one tap); taps that fall on
+  padding are not counted.
+
+  Args:
+    lhs: the input's dimensions.
+    kernel: the kernel's dimensions.
+    output: the result's dimensions.
+    dim_labels: as HLO writes them, `0bf1_i1o0->0b1f` (b batch, f feature, i/o kernel input/output
+      features, digits spatial dimensions).
+    window: the text inside `window={...}` (`size=1x8 pad=0_0x7_7 rhs_reversal=0x1`); empty for none.
+  """
+  lhs_labels, rest = dim_labels.split("_", 1)
+  kernel_labels, out_labels = rest.split("->")
+  spatial = sorted(c for c in out_labels if c.isdigit())
+  fields = _window_fields(window, len(spatial))
+  taps = math.prod(
+      valid_taps(lhs[lhs_labels.index(d)], output[out_labels.index(d)], kernel[kernel_labels.index(d)], **fields[i])
+      for i, d in enumerate(spatial))
+  return 2 * output[out_labels.index("b")] * output[out_labels.index("f")] * kernel[kernel_labels.index("i")] * taps
+
+
+def instruction_flops(inst: Instruction, table: dict[str, Instruction]) -> int:
+  """Matmul FLOPs of one instruction, not counting the computations it calls: a `dot`'s, a
+  `convolution`'s, or what a Pallas kernel (`custom-call`) declares in its `cost_estimate`; 0 for others."""
+  output = _array_dims(inst.shape)
+  if inst.opcode == "dot":
+    lhs = _operand_dims(inst, 0, table)
+    contracting = _LHS_CONTRACTING.search(inst.attributes)
+    if output is None or lhs is None or contracting is None:
+      return 0
+    return dot_flops(output, lhs, [int(d) for d in contracting.group(1).split(",") if d])
+  if inst.opcode == "convolution":
+    lhs, kernel = _operand_dims(inst, 0, table), _operand_dims(inst, 1, table)
+    labels, window = _DIM_LABELS.search(inst.attributes), _WINDOW.search(inst.attributes)
+    if output is None or lhs is None or kernel is None or labels is None:
+      return 0
+    return convolution_flops(lhs, kernel, output, labels.group(1), window.group(1) if window else "")
+  if inst.opcode == "custom-call":
+    declared = _DECLARED_FLOPS.search(inst.attributes)
+    return int(declared.group(1)) if declared else 0
+  return 0
+
+
+def _flops_of(computations: dict[str, Computation], name: str, memo: dict[str, float]) -> float:
+  """FLOPs of one run of computation `name` and what it calls, loop iterations counted (memoised by name)."""
+  if name in memo:
+    return memo[name]
+  memo[name] = 0.0
+  computation = computations.get(name)
+  if computation is None:
+    return 0.0
+  table = computation.by_name()
+  total = 0.0
+  for inst in computation.instructions:
+    if inst.opcode == "while":
+      body, trips = _loop(inst, computation, computations)
+      total += (1 if trips is None else trips) * (_flops_of(computations, body, memo) if body else 0.0)
+    elif inst.opcode == "conditional":  # one branch runs: the costliest
+      total += max((_flops_of(computations, c, memo) for c in inst.called()), default=0.0)
+    elif inst.opcode.endswith("-done") or inst.opcode == "async-update":  # their -start ran the computation
+      continue
+    else:
+      total += instruction_flops(inst, table) + sum(_flops_of(computations, c, memo) for c in inst.called())
+  memo[name] = total
+  return total
+
+
+def loop_flops(text: str) -> float:
+  """Matmul FLOPs of one run of a compiled program, per device, loop iterations counted.
+
+  Counts `dot` and `convolution` instructions (TPU programs write many
+  matmuls as convolutions), inside fusions and called computations too,
+  each as many times as its enclosing `while` loops iterate (a loop whose
+  trip count is not read counts once); a `conditional` counts its costliest
+  branch; a convolution counts only the window taps that read input, not
+  padding (`convolution_flops`); a Pallas kernel counts the FLOPs its
+  `pl.CostEstimate` declares, none when it declares none (JAX's splash
+  attention kernels declare none: attention's score and value matmuls in
+  them are missing, a few percent of an LLM step at 1-2k tokens).
+  Elementwise, reduction and transcendental operations are not counted:
+  matmuls dominate a transformer step. Unlike `cost_analysis()["flops"]`,
+  which counts a loop body once.
+  """
+  computations = parse(text)
+  entry = next((c.name for c in computations.values() if c.is_entry), None)
+  return _flops_of(computations, entry, {}) if entry else 0.0

@@ -22,7 +22,7 @@ import jax
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from rljax.compile import report
+from rljax.compile import report, topology
 from rljax.rl import assembly, policy, streaming
 from rljax.rollout.sampler import RolloutSampler
 from rljax.sharding import hosts
@@ -124,12 +124,14 @@ def _held_bytes(x: jax.ShapeDtypeStruct, devices: set) -> int:
   return sum(math.prod(len(range(*r)) for r in block) for block in blocks) * x.dtype.itemsize
 
 
-def compile_step(planned: PlannedStep, hbm: int) -> tuple[report.StepReport, Any]:
+def compile_step(planned: PlannedStep, hbm: int,
+                 chip: topology.Chip | None = None) -> tuple[report.StepReport, Any]:
   """(its report, the compiled executable or None when the compiler refused it; for a step of several parts,
-  their combined report and the last part's executable)."""
+  their combined report and the last part's executable). `chip`: the device's peak rates, for the report's
+  roofline time (none without)."""
   if planned.parts:
     start = time.perf_counter()
-    compiled = [compile_step(PlannedStep(part), hbm) for part, _ in planned.parts]
+    compiled = [compile_step(PlannedStep(part), hbm, chip) for part, _ in planned.parts]
     result = report.in_sequence(planned.step.name, [(r, feeds) for (r, _), (_, feeds) in zip(compiled, planned.parts)],
                                 hbm).with_resident(planned.resident)
     result.bound = planned.bound
@@ -142,7 +144,7 @@ def compile_step(planned: PlannedStep, hbm: int) -> tuple[report.StepReport, Any
     result = report.from_error(planned.step.name, error, hbm).with_resident(planned.resident)
     result.compile_seconds = time.perf_counter() - start
     return result, None
-  result = report.from_compiled(planned.step.name, compiled, hbm, planned.step.args[0], planned.step.args)
+  result = report.from_compiled(planned.step.name, compiled, hbm, planned.step.args[0], planned.step.args, chip)
   result = result.with_resident(planned.resident)
   result.bound = planned.bound
   result.compile_seconds = time.perf_counter() - start

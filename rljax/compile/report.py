@@ -8,8 +8,27 @@ Per device, from the compiled executable:
   requirement is read from the compiler's message.
 * flops and the compiler's time estimate: `cost_analysis()`. XLA counts a
   loop body once (a scan over layers or micro-batches), so for scanned
-  programs these are per-iteration figures; the time estimate of libtpu
-  0.0.42 is negative on v5e and v6e. Both are printed as given.
+  programs these are per-iteration figures and say nothing of a step's
+  time; the time estimate of libtpu 0.0.42 is negative on v5e and v6e.
+  Both are printed as given ("loop once").
+* loop FLOPs: the matmul FLOPs of the HLO with loop iterations counted
+  (`rljax.compile.hlo.loop_flops`).
+* roofline time: from the loop FLOPs, the HBM traffic and the collective
+  bytes at the chip's peak rates (`rljax.compile.topology.CHIPS`):
+
+      roofline_seconds = max(loop_flops / peak_flops, hbm_traffic / hbm_bandwidth)
+                         + collective_bytes / ici_bandwidth
+
+  Compute and HBM traffic overlap (the larger counts); collectives are
+  assumed NOT to overlap them (their time adds). Each term is at peak rate,
+  so this is a lower bound on a step whose collectives run apart from its
+  compute; a step that hid its collectives under compute entirely could
+  take as little as the largest of the three terms. Collective bytes (all
+  kinds, data-center-network sends included) are charged at the chip's
+  whole ICI bandwidth, every link busy, which no single ring uses;
+  elementwise work is not counted. The HBM term is `hbm_bytes`'s count,
+  which charges a Pallas kernel its whole operands (it can exceed what the
+  kernel reads). Nothing here is a measured time.
 * collectives: bytes each device sends or receives, per kind, from the
   HLO, loop iterations counted (`rljax.compile.hlo`); "act-AR" is the part
   of the all-reduces whose arrays have no parameter's shape: activations
@@ -36,7 +55,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rljax.compile import hlo
+from rljax.compile import hlo, topology
 
 
 @dataclasses.dataclass
@@ -54,6 +73,8 @@ class StepReport:
   resident: int = 0
   flops: float | None = None
   seconds: float | None = None
+  loop_flops: float | None = None
+  roofline_seconds: float | None = None
   bytes_accessed: float | None = None
   hbm_traffic: float | None = None
   collectives: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -149,9 +170,22 @@ def partition_hosts(args: Any) -> list[int]:
   return [d.process_index for d in first._device_assignment]  # pylint: disable=protected-access
 
 
-def from_compiled(name: str, compiled: Any, hbm: int, params: Any = None, args: Any = None) -> StepReport:
+def roofline_seconds(flops: float, hbm_traffic: float, collective_bytes: float, chip: topology.Chip) -> float:
+  """Seconds of a step at the chip's peak rates, collectives not overlapped (see the module docstring).
+
+  Args:
+    flops: FLOPs per device, loop iterations counted.
+    hbm_traffic: HBM bytes read and written per device.
+    collective_bytes: bytes each device sends or receives over the interconnect.
+    chip: the chip's peak rates.
+  """
+  return max(flops / chip.peak_flops, hbm_traffic / chip.hbm_bandwidth) + collective_bytes / chip.ici_bandwidth
+
+
+def from_compiled(name: str, compiled: Any, hbm: int, params: Any = None, args: Any = None,
+                  chip: topology.Chip | None = None) -> StepReport:
   """A report of a compiled executable (`params`: the step's parameters, to tell activation all-reduces;
-  `args`: its abstract arguments, to tell what crosses hosts)."""
+  `args`: its abstract arguments, to tell what crosses hosts; `chip`: its peak rates, for the roofline)."""
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, list):
@@ -160,11 +194,14 @@ def from_compiled(name: str, compiled: Any, hbm: int, params: Any = None, args: 
   summary = hlo.collectives(text)
   required = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
               + memory.temp_size_in_bytes)
+  flops, traffic = hlo.loop_flops(text), hlo.hbm_bytes(text)
   return StepReport(
       name=name, hbm=hbm, fits=required <= hbm, arguments=memory.argument_size_in_bytes,
       outputs=memory.output_size_in_bytes, aliased=memory.alias_size_in_bytes,
       temporaries=memory.temp_size_in_bytes, required=required, flops=cost.get("flops"),
-      seconds=cost.get("optimal_seconds"), bytes_accessed=cost.get("bytes accessed"), hbm_traffic=hlo.hbm_bytes(text),
+      seconds=cost.get("optimal_seconds"), loop_flops=flops,
+      roofline_seconds=None if chip is None else roofline_seconds(flops, traffic, sum(summary.by_kind.values()), chip),
+      bytes_accessed=cost.get("bytes accessed"), hbm_traffic=traffic,
       collectives={k: v for k, v in summary.by_kind.items() if v},
       activation_all_reduce=0 if params is None else activation_all_reduce(summary, params),
       cross_host=None if args is None else _cross_host(summary, partition_hosts(args)))
@@ -173,8 +210,8 @@ def from_compiled(name: str, compiled: Any, hbm: int, params: Any = None, args: 
 def in_sequence(name: str, parts: list[tuple[StepReport, bool]], hbm: int) -> StepReport:
   """One report of programs that run one after the other, each with whether its output only feeds the next
   (freed once that has run; else kept until the last has run). Arguments not fed by a part stay allocated
-  throughout; the peak is the largest of what is alive during each part. Flops, traffic and collectives add
-  up, and so does what reaches each part's busiest host."""
+  throughout; the peak is the largest of what is alive during each part. Flops, traffic, collectives and
+  roofline seconds add up, and so does what reaches each part's busiest host."""
   reports = [r for r, _ in parts]
   failed = next((r for r in reports if r.error), None)
   if failed is not None:
@@ -189,9 +226,11 @@ def in_sequence(name: str, parts: list[tuple[StepReport, bool]], hbm: int) -> St
   total = lambda field: sum(getattr(r, field) or 0 for r in reports)  # noqa: E731
   kinds = {k for r in reports for k in r.collectives}
   hosts_apart = [r.cross_host for r in reports]
+  roofs = [r.roofline_seconds for r in reports]
   return StepReport(
       name=name, hbm=hbm, fits=peak <= hbm, arguments=arguments, outputs=kept, aliased=0,
       temporaries=peak - arguments - kept, required=peak, flops=total("flops"), seconds=total("seconds"),
+      loop_flops=total("loop_flops"), roofline_seconds=None if None in roofs else sum(roofs),
       bytes_accessed=total("bytes_accessed"), hbm_traffic=total("hbm_traffic"),
       collectives={k: sum(r.collectives.get(k, 0) for r in reports) for k in kinds},
       activation_all_reduce=total("activation_all_reduce"),
@@ -272,15 +311,20 @@ def gib(value: float | None) -> str:
 
 def table(reports: list[StepReport]) -> str:
   """The reports as a text table (GiB per device: memory, HBM traffic, collective bytes by kind). `state` is
-  what the trainer keeps on each device while a rollout step runs; `need` counts it."""
-  header = ("step", "fits", "args", "temp", "state", "need", "HBM", "TFLOP", "est s", "traffic", "all-gath", "red-scat",
-            "all-red", "act-AR", "all2all", "permute", "dcn", "x-host", "bound", "ratio")
+  what the trainer keeps on each device while a rollout step runs; `need` counts it. `TFLOP` and `roof s` count
+  loop iterations (the roofline, see the module docstring); the compiler's `TFLOP (loop once)` and
+  `est s (loop once)` count each loop body once."""
+  header = ("step", "fits", "args", "temp", "state", "need", "HBM", "TFLOP", "roof s", "TFLOP (loop once)",
+            "est s (loop once)", "traffic", "all-gath", "red-scat", "all-red", "act-AR", "all2all", "permute", "dcn",
+            "x-host", "bound", "ratio")
   rows = [header]
   for r in reports:
     c = r.collectives
     rows.append((
         r.name, "yes" if r.fits else "NO", gib(r.arguments), gib(r.temporaries),
         gib(r.resident) if r.resident else "-", gib(r.required + r.resident), gib(r.hbm),
+        "-" if r.loop_flops is None else f"{r.loop_flops / 1e12:.2f}",
+        "-" if r.roofline_seconds is None else f"{r.roofline_seconds:.3g}",
         "-" if r.flops is None else f"{r.flops / 1e12:.2f}", "-" if r.seconds is None else f"{r.seconds:.3f}",
         gib(r.hbm_traffic), gib(c.get("all-gather")), gib(c.get("reduce-scatter")), gib(c.get("all-reduce")),
         gib(r.activation_all_reduce),

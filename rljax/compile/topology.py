@@ -27,6 +27,42 @@ GENERATIONS: dict[str, tuple[int, int, int, tuple[int, int, int]]] = {
     "v6e": (1, 2, int(31.25 * _GiB), (2, 2, 1)),
 }
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6litepod": "v6e"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """Peak rates of one chip (one JAX device: a v5p or v4 chip's two TensorCores act as one).
+
+  Attributes:
+    peak_flops: bfloat16 matmul FLOP/s.
+    hbm_bandwidth: HBM bytes/s.
+    ici_bandwidth: inter-chip interconnect bytes/s one chip receives (or sends) over all its links: half the
+      bidirectional figure Google gives.
+  """
+
+  peak_flops: float
+  hbm_bandwidth: float
+  ici_bandwidth: float
+
+
+# Google's Cloud TPU system-architecture pages, "key specifications" per chip: peak compute (bf16), HBM
+# bandwidth, bidirectional inter-chip interconnect (ICI) bandwidth.
+#   v5e: https://docs.cloud.google.com/tpu/docs/v5e   197 TFLOP/s, 819 GB/s, 400 GB/s (earlier: "1600 Gbps")
+#   v5p: https://docs.cloud.google.com/tpu/docs/v5p   459 TFLOP/s, 2765 GB/s, 1200 GB/s (earlier: "4800 Gbps")
+#   v6e: https://docs.cloud.google.com/tpu/docs/v6e   918 TFLOP/s, 1638 GB/s, 800 GB/s
+# v4's page gives no per-chip ICI bandwidth: no rates, no roofline.
+CHIPS: dict[str, Chip] = {
+    "v5e": Chip(peak_flops=197e12, hbm_bandwidth=819e9, ici_bandwidth=400e9 / 2),
+    "v5p": Chip(peak_flops=459e12, hbm_bandwidth=2765e9, ici_bandwidth=1200e9 / 2),
+    "v6e": Chip(peak_flops=918e12, hbm_bandwidth=1638e9, ici_bandwidth=800e9 / 2),
+}
+_DEVICE_KINDS = {"TPU v4": "v4", "TPU v5": "v5p", "TPU v5p": "v5p", "TPU v5 lite": "v5e", "TPU v5e": "v5e",
+                 "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
+
+
+def chip_of(device_kind: str) -> Chip | None:
+  """The peak rates of a JAX device kind (`TPU v5 lite`); None for a kind without published rates here."""
+  return CHIPS.get(_DEVICE_KINDS.get(device_kind, ""))
 _GRIDS_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8),
              256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16), 2048: (8, 16, 16), 4096: (16, 16, 16)}
 _GRIDS_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
@@ -56,6 +92,11 @@ class Topology:
   @property
   def hbm_bytes(self) -> int:
     return GENERATIONS[self.generation][2]
+
+  @property
+  def chip(self) -> Chip | None:
+    """Peak rates of one chip (None for v4)."""
+    return CHIPS.get(self.generation)
 
   @property
   def topology_name(self) -> str:
