@@ -63,6 +63,8 @@ _DEVICE_KINDS = {"TPU v4": "v4", "TPU v5": "v5p", "TPU v5p": "v5p", "TPU v5 lite
 def chip_of(device_kind: str) -> Chip | None:
   """The peak rates of a JAX device kind (`TPU v5 lite`); None for a kind without published rates here."""
   return CHIPS.get(_DEVICE_KINDS.get(device_kind, ""))
+
+
 _GRIDS_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4), 128: (4, 4, 8),
              256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16), 2048: (8, 16, 16), 4096: (16, 16, 16)}
 _GRIDS_2D = {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16), 256: (16, 16)}
