@@ -57,6 +57,8 @@ GROUPS = (
     "transfer_queue",
     "ray_kwargs",
     "ray_init",
+    "async_training",
+    "rollout",
 )
 
 _TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", list: "list", tuple: "list"}

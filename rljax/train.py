@@ -36,7 +36,7 @@ def resolve(config, overrides: Sequence[str], device_count: int | None = None, d
                  len(ignored), ", ".join(ignored))
   if distributed:
     sharding.initialize(config)
-  config_lib.finalize(config, device_count)
+  config_lib.finalize(config, device_count, explicit=[config_lib.parse_override(o)[1] for o in overrides])
   world = sharding.resolve_world_size(config, device_count)
   return config_lib.validate(config, world)
 

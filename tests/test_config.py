@@ -12,6 +12,8 @@ import yaml
 from rljax import config as C
 from rljax import presets, sharding
 from rljax import train
+from rljax.config import mapping
+from rljax.rl import streaming
 from rljax.config import mapping as config_mapping
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -489,6 +491,43 @@ def test_verl_v1_trainer_keys_choose_sync_or_colocate_async_and_refuse_what_does
       (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator='remax': remax's greedy baselines")):
     with pytest.raises(C.ConfigError, match=match):
       resolved(experiment("grpo"), [streamed, *overrides])
+
+
+def test_a_fully_async_recipe_launch_line_runs_as_colocate_async(caplog):
+  """verl's fully-async recipe (`async_training.*`, its top-level `rollout.*`): one rljax step is one weight sync
+  of trigger_parameter_sync_step x require_batches x ppo_mini_batch_size prompts, generation runs
+  staleness_threshold of a step ahead with no version bound, the recipe's log-prob defaults apply unless set,
+  and its resource keys are listed in the one warning."""
+  recipe = ["async_training.staleness_threshold=0.5", "async_training.trigger_parameter_sync_step=2",
+            "async_training.require_batches=1", "async_training.partial_rollout=true", "rollout.nnodes=1",
+            "rollout.n_gpus_per_node=4", "rollout.total_rollout_steps=64", "rollout.test_freq=3",
+            "async_training.checkpoint_engine.enable=true", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "data.train_batch_size=0"]
+  with caplog.at_level(logging.WARNING, logger="rljax.train"):
+    config = resolved(experiment("grpo"), recipe)
+  warnings = [r.getMessage() for r in caplog.records if r.name == "rljax.train"]
+  assert len(warnings) == 1 and warnings[0].startswith("3 override(s)") and "rollout.nnodes=1" in warnings[0]
+  v1 = config.trainer.v1
+  assert (v1.trainer_mode, config.data.train_batch_size, config.trainer.total_training_steps) == ("colocate_async", 8, 8)
+  assert v1.sampler.max_off_policy_threshold == mapping.UNBOUNDED_VERSIONS and config.trainer.test_freq == 3
+  assert config.algorithm.rollout_correction.bypass_mode
+  policy = streaming.policy_of(config, 8)
+  assert (policy.capacity, policy.on_policy, streaming.streams_off_policy(config)) == (12, False, True)
+  kept = resolved(experiment("grpo"), [*recipe, "algorithm.rollout_correction.bypass_mode=false"])
+  assert not kept.algorithm.rollout_correction.bypass_mode
+  on_policy = resolved(experiment("grpo"), ["async_training.staleness_threshold=0"])
+  assert on_policy.data.train_batch_size == 4 * on_policy.actor_rollout_ref.actor.ppo_mini_batch_size
+  assert streaming.policy_of(on_policy, 4).on_policy and not streaming.streams_off_policy(on_policy)
+  assert resolved(experiment("grpo")).trainer.v1.trainer_mode == "sync"
+  for overrides, match in (
+      (["async_training.partial_rollout=false"], "partial_rollout=False: rljax continues in-flight responses"),
+      (["rollout.total_rollout_steps=10"], "total_rollout_steps=10: is not a whole number of weight syncs of 8"),
+      (["actor_rollout_ref.actor.ppo_epochs=2"], "trigger_parameter_sync_step=2: with actor_rollout_ref.actor.ppo_epochs=2"),
+      (["trainer.v1.colocate_async.num_warmup_batches=2"], "num_warmup_batches=2: conflicts with async_training"),
+      (["async_training.staleness_threshold=-0.5"], "staleness_threshold=-0.5: is the share"),
+      (["rollout.n=4", "actor_rollout_ref.rollout.n=2"], "rollout.n=4: conflicts with actor_rollout_ref.rollout.n=2")):
+    with pytest.raises(C.ConfigError, match=match):
+      resolved(experiment("grpo"), [*recipe, *overrides])
 
 
 def test_overrides_of_ignored_keys_are_listed_in_one_warning(caplog):

@@ -65,6 +65,11 @@ class Key:
   type_note: str | None = None
 
 
+_RECIPE = "sets trainer.v1.trainer_mode=colocate_async (verl's fully-async recipe, colocated)"
+_IN_PLACE = "the engine reads the trainer's arrays in place: no weights are sent"
+_COLOCATED = "rljax generates on the training devices (colocate_async); separate rollout devices are not implemented"
+
+
 # What rljax does with a node's keys: KEY -> `Key` fields, or a function of the role giving them.
 Status = Union[dict[str, dict[str, Any]], Callable[[str], dict[str, dict[str, Any]]], None]
 
@@ -135,6 +140,11 @@ SECTIONS = {
                  "and rollout importance-sampling correction.",
     "trainer": "The run itself: length, devices, logging, validation, checkpoints and the mesh's logical-axis rules.",
     "ray_init": "verl's Ray start-up options; rljax runs one JAX program per host without Ray.",
+    "async_training": "verl's fully-async recipe (verl/experimental/fully_async_policy): how far generation runs "
+                      "ahead and how often weights are synced. Setting any of it runs trainer.v1.trainer_mode="
+                      "colocate_async, one step per weight sync (docs/coming_from_verl.md).",
+    "rollout": "The fully-async recipe's rollout workers: their resources (ignored: generation shares the "
+               "training devices) and schedule (mapped onto trainer.* and actor_rollout_ref.rollout.n).",
     "reward_manager": "verl's newer home of the reward manager's choice: by name, or a custom class.",
     "global_profiler": "verl's Nsight/torch profiler settings for the whole run; rljax profiles with jax.profiler instead.",
     "transfer_queue": "verl's Ray data-transfer queue.",
@@ -1346,6 +1356,47 @@ KEYS = {
     "trainer.worker_nsight_options.trace": Key("Nsight: APIs traced on the workers."),
     # transfer_queue
     "transfer_queue.enable": Key("Move batches through verl's Ray transfer queue."),
+    # async_training and rollout: verl's fully-async recipe (verl/experimental/fully_async_policy)
+    "async_training.staleness_threshold": Key(
+        "Fully-async recipe: share of extra prompts generation may produce between two weight syncs (0: on-policy).",
+        mapped=f"{_RECIPE}: generation runs this share of a step ahead of training (the recipe's default 0.1 where "
+               "another recipe key is set); no policy-version bound unless trainer.v1.sampler."
+               "max_off_policy_threshold is set"),
+    "async_training.trigger_parameter_sync_step": Key(
+        "Fully-async recipe: local updates between two weight syncs (default 4).",
+        mapped=f"{_RECIPE}: one rljax step is one sync: data.train_batch_size = this x require_batches x "
+               "actor.ppo_mini_batch_size; with actor.ppo_epochs > 1 it must be 1"),
+    "async_training.require_batches": Key(
+        "Fully-async recipe: ppo_mini_batch_size batches in each local update (default 1).",
+        mapped=f"{_RECIPE}: a factor of data.train_batch_size (see trigger_parameter_sync_step)"),
+    "async_training.partial_rollout": Key(
+        "Fully-async recipe: in-flight samples continue under the new weights after a sync (default true).",
+        mapped=f"{_RECIPE}: true is what colocate_async does; false with staleness_threshold > 0 is an error "
+               "(waiting for in-flight samples before a sync is not implemented)"),
+    "async_training.use_trainer_do_validate": Key(
+        "Fully-async recipe: validate on the trainer's workers.", ignored="validation runs on the job's devices"),
+    "async_training.parallel_validate_and_rollout": Key(
+        "Fully-async recipe: validate while generating.", ignored="validation runs between steps"),
+    "async_training.checkpoint_engine.enable": Key(
+        "Fully-async recipe: ship weights to the rollout workers in buckets.", ignored=_IN_PLACE),
+    "async_training.checkpoint_engine.overlap_broadcast_and_consume": Key(
+        "Fully-async recipe: overlap the weight broadcast with loading.", ignored=_IN_PLACE),
+    "async_training.checkpoint_engine.device_buffer_size_M": Key(
+        "Fully-async recipe: bucket size (MB) of the weight transfer.", ignored=_IN_PLACE),
+    "rollout.nnodes": Key("Fully-async recipe: nodes of the rollout workers.", ignored=_COLOCATED),
+    "rollout.n_gpus_per_node": Key("Fully-async recipe: GPUs per node of the rollout workers.", ignored=_COLOCATED),
+    "rollout.n": Key("Fully-async recipe: responses per prompt.",
+                     mapped="sets actor_rollout_ref.rollout.n (both set, differently: an error)"),
+    "rollout.total_rollout_steps": Key(
+        "Fully-async recipe: prompts to generate in the whole run.",
+        mapped=f"{_RECIPE}: trainer.total_training_steps = this / data.train_batch_size (a whole number, else an "
+               "error)"),
+    "rollout.total_epochs": Key("Fully-async recipe: passes over the data.", mapped="sets trainer.total_epochs"),
+    "rollout.test_freq": Key("Fully-async recipe: validate every this many weight syncs.",
+                             mapped="sets trainer.test_freq (a step is one sync)"),
+    "rollout.max_concurrent_samples_per_replica": Key(
+        "Fully-async recipe: samples in flight per rollout server.",
+        ignored="the engine's decode slots are actor_rollout_ref.rollout.max_num_seqs"),
 }
 
 # Sections whose every key rljax ignores: prefix -> why.

@@ -2,22 +2,26 @@
 
 Deprecated keys (`DEPRECATED_KEYS`, with one warning each), global
 micro-batch sizes onto per-device ones, the documented `rollout_is*` keys,
-cosmos-rl's Dr.GRPO keys, `optim.clip_grad`, `reward_manager.name`, and
-Megatron's parallel sizes onto the mesh (`_map_megatron_mesh`).
+cosmos-rl's Dr.GRPO keys, `optim.clip_grad`, `reward_manager.name`,
+Megatron's parallel sizes onto the mesh (`_map_megatron_mesh`), and verl's
+fully-async recipe (`async_training.*`, its top-level `rollout.*`) onto
+`trainer.v1.trainer_mode=colocate_async` (`_map_fully_async`).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Iterable
 
 from ml_collections import ConfigDict
 
 from rljax.config.choices import GRAD_CLIP_DEFAULT
 from rljax.config.engines import MEGATRON_MESH_KEYS, OPTIM_SECTIONS
-from rljax.config.errors import ConfigError, check
+from rljax.config.errors import ConfigError, check, is_int
 from rljax.config.fields import get_node
 from rljax.config.keys import DEPRECATED_KEYS
 from rljax.config.overrides import set_value
+from rljax.config.trainer import fully_async_recipe, recipe_setting
 
 _LOG = logging.getLogger("rljax.config")
 _WARNED: set[str] = set()
@@ -85,12 +89,14 @@ def _map_rollout_is(config: ConfigDict, section: str) -> None:
   target.rollout_is_threshold = threshold
 
 
-def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
-  """Maps deprecated keys onto their replacements (warning once each).
+def finalize(config: ConfigDict, device_count: int | None = None, explicit: Iterable[str] = ()) -> ConfigDict:
+  """Maps deprecated keys onto their replacements (warning once each), and verl's other spellings.
 
   Args:
     config: the tree after overrides.
     device_count: devices in the job (default: from `trainer.*`, or JAX).
+    explicit: the keys the launch line set (where a mapping fills in a
+      default, a key set explicitly keeps its value).
 
   Returns:
     The same config, with replacements filled in.
@@ -98,6 +104,7 @@ def finalize(config: ConfigDict, device_count: int | None = None) -> ConfigDict:
   # JAX counts the devices for "auto": imported here so that importing the config does not start it
   from rljax.sharding.mesh import resolve_world_size  # pylint: disable=import-outside-toplevel
   _map_megatron_mesh(config)  # before the data-parallel size, which the mesh sizes set
+  _map_fully_async(config, set(explicit))  # before the micro-batch mappings, which read rollout.n
   world = resolve_world_size(config, device_count)
   dp = data_parallel_size(config, world)
   for old, (new, how) in DEPRECATED_KEYS.items():
@@ -172,3 +179,85 @@ def _map_cosmos_keys(config: ConfigDict) -> None:
     set_value(config, "actor_rollout_ref.actor.loss_scale_factor", float(actor.unbiased_loss_max_tokens))
   if config.algorithm.unbiased_advantage:
     set_value(config, "algorithm.norm_adv_by_std_in_grpo", False)
+
+
+# The policy versions a sample may span under verl's fully-async recipe, which bounds none (its staleness is
+# bounded only through how far generation runs ahead).
+UNBOUNDED_VERSIONS = 2**31 - 1
+_V1_WARMUP_DEFAULT, _V1_THRESHOLD_DEFAULT = 1, 8
+
+
+def _map_fully_async(config: ConfigDict, explicit: set[str]) -> None:
+  """verl's fully-async recipe onto colocate_async, where a launch line sets its keys (`fully_async_recipe`).
+
+  The recipe syncs weights after trigger_parameter_sync_step local updates of require_batches x
+  ppo_mini_batch_size prompts each, and generates at most (1 + staleness_threshold) times that many prompts
+  per sync. rljax's colocate_async step is one sync: data.train_batch_size = k x r x ppo_mini_batch_size
+  prompts (the recipe reads no data.train_batch_size), generation runs staleness_threshold of a step ahead
+  (`rljax.rl.streaming.policy_of`), no version bound (`UNBOUNDED_VERSIONS`, unless
+  trainer.v1.sampler.max_off_policy_threshold is set), and the recipe's own default
+  algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs as the old ones) unless the line
+  sets it.
+
+  Raises:
+    ConfigError: a value out of range, partial_rollout=false (not implemented), a setting the recipe and
+      rljax's step would run differently (ppo_epochs > 1 over several local updates), or a V1 key that
+      conflicts.
+  """
+  if not fully_async_recipe(config):
+    return
+  names = ("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout")
+  ahead, syncs, batches, partial = (recipe_setting(config, name) for name in names)
+  check(ahead >= 0, "async_training.staleness_threshold", ahead,
+        "is the share of one sync's prompts that generation may run ahead, 0 or more", "set it to 0 (on-policy) or more")
+  for name, value in (("trigger_parameter_sync_step", syncs), ("require_batches", batches)):
+    check(is_int(value) and value >= 1, f"async_training.{name}", value, "must be a whole number, at least 1",
+          "set it to 1 or more")
+  check(partial or ahead == 0, "async_training.partial_rollout", partial,
+        "rljax continues in-flight responses under the new weights (partial rollouts); waiting for them to "
+        "end before each weight sync is not implemented",
+        "set async_training.partial_rollout=true, or staleness_threshold=0 (on-policy)")
+  v1, actor = config.trainer.v1, config.actor_rollout_ref.actor
+  check(v1.trainer_mode != "separate_async", "trainer.v1.trainer_mode", v1.trainer_mode,
+        "conflicts with async_training.* (verl's fully-async recipe, which rljax runs as colocate_async)",
+        "drop trainer.v1.trainer_mode")
+  check(v1.colocate_async.num_warmup_batches == _V1_WARMUP_DEFAULT, "trainer.v1.colocate_async.num_warmup_batches",
+        v1.colocate_async.num_warmup_batches, "conflicts with async_training.staleness_threshold, which sets how "
+        "far generation runs ahead under verl's fully-async recipe", "set only async_training.staleness_threshold")
+  check(syncs == 1 or actor.ppo_epochs == 1, "async_training.trigger_parameter_sync_step", syncs,
+        f"with actor_rollout_ref.actor.ppo_epochs={actor.ppo_epochs}: the recipe runs its epochs over each local "
+        "update's mini-batches, rljax's step over all of a sync's", "set actor_rollout_ref.actor.ppo_epochs=1, or "
+        "trigger_parameter_sync_step=1 and require_batches to the mini-batches per sync")
+  prompts = syncs * batches * actor.ppo_mini_batch_size
+  if config.data.train_batch_size not in (0, prompts):
+    _warn_once("async_training", f"async_training: each weight sync trains trigger_parameter_sync_step x "
+               f"require_batches x ppo_mini_batch_size = {prompts} prompts; data.train_batch_size="
+               f"{config.data.train_batch_size} is not read (as in verl's fully-async recipe)")
+  config.data.train_batch_size = prompts
+  v1.trainer_mode = "colocate_async"
+  if v1.sampler.max_off_policy_threshold == _V1_THRESHOLD_DEFAULT:
+    v1.sampler.max_off_policy_threshold = UNBOUNDED_VERSIONS
+  if "algorithm.rollout_correction.bypass_mode" not in explicit:
+    config.algorithm.rollout_correction.bypass_mode = True
+  _map_recipe_rollout(config, prompts, explicit)
+
+
+def _map_recipe_rollout(config: ConfigDict, prompts: int, explicit: set[str]) -> None:
+  """The recipe's top-level `rollout` schedule onto rljax's keys: n, total_epochs, test_freq (per weight sync:
+  one step), total_rollout_steps (prompts) in steps of `prompts`."""
+  node = config.rollout
+  for name, key in (("n", "actor_rollout_ref.rollout.n"), ("total_epochs", "trainer.total_epochs"),
+                    ("test_freq", "trainer.test_freq")):
+    value = node[name]
+    if value is None:
+      continue
+    check(key not in explicit or get_node(config, key) == value, f"rollout.{name}", value,
+          f"conflicts with {key}={get_node(config, key)}", f"set only one of rollout.{name} and {key}")
+    set_value(config, key, value)
+  total = node.total_rollout_steps
+  if total is not None:
+    steps, rest = divmod(total, prompts)
+    check(rest == 0 and steps >= 1, "rollout.total_rollout_steps", total,
+          f"is not a whole number of weight syncs of {prompts} prompts (trigger_parameter_sync_step x "
+          "require_batches x ppo_mini_batch_size)", f"set it to a multiple of {prompts}")
+    config.trainer.total_training_steps = steps

@@ -18,6 +18,7 @@ from ml_collections import ConfigDict, FieldReference
 from rljax.config.errors import NO_VALUE, ConfigError
 from rljax.config.fields import follow
 from rljax.config.keys import ASYNC_ONLY_KEYS, ignored_reason
+from rljax.config.trainer import fully_async_recipe
 from rljax.config.tree import OPEN_DICTS, get_base_config, is_open, unknown_key_error
 from rljax.config.yaml_io import parse_yaml
 
@@ -399,7 +400,8 @@ def ignored_overrides(overrides: Iterable[str], config: ConfigDict | None = None
   (`+...optim.override_optimizer_config.optimizer_offload_fraction=1`); it is listed as written.
   With the overridden `config`, so do the asynchronous modes' keys when it trains in sync mode.
   """
-  inert = set(ASYNC_ONLY_KEYS) if config is not None and config.trainer.v1.trainer_mode == "sync" else set()
+  synchronous = config is not None and config.trainer.v1.trainer_mode == "sync" and not fully_async_recipe(config)
+  inert = set(ASYNC_ONLY_KEYS) if synchronous else set()
   found = []
   for text in overrides:
     operation, path, value = parse_override(text)

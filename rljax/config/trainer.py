@@ -1,4 +1,5 @@
-"""verl's `trainer` and `global_profiler` nodes: the run, its devices, logging, checkpoints and profiles."""
+"""verl's `trainer` and `global_profiler` nodes (the run, its devices, logging, checkpoints and profiles), and the
+fully-async recipe's `async_training` and `rollout` nodes."""
 
 from __future__ import annotations
 
@@ -95,6 +96,54 @@ def build_trainer() -> ConfigDict:
       + trainer.get_ref("experiment_name")
   )
   return trainer
+
+
+# verl's fully-async recipe (verl/experimental/fully_async_policy, its fully_async_ppo_trainer.yaml): the
+# async_training defaults its launch lines run with, and the keys whose setting means a launch line is the recipe's.
+RECIPE_DEFAULTS = {"staleness_threshold": 0.1, "trigger_parameter_sync_step": 4, "require_batches": 1,
+                   "partial_rollout": True}
+RECIPE_KEYS = (*(f"async_training.{name}" for name in RECIPE_DEFAULTS), "rollout.total_rollout_steps")
+
+
+def fully_async_recipe(config: ConfigDict) -> bool:
+  """Whether the run is a launch line of verl's fully-async recipe: any of `RECIPE_KEYS` set."""
+  return any(config[section][name] is not None for section, name in (k.split(".") for k in RECIPE_KEYS))
+
+
+def recipe_setting(config: ConfigDict, name: str) -> Any:
+  """`async_training.<name>`, or the recipe's default where it is null."""
+  value = config.async_training[name]
+  return RECIPE_DEFAULTS[name] if value is None else value
+
+
+def build_async_training() -> ConfigDict:
+  """verl's fully-async recipe's `async_training` node. Every key defaults to null: the recipe is off until a
+  launch line sets one (`rljax.config.mapping.fully_async_recipe`); a null key then takes the recipe's
+  default (`RECIPE_DEFAULTS`)."""
+  return ConfigDict({
+      "staleness_threshold": null(float),
+      "trigger_parameter_sync_step": null(int),
+      "require_batches": null(int),
+      "partial_rollout": null(bool),
+      "use_trainer_do_validate": null(bool),
+      "parallel_validate_and_rollout": null(bool),
+      "checkpoint_engine": {"enable": null(bool), "overlap_broadcast_and_consume": null(bool),
+                            "device_buffer_size_M": null(int)},
+  })
+
+
+def build_recipe_rollout() -> ConfigDict:
+  """The fully-async recipe's top-level `rollout` node (the rollout workers' own resources and schedule), every
+  key null until set."""
+  return ConfigDict({
+      "nnodes": null(int),
+      "n_gpus_per_node": null(int),
+      "n": null(int),
+      "total_rollout_steps": null(int),
+      "total_epochs": null(int),
+      "test_freq": null(int),
+      "max_concurrent_samples_per_replica": null(int),
+  })
 
 
 def build_global_profiler() -> ConfigDict:

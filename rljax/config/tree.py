@@ -24,7 +24,7 @@ from rljax.config.engines import MEGATRON_FREE_FORM, PROFILED_SECTIONS
 from rljax.config.errors import NO_VALUE, ConfigError
 from rljax.config.fields import follow, get_node, null
 from rljax.config.reward import build_reward_model
-from rljax.config.trainer import build_global_profiler, build_trainer
+from rljax.config.trainer import build_async_training, build_global_profiler, build_recipe_rollout, build_trainer
 
 # Free-form dictionaries: any key may be added below these paths.
 OPEN_DICTS = (
@@ -76,6 +76,8 @@ def get_base_config() -> ConfigDict:
   config.global_profiler = build_global_profiler()
   _follow_global_profiler(config)
   config.transfer_queue = {"enable": False}
+  config.async_training = build_async_training()
+  config.rollout = build_recipe_rollout()
   config.ray_kwargs = {"ray_init": {"num_cpus": null(int)}, "timeline_json_file": null(str)}
   config.lock()
   for path in OPEN_DICTS:

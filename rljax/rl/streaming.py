@@ -41,11 +41,13 @@ rollout is host-local, so hosts need not decode in step.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import numpy as np
 
+from rljax.config import trainer as config_trainer
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout import stream as stream_lib
 from rljax.sharding import hosts
@@ -61,19 +63,20 @@ class Policy:
     groups: prompts (groups of n responses) each update trains on this host.
     threshold: trainer.v1.sampler.max_off_policy_threshold (>= 1).
     strategy: trainer.v1.sampler.max_off_policy_strategy, drop or wait.
-    ahead: trainer.v1.colocate_async.num_warmup_batches (>= 0).
+    ahead: batches generation runs ahead of training (>= 0): trainer.v1.colocate_async.num_warmup_batches, or
+      under verl's fully-async recipe async_training.staleness_threshold (a share of a batch).
   """
 
   groups: int
   threshold: int
   strategy: str
-  ahead: int
+  ahead: float
 
   @property
   def capacity(self) -> int:
     """Groups admitted and not yet trained or evicted, at most."""
     batches = 1 + self.ahead
-    return (min(batches, self.threshold) if self.strategy == "wait" else batches) * self.groups
+    return math.floor((min(batches, self.threshold) if self.strategy == "wait" else batches) * self.groups)
 
   @property
   def on_policy(self) -> bool:
@@ -86,8 +89,10 @@ def policy_of(config: Any, groups: int) -> Policy | None:
   v1 = config.trainer.v1
   if v1.trainer_mode != "colocate_async":
     return None
+  ahead = (float(config_trainer.recipe_setting(config, "staleness_threshold")) if config_trainer.fully_async_recipe(config)
+           else int(v1.colocate_async.num_warmup_batches))
   return Policy(groups=groups, threshold=int(v1.sampler.max_off_policy_threshold),
-                strategy=v1.sampler.max_off_policy_strategy, ahead=int(v1.colocate_async.num_warmup_batches))
+                strategy=v1.sampler.max_off_policy_strategy, ahead=ahead)
 
 
 def streams_off_policy(config: Any) -> bool:
