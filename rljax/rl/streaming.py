@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 import numpy as np
 
+from rljax.config import errors as config_errors
 from rljax.config import trainer as config_trainer
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout import stream as stream_lib
@@ -100,6 +101,26 @@ def streams_off_policy(config: Any) -> bool:
   policy off-policy: the update must then recompute the old log-probs)."""
   policy = policy_of(config, 1)
   return policy is not None and not policy.on_policy
+
+
+def check_resumable(position: dict[str, Any] | None, streamed: bool, path: str) -> None:
+  """Refuses to resume in sync mode from a colocate_async checkpoint that trained prompts past its data position.
+
+  Args:
+    position: the checkpoint's stream position (`AsyncRollout.position`; None from a sync run).
+    streamed: whether this run streams (colocate_async).
+    path: the checkpoint, for the message.
+
+  Raises:
+    ConfigError: naming trainer.v1.trainer_mode, where a sync run would train those prompts again.
+  """
+  consumed = (position or {}).get("consumed") or []
+  if streamed or not consumed:
+    return
+  raise config_errors.ConfigError(
+      "trainer.v1.trainer_mode", "sync", f"the checkpoint {path} was written under colocate_async, which had trained "
+      f"{len(consumed)} prompt(s) past its data position; a sync run resumes at that position and would train them "
+      "again", "resume it with trainer.v1.trainer_mode=colocate_async (as it was written)")
 
 
 def spans(start: int, version: int) -> int:

@@ -508,6 +508,7 @@ class RLTrainer:
     """The state of the checkpoint step `path`, placed as this run's; the data resumes where it was."""
     target, _ = assembly.checkpoint_items(assembly.abstract_like(self.state), self.config.trainer.seed)
     self.state = assembly.restored(self.state, *checkpointing.restore_from_path(path, target))
+    streaming.check_resumable(self.state.stream_position, self.streaming is not None, path)
     self.train_iter.set_state(self.state.data_position)
     if self.streaming is not None:
       stream = self.streaming.stream

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rljax.config import ConfigError
 from rljax.rl import streaming
 from rljax.rollout import SamplingParams, make_engine
 from rljax.rollout import stream as stream_lib
@@ -122,6 +123,11 @@ def test_resuming_from_the_position_loses_and_repeats_no_prompt(scripted):
                                 params, 2)
   every = sorted(f"{b}{letter}{r}" for b, kind in enumerate(data) for r, letter in enumerate(kind))
   assert sorted(sum(first + rest, [])) == every and sorted(sum(first + again, [])) == every
+  streaming.check_resumable(position, True, "ckpt")
+  streaming.check_resumable({"data_state": "before1", "batch": 1, "consumed": []}, False, "ckpt")
+  with pytest.raises(ConfigError, match=r"trainer.v1.trainer_mode='sync': the checkpoint ckpt was written under "
+                                        r"colocate_async, which had trained 2 prompt\(s\) past its data position"):
+    streaming.check_resumable(position, False, "ckpt")
 
 
 def test_compile_counts_the_kv_cache_beside_the_update_under_colocate_async(model_dir, data_dir, tmp_path):
