@@ -64,19 +64,25 @@ def test_same_seed_same_metrics_also_streamed_at_threshold_one(model_dir, data_d
   assert all(m["off_policy/staleness/max"] == 1 and m["off_policy/evicted_samples"] == 0 for m in runs[1])
 
 
-def test_eight_devices_equal_one(model_dir, data_dir, tmp_path):
+@pytest.mark.parametrize("mode, steps", [("sync", 1), ("colocate_async", 2)])
+def test_eight_devices_equal_one(model_dir, data_dir, tmp_path, mode, steps):
   # one device: 8 micro-batches of 1 row; eight devices: 1 micro-batch of 1 row each, and a rollout mesh
-  # of its own (fsdp 4 x tensor 2: the sampler reshards the weights for it)
-  micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"
-  one = train(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "one"), "trainer.total_training_steps=1",
-                                  micro))
-  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "eight"), "trainer.total_training_steps=1",
-                               "trainer.n_gpus_per_node=auto", micro,
-                               "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
+  # of its own (fsdp 4 x tensor 2: the sampler reshards the weights for it); streamed (colocate_async: the
+  # stream, its read-ahead queue and version records; the tiny model's 8-token responses end together, so the
+  # queued batch starts after the update and both steps stay on-policy)
+  common = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", f"trainer.total_training_steps={steps}",
+            f"trainer.v1.trainer_mode={mode}"]
+  one = train(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "one"), *common))
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "eight"), *common,
+                               "trainer.n_gpus_per_node=auto", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
   eight = train(config, mesh=sharding.make_mesh(config))
-  for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm",
-              "actor/entropy"):
-    assert eight[0][key] == pytest.approx(one[0][key], rel=1e-4, abs=1e-6), key
+  keys = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm",
+          "actor/entropy"]
+  if mode == "colocate_async":
+    keys += ["off_policy/staleness/mean", "off_policy/token_lag/mean", "perf/slot_occupancy"]
+  for step in range(steps):
+    for key in keys:
+      assert eight[step][key] == pytest.approx(one[step][key], rel=1e-4, abs=1e-6), (step, key)
 
 
 def test_nan_stops_the_run_naming_step_and_metric(model_dir, data_dir, tmp_path):
