@@ -725,7 +725,8 @@ KEYS = {
         ignored="vLLM scheduler budget; prefill runs per request bucket"),
     "actor_rollout_ref.rollout.max_num_seqs": Key(
         "Sequences the engine decodes at once.",
-        mapped="decode slots of the engine (continuous batching)"),
+        mapped="decode slots of the engine (continuous batching), at most the responses in flight: a step's in "
+               "sync, those of the batches admitted ahead under colocate_async"),
     "actor_rollout_ref.rollout.mode": Key(
         "Engine mode in verl: sync or async server.",
         ignored="the engine is always in-process"),

@@ -29,7 +29,7 @@ from rljax import models, sharding
 from rljax.algos import kl as kl_lib
 from rljax.config.errors import ConfigError
 from rljax.models import lora as lora_lib
-from rljax.rl import policy, reward_model as reward_model_lib, steps as steps_lib
+from rljax.rl import policy, reward_model as reward_model_lib, steps as steps_lib, streaming
 from rljax.rl.layout import Layout, make_layout
 from rljax.rollout import factory as rollout_factory
 from rljax.rollout.engine import Engine
@@ -168,13 +168,14 @@ def _reward_model(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, ab
 
 def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Mesh, rules: Any,
             tokenizer: Any) -> Engine:
-  """The rollout engine on the rollout's mesh (`rollout.tensor_model_parallel_size`)."""
+  """The rollout engine on the rollout's mesh (`rollout.tensor_model_parallel_size`), with a slot for each
+  response in flight at once (`streaming.rows_in_flight`), at most rollout.max_num_seqs."""
   arr = config.actor_rollout_ref
   rollout_mesh = rollout_factory.rollout_mesh(mesh, arr.rollout.tensor_model_parallel_size)
   sharding.check_model_fits(rollout_mesh, model.cfg.num_heads, model.cfg.num_kv_heads,
                             "actor_rollout_ref.rollout.tensor_model_parallel_size", model.cfg.num_experts)
   return rollout_factory.build_engine(
-      model, arr.rollout, prompt_length=config.data.max_prompt_length, slots=min(arr.rollout.max_num_seqs, layout.rows),
+      model, arr.rollout, prompt_length=config.data.max_prompt_length, slots=min(arr.rollout.max_num_seqs, streaming.rows_in_flight(config, layout.rows, layout.n)),
       mesh=rollout_mesh, rules=rules, stop=rollout_factory.stop_ids(tokenizer, model.cfg),
       record_routing=steps_lib.replays_rollout_routing(config), multi_turn=arr.rollout.multi_turn.enable)
 

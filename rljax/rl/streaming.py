@@ -96,6 +96,13 @@ def policy_of(config: Any, groups: int) -> Policy | None:
                 strategy=v1.sampler.max_off_policy_strategy, ahead=ahead)
 
 
+def rows_in_flight(config: Any, rows: int, n: int) -> int:
+  """Responses admitted and not yet trained, at most: a step's `rows` in sync mode, the policy's capacity of
+  groups of `n` under colocate_async (the engine's decode slots need no more)."""
+  policy = policy_of(config, rows // n)
+  return rows if policy is None else policy.capacity * n
+
+
 def streams_off_policy(config: Any) -> bool:
   """Whether `config`'s trainer may train on groups generated partly by older weights (colocate_async's
   policy off-policy: the update must then recompute the old log-probs)."""

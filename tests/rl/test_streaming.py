@@ -141,9 +141,12 @@ def test_compile_counts_the_kv_cache_beside_the_update_under_colocate_async(mode
     return {p.step.name: p for p in plan.rl_steps(config, tiny_run.one_device())}
 
   sync, streamed = planned(), planned("trainer.v1.trainer_mode=colocate_async")
-  decode = next(p for name, p in sync.items() if name.startswith("decode_step"))
-  cache = shard_bytes([x for x in jax.tree.leaves(decode.step.args[1])
+  decode = {mode: next(p for name, p in plans.items() if name.startswith("decode_step"))
+            for mode, plans in (("sync", sync), ("streamed", streamed))}
+  # a slot for each response of the two batches in flight (num_warmup_batches=1), against one batch's in sync
+  assert decode["streamed"].step.name == decode["sync"].step.name.replace("[8 slots]", "[16 slots]")
+  cache = shard_bytes([x for x in jax.tree.leaves(decode["streamed"].step.args[1])
                        if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)])
   assert streamed["actor_update"].resident - sync["actor_update"].resident == cache > 0
   # the decode step takes the state (its int32 request count matches an optimizer's step count in sync: 4 bytes)
-  assert abs(streamed[decode.step.name].resident - sync[decode.step.name].resident) <= 4
+  assert abs(decode["streamed"].resident - decode["sync"].resident) <= 4
