@@ -163,6 +163,43 @@ def test_dapo_reward_kwargs_land_on_rljaxs_overlong_buffer():
   assert as_dict.reward_model.overlong_buffer.enable and as_dict.reward_model.overlong_buffer.len == 16
 
 
+def test_verl_09_reward_node_keys_land_on_the_keys_rljax_holds_them_under(caplog):
+  """verl 0.9 gathers the reward settings under `reward.*` (and a top-level `sandbox_fusion`)."""
+  with caplog.at_level(logging.WARNING, logger="rljax.train"):
+    config = resolved(experiment("grpo"), [
+        "data.max_response_length=64", "reward.reward_manager.name=dapo", "reward.num_workers=3",
+        "reward.custom_reward_function.name=my_score", "reward.reward_model.enable=false",
+        "reward.reward_model.model_path=/models/rm", "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+        "+reward.reward_kwargs.overlong_buffer_cfg.len=16", "+reward.reward_kwargs.max_resp_len=64",
+        "sandbox_fusion.url=http://localhost:8080"])
+  assert (config.reward_manager.name, config.reward_model.num_workers, config.custom_reward_function.name) == (
+      "dapo", 3, "my_score")
+  assert config.reward_model.model.path == "/models/rm"
+  assert config.reward_model.overlong_buffer.enable and config.reward_model.overlong_buffer.len == 16
+  warnings = [r.getMessage() for r in caplog.records if r.name == "rljax.train"]
+  assert len(warnings) == 1 and "reward_model.sandbox_fusion.url=http://localhost:8080" in warnings[0]
+
+
+def test_a_fully_async_dapo_launch_line_runs_as_colocate_async():
+  """A DAPO launch line of verl's fully-async recipe (verl 0.9 keys: reward.*, async_training.*, rollout.*): 4
+  syncs of 2 mini-batches of 16 prompts make a step of 128, and 1280 rollout prompts make 10 steps."""
+  config = resolved(experiment("grpo"), [
+      "data.max_prompt_length=512", "data.max_response_length=1024", "data.train_batch_size=0",
+      "data.gen_batch_size=1", "actor_rollout_ref.rollout.n=8", "algorithm.adv_estimator=grpo",
+      "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+      "actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+      "actor_rollout_ref.rollout.calculate_log_probs=True", "reward.reward_manager.name=dapo",
+      "+reward.reward_kwargs.overlong_buffer_cfg.enable=True", "+reward.reward_kwargs.overlong_buffer_cfg.len=256",
+      "+reward.reward_kwargs.max_resp_len=1024", "trainer.nnodes=1", "trainer.n_gpus_per_node=8",
+      "rollout.nnodes=1", "rollout.n_gpus_per_node=8", "rollout.total_rollout_steps=1280", "rollout.total_epochs=2",
+      "rollout.test_freq=5", "async_training.staleness_threshold=0.25", "async_training.trigger_parameter_sync_step=4",
+      "async_training.require_batches=2", "async_training.partial_rollout=True"], devices=8)
+  assert (config.trainer.v1.trainer_mode, config.data.train_batch_size, config.data.gen_batch_size) == (
+      "colocate_async", 128, 128)
+  assert (config.trainer.total_training_steps, config.trainer.total_epochs, config.trainer.test_freq) == (10, 2, 5)
+  assert config.reward_manager.name == "dapo" and config.reward_model.overlong_buffer.len == 256
+
+
 def test_a_max_resp_len_other_than_max_response_length_says_to_set_them_equal():
   message = error_of(resolved, experiment("grpo"), ["data.max_response_length=64", *DAPO_REWARD_KWARGS,
                                                     "+reward_model.reward_kwargs.max_resp_len=4096"])

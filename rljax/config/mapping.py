@@ -193,7 +193,8 @@ def _map_fully_async(config: ConfigDict, explicit: set[str]) -> None:
   The recipe syncs weights after trigger_parameter_sync_step local updates of require_batches x
   ppo_mini_batch_size prompts each, and generates at most (1 + staleness_threshold) times that many prompts
   per sync. rljax's colocate_async step is one sync: data.train_batch_size = k x r x ppo_mini_batch_size
-  prompts (the recipe reads no data.train_batch_size), generation runs staleness_threshold of a step ahead
+  prompts (the recipe reads no data.train_batch_size, and its data.gen_batch_size=1 is the prompt-by-prompt
+  streaming colocate_async does: set to the step's prompts without dynamic sampling), generation runs staleness_threshold of a step ahead
   (`rljax.rl.streaming.policy_of`), no version bound (`UNBOUNDED_VERSIONS`, unless
   trainer.v1.sampler.max_off_policy_threshold is set), and the recipe's own default
   algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs as the old ones) unless the line
@@ -234,6 +235,8 @@ def _map_fully_async(config: ConfigDict, explicit: set[str]) -> None:
                f"require_batches x ppo_mini_batch_size = {prompts} prompts; data.train_batch_size="
                f"{config.data.train_batch_size} is not read (as in verl's fully-async recipe)")
   config.data.train_batch_size = prompts
+  if not config.algorithm.filter_groups.enable:  # the recipe's streaming unit (1): colocate_async streams by prompt
+    config.data.gen_batch_size = prompts
   v1.trainer_mode = "colocate_async"
   if v1.sampler.max_off_policy_threshold == _V1_THRESHOLD_DEFAULT:
     v1.sampler.max_off_policy_threshold = UNBOUNDED_VERSIONS

@@ -241,12 +241,35 @@ def free_form_dicts() -> tuple[str, ...]:
   return tuple(p for p in OPEN_DICTS if not _in_verl_free_form(p)) + tuple(VERL_FREE_FORM)
 
 
+# verl 0.9's `reward` node (and its top-level `sandbox_fusion`) gathers keys that verl's earlier trees, and
+# rljax's, keep elsewhere: (verl 0.9's key or prefix, rljax's), the first match wins.
+VERL_09_REWARD_PATHS = (
+    ("reward.reward_model.model_path", "reward_model.model.path"),
+    ("reward.reward_model.", "reward_model."),
+    ("reward.custom_reward_function.", "custom_reward_function."),
+    ("reward.reward_kwargs.", "reward_model.reward_kwargs."),
+    ("reward.reward_manager.", "reward_manager."),
+    ("reward.sandbox_fusion.", "reward_model.sandbox_fusion."),
+    ("reward.num_workers", "reward_model.num_workers"),
+    ("sandbox_fusion.", "reward_model.sandbox_fusion."),
+)
+
+
+def rljax_path(path: str) -> str:
+  """The key of rljax's tree that verl 0.9's `path` sets (`VERL_09_REWARD_PATHS`); `path` itself otherwise."""
+  for verl, ours in VERL_09_REWARD_PATHS:
+    if path == verl or (verl.endswith(".") and path.startswith(verl)):
+      return ours + path[len(verl):]
+  return path
+
+
 def parse_override(text: str) -> tuple[str, str, Any]:
   """Splits one override: verl's `a.b.c=value` (also `--config.a.b.c=value`) or Hydra's spellings.
 
   Hydra's `+a.b=value` (add) and `++a.b=value` (add or override) set the
   key like `a.b=value`; `~a.b` (delete) resets it, and `~a.b=value` resets
-  it only where it holds that value.
+  it only where it holds that value. verl 0.9's `reward.*` keys are read as
+  the keys rljax's tree holds them under (`rljax_path`).
 
   Returns:
     (operation, key path, parsed value): operation is `set`, `add` or
@@ -254,7 +277,7 @@ def parse_override(text: str) -> tuple[str, str, Any]:
   """
   if text.lstrip().startswith("~"):
     path, equals, raw = text.lstrip()[1:].partition("=")
-    return "reset", path.strip(), _parse_scalar(raw) if equals else NO_VALUE
+    return "reset", rljax_path(path.strip()), _parse_scalar(raw) if equals else NO_VALUE
   if "=" not in text:
     raise ConfigError(text, NO_VALUE, "an override needs KEY=VALUE", f"write {text}=VALUE")
   path, raw = text.split("=", 1)
@@ -263,7 +286,7 @@ def parse_override(text: str) -> tuple[str, str, Any]:
   path = path.lstrip("+")
   if path.startswith("--config."):
     path = path[len("--config."):]
-  return operation, path, _parse_scalar(raw)
+  return operation, rljax_path(path), _parse_scalar(raw)
 
 
 def add_value(config: ConfigDict, path: str, value: Any) -> None:
@@ -430,5 +453,5 @@ def from_yaml(text: str, base: ConfigDict | None = None) -> ConfigDict:
   if not isinstance(tree, dict):
     raise ConfigError("<yaml>", type(tree).__name__, "the top level must be a mapping", "write KEY: VALUE lines")
   for path, value in _flatten(tree):
-    set_value(config, path, value)
+    set_value(config, rljax_path(path), value)
   return config
