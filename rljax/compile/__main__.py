@@ -11,10 +11,10 @@ estimate, which count each loop body once, collective GiB by kind, the bound
 and measured/bound) and exits 1 when a step does not fit, with what to
 change. `roof s` is max(FLOPs / peak FLOP/s, HBM traffic / HBM bandwidth)
 + collective bytes / ICI bandwidth: collectives not overlapped with
-compute, every rate at its peak (`rljax.compile.report`); none for v4. A step's `need` counts `state`: the trainer's arrays
-(weights, optimizer moments, the reference's copy) that stay on each chip
-while a step that does not take them runs (a rollout step, or the update
-beside the reference).
+compute, every rate at its peak (`rljax.compile.report`); none for v4.
+A step's `need` counts `state`: the trainer's arrays (weights, optimizer
+moments, the reference's copy) that stay on each chip while a step that does
+not take them runs (a rollout step, or the update beside the reference).
 
 On a slice of several hosts the rollout is compiled as a multi-process job
 runs it (each host decodes on its own chips, compiled on a one-host slice of

@@ -21,7 +21,7 @@ from rljax.config.errors import ConfigError, check, is_int
 from rljax.config.fields import get_node
 from rljax.config.keys import DEPRECATED_KEYS
 from rljax.config.overrides import set_value
-from rljax.config.trainer import fully_async_recipe, recipe_setting
+from rljax.config.trainer import V1_OFF_POLICY_THRESHOLD, V1_WARMUP_BATCHES, fully_async_recipe, recipe_setting
 
 _LOG = logging.getLogger("rljax.config")
 _WARNED: set[str] = set()
@@ -184,7 +184,6 @@ def _map_cosmos_keys(config: ConfigDict) -> None:
 # The policy versions a sample may span under verl's fully-async recipe, which bounds none (its staleness is
 # bounded only through how far generation runs ahead).
 UNBOUNDED_VERSIONS = 2**31 - 1
-_V1_WARMUP_DEFAULT, _V1_THRESHOLD_DEFAULT = 1, 8
 
 
 def _map_fully_async(config: ConfigDict, explicit: set[str]) -> None:
@@ -194,8 +193,8 @@ def _map_fully_async(config: ConfigDict, explicit: set[str]) -> None:
   ppo_mini_batch_size prompts each, and generates at most (1 + staleness_threshold) times that many prompts
   per sync. rljax's colocate_async step is one sync: data.train_batch_size = k x r x ppo_mini_batch_size
   prompts (the recipe reads no data.train_batch_size, and its data.gen_batch_size=1 is the prompt-by-prompt
-  streaming colocate_async does: set to the step's prompts without dynamic sampling), generation runs staleness_threshold of a step ahead
-  (`rljax.rl.streaming.policy_of`), no version bound (`UNBOUNDED_VERSIONS`, unless
+  streaming colocate_async does: set to the step's prompts without dynamic sampling), generation runs
+  staleness_threshold of a step ahead (`rljax.rl.streaming.policy_of`), no version bound (`UNBOUNDED_VERSIONS`, unless
   trainer.v1.sampler.max_off_policy_threshold is set), and the recipe's own default
   algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs as the old ones) unless the line
   sets it.
@@ -210,7 +209,8 @@ def _map_fully_async(config: ConfigDict, explicit: set[str]) -> None:
   names = ("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout")
   ahead, syncs, batches, partial = (recipe_setting(config, name) for name in names)
   check(ahead >= 0, "async_training.staleness_threshold", ahead,
-        "is the share of one sync's prompts that generation may run ahead, 0 or more", "set it to 0 (on-policy) or more")
+        "is the share of one sync's prompts that generation may run ahead, 0 or more",
+        "set it to 0 (on-policy) or more")
   for name, value in (("trigger_parameter_sync_step", syncs), ("require_batches", batches)):
     check(is_int(value) and value >= 1, f"async_training.{name}", value, "must be a whole number, at least 1",
           "set it to 1 or more")
@@ -222,7 +222,7 @@ def _map_fully_async(config: ConfigDict, explicit: set[str]) -> None:
   check(v1.trainer_mode != "separate_async", "trainer.v1.trainer_mode", v1.trainer_mode,
         "conflicts with async_training.* (verl's fully-async recipe, which rljax runs as colocate_async)",
         "drop trainer.v1.trainer_mode")
-  check(v1.colocate_async.num_warmup_batches == _V1_WARMUP_DEFAULT, "trainer.v1.colocate_async.num_warmup_batches",
+  check(v1.colocate_async.num_warmup_batches == V1_WARMUP_BATCHES, "trainer.v1.colocate_async.num_warmup_batches",
         v1.colocate_async.num_warmup_batches, "conflicts with async_training.staleness_threshold, which sets how "
         "far generation runs ahead under verl's fully-async recipe", "set only async_training.staleness_threshold")
   check(syncs == 1 or actor.ppo_epochs == 1, "async_training.trigger_parameter_sync_step", syncs,
@@ -238,7 +238,7 @@ def _map_fully_async(config: ConfigDict, explicit: set[str]) -> None:
   if not config.algorithm.filter_groups.enable:  # the recipe's streaming unit (1): colocate_async streams by prompt
     config.data.gen_batch_size = prompts
   v1.trainer_mode = "colocate_async"
-  if v1.sampler.max_off_policy_threshold == _V1_THRESHOLD_DEFAULT:
+  if v1.sampler.max_off_policy_threshold == V1_OFF_POLICY_THRESHOLD:
     v1.sampler.max_off_policy_threshold = UNBOUNDED_VERSIONS
   if "algorithm.rollout_correction.bypass_mode" not in explicit:
     config.algorithm.rollout_correction.bypass_mode = True

@@ -17,12 +17,16 @@ def _nsight_options() -> dict[str, Any]:
   return {"controller_nsight_options": controller, "worker_nsight_options": worker}
 
 
+# verl V1's defaults of trainer.v1.colocate_async.num_warmup_batches and trainer.v1.sampler.max_off_policy_threshold.
+V1_WARMUP_BATCHES, V1_OFF_POLICY_THRESHOLD = 1, 8
+
+
 def _v1_trainer() -> dict[str, Any]:
   """verl's V1 trainer node (`trainer.v1`): its mode, the asynchronous modes' settings and its sampler."""
   return {
       "trainer_mode": "sync",
       "sync": {},
-      "colocate_async": {"num_warmup_batches": 1},
+      "colocate_async": {"num_warmup_batches": V1_WARMUP_BATCHES},
       "separate_async": {
           "num_warmup_batches": 1,
           "parameter_sync_step": 4,
@@ -33,7 +37,7 @@ def _v1_trainer() -> dict[str, Any]:
           },
       },
       "sampler": {
-          "max_off_policy_threshold": 8,
+          "max_off_policy_threshold": V1_OFF_POLICY_THRESHOLD,
           "max_off_policy_strategy": "drop",
           "sync_refill_failed_groups": False,
           "custom_sampler": {"path": null(str), "name": null(str)},
@@ -118,7 +122,7 @@ def recipe_setting(config: ConfigDict, name: str) -> Any:
 
 def build_async_training() -> ConfigDict:
   """verl's fully-async recipe's `async_training` node. Every key defaults to null: the recipe is off until a
-  launch line sets one (`rljax.config.mapping.fully_async_recipe`); a null key then takes the recipe's
+  launch line sets one (`fully_async_recipe`); a null key then takes the recipe's
   default (`RECIPE_DEFAULTS`)."""
   return ConfigDict({
       "staleness_threshold": null(float),

@@ -174,8 +174,9 @@ def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Me
   rollout_mesh = rollout_factory.rollout_mesh(mesh, arr.rollout.tensor_model_parallel_size)
   sharding.check_model_fits(rollout_mesh, model.cfg.num_heads, model.cfg.num_kv_heads,
                             "actor_rollout_ref.rollout.tensor_model_parallel_size", model.cfg.num_experts)
+  slots = min(arr.rollout.max_num_seqs, streaming.rows_in_flight(config, layout.rows, layout.n))
   return rollout_factory.build_engine(
-      model, arr.rollout, prompt_length=config.data.max_prompt_length, slots=min(arr.rollout.max_num_seqs, streaming.rows_in_flight(config, layout.rows, layout.n)),
+      model, arr.rollout, prompt_length=config.data.max_prompt_length, slots=slots,
       mesh=rollout_mesh, rules=rules, stop=rollout_factory.stop_ids(tokenizer, model.cfg),
       record_routing=steps_lib.replays_rollout_routing(config), multi_turn=arr.rollout.multi_turn.enable)
 

@@ -90,8 +90,10 @@ def policy_of(config: Any, groups: int) -> Policy | None:
   v1 = config.trainer.v1
   if v1.trainer_mode != "colocate_async":
     return None
-  ahead = (float(config_trainer.recipe_setting(config, "staleness_threshold")) if config_trainer.fully_async_recipe(config)
-           else int(v1.colocate_async.num_warmup_batches))
+  if config_trainer.fully_async_recipe(config):
+    ahead = float(config_trainer.recipe_setting(config, "staleness_threshold"))
+  else:
+    ahead = int(v1.colocate_async.num_warmup_batches)
   return Policy(groups=groups, threshold=int(v1.sampler.max_off_policy_threshold),
                 strategy=v1.sampler.max_off_policy_strategy, ahead=ahead)
 
