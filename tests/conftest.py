@@ -1,12 +1,31 @@
 """Test set-up: 8 CPU devices before JAX starts, so every sharding path runs."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _session_compilation_cache():
+  """One persistent compilation cache for the session, read by every test and by the processes tests start:
+  tests build the same tiny models' programs again and again (new engines and steps, each module's programs
+  dropped after it), and a program is compiled once. A run starts with an empty cache (removed at exit), so
+  the suite takes the same time on a fresh machine as here; `JAX_COMPILATION_CACHE_DIR` set by the caller wins."""
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    path = tempfile.mkdtemp(prefix="rljax_tests_jax_cache_")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+_session_compilation_cache()
 
 import jax  # noqa: E402
 

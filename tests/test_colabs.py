@@ -90,26 +90,24 @@ def kernel_name(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-  """(tiny model directory, data directory, JAX cache directory), shared by every notebook."""
+  """(tiny model directory, data directory), shared by every notebook."""
   from rljax.data import ensure_synthetic_data  # pylint: disable=import-outside-toplevel
   from tests.rl import tiny_run  # pylint: disable=import-outside-toplevel
 
   model_dir = tiny_run.tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
   data_dir = str(tmp_path_factory.mktemp("data"))
   ensure_synthetic_data(data_dir)
-  return model_dir, data_dir, str(tmp_path_factory.mktemp("jax_cache"))
+  return model_dir, data_dir
 
 
-def kernel_env(cache_dir):
-  """One CPU device, this checkout importable, and one compilation cache for every notebook."""
+def kernel_env():
+  """One CPU device and this checkout importable; the session's compilation cache (conftest) is inherited."""
   env = dict(os.environ)
   flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
   env["XLA_FLAGS"] = " ".join(flags)
   env["JAX_PLATFORMS"] = "cpu"
   env["TOKENIZERS_PARALLELISM"] = "false"
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-  env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
-  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   return env
 
 
@@ -126,14 +124,14 @@ def test_runs_top_to_bottom(path, kernel_name, shared, tmp_path):
   nb = nbformat.read(path, as_version=4)
   cell = parameters_cell(nb)
   out_dir = tmp_path / "out"
-  model_dir, data_dir, cache_dir = shared
+  model_dir, data_dir = shared
   values = tiny_parameters(path.stem, model_dir, data_dir, str(out_dir))
   assert assigned_names(cell.source) == set(values), "the test's tiny parameters no longer match the notebook's"
   cell.source = "\n".join(f"{key} = {value!r}" for key, value in values.items())
 
   client = NotebookClient(nb, kernel_name=kernel_name, timeout=600, allow_errors=False,
                           resources={"metadata": {"path": str(COLABS)}})
-  client.execute(env=kernel_env(cache_dir))  # raises CellExecutionError on the first failing cell
+  client.execute(env=kernel_env())  # raises CellExecutionError on the first failing cell
 
   assert outputs_of(nb, "image/png"), "no plot was drawn inline"
   if path.stem == "grpo_quickstart":
