@@ -41,6 +41,9 @@ _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU slice: v5p-8, v6e-8, v5li
 _NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined over the data-center network.")
 _ONLY = flags.DEFINE_list("only", [], "Compile only the steps whose names start with these (actor_update, decode, ...).")
 _JSON = flags.DEFINE_string("json", None, "Also write the reports to this JSON file.")
+_APPENDING = flags.DEFINE_integer("appending", None, "A multi-turn run: compile the append where this many slots "
+                                  "append (spread over the slot shards) beside the append over all slots (default: "
+                                  "the most that run over their own rows).")
 
 FIXES = ("to fit, try: a larger fsdp axis (actor_rollout_ref.actor.fsdp_config.fsdp_size=-1 over more chips), "
          "fewer rows per micro-batch (actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, or "
@@ -79,7 +82,8 @@ def main(argv: Sequence[str]) -> int:
     config = resolve(config_lib.load_config_file(launch.CONFIG.value), launch.overrides(), device_count=len(devices))
     mesh = sharding.make_mesh(config, devices=devices)
     several_hosts = _TOPOLOGY.value and len({d.process_index for d in devices}) > 1
-    planned = plan.rl_steps(config, mesh, topology_lib.devices(topology_lib.one_host(target)) if several_hosts else None)
+    planned = plan.rl_steps(config, mesh, topology_lib.devices(topology_lib.one_host(target)) if several_hosts else None,
+                            appending=_APPENDING.value)
   except (config_lib.ConfigError, ValueError) as error:
     print(f"config error: {error}", file=sys.stderr)
     return 2

@@ -482,6 +482,21 @@ _NO_TRAFFIC = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant",
                "after-all", "partition-id", "replica-id", "iota"}
 
 
+# Updates of a buffer in place: a dynamic-update-slice (operand, update, offsets...) and a scatter (operands...,
+# indices, updates...) read and write their updates, not the buffer they update.
+_IN_PLACE = ("dynamic-update-slice", "scatter")
+
+
+def _updated(inst: Instruction) -> list[str]:
+  """The buffers an in-place update `inst` writes into."""
+  return inst.operands[:1] if inst.opcode == "dynamic-update-slice" else inst.operands[:(len(inst.operands) - 1) // 2]
+
+
+def _updates(inst: Instruction) -> list[str]:
+  """What an in-place update `inst` writes."""
+  return inst.operands[1:2] if inst.opcode == "dynamic-update-slice" else inst.operands[(len(inst.operands) + 1) // 2:]
+
+
 def _read_bytes(fused: Computation, index: int, full: int, computations: dict[str, Computation]) -> int:
   """Bytes a fusion reads of its operand `index`: what its slices and gathers take when that is all it does
   with it (through nested fusions too); nothing for a buffer it updates in place; else the whole operand."""
@@ -492,7 +507,7 @@ def _read_bytes(fused: Computation, index: int, full: int, computations: dict[st
   for user in (i for i in fused.instructions if param.name in i.operands):
     if user.opcode in ("slice", "dynamic-slice", "gather"):
       taken += hbm_shape_bytes(user.shape)
-    elif user.opcode == "dynamic-update-slice" and user.operands[0] == param.name:
+    elif user.opcode in _IN_PLACE and param.name in _updated(user):
       continue
     elif user.opcode == "fusion" and user.called() and user.called()[0] in computations:
       taken += _read_bytes(computations[user.called()[0]], user.operands.index(param.name), full, computations)
@@ -520,9 +535,8 @@ def _hbm_walk(computations: dict[str, Computation], name: str, count: int, seen:
       continue
     if inst.opcode in _NO_TRAFFIC or inst.opcode.endswith("-done"):
       continue
-    if inst.opcode == "dynamic-update-slice":
-      update = table.get(inst.operands[1]) if len(inst.operands) > 1 else None
-      total += count * 2 * (hbm_shape_bytes(update.shape) if update is not None else 0)
+    if inst.opcode in _IN_PLACE:
+      total += count * 2 * sum(hbm_shape_bytes(table[u].shape) for u in _updates(inst) if u in table)
       continue
     if inst.opcode == "slice-start":  # an asynchronous slice reads its slice, not the whole operand
       source = table.get(inst.operands[0]) if inst.operands else None
@@ -540,10 +554,9 @@ def _hbm_walk(computations: dict[str, Computation], name: str, count: int, seen:
       full = hbm_shape_bytes(source.shape)
       reads += _read_bytes(fused, index, full, computations) if fused is not None else full
     writes = 0 if inst.opcode.endswith("-start") else hbm_shape_bytes(inst.shape)  # a -start's tuple aliases
-    if fused is not None and fused.instructions and fused.instructions[-1].opcode == "dynamic-update-slice":
-      root = fused.instructions[-1]
-      update = fused.by_name().get(root.operands[1]) if len(root.operands) > 1 else None
-      writes = hbm_shape_bytes(update.shape) if update is not None else writes
+    if fused is not None and fused.instructions and fused.instructions[-1].opcode in _IN_PLACE:
+      root, inner = fused.instructions[-1], fused.by_name()
+      writes = sum(hbm_shape_bytes(inner[u].shape) for u in _updates(root) if u in inner)
     total += count * (reads + writes)
   return total
 

@@ -42,11 +42,13 @@ class PlannedStep:
   parts: list[tuple[Step, bool]] = dataclasses.field(default_factory=list)
 
 
-def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] | None = None) -> list[PlannedStep]:
+def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] | None = None,
+             appending: int | None = None) -> list[PlannedStep]:
   """The steps of an RL run of `config` on `mesh`: updates, forward passes, the rollout's weight copy, prefill,
   insert and decode, each with the trainer's arrays it runs beside (under colocate_async the engine's decode
   state too, which lives across updates). `host_devices`: where `mesh` spans several hosts, one host's slice (as many devices as a
-  host of the mesh has) to compile the host-local rollout on."""
+  host of the mesh has) to compile the host-local rollout on. `appending`: the multi-turn append over that many
+  appending slots (`Engine.lowering_steps`)."""
   run, state = assembly.build_run(config, mesh, abstract=True, tokenizer=None, batches_per_epoch=1)
   layout, steps, engine = run.layout, run.steps, run.engine
   actor_params = run.actor_params(state)
@@ -69,7 +71,7 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   if host_devices is not None and engine.mesh is not mesh and len(hosts.processes(mesh.devices.flat)) > 1:
     engine = engine.on_devices(host_devices)
     rollout_params = engine.compute_params(actor_params)
-  for step in engine.lowering_steps(actor_params, sampler_steps, samples_per_prompt=layout.n):
+  for step in engine.lowering_steps(actor_params, sampler_steps, samples_per_prompt=layout.n, appending=appending):
     bound = None
     if step.name.startswith("decode_step"):
       bound = ("param+cache", report.decode_minimum(rollout_params, engine.abstract_decode_state()))

@@ -37,9 +37,13 @@ bfloat16: one device copy, not a cast per decode step).
 Continuation. A conversation goes on after a slot's turn has ended (a
 multi-turn rollout appending a tool's answer): `append` writes each chosen
 slot's new tokens into its cache after what it holds, in place, in one
-call over all slots (rows with nothing to add keep their state), and
-leaves each slot's logits after its last new token, so the next `generate`
-samples the model's reply; nothing already cached is recomputed. A decode
+call, and leaves each slot's logits after its last new token, so the next
+`generate` samples the model's reply; nothing already cached is recomputed.
+A few appending slots (up to a quarter of each `cache_batch` shard's) are
+copied out of the cache, continued and put back, on each device from its
+own shard, so the call's cost scales with the appending slots; more run
+as one call over all slots in place (rows with nothing to add keep their
+state). A decode
 step leaves an idle slot's write index where it is, so a slot waiting for
 its tools keeps its cache room. The cache has `max(append_buckets)` slots of
 headroom for the padding of an appended chunk. JetStream's
@@ -58,6 +62,7 @@ import copy
 import dataclasses
 import functools
 import importlib.util
+import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -257,6 +262,8 @@ class Engine:
                              donate_argnums=(1,), compiler_options=self.decode_compiler_options)
     self._append = jax.jit(_traced(self._mesh, step_rules, self._append_impl, gather_weights=False),
                            donate_argnums=(1,), out_shardings=self.decode_state_shardings())
+    self._append_rows = jax.jit(_traced(self._mesh, step_rules, self._append_rows_impl, gather_weights=False),
+                                donate_argnums=(1,), out_shardings=self.decode_state_shardings())
 
   def on_devices(self, devices: Sequence[jax.Device]) -> "Engine":
     """This engine with its mesh laid over `devices` instead (as many, same axes): `rljax.compile` compiles
@@ -556,40 +563,96 @@ class Engine:
     moves past the real tokens only, so later tokens overwrite it); logits
     come from each row's last new token only.
     """
-    slots, length = tokens.shape
+    logits, cache, generated = self._continue_rows(params, state.cache, state.generated, tokens, lengths)
     active = lengths > 0
-    mask = jnp.arange(length)[None, :] < lengths[:, None]
+    return state._replace(cache=cache, logits=jnp.where(active[:, None], logits, state.logits), generated=generated,
+                          done=jnp.where(active, generated >= self.max_decode_length, state.done))
+
+  def _append_rows_impl(self, params, state: DecodeState, rows: jax.Array, tokens: jax.Array,
+                        lengths: jax.Array) -> DecodeState:
+    """The appending slots only: row r is slot rows[r] of its `cache_batch` shard (an index within the shard;
+    the shard's slot count for a padding row) and takes tokens[r, :lengths[r]].
+
+    rows [R], tokens [R, T], lengths [R], R split over the shards as the slots
+    are. Each shard copies its R / shards appending rows out of its cache (no
+    collective: indices are local), the model runs on those rows only, and
+    the rows go back in place (padding rows are dropped), so the cost scales
+    with the appending rows, not the slots.
+    """
+    specs = self.decode_state_shardings()
+    take = lambda x, sh: _take_rows(self._mesh, x, rows, sh.spec)
+    put = lambda x, new, sh: _put_rows(self._mesh, x, rows, new, sh.spec)
+    c, cs = state.cache, specs.cache
+    held = KVCache(k=tuple(map(take, c.k, cs.k)), v=tuple(map(take, c.v, cs.v)), mask=take(c.mask, cs.mask),
+                   index=take(c.index, cs.index))
+    logits, cache, generated = self._continue_rows(params, held, take(state.generated, specs.generated), tokens,
+                                                   lengths)
+    return state._replace(
+        cache=KVCache(k=tuple(map(put, c.k, cache.k, cs.k)), v=tuple(map(put, c.v, cache.v, cs.v)),
+                      mask=put(c.mask, cache.mask, cs.mask), index=put(c.index, cache.index, cs.index)),
+        logits=put(state.logits, logits, specs.logits), generated=put(state.generated, generated, specs.generated),
+        done=put(state.done, generated >= self.max_decode_length, specs.done))
+
+  def _continue_rows(self, params, cache: KVCache, generated: jax.Array, tokens: jax.Array, lengths: jax.Array
+                     ) -> tuple[jax.Array, KVCache, jax.Array]:
+    """Rows of `cache` continued by tokens[r, :lengths[r]] ([R, T] right-padded, lengths [R]) -> (logits [R, V]
+    after each row's last new token, the cache with them written and its write index past the real ones,
+    generated + lengths)."""
+    mask = jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]
     model = nnx.merge(self.graphdef, params)
-    hidden, cache = model.step_hidden(tokens, state.cache, attention_mask=mask.astype(jnp.int32))
+    hidden, written = model.step_hidden(tokens, cache, attention_mask=mask.astype(jnp.int32))
     last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)
     logits = model.logits(last)[:, 0].astype(jnp.float32)
-    generated = state.generated + lengths
-    return state._replace(
-        cache=cache._replace(index=state.cache.index + lengths),
-        logits=jnp.where(active[:, None], logits, state.logits), generated=generated,
-        done=jnp.where(active, generated >= self.max_decode_length, state.done))
+    return logits, written._replace(index=cache.index + lengths), generated + lengths
+
+  @property
+  def slot_shards(self) -> int:
+    """How many `cache_batch` shards the slots are split into (each holds slots / slot_shards of them)."""
+    spec = self.decode_state_shardings().generated.spec
+    return math.prod(self._mesh.shape[a] for a in rules_lib.spec_axes(spec[0] if spec else None))
+
+  def append_rows_per_shard(self, slots: Sequence[int]) -> int | None:
+    """Rows per shard an append of `slots` runs over (the smallest power of two holding the most appending slots
+    of one shard), or None when that is more than a quarter of a shard's slots: the append then runs over all
+    slots in place, as cheap as copying the rows out and back, and no copy of the cache is made."""
+    local = self._slots // self.slot_shards
+    most = max(np.bincount(np.asarray(slots, np.int64) // local, minlength=self.slot_shards), default=0)
+    rows = 1 << max(0, int(most) - 1).bit_length()
+    return rows if rows <= local // 4 else None
 
   def append(self, params: Any, decode_state: DecodeState, tokens: dict[int, Sequence[int]]) -> DecodeState:
     """Continues slots: slot s takes the ids tokens[s] after its cache's contents (the state is donated).
 
     The ids count towards the slot's `max_decode_length`; each slot's next
     token is then sampled after its last new id. The chunk is padded to the
-    smallest `append_buckets` length that holds the longest (one compilation
-    per bucket).
+    smallest `append_buckets` length that holds the longest, and the rows
+    to `append_rows_per_shard` per shard (one compilation per pair); when
+    many slots append, one call runs over all slots.
     """
     if not self.append_buckets:
       raise ValueError("this engine was built without append_buckets; it cannot continue a slot")
+    tokens = {slot: ids for slot, ids in tokens.items() if len(ids)}
     longest = max((len(ids) for ids in tokens.values()), default=0)
     width = next((b for b in self.append_buckets if b >= longest), None)
     if width is None:
       raise ValueError(f"appending {longest} tokens to a slot exceeds the largest append bucket "
                        f"{self.append_buckets[-1]}")
-    chunk = np.zeros((self._slots, width), np.int32)
-    lengths = np.zeros((self._slots,), np.int32)
-    for slot, ids in tokens.items():
-      chunk[slot, :len(ids)] = ids
-      lengths[slot] = len(ids)
-    return self._append(params, decode_state, jnp.asarray(chunk), jnp.asarray(lengths))
+    if not tokens:
+      return decode_state
+    per_shard = self.append_rows_per_shard(list(tokens))
+    if per_shard is None:
+      rows, order = None, np.arange(self._slots)
+    else:
+      rows, order = _rows_by_shard(sorted(tokens), self._slots // self.slot_shards, self.slot_shards, per_shard)
+    chunk = np.zeros((len(order), width), np.int32)
+    lengths = np.zeros((len(order),), np.int32)
+    for r, slot in enumerate(order):
+      ids = tokens.get(int(slot), ())
+      chunk[r, :len(ids)] = ids
+      lengths[r] = len(ids)
+    if rows is None:
+      return self._append(params, decode_state, jnp.asarray(chunk), jnp.asarray(lengths))
+    return self._append_rows(params, decode_state, jnp.asarray(rows), jnp.asarray(chunk), jnp.asarray(lengths))
 
   def _generate_impl(self, params, state: DecodeState, steps: int,
                      how: sampling.SamplingParams) -> tuple[DecodeState, StepOutput]:
@@ -613,7 +676,7 @@ class Engine:
                                samples_per_slot=1)
 
   def lowering_steps(self, params: Any, steps_per_call: int = 1, how: sampling.SamplingParams | None = None,
-                     samples_per_prompt: int = 1) -> list[Step]:
+                     samples_per_prompt: int = 1, appending: int | None = None) -> list[Step]:
     """The engine's jitted calls on abstract arguments, at the shapes a rollout uses.
 
     Prefill at every bucket for a full refill (the prompts of
@@ -622,7 +685,9 @@ class Engine:
     into every slot, the decode loop of
     `steps_per_call` steps (what a rollout calls), and one decode step
     (its HBM traffic is a step's), and an append at each of
-    `append_buckets`. `params` are arrays or ShapeDtypeStructs
+    `append_buckets` over all slots and over the rows of `appending` slots
+    spread over the shards (default: the most that do not run over all
+    slots). `params` are arrays or ShapeDtypeStructs
     with shardings, taken in the compute dtype as the sampler passes them
     (`compute_params`).
     """
@@ -646,12 +711,29 @@ class Engine:
     out.append(Step(f"decode[{slots} slots x {steps_per_call}]", self._generate, (params, state, steps_per_call, how)))
     if steps_per_call > 1:
       out.append(Step(f"decode_step[{slots} slots]", self._generate, (params, state, 1, how)))
-    lengths = jax.ShapeDtypeStruct((slots,), jnp.int32, sharding=self._sharding(("cache_batch",), (slots,)))
+    if appending is None:
+      per_shard = (slots // self.slot_shards) // 4 or None
+    else:
+      per_shard = self.append_rows_per_shard(range(0, slots, max(1, slots // appending))[:appending])
     for width in self.append_buckets:
-      chunk = jax.ShapeDtypeStruct((slots, width), jnp.int32,
-                                   sharding=self._sharding(("cache_batch", None), (slots, width)))
-      out.append(Step(f"append[{slots} slots x {width}]", self._append, (params, state, chunk, lengths)))
+      out.append(self.append_lowering(params, width))
+      if per_shard:
+        out.append(self.append_lowering(params, width, per_shard))
     return out
+
+  def append_lowering(self, params: Any, width: int, per_shard: int | None = None) -> Step:
+    """The jitted append of a `width`-token chunk on abstract arguments (`params` as `lowering_steps` takes
+    them): over all slots, or over `per_shard` appending rows of each `cache_batch` shard."""
+    params, state = self.compute_params(abstract(params)), self.abstract_decode_state()
+    if per_shard is None:
+      rows, fn, args, name = self._slots, self._append, (), f"append[{self._slots} slots x {width}]"
+    else:
+      rows, fn = per_shard * self.slot_shards, self._append_rows
+      index = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=self._sharding(("cache_batch",), (rows,)))
+      args, name = (index,), f"append[{rows} of {self._slots} slots x {width}]"
+    chunk = jax.ShapeDtypeStruct((rows, width), jnp.int32, sharding=self._sharding(("cache_batch", None), (rows, width)))
+    lengths = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=self._sharding(("cache_batch",), (rows,)))
+    return Step(name, fn, (params, state, *args, chunk, lengths))
 
   # ----- tokenizer hooks --------------------------------------------------------
 
@@ -726,6 +808,34 @@ def _cast_floats(tree: Any, dtype: Any) -> Any:
 def cache_length(length: int, attention_kernel: str) -> int:
   """KV-cache slots for prompts and responses of `length` tokens: whole decode-kernel blocks under `pallas`."""
   return -(-length // 128) * 128 if attention_kernel == "pallas" else length
+
+
+def _rows_by_shard(slots: Sequence[int], local: int, shards: int, per_shard: int) -> tuple[np.ndarray, np.ndarray]:
+  """(rows [shards * per_shard]: each appending slot's index within its shard of `local` slots, `local` for
+  padding; order: the slot each row is, -1 for padding), shard by shard as the slots are split."""
+  rows = np.full((shards, per_shard), local, np.int32)
+  order = np.full((shards, per_shard), -1, np.int64)
+  for shard in range(shards):
+    mine = [s for s in slots if s // local == shard]
+    rows[shard, :len(mine)] = np.asarray(mine, np.int64) - shard * local
+    order[shard, :len(mine)] = mine
+  return rows.reshape(-1), order.reshape(-1)
+
+
+def _take_rows(mesh: Mesh, x: jax.Array, rows: jax.Array, spec: PartitionSpec) -> jax.Array:
+  """x's rows `rows` [R] (indices within each shard of x's first axis; R split as that axis is) -> [R, ...] laid
+  out as x, gathered on each device from its own shard."""
+  lead = PartitionSpec(spec[0] if spec else None)
+  return jax.shard_map(lambda a, r: jnp.take(a, r, axis=0, mode="clip"), mesh=mesh, in_specs=(spec, lead),
+                       out_specs=spec, check_vma=False)(x, rows)
+
+
+def _put_rows(mesh: Mesh, x: jax.Array, rows: jax.Array, new: jax.Array, spec: PartitionSpec) -> jax.Array:
+  """x with its rows `rows` (indices within each shard, as `_take_rows` reads them) set to `new` [R, ...] in
+  place on each device; rows past a shard's end (padding) are dropped."""
+  lead = PartitionSpec(spec[0] if spec else None)
+  return jax.shard_map(lambda a, r, b: a.at[r].set(b, mode="drop"), mesh=mesh, in_specs=(spec, lead, spec),
+                       out_specs=spec, check_vma=False)(x, rows, new)
 
 
 def _traced(mesh: Mesh, rules: Any, fn, gather_weights: bool = True):

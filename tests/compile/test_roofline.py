@@ -148,3 +148,14 @@ def test_reports_carry_the_roofline_beside_the_loop_once_estimate():
   header, row = report.table([both]).splitlines()
   assert "roof s" in header and "est s (loop once)" in header and "TFLOP (loop once)" in header
   assert " 0.75 " in row and " 8.00 " in row
+
+
+def test_a_scatter_into_a_donated_buffer_moves_its_rows_not_the_buffer():
+  """`buffer.at[rows].set(new)` on a donated buffer updates it in place: HBM traffic counts the rows written and
+  read (and the indices), as for a dynamic-update-slice, not the 64 rows of the buffer."""
+  buffer, rows = jax.ShapeDtypeStruct((64, 1024), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.int32)
+  new = jax.ShapeDtypeStruct((2, 1024), jnp.float32)
+  text = jax.jit(lambda b, r, n: b.at[r].set(n, mode="drop"), donate_argnums=(0,)).lower(buffer, rows, new).compile()
+  assert "scatter" in text.as_text()
+  row = 1024 * 4
+  assert 2 * 2 * row <= hlo.hbm_bytes(text.as_text()) <= 2 * 2 * row + 64, hlo.hbm_bytes(text.as_text())

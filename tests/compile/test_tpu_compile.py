@@ -309,3 +309,33 @@ def test_a_slice_of_four_hosts_rolls_out_on_each_host_after_one_weight_all_gathe
   assert result.resident == pytest.approx(4 * 4 * parameters / 16, rel=1e-3)
   assert weights.resident == result.resident  # the copy's argument is a cast: the float32 weights stay too
   assert steps["actor_update"].resident == pytest.approx(4 * parameters / 16, rel=1e-3)  # the reference's copy
+
+
+def test_an_append_of_8_of_256_slots_computes_and_reads_their_rows_only(model_dir):
+  """A multi-turn engine of 256 slots on v5e-4 (4 shards of 64): 8 slots appending (2 per shard) cost 8/256 of the
+  all-slot append's FLOPs, and read the weights plus each appending row's cache about 4 times (copied out, read by
+  attention, put back in place), a quarter of the all-slot append's HBM traffic; no weight moves."""
+  from rljax.rl import assembly  # pylint: disable=import-outside-toplevel
+
+  target = topology.parse("v5e:2x2")
+  devices = topology.devices(target)
+  config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),
+                   [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES, "data.train_batch_size=128",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=128", "actor_rollout_ref.rollout.max_num_seqs=256",
+                    "actor_rollout_ref.rollout.multi_turn.enable=true", "data.return_raw_chat=true"],
+                   device_count=len(devices))
+  run, state = assembly.build_run(config, sharding.make_mesh(config, devices=devices), abstract=True, tokenizer=None,
+                                  batches_per_epoch=1)
+  engine, params = run.engine, run.actor_params(state)
+  assert (engine.max_concurrent_decodes, engine.slot_shards) == (256, 4)
+  assert engine.append_rows_per_shard(range(0, 256, 32)) == 2
+  every, _ = plan.compile_step(plan.PlannedStep(engine.append_lowering(params, 16)), target.hbm_bytes)
+  planned = plan.PlannedStep(engine.append_lowering(params, 16, 2))
+  few, compiled = plan.compile_step(planned, target.hbm_bytes)
+  assert planned.step.name == "append[8 of 256 slots x 16]" and every.fits and few.fits
+  assert few.loop_flops == pytest.approx(every.loop_flops * 8 / 256, rel=0.02)
+  weights = report.shard_bytes(engine.compute_params(params))
+  cache = report.shard_bytes(list(engine.abstract_decode_state().cache.k) + list(engine.abstract_decode_state().cache.v))
+  assert weights < few.hbm_traffic <= weights + 4 * cache * 2 / 64 + 2**20, (few.hbm_traffic, weights, cache)
+  assert few.hbm_traffic < 0.3 * every.hbm_traffic
+  assert hlo.collectives(compiled.as_text()).by_kind["all-gather"] < 0.05 * weights

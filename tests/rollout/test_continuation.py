@@ -15,21 +15,30 @@ SLOTS = 4
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def family(tmp_path_factory):
+  """(model, its parameters over a 2 x 2 x 2 mesh, the mesh)."""
   _, path = helpers.saved_family(tmp_path_factory, "llama3")
   model = from_pretrained(path)
   mesh = sharding.build_mesh({"data": 2, "fsdp": 2, "tensor": 2, "sequence": 1})
   params = nnx.state(model, nnx.Param)
-  params = sharding.shard_like(params, sharding.param_shardings(params, mesh, TENSOR_RULES))
-  engine = make_engine(model, max_concurrent_decodes=SLOTS, prefill_buckets=(8, 16), max_decode_length=16,
-                       sampling_params=SamplingParams(greedy=True), mesh=mesh, rules=TENSOR_RULES,
-                       append_buckets=(4, 8))
-  return engine, params
+  return model, sharding.shard_like(params, sharding.param_shardings(params, mesh, TENSOR_RULES)), mesh
 
 
-def prompts(seed=3):
+def greedy_engine(model, mesh, slots):
+  return make_engine(model, max_concurrent_decodes=slots, prefill_buckets=(8, 16), max_decode_length=16,
+                     sampling_params=SamplingParams(greedy=True), mesh=mesh, rules=TENSOR_RULES,
+                     append_buckets=(4, 8))
+
+
+@pytest.fixture(scope="module")
+def setup(family):
+  model, params, mesh = family
+  return greedy_engine(model, mesh, SLOTS), params
+
+
+def prompts(seed=3, lengths=(5, 8, 3, 7)):
   rng = np.random.default_rng(seed)
-  return [rng.integers(3, 128, n).astype(np.int32) for n in (5, 8, 3, 7)]
+  return [rng.integers(3, 128, n).astype(np.int32) for n in lengths]
 
 
 def fill(engine, params, rows):
@@ -64,6 +73,34 @@ def test_append_continues_a_slot_as_a_whole_prefill_would(setup):
   for slot in (1, 3):
     np.testing.assert_array_equal(np.concatenate([first.tokens[slot], second.tokens[slot]]), straight.tokens[slot])
     np.testing.assert_allclose(second.log_probs[slot], straight.log_probs[slot, 3:], atol=2e-5)
+
+
+def test_a_few_appending_slots_are_continued_over_their_own_rows(family):
+  """16 slots in 4 shards of 4: three slots of different shards append, each shard runs one row (copied out of its
+  cache and back), and they go on as a whole prefill would while the 13 others go on as if nothing was appended.
+  Two appending slots of one shard (over a quarter of it) run over all slots."""
+  model, params, mesh = family
+  engine = greedy_engine(model, mesh, 16)
+  assert engine.slot_shards == 4 and engine.append_rows_per_shard([1, 6, 14]) == 1
+  assert engine.append_rows_per_shard([1, 2]) is None
+  rows = prompts(seed=6, lengths=[3 + s % 6 for s in range(16)])
+  state, first = engine.generate_steps(params, fill(engine, params, rows), 3)
+  tool = {1: np.array([9, 10, 11, 12, 13], np.int32), 6: np.array([40, 41], np.int32), 14: np.array([7, 8, 9], np.int32)}
+  index = np.asarray(state.cache.index)
+  state = engine.append(params, state, tool)
+  assert engine._append_rows._cache_size() == 1 and engine._append._cache_size() == 0  # pylint: disable=protected-access
+  np.testing.assert_array_equal(np.asarray(state.cache.index), index + [len(tool.get(s, ())) for s in range(16)])
+  state, second = engine.generate_steps(params, state, 4)
+  whole = [np.concatenate([rows[s], np.asarray(first.tokens[s]), tool[s]]) if s in tool else rows[s]
+           for s in range(16)]
+  _, straight = engine.generate_steps(params, fill(engine, params, whole), 7)
+  for slot in range(16):
+    if slot in tool:
+      np.testing.assert_array_equal(second.tokens[slot], straight.tokens[slot, :4])
+      np.testing.assert_allclose(second.log_probs[slot], straight.log_probs[slot, :4], atol=2e-5)
+    else:
+      np.testing.assert_array_equal(np.concatenate([first.tokens[slot], second.tokens[slot]]), straight.tokens[slot])
+      np.testing.assert_allclose(second.log_probs[slot], straight.log_probs[slot, 3:], atol=2e-5)
 
 
 def test_an_idle_slot_keeps_its_cache_room_while_others_decode(setup):
