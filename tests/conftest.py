@@ -16,13 +16,15 @@ def _session_compilation_cache():
   """One persistent compilation cache for the session, read by every test and by the processes tests start:
   tests build the same tiny models' programs again and again (new engines and steps, each module's programs
   dropped after it), and a program is compiled once. A run starts with an empty cache (removed at exit), so
-  the suite takes the same time on a fresh machine as here; `JAX_COMPILATION_CACHE_DIR` set by the caller wins."""
-  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    path = tempfile.mkdtemp(prefix="rljax_tests_jax_cache_")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+  the suite takes the same time on a fresh machine as here. A `JAX_COMPILATION_CACHE_DIR` set by the caller is used
+  as it is, with JAX's own thresholds (a developer's cache does not fill with every tiny program)."""
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return
+  path = tempfile.mkdtemp(prefix="rljax_tests_jax_cache_")
+  atexit.register(shutil.rmtree, path, ignore_errors=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 
 _session_compilation_cache()

@@ -43,7 +43,8 @@ _ONLY = flags.DEFINE_list("only", [], "Compile only the steps whose names start 
 _JSON = flags.DEFINE_string("json", None, "Also write the reports to this JSON file.")
 _APPENDING = flags.DEFINE_integer("appending", None, "A multi-turn run: compile the append where this many slots "
                                   "append (spread over the slot shards) beside the append over all slots (default: "
-                                  "the most that run over their own rows).")
+                                  "the most that run over their own rows; none when this many run over all slots).",
+                                  lower_bound=1)
 
 FIXES = ("to fit, try: a larger fsdp axis (actor_rollout_ref.actor.fsdp_config.fsdp_size=-1 over more chips), "
          "fewer rows per micro-batch (actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, or "
@@ -64,6 +65,9 @@ def main(argv: Sequence[str]) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
   # pylint: disable=import-outside-toplevel
   import jax
+
+  if _TOPOLOGY.value:  # programs compiled for a slice this host lacks cannot be loaded back from a cache
+    jax.config.update("jax_enable_compilation_cache", False)
 
   from rljax import config as config_lib, sharding
   from rljax.compile import plan, report, topology as topology_lib

@@ -497,6 +497,14 @@ def _updates(inst: Instruction) -> list[str]:
   return inst.operands[1:2] if inst.opcode == "dynamic-update-slice" else inst.operands[(len(inst.operands) + 1) // 2:]
 
 
+def _updates_a_parameter(root: Instruction, fused: Computation) -> bool:
+  """Whether a fusion's `root` updates buffers the fusion takes (in place) rather than ones it builds (a
+  scatter into fused zeros writes its whole output)."""
+  inner = fused.by_name()
+  return root.opcode in _IN_PLACE and all(
+      u in inner and inner[u].opcode == "parameter" for u in _updated(root))
+
+
 def _read_bytes(fused: Computation, index: int, full: int, computations: dict[str, Computation]) -> int:
   """Bytes a fusion reads of its operand `index`: what its slices and gathers take when that is all it does
   with it (through nested fusions too); nothing for a buffer it updates in place; else the whole operand."""
@@ -554,9 +562,9 @@ def _hbm_walk(computations: dict[str, Computation], name: str, count: int, seen:
       full = hbm_shape_bytes(source.shape)
       reads += _read_bytes(fused, index, full, computations) if fused is not None else full
     writes = 0 if inst.opcode.endswith("-start") else hbm_shape_bytes(inst.shape)  # a -start's tuple aliases
-    if fused is not None and fused.instructions and fused.instructions[-1].opcode in _IN_PLACE:
-      root, inner = fused.instructions[-1], fused.by_name()
-      writes = sum(hbm_shape_bytes(inner[u].shape) for u in _updates(root) if u in inner)
+    if fused is not None and fused.instructions and _updates_a_parameter(fused.instructions[-1], fused):
+      inner = fused.by_name()
+      writes = sum(hbm_shape_bytes(inner[u].shape) for u in _updates(fused.instructions[-1]) if u in inner)
     total += count * (reads + writes)
   return total
 

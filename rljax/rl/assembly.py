@@ -33,6 +33,7 @@ from rljax.rl import policy, reward_model as reward_model_lib, steps as steps_li
 from rljax.rl.layout import Layout, make_layout
 from rljax.rollout import factory as rollout_factory
 from rljax.rollout.engine import Engine
+from rljax.sharding import hosts
 from rljax.sharding.placement import Step, abstract as abstract_arrays, shardings_of
 from rljax.training.optim import make_optimizer, make_schedule
 
@@ -169,12 +170,14 @@ def _reward_model(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, ab
 def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Mesh, rules: Any,
             tokenizer: Any) -> Engine:
   """The rollout engine on the rollout's mesh (`rollout.tensor_model_parallel_size`), with a slot for each
-  response in flight at once (`streaming.rows_in_flight`), at most rollout.max_num_seqs."""
+  response in flight at once on a host (`streaming.rows_in_flight` of its share of the rows: a mesh over several
+  hosts rolls out on each host's own devices), at most rollout.max_num_seqs."""
   arr = config.actor_rollout_ref
   rollout_mesh = rollout_factory.rollout_mesh(mesh, arr.rollout.tensor_model_parallel_size)
   sharding.check_model_fits(rollout_mesh, model.cfg.num_heads, model.cfg.num_kv_heads,
                             "actor_rollout_ref.rollout.tensor_model_parallel_size", model.cfg.num_experts)
-  slots = min(arr.rollout.max_num_seqs, streaming.rows_in_flight(config, layout.rows, layout.n))
+  host_rows = layout.rows // len(hosts.processes(mesh.devices.flat))
+  slots = min(arr.rollout.max_num_seqs, streaming.rows_in_flight(config, host_rows, layout.n))
   return rollout_factory.build_engine(
       model, arr.rollout, prompt_length=config.data.max_prompt_length, slots=slots,
       mesh=rollout_mesh, rules=rules, stop=rollout_factory.stop_ids(tokenizer, model.cfg),

@@ -39,7 +39,8 @@ multi-turn rollout appending a tool's answer): `append` writes each chosen
 slot's new tokens into its cache after what it holds, in place, in one
 call, and leaves each slot's logits after its last new token, so the next
 `generate` samples the model's reply; nothing already cached is recomputed.
-A few appending slots (up to a quarter of each `cache_batch` shard's) are
+A few appending slots (a power of two per `cache_batch` shard, up to a
+quarter of its slots) are
 copied out of the cache, continued and put back, on each device from its
 own shard, so the call's cost scales with the appending slots; more run
 as one call over all slots in place (rows with nothing to add keep their
@@ -614,7 +615,7 @@ class Engine:
   def append_rows_per_shard(self, slots: Sequence[int]) -> int | None:
     """Rows per shard an append of `slots` runs over (the smallest power of two holding the most appending slots
     of one shard), or None when that is more than a quarter of a shard's slots: the append then runs over all
-    slots in place, as cheap as copying the rows out and back, and no copy of the cache is made."""
+    slots in place (about as cheap as copying that many rows out and back), and no copy of the cache is made."""
     local = self._slots // self.slot_shards
     most = max(np.bincount(np.asarray(slots, np.int64) // local, minlength=self.slot_shards), default=0)
     rows = 1 << max(0, int(most) - 1).bit_length()
@@ -631,7 +632,10 @@ class Engine:
     """
     if not self.append_buckets:
       raise ValueError("this engine was built without append_buckets; it cannot continue a slot")
-    tokens = {slot: ids for slot, ids in tokens.items() if len(ids)}
+    outside = sorted(int(s) for s in tokens if not 0 <= int(s) < self._slots)
+    if outside:
+      raise ValueError(f"appending to slot(s) {outside} of an engine with {self._slots} slots (0 .. {self._slots - 1})")
+    tokens = {int(slot): ids for slot, ids in tokens.items() if len(ids)}
     longest = max((len(ids) for ids in tokens.values()), default=0)
     width = next((b for b in self.append_buckets if b >= longest), None)
     if width is None:
@@ -686,8 +690,8 @@ class Engine:
     `steps_per_call` steps (what a rollout calls), and one decode step
     (its HBM traffic is a step's), and an append at each of
     `append_buckets` over all slots and over the rows of `appending` slots
-    spread over the shards (default: the most that do not run over all
-    slots). `params` are arrays or ShapeDtypeStructs
+    spread over the shards (default: the most rows an append runs over
+    without running over all slots). `params` are arrays or ShapeDtypeStructs
     with shardings, taken in the compute dtype as the sampler passes them
     (`compute_params`).
     """
@@ -712,8 +716,11 @@ class Engine:
     if steps_per_call > 1:
       out.append(Step(f"decode_step[{slots} slots]", self._generate, (params, state, 1, how)))
     if appending is None:
-      per_shard = (slots // self.slot_shards) // 4 or None
+      quarter = (slots // self.slot_shards) // 4
+      per_shard = 1 << (quarter.bit_length() - 1) if quarter else None
     else:
+      if appending < 1:
+        raise ValueError(f"appending={appending}: the appending slots must be 1 or more")
       per_shard = self.append_rows_per_shard(range(0, slots, max(1, slots // appending))[:appending])
     for width in self.append_buckets:
       out.append(self.append_lowering(params, width))

@@ -282,7 +282,8 @@ def test_replica_groups_are_read_in_each_form_hlo_writes(attributes, groups):
 
 
 def test_a_slice_of_four_hosts_rolls_out_on_each_host_after_one_weight_all_gather(model_dir):
-  """v5e-16 is 4 hosts: each decodes on its own 4 chips (compiled on a one-host slice) after one all-gather
+  """v5e-16 is 4 hosts: each decodes its own share of the responses on its own 4 chips (compiled on a one-host
+  slice, with a slot for each of them, not for every host's) after one all-gather
   that brings each host the 3/4 of the weights it does not hold, within 1.3x of that; the trainer's state
   counts towards each rollout step's fit."""
   target = topology.parse("v5litepod-16")
@@ -301,6 +302,7 @@ def test_a_slice_of_four_hosts_rolls_out_on_each_host_after_one_weight_all_gathe
   assert 1.0 <= weights.ratio <= 1.3, weights.cross_host
   decode = steps["decode_step"]
   assert set(jax.tree.leaves(decode.step.args[0])[0].sharding.device_set) <= set(host)
+  assert decode.step.name == "decode_step[8 slots]"  # a slot for each of the host's 16 x 2 / 4 responses
   result, _ = plan.compile_step(decode, target.hbm_bytes)
   assert result.fits and result.cross_host is None and result.ratio <= 1.3
   # beside the rollout, each chip keeps its 1/16 of the trainer's float32 weights, Adam's two moments and the

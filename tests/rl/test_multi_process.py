@@ -61,8 +61,10 @@ def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_
 @pytest.mark.slow  # two trainer runs of one step: one of 4 processes, one of 1 (about 2 minutes)
 def test_ppo_with_dynamic_sampling_as_four_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
   # the parts whose statistics are over the whole batch: GAE's whitening (critic), the adaptive KL controller,
-  # rollout correction; and dynamic sampling's rounds, agreed by 4 hosts and cut to 8 groups across them
+  # rollout correction; and dynamic sampling's rounds, agreed by 4 hosts and cut to 8 groups across them. Each
+  # host decodes its 4 responses in 4 slots; the one process's 4 slots decode the same waves
   argv = job("ppo", model_dir, data_dir, tmp_path, "actor_rollout_ref.actor.shuffle=true",
+             "actor_rollout_ref.rollout.max_num_seqs=4",
              "trainer.total_training_steps=1", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
              "algorithm.rollout_correction.rollout_is=token", "algorithm.filter_groups.enable=true",
              "algorithm.filter_groups.metric=seq_reward")
@@ -71,7 +73,13 @@ def test_ppo_with_dynamic_sampling_as_four_processes_logs_the_metrics_of_one(mod
   assert one[0]["train/num_gen_batches"] >= 2 and one[0]["critic/vf_loss"] > 0
   assert one[0]["actor/reward_kl_penalty_coeff"] > 0 and "rollout_corr/rollout_is_mean" in one[0]
   # one step: the critic's forward and the gradients' all-reduce differ in their last bit between in-process
-  # and cross-process collectives (summation order), and the next step's sampled tokens can follow them
+  # and cross-process collectives (summation order), and the next step's sampled tokens can follow them. The
+  # spread of the IS weights (exp of the log-prob differences between the decode and the trainer) is 0 in one
+  # process, whose decode runs on the trainer's 8-device mesh, and float noise (3e-4) where each host decodes its
+  # 4 responses in 4 slots on its own 2 devices
+  for metrics in (one, four):
+    spread = [m.pop(k) for m in metrics for k in ("rollout_corr/rollout_is_std", "rollout_corr/rollout_is_seq_std")]
+    assert max(spread) < 1e-3
   processes.assert_same_metrics(one, four, atol=1e-6)
 
 
