@@ -253,6 +253,9 @@ class Engine:
   def _jit_on_mesh(self) -> None:
     """The jitted calls over `self._mesh` (prefills and reshards are made when first needed)."""
     step_rules = rules_lib.decode_rules(self.rules)
+    spec = self._sharding(("cache_batch",), (self._slots,)).spec
+    # how many `cache_batch` shards the slots are split into (each holds slots / slot_shards of them)
+    self.slot_shards = math.prod(self._mesh.shape[a] for a in rules_lib.spec_axes(spec[0] if spec else None))
     self._prefills: dict[tuple[int, int], Any] = {}
     self._continue_prefills: dict[tuple[int, int, int], Any] = {}
     self._reshards: dict[Any, Any] = {}
@@ -606,20 +609,20 @@ class Engine:
     logits = model.logits(last)[:, 0].astype(jnp.float32)
     return logits, written._replace(index=cache.index + lengths), generated + lengths
 
-  @property
-  def slot_shards(self) -> int:
-    """How many `cache_batch` shards the slots are split into (each holds slots / slot_shards of them)."""
-    spec = self.decode_state_shardings().generated.spec
-    return math.prod(self._mesh.shape[a] for a in rules_lib.spec_axes(spec[0] if spec else None))
+  def _most_rows_per_shard(self) -> int:
+    """The most rows per shard an append runs over alone (the largest power of two up to a quarter of a shard's
+    slots; 0: none): more run over all slots in place (about as cheap as copying that many rows out and back),
+    and no copy of the cache is made."""
+    quarter = (self._slots // self.slot_shards) // 4
+    return 1 << (quarter.bit_length() - 1) if quarter else 0
 
   def append_rows_per_shard(self, slots: Sequence[int]) -> int | None:
     """Rows per shard an append of `slots` runs over (the smallest power of two holding the most appending slots
-    of one shard), or None when that is more than a quarter of a shard's slots: the append then runs over all
-    slots in place (about as cheap as copying that many rows out and back), and no copy of the cache is made."""
+    of one shard), or None when that is more than `_most_rows_per_shard`: the append then runs over all slots."""
     local = self._slots // self.slot_shards
     most = max(np.bincount(np.asarray(slots, np.int64) // local, minlength=self.slot_shards), default=0)
     rows = 1 << max(0, int(most) - 1).bit_length()
-    return rows if rows <= local // 4 else None
+    return rows if rows <= self._most_rows_per_shard() else None
 
   def append(self, params: Any, decode_state: DecodeState, tokens: dict[int, Sequence[int]]) -> DecodeState:
     """Continues slots: slot s takes the ids tokens[s] after its cache's contents (the state is donated).
@@ -716,8 +719,7 @@ class Engine:
     if steps_per_call > 1:
       out.append(Step(f"decode_step[{slots} slots]", self._generate, (params, state, 1, how)))
     if appending is None:
-      quarter = (slots // self.slot_shards) // 4
-      per_shard = 1 << (quarter.bit_length() - 1) if quarter else None
+      per_shard = self._most_rows_per_shard() or None
     else:
       if appending < 1:
         raise ValueError(f"appending={appending}: the appending slots must be 1 or more")
