@@ -97,7 +97,10 @@ class HostLocalCopy:
     out = []
     for x, target, local in zip(self._treedef.flatten_up_to(self._cast(tree)), self._stacked, self._local):
       for stage in self._stages(x.sharding, target):
-        x = jax.device_put(x, stage)
+        # each copy ends before the next starts: two cross-host copies in flight can run their collectives in
+        # different orders on different hosts and wait on each other for ever (seen on the CPU: one host in an
+        # array's all-gather, the other in the previous array's permute), and the temporaries stay one array's
+        x = jax.block_until_ready(jax.device_put(x, stage))
       out.append(jax.make_array_from_single_device_arrays(x.shape, local, [s.data for s in x.addressable_shards]))
     return self._treedef.unflatten(out)
 

@@ -95,7 +95,10 @@ def test_lora_moe_router_replay_and_a_reward_model_as_two_processes_log_the_metr
   one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
   two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two"], 2, f"{tmp_path}/two")
   assert len(one) == 2 and one[0]["actor/grad_norm"] > 0 and "actor/moe_aux_loss" in one[0]
-  processes.assert_same_metrics(one, two)
+  # step 2's actor/ppo_kl (about -5e-5) is a mean of differences of log-probs of magnitude 1-10, whose float32
+  # rounding (1e-7 to 1e-6) follows the gradients' summation order: in-process or across processes. On an AMD
+  # EPYC host the two runs' values differ by 1.04e-7
+  processes.assert_same_metrics(one, two, atol=1e-6)
 
 
 @pytest.mark.slow  # a 2-process run killed after its second step, then restarted (about 3 minutes)
