@@ -246,6 +246,8 @@ BAD_INPUTS = [
     (["actor_rollout_ref.rollout.dtype=int8"], 1, "actor_rollout_ref.rollout.dtype='int8'"),
     (["actor_rollout_ref.rollout.cpu_dot_library=mkl"], 1,
      "actor_rollout_ref.rollout.cpu_dot_library='mkl': must be one of auto, ynnpack, eigen"),
+    (["actor_rollout_ref.rollout.kv_cache_dtype=int4"], 1,
+     "actor_rollout_ref.rollout.kv_cache_dtype='int4': must be one of auto, int8, fp8, fp8_e4m3, fp8_e5m2"),
 ]
 
 

@@ -144,6 +144,7 @@ def build_rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
       "max_num_seqs": 1024,
       "prefill_length_buckets": [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192],
       "cpu_dot_library": "auto",
+      "kv_cache_dtype": "auto",
       "log_prob_micro_batch_size": null(int),
       "log_prob_micro_batch_size_per_gpu": 16,
       "log_prob_use_dynamic_bsz": follow(actor, "use_dynamic_bsz"),

@@ -84,7 +84,8 @@ def _check_sampling(config: ConfigDict) -> None:
               "actor_rollout_ref.actor.fsdp_config.dtype", "critic.model.fsdp_config.model_dtype",
               "critic.model.fsdp_config.dtype"):
     check_enum(config, key, DTYPES)
-  from rljax.models import attention, remat  # pylint: disable=import-outside-toplevel
+  from rljax.models import attention, kv_quant, remat  # pylint: disable=import-outside-toplevel
+  check_enum(config, "actor_rollout_ref.rollout.kv_cache_dtype", tuple(kv_quant.KV_CACHE_DTYPES))
   check_enum(config, "actor_rollout_ref.model.remat_policy", remat.POLICIES)
   check_enum(config, "actor_rollout_ref.model.attention_kernel", ("auto",) + attention.KERNELS)
 

@@ -75,6 +75,7 @@ def get_generate_config() -> ConfigDict:
           "n": 1,
           "prefill_length_buckets": list(DEFAULT_PREFILL_BUCKETS),
           "cpu_dot_library": "auto",
+          "kv_cache_dtype": "auto",
           "attention_kernel": "auto",
       },
       "actor": {"strategy": "fsdp", "ulysses_sequence_parallel_size": 1, "fsdp_config": {"fsdp_size": -1}},
@@ -147,6 +148,10 @@ def _check_generate_lengths(config: ConfigDict) -> None:
   library = config.rollout.cpu_dot_library
   check(library in config_lib.CPU_DOT_LIBRARIES, "rollout.cpu_dot_library", library,
         f"must be one of {', '.join(config_lib.CPU_DOT_LIBRARIES)}", "set rollout.cpu_dot_library=auto")
+  from rljax.models import kv_quant  # pylint: disable=import-outside-toplevel
+  check(config.rollout.kv_cache_dtype in kv_quant.KV_CACHE_DTYPES, "rollout.kv_cache_dtype",
+        config.rollout.kv_cache_dtype, f"must be one of {', '.join(kv_quant.KV_CACHE_DTYPES)}",
+        "set rollout.kv_cache_dtype=auto (the rollout dtype) or int8")
   from rljax.models import attention  # pylint: disable=import-outside-toplevel
   kernels = ("auto",) + attention.KERNELS
   check(config.rollout.attention_kernel in kernels, "rollout.attention_kernel", config.rollout.attention_kernel,

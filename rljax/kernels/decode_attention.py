@@ -16,6 +16,10 @@ For q [B, K, G, hd] (G query heads per KV head, already scaled), caches
 
   out[b, k, g] = sum_s softmax_s(q[b,k,g] . k[b,k,s] | mask[b,s]) v[b,k,s]
 
+An 8-bit cache (`rljax.models.kv_quant`) is read as stored, with its
+per-token scales beside it in blocks of the same slots: the key scales
+multiply the scores and the value scales the softmax weights.
+
 On the CPU the same kernel runs in Pallas' interpreter (tests compare it
 with the dense reference, `reference`).
 """
@@ -52,7 +56,11 @@ def _live_blocks(b, starts_ref, ends_ref, block: int):
   return first, last
 
 
-def _kernel(starts_ref, ends_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l_ref, acc_ref, *, block: int):
+def _kernel(starts_ref, ends_ref, q_ref, k_ref, v_ref, mask_ref, *refs, block: int, quantized: bool):
+  if quantized:
+    k_scale_ref, v_scale_ref, o_ref, m_ref, l_ref, acc_ref = refs
+  else:
+    o_ref, m_ref, l_ref, acc_ref = refs
   b, j = pl.program_id(0), pl.program_id(2)
 
   @pl.when(j == 0)
@@ -66,8 +74,12 @@ def _kernel(starts_ref, ends_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l
   @pl.when((j >= first) & (j <= last))
   def _fold():
     q = q_ref[...]
-    scores = jax.lax.dot_general(q, k_ref[...], (((1,), (1,)), ((), ())), precision=_PRECISION,
+    # an 8-bit cache goes into the matmuls as it is stored; its scales multiply the scores and the weights
+    keys, values = (k_ref[...].astype(q.dtype), v_ref[...].astype(q.dtype)) if quantized else (k_ref[...], v_ref[...])
+    scores = jax.lax.dot_general(q, keys, (((1,), (1,)), ((), ())), precision=_PRECISION,
                                  preferred_element_type=jnp.float32)
+    if quantized:
+      scores = scores * k_scale_ref[...].astype(jnp.float32)
     valid = mask_ref[...] != 0
     scores = jnp.where(valid, scores, _NEG)
     m_prev = m_ref[...][:, :1]
@@ -75,7 +87,8 @@ def _kernel(starts_ref, ends_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l
     p = jnp.where(valid, jnp.exp(scores - m_new), 0.0)
     alpha = jnp.exp(m_prev - m_new)
     l_new = alpha * l_ref[...][:, :1] + jnp.sum(p, axis=-1, keepdims=True)
-    pv = jax.lax.dot_general(p.astype(v_ref.dtype), v_ref[...], (((1,), (0,)), ((), ())), precision=_PRECISION,
+    weights = p * v_scale_ref[...].astype(jnp.float32) if quantized else p
+    pv = jax.lax.dot_general(weights.astype(values.dtype), values, (((1,), (0,)), ((), ())), precision=_PRECISION,
                              preferred_element_type=jnp.float32)
     acc_ref[...] = alpha * acc_ref[...] + pv
     m_ref[...] = jnp.broadcast_to(m_new, m_ref.shape)
@@ -89,7 +102,8 @@ def _kernel(starts_ref, ends_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, m_ref, l
 
 @functools.partial(jax.jit, static_argnames=("block", "interpret"))
 def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, starts: jax.Array,
-                     ends: jax.Array, block: int | None = None, interpret: bool = False) -> jax.Array:
+                     ends: jax.Array, block: int | None = None, interpret: bool = False,
+                     k_scale: jax.Array | None = None, v_scale: jax.Array | None = None) -> jax.Array:
   """Attention of one new token per row over the live slots of its cache.
 
   Args:
@@ -99,6 +113,8 @@ def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
     starts, ends: [B] int32, every real key of row b lies in [starts[b], ends[b]).
     block: slots per block (default `block_size(S)`); must divide S.
     interpret: run in Pallas' interpreter (CPU).
+    k_scale, v_scale: [B, K, S] with an 8-bit cache (`rljax.models.kv_quant`):
+      key s of row b, head k is k[b, k, s] * k_scale[b, k, s], and so for values.
 
   Returns:
     [B, K, G, hd] in q's dtype.
@@ -120,18 +136,26 @@ def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
   def q_index(b, h, j, starts_ref, ends_ref):
     return b, h, 0, 0
 
+  def scale_index(b, h, j, starts_ref, ends_ref):
+    first, last = _live_blocks(b, starts_ref, ends_ref, block)
+    return b, h, 0, jnp.clip(j, first, last)
+
   kv_spec = pl.BlockSpec((None, None, block, dim), kv_index)
   q_spec = pl.BlockSpec((None, None, groups, dim), q_index)
+  quantized = k_scale is not None
+  scales = (k_scale[:, :, None, :], v_scale[:, :, None, :]) if quantized else ()
+  scale_specs = [pl.BlockSpec((None, None, 1, block), scale_index)] * len(scales)
   item = jnp.dtype(k.dtype).itemsize
   cost = pl.CostEstimate(
       flops=4 * batch * heads * groups * length * dim, transcendentals=batch * heads * groups * length,
-      bytes_accessed=2 * k.size * item + mask.size * 4 + 2 * q.size * jnp.dtype(q.dtype).itemsize)
+      bytes_accessed=2 * k.size * item + sum(x.size * x.dtype.itemsize for x in scales) + mask.size * 4
+      + 2 * q.size * jnp.dtype(q.dtype).itemsize)
   return pl.pallas_call(
-      functools.partial(_kernel, block=block),
+      functools.partial(_kernel, block=block, quantized=quantized),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=2,
           grid=(batch, heads, length // block),
-          in_specs=[q_spec, kv_spec, kv_spec, pl.BlockSpec((None, 1, block), mask_index)],
+          in_specs=[q_spec, kv_spec, kv_spec, pl.BlockSpec((None, 1, block), mask_index), *scale_specs],
           out_specs=q_spec,
           scratch_shapes=[pltpu.VMEM((groups, _LANES), jnp.float32), pltpu.VMEM((groups, _LANES), jnp.float32),
                           pltpu.VMEM((groups, dim), jnp.float32)]),
@@ -139,11 +163,11 @@ def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
       compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
       cost_estimate=cost,
       interpret=interpret,
-  )(starts.astype(jnp.int32), ends.astype(jnp.int32), q, k, v, mask.astype(jnp.int32)[:, None, :])
+  )(starts.astype(jnp.int32), ends.astype(jnp.int32), q, k, v, mask.astype(jnp.int32)[:, None, :], *scales)
 
 
 def reference(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-  """The dense computation `decode_attention` equals (float32 softmax)."""
+  """The dense computation `decode_attention` equals (float32 softmax; k, v dequantized already)."""
   scores = jnp.einsum("bkgh,bksh->bkgs", q, k, preferred_element_type=jnp.float32)
   scores = jnp.where(mask[:, None, None, :], scores, _NEG)
   weights = jax.nn.softmax(scores, axis=-1)

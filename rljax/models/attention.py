@@ -11,6 +11,11 @@
   new token per row (`AttentionMask.live`). Elsewhere the same kernels run
   in Pallas' interpreter (slow: for tests). Other calls use `xla`.
 
+Keys and values may be an 8-bit cache (`rljax.models.kv_quant.QuantizedKV`):
+`xla` and the decode kernel read its 8-bit values as stored and apply the
+per-token scales to the scores and the softmax weights; the flash kernel
+(a prefill's own prompt) reads it dequantized.
+
 Inside `rljax.sharding.activation_sharding` a kernel runs under `shard_map`:
 each device computes its own rows (the `cache_batch` rule) and heads (the
 `heads` / `kv_heads` rules), so no kernel input is gathered.
@@ -25,6 +30,8 @@ import jax.numpy as jnp
 
 from rljax.kernels import decode_attention as decode_lib
 from rljax.kernels import flash_attention as flash_lib
+from rljax.models import kv_quant
+from rljax.models.kv_quant import QuantizedKV
 from rljax.sharding import rules as rules_lib
 
 KERNELS = ("xla", "pallas")
@@ -52,12 +59,15 @@ class AttentionMask:
 
 
 def dense_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, softcap: float | None = None
+    q: jax.Array, k: jax.Array | QuantizedKV, v: jax.Array | QuantizedKV, mask: jax.Array,
+    softcap: float | None = None,
 ) -> jax.Array:
   """Softmax attention of scaled queries q [B, T, K, G, hd] over keys and values [B, K, S, hd].
 
   Keys and values are head-major, so the score and value contractions are
-  batched matmuls over (B, K) with no transpose of the (cached) keys.
+  batched matmuls over (B, K) with no transpose of the (cached) keys. An
+  8-bit cache enters both contractions as stored: its key scales [B, K, S]
+  multiply the scores, its value scales the weights.
 
   Args:
     mask: [B, T, S] bool, True where query t may attend to key s.
@@ -67,12 +77,23 @@ def dense_attention(
     [B, T, K, G, hd] in q's dtype.
   """
   neg = jnp.finfo(jnp.float32).min
-  scores = jnp.einsum("btkgh,bksh->bkgts", q, k.astype(q.dtype)).astype(jnp.float32)
+  keys, key_scale = _stored(k)
+  values, value_scale = _stored(v)
+  scores = jnp.einsum("btkgh,bksh->bkgts", q, keys.astype(q.dtype)).astype(jnp.float32)
+  if key_scale is not None:
+    scores = scores * key_scale.astype(jnp.float32)[:, :, None, None, :]
   if softcap is not None:
     scores = softcap * jnp.tanh(scores / softcap)
   scores = jnp.where(mask[:, None, None], scores, neg)
-  weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-  return _weighted_values(weights, v.astype(q.dtype))
+  weights = jax.nn.softmax(scores, axis=-1)
+  if value_scale is not None:
+    weights = weights * value_scale.astype(jnp.float32)[:, :, None, None, :]
+  return _weighted_values(weights.astype(q.dtype), values.astype(q.dtype))
+
+
+def _stored(kv: jax.Array | QuantizedKV) -> tuple[jax.Array, jax.Array | None]:
+  """(the cache as stored [B, K, S, hd], its scales [B, K, S] or None when it is not quantized)."""
+  return (kv.values, kv.scale) if isinstance(kv, QuantizedKV) else (kv, None)
 
 
 def _weighted_values(weights: jax.Array, v: jax.Array) -> jax.Array:
@@ -125,29 +146,34 @@ def _flash(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask) -> jax
   row = ("cache_batch", "heads", None, None)
   out = _per_device(kernel, (row, ("cache_batch", "kv_heads", None, None), ("cache_batch", "kv_heads", None, None),
                              ("cache_batch", None), ("cache_batch", None)), row,
-                    heads_first, k.astype(q.dtype), v.astype(q.dtype), mask.query_segments, mask.key_segments)
+                    heads_first, kv_quant.dequantize(k, q.dtype), kv_quant.dequantize(v, q.dtype),
+                    mask.query_segments, mask.key_segments)
   return out.transpose(0, 2, 1, 3).reshape(b, t, kh, g, hd)
 
 
-def _decode(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask) -> jax.Array:
-  b, _, kh, g, hd = q.shape
+def _decode(q: jax.Array, k: jax.Array | QuantizedKV, v: jax.Array | QuantizedKV, mask: AttentionMask) -> jax.Array:
+  keys, key_scale = _stored(k)
+  values, value_scale = _stored(v)
   interpret = not _on_tpu()
-  block = decode_lib.block_size(k.shape[2])
+  block = decode_lib.block_size(keys.shape[2])
 
-  def kernel(q, k, v, key_mask, starts, ends):
-    return decode_lib.decode_attention(q, k, v, key_mask, starts, ends, block=block, interpret=interpret)
+  def kernel(q, k, v, key_mask, starts, ends, *scales):
+    return decode_lib.decode_attention(q, k, v, key_mask, starts, ends, block=block, interpret=interpret,
+                                       k_scale=scales[0] if scales else None, v_scale=scales[1] if scales else None)
 
   heads = ("cache_batch", "kv_heads", None, None)
-  out = _per_device(kernel, (heads, heads, heads, ("cache_batch", None), ("cache_batch",), ("cache_batch",)), heads,
-                    q[:, 0], k, v, mask.dense[:, 0], *mask.live)
+  scales = () if key_scale is None else (key_scale, value_scale)
+  out = _per_device(kernel, (heads, heads, heads, ("cache_batch", None), ("cache_batch",), ("cache_batch",),
+                             *[("cache_batch", "kv_heads", None)] * len(scales)), heads,
+                    q[:, 0], keys, values, mask.dense[:, 0], *mask.live, *scales)
   return out[:, None]
 
 
 def attend(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, kernel: str = "xla",
+    q: jax.Array, k: jax.Array | QuantizedKV, v: jax.Array | QuantizedKV, mask: AttentionMask, kernel: str = "xla",
     softcap: float | None = None,
 ) -> jax.Array:
-  """Attention of scaled queries q [B, T, K, G, hd] over k, v [B, K, S, hd]: [B, T, K, G, hd].
+  """Attention of scaled queries q [B, T, K, G, hd] over k, v [B, K, S, hd] (or an 8-bit cache): [B, T, K, G, hd].
 
   `kernel` is `ModelConfig.attention_kernel` (see the module docstring);
   `softcap` is `ModelConfig.attn_logit_softcapping`, which only `xla` does.
@@ -161,7 +187,8 @@ def attend(
     return dense_attention(q, k, v, mask.dense, softcap)
   if kernel == "pallas" and q.shape[1] == 1 and mask.live is not None:
     return _decode(q, k, v, mask)
-  if kernel == "pallas" and mask.offset is not None and mask.query_segments is not None and _heads_split_alike(q, k):
+  flash = mask.offset is not None and mask.query_segments is not None
+  if kernel == "pallas" and flash and _heads_split_alike(q, _stored(k)[0]):
     return _flash(q, k, v, mask)
   return dense_attention(q, k, v, mask.dense)
 

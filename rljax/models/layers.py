@@ -25,7 +25,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from rljax.models import rope
+from rljax.models import kv_quant, rope
+from rljax.models.kv_quant import QuantizedKV
 from rljax.models.attention import AttentionMask, attend
 from rljax.models.config import ModelConfig
 from rljax.sharding.rules import constrain, gather, gathers, param_names
@@ -198,8 +199,9 @@ class Attention(nnx.Module):
       cos, sin: [B, T, head_dim] RoPE tables for the T new tokens.
       mask: which keys each query sees: over the T new tokens without a
         cache, over the cache's S slots (the new tokens' included) with one.
-      kv: optional cache (k, v), each [B, K, S, head_dim]: the T new keys
-        and values are written at row b's slots write_index[b] .. + T first,
+      kv: optional cache (k, v), each [B, K, S, head_dim] (or its 8-bit
+        `QuantizedKV`, quantized as it is written): the T new keys and
+        values are written at row b's slots write_index[b] .. + T first,
         then attention runs over the whole cache. Written before it is read,
         a donated cache is updated in place (reading the old cache and
         writing afterwards makes XLA copy it).
@@ -225,8 +227,7 @@ class Attention(nnx.Module):
     if kv is None:
       new_kv = None
     else:
-      new_kv = (write_slots(kv[0], k.astype(kv[0].dtype), write_index),
-                write_slots(kv[1], v.astype(kv[1].dtype), write_index))
+      new_kv = (write_kv(kv[0], k, write_index), write_kv(kv[1], v, write_index))
       k, v = new_kv
     out = attend(q, k, v, mask, cfg.attention_kernel, cfg.attn_logit_softcapping).astype(x.dtype).reshape(b, t, h, hd)
     out = checkpoint_name(constrain(out, ("batch", "length", "heads", "head_dim")), "attention_out")
@@ -237,8 +238,17 @@ class Attention(nnx.Module):
 
 
 def write_slots(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
-  """[B, K, S, hd] cache with row b's T new slots [B, K, T, hd] written at index[b]."""
+  """[B, K, S, ...] cache with row b's T new slots [B, K, T, ...] written at index[b]."""
   return jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice_in_dim(c, u, i, 1))(cache, new, index)
+
+
+def write_kv(cache: jax.Array | QuantizedKV, new: jax.Array, index: jax.Array) -> jax.Array | QuantizedKV:
+  """One layer's cache [B, K, S, hd] (an array, or 8-bit values and scales) with new [B, K, T, hd] written at
+  row b's slots index[b] .. + T (quantized first for a `QuantizedKV` cache)."""
+  if isinstance(cache, QuantizedKV):
+    new = kv_quant.quantize(new, cache.values.dtype, cache.scale.dtype)
+    return QuantizedKV(write_slots(cache.values, new.values, index), write_slots(cache.scale, new.scale, index))
+  return write_slots(cache, new.astype(cache.dtype), index)
 
 
 _ACTIVATIONS = {"silu": jax.nn.silu, "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True)}

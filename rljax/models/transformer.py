@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rljax.models import rope
+from rljax.models import kv_quant, rope
 from rljax.models.attention import AttentionMask
 from rljax.models.config import ModelConfig
 from rljax.models.layers import Block, RMSNorm, gather_layer, make_param
@@ -41,7 +41,8 @@ class KVCache(NamedTuple):
 
   Attributes:
     k, v: L arrays [B, K, S, head_dim], one per layer (head-major: attention
-      reads them without a transpose). Separate arrays, not one [L, ...]
+      reads them without a transpose), or L `QuantizedKV` (8-bit values of
+      that shape and [B, K, S] scales; `rljax.models.kv_quant`). Separate arrays, not one [L, ...]
       array, so each layer reads its cache directly and each decode step
       updates each layer's donated buffer in place: slicing a stacked cache
       per layer makes XLA copy every slice and the whole cache per step.
@@ -60,9 +61,19 @@ class KVCache(NamedTuple):
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None, stacked: bool = False) -> KVCache:
-  """An empty cache for ``batch`` rows of up to ``max_len`` tokens (``stacked``: [L, ...] arrays)."""
+  """An empty cache for ``batch`` rows of up to ``max_len`` tokens (``stacked``: [L, ...] arrays).
+
+  ``dtype`` defaults to the compute dtype; an 8-bit one (int8, float8)
+  stores each layer as a ``QuantizedKV`` with scales in the compute dtype.
+  """
   shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
   dtype = dtype or cfg.dtype
+  if kv_quant.is_quantized(dtype):
+    if stacked:
+      raise ValueError("a stacked (scanned) cache is made within one pass; it is never stored quantized")
+    return KVCache(k=tuple(kv_quant.empty(shape, dtype, cfg.dtype) for _ in range(cfg.num_layers)),
+                   v=tuple(kv_quant.empty(shape, dtype, cfg.dtype) for _ in range(cfg.num_layers)),
+                   mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((batch,), jnp.int32))
   if stacked:
     zeros = jnp.zeros((cfg.num_layers, *shape), dtype)
     return KVCache(k=zeros, v=zeros, mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((batch,), jnp.int32))

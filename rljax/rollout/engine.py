@@ -14,8 +14,9 @@ orchestrator checks.
 Layout. The decode state holds a KV cache of L arrays `[slots, K, S, head_dim]`
 (`S = max_prefill_length + max_decode_length`, rounded up to whole
 128-slot blocks for the Pallas decode kernel) sharded over the mesh (slots
-by the `cache_batch` rule: data x fsdp; KV heads over tensor), the
-next-token logits of every slot, and per-slot counters. Prefill traces the
+by the `cache_batch` rule: data x fsdp; KV heads over tensor; with
+`kv_cache_dtype` int8 or float8, 8-bit arrays with a scale per token and
+head, `rljax.models.kv_quant`), the next-token logits of every slot, and per-slot counters. Prefill traces the
 model under the job's rules (rows over data x fsdp, weights gathered, like a
 training forward pass); decode under `rljax.sharding.decode_rules`, where
 each device multiplies by the weight shard it holds and no weight moves. Prompts arrive right-padded to a length bucket (one
@@ -72,11 +73,14 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rljax.models import CausalLM, KVCache, ModelConfig, init_cache
+from rljax.models import CausalLM, KVCache, ModelConfig, init_cache, kv_quant
+from rljax.models.kv_quant import QuantizedKV
 from rljax.rollout import jetstream_compat, sampling
 from rljax.sharding import hosts, rules as rules_lib
 from rljax.sharding.placement import Step, abstract
 
+
+_CACHE_AXES = ("cache_batch", "kv_heads", "length", "head_dim")  # a cache layer's axes ([:3]: its 8-bit scales')
 
 # Whether google-jetstream is installed (found, not imported: see the module docstring).
 HAS_JETSTREAM = importlib.util.find_spec("jetstream") is not None
@@ -199,6 +203,7 @@ class Engine:
       decode_compiler_options: dict[str, str] | None = None,
       record_routing: bool = False,
       append_buckets: Sequence[int] = (),
+      kv_cache_dtype: Any = None,
   ):
     """Builds the engine.
 
@@ -222,6 +227,8 @@ class Engine:
         model; see the module docstring).
       append_buckets: increasing chunk lengths `append` pads new tokens to
         (multi-turn rollouts); the cache grows by the largest.
+      kv_cache_dtype: the KV cache's dtype (default the compute dtype); int8
+        or a float8 stores it quantized (`rljax.models.kv_quant`).
     """
     if record_routing and cfg.routing_shape is None:
       raise ValueError(f"record_routing needs a mixture-of-experts model; this is a dense {cfg.model_type}")
@@ -243,6 +250,7 @@ class Engine:
     self._params = params
     self.seed = seed
     self.append_buckets = tuple(sorted(int(b) for b in append_buckets))
+    self.kv_cache_dtype = jnp.dtype(kv_cache_dtype or cfg.dtype)
     headroom = self.append_buckets[-1] if self.append_buckets else 0
     self.cache_length = cache_length(self.buckets[-1] + self.max_decode_length + headroom, cfg.attention_kernel)
     self.decode_compiler_options = dict(decode_compiler_options or {})
@@ -317,11 +325,20 @@ class Engine:
     rules = rules_lib.with_cache_batch(self.rules)
     return NamedSharding(self._mesh, rules_lib.logical_to_spec(names, shape, self._mesh, rules))
 
+  def _kv_shardings(self, rows: int, length: int) -> tuple[Any, ...]:
+    """NamedShardings of a cache's L layers of keys (or values) for `rows` rows of `length` slots (the values'
+    and the scales' of an 8-bit cache)."""
+    cfg = self.cfg
+    shape = (rows, cfg.num_kv_heads, length, cfg.head_dim)
+    layer = self._sharding(_CACHE_AXES, shape)
+    if kv_quant.is_quantized(self.kv_cache_dtype):
+      layer = QuantizedKV(values=layer, scale=self._sharding(_CACHE_AXES[:3], shape[:3]))
+    return (layer,) * cfg.num_layers
+
   def decode_state_shardings(self) -> DecodeState:
     """NamedShardings of the decode state: slots over the `cache_batch` rule, KV heads over tensor."""
     cfg, slots, length = self.cfg, self._slots, self.cache_length
-    kv_shape = (slots, cfg.num_kv_heads, length, cfg.head_dim)
-    kv = (self._sharding(("cache_batch", "kv_heads", "length", "head_dim"), kv_shape),) * cfg.num_layers
+    kv = self._kv_shardings(slots, length)
     per_slot = self._sharding(("cache_batch",), (slots,))
     return DecodeState(
         cache=KVCache(k=kv, v=kv, mask=self._sharding(("cache_batch", "length"), (slots, length)), index=per_slot),
@@ -380,8 +397,7 @@ class Engine:
   def prefix_shardings(self, rows: int, bucket: int) -> Prefix:
     """NamedShardings of a prefill's output for `rows` prompts of `bucket` tokens."""
     cfg = self.cfg
-    kv = (self._sharding(("cache_batch", "kv_heads", "length", "head_dim"),
-                         (rows, cfg.num_kv_heads, bucket, cfg.head_dim)),) * cfg.num_layers
+    kv = self._kv_shardings(rows, bucket)
     per_row = self._sharding(("cache_batch",), (rows,))
     experts = (self._sharding(("cache_batch", None, None, None), (rows, bucket, *cfg.routing_shape))
                if self.record_routing else None)
@@ -404,7 +420,7 @@ class Engine:
   def _empty_state(self) -> DecodeState:
     cfg, slots, length = self.cfg, self._slots, self.cache_length
     return DecodeState(
-        cache=init_cache(cfg, slots, length),
+        cache=init_cache(cfg, slots, length, self.kv_cache_dtype),
         logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
         generated=jnp.zeros((slots,), jnp.int32),
         done=jnp.ones((slots,), bool),
@@ -428,7 +444,8 @@ class Engine:
     n, bucket = tokens.shape
     left, mask = _to_the_end(tokens, true_lengths)
     model = nnx.merge(self.graphdef, params)
-    logits, cache, routing = model.step(left, init_cache(self.cfg, n, bucket), attention_mask=mask.astype(jnp.int32),
+    logits, cache, routing = model.step(left, init_cache(self.cfg, n, bucket, self.kv_cache_dtype),
+                                        attention_mask=mask.astype(jnp.int32),
                                         last_only=True, query_offset=0, with_routing=True)
     experts = routing.experts if self.record_routing else None
     return Prefix(cache=cache, logits=logits[:, -1].astype(jnp.float32), experts=experts)
@@ -472,9 +489,9 @@ class Engine:
     """
     length = tokens.shape[1]
     left, mask = _to_the_end(tokens, true_lengths)
-    grow = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, length), (0, 0)))
+    grow = lambda x: jnp.pad(x, [(0, length if axis == 2 else 0) for axis in range(x.ndim)])
     held = prefix.cache
-    cache = KVCache(k=tuple(map(grow, held.k)), v=tuple(map(grow, held.v)),
+    cache = KVCache(k=jax.tree.map(grow, held.k), v=jax.tree.map(grow, held.v),
                     mask=jnp.pad(held.mask, ((0, 0), (0, length))), index=held.index)
     model = nnx.merge(self.graphdef, params)
     logits, cache, routing = model.step(left, cache, attention_mask=mask.astype(jnp.int32), last_only=True,
@@ -500,13 +517,15 @@ class Engine:
       return rules_lib.constrain(jnp.take(x, take, axis=0), names)
 
     def put(dst: jax.Array, src: jax.Array) -> jax.Array:
-      new = rows(src, ("cache_batch", "kv_heads", "length", "head_dim"))
+      """One layer's cache [slots, K, S, ...] (values or scales) with the chosen rows' first `bucket` slots."""
+      new = rows(src, _CACHE_AXES[:src.ndim])
       head = jax.lax.slice_in_dim(dst, 0, bucket, axis=2)
-      return jax.lax.dynamic_update_slice_in_dim(dst, jnp.where(chosen[:, None, None, None], new, head), 0, axis=2)
+      pick = chosen.reshape(-1, *(1,) * (dst.ndim - 1))
+      return jax.lax.dynamic_update_slice_in_dim(dst, jnp.where(pick, new, head), 0, axis=2)
 
     c, p = state.cache, prefix.cache
     mask = jnp.pad(rows(p.mask, ("cache_batch", "length")), ((0, 0), (0, c.mask.shape[1] - bucket)))
-    cache = KVCache(k=tuple(map(put, c.k, p.k)), v=tuple(map(put, c.v, p.v)),
+    cache = KVCache(k=jax.tree.map(put, c.k, p.k), v=jax.tree.map(put, c.v, p.v),
                     mask=jnp.where(chosen[:, None], mask, c.mask),
                     index=jnp.where(chosen, rows(p.index, ("cache_batch",)), c.index))
     streams = jax.vmap(lambda r: jax.random.fold_in(state.key, r))(request_ids)
@@ -587,12 +606,12 @@ class Engine:
     take = lambda x, sh: _take_rows(self._mesh, x, rows, sh.spec)
     put = lambda x, new, sh: _put_rows(self._mesh, x, rows, new, sh.spec)
     c, cs = state.cache, specs.cache
-    held = KVCache(k=tuple(map(take, c.k, cs.k)), v=tuple(map(take, c.v, cs.v)), mask=take(c.mask, cs.mask),
+    held = KVCache(k=jax.tree.map(take, c.k, cs.k), v=jax.tree.map(take, c.v, cs.v), mask=take(c.mask, cs.mask),
                    index=take(c.index, cs.index))
     logits, cache, generated = self._continue_rows(params, held, take(state.generated, specs.generated), tokens,
                                                    lengths)
     return state._replace(
-        cache=KVCache(k=tuple(map(put, c.k, cache.k, cs.k)), v=tuple(map(put, c.v, cache.v, cs.v)),
+        cache=KVCache(k=jax.tree.map(put, c.k, cache.k, cs.k), v=jax.tree.map(put, c.v, cache.v, cs.v),
                       mask=put(c.mask, cache.mask, cs.mask), index=put(c.index, cache.index, cs.index)),
         logits=put(state.logits, logits, specs.logits), generated=put(state.generated, generated, specs.generated),
         done=put(state.done, generated >= self.max_decode_length, specs.done))

@@ -154,6 +154,25 @@ def test_decode_moves_no_weight_and_reads_its_shards(model_dir, name):
   assert result.ratio <= 1.3, (result.hbm_traffic, result.bound)
 
 
+def test_an_int8_cache_halves_the_cache_shard_and_the_decode_steps_cache_traffic(model_dir):
+  """64 slots on v5e-4 with rollout.kv_cache_dtype=int8: the cache shard is 0.51x the bfloat16 one (8 bits and a
+  bfloat16 scale per 128-wide vector), and the decode step, the Pallas kernel reading the 8-bit blocks as stored,
+  reads the weights plus about half the cache traffic, within 1.3x of its (smaller) shards."""
+  larger = ["data.train_batch_size=32", "actor_rollout_ref.rollout.max_num_seqs=64"]
+  results = {}
+  for dtype in ("auto", "int8"):
+    steps, target = planned(model_dir, "v5e:2x2", *larger, f"actor_rollout_ref.rollout.kv_cache_dtype={dtype}")
+    decode = steps["decode_step"]
+    result, compiled = plan.compile_step(decode, target.hbm_bytes)
+    cache = decode.step.args[1].cache
+    assert decode.step.name == "decode_step[64 slots]" and result.fits and result.ratio <= 1.3
+    assert "tpu_custom_call" in compiled.as_text()
+    results[dtype] = (report.shard_bytes((cache.k, cache.v)), result.hbm_traffic - report.shard_bytes(decode.step.args[0]))
+  (full_cache, full_rest), (int8_cache, int8_rest) = results["auto"], results["int8"]
+  assert int8_cache == pytest.approx(full_cache * (128 + 2) / 256)
+  assert int8_rest < 0.6 * full_rest, (int8_rest, full_rest)
+
+
 MOE = {**TINY, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "moe_intermediate_size": 512,
        "num_experts": 8, "num_experts_per_tok": 2}
 

@@ -10,7 +10,7 @@ from jax.sharding import SingleDeviceSharding
 from rljax.compile import topology
 from rljax.kernels import decode_attention as decode_lib
 from rljax.kernels import flash_attention as flash_lib
-from rljax.models import CausalLM, ModelConfig, init_cache
+from rljax.models import CausalLM, ModelConfig, init_cache, kv_quant
 
 
 def _qkv(b, h, k, t, s, hd, seed=0):
@@ -60,6 +60,33 @@ def test_decode_attention_reads_only_live_blocks_and_equals_dense():
                                                          interpret=True), want, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.float8_e4m3fn])
+def test_decode_attention_over_an_8bit_cache_equals_dense_over_its_dequantized_values(dtype):
+  b, kh, g, s, hd = 2, 2, 4, 256, 16
+  keys = jax.random.split(jax.random.key(4), 3)
+  q = jax.random.normal(keys[0], (b, kh, g, hd))
+  k = kv_quant.quantize(3 * jax.random.normal(keys[1], (b, kh, s, hd)), dtype, jnp.float32)
+  v = kv_quant.quantize(jax.random.normal(keys[2], (b, kh, s, hd)), dtype, jnp.float32)
+  starts, ends = jnp.array([0, 130]), jnp.array([200, 256])
+  slots = jnp.arange(s)
+  mask = (slots >= starts[:, None]) & (slots < ends[:, None])
+  want = decode_lib.reference(q, kv_quant.dequantize(k, jnp.float32), kv_quant.dequantize(v, jnp.float32), mask)
+  got = decode_lib.decode_attention(q, k.values, v.values, mask, starts, ends, block=128, interpret=True,
+                                    k_scale=k.scale, v_scale=v.scale)
+  np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,bound", [(jnp.int8, 0.5 / 127), (jnp.float8_e4m3fn, 2.0 ** -4)])
+def test_an_8bit_cache_holds_each_vector_to_its_format_rounding(dtype, bound):
+  x = jax.random.normal(jax.random.key(5), (2, 3, 7, 16)) * jnp.arange(1, 8)[None, None, :, None]
+  x = x.at[0, 0, 0].set(0.0)  # a vector of zeros (nothing written) keeps scale 0 and stays 0
+  stored = kv_quant.quantize(x, dtype, jnp.float32)
+  assert stored.values.dtype == dtype and stored.scale.shape == (2, 3, 7)
+  error = jnp.abs(kv_quant.dequantize(stored, jnp.float32) - x)
+  assert float(jnp.max(error / jnp.max(jnp.abs(x), axis=-1, keepdims=True).clip(1e-30))) <= bound
+  assert float(stored.scale[0, 0, 0]) == 0.0 and not jnp.any(jnp.isnan(kv_quant.dequantize(stored, jnp.float32)))
+
+
 def test_pallas_model_equals_xla_model_in_training_and_decode():
   cfg = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
@@ -76,6 +103,13 @@ def test_pallas_model_equals_xla_model_in_training_and_decode():
   logits_x, _ = xla.step(token, cache_x)
   logits_p, _ = pallas.step(token, cache_p)
   np.testing.assert_allclose(logits_p, logits_x, atol=1e-4)
+  # an int8 cache: the decode kernel and XLA read it alike, and both stay near the full-precision cache
+  _, int8_x = xla.step(ids, init_cache(cfg, 2, 16, jnp.int8), mask, query_offset=0)
+  _, int8_p = pallas.step(ids, init_cache(cfg, 2, 16, jnp.int8), mask, query_offset=0)
+  assert int8_x.k[0].values.dtype == jnp.int8
+  quantized_x, _ = xla.step(token, int8_x)
+  np.testing.assert_allclose(pallas.step(token, int8_p)[0], quantized_x, atol=1e-4)
+  np.testing.assert_allclose(quantized_x, logits_x, atol=2e-2)
 
 
 @jax.default_matmul_precision("default")  # conftest asks for "highest", which Mosaic has no bfloat16 matmul for
@@ -91,3 +125,8 @@ def test_kernels_compile_for_tpu():
   compiled = decode.lower(spec((8, 2, 4, 128)), spec((8, 2, 1024, 128)), spec((8, 2, 1024, 128)),
                           spec((8, 1024), jnp.bool_), spec((8,), jnp.int32), spec((8,), jnp.int32)).compile()
   assert "tpu_custom_call" in compiled.as_text()
+  # over an int8 cache with its scales: Mosaic takes 8-bit blocks
+  int8 = decode.lower(spec((8, 2, 4, 128)), spec((8, 2, 1024, 128), jnp.int8), spec((8, 2, 1024, 128), jnp.int8),
+                      spec((8, 1024), jnp.bool_), spec((8,), jnp.int32), spec((8,), jnp.int32),
+                      k_scale=spec((8, 2, 1024)), v_scale=spec((8, 2, 1024))).compile()
+  assert "tpu_custom_call" in int8.as_text()

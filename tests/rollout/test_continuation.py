@@ -1,5 +1,6 @@
 """Continuing a conversation in the engine (`append`, `prefill(existing_prefix=...)`) equals prefilling it whole."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -24,10 +25,10 @@ def family(tmp_path_factory):
   return model, sharding.shard_like(params, sharding.param_shardings(params, mesh, TENSOR_RULES)), mesh
 
 
-def greedy_engine(model, mesh, slots):
+def greedy_engine(model, mesh, slots, kv_cache_dtype=None):
   return make_engine(model, max_concurrent_decodes=slots, prefill_buckets=(8, 16), max_decode_length=16,
                      sampling_params=SamplingParams(greedy=True), mesh=mesh, rules=TENSOR_RULES,
-                     append_buckets=(4, 8))
+                     append_buckets=(4, 8), kv_cache_dtype=kv_cache_dtype)
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +102,38 @@ def test_a_few_appending_slots_are_continued_over_their_own_rows(family):
     else:
       np.testing.assert_array_equal(np.concatenate([first.tokens[slot], second.tokens[slot]]), straight.tokens[slot])
       np.testing.assert_allclose(second.log_probs[slot], straight.log_probs[slot, 3:], atol=2e-5)
+
+
+def test_an_int8_cache_decodes_appends_and_continues_as_the_full_precision_one(family):
+  """16 slots over 4 shards with an int8 cache (half the bytes): greedy decoding, an append of 3 slots (their own
+  rows), one of 12 (all slots) and a prefix continued by a second prefill give the tokens of the full-precision
+  cache, log-probs within 0.03."""
+  model, params, mesh = family
+  runs, rows = {}, prompts(seed=7, lengths=[3 + s % 6 for s in range(16)])
+  for dtype in (None, jnp.int8):
+    engine = greedy_engine(model, mesh, 16, dtype)
+    state, first = engine.generate_steps(params, fill(engine, params, rows), 3)
+    state = engine.append(params, state, {1: [9, 10, 11], 6: [40, 41], 14: [7]})
+    state, second = engine.generate_steps(params, state, 3)
+    state = engine.append(params, state, {s: [20 + s, 5] for s in range(12)})
+    state, third = engine.generate_steps(params, state, 3)
+    assert engine._append_rows._cache_size() == engine._append._cache_size() == 1  # pylint: disable=protected-access
+    prefix = engine.prefill(params=params, padded_tokens=np.arange(3, 19, dtype=np.int32).reshape(2, 8),
+                            true_length=np.array([5, 8], np.int32))
+    prefix = engine.prefill(params=params, existing_prefix=prefix, padded_tokens=np.full((2, 8), 30, np.int32),
+                            true_length=np.array([2, 6], np.int32))
+    _, fourth = engine.generate_steps(params, engine.insert_many(prefix, engine.init_decode_state(), [0, 9], [0, 1]),
+                                      4)
+    runs[dtype] = (np.concatenate([first.tokens, second.tokens, third.tokens], 1),
+                   np.concatenate([first.log_probs, second.log_probs, third.log_probs], 1),
+                   np.asarray(fourth.tokens)[[0, 9]], np.asarray(fourth.log_probs)[[0, 9]], state.cache)
+  full, int8 = runs[None], runs[jnp.int8]
+  assert int8[4].k[0].values.dtype == jnp.int8 and int8[4].k[0].scale.shape == full[4].k[0].shape[:3]
+  assert int8[4].k[0].values.nbytes + int8[4].k[0].scale.nbytes < 0.6 * full[4].k[0].nbytes
+  for got, want in ((int8[0], full[0]), (int8[2], full[2])):
+    np.testing.assert_array_equal(got, want)
+  for got, want in ((int8[1], full[1]), (int8[3], full[3])):
+    np.testing.assert_allclose(got, want, atol=0.03)
 
 
 def test_an_idle_slot_keeps_its_cache_room_while_others_decode(setup):

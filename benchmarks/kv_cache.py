@@ -1,0 +1,118 @@
+"""An 8-bit KV cache against the full-precision one: greedy agreement, log-prob differences and decode step time.
+
+    python benchmarks/kv_cache.py [--model smollm2-135m-instruct] [--new 96] [--dtypes int8,fp8]
+                                  [--compute bfloat16] [--pairs 3]
+
+Real chat prompts (`PROMPTS`, rendered with the model's chat template) are
+decoded greedily by the same engine with `kv_cache_dtype` auto (the compute
+dtype) and with each 8-bit dtype. Per dtype it prints, over the prompts:
+
+* `identical`: responses equal token for token to the full-precision cache's;
+* `agreement`: the share of the full-precision response's tokens before the
+  first difference (1.0: every response identical);
+* `mean_abs_dlogp` / `max_abs_dlogp`: |log-prob difference| of the sampled
+  tokens over the common prefix of each pair (same context on both sides);
+* `cache_bytes`: the decode state's KV cache, and `step_ms`: one decode step
+  over all slots, timed alternately with the full-precision engine
+  (`--pairs` times each, median). On the CPU an 8-bit cache is converted
+  before XLA's dots; the byte saving is a TPU (HBM-bound) figure, see
+  `python -m rljax.compile ... actor_rollout_ref.rollout.kv_cache_dtype=int8`.
+
+One JSON object per line.
+"""
+
+import argparse
+import json
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.models import from_pretrained, kv_quant, load_tokenizer
+from rljax.rollout import RolloutSampler, SamplingParams, make_engine
+
+from decode_library import filled_state, timed_steps
+
+PROMPTS = [
+    "What is the capital of France, and what is it known for?",
+    "Write a haiku about autumn leaves.",
+    "Explain in two sentences why the sky is blue.",
+    "If I have 3 apples and buy 5 more, then eat 2, how many apples do I have? Think step by step.",
+    "Give me three tips for learning a new programming language.",
+    "Translate 'Good morning, how are you?' into Spanish.",
+    "What is the difference between a list and a tuple in Python?",
+    "Summarize the plot of Romeo and Juliet in one paragraph.",
+]
+
+
+def chat_prompts(tokenizer, width: int) -> tuple[np.ndarray, np.ndarray]:
+  """[B, width] left-padded ids and mask of `PROMPTS` as user turns with the generation prompt."""
+  rows = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+          for p in PROMPTS]
+  if max(map(len, rows)) > width:
+    raise SystemExit(f"a prompt has {max(map(len, rows))} tokens; raise --prompt above it")
+  ids = np.zeros((len(rows), width), np.int32)
+  mask = np.zeros((len(rows), width), np.int32)
+  for i, row in enumerate(rows):
+    ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+  return ids, mask
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+  """How many leading entries of a and b are equal."""
+  differ = np.flatnonzero(a != b)
+  return int(differ[0]) if len(differ) else len(a)
+
+
+def run(args) -> None:
+  model = from_pretrained(args.model)
+  tokenizer = load_tokenizer(args.model)
+  params = nnx.state(model, nnx.Param)
+  ids, mask = chat_prompts(tokenizer, args.prompt)
+  engines, rollouts = {}, {}
+  for name in ("auto", *args.dtypes.split(",")):
+    engine = make_engine(model, compute_dtype=jnp.dtype(args.compute), max_concurrent_decodes=len(PROMPTS),
+                         prefill_buckets=(args.prompt,), max_decode_length=args.new, ignore_eos=True,
+                         sampling_params=SamplingParams(greedy=True),
+                         kv_cache_dtype=kv_quant.KV_CACHE_DTYPES[name])
+    out = RolloutSampler(engine, pad_id=0, steps_per_sync=16).generate(
+        engine.compute_params(params), ids, mask, 1, jax.random.key(0))
+    engines[name], rollouts[name] = engine, out
+  lengths = mask.sum(axis=1).astype(np.int32)
+  right = np.zeros_like(ids)
+  for i, (row, m) in enumerate(zip(ids, mask)):
+    right[i, :lengths[i]] = row[m.astype(bool)]
+  times = {name: [] for name in engines}
+  for _ in range(args.pairs):
+    for name, engine in engines.items():
+      compute = engine.compute_params(params)
+      times[name].append(timed_steps(engine, compute, filled_state(engine, compute, right, lengths))[1])
+  full = rollouts["auto"]
+  for name, out in rollouts.items():
+    prefixes = [common_prefix(a, b) for a, b in zip(full.responses, out.responses)]
+    diffs = np.concatenate([np.abs(a[:n] - b[:n]) for a, b, n in zip(full.log_probs, out.log_probs, prefixes)])
+    state = engines[name].abstract_decode_state()
+    print(json.dumps({
+        "kv_cache_dtype": name, "compute": args.compute, "prompts": len(PROMPTS), "new_tokens": args.new,
+        "identical": int(sum(n == args.new for n in prefixes)), "agreement": sum(prefixes) / (args.new * len(prefixes)),
+        "mean_abs_dlogp": float(diffs.mean()), "max_abs_dlogp": float(diffs.max()),
+        "cache_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((state.cache.k, state.cache.v)))),
+        "step_ms": 1000 * statistics.median(times[name]),
+        "first_response": tokenizer.decode(out.responses[0][:out.response_lengths[0]].tolist())[:160]}))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--model", default="smollm2-135m-instruct")
+  parser.add_argument("--prompt", type=int, default=64)
+  parser.add_argument("--new", type=int, default=96)
+  parser.add_argument("--dtypes", default="int8,fp8")
+  parser.add_argument("--compute", default="bfloat16", help="the rollout's compute dtype (rollout.dtype)")
+  parser.add_argument("--pairs", type=int, default=3)
+  run(parser.parse_args())
+
+
+if __name__ == "__main__":
+  main()
