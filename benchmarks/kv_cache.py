@@ -1,17 +1,23 @@
 """An 8-bit KV cache against the full-precision one: greedy agreement, log-prob differences and decode step time.
 
     python benchmarks/kv_cache.py [--model smollm2-135m-instruct] [--new 96] [--dtypes int8,fp8]
-                                  [--compute bfloat16] [--pairs 3]
+                                  [--computes bfloat16,float32] [--pairs 3]
 
 Real chat prompts (`PROMPTS`, rendered with the model's chat template) are
-decoded greedily by the same engine with `kv_cache_dtype` auto (the compute
-dtype) and with each 8-bit dtype. Per dtype it prints, over the prompts:
+decoded greedily by the same engine in each compute dtype (rollout.dtype)
+with `kv_cache_dtype` auto (the compute dtype) and with each 8-bit dtype.
+Each run is compared with the float32 engine's unquantized one (the
+reference; a bfloat16 run with an unquantized cache shows how far bfloat16
+alone moves greedy decoding), and with its own compute dtype's unquantized
+run. Per run it prints, over the prompts:
 
-* `identical`: responses equal token for token to the full-precision cache's;
-* `agreement`: the share of the full-precision response's tokens before the
-  first difference (1.0: every response identical);
+* `identical`: responses equal token for token to the reference's;
+* `agreement`: the share of the reference's tokens before the first
+  difference (1.0: every response identical);
 * `mean_abs_dlogp` / `max_abs_dlogp`: |log-prob difference| of the sampled
   tokens over the common prefix of each pair (same context on both sides);
+* the same three against the unquantized run of the same compute dtype
+  (`*_vs_same_compute`);
 * `cache_bytes`: the decode state's KV cache, and `step_ms`: one decode step
   over all slots, timed alternately with the full-precision engine
   (`--pairs` times each, median). On the CPU an 8-bit cache is converted
@@ -72,14 +78,17 @@ def run(args) -> None:
   params = nnx.state(model, nnx.Param)
   ids, mask = chat_prompts(tokenizer, args.prompt)
   engines, rollouts = {}, {}
-  for name in ("auto", *args.dtypes.split(",")):
-    engine = make_engine(model, compute_dtype=jnp.dtype(args.compute), max_concurrent_decodes=len(PROMPTS),
+  runs = [(compute, name) for compute in ("float32", *args.computes.split(","))
+          for name in ("auto", *args.dtypes.split(","))]
+  for run_key in dict.fromkeys(runs):
+    compute, name = run_key
+    engine = make_engine(model, compute_dtype=jnp.dtype(compute), max_concurrent_decodes=len(PROMPTS),
                          prefill_buckets=(args.prompt,), max_decode_length=args.new, ignore_eos=True,
                          sampling_params=SamplingParams(greedy=True),
                          kv_cache_dtype=kv_quant.KV_CACHE_DTYPES[name])
     out = RolloutSampler(engine, pad_id=0, steps_per_sync=16).generate(
         engine.compute_params(params), ids, mask, 1, jax.random.key(0))
-    engines[name], rollouts[name] = engine, out
+    engines[run_key], rollouts[run_key] = engine, out
   lengths = mask.sum(axis=1).astype(np.int32)
   right = np.zeros_like(ids)
   for i, (row, m) in enumerate(zip(ids, mask)):
@@ -89,18 +98,23 @@ def run(args) -> None:
     for name, engine in engines.items():
       compute = engine.compute_params(params)
       times[name].append(timed_steps(engine, compute, filled_state(engine, compute, right, lengths))[1])
-  full = rollouts["auto"]
-  for name, out in rollouts.items():
-    prefixes = [common_prefix(a, b) for a, b in zip(full.responses, out.responses)]
-    diffs = np.concatenate([np.abs(a[:n] - b[:n]) for a, b, n in zip(full.log_probs, out.log_probs, prefixes)])
-    state = engines[name].abstract_decode_state()
+  for (compute, name), out in rollouts.items():
+    state = engines[compute, name].abstract_decode_state()
     print(json.dumps({
-        "kv_cache_dtype": name, "compute": args.compute, "prompts": len(PROMPTS), "new_tokens": args.new,
-        "identical": int(sum(n == args.new for n in prefixes)), "agreement": sum(prefixes) / (args.new * len(prefixes)),
-        "mean_abs_dlogp": float(diffs.mean()), "max_abs_dlogp": float(diffs.max()),
+        "compute": compute, "kv_cache_dtype": name, "prompts": len(PROMPTS), "new_tokens": args.new,
+        **compare(rollouts["float32", "auto"], out, args.new),
+        **{f"{k}_vs_same_compute": v for k, v in compare(rollouts[compute, "auto"], out, args.new).items()},
         "cache_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((state.cache.k, state.cache.v)))),
-        "step_ms": 1000 * statistics.median(times[name]),
+        "step_ms": 1000 * statistics.median(times[compute, name]),
         "first_response": tokenizer.decode(out.responses[0][:out.response_lengths[0]].tolist())[:160]}))
+
+
+def compare(reference, out, new: int) -> dict:
+  """identical, agreement and |log-prob differences| of `out`'s greedy responses against `reference`'s."""
+  prefixes = [common_prefix(a, b) for a, b in zip(reference.responses, out.responses)]
+  diffs = np.concatenate([np.abs(a[:n] - b[:n]) for a, b, n in zip(reference.log_probs, out.log_probs, prefixes)])
+  return {"identical": int(sum(n == new for n in prefixes)), "agreement": sum(prefixes) / (new * len(prefixes)),
+          "mean_abs_dlogp": float(diffs.mean()), "max_abs_dlogp": float(diffs.max())}
 
 
 def main():
@@ -109,7 +123,8 @@ def main():
   parser.add_argument("--prompt", type=int, default=64)
   parser.add_argument("--new", type=int, default=96)
   parser.add_argument("--dtypes", default="int8,fp8")
-  parser.add_argument("--compute", default="bfloat16", help="the rollout's compute dtype (rollout.dtype)")
+  parser.add_argument("--computes", default="bfloat16",
+                      help="compute dtypes (rollout.dtype) beside float32, the reference's")
   parser.add_argument("--pairs", type=int, default=3)
   run(parser.parse_args())
 
