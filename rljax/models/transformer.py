@@ -31,7 +31,7 @@ from rljax.models.remat import remat_policy
 from rljax.sharding.rules import constrain
 
 _RESIDUAL = ("batch", "activation_length", "embed")  # the residual stream: see rljax.sharding.rules
-_CACHE = ("cache_batch", "kv_heads", "length", "head_dim")
+CACHE_AXES = ("cache_batch", "kv_heads", "length", "head_dim")  # a cache layer's axes ([:3]: its 8-bit scales')
 
 _EMBED_INIT = jax.nn.initializers.normal(0.02)
 
@@ -42,8 +42,8 @@ class KVCache(NamedTuple):
   Attributes:
     k, v: L arrays [B, K, S, head_dim], one per layer (head-major: attention
       reads them without a transpose), or L `QuantizedKV` (8-bit values of
-      that shape and [B, K, S] scales; `rljax.models.kv_quant`). Separate arrays, not one [L, ...]
-      array, so each layer reads its cache directly and each decode step
+      that shape and [B, K, S] scales; `rljax.models.kv_quant`). Separate
+      arrays, not one [L, ...] array, so each layer reads its cache directly and each decode step
       updates each layer's donated buffer in place: slicing a stacked cache
       per layer makes XLA copy every slice and the whole cache per step.
       The engine's caches are always per layer (a model with stacked,
@@ -420,7 +420,7 @@ class CausalLM(nnx.Module):
     cache = init_cache(self.cfg, g, p + r, stacked=stacked)
     last, cache, prompt_routing = self.step_hidden(prompt_ids, cache, prompt_mask, prompt_positions, last_only=True,
                                                    query_offset=0, with_routing=True, experts=prompt_experts)
-    names, axis = ((None, *_CACHE), 1) if stacked else (_CACHE, 0)
+    names, axis = ((None, *CACHE_AXES), 1) if stacked else (CACHE_AXES, 0)
     repeat = lambda x: constrain(jnp.repeat(x, n, axis=axis), names)  # noqa: E731
     layers = (lambda f, kv: f(kv)) if stacked else (lambda f, kv: tuple(map(f, kv)))  # noqa: E731
     cache = KVCache(k=layers(repeat, cache.k), v=layers(repeat, cache.v), mask=jnp.repeat(cache.mask, n, axis=0),

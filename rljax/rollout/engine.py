@@ -16,8 +16,8 @@ Layout. The decode state holds a KV cache of L arrays `[slots, K, S, head_dim]`
 128-slot blocks for the Pallas decode kernel) sharded over the mesh (slots
 by the `cache_batch` rule: data x fsdp; KV heads over tensor; with
 `kv_cache_dtype` int8 or float8, 8-bit arrays with a scale per token and
-head, `rljax.models.kv_quant`), the next-token logits of every slot, and per-slot counters. Prefill traces the
-model under the job's rules (rows over data x fsdp, weights gathered, like a
+head, `rljax.models.kv_quant`), the next-token logits of every slot, and
+per-slot counters. Prefill traces the model under the job's rules (rows over data x fsdp, weights gathered, like a
 training forward pass); decode under `rljax.sharding.decode_rules`, where
 each device multiplies by the weight shard it holds and no weight moves. Prompts arrive right-padded to a length bucket (one
 compilation per bucket, not per prompt length), as JetStream pads them; the
@@ -75,12 +75,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.models import CausalLM, KVCache, ModelConfig, init_cache, kv_quant
 from rljax.models.kv_quant import QuantizedKV
+from rljax.models.transformer import CACHE_AXES
 from rljax.rollout import jetstream_compat, sampling
 from rljax.sharding import hosts, rules as rules_lib
 from rljax.sharding.placement import Step, abstract
 
-
-_CACHE_AXES = ("cache_batch", "kv_heads", "length", "head_dim")  # a cache layer's axes ([:3]: its 8-bit scales')
 
 # Whether google-jetstream is installed (found, not imported: see the module docstring).
 HAS_JETSTREAM = importlib.util.find_spec("jetstream") is not None
@@ -330,9 +329,9 @@ class Engine:
     and the scales' of an 8-bit cache)."""
     cfg = self.cfg
     shape = (rows, cfg.num_kv_heads, length, cfg.head_dim)
-    layer = self._sharding(_CACHE_AXES, shape)
+    layer = self._sharding(CACHE_AXES, shape)
     if kv_quant.is_quantized(self.kv_cache_dtype):
-      layer = QuantizedKV(values=layer, scale=self._sharding(_CACHE_AXES[:3], shape[:3]))
+      layer = QuantizedKV(values=layer, scale=self._sharding(CACHE_AXES[:3], shape[:3]))
     return (layer,) * cfg.num_layers
 
   def decode_state_shardings(self) -> DecodeState:
@@ -518,7 +517,7 @@ class Engine:
 
     def put(dst: jax.Array, src: jax.Array) -> jax.Array:
       """One layer's cache [slots, K, S, ...] (values or scales) with the chosen rows' first `bucket` slots."""
-      new = rows(src, _CACHE_AXES[:src.ndim])
+      new = rows(src, CACHE_AXES[:src.ndim])
       head = jax.lax.slice_in_dim(dst, 0, bucket, axis=2)
       pick = chosen.reshape(-1, *(1,) * (dst.ndim - 1))
       return jax.lax.dynamic_update_slice_in_dim(dst, jnp.where(pick, new, head), 0, axis=2)
