@@ -248,6 +248,8 @@ BAD_INPUTS = [
      "actor_rollout_ref.rollout.cpu_dot_library='mkl': must be one of auto, ynnpack, eigen"),
     (["actor_rollout_ref.rollout.kv_cache_dtype=int4"], 1,
      "actor_rollout_ref.rollout.kv_cache_dtype='int4': must be one of auto, int8, fp8, fp8_e4m3, fp8_e5m2"),
+    (["actor_rollout_ref.rollout.quantization=int4"], 1,
+     "actor_rollout_ref.rollout.quantization='int4': must be one of int8, fp8"),
 ]
 
 
@@ -596,7 +598,6 @@ def test_reward_manager_name_is_verls_newer_name_of_reward_models_reward_manager
 
 @pytest.mark.parametrize("override,problem", [
     ("global_profiler.steps=[0]", "must be a list of step numbers"),
-    ("actor_rollout_ref.rollout.quantization=fp8", "quantized rollouts are not implemented"),
     ("actor_rollout_ref.model.lora_adapter_path=/adapters", "starting from saved LoRA adapters is not implemented"),
     ("actor_rollout_ref.model.exclude_modules=[o_proj]", "exclude_modules is not implemented"),
     ("actor_rollout_ref.actor.optim.optimizer=SGD", "rljax's optimizer is optax's AdamW"),

@@ -801,10 +801,12 @@ KEYS = {
     "actor_rollout_ref.rollout.prompt_length": Key("Prompt length the engine is sized for; follows data.max_prompt_length."),
     "actor_rollout_ref.rollout.quantization": Key(
         "Quantization of the rollout's weights (fp8, ...).",
-        default_only=("quantized rollouts are not implemented: the engine would sample at rollout.dtype", "drop actor_rollout_ref.rollout.quantization (rollout.dtype=bfloat16 is the closest)")),
+        mapped="null (rollout.dtype), fp8 (e4m3) or int8: the engine quantizes the trainer's weights on the device "
+               "at each weight sync, one scale per output channel (weights only: activations stay in rollout.dtype); "
+               "the trainer keeps full precision, and rollout_corr/* report the mismatch"),
     "actor_rollout_ref.rollout.quantization_config_file": Key(
         "File with the quantization's settings.",
-        ignored="read only with rollout.quantization, which rljax does not implement"),
+        ignored="rljax's quantization has no settings to read: absmax scales per output channel"),
     "actor_rollout_ref.rollout.response_length": Key("Tokens generated per response at most; follows data.max_response_length."),
     "actor_rollout_ref.rollout.scheduling_policy": Key(
         "Request order of the inference server (fcfs, priority).",

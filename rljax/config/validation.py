@@ -85,7 +85,10 @@ def _check_sampling(config: ConfigDict) -> None:
               "critic.model.fsdp_config.dtype"):
     check_enum(config, key, DTYPES)
   from rljax.models import attention, kv_quant, remat  # pylint: disable=import-outside-toplevel
+  from rljax.models.weight_quant import QUANTIZATIONS  # pylint: disable=import-outside-toplevel
   check_enum(config, "actor_rollout_ref.rollout.kv_cache_dtype", tuple(kv_quant.KV_CACHE_DTYPES))
+  if config.actor_rollout_ref.rollout.quantization is not None:
+    check_enum(config, "actor_rollout_ref.rollout.quantization", tuple(QUANTIZATIONS))
   check_enum(config, "actor_rollout_ref.model.remat_policy", remat.POLICIES)
   check_enum(config, "actor_rollout_ref.model.attention_kernel", ("auto",) + attention.KERNELS)
 

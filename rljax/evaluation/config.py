@@ -76,6 +76,7 @@ def get_generate_config() -> ConfigDict:
           "prefill_length_buckets": list(DEFAULT_PREFILL_BUCKETS),
           "cpu_dot_library": "auto",
           "kv_cache_dtype": "auto",
+          "quantization": None,
           "attention_kernel": "auto",
       },
       "actor": {"strategy": "fsdp", "ulysses_sequence_parallel_size": 1, "fsdp_config": {"fsdp_size": -1}},
@@ -152,6 +153,11 @@ def _check_generate_lengths(config: ConfigDict) -> None:
   check(config.rollout.kv_cache_dtype in kv_quant.KV_CACHE_DTYPES, "rollout.kv_cache_dtype",
         config.rollout.kv_cache_dtype, f"must be one of {', '.join(kv_quant.KV_CACHE_DTYPES)}",
         "set rollout.kv_cache_dtype=auto (the rollout dtype) or int8")
+  from rljax.models import weight_quant  # pylint: disable=import-outside-toplevel
+  quantization = config.rollout.quantization
+  check(quantization is None or quantization in weight_quant.QUANTIZATIONS, "rollout.quantization", quantization,
+        f"must be null or one of {', '.join(weight_quant.QUANTIZATIONS)}",
+        "set rollout.quantization=int8 or fp8, or leave it out (the rollout dtype)")
   from rljax.models import attention  # pylint: disable=import-outside-toplevel
   kernels = ("auto",) + attention.KERNELS
   check(config.rollout.attention_kernel in kernels, "rollout.attention_kernel", config.rollout.attention_kernel,

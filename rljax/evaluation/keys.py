@@ -32,6 +32,7 @@ _GENERATE_AS_IN_RL = {
     "rollout.gpu_memory_utilization": "actor_rollout_ref.rollout.gpu_memory_utilization",
     "rollout.ignore_eos": "actor_rollout_ref.rollout.ignore_eos",
     "rollout.kv_cache_dtype": "actor_rollout_ref.rollout.kv_cache_dtype",
+    "rollout.quantization": "actor_rollout_ref.rollout.quantization",
     "rollout.mode": "actor_rollout_ref.rollout.mode",
     "rollout.prefill_length_buckets": "actor_rollout_ref.rollout.prefill_length_buckets",
     "rollout.top_k": "actor_rollout_ref.rollout.top_k",

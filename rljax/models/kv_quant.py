@@ -42,7 +42,8 @@ def is_quantized(dtype: Any) -> bool:
   return dtype is not None and jnp.dtype(dtype) in {jnp.dtype(d) for d in KV_CACHE_DTYPES.values() if d is not None}
 
 
-def _largest(dtype: Any) -> float:
+def largest(dtype: Any) -> float:
+  """The largest finite magnitude of an 8-bit `dtype` (127 for int8)."""
   return float(jnp.iinfo(dtype).max if jnp.issubdtype(dtype, jnp.integer) else jnp.finfo(dtype).max)
 
 
@@ -51,20 +52,27 @@ def empty(shape: tuple[int, ...], dtype: Any, scale_dtype: Any) -> QuantizedKV:
   return QuantizedKV(values=jnp.zeros(shape, dtype), scale=jnp.zeros(shape[:-1], scale_dtype))
 
 
-def quantize(x: jax.Array, dtype: Any, scale_dtype: Any) -> QuantizedKV:
-  """x [..., head_dim] -> QuantizedKV with one scale per vector (its largest magnitude over the 8-bit range).
+def quantize_along(x: jax.Array, axes: tuple[int, ...], dtype: Any, scale_dtype: Any) -> tuple[jax.Array, jax.Array]:
+  """x -> (values in `dtype`, scales of x's shape with 1 on `axes`): one scale per slice along `axes`, its
+  largest magnitude over the 8-bit range (0 for an all-zero slice).
 
   The scale is rounded to `scale_dtype` before dividing, so values * scale
   reproduces x to the 8-bit format's rounding, whatever the scale's dtype.
   """
   x = x.astype(jnp.float32)
-  largest = _largest(dtype)
-  scale = (jnp.max(jnp.abs(x), axis=-1) / largest).astype(scale_dtype)
-  wide = scale.astype(jnp.float32)[..., None]
-  q = jnp.clip(x / jnp.where(wide > 0, wide, 1.0), -largest, largest)
+  top = largest(dtype)
+  scale = (jnp.max(jnp.abs(x), axis=axes, keepdims=True) / top).astype(scale_dtype)
+  wide = scale.astype(jnp.float32)
+  q = jnp.clip(x / jnp.where(wide > 0, wide, 1.0), -top, top)
   if jnp.issubdtype(dtype, jnp.integer):
     q = jnp.round(q)
-  return QuantizedKV(values=q.astype(dtype), scale=scale)
+  return q.astype(dtype), scale
+
+
+def quantize(x: jax.Array, dtype: Any, scale_dtype: Any) -> QuantizedKV:
+  """x [..., head_dim] -> QuantizedKV with one scale per vector (`quantize_along` its last axis)."""
+  values, scale = quantize_along(x, (-1,), dtype, scale_dtype)
+  return QuantizedKV(values=values, scale=scale[..., 0])
 
 
 def dequantize(kv: QuantizedKV | jax.Array, dtype: Any) -> jax.Array:
@@ -74,4 +82,5 @@ def dequantize(kv: QuantizedKV | jax.Array, dtype: Any) -> jax.Array:
   return (kv.values.astype(jnp.float32) * kv.scale.astype(jnp.float32)[..., None]).astype(dtype)
 
 
-__all__ = ["KV_CACHE_DTYPES", "QuantizedKV", "dequantize", "empty", "is_quantized", "quantize"]
+__all__ = ["KV_CACHE_DTYPES", "QuantizedKV", "dequantize", "empty", "is_quantized", "largest", "quantize",
+           "quantize_along"]

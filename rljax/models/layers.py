@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from rljax.models import kv_quant, rope
+from rljax.models import kv_quant, rope, weight_quant
 from rljax.models.kv_quant import QuantizedKV
 from rljax.models.attention import AttentionMask, attend
 from rljax.models.config import ModelConfig
@@ -94,10 +94,15 @@ def gather_layer(state: nnx.State, dtype: Any) -> nnx.State:
   Outside a gathering context the state is returned as it is.
   """
   def one(var):
-    if not isinstance(var, nnx.Param) or not jnp.issubdtype(var.dtype, jnp.floating):
+    if not isinstance(var, nnx.Param):
       return var
+    value = var.get_value()
     names = param_names(var)
-    value = var[...]
+    if isinstance(value, weight_quant.QuantizedWeight):  # the engine's 8-bit weights: gathered as stored
+      names = names[len(names) - value.values.ndim:]
+      return var.replace(weight_quant.QuantizedWeight(*(gather(v, names) for v in value)))
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+      return var
     names = names[len(names) - value.ndim:]
     return var.replace(gather(compute_cast(value, dtype), names))
 
@@ -177,7 +182,7 @@ class Attention(nnx.Module):
 
   def _project(self, x: jax.Array, name: str) -> jax.Array:
     """x [B, T, D] -> [B, T, N, head_dim] through kernel ``name`` (q, k or v), its adapter and bias."""
-    y = jnp.einsum("btd,dnh->btnh", x, getattr(self, name)[...].astype(x.dtype))
+    y = jnp.einsum("btd,dnh->btnh", x, weight_quant.value(getattr(self, name), x.dtype))
     y = with_adapter(self, name, x, y)
     if self.cfg.qkv_bias:
       y = y + getattr(self, f"{name}_bias")[...].astype(x.dtype)
@@ -231,7 +236,7 @@ class Attention(nnx.Module):
       k, v = new_kv
     out = attend(q, k, v, mask, cfg.attention_kernel, cfg.attn_logit_softcapping).astype(x.dtype).reshape(b, t, h, hd)
     out = checkpoint_name(constrain(out, ("batch", "length", "heads", "head_dim")), "attention_out")
-    y = with_adapter(self, "o", out, jnp.einsum("bthk,hkd->btd", out, self.o[...].astype(x.dtype)))
+    y = with_adapter(self, "o", out, jnp.einsum("bthk,hkd->btd", out, weight_quant.value(self.o, x.dtype)))
     if cfg.o_bias:
       y = y + self.o_bias[...].astype(x.dtype)
     return y, new_kv
@@ -272,13 +277,13 @@ class MLP(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """[B, T, D] -> [B, T, D]."""
     hidden_axes = ("batch", "length", "mlp")
-    gate = constrain(with_adapter(self, "gate", x, x @ self.gate[...].astype(x.dtype)), hidden_axes)
-    up = constrain(with_adapter(self, "up", x, x @ self.up[...].astype(x.dtype)), hidden_axes)
+    gate = constrain(with_adapter(self, "gate", x, x @ weight_quant.value(self.gate, x.dtype)), hidden_axes)
+    up = constrain(with_adapter(self, "up", x, x @ weight_quant.value(self.up, x.dtype)), hidden_axes)
     if self.bias:
       gate = gate + self.gate_bias[...].astype(x.dtype)
       up = up + self.up_bias[...].astype(x.dtype)
     hidden = _ACTIVATIONS[self.act](gate) * up
-    y = with_adapter(self, "down", hidden, hidden @ self.down[...].astype(x.dtype))
+    y = with_adapter(self, "down", hidden, hidden @ weight_quant.value(self.down, x.dtype))
     if self.bias:
       y = y + self.down_bias[...].astype(x.dtype)
     return y

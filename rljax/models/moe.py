@@ -41,8 +41,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec
 
+from rljax.models import weight_quant
 from rljax.models.config import ModelConfig
 from rljax.models.layers import make_param
+from rljax.models.weight_quant import QuantizedWeight
 from rljax.sharding import rules as rules_lib
 
 _NORMAL = jax.nn.initializers.normal(0.02)
@@ -134,12 +136,13 @@ def _sorted_copies(ids: jax.Array, first: Any, experts: int) -> tuple[jax.Array,
 
 
 def _project(rows: jax.Array, kernel: jax.Array, sizes: jax.Array, adapter: tuple | None) -> jax.Array:
-  """rows [M, in] @ their experts' kernels [E', in, out], plus scale * (rows @ A) @ B with a LoRA adapter.
+  """rows [M, in] @ their experts' kernels [E', in, out] (an 8-bit `QuantizedWeight` dequantized as it is read),
+  plus scale * (rows @ A) @ B with a LoRA adapter.
 
   adapter: (A [E', in, r], B [E', r, out], scale []) or None. Both terms are
   linear in rows, so a partial sum over a split `in` stays one.
   """
-  y = jax.lax.ragged_dot(rows, kernel.astype(rows.dtype), sizes)
+  y = jax.lax.ragged_dot(rows, weight_quant.dequantize(kernel, rows.dtype), sizes)
   if adapter is None:
     return y
   a, b, scale = adapter
@@ -153,14 +156,14 @@ def _experts_local(x, ids, weights, gate, up, down, first, sum_inputs, sum_outpu
   Args:
     x: [N, D'] tokens (D' = D / the devices splitting a weight's embed axis).
     ids, weights: [N, k] routing.
-    gate, up: [E', D', F'] local experts' weights; down: [E', F', D'].
+    gate, up: [E', D', F'] local experts' weights; down: [E', F', D'] (or their `QuantizedWeight`s).
     first: the global id of local expert 0.
     sum_inputs: sums partial projections over the embed split (identity when whole).
     sum_outputs: sums [N, D'] partial outputs (tensor split, other devices' experts).
     adapters: {gate, up, down: (A, B, scale)} LoRA adapters of the local experts (some or none).
   """
   n, k = ids.shape
-  order, sizes, here = _sorted_copies(ids, first, gate.shape[0])
+  order, sizes, here = _sorted_copies(ids, first, weight_quant.shape(gate)[0])
   rows = x[order // k]
   h_gate = sum_inputs(_project(rows, gate, sizes, adapters.get("gate")))
   h_up = sum_inputs(_project(rows, up, sizes, adapters.get("up")))
@@ -190,8 +193,18 @@ def _spec_entry(axes: tuple[str, ...]) -> Any:
   return None if not axes else (axes[0] if len(axes) == 1 else axes)
 
 
-def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array, up: jax.Array,
-             down: jax.Array, adapters: dict[str, Adapter] | None = None) -> jax.Array:
+def _weight_specs(w: jax.Array | QuantizedWeight, name: str) -> Any:
+  """The PartitionSpec of expert kernel `name` (gate, up or down) as the mesh lays it out (of its values and
+  scales when quantized)."""
+  names = WEIGHT_NAMES[name]
+  if isinstance(w, QuantizedWeight):
+    return QuantizedWeight(*(rules_lib.weight_spec(names, v.shape) for v in w))
+  return rules_lib.weight_spec(names, w.shape)
+
+
+def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array | QuantizedWeight,
+             up: jax.Array | QuantizedWeight, down: jax.Array | QuantizedWeight,
+             adapters: dict[str, Adapter] | None = None) -> jax.Array:
   """The experts' weighted outputs [B, T, D] for tokens x [B, T, D] routed by ids, weights [B, T, k].
 
   ``adapters``: LoRA adapters of some of gate, up, down. Runs directly
@@ -207,7 +220,7 @@ def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array, 
     out = _experts_local(x.reshape(b * t, d), ids.reshape(-1, k), weights.reshape(-1, k), gate, up, down, 0,
                          lambda v: v, lambda v: v, local)
     return out.reshape(b, t, d)
-  w_spec = rules_lib.weight_spec(WEIGHT_NAMES["gate"], gate.shape)
+  w_spec = rules_lib.weight_spec(WEIGHT_NAMES["gate"], weight_quant.shape(gate))
   exp_axes, d_axes, f_axes = (rules_lib.spec_axes(e) for e in w_spec)
   taken = set(d_axes) | set(f_axes)
   tok = rules_lib.active_spec(("batch", "length"), (b, t))
@@ -216,7 +229,7 @@ def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array, 
   x_spec = PartitionSpec(*(_spec_entry(e) for e in tok), _spec_entry(d_axes))
   r_spec = PartitionSpec(*(_spec_entry(e) for e in tok), None)
   summed = tuple(f_axes) + tuple(a for a in exp_axes if a not in gathered)
-  experts = gate.shape[0] // math.prod(mesh.shape[a] for a in exp_axes)
+  experts = weight_quant.shape(gate)[0] // math.prod(mesh.shape[a] for a in exp_axes)
 
   names = sorted(adapters)
 
@@ -234,7 +247,7 @@ def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array, 
       out = jax.lax.psum_scatter(out, gathered, scatter_dimension=0, tiled=True)
     return out.reshape(lb, lt, ld)
 
-  specs = (x_spec, r_spec, r_spec, w_spec, w_spec, rules_lib.weight_spec(WEIGHT_NAMES["down"], down.shape))
+  specs = (x_spec, r_spec, r_spec, _weight_specs(gate, "gate"), _weight_specs(up, "up"), _weight_specs(down, "down"))
   lora_args, lora_specs = [], []
   for name in names:
     adapter = adapters[name]
@@ -270,7 +283,8 @@ class MoE(nnx.Module):
     valid = jnp.ones((b * t,), bool) if valid is None else valid.reshape(-1)
     stats = router_stats(probs, ids, valid)
     ids, weights = ids.reshape(b, t, -1), weights.reshape(b, t, -1)
-    out = dispatch(x, ids, weights, self.gate[...], self.up[...], self.down[...], self._adapters())
+    out = dispatch(x, ids, weights, self.gate.get_value(), self.up.get_value(), self.down.get_value(),
+                   self._adapters())
     return out, (stats, ids)
 
   def _adapters(self) -> dict[str, Adapter]:

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rljax.models import kv_quant, rope
+from rljax.models import kv_quant, rope, weight_quant
 from rljax.models.attention import AttentionMask
 from rljax.models.config import ModelConfig
 from rljax.models.layers import Block, RMSNorm, gather_layer, make_param
@@ -169,11 +169,11 @@ class CausalLM(nnx.Module):
 
   def lm_head_weight(self) -> jax.Array:
     """[V, D] output projection (the embedding matrix when tied)."""
-    return (self.embed if self.cfg.tie_word_embeddings else self.lm_head)[...]
+    return weight_quant.stored(self.embed if self.cfg.tie_word_embeddings else self.lm_head, self.cfg.dtype)
 
   def _embed(self, input_ids: jax.Array) -> jax.Array:
     """[B, T] ids -> [B, T, D] embeddings in the compute dtype (times sqrt(D) with scale_embeddings)."""
-    x = self.embed[...][input_ids].astype(self.cfg.dtype)
+    x = weight_quant.rows(self.embed, input_ids, self.cfg.dtype)
     if self.cfg.scale_embeddings:
       x = x * jnp.asarray(self.cfg.hidden_size ** 0.5, x.dtype)
     return constrain(x, _RESIDUAL)

@@ -37,18 +37,25 @@ def inputs(config: ConfigDict) -> tuple[str, ...]:
   names = ["token_level_scores", "response_mask", "group"]
   if alg.use_kl_in_reward:
     names += ["old_log_probs", "ref_log_prob"]
-  if corr.rollout_is or corr.rollout_rs:
+  if corr.rollout_is or corr.rollout_rs or reports_mismatch(config):
     names += ["old_log_probs", "rollout_log_probs"]
   names += [_ESTIMATOR_FIELDS[n] for n in adv_lib.estimator_inputs(alg.adv_estimator).reads if n in _ESTIMATOR_FIELDS]
   return tuple(dict.fromkeys(names))
 
 
+def reports_mismatch(config: ConfigDict) -> bool:
+  """Whether the step reports the rollout's log-prob mismatch (`rollout_corr/*`) without correcting it: a
+  quantized rollout (`rollout.quantization`) samples from other weights than the trainer's."""
+  corr = config.algorithm.rollout_correction
+  return bool(config.actor_rollout_ref.rollout.get("quantization")) and not (corr.rollout_is or corr.rollout_rs)
+
+
 def reads_every_row(config: ConfigDict) -> bool:
   """Whether a statistic of `stage` is over the whole batch (not over one group's rows): a batch-wide
-  estimator, the KL controller's mean KL, rollout correction's batch statistics."""
+  estimator, the KL controller's mean KL, rollout correction's batch statistics (or its mismatch metrics)."""
   alg, corr = config.algorithm, config.algorithm.rollout_correction
   return bool(alg.adv_estimator in BATCH_WIDE_ESTIMATORS or alg.use_kl_in_reward or corr.rollout_is
-              or corr.rollout_rs)
+              or corr.rollout_rs or reports_mismatch(config))
 
 
 def stage(config: ConfigDict, rows: Experience, kl_ctrl: Any) -> tuple[Experience, tuple[Any, dict[str, Any]]]:
@@ -78,6 +85,9 @@ def stage(config: ConfigDict, rows: Experience, kl_ctrl: Any) -> tuple[Experienc
         rollout_rs=corr.rollout_rs, rollout_rs_threshold=corr.rollout_rs_threshold)
     metrics.update(corr_metrics)
     mask = jnp.asarray(mask, jnp.int32)
+  elif reports_mismatch(config):
+    metrics.update({f"rollout_corr/{k}": v for k, v in rollout_corr.compute_offpolicy_metrics(
+        rows.old_log_probs, rows.rollout_log_probs, rows.response_mask).items()})
   adv, ret = adv_lib.compute_advantage(alg.adv_estimator, adv_lib.AdvantageInputs(
       token_rewards, mask, group_ids=rows.group, num_groups=config.data.train_batch_size, values=rows.values,
       reward_baselines=rows.reward_baselines, reward_components=rows.reward_components,

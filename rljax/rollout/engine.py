@@ -33,7 +33,11 @@ parameter pytree it is given (the trainer's own arrays), never a host copy.
 The sampler passes them through `compute_params`, which leaves them as they
 are when they already are in the compute dtype (read in place) and
 otherwise casts them once per rollout (float32 master weights decoded in
-bfloat16: one device copy, not a cast per decode step).
+bfloat16: one device copy, not a cast per decode step). With `quantization`
+(`rollout.quantization`) that copy also quantizes the projections, experts
+and embeddings to 8 bits with a scale per output channel
+(`rljax.models.weight_quant`), on the device, so a decode step reads half
+the weight bytes.
 
 Continuation. A conversation goes on after a slot's turn has ended (a
 multi-turn rollout appending a tool's answer): `append` writes each chosen
@@ -73,7 +77,7 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rljax.models import CausalLM, KVCache, ModelConfig, init_cache, kv_quant
+from rljax.models import CausalLM, KVCache, ModelConfig, init_cache, kv_quant, weight_quant
 from rljax.models.kv_quant import QuantizedKV
 from rljax.models.transformer import CACHE_AXES
 from rljax.rollout import jetstream_compat, sampling
@@ -203,6 +207,7 @@ class Engine:
       record_routing: bool = False,
       append_buckets: Sequence[int] = (),
       kv_cache_dtype: Any = None,
+      quantization: Any = None,
   ):
     """Builds the engine.
 
@@ -228,6 +233,10 @@ class Engine:
         (multi-turn rollouts); the cache grows by the largest.
       kv_cache_dtype: the KV cache's dtype (default the compute dtype); int8
         or a float8 stores it quantized (`rljax.models.kv_quant`).
+      quantization: int8 or a float8 dtype: the weights the engine decodes
+        with are quantized to it at each weight sync, one scale per output
+        channel (`rljax.models.weight_quant`); default None, the compute
+        dtype.
     """
     if record_routing and cfg.routing_shape is None:
       raise ValueError(f"record_routing needs a mixture-of-experts model; this is a dense {cfg.model_type}")
@@ -253,7 +262,10 @@ class Engine:
     headroom = self.append_buckets[-1] if self.append_buckets else 0
     self.cache_length = cache_length(self.buckets[-1] + self.max_decode_length + headroom, cfg.attention_kernel)
     self.decode_compiler_options = dict(decode_compiler_options or {})
-    self._cast_impl = functools.partial(_cast_floats, dtype=jnp.dtype(cfg.dtype))
+    self.quantization = None if quantization is None else jnp.dtype(quantization)
+    self._cast_impl = (functools.partial(_cast_floats, dtype=jnp.dtype(cfg.dtype)) if quantization is None else
+                       functools.partial(weight_quant.quantize_params, dtype=self.quantization,
+                                         compute_dtype=jnp.dtype(cfg.dtype)))
     self._cast = jax.jit(self._cast_impl)
     self._jit_on_mesh()
 
@@ -346,30 +358,57 @@ class Engine:
         slot_keys=NamedSharding(self._mesh, PartitionSpec()), requests=NamedSharding(self._mesh, PartitionSpec()))
 
   def compute_params(self, params: Any) -> Any:
-    """`params` in the engine's compute dtype (`rollout.dtype`) and laid out on the engine's mesh.
+    """`params` in the engine's compute dtype (`rollout.dtype`), quantized with `quantization`, and laid out on
+    the engine's mesh.
 
-    The same arrays when they already are both (the trainer's arrays, read
-    in place); else one copy, cast and resharded, made once per rollout
-    rather than once per decode call, so every decode step reads
-    compute-dtype weights (float32 master weights would double a step's
-    bytes) in the rollout's layout (`rljax.rollout.factory.rollout_mesh`).
+    The same arrays when they already are all three (the trainer's arrays,
+    read in place); else one copy, cast (and quantized) and resharded, made
+    once per rollout rather than once per decode call, so every decode step
+    reads compute-dtype (or 8-bit) weights (float32 master weights would
+    double a step's bytes) in the rollout's layout
+    (`rljax.rollout.factory.rollout_mesh`).
     """
-    dtype = jnp.dtype(self.cfg.dtype)
-    target = rules_lib.param_shardings(params, self._mesh, self.rules)
-    same_layout = all(x.sharding == s for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
-    leaves = jax.tree.leaves(params)
-    if same_layout and all(not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype) == dtype for x in leaves):
+    if self._reads_in_place(params):
       return params
-    if all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
-      return abstract(jax.eval_shape(self._cast, params), target)
-    if same_layout:
-      return self._cast(params)
-    return self._resharder(params, target)(params)
+    if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
+      return abstract(jax.eval_shape(self._cast_impl, params), self._compute_shardings(params))
+    return self._copier(params)(params)
 
-  def _resharder(self, params: Any, target: Any) -> Callable[[Any], Any]:
-    """The jitted cast-and-reshard of `params` (arrays or ShapeDtypeStructs) to `target`, made once per tree."""
+  def _compute_shardings(self, params: Any) -> Any:
+    """The NamedShardings of `params` as the engine computes with them (its mesh and rules; a quantized
+    weight's values and scales laid out by its axis names)."""
+    return rules_lib.param_shardings(jax.eval_shape(self._cast_impl, params), self._mesh, self.rules)
+
+  def _same_layout(self, params: Any) -> bool:
+    """Whether `params` already lie on the engine's mesh as its rules lay them out."""
+    target = rules_lib.param_shardings(params, self._mesh, self.rules)
+    return all(x.sharding == s for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
+
+  def _reads_in_place(self, params: Any) -> bool:
+    """Whether the engine computes with `params` as they are: laid out and typed as it needs (quantized when
+    it quantizes: what `compute_params` returned)."""
+    dtype = jnp.dtype(self.cfg.dtype)
+    values = [v.get_value() if isinstance(v, nnx.Variable) else v
+              for v in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))]
+    quantized = [w for w in values if isinstance(w, weight_quant.QuantizedWeight)]
+    plain = [x for w in values if not isinstance(w, weight_quant.QuantizedWeight) for x in jax.tree.leaves(w)]
+    typed = (all(not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype) == dtype for x in plain)
+             and all(w.values.dtype == self.quantization and w.scale.dtype == dtype for w in quantized))
+    return bool(quantized) == (self.quantization is not None) and typed and self._same_layout(params)
+
+  def _copier(self, params: Any) -> Callable[[Any], Any]:
+    """The jitted cast (and quantization) of `params`: in place on their devices when they already lie as the
+    engine's rules lay them out and nothing is quantized, else a reshard (`_resharder`)."""
+    if self.quantization is None and self._same_layout(params):
+      return self._cast
+    return self._resharder(params)
+
+  def _resharder(self, params: Any) -> Callable[[Any], Any]:
+    """The jitted cast-and-reshard of `params` (arrays or ShapeDtypeStructs) to the engine's layout
+    (`_compute_shardings`), made once per tree."""
     key = jax.tree.structure(params)
     if key not in self._reshards:
+      target = self._compute_shardings(params)
       source = sorted(jax.tree.leaves(params)[0].sharding.device_set, key=lambda d: d.id)
       if len(hosts.processes(source)) > 1 and len(hosts.processes(self._mesh.devices.flat)) == 1:
         # a multi-process job's weights reach this host's engine mesh across the hosts, one array at a time
@@ -384,11 +423,9 @@ class Engine:
     output only feeds the next; none when the engine reads them in place. One for the whole tree; on a
     host-local engine of a multi-process job, two per array (`rljax.sharding.hosts.HostLocalCopy`)."""
     params = abstract(params)
-    if self.compute_params(params) is params:
+    if self._reads_in_place(params):
       return []
-    target = rules_lib.param_shardings(params, self._mesh, self.rules)
-    same_layout = all(x.sharding == s for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
-    copier = self._cast if same_layout else self._resharder(params, target)
+    copier = self._copier(params)
     if isinstance(copier, hosts.HostLocalCopy):
       return [(Step("rollout_weights", fn, args), feeds) for fn, args, feeds in copier.programs(params)]
     return [(Step("rollout_weights", copier, (params,)), False)]

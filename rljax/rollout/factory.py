@@ -22,7 +22,7 @@ from ml_collections import ConfigDict
 from rljax.config.choices import CPU_DOT_LIBRARIES
 from rljax.config.errors import ConfigError
 from rljax.data import tokenization
-from rljax.models import CausalLM, ModelConfig, kv_quant
+from rljax.models import CausalLM, ModelConfig, kv_quant, weight_quant
 from rljax.rollout import agent_loop
 from rljax.rollout.engine import Engine, make_engine
 from rljax.rollout.sampler import RolloutSampler
@@ -166,6 +166,7 @@ def build_engine(model: CausalLM, rollout: ConfigDict, *, prompt_length: int, sl
       decode_compiler_options=decode_compiler_options(mesh, rollout.cpu_dot_library,
                                                       slots_per_device(mesh, rules, slots)),
       record_routing=record_routing, kv_cache_dtype=kv_quant.KV_CACHE_DTYPES[rollout.kv_cache_dtype],
+      quantization=weight_quant.QUANTIZATIONS.get(rollout.quantization),
       append_buckets=agent_loop.append_buckets(rollout.response_length) if multi_turn else ())
 
 

@@ -109,9 +109,11 @@ class HostLocalCopy:
     leaf of `tree` (ShapeDtypeStructs on the job's mesh), in order: the programs `__call__`'s device_puts run,
     each input relabelled into its output's device order."""
     out = []
-    for x, source, target in zip(self._treedef.flatten_up_to(jax.eval_shape(self._cast, tree)),
-                                 self._treedef.flatten_up_to(tree), self._stacked):
-      current = source.sharding
+    # the cast's outputs lie as the compiler lays them out (as their inputs, or a quantized weight's scales
+    # as its reductions leave them)
+    laid_out = self._cast.lower(tree).compile().output_shardings
+    for x, current, target in zip(self._treedef.flatten_up_to(jax.eval_shape(self._cast, tree)),
+                                  self._treedef.flatten_up_to(laid_out), self._stacked):
       stages = self._stages(current, target)
       for i, stage in enumerate(stages):
         arg = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_in_device_order(current, list(stage.mesh.devices.flat)))

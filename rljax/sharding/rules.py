@@ -311,9 +311,15 @@ def param_shardings(model_or_state: Any, mesh: Mesh, rules: Rules | None) -> Any
     An nnx.State with the same structure whose leaves are NamedShardings.
   """
   state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) else model_or_state
-  return jax.tree.map(
-      lambda v: v.replace(NamedSharding(mesh, logical_to_spec(param_names(v), v.shape, mesh, rules))),
-      state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+  def one(var: nnx.Variable) -> nnx.Variable:
+    # a value of several arrays (the engine's 8-bit weights and their scales) lays each out by the names
+    names = tuple(var.get_metadata().get("out_sharding") or ())
+    return var.replace(jax.tree.map(
+        lambda x: NamedSharding(mesh, logical_to_spec(names or (None,) * x.ndim, x.shape, mesh, rules)),
+        var.get_value()))
+
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def batch_sharding(mesh: Mesh, rules: Rules | None, ndim: int = 2) -> NamedSharding:

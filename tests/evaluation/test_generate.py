@@ -227,6 +227,7 @@ def test_missing_model_names_the_key(tiny, capsys, override, needle):
     ("rollout.cpu_dot_library=blas", "rollout.cpu_dot_library='blas': must be one of auto, ynnpack, eigen"),
     ("rollout.kv_cache_dtype=int4",
      "rollout.kv_cache_dtype='int4': must be one of auto, int8, fp8, fp8_e4m3, fp8_e5m2"),
+    ("rollout.quantization=fp16", "rollout.quantization='fp16': must be null or one of int8, fp8"),
     ("rollout.attention_kernel=flash", "rollout.attention_kernel='flash': must be one of auto, xla, pallas"),
 ])
 def test_bad_keys_are_config_errors(tiny, capsys, override, needle):

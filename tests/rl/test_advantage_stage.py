@@ -4,8 +4,10 @@ process's numbers exactly when the estimator is not listed as batch-wide (`advan
 import numpy as np
 import pytest
 
+from rljax import config as C
 from rljax.algos import advantages as adv_lib
 from rljax.rl import advantage_stage
+from rljax.rl.experience import Experience
 
 
 def inputs(rows, group, seed):
@@ -41,3 +43,23 @@ def test_only_the_batch_wide_estimators_depend_on_other_hosts_rows(name):
       k: (v // 2 if k == "num_groups" else half(v, h, 16)) for k, v in fields.items()}))[0] for h in (0, 1)]
   local = np.allclose(np.concatenate(halves), one, rtol=1e-6, atol=1e-6)
   assert local != (name in advantage_stage.BATCH_WIDE_ESTIMATORS)
+
+
+def test_a_quantized_rollout_reports_its_log_prob_mismatch_over_the_whole_batch():
+  """rollout.quantization without a correction: the step reads the rollout's and the trainer's log-probs over
+  every host's rows and reports verl's rollout_corr/* diagnostics; with neither, it reads neither."""
+  config = C.get_base_config()
+  config.data.train_batch_size, config.algorithm.adv_estimator = 4, "grpo"
+  assert "rollout_log_probs" not in advantage_stage.inputs(config) and not advantage_stage.reads_every_row(config)
+  config.actor_rollout_ref.rollout.quantization = "int8"
+  assert {"old_log_probs", "rollout_log_probs"} <= set(advantage_stage.inputs(config))
+  assert advantage_stage.reads_every_row(config)
+  rng = np.random.default_rng(0)
+  old = -rng.random((16, 5)).astype(np.float32)
+  rollout = old + rng.normal(0, 0.05, (16, 5)).astype(np.float32)
+  mask = (np.arange(5)[None, :] < rng.integers(1, 6, 16)[:, None]).astype(np.int32)
+  rows = Experience(token_level_scores=np.zeros((16, 5), np.float32), response_mask=mask,
+                    group=np.repeat(np.arange(4), 4).astype(np.int32), old_log_probs=old, rollout_log_probs=rollout)
+  _, (_, metrics) = advantage_stage.stage(config, rows, None)
+  np.testing.assert_allclose(metrics["rollout_corr/kl"], ((rollout - old) * mask).sum() / mask.sum(), rtol=1e-5)
+  assert {"rollout_corr/log_ppl_abs_diff", "rollout_corr/chi2_token"} <= set(metrics)

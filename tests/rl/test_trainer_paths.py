@@ -112,6 +112,19 @@ def run_metrics(config):
   return trainer, [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
 
 
+def test_an_int8_rollout_trains_from_the_full_precision_weights_and_reports_its_mismatch(model_dir, data_dir,
+                                                                                         tmp_path):
+  """rollout.quantization=int8: the engine decodes with 8-bit copies of the trainer's float32 weights, the step
+  recomputes the old log-probs (the responses came from other weights) and reports rollout_corr/* from them."""
+  trainer, metrics = run_metrics(tiny_run.run_config(
+      "grpo", model_dir, data_dir, str(tmp_path), "trainer.total_training_steps=1",
+      "actor_rollout_ref.rollout.quantization=int8"))
+  assert not trainer.run.on_policy and "timing_s/old_log_prob" in metrics[0]
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(trainer.actor_params))
+  assert 0 < metrics[0]["rollout_corr/log_ppl_abs_diff"] < 0.05 and 0 <= metrics[0]["rollout_corr/k3_kl"] < 0.01
+  assert np.isfinite(metrics[0]["actor/pg_loss"])
+
+
 def test_forward_micro_batches_change_memory_not_results(model_dir, data_dir, tmp_path):
   common = ("trainer.total_training_steps=1", "actor_rollout_ref.actor.ppo_epochs=2")
   _, whole = run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "whole"), *common))

@@ -15,6 +15,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from rljax import sharding  # noqa: E402
+from rljax.models import weight_quant  # noqa: E402
+from rljax.models.weight_quant import QuantizedWeight  # noqa: E402
 from rljax.sharding import hosts  # noqa: E402
 from tests.sharding import tiny_step  # noqa: E402
 
@@ -50,6 +52,15 @@ def check_host_local_copy():
   out = copy(weights)["w"]
   assert out.is_fully_addressable and out.sharding == target["w"] and out.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(out, np.float32), whole)
+  # a quantizing cast (rollout.quantization): the 8-bit values and their per-column scales, the reduction's
+  # output laid out as the compiler leaves it, each reach the host's layout
+  quantized = {"w": QuantizedWeight(target["w"], NamedSharding(local, P(None, "tensor")))}
+  copy = hosts.HostLocalCopy(quantized, lambda tree: {"w": weight_quant.quantize(tree["w"], (0,), jnp.int8,
+                                                                                   jnp.float32)}, interleaved)
+  out = copy(weights)["w"]
+  assert out.values.dtype == jnp.int8 and out.values.sharding == quantized["w"].values
+  assert out.scale.is_fully_addressable and out.scale.sharding == quantized["w"].scale
+  np.testing.assert_allclose(np.asarray(weight_quant.dequantize(out, jnp.float32)), whole, atol=whole.max() / 254)
 
 
 def main(out):
