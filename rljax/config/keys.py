@@ -842,10 +842,12 @@ KEYS = {
     "algorithm.adv_estimator": Key("Advantage estimator by name (see docs/algorithms.md)."),
     "algorithm.filter_groups.enable": Key(
         "DAPO dynamic sampling: drop prompt groups whose filter metric has zero variance and generate more rounds until train_batch_size groups are kept.",
-        added="DAPO recipe: dynamic sampling, keeping only prompt groups whose metric varies"),
+        added="DAPO recipe: dynamic sampling, keeping only prompt groups whose metric varies; under colocate_async "
+              "each group is judged as it finishes, and a dropped one's slots go to the next prompts"),
     "algorithm.filter_groups.max_num_gen_batches": Key(
         "Generation rounds a step may take before it stops with an error (0 or less: no limit).",
-        added="DAPO recipe: generation rounds per step before giving up (<= 0: no limit)"),
+        added="DAPO recipe: generation rounds per step before giving up (<= 0: no limit); under colocate_async, "
+              "an update judges at most this many times data.gen_batch_size prompts"),
     "algorithm.filter_groups.metric": Key(
         "The per-response value whose spread within a group decides: acc or score (the reward function's extra info), seq_reward (summed scores) or seq_final_reward (summed rewards).",
         added="DAPO recipe: acc, score (reward-function extra info), seq_reward or seq_final_reward"),

@@ -267,8 +267,6 @@ def _check_trainer_mode(config: ConfigDict) -> None:
   for enabled, name, fix in (
       (config.actor_rollout_ref.rollout.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable",
        "multi-turn rollouts with tools do not stream across updates yet"),
-      (config.algorithm.filter_groups.enable, "algorithm.filter_groups.enable",
-       "dynamic sampling does not stream across updates yet"),
       (config.algorithm.adv_estimator == "remax", "algorithm.adv_estimator",
        "remax's greedy baselines are generated per synchronous step")):
     check(not enabled, name, get_node(config, name), f"{fix} (trainer.v1.trainer_mode=colocate_async)",

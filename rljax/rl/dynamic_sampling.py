@@ -7,7 +7,8 @@ all right or all wrong carry no GRPO signal and are dropped. Rounds repeat
 until `data.train_batch_size` groups are kept, and the kept rows are cut to
 exactly that many groups (the first ones, in generation order). A step that
 would need more than `filter_groups.max_num_gen_batches` rounds (when > 0)
-stops with verl's error.
+stops with verl's error. Under colocate_async the stream judges each group as
+it finishes instead (`rljax.rl.streaming`).
 
 The functions here are pure NumPy over a round's rows (an `Experience` of
 N = prompts x n rows, `group` [N] the prompt of each row), except
@@ -117,3 +118,12 @@ def too_many_rounds(rounds: int, limit: int) -> str:
   return (f"num_gen_batches={rounds} >= max_num_gen_batches={limit}. Generated too many. Please check if your "
           "data are too difficult. You could also try set algorithm.filter_groups.max_num_gen_batches=0 to "
           "enable endless trials.")
+
+
+def too_many_prompts(judged: int, limit: int) -> str:
+  """colocate_async's form of `too_many_rounds`: one update judged `judged` prompts of this host, past `limit`
+  (max_num_gen_batches rounds of this host's data.gen_batch_size prompts)."""
+  return (f"dynamic sampling judged {judged} prompts for one update, more than max_num_gen_batches x "
+          f"data.gen_batch_size = {limit} on this host. Generated too many. Please check if your data are too "
+          "difficult. You could also try set algorithm.filter_groups.max_num_gen_batches=0 to enable endless "
+          "trials.")

@@ -34,6 +34,15 @@ with `wait` that is today's synchronous trainer, step for step. An update
 picks the oldest finished groups first (by start version, then admission),
 and trains them in admission order.
 
+Dynamic sampling (DAPO's `algorithm.filter_groups`) streams too: a group
+is judged as its last response ends (`keep`: the trainer scores it and
+keeps it when its filter metric varies); a group it drops leaves its slots
+to the next prompts at once, counts as consumed (a resumed run neither
+trains nor repeats it) and in `train/filtered_groups`. An update that has
+judged more than `most_judged` prompts of this host (verl's
+`max_num_gen_batches` rounds of `data.gen_batch_size`) without a batch to
+train stops with verl's error.
+
 Each host streams its own prompts and trains its share of the batch; the
 rollout is host-local, so hosts need not decode in step.
 """
@@ -49,6 +58,7 @@ import numpy as np
 
 from rljax.config import errors as config_errors
 from rljax.config import trainer as config_trainer
+from rljax.rl import dynamic_sampling
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout import stream as stream_lib
 from rljax.sharding import hosts
@@ -173,7 +183,8 @@ class AsyncRollout:
   def __init__(self, stream: stream_lib.DecodeStream, policy: Policy, n: int, first_request: int,
                batch_key: Callable[[int], jax.Array], read_batch: Callable[[], tuple[dict[str, Any], Any] | None],
                data_position: Callable[[], Any], first_batch: int = 0,
-               consumed: Iterable[Sequence[int]] = ()):
+               consumed: Iterable[Sequence[int]] = (), keep: Callable[["Group"], bool] | None = None,
+               most_judged: int = 0):
     """Args:
       stream: the decode stream, kept open across updates.
       policy: the staleness policy.
@@ -183,7 +194,10 @@ class AsyncRollout:
       read_batch: (the next data batch, the data position before it), or None when the data has ended.
       data_position: the data position after the last batch read.
       first_batch: the index of the first batch fed or read (a resumed run's oldest untrained batch).
-      consumed: [batch, row] of prompts already trained or evicted there (skipped when their batch comes).
+      consumed: [batch, row] of prompts already trained, evicted or filtered there (skipped when their batch
+        comes).
+      keep: dynamic sampling's judge of a finished group (None: every group trains).
+      most_judged: with `keep`, the prompts an update may judge at most before it raises (0: no bound).
     """
     self.stream, self.policy, self.n = stream, policy, n
     self.first_request, self.batch_key, self.read_batch = first_request, batch_key, read_batch
@@ -195,6 +209,8 @@ class AsyncRollout:
     self.live: dict[int, Group] = {}
     self.admitted = 0
     self.data_ended = False
+    self.keep, self.most_judged = keep, most_judged
+    self.filtered = self.judged = 0  # since the last update
 
   # ----- data ------------------------------------------------------------------------------
 
@@ -295,7 +311,7 @@ class AsyncRollout:
         raise StopIteration(f"the training data ended with {len(self.live)} prompt(s) generating, fewer than a "
                             f"batch of {self.policy.groups}")
       for request in self.stream.step():
-        self.live[request.group].ended += 1
+        self._ended(self.live[request.group])
     for g in picked:
       del self.live[g.id]
       self.consumed.add((g.batch, g.row))
@@ -305,8 +321,22 @@ class AsyncRollout:
     rollout = sampler_lib.assemble([r for g in picked for r in g.requests], self.stream.engine,
                                    {"perf/slot_occupancy": occupancy})
     rollout.prompt_index = np.repeat(np.arange(len(picked)), self.n)
+    filtered, self.filtered, self.judged = self.filtered, 0, 0
     return Picked(columns, rollout, np.asarray([spans(g.start, version) for g in picked], np.float32), version,
-                  len(evicted))
+                  len(evicted), filtered)
+
+  def _ended(self, group: Group) -> None:
+    """One of `group`'s responses ended; a finished group that dynamic sampling does not keep leaves."""
+    group.ended += 1
+    if not group.finished or self.keep is None:
+      return
+    self.judged += 1
+    if 0 < self.most_judged < self.judged:
+      raise ValueError(dynamic_sampling.too_many_prompts(self.judged, self.most_judged))
+    if not self.keep(group):
+      del self.live[group.id]
+      self.consumed.add((group.batch, group.row))
+      self.filtered += 1
 
   # ----- resuming ---------------------------------------------------------------------------
 
@@ -345,6 +375,7 @@ class Picked:
     spans: [G] the policy versions each spans.
     version: the version that trains them.
     evicted: groups this host evicted at this update.
+    filtered: groups this host's dynamic sampling dropped since the last update.
   """
 
   columns: dict[str, Any]
@@ -352,6 +383,7 @@ class Picked:
   spans: np.ndarray
   version: int
   evicted: int
+  filtered: int = 0
 
 
 def off_policy_metrics(picked: Picked) -> dict[str, float]:

@@ -65,7 +65,7 @@ from rljax.rl.experience import Experience
 from rljax.rl.layout import balance_order
 from rljax.rl.reward_model import ModelReward
 from rljax.rl.sequences import make_sequences, merge_micro_batches, prompts_shared
-from rljax.rollout import SamplingParams, factory as rollout_factory, stream as stream_lib
+from rljax.rollout import SamplingParams, factory as rollout_factory, sampler as sampler_lib, stream as stream_lib
 from rljax.sharding import hosts
 from rljax.sharding.distributed import is_main_process
 from rljax.sharding.placement import Step
@@ -87,14 +87,20 @@ class Stream(enum.IntEnum):
   VALIDATION = 6
 
 
-def reward_components(extra_info: dict[str, Any], rows: int) -> dict[str, np.ndarray]:
-  """The numeric per-row entries of a reward manager's extra info, as float32 [rows] arrays; on several hosts,
-  every name any host has (NaN on the rows of a host without it, as one process fills a row without it)."""
+def numeric_components(extra_info: dict[str, Any], rows: int) -> dict[str, np.ndarray]:
+  """The numeric per-row entries of a reward manager's extra info, as float32 [rows] arrays (this host's)."""
   out = {}
   for key, values in extra_info.items():
     array = np.asarray(values)
     if array.shape == (rows,) and array.dtype.kind in "biuf":
       out[key] = array.astype(np.float32)
+  return out
+
+
+def reward_components(extra_info: dict[str, Any], rows: int) -> dict[str, np.ndarray]:
+  """`numeric_components`; on several hosts, every name any host has (NaN on the rows of a host without it, as
+  one process fills a row without it)."""
+  out = numeric_components(extra_info, rows)
   names = hosts.process_union(out) if jax.process_count() > 1 else sorted(out)
   return {k: out[k] if k in out else np.full(rows, np.nan, np.float32) for k in names}
 
@@ -133,6 +139,13 @@ def check_job(config: ConfigDict) -> None:
     raise config_lib.ConfigError("data.train_batch_size", wanted, f"does not split over the {processes} processes "
                                  "(dynamic sampling deals the kept groups to them equally)",
                                  f"make it a multiple of {processes}")
+  if (processes > 1 and config.algorithm.filter_groups.enable and config.reward_model.enable
+      and streaming.policy_of(config, 1) is not None):
+    raise config_lib.ConfigError(
+        "algorithm.filter_groups.enable", True, f"with a reward model under trainer.v1.trainer_mode=colocate_async "
+        f"on {processes} processes: each host judges its groups as they finish, and the reward model's forward "
+        "pass runs over every host's devices at once", "set trainer.v1.trainer_mode=sync (dynamic sampling by "
+        "rounds), or score with a reward function (custom_reward_function.path)")
   data_lib.ensure_config_data(config)
   if not (config.reward_model.enable or config.custom_reward_function.path):
     rewards.check_data_sources(data_lib.as_file_list(config.data.train_files)
@@ -194,12 +207,26 @@ class RLTrainer:
       return None
     position = position or {}
     self._batch_state = self.train_iter.get_state()
+    filtering = self.config.algorithm.filter_groups
+    most_judged = filtering.max_num_gen_batches * self.config.data.gen_batch_size // jax.process_count()
     return streaming.AsyncRollout(
         stream or stream_lib.DecodeStream(self.run.engine, self.sampler.pad_id, self.sampler.steps_per_sync), policy,
         self.run.layout.n, self._first_request(groups, self.run.layout.n),
         batch_key=lambda index: self._key_at(index, Stream.ROLLOUT), read_batch=self._read_batch,
         data_position=self.train_iter.get_state, first_batch=position.get("batch", self.step),
-        consumed=position.get("consumed", ()))
+        consumed=position.get("consumed", ()), keep=self._keeps if filtering.enable else None,
+        most_judged=max(most_judged, 0))
+
+  def _keeps(self, group: streaming.Group) -> bool:
+    """Dynamic sampling's judgement of a finished group under colocate_async: whether its filter metric varies
+    across its responses (scored by this host alone: the hosts judge their own groups at their own times)."""
+    rollout = sampler_lib.assemble(group.requests, self.run.engine)
+    rollout.prompt_index = np.zeros(len(group.requests), np.int64)
+    result = self._score({k: np.asarray(v)[None] for k, v in group.columns.items()}, rollout)
+    rows = Experience(token_level_scores=np.asarray(result.reward_tensor, np.float32),
+                      reward_components=numeric_components(result.reward_extra_info, len(group.requests)))
+    values = dynamic_sampling.metric_values(rows, self.config.algorithm.filter_groups.metric)
+    return bool(dynamic_sampling.kept_rows(values, rollout.prompt_index).all())
 
   def _read_batch(self) -> tuple[dict[str, Any], Any] | None:
     """(the next training batch, the data position before it), or None when the data has ended."""
@@ -294,6 +321,9 @@ class RLTrainer:
     if hosts.process_total(ended):  # every host stops where one's data ends (none waits for the others)
       raise training_loop.DataExhausted()
     step_metrics.update(streaming.off_policy_metrics(picked))
+    if self.config.algorithm.filter_groups.enable:
+      step_metrics.update({"train/kept_groups": float(self.config.data.train_batch_size),
+                           "train/filtered_groups": hosts.process_total(float(picked.filtered))})
     self._batch_state = self.train_iter.get_state()
     return self._scored(picked.columns, picked.rollout, timing)
 
@@ -448,10 +478,10 @@ class RLTrainer:
     timing: dict[str, float] = {}
     step_metrics: dict[str, Any] = {}
     with profiling.step_trace(self.config, self.step + 1), timed(timing, "step"):
-      if self.config.algorithm.filter_groups.enable:
-        rows = self._kept_groups(batch, timing, step_metrics)
-      elif self.streaming is not None:
+      if self.streaming is not None:
         rows = self._streamed(batch, timing, step_metrics)
+      elif self.config.algorithm.filter_groups.enable:
+        rows = self._kept_groups(batch, timing, step_metrics)
       else:
         rows = self._rollout(batch, timing)
       rows = self._experience(rows, timing, step_metrics)

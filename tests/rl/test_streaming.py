@@ -150,3 +150,39 @@ def test_compile_counts_the_kv_cache_beside_the_update_under_colocate_async(mode
   assert streamed["actor_update"].resident - sync["actor_update"].resident == cache > 0
   # the decode step takes the state (its int32 request count matches an optimizer's step count in sync: 4 bytes)
   assert abs(decode["streamed"].resident - decode["sync"].resident) <= 4
+
+
+def test_dynamic_sampling_judges_each_group_as_it_ends_and_its_slots_go_to_the_next_prompts(scripted):
+  """A group the judge drops (here every short prompt's: both responses end at once, all alike) leaves as its last
+  response ends; the update trains the next kept ones, counts the dropped per update, and a resumed stream neither
+  trains nor judges them again. Past `most_judged` prompts for one update, verl's error."""
+  engine, params = scripted
+  judged = []
+
+  def keep(group):
+    judged.append(group.columns["tag"].item())
+    return "L" in judged[-1]
+
+  policy = streaming.Policy(groups=1, threshold=8, strategy="drop", ahead=1)
+  data = ("SL", "SSL")
+  stream = rollout(engine, policy, batches(*data))
+  stream.keep = keep
+  first = stream.next_groups(params[0], 0)
+  # while 0L1 decodes, the short prompts of batch 1 take the freed slots, end and are dropped
+  assert list(first.columns["tag"]) == ["0L1"] and first.filtered == 3
+  assert judged == ["0S0", "1S0", "0L1", "1S1"]
+  position = stream.position()  # 1L2 is still generating
+  assert position == {"data_state": "before1", "batch": 1, "consumed": [[1, 0], [1, 1]]}
+  second = stream.next_groups(params[1], 1)
+  assert list(second.columns["tag"]) == ["1L2"] and second.filtered == 0 and judged[-1] == "1L2"
+  with pytest.raises(StopIteration):
+    stream.next_groups(params[1], 2)
+  resumed = rollout(engine, policy, batches(*data)[1:], position["consumed"], position["batch"])  # from before1
+  resumed.keep, judged[:] = keep, []
+  assert list(resumed.next_groups(params[1], 1).columns["tag"]) == ["1L2"] and judged == ["1L2"]
+
+  bounded = rollout(engine, policy, batches("SSSL"))
+  bounded.keep, bounded.most_judged = keep, 2
+  with pytest.raises(ValueError, match="dynamic sampling judged 3 prompts for one update, more than "
+                                       "max_num_gen_batches x data.gen_batch_size = 2 on this host"):
+    bounded.next_groups(params[0], 0)
