@@ -631,6 +631,20 @@ def test_engine_and_megatron_knobs_are_accepted_and_listed_as_ignored():
   assert listed == [text.lstrip("+").split("=")[0] for text in overrides]
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_an_engines_kv_cache_dtype_is_read_as_rollout_kv_cache_dtype(engine):
+  """vLLM's and SGLang's engine argument sets the 8-bit cache (not listed as ignored); a value rljax's cache does
+  not store, or one conflicting with rollout.kv_cache_dtype on the same line, is an error naming the key."""
+  key = f"actor_rollout_ref.rollout.engine_kwargs.{engine}.kv_cache_dtype"
+  assert resolved(experiment("grpo"), [f"+{key}=fp8_e5m2"]).actor_rollout_ref.rollout.kv_cache_dtype == "fp8_e5m2"
+  assert C.ignored_overrides([f"+{key}=fp8"]) == []
+  assert f"{key}='fp8_inc': must be one of auto, int8, fp8" in error_text([f"+{key}=fp8_inc"])
+  assert "conflicts with actor_rollout_ref.rollout.kv_cache_dtype='int8'" in error_text(
+      [f"+{key}=fp8", "actor_rollout_ref.rollout.kv_cache_dtype=int8"])
+  same = resolved(experiment("grpo"), [f"+{key}=int8", "actor_rollout_ref.rollout.kv_cache_dtype=int8"])
+  assert same.actor_rollout_ref.rollout.kv_cache_dtype == "int8"
+
+
 @pytest.mark.parametrize("name", ["sglang", "trtllm", "hf", "jetstream"])
 def test_every_verl_inference_server_name_resolves_as_vllm_does(name):
   # The engine reads no rollout.name: every server name verl accepts leaves the rest of the run as vllm does

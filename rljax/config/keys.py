@@ -666,7 +666,8 @@ KEYS = {
     "actor_rollout_ref.rollout.kv_cache_dtype": Key(
         "The KV cache's storage dtype (vLLM's kv_cache_dtype).",
         added="auto (rollout.dtype), int8, or fp8 / fp8_e4m3 / fp8_e5m2: 8 bits with a scale per token and KV head, "
-              "half the cache bytes, so twice the slots fit and a decode step reads about half the cache"),
+              "half the cache bytes, so twice the slots fit and a decode step reads about half the cache; "
+              "+engine_kwargs.vllm.kv_cache_dtype (or sglang's) sets it too"),
     "actor_rollout_ref.rollout.cudagraph_capture_sizes": Key(
         "Batch sizes the inference server captures CUDA graphs for.",
         ignored="CUDA graphs; XLA compiles the decode step"),
@@ -1470,6 +1471,12 @@ UNIMPLEMENTED_VALUES = view(KEYS, "default_only")
 DEPRECATED_KEYS = view(KEYS, "deprecated")
 
 
+# entries of vLLM's and SGLang's free-form engine arguments rljax reads (`rljax.config.mapping`), though their
+# section is ignored
+ENGINE_KV_CACHE_KEYS = ("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype",
+                        "actor_rollout_ref.rollout.engine_kwargs.sglang.kv_cache_dtype")
+
+
 def ignored_reason(path: str, ignored: dict[str, str] = IGNORED_KEYS) -> str | None:
   """Why rljax accepts and ignores the key `path` (an entry of `ignored`, `prefix.*` ones included), or None.
 
@@ -1480,6 +1487,8 @@ def ignored_reason(path: str, ignored: dict[str, str] = IGNORED_KEYS) -> str | N
     path: a key of the tree `ignored` belongs to.
     ignored: the tree's `IGNORED_KEYS` (default: the RL tree's).
   """
+  if path in ENGINE_KV_CACHE_KEYS:
+    return None
   for key, reason in ignored.items():
     below = key[:-1] if key.endswith(".*") else key + "."
     if path == key or path.startswith(below):

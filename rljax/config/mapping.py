@@ -11,7 +11,7 @@ fully-async recipe (`async_training.*`, its top-level `rollout.*`) onto
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from typing import Any, Iterable
 
 from ml_collections import ConfigDict
 
@@ -19,7 +19,7 @@ from rljax.config.choices import GRAD_CLIP_DEFAULT
 from rljax.config.engines import MEGATRON_MESH_KEYS, OPTIM_SECTIONS
 from rljax.config.errors import ConfigError, check, is_int
 from rljax.config.fields import get_node
-from rljax.config.keys import DEPRECATED_KEYS
+from rljax.config.keys import DEPRECATED_KEYS, ENGINE_KV_CACHE_KEYS
 from rljax.config.overrides import set_value
 from rljax.config.trainer import V1_OFF_POLICY_THRESHOLD, V1_WARMUP_BATCHES, fully_async_recipe, recipe_setting
 
@@ -105,6 +105,7 @@ def finalize(config: ConfigDict, device_count: int | None = None, explicit: Iter
   from rljax.sharding.mesh import resolve_world_size  # pylint: disable=import-outside-toplevel
   _map_megatron_mesh(config)  # before the data-parallel size, which the mesh sizes set
   _map_fully_async(config, set(explicit))  # before the micro-batch mappings, which read rollout.n
+  _map_engine_kv_cache_dtype(config, set(explicit))
   world = resolve_world_size(config, device_count)
   dp = data_parallel_size(config, world)
   for old, (new, how) in DEPRECATED_KEYS.items():
@@ -128,6 +129,35 @@ def finalize(config: ConfigDict, device_count: int | None = None, explicit: Iter
     _map_clip_grad(config, section)
   _map_reward_manager_name(config)
   return config
+
+
+def _map_engine_kv_cache_dtype(config: ConfigDict, explicit: set[str]) -> None:
+  """vLLM's and SGLang's `engine_kwargs.<engine>.kv_cache_dtype` (a verl launch line's way to an 8-bit cache)
+  onto `actor_rollout_ref.rollout.kv_cache_dtype`.
+
+  Raises:
+    ConfigError: a value rljax's cache does not store, or one that conflicts with rollout.kv_cache_dtype set on
+      the same line.
+  """
+  from rljax.models.kv_quant import KV_CACHE_DTYPES  # pylint: disable=import-outside-toplevel
+  rollout, target = config.actor_rollout_ref.rollout, "actor_rollout_ref.rollout.kv_cache_dtype"
+  for key in ENGINE_KV_CACHE_KEYS:
+    value = _entry(config, key)
+    if value is None:
+      continue
+    check(value in KV_CACHE_DTYPES, key, value, f"must be one of {', '.join(KV_CACHE_DTYPES)} (rljax stores the "
+          "cache in 8 bits with a scale per token and KV head)", f"set {target} instead")
+    check(target not in explicit or rollout.kv_cache_dtype == value, key, value,
+          f"conflicts with {target}={rollout.kv_cache_dtype!r} on the same line", "set only one of them")
+    rollout.kv_cache_dtype = value
+
+
+def _entry(config: ConfigDict, key: str) -> Any:
+  """The value of `key`, an entry of a free-form dictionary, or None where the launch line did not add it."""
+  try:
+    return get_node(config, key)
+  except (KeyError, AttributeError):
+    return None
 
 
 def _map_clip_grad(config: ConfigDict, section: str) -> None:
