@@ -368,38 +368,35 @@ class Engine:
     double a step's bytes) in the rollout's layout
     (`rljax.rollout.factory.rollout_mesh`).
     """
-    if self._reads_in_place(params):
+    copier = self._copier(params)
+    if copier is None:
       return params
     if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
       return abstract(jax.eval_shape(self._cast_impl, params), self._compute_shardings(params))
-    return self._copier(params)(params)
+    return copier(params)
 
   def _compute_shardings(self, params: Any) -> Any:
     """The NamedShardings of `params` as the engine computes with them (its mesh and rules; a quantized
     weight's values and scales laid out by its axis names)."""
     return rules_lib.param_shardings(jax.eval_shape(self._cast_impl, params), self._mesh, self.rules)
 
-  def _same_layout(self, params: Any) -> bool:
-    """Whether `params` already lie on the engine's mesh as its rules lay them out."""
-    target = rules_lib.param_shardings(params, self._mesh, self.rules)
-    return all(x.sharding == s for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
-
-  def _reads_in_place(self, params: Any) -> bool:
-    """Whether the engine computes with `params` as they are: laid out and typed as it needs (quantized when
-    it quantizes: what `compute_params` returned)."""
+  def _copier(self, params: Any) -> Callable[[Any], Any] | None:
+    """The jitted cast (and quantization) `params` need, or None when the engine computes with them as they are:
+    laid out and typed as it needs (quantized when it quantizes: what `compute_params` returned). The cast runs
+    in place on their devices when they already lie as the engine's rules lay them out and nothing is quantized,
+    else it reshards (`_resharder`)."""
     dtype = jnp.dtype(self.cfg.dtype)
+    target = rules_lib.param_shardings(params, self._mesh, self.rules)
+    same_layout = all(x.sharding == s for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
     values = [v.get_value() if isinstance(v, nnx.Variable) else v
               for v in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))]
     quantized = [w for w in values if isinstance(w, weight_quant.QuantizedWeight)]
     plain = [x for w in values if not isinstance(w, weight_quant.QuantizedWeight) for x in jax.tree.leaves(w)]
     typed = (all(not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype) == dtype for x in plain)
              and all(w.values.dtype == self.quantization and w.scale.dtype == dtype for w in quantized))
-    return bool(quantized) == (self.quantization is not None) and typed and self._same_layout(params)
-
-  def _copier(self, params: Any) -> Callable[[Any], Any]:
-    """The jitted cast (and quantization) of `params`: in place on their devices when they already lie as the
-    engine's rules lay them out and nothing is quantized, else a reshard (`_resharder`)."""
-    if self.quantization is None and self._same_layout(params):
+    if same_layout and typed and bool(quantized) == (self.quantization is not None):
+      return None
+    if same_layout and self.quantization is None:
       return self._cast
     return self._resharder(params)
 
@@ -423,9 +420,9 @@ class Engine:
     output only feeds the next; none when the engine reads them in place. One for the whole tree; on a
     host-local engine of a multi-process job, two per array (`rljax.sharding.hosts.HostLocalCopy`)."""
     params = abstract(params)
-    if self._reads_in_place(params):
-      return []
     copier = self._copier(params)
+    if copier is None:
+      return []
     if isinstance(copier, hosts.HostLocalCopy):
       return [(Step("rollout_weights", fn, args), feeds) for fn, args, feeds in copier.programs(params)]
     return [(Step("rollout_weights", copier, (params,)), False)]
