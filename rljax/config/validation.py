@@ -264,13 +264,9 @@ def _check_trainer_mode(config: ConfigDict) -> None:
         "must be a whole number of policy versions, at least 1 (1: on-policy)", "set it to 1 or more")
   check(is_int(ahead) and ahead >= 0, "trainer.v1.colocate_async.num_warmup_batches", ahead,
         "must be a whole number of batches, 0 or more", "set it to 0 or more")
-  for enabled, name, fix in (
-      (config.actor_rollout_ref.rollout.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable",
-       "multi-turn rollouts with tools do not stream across updates yet"),
-      (config.algorithm.adv_estimator == "remax", "algorithm.adv_estimator",
-       "remax's greedy baselines are generated per synchronous step")):
-    check(not enabled, name, get_node(config, name), f"{fix} (trainer.v1.trainer_mode=colocate_async)",
-          "set trainer.v1.trainer_mode=sync, or drop it")
+  check(config.algorithm.adv_estimator != "remax", "algorithm.adv_estimator", config.algorithm.adv_estimator,
+        "remax's greedy baselines are generated per synchronous step (trainer.v1.trainer_mode=colocate_async)",
+        "set trainer.v1.trainer_mode=sync, or choose another estimator")
 
 
 def _check_cache_length(config: ConfigDict) -> None:

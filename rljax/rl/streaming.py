@@ -43,6 +43,12 @@ judged more than `most_judged` prompts of this host (verl's
 `max_num_gen_batches` rounds of `data.gen_batch_size`) without a batch to
 train stops with verl's error.
 
+Multi-turn rollouts with tools stream too (`rljax.rollout.agent_loop`'s
+`ConversationStream`): a slot whose turn ends waits for its tools' answer
+while the other slots decode, and a conversation continues across updates,
+its appended tool turns cached under the weights of the moment (they are
+masked out of the losses; the generated tokens record their versions).
+
 Each host streams its own prompts and trains its share of the batch; the
 rollout is host-local, so hosts need not decode in step.
 """
@@ -180,13 +186,13 @@ class Group:
 class AsyncRollout:
   """colocate_async's generation on this host (see the module docstring)."""
 
-  def __init__(self, stream: stream_lib.DecodeStream, policy: Policy, n: int, first_request: int,
+  def __init__(self, sampler: sampler_lib.RolloutSampler, policy: Policy, n: int, first_request: int,
                batch_key: Callable[[int], jax.Array], read_batch: Callable[[], tuple[dict[str, Any], Any] | None],
                data_position: Callable[[], Any], first_batch: int = 0,
                consumed: Iterable[Sequence[int]] = (), keep: Callable[["Group"], bool] | None = None,
-               most_judged: int = 0):
+               most_judged: int = 0, stream: stream_lib.DecodeStream | None = None):
     """Args:
-      stream: the decode stream, kept open across updates.
+      sampler: makes the stream's requests and assembles the trained ones (a multi-turn sampler's are conversations).
       policy: the staleness policy.
       n: responses per prompt.
       first_request: the sampling-stream id of this host's first response of a batch (as the sync trainer's).
@@ -198,8 +204,10 @@ class AsyncRollout:
         comes).
       keep: dynamic sampling's judge of a finished group (None: every group trains).
       most_judged: with `keep`, the prompts an update may judge at most before it raises (0: no bound).
+      stream: the decode stream kept open across updates (default: a new one of `sampler`'s).
     """
-    self.stream, self.policy, self.n = stream, policy, n
+    self.sampler, self.policy, self.n = sampler, policy, n
+    self.stream = stream if stream is not None else sampler.open_stream()
     self.first_request, self.batch_key, self.read_batch = first_request, batch_key, read_batch
     self.data_position = data_position
     self.batches: list[tuple[int, dict[str, Any]]] = []
@@ -251,12 +259,10 @@ class AsyncRollout:
       prompt = np.asarray(batch["input_ids"][row])[mask]
       if not len(prompt):
         raise ValueError(f"prompt row {row} of batch {index} is empty")
-      key = self.batch_key(index)
-      requests = [stream_lib.new_request(self.stream.engine, self.stream.pad_id,
-                                         self.first_request + row * self.n + j, self.admitted, prompt, key,
-                                         len(batch["input_ids"][row])) for j in range(self.n)]
-      self.live[self.admitted] = Group(self.admitted, index, row, requests,
-                                       {k: np.asarray(v)[row] for k, v in batch.items()})
+      key, columns = self.batch_key(index), {k: np.asarray(v)[row] for k, v in batch.items()}
+      requests = [self.sampler.new_request(self.first_request + row * self.n + j, self.admitted, prompt, key,
+                                           len(batch["input_ids"][row]), columns) for j in range(self.n)]
+      self.live[self.admitted] = Group(self.admitted, index, row, requests, columns)
       self.admitted += 1
       self.stream.submit(requests)
 
@@ -318,8 +324,7 @@ class AsyncRollout:
     occupancy = ((self.stream.busy_slot_steps - busy)
                  / max(1, (self.stream.decode_steps - steps) * self.stream.engine.max_concurrent_decodes))
     columns = {k: _stacked([g.columns[k] for g in picked]) for k in picked[0].columns}
-    rollout = sampler_lib.assemble([r for g in picked for r in g.requests], self.stream.engine,
-                                   {"perf/slot_occupancy": occupancy})
+    rollout = self.sampler.assemble([r for g in picked for r in g.requests], {"perf/slot_occupancy": occupancy})
     rollout.prompt_index = np.repeat(np.arange(len(picked)), self.n)
     filtered, self.filtered, self.judged = self.filtered, 0, 0
     return Picked(columns, rollout, np.asarray([spans(g.start, version) for g in picked], np.float32), version,
@@ -338,12 +343,16 @@ class AsyncRollout:
       self.consumed.add((group.batch, group.row))
       self.filtered += 1
 
+  def close(self) -> None:
+    """Cancels what is queued and generating (a multi-turn stream releases its conversations' tools)."""
+    self.stream.cancel(lambda request: True)
+
   # ----- resuming ---------------------------------------------------------------------------
 
   def position(self) -> dict[str, Any]:
     """Where a resumed run starts: `data_state`, the data position before the oldest batch with an untrained
     prompt; `batch`, that batch's index; `consumed`, the prompts of it and later batches already trained or evicted
-    (responses still generating are generated again after a resume)."""
+    (responses still generating, conversations included, are generated again after a resume)."""
     untrained = [g.batch for g in self.live.values()] + [b for b, _ in self.batches[:1]]
     if not untrained:
       return {"data_state": self.data_position(), "batch": int(self.next_batch), "consumed": []}

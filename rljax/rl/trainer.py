@@ -65,7 +65,7 @@ from rljax.rl.experience import Experience
 from rljax.rl.layout import balance_order
 from rljax.rl.reward_model import ModelReward
 from rljax.rl.sequences import make_sequences, merge_micro_batches, prompts_shared
-from rljax.rollout import SamplingParams, factory as rollout_factory, sampler as sampler_lib, stream as stream_lib
+from rljax.rollout import SamplingParams, factory as rollout_factory, stream as stream_lib
 from rljax.sharding import hosts
 from rljax.sharding.distributed import is_main_process
 from rljax.sharding.placement import Step
@@ -210,17 +210,16 @@ class RLTrainer:
     filtering = self.config.algorithm.filter_groups
     most_judged = filtering.max_num_gen_batches * self.config.data.gen_batch_size // jax.process_count()
     return streaming.AsyncRollout(
-        stream or stream_lib.DecodeStream(self.run.engine, self.sampler.pad_id, self.sampler.steps_per_sync), policy,
-        self.run.layout.n, self._first_request(groups, self.run.layout.n),
+        self.sampler, policy, self.run.layout.n, self._first_request(groups, self.run.layout.n),
         batch_key=lambda index: self._key_at(index, Stream.ROLLOUT), read_batch=self._read_batch,
         data_position=self.train_iter.get_state, first_batch=position.get("batch", self.step),
         consumed=position.get("consumed", ()), keep=self._keeps if filtering.enable else None,
-        most_judged=max(most_judged, 0))
+        most_judged=max(most_judged, 0), stream=stream)
 
   def _keeps(self, group: streaming.Group) -> bool:
     """Dynamic sampling's judgement of a finished group under colocate_async: whether its filter metric varies
     across its responses (scored by this host alone: the hosts judge their own groups at their own times)."""
-    rollout = sampler_lib.assemble(group.requests, self.run.engine)
+    rollout = self.sampler.assemble(group.requests)
     rollout.prompt_index = np.zeros(len(group.requests), np.int64)
     result = self._score({k: np.asarray(v)[None] for k, v in group.columns.items()}, rollout)
     rows = Experience(token_level_scores=np.asarray(result.reward_tensor, np.float32),
@@ -563,6 +562,8 @@ class RLTrainer:
     return training_loop.train_loop(self, self.run.layout.total_steps, _every(test_freq), _every(trainer.save_freq)) or last
 
   def close(self) -> None:
+    if self.streaming is not None:
+      self.streaming.close()
     self.sampler.close()
     self.train_iter.close()
     self.checkpointer.close()

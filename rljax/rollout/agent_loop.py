@@ -27,6 +27,11 @@ convention), so losses, KL and advantages count only the policy's tokens;
 `response_lengths` covers every id, so the trainer attends to the tool
 turns.
 
+The loop is a decode stream (`ConversationStream`, requests that are
+`Conversation`s): `AgentSampler.generate` runs one batch through it, and
+the asynchronous trainer (`rljax.rl.streaming`) keeps one open across its
+updates, so a conversation may continue under new weights.
+
 Rows pick their agent with `agent_name` (verl's column), else
 `rollout.agent.default_agent_loop`: `tool_agent` runs this loop,
 `single_turn_agent` ends after the first turn.
@@ -37,7 +42,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -47,6 +52,7 @@ from rljax.agents import parsing, render, runner, tools as tools_lib
 from rljax.config.choices import AGENT_LOOPS
 from rljax.rollout import engine as engine_lib
 from rljax.rollout import sampling
+from rljax.rollout import stream as stream_lib
 from rljax.rollout.sampler import Rollout, RolloutSampler
 from rljax.sharding import hosts
 
@@ -108,12 +114,12 @@ class AgentSettings:
 
 @dataclasses.dataclass
 class Episode:
-  """One conversation's host state.
+  """One conversation's host state (its ids are its `Conversation`'s).
 
   Attributes:
     messages: the chat so far (the prompt's messages, then every turn).
-    ids, mask, log_probs: the response so far (mask 1 on generated ids).
-    turn_start: where the current assistant turn began in `ids`.
+    turn_start: where the current assistant turn began in the response.
+    generated, appended: response ids the policy generated, and the tools' or interaction's appended.
     pending: the tools' or the interaction's answer being computed.
     ended: why the conversation ended (one of ENDINGS), or None.
   """
@@ -122,10 +128,9 @@ class Episode:
   messages: list[dict[str, Any]]
   tools: runner.ToolSession | None
   interaction: runner.InteractionSession | None
-  ids: list[int] = dataclasses.field(default_factory=list)
-  mask: list[int] = dataclasses.field(default_factory=list)
-  log_probs: list[float] = dataclasses.field(default_factory=list)
   turn_start: int = 0
+  generated: int = 0
+  appended: int = 0
   assistant_turns: int = 0
   user_turns: int = 0
   tool_calls: int = 0
@@ -137,6 +142,28 @@ class Episode:
   closing: concurrent.futures.Future | None = None
   reward_scores: dict[str, Any] = dataclasses.field(default_factory=dict)
   tokenization_mismatch: str | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class Conversation(stream_lib.Request):
+  """A request that is a conversation: its response holds every turn after the prompt.
+
+  Attributes:
+    messages: the prompt's chat messages (what the prompt ids render).
+    extra_info: its row's extra_info (tools_kwargs, interaction_kwargs), agent_name: its row's agent.
+    mask: [R] 1 on ids the policy generated, 0 on appended ones (and past the end).
+    episode: the conversation's host state, from when it enters a slot.
+  """
+
+  messages: Sequence[Mapping[str, Any]] = ()
+  extra_info: Any = None
+  agent_name: Any = None
+  mask: np.ndarray | None = None
+  episode: Episode | None = None
+
+  def ids(self, start: int = 0) -> list[int]:
+    """The response's ids from `start` on."""
+    return self.tokens[start:self.length].tolist()
 
 
 @dataclasses.dataclass
@@ -155,7 +182,7 @@ class AgentRollout(Rollout):
     """Over every host's episodes (each host's per-episode counts, one number per row)."""
     counts = episode_counts(self.episodes)
     every = hosts.process_concat(np.stack(list(counts.values()), axis=1))  # [B, K]: one exchange
-    return rollout_metrics(dict(zip(counts, every.T)))
+    return {**self.stats, **rollout_metrics(dict(zip(counts, every.T)))}
 
   def extra_info(self, rows: Sequence[Any] | None) -> list[dict[str, Any]]:
     """Each row's extra_info with verl's additions: num_turns and rollout_reward_scores (tools' calc_reward,
@@ -174,8 +201,8 @@ def episode_counts(episodes: Sequence[Episode]) -> dict[str, np.ndarray]:
   """[B] per-episode numbers the rollout's metrics come from: turns, tool calls and errors, assistant and user
   tokens, tokenization mismatches, and each ending (1 where the episode ended so)."""
   out = {"turns": [episode_turns(e) for e in episodes], "calls": [e.tool_calls for e in episodes],
-         "errors": [e.tool_errors for e in episodes], "assistant": [sum(e.mask) for e in episodes],
-         "user": [len(e.mask) - sum(e.mask) for e in episodes],
+         "errors": [e.tool_errors for e in episodes], "assistant": [e.generated for e in episodes],
+         "user": [e.appended for e in episodes],
          "mismatches": [e.tokenization_mismatch is not None for e in episodes]}
   out.update({f"ended/{ending}": [e.ended == ending for e in episodes] for ending in ENDINGS})
   return {k: np.asarray(v, np.float64) for k, v in out.items()}
@@ -218,10 +245,10 @@ class AgentSampler(RolloutSampler):
 
   # ----- one conversation -----------------------------------------------------------------
 
-  def _start(self, messages: Sequence[Mapping[str, Any]], extra_info: Any, agent_name: Any) -> Episode:
-    """A new conversation of one request (its tools created, its interaction started)."""
-    info = extra_info if isinstance(extra_info, Mapping) else {}
-    agent = str(agent_name) if agent_name else self.settings.default_agent
+  def _start(self, conversation: Conversation) -> None:
+    """Starts `conversation`'s episode (its tools created, its interaction started)."""
+    info = conversation.extra_info if isinstance(conversation.extra_info, Mapping) else {}
+    agent = str(conversation.agent_name) if conversation.agent_name else self.settings.default_agent
     if agent not in AGENT_LOOPS:
       raise ValueError(f"a row's agent_name is {agent!r}; rljax runs {' and '.join(AGENT_LOOPS)} (custom agent loops are "
                        "not implemented): fix the data's agent_name column")
@@ -236,7 +263,8 @@ class AgentSampler(RolloutSampler):
       interaction = runner.InteractionSession(interactions_lib.select_interaction(self.settings.interactions, kwargs),
                                               kwargs, self._executor, self.settings.timeout_s)
       interaction.start()
-    return Episode(agent=agent, messages=[dict(m) for m in messages], tools=tools, interaction=interaction)
+    conversation.episode = Episode(agent=agent, messages=[dict(m) for m in conversation.messages], tools=tools,
+                                   interaction=interaction)
 
   def _turn_text(self, ids: Sequence[int]) -> str:
     """An assistant turn's text without its end-of-turn id."""
@@ -244,15 +272,15 @@ class AgentSampler(RolloutSampler):
       ids = ids[:-1]
     return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-  def _end_turn(self, episode: Episode) -> None:
+  def end_turn(self, conversation: Conversation) -> None:
     """The slot's turn is over: record it and either end the conversation or ask the tools / interaction."""
-    turn = episode.ids[episode.turn_start:]
+    episode, turn = conversation.episode, conversation.ids(conversation.episode.turn_start)
     episode.assistant_turns += 1
     text = self._turn_text(turn)
     episode.messages.append({"role": "assistant", "content": text})
     settings = self.settings
     ended_on_eos = bool(turn) and turn[-1] in self.engine.eos_ids
-    if len(episode.ids) >= self.engine.max_decode_length or not ended_on_eos:
+    if conversation.length >= self.engine.max_decode_length or not ended_on_eos:
       return self._finish(episode, "length")
     if episode.agent != "tool_agent":
       return self._finish(episode, "answer")
@@ -271,8 +299,10 @@ class AgentSampler(RolloutSampler):
     else:
       episode.pending = episode.interaction.submit(list(episode.messages))
 
-  def _answer(self, episode: Episode) -> list[int] | None:
-    """The ids to append once `episode.pending` is done (None: the conversation ended instead)."""
+  def answer(self, conversation: Conversation) -> list[int] | None:
+    """The ids appended to `conversation` once its episode's pending answer is done (written into its response,
+    mask 0), or None: the conversation ended instead."""
+    episode = conversation.episode
     result, episode.pending = episode.pending.result(), None
     terminate = False
     if isinstance(result, runner.InteractionTurn):
@@ -284,24 +314,33 @@ class AgentSampler(RolloutSampler):
       episode.tool_step_reward += float(sum(o.reward for o in result))
       new = runner.tool_messages(result)
     ids = render.appended_ids(self.tokenizer, episode.messages, new, self.settings.tool_schemas)
-    if len(episode.ids) + len(ids) >= self.engine.max_decode_length:
+    start = conversation.length
+    if start + len(ids) >= self.engine.max_decode_length:
       self._finish(episode, "length")
       return None
     episode.user_turns += 1
     episode.messages.extend(new)
-    episode.ids.extend(ids)
-    episode.mask.extend([0] * len(ids))
-    episode.log_probs.extend([0.0] * len(ids))
-    episode.turn_start = len(episode.ids)
+    conversation.tokens[start:start + len(ids)] = ids
+    conversation.length = episode.turn_start = start + len(ids)
+    episode.appended += len(ids)
     if terminate:  # verl keeps the interaction's last message, then ends
       self._finish(episode, "interaction")
       return None
     return ids
 
   def _finish(self, episode: Episode, why: str) -> None:
-    """Ends the conversation; its tools and interaction close on a thread (`_close`), joined by `_assemble`."""
+    """Ends the conversation; its tools and interaction close on a thread (`_close`), joined by `assemble`."""
     episode.ended = why
     episode.closing = self._executor.submit(self._close, episode)
+
+  def abandon(self, conversations: Sequence[Conversation]) -> None:
+    """Ends the started conversations of `conversations` that have not ended (a failed or cancelled rollout), and
+    waits until their tools and interactions are released."""
+    started = [c.episode for c in conversations if c.episode is not None]
+    for episode in started:
+      if episode.ended is None:
+        self._finish(episode, "length")
+    concurrent.futures.wait([e.closing for e in started])
 
   @staticmethod
   def _close(episode: Episode) -> None:
@@ -318,7 +357,7 @@ class AgentSampler(RolloutSampler):
 
   # ----- the rollout ----------------------------------------------------------------------
 
-  def _append(self, params, state: engine_lib.DecodeState, pending: dict[int, list[int]]) -> engine_lib.DecodeState:
+  def append(self, params, state: engine_lib.DecodeState, pending: dict[int, list[int]]) -> engine_lib.DecodeState:
     """Appends each slot's ids, in chunks of the largest append bucket."""
     width = self.engine.append_buckets[-1]
     while pending:
@@ -326,10 +365,30 @@ class AgentSampler(RolloutSampler):
       pending = {s: ids[width:] for s, ids in pending.items() if len(ids) > width}
     return state
 
+  def start_all(self, conversations: Sequence[Conversation]) -> None:
+    """Starts the episodes of conversations entering slots, on the tool threads."""
+    list(self._executor.map(self._start, conversations))
+
+  def open_stream(self, state: engine_lib.DecodeState | None = None,
+                  sampling_params: sampling.SamplingParams | None = None) -> "ConversationStream":
+    return ConversationStream(self, state, sampling_params)
+
+  def new_request(self, request_id: int, group: int, prompt: np.ndarray, key: jax.Array, width: int,
+                  columns: Mapping[str, Any] | None = None) -> Conversation:
+    """A conversation answering `prompt`; `columns` (its prompt's data columns) hold its chat messages
+    (raw_prompt), extra_info and agent_name."""
+    columns = columns or {}
+    if "raw_prompt" not in columns:
+      raise ValueError("multi-turn rollouts need each prompt's chat messages: set data.return_raw_chat=true")
+    request = stream_lib.new_request(self.engine, self.pad_id, request_id, group, prompt, key, width)
+    return Conversation(**{f.name: getattr(request, f.name) for f in dataclasses.fields(request)},
+                        messages=list(columns["raw_prompt"]), extra_info=columns.get("extra_info"),
+                        agent_name=columns.get("agent_name"), mask=np.zeros(len(request.tokens), np.int32))
+
   def generate(self, params: Any, prompt_ids: np.ndarray, prompt_mask: np.ndarray, n: int,
                key: jax.Array, sampling_params: sampling.SamplingParams | None = None,
                rows: Mapping[str, Sequence[Any]] | None = None, first_request: int = 0) -> AgentRollout:
-    """n conversations per prompt.
+    """n conversations per prompt (`RolloutSampler.generate`, each request a conversation).
 
     Args:
       params, prompt_ids, prompt_mask, n, key, sampling_params, first_request: as RolloutSampler.generate.
@@ -342,118 +401,117 @@ class AgentSampler(RolloutSampler):
     """
     if rows is None or "raw_prompt" not in rows:
       raise ValueError("multi-turn rollouts need each prompt's chat messages: set data.return_raw_chat=true")
-    params = self.engine.compute_params(params)
-    prompt_ids, prompt_mask = np.asarray(prompt_ids), np.asarray(prompt_mask).astype(bool)
-    prompts = [row[m] for row, m in zip(prompt_ids, prompt_mask)]
-    count = len(prompts)
-    extra = rows.get("extra_info", [None] * count)
-    agents = rows.get("agent_name", [None] * count)
-    total, length = count * n, self.engine.max_decode_length
-    episodes: list[Episode | None] = [None] * total
-    state = self._decode_state(key)
-    free = list(range(self.engine.max_concurrent_decodes))
-    decoding: dict[int, int] = {}
-    waiting: dict[int, tuple[int, int]] = {}  # slot -> (request, the decode call whose output asked)
-    next_request = finished = sync = 0
-    try:
-      while finished < total:
-        busy, appends = bool(decoding), {}
-        for slot, (request, asked) in list(waiting.items()):
-          if busy and asked == sync:  # its answer is taken after one more decode call of the other slots
-            continue
-          del waiting[slot]
-          ids = self._answer(episodes[request])
-          if ids is None:
-            free.append(slot)
-            finished += 1
-          else:
-            appends[slot] = ids
-            decoding[slot] = request
-        if free and next_request < total:
-          take = list(range(next_request, min(total, next_request + len(free))))
-          next_request += len(take)
-          unique = sorted({r // n for r in take})
-          prefix = self._prefill(params, [prompts[p] for p in unique])
-          slots = [free.pop(0) for _ in take]
-          state = self.engine.insert_many(prefix, state, slots, [unique.index(r // n) for r in take],
-                                          [first_request + r for r in take])
-          started = self._executor.map(lambda r: self._start(rows["raw_prompt"][r // n], extra[r // n],
-                                                             agents[r // n]), take)
-          for slot, request, episode in zip(slots, take, started):
-            episodes[request] = episode
-            decoding[slot] = request
-        if appends:
-          state = self._append(params, state, appends)
-        if not decoding:
-          continue
-        sync += 1
-        state, out = self.engine.generate_steps(params, state, self.steps_per_sync, sampling_params)
-        out, done = jax.device_get((out, state.done))
-        for slot, request in list(decoding.items()):
-          episode, valid = episodes[request], out.valid[slot]
-          episode.ids.extend(int(t) for t in out.tokens[slot][valid])
-          episode.mask.extend([1] * int(valid.sum()))
-          episode.log_probs.extend(float(x) for x in out.log_probs[slot][valid])
-          if not done[slot]:
-            continue
-          del decoding[slot]
-          self._end_turn(episode)
-          if episode.ended is None:
-            waiting[slot] = (request, sync)
-          else:
-            free.append(slot)
-            finished += 1
-    except BaseException:
-      for episode in episodes:  # release what the failed rollout created
-        if episode is not None and episode.ended is None:
-          self._finish(episode, "length")
-      raise
-    finally:
-      concurrent.futures.wait([e.closing for e in episodes if e is not None and e.closing is not None])
-    if not self.free_cache:
-      self._state = state
-    return self._assemble(episodes, prompts, rows["raw_prompt"], n, length)
+    return super().generate(params, prompt_ids, prompt_mask, n, key, sampling_params, rows, first_request)
 
-  def _prompt_renders(self, ids: np.ndarray, messages: Sequence[Mapping[str, Any]]) -> bool:
+  def _prompt_renders(self, conversation: Conversation) -> bool:
     """Whether a prompt's ids are its messages' chat-template rendering (they are not where data.truncation cut
     them: the sanity check then has nothing to compare)."""
-    text = render.render(self.tokenizer, list(messages), True, self.settings.tool_schemas)
-    return list(ids) == list(self.tokenizer.encode(text, add_special_tokens=False))
+    text = render.render(self.tokenizer, list(conversation.messages), True, self.settings.tool_schemas)
+    return list(conversation.prompt) == list(self.tokenizer.encode(text, add_special_tokens=False))
 
-  def _assemble(self, episodes: list[Episode], prompts: Sequence[np.ndarray], rows: Sequence[Any], n: int,
-                length: int) -> AgentRollout:
-    """The rollout's arrays from its finished episodes (and the tokenization sanity check of each; `rows` are the
-    prompts' chat messages)."""
-    total = len(episodes)
-    tokens = np.full((total, length), self.pad_id, np.int32)
-    mask = np.zeros((total, length), np.int32)
-    log_probs = np.zeros((total, length), np.float32)
-    lengths = np.zeros((total,), np.int32)
-    renders: dict[int, bool] = {}  # prompt -> whether its ids are its messages' rendering
-    for r, episode in enumerate(episodes):
-      size = len(episode.ids)
-      tokens[r, :size], mask[r, :size], log_probs[r, :size] = episode.ids, episode.mask, episode.log_probs
-      lengths[r] = size
+  def assemble(self, conversations: Sequence[Conversation], metrics: dict[str, float] | None = None) -> AgentRollout:
+    """The rollout of ended `conversations` (row i from conversations[i]; prompt_index: each one's group), each
+    checked against the chat template (tokenization_sanity_check_mode)."""
+    renders: dict[int, bool] = {}  # group -> whether its prompt ids are its messages' rendering
+    for c in conversations:
+      episode = c.episode
       episode.closing.result()  # a tool's calc_reward or release that raised
-      if (episode.ended != "length" and episode.mask and episode.mask[-1]  # a rendering ends after the model's turn
-          and renders.setdefault(r // n, self._prompt_renders(prompts[r // n], rows[r // n]))):
+      if (episode.ended != "length" and c.length and c.mask[c.length - 1]  # a rendering ends after the model's turn
+          and renders.setdefault(c.group, self._prompt_renders(c))):
         episode.tokenization_mismatch = render.sanity_check(
-            self.tokenizer, episode.messages, self.settings.tool_schemas,
-            list(prompts[r // n]) + episode.ids, self.settings.sanity_check_mode)
-    mismatched = [e.tokenization_mismatch for e in episodes if e.tokenization_mismatch]
+            self.tokenizer, episode.messages, self.settings.tool_schemas, list(c.prompt) + c.ids(),
+            self.settings.sanity_check_mode)
+    mismatched = [c.episode.tokenization_mismatch for c in conversations if c.episode.tokenization_mismatch]
     if mismatched:
       _LOG.warning("%d of %d conversations do not re-tokenise to the ids trained on "
-                   "(multi_turn.tokenization_sanity_check_mode=%s); the first: %s", len(mismatched), total,
-                   self.settings.sanity_check_mode, mismatched[0])
-    truncated = np.array([e.ended == "length" for e in episodes])
-    return AgentRollout(responses=tokens, response_mask=mask, response_lengths=lengths, log_probs=log_probs,
-                        prompt_index=np.repeat(np.arange(len(prompts)), n), truncated=truncated,
-                        episodes=episodes)
+                   "(multi_turn.tokenization_sanity_check_mode=%s); the first: %s", len(mismatched),
+                   len(conversations), self.settings.sanity_check_mode, mismatched[0])
+    return AgentRollout(responses=np.stack([c.tokens for c in conversations]),
+                        response_mask=np.stack([c.mask for c in conversations]),
+                        response_lengths=np.asarray([c.length for c in conversations], np.int32),
+                        log_probs=np.stack([c.log_probs for c in conversations]),
+                        prompt_index=np.asarray([c.group for c in conversations], np.int64),
+                        truncated=np.asarray([c.episode.ended == "length" for c in conversations]),
+                        versions=np.stack([c.versions for c in conversations]), stats=dict(metrics or {}),
+                        episodes=[c.episode for c in conversations])
 
   def close(self) -> None:
     """Stops the tool threads (a call still hanging past its timeout is abandoned)."""
     self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["APPEND_BUCKETS", "AgentRollout", "AgentSampler", "AgentSettings", "ENDINGS", "Episode", "append_buckets",
+class ConversationStream(stream_lib.DecodeStream):
+  """A decode stream whose requests are conversations (`Conversation`).
+
+  A slot whose turn ends waits for its tools' or interaction's answer, taken
+  after one more decode chunk of the other slots (at once when no other slot
+  decodes), appended to its cache in place, and decodes the next turn; the
+  slot is freed when the conversation ends. Across `set_params` a
+  conversation continues under the new weights: its appended ids are
+  cached by the weights of the moment, and the first token after them
+  records that version.
+  """
+
+  def __init__(self, agent: AgentSampler, state: engine_lib.DecodeState | None = None,
+               sampling_params: sampling.SamplingParams | None = None):
+    super().__init__(agent.engine, agent.pad_id, agent.steps_per_sync, state, sampling_params)
+    self.agent = agent
+    self.waiting: dict[int, int] = {}  # slot -> decode steps run when its turn ended
+
+  def _between_chunks(self) -> list[stream_lib.Request]:
+    """Takes the answers that are due (appending them, or ending their conversations), refills the free slots and
+    starts their conversations; returns the conversations that ended on an answer."""
+    ended, appends = [], {}
+    others_decode = len(self.waiting) < len(self.slots)
+    for slot, asked in list(self.waiting.items()):
+      if others_decode and asked == self.decode_steps:
+        continue
+      del self.waiting[slot]
+      ids = self.agent.answer(self.slots[slot])
+      if ids is None:
+        ended.append(self._release(slot))
+      else:
+        appends[slot] = ids
+    entering = self.pending[:len(self.free)]
+    super()._between_chunks()
+    self.agent.start_all(entering)
+    if appends:
+      self.state = self.agent.append(self.params, self.state, appends)
+      self.logits_version[list(appends)] = self.version
+    return ended
+
+  def _decoding(self) -> dict[int, stream_lib.Request]:
+    return {slot: c for slot, c in self.slots.items() if slot not in self.waiting}
+
+  def _record(self, slot: int, request: stream_lib.Request, out: Any) -> None:
+    start = request.length
+    super()._record(slot, request, out)
+    request.mask[start:request.length] = 1
+    request.episode.generated += request.length - start
+
+  def _ends(self, slot: int, request: stream_lib.Request) -> bool:
+    """Ends the turn; the conversation ends with it, or its slot waits for the answer."""
+    self.agent.end_turn(request)
+    if request.episode.ended is not None:
+      return True
+    self.waiting[slot] = self.decode_steps
+    return False
+
+  def cancel(self, doomed: Callable[[stream_lib.Request], bool]) -> list[stream_lib.Request]:
+    """As DecodeStream.cancel; the cancelled conversations' tools and interactions are released."""
+    gone = super().cancel(doomed)
+    self.waiting = {slot: asked for slot, asked in self.waiting.items() if slot in self.slots}
+    self.agent.abandon(gone)
+    return gone
+
+  def finish(self) -> None:
+    """Steps until every conversation has ended; on a failure, the conversations started are abandoned."""
+    try:
+      super().finish()
+    except BaseException:
+      self.agent.abandon(list(self.slots.values()))
+      raise
+
+
+__all__ = ["APPEND_BUCKETS", "AgentRollout", "AgentSampler", "AgentSettings", "Conversation", "ConversationStream", "ENDINGS", "Episode", "append_buckets",
            "episode_turns", "rollout_metrics"]

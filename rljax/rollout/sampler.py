@@ -15,7 +15,7 @@ Outputs follow verl's layout: row `p * n + j` is sample j of prompt p.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -101,10 +101,26 @@ class RolloutSampler:
   def close(self) -> None:
     """Nothing to release (the multi-turn sampler stops its tool threads)."""
 
+  def open_stream(self, state: engine_lib.DecodeState | None = None,
+                  sampling_params: sampling.SamplingParams | None = None) -> stream_lib.DecodeStream:
+    """A decode stream over the engine's slots (in `state`, default the engine's empty one)."""
+    return stream_lib.DecodeStream(self.engine, self.pad_id, self.steps_per_sync, state, sampling_params)
+
+  def new_request(self, request_id: int, group: int, prompt: np.ndarray, key: jax.Array, width: int,
+                  columns: Mapping[str, Any] | None = None) -> stream_lib.Request:
+    """An empty request answering `prompt` ([p] ids; `width`: the prompt width of the trainer's layout);
+    `columns` are its prompt's data columns (read by multi-turn samplers only)."""
+    del columns
+    return stream_lib.new_request(self.engine, self.pad_id, request_id, group, prompt, key, width)
+
+  def assemble(self, requests: Sequence[stream_lib.Request], metrics: dict[str, float] | None = None) -> Rollout:
+    """The Rollout of finished `requests` (row i from requests[i]), with the sampler's `metrics`."""
+    return assemble(requests, self.engine, metrics)
+
   def generate(self, params: Any, prompt_ids: np.ndarray, prompt_mask: np.ndarray, n: int,
                key: jax.Array, sampling_params: sampling.SamplingParams | None = None,
-               rows: Any = None, first_request: int = 0) -> Rollout:
-    """n responses per prompt (`rows`, the batch's per-prompt columns, are read by multi-turn samplers only).
+               rows: Mapping[str, Sequence[Any]] | None = None, first_request: int = 0) -> Rollout:
+    """n responses per prompt, through one decode stream.
 
     Args:
       params: the model parameters (the trainer's arrays, used in place when
@@ -114,6 +130,7 @@ class RolloutSampler:
       n: responses per prompt.
       key: PRNG key (the run is reproducible for a given key).
       sampling_params: override of the engine's sampling settings.
+      rows: the batch's per-prompt columns ([B] each; read by multi-turn samplers only).
       first_request: the id of row 0's first response; response j of prompt b is request
         first_request + b * n + j, whose sampling stream is `fold_in(key, id)`, whatever slot or call
         decodes it (a host passes its rows' offset in the global batch).
@@ -121,22 +138,20 @@ class RolloutSampler:
     Returns:
       A Rollout of B * n rows.
     """
-    del rows
     prompt_ids, prompt_mask = np.asarray(prompt_ids), np.asarray(prompt_mask).astype(bool)
     prompts = [row[m] for row, m in zip(prompt_ids, prompt_mask)]
     if any(len(p) == 0 for p in prompts):
       raise ValueError(f"prompt rows {[i for i, p in enumerate(prompts) if not len(p)]} are empty")
-    stream = stream_lib.DecodeStream(self.engine, self.pad_id, self.steps_per_sync, self._decode_state(key),
-                                     sampling_params)
+    stream = self.open_stream(self._decode_state(key), sampling_params)
     stream.set_params(params, 0)
-    requests = [stream_lib.new_request(self.engine, self.pad_id, first_request + r, r // n, prompts[r // n], key,
-                                       prompt_ids.shape[1]) for r in range(len(prompts) * n)]
+    columns = [{k: v[p] for k, v in (rows or {}).items()} for p in range(len(prompts))]
+    requests = [self.new_request(first_request + r, r // n, prompts[r // n], key, prompt_ids.shape[1],
+                                 columns[r // n]) for r in range(len(prompts) * n)]
     stream.submit(requests)
-    while not stream.idle:
-      stream.step()
+    stream.finish()
     if not self.free_cache:
       self._state = stream.state
-    return assemble(requests, self.engine, metrics={"perf/slot_occupancy": stream.occupancy()})
+    return self.assemble(requests, {"perf/slot_occupancy": stream.occupancy()})
 
 
 def assemble(requests: Sequence[stream_lib.Request], engine: engine_lib.Engine,

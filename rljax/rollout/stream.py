@@ -151,29 +151,59 @@ class DecodeStream:
 
   def step(self) -> list[Request]:
     """Refills the free slots, runs one chunk of decode steps; returns the requests that ended in it."""
-    if self.free and self.pending:
-      self._refill()
+    ended = self._between_chunks()
+    decoding = self._decoding()
+    if not decoding:
+      return ended
     self.state, out = self.engine.generate_steps(self.params, self.state, self.steps_per_sync, self.sampling_params)
     out, done = jax.device_get((out, self.state.done))
     self.decode_steps += self.steps_per_sync
-    self.busy_slot_steps += int(out.valid[list(self.slots)].sum()) if self.slots else 0
-    ended = []
-    for slot, request in list(self.slots.items()):
-      valid = out.valid[slot]
-      count, start = int(valid.sum()), request.length
-      request.tokens[start:start + count] = out.tokens[slot][valid]
-      request.log_probs[start:start + count] = out.log_probs[slot][valid]
-      request.versions[start:start + count] = self.version
-      request.versions[start:start + min(count, 1)] = self.logits_version[slot]
-      if request.experts is not None:
-        width = request.experts.shape[0] - len(request.tokens)
-        request.experts[width + start:width + start + count] = out.experts[slot][valid]
-      request.length += count
-      self.logits_version[slot] = self.version
-      if done[slot]:
-        ended.append(self.slots.pop(slot))
-        self.free.append(slot)
+    self.busy_slot_steps += int(out.valid[list(decoding)].sum())
+    for slot, request in decoding.items():
+      self._record(slot, request, out)
+      if done[slot] and self._ends(slot, request):
+        ended.append(self._release(slot))
     return ended
+
+  def _between_chunks(self) -> list[Request]:
+    """What happens before a decode chunk: the free slots take queued requests. Returns requests that ended
+    outside a chunk (none here)."""
+    if self.free and self.pending:
+      self._refill()
+    return []
+
+  def _decoding(self) -> dict[int, Request]:
+    """slot -> the request it decodes in the next chunk."""
+    return dict(self.slots)
+
+  def _record(self, slot: int, request: Request, out: Any) -> None:
+    """Writes the tokens a chunk's output `out` (host arrays) holds for `slot` into `request`."""
+    valid = out.valid[slot]
+    count, start = int(valid.sum()), request.length
+    request.tokens[start:start + count] = out.tokens[slot][valid]
+    request.log_probs[start:start + count] = out.log_probs[slot][valid]
+    request.versions[start:start + count] = self.version
+    request.versions[start:start + min(count, 1)] = self.logits_version[slot]
+    if request.experts is not None:
+      width = request.experts.shape[0] - len(request.tokens)
+      request.experts[width + start:width + start + count] = out.experts[slot][valid]
+    request.length += count
+    self.logits_version[slot] = self.version
+
+  def _ends(self, slot: int, request: Request) -> bool:
+    """Whether `request`, whose slot's decoding stopped in this chunk, has ended (a response: always)."""
+    del slot, request
+    return True
+
+  def _release(self, slot: int) -> Request:
+    """Frees `slot`; returns its request."""
+    self.free.append(slot)
+    return self.slots.pop(slot)
+
+  def finish(self) -> None:
+    """Steps until every submitted request has ended."""
+    while not self.idle:
+      self.step()
 
   def occupancy(self) -> float:
     """The share of slot-steps that decoded a request's token so far (1.0 before any step)."""

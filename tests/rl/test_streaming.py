@@ -9,9 +9,9 @@ from flax import nnx
 from rljax.config import ConfigError
 from rljax.rl import streaming
 from rljax.rollout import SamplingParams, make_engine
-from rljax.rollout import stream as stream_lib
+from rljax.rollout import RolloutSampler
 from tests.rl import tiny_run
-from tests.rollout import chain
+from tests.rollout import chain, test_agent_loop as agent_tests
 
 LONG, OTHER, SHORT = 100, 101, 102  # a prompt ending in LONG or OTHER is answered until the length limit
 RESPONSE = 12
@@ -54,7 +54,7 @@ def batches(*kinds):
 
 def rollout(engine, policy, data, consumed=(), first_batch=0):
   pending = list(data)
-  return streaming.AsyncRollout(stream_lib.DecodeStream(engine, 0, 4), policy, 2, 0,
+  return streaming.AsyncRollout(RolloutSampler(engine, 0, 4), policy, 2, 0,
                                 batch_key=lambda b: jax.random.key(b), data_position=lambda: "end",
                                 read_batch=lambda: (pending.pop(0), f"before{len(data) - len(pending) - 1}")
                                 if pending else None, first_batch=first_batch, consumed=consumed)
@@ -186,3 +186,38 @@ def test_dynamic_sampling_judges_each_group_as_it_ends_and_its_slots_go_to_the_n
   with pytest.raises(ValueError, match="dynamic sampling judged 3 prompts for one update, more than "
                                        "max_num_gen_batches x data.gen_batch_size = 2 on this host"):
     bounded.next_groups(params[0], 0)
+
+
+def test_a_conversation_continues_across_an_update_and_its_tool_turn_is_masked(tok, tmp_path):
+  """A tool_agent conversation whose turn ended under version 0 gets its tool's answer appended under version 1 and
+  decodes its next turn there; a single-turn row of the same batch trains first. The tool ids carry mask 0 and no
+  version; the first token after them records version 1 (its logits come from the append's forward)."""
+  root = agent_tests.write_files(tmp_path)
+  start, call, answer, eos = chain.start_id(tok), chain.phrase_id(tok, "lookup"), chain.phrase_id(tok, "answer"), \
+      tok.eos_token_id
+  tables = [{start: {call: 0.0}, call: {eos: 0.0}},
+            {start: {call: np.log(0.8), answer: np.log(0.2)}, call: {eos: 0.0}, answer: {eos: 0.0}}]
+  agent, model = agent_tests.sampler(tok, tables[0], agent_tests.settings(root, max_assistant_turns=2), greedy=False)
+  params = [nnx.state(chain.model(tok, t), nnx.Param) for t in tables]
+  ids, mask, columns = agent_tests.prompts(tok, 2, agents=["single_turn_agent", "tool_agent"])
+  batch = {"input_ids": ids, "attention_mask": mask, **{k: np.asarray(v, object) for k, v in columns.items()}}
+  pending = [batch]
+  stream = streaming.AsyncRollout(agent, streaming.Policy(groups=1, threshold=2, strategy="drop", ahead=1), 1, 0,
+                                  batch_key=jax.random.key, data_position=lambda: "end",
+                                  read_batch=lambda: (pending.pop(), "before0") if pending else None)
+  try:
+    first = stream.next_groups(params[0], 0)
+    assert list(first.columns["agent_name"]) == ["single_turn_agent"]
+    np.testing.assert_array_equal(first.rollout.versions[0, :3], [0, 0, -1])
+    second = stream.next_groups(params[1], 1)
+  finally:
+    agent.close()
+  out, turn = second.rollout, agent_tests.tool_turn(tok, "7")
+  size, tail = int(out.response_lengths[0]), 2 + len(turn)
+  assert out.responses[0, :tail].tolist() == [call, eos] + turn and out.responses[0, size - 1] == eos
+  assert out.response_mask[0, :size].tolist() == [1, 1] + [0] * len(turn) + [1, 1] and size == tail + 2
+  np.testing.assert_array_equal(out.versions[0, :size], [0, 0] + [-1] * len(turn) + [1, 1])
+  np.testing.assert_allclose(out.log_probs[0, tail], np.log(0.8 if out.responses[0, tail] == call else 0.2), atol=1e-3)
+  assert second.spans.tolist() == [2] and out.episodes[0].user_turns == 1 and out.episodes[0].assistant_turns == 2
+  assert out.metrics["num_turns/mean"] == 4 and streaming.off_policy_metrics(second)["off_policy/mixed_version_frac"] == 1
+

@@ -68,8 +68,11 @@ def schema(name):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-  """(tool YAML, interaction YAML) in verl's formats, classes in a .py file next to them."""
-  root = tmp_path_factory.mktemp("agent")
+  return write_files(tmp_path_factory.mktemp("agent"))
+
+
+def write_files(root):
+  """(tool YAML, interaction YAML) in verl's formats under `root`, classes in a .py file next to them."""
   (root / "agent_tools.py").write_text(TOOLS_PY)
   tools = "tools:\n" + "".join(f"  - class_name: {root}/agent_tools.py:{cls}\n    config: {{type: native}}\n" + schema(name)
                                for name, cls in [("lookup", "Lookup"), ("boom", "Boom"), ("sleepy", "Sleepy"),
