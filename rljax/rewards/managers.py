@@ -60,6 +60,19 @@ class RewardResult(NamedTuple):
   metrics: dict[str, float]
 
 
+def concat_results(results: Sequence[RewardResult]) -> RewardResult:
+  """One result for the rows of several, in order: an extra-info key some results lack is NaN on their rows (as
+  `RewardManager.gather` fills a row's), the metrics (counts) are summed."""
+  keys = sorted({k for r in results for k in r.reward_extra_info})
+  extra = {k: [v for r in results for v in r.reward_extra_info.get(k, [float("nan")] * len(r.reward_tensor))]
+           for k in keys}
+  metrics: dict[str, float] = {}
+  for result in results:
+    for k, v in result.metrics.items():
+      metrics[k] = metrics.get(k, 0.0) + float(v)
+  return RewardResult(np.concatenate([np.asarray(r.reward_tensor) for r in results]), extra, metrics)
+
+
 def response_lengths(batch: Mapping[str, Any]) -> tuple[np.ndarray, int]:
   """Real response lengths [B] and the padded width T."""
   responses = np.asarray(batch["responses"])

@@ -35,8 +35,9 @@ picks the oldest finished groups first (by start version, then admission),
 and trains them in admission order.
 
 Dynamic sampling (DAPO's `algorithm.filter_groups`) streams too: a group
-is judged as its last response ends (`keep`: the trainer scores it and
-keeps it when its filter metric varies); a group it drops leaves its slots
+is judged as its last response ends (`keep`: the trainer scores it, keeps
+the scores on the group for the update to train on, and keeps the group
+when its filter metric varies); a group it drops leaves its slots
 to the next prompts at once, counts as consumed (a resumed run neither
 trains nor repeats it) and in `train/filtered_groups`. An update that has
 judged more than `most_judged` prompts of this host (verl's
@@ -163,6 +164,7 @@ class Group:
     requests: its n responses, in sample order.
     columns: its row of each data column (what the reward function reads).
     ended: responses finished.
+    scores: what dynamic sampling's judge scored its responses (the update trains on them), or None.
   """
 
   id: int
@@ -171,6 +173,7 @@ class Group:
   requests: list[stream_lib.Request]
   columns: dict[str, Any]
   ended: int = 0
+  scores: Any = None
 
   @property
   def start(self) -> int | None:
@@ -327,8 +330,9 @@ class AsyncRollout:
     rollout = self.sampler.assemble([r for g in picked for r in g.requests], {"perf/slot_occupancy": occupancy})
     rollout.prompt_index = np.repeat(np.arange(len(picked)), self.n)
     filtered, self.filtered, self.judged = self.filtered, 0, 0
+    scores = [g.scores for g in picked]
     return Picked(columns, rollout, np.asarray([spans(g.start, version) for g in picked], np.float32), version,
-                  len(evicted), filtered)
+                  len(evicted), filtered, None if any(s is None for s in scores) else scores)
 
   def _ended(self, group: Group) -> None:
     """One of `group`'s responses ended; a finished group that dynamic sampling does not keep leaves."""
@@ -385,6 +389,7 @@ class Picked:
     version: the version that trains them.
     evicted: groups this host evicted at this update.
     filtered: groups this host's dynamic sampling dropped since the last update.
+    scores: [G] each group's judged scores (`Group.scores`), or None where they were not judged.
   """
 
   columns: dict[str, Any]
@@ -393,6 +398,7 @@ class Picked:
   version: int
   evicted: int
   filtered: int = 0
+  scores: list[Any] | None = None
 
 
 def off_policy_metrics(picked: Picked) -> dict[str, float]:

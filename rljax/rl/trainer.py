@@ -218,10 +218,11 @@ class RLTrainer:
 
   def _keeps(self, group: streaming.Group) -> bool:
     """Dynamic sampling's judgement of a finished group under colocate_async: whether its filter metric varies
-    across its responses (scored by this host alone: the hosts judge their own groups at their own times)."""
+    across its responses (scored by this host alone: the hosts judge their own groups at their own times). The
+    scores stay on the group: the update that trains it reads them instead of scoring it again."""
     rollout = self.sampler.assemble(group.requests)
     rollout.prompt_index = np.zeros(len(group.requests), np.int64)
-    result = self._score({k: np.asarray(v)[None] for k, v in group.columns.items()}, rollout)
+    result = group.scores = self._score({k: np.asarray(v)[None] for k, v in group.columns.items()}, rollout)
     rows = Experience(token_level_scores=np.asarray(result.reward_tensor, np.float32),
                       reward_components=numeric_components(result.reward_extra_info, len(group.requests)))
     values = dynamic_sampling.metric_values(rows, self.config.algorithm.filter_groups.metric)
@@ -324,11 +325,13 @@ class RLTrainer:
       step_metrics.update({"train/kept_groups": float(self.config.data.train_batch_size),
                            "train/filtered_groups": hosts.process_total(float(picked.filtered))})
     self._batch_state = self.train_iter.get_state()
-    return self._scored(picked.columns, picked.rollout, timing)
+    judged = None if picked.scores is None else managers.concat_results(picked.scores)
+    return self._scored(picked.columns, picked.rollout, timing, scores=judged)
 
-  def _scored(self, batch: dict[str, Any], rollout: Any, timing: dict[str, float], round_index: int = 0) -> Experience:
-    """The rows of `rollout` (responses to `batch`'s prompts), scored, with what the advantage estimator needs from
-    the rollout (remax's baselines); dumped under trainer.rollout_data_dir."""
+  def _scored(self, batch: dict[str, Any], rollout: Any, timing: dict[str, float], round_index: int = 0,
+              scores: managers.RewardResult | None = None) -> Experience:
+    """The rows of `rollout` (responses to `batch`'s prompts), scored (`scores`: already), with what the advantage
+    estimator needs from the rollout (remax's baselines); dumped under trainer.rollout_data_dir."""
     timing.update(rollout.metrics)
     idx = rollout.prompt_index
     rows = make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
@@ -336,7 +339,7 @@ class RLTrainer:
         prompt_mask=batch["attention_mask"][idx].astype(np.int32), rollout_log_probs=rollout.log_probs,
         routed_experts=rollout.routed_experts, group=idx.astype(np.int32))
     with timed(timing, "reward"):
-      result = self._score(batch, rollout)
+      result = self._score(batch, rollout) if scores is None else scores
     rows = rows.replace(token_level_scores=np.asarray(result.reward_tensor, np.float32),
                         reward_components=reward_components(result.reward_extra_info, len(idx)))
     timing.update({k: hosts.process_total(float(v)) for k, v in result.metrics.items()})  # counts

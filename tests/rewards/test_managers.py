@@ -85,6 +85,19 @@ def test_naive_places_score_on_last_valid_token():
   assert result.metrics["reward/scorer_errors"] == 0
 
 
+def test_results_of_several_groups_join_in_order():
+  """colocate_async's update reads its groups' judged scores as one result: rows in order, a key one group's scorer
+  did not return is NaN there, the counts summed."""
+  first = managers.RewardResult(np.array([[0.0, 1.0]]), {"acc": [1.0]}, {"reward/scorer_errors": 1.0})
+  second = managers.RewardResult(np.array([[0.5, 0.0], [0.0, 0.0]]), {"pred": ["a", "b"]},
+                                 {"reward/scorer_errors": 0.0})
+  joined = managers.concat_results([first, second])
+  np.testing.assert_array_equal(joined.reward_tensor, [[0.0, 1.0], [0.5, 0.0], [0.0, 0.0]])
+  assert joined.reward_extra_info["pred"][1:] == ["a", "b"] and np.isnan(joined.reward_extra_info["pred"][0])
+  assert joined.reward_extra_info["acc"][0] == 1.0 and np.isnan(joined.reward_extra_info["acc"][1:]).all()
+  assert joined.metrics == {"reward/scorer_errors": 1.0}
+
+
 def test_decodes_with_tokenizer_when_no_text():
 
   class Tok:

@@ -122,13 +122,17 @@ def test_data_ending_inside_a_step_stops_the_run_with_a_warning(model_dir, data_
 def test_dapo_streams_under_colocate_async_judging_each_group_as_it_ends(model_dir, data_dir, tmp_path):
   # the same scorer, streamed: groups are scored as they finish, the uniform ones give their slots to the next
   # prompts, and each update trains a batch of mixed groups
-  scorer = tmp_path / "score.py"
-  scorer.write_text(SCORE_BY_TEXT)
+  scorer, calls = tmp_path / "score.py", tmp_path / "calls"
+  scorer.write_text(SCORE_BY_TEXT.replace("  return", f"  open({str(calls)!r}, 'a').write('.')\n  return"))
   history = run(model_dir, data_dir, str(tmp_path / "run"), f"custom_reward_function.path={scorer}",
                 "data.gen_batch_size=2", "data.train_max_samples=6", "trainer.total_epochs=10",
                 "trainer.v1.trainer_mode=colocate_async")
   assert [m["step"] for m in history] == [1, 2]
-  assert sum(m["train/filtered_groups"] for m in history) >= 1
+  kept, filtered = (sum(m[f"train/{k}_groups"] for m in history) for k in ("kept", "filtered"))
+  assert filtered >= 1
+  # each judged response is scored once, the update reading the judge's scores: 2 per trained or dropped group,
+  # and fewer than 2 x 4 more for the kept groups judged past the last update (scoring again would add 2 x kept)
+  assert 2 * (kept + filtered) <= len(calls.read_text()) < 2 * (kept + filtered + 4)
   for m in history:
     assert m["train/kept_groups"] == 4 and "train/num_gen_batches" not in m and "off_policy/staleness/mean" in m
     assert m["critic/score/mean"] not in (0.0, 1.0) and np.isfinite(m["actor/pg_loss"])

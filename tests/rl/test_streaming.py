@@ -65,6 +65,7 @@ def test_a_response_spanning_two_versions_records_each_tokens_version_and_log_pr
   stream = rollout(engine, streaming.Policy(groups=1, threshold=2, strategy="drop", ahead=1), batches("LS", "LS"))
   picked = stream.next_groups(params[0], 0)
   assert list(picked.columns["tag"]) == ["0S1"] and picked.spans.tolist() == [1]  # the short one ends first
+  assert picked.scores is None  # no judge: the update scores its groups
   picked = stream.next_groups(params[1], 1)
   second, metrics = picked.rollout, streaming.off_policy_metrics(picked)
   assert list(picked.columns["tag"]) == ["0L0"]
@@ -161,6 +162,7 @@ def test_dynamic_sampling_judges_each_group_as_it_ends_and_its_slots_go_to_the_n
 
   def keep(group):
     judged.append(group.columns["tag"].item())
+    group.scores = f"scores of {judged[-1]}"  # what the trainer's judge leaves for the update
     return "L" in judged[-1]
 
   policy = streaming.Policy(groups=1, threshold=8, strategy="drop", ahead=1)
@@ -169,7 +171,7 @@ def test_dynamic_sampling_judges_each_group_as_it_ends_and_its_slots_go_to_the_n
   stream.keep = keep
   first = stream.next_groups(params[0], 0)
   # while 0L1 decodes, the short prompts of batch 1 take the freed slots, end and are dropped
-  assert list(first.columns["tag"]) == ["0L1"] and first.filtered == 3
+  assert list(first.columns["tag"]) == ["0L1"] and first.filtered == 3 and first.scores == ["scores of 0L1"]
   assert judged == ["0S0", "1S0", "0L1", "1S1"]
   position = stream.position()  # 1L2 is still generating
   assert position == {"data_state": "before1", "batch": 1, "consumed": [[1, 0], [1, 1]]}
