@@ -349,7 +349,7 @@ class AsyncRollout:
 
   def close(self) -> None:
     """Cancels what is queued and generating (a multi-turn stream releases its conversations' tools)."""
-    self.stream.cancel(lambda request: True)
+    self.stream.close()
 
   # ----- resuming ---------------------------------------------------------------------------
 

@@ -543,8 +543,8 @@ class RLTrainer:
     streaming.check_resumable(self.state.stream_position, self.streaming is not None, path)
     self.train_iter.set_state(self.state.data_position)
     if self.streaming is not None:
-      stream = self.streaming.stream
-      self.streaming = self._async_rollout(self.state.stream_position, stream if stream.idle else None)
+      self.streaming.close()  # what it generated is generated again from the checkpoint's position
+      self.streaming = self._async_rollout(self.state.stream_position, self.streaming.stream)
 
   # ----- the run -------------------------------------------------------------------------
 

@@ -122,6 +122,7 @@ class Episode:
     generated, appended: response ids the policy generated, and the tools' or interaction's appended.
     pending: the tools' or the interaction's answer being computed.
     ended: why the conversation ended (one of ENDINGS), or None.
+    checked: whether its ids were checked against the chat template (`AgentSampler.assemble`).
   """
 
   agent: str
@@ -142,6 +143,7 @@ class Episode:
   closing: concurrent.futures.Future | None = None
   reward_scores: dict[str, Any] = dataclasses.field(default_factory=dict)
   tokenization_mismatch: str | None = None
+  checked: bool = False
 
 
 @dataclasses.dataclass(eq=False)
@@ -333,19 +335,23 @@ class AgentSampler(RolloutSampler):
     episode.ended = why
     episode.closing = self._executor.submit(self._close, episode)
 
-  def abandon(self, conversations: Sequence[Conversation]) -> None:
-    """Ends the started conversations of `conversations` that have not ended (a failed or cancelled rollout), and
-    waits until their tools and interactions are released."""
+  def abandon(self, conversations: Sequence[Conversation]) -> list[concurrent.futures.Future]:
+    """Ends the started conversations of `conversations` that have not ended (a failed or cancelled rollout);
+    returns the futures of every started one's closing (its tools and interaction released)."""
     started = [c.episode for c in conversations if c.episode is not None]
     for episode in started:
       if episode.ended is None:
         self._finish(episode, "length")
-    concurrent.futures.wait([e.closing for e in started])
+    return [e.closing for e in started]
 
   @staticmethod
   def _close(episode: Episode) -> None:
     """Tools score (calc_reward) and release their instances, the interaction scores and finalizes: verl's
-    rollout_reward_scores ({tool: reward}, "user_turn_rewards", and rljax's "interaction" and "tool_steps")."""
+    rollout_reward_scores ({tool: reward}, "user_turn_rewards", and rljax's "interaction" and "tool_steps").
+    A turn's calls still running (an abandoned conversation's) end first: each runs at most multi_turn's
+    tool_timeout_s."""
+    if episode.pending is not None:
+      concurrent.futures.wait([episode.pending])
     if episode.tools is not None:
       episode.reward_scores.update(episode.tools.finish())
     if episode.interaction is not None:
@@ -366,8 +372,12 @@ class AgentSampler(RolloutSampler):
     return state
 
   def start_all(self, conversations: Sequence[Conversation]) -> None:
-    """Starts the episodes of conversations entering slots, on the tool threads."""
-    list(self._executor.map(self._start, conversations))
+    """Starts the episodes of conversations entering slots, on the tool threads; raises the first failure once
+    every start has returned (so each started episode is attached to its conversation)."""
+    starts = [self._executor.submit(self._start, c) for c in conversations]
+    concurrent.futures.wait(starts)
+    for start in starts:
+      start.result()
 
   def open_stream(self, state: engine_lib.DecodeState | None = None,
                   sampling_params: sampling.SamplingParams | None = None) -> "ConversationStream":
@@ -413,19 +423,21 @@ class AgentSampler(RolloutSampler):
     """The rollout of ended `conversations` (row i from conversations[i]; prompt_index: each one's group), each
     checked against the chat template (tokenization_sanity_check_mode)."""
     renders: dict[int, bool] = {}  # group -> whether its prompt ids are its messages' rendering
-    for c in conversations:
+    unchecked = [c for c in conversations if not c.episode.checked]  # a judged group was checked when judged
+    for c in unchecked:
       episode = c.episode
       episode.closing.result()  # a tool's calc_reward or release that raised
+      episode.checked = True
       if (episode.ended != "length" and c.length and c.mask[c.length - 1]  # a rendering ends after the model's turn
           and renders.setdefault(c.group, self._prompt_renders(c))):
         episode.tokenization_mismatch = render.sanity_check(
             self.tokenizer, episode.messages, self.settings.tool_schemas, list(c.prompt) + c.ids(),
             self.settings.sanity_check_mode)
-    mismatched = [c.episode.tokenization_mismatch for c in conversations if c.episode.tokenization_mismatch]
+    mismatched = [c.episode.tokenization_mismatch for c in unchecked if c.episode.tokenization_mismatch]
     if mismatched:
       _LOG.warning("%d of %d conversations do not re-tokenise to the ids trained on "
                    "(multi_turn.tokenization_sanity_check_mode=%s); the first: %s", len(mismatched),
-                   len(conversations), self.settings.sanity_check_mode, mismatched[0])
+                   len(unchecked), self.settings.sanity_check_mode, mismatched[0])
     return AgentRollout(responses=np.stack([c.tokens for c in conversations]),
                         response_mask=np.stack([c.mask for c in conversations]),
                         response_lengths=np.asarray([c.length for c in conversations], np.int32),
@@ -457,6 +469,7 @@ class ConversationStream(stream_lib.DecodeStream):
     super().__init__(agent.engine, agent.pad_id, agent.steps_per_sync, state, sampling_params)
     self.agent = agent
     self.waiting: dict[int, int] = {}  # slot -> decode steps run when its turn ended
+    self.started: list[Conversation] = []  # entered a slot, and not yet closed
 
   def _between_chunks(self) -> list[stream_lib.Request]:
     """Takes the answers that are due (appending them, or ending their conversations), refills the free slots and
@@ -472,8 +485,10 @@ class ConversationStream(stream_lib.DecodeStream):
         ended.append(self._release(slot))
       else:
         appends[slot] = ids
+        self.slots[slot] = self.slots.pop(slot)  # decodes again: its chunk output is read after the others'
     entering = self.pending[:len(self.free)]
     super()._between_chunks()
+    self.started = [c for c in self.started if not _closed(c)] + entering
     self.agent.start_all(entering)
     if appends:
       self.state = self.agent.append(self.params, self.state, appends)
@@ -498,19 +513,31 @@ class ConversationStream(stream_lib.DecodeStream):
     return False
 
   def cancel(self, doomed: Callable[[stream_lib.Request], bool]) -> list[stream_lib.Request]:
-    """As DecodeStream.cancel; the cancelled conversations' tools and interactions are released."""
+    """As DecodeStream.cancel; the cancelled conversations end, their tools and interactions released on the tool
+    threads (`close` waits for that)."""
     gone = super().cancel(doomed)
     self.waiting = {slot: asked for slot, asked in self.waiting.items() if slot in self.slots}
     self.agent.abandon(gone)
     return gone
 
   def finish(self) -> None:
-    """Steps until every conversation has ended; on a failure, the conversations started are abandoned."""
+    """Steps until every conversation has ended; on a failure, every conversation started is closed first."""
     try:
       super().finish()
     except BaseException:
-      self.agent.abandon(list(self.slots.values()))
+      self.close()
       raise
+
+  def close(self) -> None:
+    """Cancels every conversation and waits until each one started has released its tools and interaction."""
+    self.cancel(lambda request: True)
+    concurrent.futures.wait(self.agent.abandon(self.started))
+    self.started = []
+
+def _closed(conversation: Conversation) -> bool:
+  """Whether `conversation` ended and released its tools and interaction."""
+  closing = conversation.episode.closing if conversation.episode is not None else None
+  return closing is not None and closing.done()
 
 
 __all__ = ["APPEND_BUCKETS", "AgentRollout", "AgentSampler", "AgentSettings", "Conversation", "ConversationStream", "ENDINGS", "Episode", "append_buckets",

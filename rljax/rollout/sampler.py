@@ -41,8 +41,8 @@ class Rollout:
       the experts each prompt and response token went to, in the trainer's
       layout (prompt left-padded to P, response from P on; 0 at padding);
       else None.
-    versions: [B * n, R] int32 the policy version that sampled each token (-1 after the end); None where the
-      sampler does not record it.
+    versions: [B * n, R] int32 the policy version that sampled each token (-1 after the end and on a multi-turn
+      rollout's appended ids); None where the sampler does not record it.
     stats: the sampler's measurements (the share of decode slot-steps that decoded a token).
   """
 

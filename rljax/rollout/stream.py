@@ -34,9 +34,9 @@ class Request:
     group: the prompt it answers (requests of one group share the prompt's prefill).
     prompt: [p] the prompt's token ids.
     key: the rollout key its stream derives from.
-    tokens, log_probs, versions: [R] each generated token, its log-probability under the sampling
-      distribution and the policy version that sampled it (-1 past the end).
-    length: tokens generated.
+    tokens, log_probs, versions: [R] each response token, its log-probability under the sampling
+      distribution and the policy version that sampled it (-1 past the end, and on ids a conversation appended).
+    length: response tokens so far (a conversation's appended ids included).
     experts: with the engine's record_routing, [width + R, L_sparse, k] the experts of its prompt (left-padded
       to `width`) and response tokens; else None.
   """
@@ -204,6 +204,10 @@ class DecodeStream:
     """Steps until every submitted request has ended."""
     while not self.idle:
       self.step()
+
+  def close(self) -> None:
+    """Cancels every request queued or decoding."""
+    self.cancel(lambda request: True)
 
   def occupancy(self) -> float:
     """The share of slot-steps that decoded a request's token so far (1.0 before any step)."""

@@ -110,7 +110,8 @@ def test_two_multi_turn_grpo_steps_on_eight_devices_and_on_two_processes_equal_o
 
 def test_multi_turn_streams_under_colocate_async(setup, tmp_path):
   """colocate_async at threshold 1 with wait equals the synchronous run; at threshold 2 a step trains conversations
-  the previous weights began (their tool turns cached between versions), with the multi-turn metrics."""
+  the previous weights began (their tool turns cached between versions), with the multi-turn metrics, and dynamic
+  sampling judges each conversation group as it ends."""
   sync = run(setup, tmp_path / "sync", "trainer.n_gpus_per_node=1")
   streamed = ["trainer.n_gpus_per_node=1", "trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async"]
   on_policy = run(setup, tmp_path / "on", *streamed, "trainer.v1.sampler.max_off_policy_threshold=1",
@@ -118,11 +119,14 @@ def test_multi_turn_streams_under_colocate_async(setup, tmp_path):
   drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/", "off_policy/"))}
   assert [drop(m) for m in sync] == [drop(m) for m in on_policy] and len(sync) == 2
   ahead = run(setup, tmp_path / "ahead", *streamed, "trainer.v1.sampler.max_off_policy_threshold=2",
-              "trainer.v1.colocate_async.num_warmup_batches=1", "algorithm.rollout_correction.rollout_is=token")
+              "trainer.v1.colocate_async.num_warmup_batches=1", "algorithm.rollout_correction.rollout_is=token",
+              "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_reward",
+              "trainer.total_epochs=20")
   second = ahead[1]  # its conversations began under the first step's weights, so their tokens are reweighted
   assert second["off_policy/mixed_version_frac"] > 0 and 0 < second["rollout_corr/k3_kl"] < 1e-2
   assert second["rollout_corr/rollout_is_min"] < 1 < second["rollout_corr/rollout_is_max"]
   assert second["off_policy/staleness/max"] == 2 and second["off_policy/token_lag/mean"] > 0
+  assert sum(step["train/filtered_groups"] for step in ahead) >= 1
   for step in ahead:
     assert 1.0 < step["num_turns/mean"] <= 7.0 and step["multi_turn/tokenization_mismatches"] == 0.0
-    assert step["actor/grad_norm"] > 0
+    assert step["actor/grad_norm"] > 0 and step["train/kept_groups"] == 4 and step["critic/advantages/max"] > 0
