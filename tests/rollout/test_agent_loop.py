@@ -176,6 +176,26 @@ def test_failing_tools_become_error_turns_and_the_rollout_goes_on(files, tok):
   assert out.metrics["multi_turn/tool_errors"] == 16.0
 
 
+def test_a_cancelled_conversation_releases_its_tools_after_its_running_call(files, tok):
+  """colocate_async evicts a conversation while its tool call runs: the stream frees the slot at once, and the
+  tools score and release once the call has ended (here at its 0.3 s timeout), which close() waits for."""
+  from flax import nnx
+  start, sleepy, eos = chain.start_id(tok), chain.phrase_id(tok, "sleepy"), tok.eos_token_id
+  smp, model = sampler(tok, {start: {sleepy: 0.0}, sleepy: {eos: 0.0}}, settings(files, timeout_s=0.3))
+  ids, mask, columns = prompts(tok, 1)
+  stream = smp.open_stream()
+  stream.set_params(nnx.state(model, nnx.Param), 0)
+  conversation = smp.new_request(0, 0, ids[0][mask[0] > 0], jax.random.key(0), 32, {k: v[0] for k, v in columns.items()})
+  stream.submit([conversation])
+  assert stream.step() == [] and stream.waiting  # its turn called the tool, which runs
+  episode = conversation.episode
+  assert stream.cancel(lambda c: True) == [conversation] and stream.idle and not stream.waiting
+  stream.close()
+  assert episode.ended == "length" and episode.pending.done() and episode.closing.done()
+  assert len(smp.settings.tools["sleepy"].released) == 1
+  smp.close()
+
+
 def test_tool_answers_are_truncated_and_the_response_length_holds(files, tok):
   """max_tool_response_length cuts the chatty tool's 60 characters (left and right); an answer that would not fit
   in response_length ends the conversation there, dropped (verl's rule)."""
