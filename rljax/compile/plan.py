@@ -46,7 +46,8 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
              appending: int | None = None) -> list[PlannedStep]:
   """The steps of an RL run of `config` on `mesh`: updates, forward passes, the rollout's weight copy, prefill,
   insert and decode, each with the trainer's arrays it runs beside (under colocate_async the engine's decode
-  state too, which lives across updates). `host_devices`: where `mesh` spans several hosts, one host's slice (as many devices as a
+  state too, which lives across updates, and for the engine's own steps a second one where validation or remax's
+  baselines decode beside the stream's). `host_devices`: where `mesh` spans several hosts, one host's slice (as many devices as a
   host of the mesh has) to compile the host-local rollout on. `appending`: the multi-turn append over that many
   appending slots (`Engine.lowering_steps`)."""
   run, state = assembly.build_run(config, mesh, abstract=True, tokenizer=None, batches_per_epoch=1)
@@ -71,17 +72,22 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   if host_devices is not None and engine.mesh is not mesh and len(hosts.processes(mesh.devices.flat)) > 1:
     engine = engine.on_devices(host_devices)
     rollout_params = engine.compute_params(actor_params)
+  rollout = []
   for step in engine.lowering_steps(actor_params, sampler_steps, samples_per_prompt=layout.n, appending=appending):
     bound = None
     if step.name.startswith("decode_step"):
       bound = ("param+cache", report.decode_minimum(rollout_params, engine.abstract_decode_state()))
-    planned.append(PlannedStep(step, bound))
-  trainer = _trainer_arrays(config, run, state)
+    rollout.append(PlannedStep(step, bound))
+  planned += rollout
+  trainer, second = _trainer_arrays(config, run, state), []
   if streaming.policy_of(config, 1) is not None:  # colocate_async: the KV cache stays allocated across updates
-    trainer += [x for x in jax.tree.leaves(engine.abstract_decode_state())
-                if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)]  # its key: a few bytes
+    cache = [x for x in jax.tree.leaves(engine.abstract_decode_state())
+             if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)]  # its key: a few bytes
+    trainer += cache
+    second = cache if streaming.decodes_beside_the_stream(config) else []
   for item in planned:
-    item.resident = _beside(trainer, [part.args for part, _ in item.parts] or item.step.args)
+    beside = trainer + second if any(item is r for r in rollout) else trainer
+    item.resident = _beside(beside, [part.args for part, _ in item.parts] or item.step.args)
   return planned
 
 

@@ -250,7 +250,7 @@ def _check_trainer(config: ConfigDict) -> None:
 
 
 def _check_trainer_mode(config: ConfigDict) -> None:
-  """trainer.v1: sync or colocate_async, and what colocate_async cannot run with yet."""
+  """trainer.v1: sync or colocate_async, and colocate_async's staleness settings."""
   v1, key = config.trainer.v1, "trainer.v1.trainer_mode"
   check_enum(config, key, TRAINER_MODES)
   check(v1.trainer_mode != "separate_async", key, v1.trainer_mode,
@@ -264,9 +264,6 @@ def _check_trainer_mode(config: ConfigDict) -> None:
         "must be a whole number of policy versions, at least 1 (1: on-policy)", "set it to 1 or more")
   check(is_int(ahead) and ahead >= 0, "trainer.v1.colocate_async.num_warmup_batches", ahead,
         "must be a whole number of batches, 0 or more", "set it to 0 or more")
-  check(config.algorithm.adv_estimator != "remax", "algorithm.adv_estimator", config.algorithm.adv_estimator,
-        "remax's greedy baselines are generated per synchronous step (trainer.v1.trainer_mode=colocate_async)",
-        "set trainer.v1.trainer_mode=sync, or choose another estimator")
 
 
 def _check_cache_length(config: ConfigDict) -> None:

@@ -129,6 +129,14 @@ def streams_off_policy(config: Any) -> bool:
   return policy is not None and not policy.on_policy
 
 
+def decodes_beside_the_stream(config: Any) -> bool:
+  """Whether a colocate_async run of `config` also decodes while its stream's KV cache is allocated, in a cache of
+  its own: validation (data.val_files, with trainer.test_freq > 0 or val_before_train) or remax's greedy
+  baselines."""
+  validates = bool(config.data.val_files) and (config.trainer.test_freq > 0 or config.trainer.val_before_train)
+  return validates or config.algorithm.adv_estimator == "remax"
+
+
 def check_resumable(position: dict[str, Any] | None, streamed: bool, path: str) -> None:
   """Refuses to resume in sync mode from a colocate_async checkpoint that trained prompts past its data position.
 
@@ -417,5 +425,5 @@ def off_policy_metrics(picked: Picked) -> dict[str, float]:
           "off_policy/evicted_samples": hosts.process_total(float(picked.evicted))}
 
 
-__all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "off_policy_metrics", "policy_of", "spans",
-           "streams_off_policy"]
+__all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "decodes_beside_the_stream",
+           "off_policy_metrics", "policy_of", "spans", "streams_off_policy"]

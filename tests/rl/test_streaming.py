@@ -133,7 +133,7 @@ def test_resuming_from_the_position_loses_and_repeats_no_prompt(scripted):
 
 def test_compile_counts_the_kv_cache_beside_the_update_under_colocate_async(model_dir, data_dir, tmp_path):
   """The decode state lives across updates under colocate_async: rljax.compile's memory check counts it beside
-  every step that does not take it."""
+  every step that does not take it, and beside the engine's own steps where another rollout decodes then."""
   from rljax.compile import plan  # pylint: disable=import-outside-toplevel
   from rljax.compile.report import shard_bytes  # pylint: disable=import-outside-toplevel
 
@@ -151,6 +151,12 @@ def test_compile_counts_the_kv_cache_beside_the_update_under_colocate_async(mode
   assert streamed["actor_update"].resident - sync["actor_update"].resident == cache > 0
   # the decode step takes the state (its int32 request count matches an optimizer's step count in sync: 4 bytes)
   assert abs(decode["streamed"].resident - decode["sync"].resident) <= 4
+  # validation (or remax's baselines) decodes in a cache of its own while the stream's lives: counted beside
+  for extra in ("trainer.test_freq=1", "algorithm.adv_estimator=remax"):
+    both = planned("trainer.v1.trainer_mode=colocate_async", extra)
+    second = next(p for name, p in both.items() if name.startswith("decode_step"))
+    assert abs(second.resident - decode["streamed"].resident - cache) <= 4, extra
+    assert both["actor_update"].resident == streamed["actor_update"].resident
 
 
 def test_dynamic_sampling_judges_each_group_as_it_ends_and_its_slots_go_to_the_next_prompts(scripted):

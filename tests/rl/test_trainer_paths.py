@@ -206,6 +206,20 @@ def test_remax_uses_the_greedy_response_reward_as_baseline(model_dir, data_dir, 
   del trainer, batch
 
 
+def test_remax_streams_with_baselines_from_the_updates_weights(model_dir, data_dir, tmp_path):
+  # under colocate_async each update generates its groups' greedy baselines with the weights it starts from: at
+  # threshold 1 with wait, the synchronous run exactly; further ahead, a baseline for groups older weights sampled
+  common = ("algorithm.adv_estimator=remax", "trainer.total_training_steps=2")
+  streamed = ("trainer.v1.trainer_mode=colocate_async", "trainer.v1.sampler.max_off_policy_strategy=wait")
+  runs = [run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / name), *common, *extra))[1]
+          for name, extra in (("sync", ()), ("on", (*streamed, "trainer.v1.sampler.max_off_policy_threshold=1")),
+                              ("ahead", (*streamed, "trainer.v1.sampler.max_off_policy_threshold=2")))]
+  drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/", "off_policy/"))}
+  assert [drop(m) for m in runs[0]] == [drop(m) for m in runs[1]] and len(runs[0]) == 2
+  ahead = runs[2][1]
+  assert ahead["off_policy/staleness/max"] == 2 and "timing_s/gen_max" in ahead and np.isfinite(ahead["actor/pg_loss"])
+
+
 GDPO_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
   fmt = float(solution_str.strip() != "")
