@@ -65,6 +65,7 @@ import numpy as np
 
 from rljax.config import errors as config_errors
 from rljax.config import trainer as config_trainer
+from rljax.data import dataset
 from rljax.rl import dynamic_sampling
 from rljax.rollout import sampler as sampler_lib
 from rljax.rollout import stream as stream_lib
@@ -229,6 +230,7 @@ class AsyncRollout:
     self.admitted = 0
     self.data_ended = False
     self.keep, self.most_judged = keep, most_judged
+    self.object_columns: set[str] = set()  # the data columns that are object arrays
     self.filtered = self.judged = 0  # since the last update
 
   # ----- data ------------------------------------------------------------------------------
@@ -271,6 +273,7 @@ class AsyncRollout:
       if not len(prompt):
         raise ValueError(f"prompt row {row} of batch {index} is empty")
       key, columns = self.batch_key(index), {k: np.asarray(v)[row] for k, v in batch.items()}
+      self.object_columns.update(k for k, v in batch.items() if np.asarray(v).dtype == object)
       requests = [self.sampler.new_request(self.first_request + row * self.n + j, self.admitted, prompt, key,
                                            len(batch["input_ids"][row]), columns) for j in range(self.n)]
       self.live[self.admitted] = Group(self.admitted, index, row, requests, columns)
@@ -334,7 +337,7 @@ class AsyncRollout:
       self.consumed.add((g.batch, g.row))
     occupancy = ((self.stream.busy_slot_steps - busy)
                  / max(1, (self.stream.decode_steps - steps) * self.stream.engine.max_concurrent_decodes))
-    columns = {k: _stacked([g.columns[k] for g in picked]) for k in picked[0].columns}
+    columns = {k: _column([g.columns[k] for g in picked], k in self.object_columns) for k in picked[0].columns}
     rollout = self.sampler.assemble([r for g in picked for r in g.requests], {"perf/slot_occupancy": occupancy})
     rollout.prompt_index = np.repeat(np.arange(len(picked)), self.n)
     filtered, self.filtered, self.judged = self.filtered, 0, 0
@@ -375,15 +378,10 @@ class AsyncRollout:
             "consumed": sorted([int(b), int(r)] for b, r in self.consumed)}
 
 
-def _stacked(values: list[Any]) -> np.ndarray:
-  """[G, ...] of G per-prompt values (an object array where they are not numbers)."""
-  first = np.asarray(values[0])
-  if first.dtype != object:
-    return np.stack([np.asarray(v) for v in values])
-  out = np.empty((len(values),) + first.shape, object)
-  for i, v in enumerate(values):
-    out[i] = v
-  return out
+def _column(values: list[Any], objects: bool) -> np.ndarray:
+  """A batch column of G per-prompt values: [G] objects as the data's batches hold them (`objects`: the column is
+  an object array there; a row's value may be a list or an array of its own length), else [G, ...] stacked."""
+  return dataset.object_array(values) if objects else np.stack([np.asarray(v) for v in values])
 
 
 @dataclasses.dataclass

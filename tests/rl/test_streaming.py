@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from rljax.config import ConfigError
+from rljax.data.dataset import object_array
 from rljax.rl import streaming
 from rljax.rollout import SamplingParams, make_engine
 from rljax.rollout import RolloutSampler
@@ -48,7 +49,9 @@ def batches(*kinds):
     for row, letter in enumerate(kind):
       ids[row, 2:] = (5, LONG if letter == "L" else SHORT)
       mask[row, 2:] = 1
-    out.append({"input_ids": ids, "attention_mask": mask, "tag": np.asarray([f"{index}{letter}{r}" for r, letter in enumerate(kind)])})
+    out.append({"input_ids": ids, "attention_mask": mask,
+                "tag": np.asarray([f"{index}{letter}{r}" for r, letter in enumerate(kind)]),
+                "raw_prompt_ids": object_array([np.arange(r + 1) for r in range(len(kind))])})  # rows of their own length
   return out
 
 
@@ -65,6 +68,7 @@ def test_a_response_spanning_two_versions_records_each_tokens_version_and_log_pr
   stream = rollout(engine, streaming.Policy(groups=1, threshold=2, strategy="drop", ahead=1), batches("LS", "LS"))
   picked = stream.next_groups(params[0], 0)
   assert list(picked.columns["tag"]) == ["0S1"] and picked.spans.tolist() == [1]  # the short one ends first
+  assert picked.columns["raw_prompt_ids"].dtype == object and picked.columns["raw_prompt_ids"][0].tolist() == [0, 1]
   assert picked.scores is None  # no judge: the update scores its groups
   picked = stream.next_groups(params[1], 1)
   second, metrics = picked.rollout, streaming.off_policy_metrics(picked)
