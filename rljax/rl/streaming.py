@@ -332,6 +332,7 @@ class AsyncRollout:
                             f"batch of {self.policy.groups}")
       for request in self.stream.step():
         self._ended(self.live[request.group])
+    self.stream.params = None  # nothing decodes until the next update's weights: the update runs without this copy
     for g in picked:
       del self.live[g.id]
       self.consumed.add((g.batch, g.row))

@@ -179,6 +179,8 @@ class RLTrainer:
     self.saved_step = -1
     self._row_gathers: dict[str, Any] = {}
     self.streaming = self._async_rollout()
+    if self.streaming is not None:  # the stream holds the engine's cache; validation and remax free theirs
+      self.sampler.free_cache = True
 
   # ----- the state ----------------------------------------------------------------------
 

@@ -255,15 +255,16 @@ class AgentSampler(RolloutSampler):
       raise ValueError(f"a row's agent_name is {agent!r}; rljax runs {' and '.join(AGENT_LOOPS)} (custom agent loops are "
                        "not implemented): fix the data's agent_name column")
     tools = interaction = None
+    kwargs = info.get("interaction_kwargs") or {}
+    chosen = (interactions_lib.select_interaction(self.settings.interactions, kwargs)  # raises before any tool exists
+              if agent == "tool_agent" and kwargs and self.settings.interactions else None)  # verl's rows carry them
     if agent == "tool_agent" and self.settings.tools:
       tools = runner.ToolSession(
           dict(self.settings.tools), info.get("tools_kwargs") or {}, self._executor, self.settings.timeout_s,
           self.settings.max_parallel_calls, self.settings.max_tool_response_length, self.settings.truncate_side)
       tools.start()
-    kwargs = info.get("interaction_kwargs") or {}
-    if agent == "tool_agent" and kwargs and self.settings.interactions:  # verl's rows carry them either way
-      interaction = runner.InteractionSession(interactions_lib.select_interaction(self.settings.interactions, kwargs),
-                                              kwargs, self._executor, self.settings.timeout_s)
+    if chosen is not None:
+      interaction = runner.InteractionSession(chosen, kwargs, self._executor, self.settings.timeout_s)
       interaction.start()
     conversation.episode = Episode(agent=agent, messages=[dict(m) for m in conversation.messages], tools=tools,
                                    interaction=interaction)

@@ -142,6 +142,7 @@ class RolloutSampler:
     prompts = [row[m] for row, m in zip(prompt_ids, prompt_mask)]
     if any(len(p) == 0 for p in prompts):
       raise ValueError(f"prompt rows {[i for i, p in enumerate(prompts) if not len(p)]} are empty")
+    params = self.engine.compute_params(params)  # the copy, if any, before a decode state is allocated
     stream = self.open_stream(self._decode_state(key), sampling_params)
     stream.set_params(params, 0)
     columns = [{k: v[p] for k, v in (rows or {}).items()} for p in range(len(prompts))]

@@ -211,9 +211,13 @@ def test_remax_streams_with_baselines_from_the_updates_weights(model_dir, data_d
   # threshold 1 with wait, the synchronous run exactly; further ahead, a baseline for groups older weights sampled
   common = ("algorithm.adv_estimator=remax", "trainer.total_training_steps=2")
   streamed = ("trainer.v1.trainer_mode=colocate_async", "trainer.v1.sampler.max_off_policy_strategy=wait")
-  runs = [run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / name), *common, *extra))[1]
+  runs = [run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / name), *common, *extra))
           for name, extra in (("sync", ()), ("on", (*streamed, "trainer.v1.sampler.max_off_policy_threshold=1")),
-                              ("ahead", (*streamed, "trainer.v1.sampler.max_off_policy_threshold=2")))]
+                              ("ahead", (*streamed, "trainer.v1.sampler.max_off_policy_threshold=2",
+                                         "actor_rollout_ref.rollout.free_cache_engine=false")))]
+  trainer, runs = runs[2][0], [metrics for _, metrics in runs]
+  # the baselines' cache is freed after each call (the stream keeps the engine's), and so are the stream's weights
+  assert trainer.sampler._state is None and trainer.streaming.stream.params is None  # pylint: disable=protected-access
   drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/", "off_policy/"))}
   assert [drop(m) for m in runs[0]] == [drop(m) for m in runs[1]] and len(runs[0]) == 2
   ahead = runs[2][1]
