@@ -86,7 +86,7 @@ def run(setup, run_dir, *extra):
   return [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
 
 
-@pytest.mark.slow  # three runs: one device, eight devices, and two processes of four (about 2 minutes)
+@pytest.mark.slow  # four runs: one device, eight devices, two processes of four, sync and streamed (about 1 minute)
 def test_two_multi_turn_grpo_steps_on_eight_devices_and_on_two_processes_equal_one(setup, tmp_path):
   one = run(setup, tmp_path / "one", "trainer.n_gpus_per_node=1")
   assert len(one) == 2
@@ -106,6 +106,15 @@ def test_two_multi_turn_grpo_steps_on_eight_devices_and_on_two_processes_equal_o
                                *overrides(setup, tmp_path / "two", "trainer.n_gpus_per_node=auto")], 2,
                               str(tmp_path / "two"))
   processes.assert_same_metrics(eight, two)
+  # streamed on those 2 processes (colocate_async at threshold 1 with wait, which trains as sync does): each host
+  # keeps its conversations in its own stream across the updates
+  streamed = processes.run_metrics(["-m", "rljax.train", "--config=configs/grpo.py", *overrides(
+      setup, tmp_path / "streamed", "trainer.n_gpus_per_node=auto", "trainer.v1.trainer_mode=colocate_async",
+      "trainer.v1.sampler.max_off_policy_threshold=1", "trainer.v1.sampler.max_off_policy_strategy=wait")], 2,
+                                   str(tmp_path / "streamed"))
+  assert all(m["off_policy/staleness/max"] == 1 for m in streamed)
+  processes.assert_same_metrics(eight, [{k: v for k, v in m.items() if not k.startswith("off_policy/")}
+                                        for m in streamed])
 
 
 def test_multi_turn_streams_under_colocate_async(setup, tmp_path):
