@@ -240,6 +240,7 @@ class AsyncRollout:
     before it)."""
     index = self.next_batch + len(self.batches)
     self.batches.append((index, batch))
+    self.object_columns.update(k for k, v in batch.items() if np.asarray(v).dtype == object)
     self.states[index] = before
 
   def _next_prompt(self) -> tuple[int, int, dict[str, Any]] | None:
@@ -273,7 +274,6 @@ class AsyncRollout:
       if not len(prompt):
         raise ValueError(f"prompt row {row} of batch {index} is empty")
       key, columns = self.batch_key(index), {k: np.asarray(v)[row] for k, v in batch.items()}
-      self.object_columns.update(k for k, v in batch.items() if np.asarray(v).dtype == object)
       requests = [self.sampler.new_request(self.first_request + row * self.n + j, self.admitted, prompt, key,
                                            len(batch["input_ids"][row]), columns) for j in range(self.n)]
       self.live[self.admitted] = Group(self.admitted, index, row, requests, columns)

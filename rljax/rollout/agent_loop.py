@@ -119,7 +119,6 @@ class Episode:
   Attributes:
     messages: the chat so far (the prompt's messages, then every turn).
     turn_start: where the current assistant turn began in the response.
-    generated, appended: response ids the policy generated, and the tools' or interaction's appended.
     pending: the tools' or the interaction's answer being computed.
     ended: why the conversation ended (one of ENDINGS), or None.
     checked: whether its ids were checked against the chat template (`AgentSampler.assemble`).
@@ -130,8 +129,6 @@ class Episode:
   tools: runner.ToolSession | None
   interaction: runner.InteractionSession | None
   turn_start: int = 0
-  generated: int = 0
-  appended: int = 0
   assistant_turns: int = 0
   user_turns: int = 0
   tool_calls: int = 0
@@ -182,7 +179,7 @@ class AgentRollout(Rollout):
   @property
   def metrics(self) -> dict[str, float]:
     """Over every host's episodes (each host's per-episode counts, one number per row)."""
-    counts = episode_counts(self.episodes)
+    counts = episode_counts(self.episodes, self.response_mask, self.response_lengths)
     every = hosts.process_concat(np.stack(list(counts.values()), axis=1))  # [B, K]: one exchange
     return {**self.stats, **rollout_metrics(dict(zip(counts, every.T)))}
 
@@ -199,12 +196,15 @@ def episode_turns(episode: Episode) -> int:
   return 1 + episode.assistant_turns + episode.user_turns
 
 
-def episode_counts(episodes: Sequence[Episode]) -> dict[str, np.ndarray]:
-  """[B] per-episode numbers the rollout's metrics come from: turns, tool calls and errors, assistant and user
-  tokens, tokenization mismatches, and each ending (1 where the episode ended so)."""
+def episode_counts(episodes: Sequence[Episode], response_mask: np.ndarray,
+                   response_lengths: np.ndarray) -> dict[str, np.ndarray]:
+  """[B] per-episode numbers the rollout's metrics come from: turns, tool calls and errors, assistant (mask 1) and
+  user (appended) tokens of each response ([B, R] mask, [B] lengths), tokenization mismatches, and each ending (1
+  where the episode ended so)."""
+  assistant = np.asarray(response_mask).sum(-1)
   out = {"turns": [episode_turns(e) for e in episodes], "calls": [e.tool_calls for e in episodes],
-         "errors": [e.tool_errors for e in episodes], "assistant": [e.generated for e in episodes],
-         "user": [e.appended for e in episodes],
+         "errors": [e.tool_errors for e in episodes], "assistant": assistant,
+         "user": np.asarray(response_lengths) - assistant,
          "mismatches": [e.tokenization_mismatch is not None for e in episodes]}
   out.update({f"ended/{ending}": [e.ended == ending for e in episodes] for ending in ENDINGS})
   return {k: np.asarray(v, np.float64) for k, v in out.items()}
@@ -228,7 +228,9 @@ def rollout_metrics(counts: dict[str, np.ndarray]) -> dict[str, float]:
 
 
 class AgentSampler(RolloutSampler):
-  """The RL sampler for multi-turn rows: `generate` runs each request as a conversation (see the module doc)."""
+  """The RL sampler for multi-turn rows: `generate` runs each request as a conversation (see the module doc); its
+  `rows` hold each prompt's raw_prompt (the chat messages its ids render; required), extra_info (tools_kwargs,
+  interaction_kwargs) and agent_name."""
 
   def __init__(self, engine: engine_lib.Engine, pad_id: int, tokenizer: Any, settings: AgentSettings,
                steps_per_sync: int = 8, free_cache: bool = True):
@@ -325,7 +327,6 @@ class AgentSampler(RolloutSampler):
     episode.messages.extend(new)
     conversation.tokens[start:start + len(ids)] = ids
     conversation.length = episode.turn_start = start + len(ids)
-    episode.appended += len(ids)
     if terminate:  # verl keeps the interaction's last message, then ends
       self._finish(episode, "interaction")
       return None
@@ -395,24 +396,6 @@ class AgentSampler(RolloutSampler):
     return Conversation(**{f.name: getattr(request, f.name) for f in dataclasses.fields(request)},
                         messages=list(columns["raw_prompt"]), extra_info=columns.get("extra_info"),
                         agent_name=columns.get("agent_name"), mask=np.zeros(len(request.tokens), np.int32))
-
-  def generate(self, params: Any, prompt_ids: np.ndarray, prompt_mask: np.ndarray, n: int,
-               key: jax.Array, sampling_params: sampling.SamplingParams | None = None,
-               rows: Mapping[str, Sequence[Any]] | None = None, first_request: int = 0) -> AgentRollout:
-    """n conversations per prompt (`RolloutSampler.generate`, each request a conversation).
-
-    Args:
-      params, prompt_ids, prompt_mask, n, key, sampling_params, first_request: as RolloutSampler.generate.
-      rows: per-prompt columns: raw_prompt (the chat messages the prompt ids
-        render; required), extra_info (tools_kwargs, interaction_kwargs),
-        agent_name.
-
-    Returns:
-      An AgentRollout of B * n rows.
-    """
-    if rows is None or "raw_prompt" not in rows:
-      raise ValueError("multi-turn rollouts need each prompt's chat messages: set data.return_raw_chat=true")
-    return super().generate(params, prompt_ids, prompt_mask, n, key, sampling_params, rows, first_request)
 
   def _prompt_renders(self, conversation: Conversation) -> bool:
     """Whether a prompt's ids are its messages' chat-template rendering (they are not where data.truncation cut
@@ -503,7 +486,6 @@ class ConversationStream(stream_lib.DecodeStream):
     start = request.length
     super()._record(slot, request, out)
     request.mask[start:request.length] = 1
-    request.episode.generated += request.length - start
 
   def _ends(self, slot: int, request: stream_lib.Request) -> bool:
     """Ends the turn; the conversation ends with it, or its slot waits for the answer."""
@@ -534,6 +516,7 @@ class ConversationStream(stream_lib.DecodeStream):
     self.cancel(lambda request: True)
     concurrent.futures.wait(self.agent.abandon(self.started))
     self.started = []
+
 
 def _closed(conversation: Conversation) -> bool:
   """Whether `conversation` ended and released its tools and interaction."""
