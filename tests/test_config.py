@@ -471,10 +471,10 @@ def test_accepted_but_unimplemented_switches_are_errors_when_on(key):
     resolved(experiment("grpo"), [f"{key}=true"])
 
 
-def test_verl_v1_trainer_keys_choose_sync_or_colocate_async_and_refuse_what_does_not_stream(caplog):
-  """verl 0.9's `trainer.use_v1` and `trainer.v1.*`: sync and colocate_async run; separate_async is an error naming
-  the key; the asynchronous settings change nothing in sync (listed in the ignored-key warning) and are read by
-  colocate_async (not listed)."""
+def test_verl_v1_trainer_keys_choose_a_mode_and_refuse_what_does_not_stream(caplog):
+  """verl 0.9's `trainer.use_v1` and `trainer.v1.*`: sync, colocate_async and separate_async run (the last on
+  actor_rollout_ref.rollout.nnodes x n_gpus_per_node devices of its own); the asynchronous settings change nothing
+  in sync (listed in the ignored-key warning) and are read by the asynchronous modes (not listed)."""
   async_keys = ["trainer.v1.sampler.max_off_policy_threshold=2", "trainer.v1.sampler.max_off_policy_strategy=wait"]
   with caplog.at_level(logging.WARNING, logger="rljax.train"):
     config = resolved(experiment("grpo"), ["trainer.use_v1=true", "trainer.v1.trainer_mode=sync", *async_keys])
@@ -482,16 +482,25 @@ def test_verl_v1_trainer_keys_choose_sync_or_colocate_async_and_refuse_what_does
     resolved(experiment("grpo"), ["trainer.v1.trainer_mode=colocate_async", *async_keys])
   warnings = [r.getMessage() for r in caplog.records if r.name == "rljax.train"]
   assert len(warnings) == 1 and warnings[0].startswith("2 override(s)") and "max_off_policy_strategy" in warnings[0]
-  with pytest.raises(C.ConfigError, match="trainer.v1.trainer_mode='separate_async': generation on devices of its "
-                                          "own is not implemented.*Fix: set trainer.v1.trainer_mode=colocate_async"):
+  separate = ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+              "actor_rollout_ref.rollout.n_gpus_per_node=4", "trainer.n_gpus_per_node=auto"]
+  config = resolved(experiment("grpo"), separate, devices=8)
+  assert sharding.rollout_device_count(config) == 4 and sharding.resolve_world_size(config, 8) == 4
+  with pytest.raises(C.ConfigError, match="actor_rollout_ref.rollout.nnodes=0: trainer.v1.trainer_mode=separate_async "
+                                          "generates on devices of its own"):
     resolved(experiment("grpo"), ["trainer.v1.trainer_mode=separate_async"])
-  streamed = "trainer.v1.trainer_mode=colocate_async"
   for overrides, match in (
       (["trainer.v1.sampler.max_off_policy_threshold=0"], "max_off_policy_threshold=0: must be a whole number"),
       (["trainer.v1.sampler.max_off_policy_strategy=skip"], "max_off_policy_strategy='skip': must be one of drop, wait"),
       (["trainer.v1.colocate_async.num_warmup_batches=-1"], "num_warmup_batches=-1: must be a whole number")):
     with pytest.raises(C.ConfigError, match=match):
-      resolved(experiment("grpo"), [streamed, *overrides])
+      resolved(experiment("grpo"), ["trainer.v1.trainer_mode=colocate_async", *overrides])
+  for overrides, match in (
+      (["trainer.v1.separate_async.parameter_sync_step=0"], "parameter_sync_step=0: must be a whole number"),
+      (["trainer.v1.separate_async.num_warmup_batches=-1"], "separate_async.num_warmup_batches=-1"),
+      (["trainer.v1.separate_async.hybrid_rollout.enable_switch=true"], "enable_switch=True: switching rollout")):
+    with pytest.raises(C.ConfigError, match=match):
+      resolved(experiment("grpo"), [*separate, *overrides], devices=8)
 
 
 def test_a_fully_async_recipe_launch_line_runs_as_colocate_async(caplog):

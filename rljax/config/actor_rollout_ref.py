@@ -139,6 +139,8 @@ def build_rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
       "free_cache_engine": True,
       "load_format": "dummy",
       "tensor_model_parallel_size": 2,
+      "nnodes": 0,
+      "n_gpus_per_node": 8,
       "max_num_batched_tokens": 8192,
       "max_model_len": null(int),
       "max_num_seqs": 1024,

@@ -66,8 +66,10 @@ class Key:
 
 
 _RECIPE = "sets trainer.v1.trainer_mode=colocate_async (verl's fully-async recipe, colocated)"
+_SWITCH = "read only with trainer.v1.separate_async.hybrid_rollout.enable_switch, which is not implemented (an error)"
 _IN_PLACE = "the engine reads the trainer's arrays in place: no weights are sent"
-_COLOCATED = "rljax generates on the training devices (colocate_async); separate rollout devices are not implemented"
+_COLOCATED = ("the fully-async recipe runs as colocate_async, on the training devices; trainer.v1.trainer_mode="
+              "separate_async with actor_rollout_ref.rollout.nnodes and n_gpus_per_node generates on devices of its own")
 
 
 # What rljax does with a node's keys: KEY -> `Key` fields, or a function of the role giving them.
@@ -783,6 +785,14 @@ KEYS = {
         default_only=("rljax trains exactly the ids the engine generated and appended; re-templating is not implemented",
                       "set actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=false")),
     "actor_rollout_ref.rollout.n": Key("Responses sampled per prompt (the group size of GRPO and RLOO)."),
+    "actor_rollout_ref.rollout.nnodes": Key(
+        "Nodes of a rollout of its own (0: the rollout shares the trainer's devices).",
+        mapped="with trainer.v1.trainer_mode=separate_async, nnodes x n_gpus_per_node devices generate, the "
+               "last ones JAX lists, and the trainer trains on the others; no effect in the other modes"),
+    "actor_rollout_ref.rollout.n_gpus_per_node": Key(
+        "Accelerators per node of a rollout of its own (default: trainer.n_gpus_per_node).",
+        mapped="devices per node of separate_async's rollout; no effect in the other modes",
+        type_note="int (it follows trainer.n_gpus_per_node, which may be 'auto': set it under separate_async)"),
     "actor_rollout_ref.rollout.name": Key(
         "Inference engine (vllm, sglang, trtllm or hf in verl).",
         mapped="any value selects rljax's JetStream engine"),
@@ -1315,25 +1325,46 @@ KEYS = {
     "trainer.v1.trainer_mode": Key(
         "sync: generate, then train on what was generated; colocate_async: generation and training overlap on "
         "the same devices; separate_async: on separate devices, weights sent every parameter_sync_step steps.",
-        mapped="sync and colocate_async run (colocate_async as rljax.rl.streaming describes: the engine's slots "
-               "stay full across updates, partial rollouts continue under the new weights); separate_async is "
-               "not implemented (an error)"),
+        mapped="colocate_async as rljax.rl.streaming describes (the engine's slots stay full across updates, "
+               "partial rollouts continue under the new weights); separate_async streams the same way on the "
+               "actor_rollout_ref.rollout.nnodes x n_gpus_per_node devices of its own, on a thread of its own, "
+               "while the trainer updates on the rest (one process; rljax.rl.separate)"),
     "trainer.v1.sync": Key("Settings of the sync mode (none)."),
     "trainer.v1.colocate_async.num_warmup_batches": Key(
         "colocate_async: batches generated before the first update.",
         mapped="colocate_async admits prompts while fewer than 1 + num_warmup_batches batches of them are "
                "untrained (how far generation runs ahead of training); no effect in sync"),
     "trainer.v1.separate_async.num_warmup_batches": Key(
-        "separate_async: batches generated before the first update.", ignored="read only by trainer.v1.trainer_mode=separate_async, which rljax does not implement (an error)"),
+        "separate_async: batches generated before the first update.",
+        mapped="separate_async: batches the rollout runs ahead of the trainer (it admits prompts while fewer than "
+               "1 + num_warmup_batches batches of them are untrained, and batch b decodes under the weights sent "
+               "after update parameter_sync_step x floor((b - num_warmup_batches) / parameter_sync_step))"),
     "trainer.v1.separate_async.parameter_sync_step": Key(
-        "separate_async: updates between two weight transfers to the rollout devices.", ignored="read only by trainer.v1.trainer_mode=separate_async, which rljax does not implement (an error)"),
-    "trainer.v1.separate_async.hybrid_rollout.enable_switch": Key("separate_async: let rollout devices switch to training when generation outpaces it."),
-    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio": Key("separate_async: share of idle rollout capacity that triggers a switch."),
-    "trainer.v1.separate_async.hybrid_rollout.adaptive_switch_threshold": Key("separate_async: adjust that threshold from the measured switch costs."),
-    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_step_up": Key("separate_async: how much the threshold rises after a costly switch."),
-    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_step_down": Key("separate_async: how much the threshold falls after a cheap switch."),
-    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_release_steps": Key("separate_async: steps before switched devices return to rollout."),
-    "trainer.v1.separate_async.hybrid_rollout.switch_cost_window_size": Key("separate_async: switches averaged to estimate a switch's cost."),
+        "separate_async: updates between two weight transfers to the rollout devices.",
+        mapped="separate_async: the weights go to the rollout devices after every parameter_sync_step-th update, "
+               "device to device (cast to rollout.dtype first)"),
+    "trainer.v1.separate_async.hybrid_rollout.enable_switch": Key(
+        "separate_async: let rollout devices switch to training when generation outpaces it.",
+        default_only=("switching rollout devices to training is not implemented (the rollout keeps its devices)",
+                      "set it to false, or give the trainer more devices")),
+    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio": Key(
+        "separate_async: share of idle rollout capacity that triggers a switch.",
+        ignored=_SWITCH),
+    "trainer.v1.separate_async.hybrid_rollout.adaptive_switch_threshold": Key(
+        "separate_async: adjust that threshold from the measured switch costs.",
+        ignored=_SWITCH),
+    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_step_up": Key(
+        "separate_async: how much the threshold rises after a costly switch.",
+        ignored=_SWITCH),
+    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_step_down": Key(
+        "separate_async: how much the threshold falls after a cheap switch.",
+        ignored=_SWITCH),
+    "trainer.v1.separate_async.hybrid_rollout.switch_threshold_release_steps": Key(
+        "separate_async: steps before switched devices return to rollout.",
+        ignored=_SWITCH),
+    "trainer.v1.separate_async.hybrid_rollout.switch_cost_window_size": Key(
+        "separate_async: switches averaged to estimate a switch's cost.",
+        ignored=_SWITCH),
     "trainer.v1.sampler.max_off_policy_threshold": Key(
         "Policy versions a sample may span (1: generated whole by the policy it trains).",
         mapped="colocate_async: no trained group spans more policy versions than this, counted from the "
@@ -1419,8 +1450,6 @@ IGNORED_SECTIONS = {
     "reward_model.sandbox_fusion": "remote code sandboxes are not called; no scorer runs model output as code",
     "ray_init": "no Ray: one JAX program per host",
     "trainer.controller_nsight_options": "Nsight profiling",
-    "trainer.v1.separate_async.hybrid_rollout": "separate_async's switching of rollout devices to training, read "
-                                                 "only by trainer.v1.trainer_mode=separate_async (an error)",
     "trainer.worker_nsight_options": "Nsight profiling",
     "algorithm.pf_ppo": "read only with algorithm.use_pf_ppo, which rljax does not implement (an error when true)",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision": "PyTorch FSDP's dtypes; fsdp_config.model_dtype and dtype set rljax's",

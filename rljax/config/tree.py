@@ -66,6 +66,7 @@ def get_base_config() -> ConfigDict:
   config.algorithm = build_algorithm()
   arr.actor.policy_loss.rollout_correction = build_policy_rollout_correction(config.algorithm.rollout_correction)
   config.trainer = build_trainer()
+  arr.rollout.n_gpus_per_node = follow(config.trainer, "n_gpus_per_node")
   config.ray_init = {"num_cpus": null(int), "timeline_json_file": null(str)}
   _add_verl_links(config)
   config.reward_manager = {

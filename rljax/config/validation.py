@@ -250,20 +250,25 @@ def _check_trainer(config: ConfigDict) -> None:
 
 
 def _check_trainer_mode(config: ConfigDict) -> None:
-  """trainer.v1: sync or colocate_async, and colocate_async's staleness settings."""
+  """trainer.v1: the mode, and the asynchronous modes' staleness and weight-sync settings."""
   v1, key = config.trainer.v1, "trainer.v1.trainer_mode"
   check_enum(config, key, TRAINER_MODES)
-  check(v1.trainer_mode != "separate_async", key, v1.trainer_mode,
-        "generation on devices of its own is not implemented", "set trainer.v1.trainer_mode=colocate_async (generation "
-        "and training overlap on the same devices) or sync")
-  if v1.trainer_mode != "colocate_async":
+  if v1.trainer_mode == "sync":
     return
   check_enum(config, "trainer.v1.sampler.max_off_policy_strategy", OFF_POLICY_STRATEGIES)
-  threshold, ahead = v1.sampler.max_off_policy_threshold, v1.colocate_async.num_warmup_batches
+  threshold = v1.sampler.max_off_policy_threshold
   check(is_int(threshold) and threshold >= 1, "trainer.v1.sampler.max_off_policy_threshold", threshold,
         "must be a whole number of policy versions, at least 1 (1: on-policy)", "set it to 1 or more")
-  check(is_int(ahead) and ahead >= 0, "trainer.v1.colocate_async.num_warmup_batches", ahead,
+  mode = v1.trainer_mode
+  ahead = v1[mode].num_warmup_batches
+  check(is_int(ahead) and ahead >= 0, f"trainer.v1.{mode}.num_warmup_batches", ahead,
         "must be a whole number of batches, 0 or more", "set it to 0 or more")
+  if mode != "separate_async":
+    return
+  separate = v1.separate_async
+  check(is_int(separate.parameter_sync_step) and separate.parameter_sync_step >= 1,
+        "trainer.v1.separate_async.parameter_sync_step", separate.parameter_sync_step,
+        "must be a whole number of updates, at least 1", "set it to 1 (weights sent after every update) or more")
 
 
 def _check_cache_length(config: ConfigDict) -> None:

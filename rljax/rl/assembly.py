@@ -17,7 +17,7 @@ rules, so `rljax.compile` lowers exactly the steps the trainer runs.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import optax
@@ -168,11 +168,15 @@ def _reward_model(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, ab
 
 
 def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Mesh, rules: Any,
-            tokenizer: Any) -> Engine:
-  """The rollout engine on the rollout's mesh (`rollout.tensor_model_parallel_size`), with a slot for each
-  response in flight at once on a host (`streaming.rows_in_flight` of its share of the rows: a mesh over several
-  hosts rolls out on each host's own devices), at most rollout.max_num_seqs."""
+            tokenizer: Any, rollout_devices: Sequence[jax.Device] = ()) -> Engine:
+  """The rollout engine on the rollout's mesh (`rollout.tensor_model_parallel_size`) over the training mesh's
+  devices, or `rollout_devices` (separate_async's own), with a slot for each response in flight at once on a host
+  (`streaming.rows_in_flight` of its share of the rows: a mesh over several hosts rolls out on each host's own
+  devices), at most rollout.max_num_seqs."""
   arr = config.actor_rollout_ref
+  if rollout_devices:
+    mesh = sharding.build_mesh({"data": 1, "fsdp": len(rollout_devices), "tensor": 1, "sequence": 1, "expert": 1},
+                               list(rollout_devices))
   rollout_mesh = rollout_factory.rollout_mesh(mesh, arr.rollout.tensor_model_parallel_size)
   sharding.check_model_fits(rollout_mesh, model.cfg.num_heads, model.cfg.num_kv_heads,
                             "actor_rollout_ref.rollout.tensor_model_parallel_size", model.cfg.num_experts)
@@ -184,8 +188,8 @@ def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Me
       record_routing=steps_lib.replays_rollout_routing(config), multi_turn=arr.rollout.multi_turn.enable)
 
 
-def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
-              batches_per_epoch: int) -> tuple[RLRun, RunState]:
+def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any, batches_per_epoch: int,
+              rollout_devices: Sequence[jax.Device] = ()) -> tuple[RLRun, RunState]:
   """The run of `config` on `mesh` and its initial state.
 
   Args:
@@ -195,6 +199,7 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
     tokenizer: the actor's tokenizer (its EOS ids end responses; None: the model config's alone).
     batches_per_epoch: sets the run's length when trainer.total_training_steps is unset.
     Neither changes a shape: `rljax.compile`, which reads no data, passes None and 1.
+    rollout_devices: the rollout's own devices (separate_async; default: the mesh's).
 
   Raises:
     ConfigError: naming the key, when the model does not fit the mesh or router replay meets a dense model.
@@ -221,7 +226,7 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
       critic=critic, routing=model.cfg.routing_shape)
   run = RLRun(layout=layout, model_config=model.cfg, graphdef=graphdef, frozen=frozen, reference=reference,
               reward_model=_reward_model(config, mesh, rules, layout, abstract) if config.reward_model.enable else None,
-              steps=steps, engine=_engine(config, model, layout, mesh, rules, tokenizer),
+              steps=steps, engine=_engine(config, model, layout, mesh, rules, tokenizer, rollout_devices),
               on_policy=steps_lib.on_policy(config, layout, lora_dropout),
               actor_lr=make_schedule(arr.actor.optim, layout.total_steps, updates_per_step))
   state = RunState(actor=trainable, actor_opt=actor_opt, critic=None if critic is None else critic.params,

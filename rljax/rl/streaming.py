@@ -103,15 +103,51 @@ class Policy:
     return self.threshold == 1 or self.ahead == 0
 
 
-def policy_of(config: Any, groups: int) -> Policy | None:
-  """colocate_async's policy under `config` for `groups` prompts per update on this host (None in sync mode)."""
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """Which weights decode the groups each update trains: the update at step b trains groups picked under the
+  weights of version `weights_for(b)` (the trainer's state after that many updates).
+
+  colocate_async's is every update's own (sync_every 1, lag 0). separate_async's sends the weights after every
+  `sync_every`-th update (trainer.v1.separate_async.parameter_sync_step) and lets the rollout run `lag` batches
+  ahead (its num_warmup_batches), so batch b decodes under version sync_every * floor((b - lag) / sync_every):
+  a deterministic schedule, whatever the two sides' speeds.
+  """
+
+  sync_every: int = 1
+  lag: int = 0
+
+  def weights_for(self, step: int) -> int:
+    return self.sync_every * (max(0, step - self.lag) // self.sync_every)
+
+  def publishes(self, version: int) -> bool:
+    """Whether the weights of `version` are sent to the rollout (some step decodes under them)."""
+    return version % self.sync_every == 0
+
+  @property
+  def every_update(self) -> bool:
+    """Each update decodes under its own weights (colocate_async's schedule)."""
+    return self.sync_every == 1 and self.lag == 0
+
+
+def schedule_of(config: Any) -> Schedule:
+  """The weight schedule of `config`'s asynchronous mode (`Schedule`)."""
   v1 = config.trainer.v1
-  if v1.trainer_mode != "colocate_async":
+  if v1.trainer_mode != "separate_async":
+    return Schedule()
+  return Schedule(int(v1.separate_async.parameter_sync_step), int(v1.separate_async.num_warmup_batches))
+
+
+def policy_of(config: Any, groups: int) -> Policy | None:
+  """The asynchronous modes' policy under `config` for `groups` prompts per update on this host (None in sync
+  mode)."""
+  v1 = config.trainer.v1
+  if v1.trainer_mode == "sync":
     return None
   if config_trainer.fully_async_recipe(config):
     ahead = float(config_trainer.recipe_setting(config, "staleness_threshold"))
   else:
-    ahead = int(v1.colocate_async.num_warmup_batches)
+    ahead = int(v1[v1.trainer_mode].num_warmup_batches)
   return Policy(groups=groups, threshold=int(v1.sampler.max_off_policy_threshold),
                 strategy=v1.sampler.max_off_policy_strategy, ahead=ahead)
 
@@ -202,7 +238,7 @@ class AsyncRollout:
                batch_key: Callable[[int], jax.Array], read_batch: Callable[[], tuple[dict[str, Any], Any] | None],
                data_position: Callable[[], Any], first_batch: int = 0,
                consumed: Iterable[Sequence[int]] = (), keep: Callable[["Group"], bool] | None = None,
-               most_judged: int = 0, stream: stream_lib.DecodeStream | None = None):
+               most_judged: int = 0, stream: stream_lib.DecodeStream | None = None, holds_weights: bool = False):
     """Args:
       sampler: makes the stream's requests and assembles the trained ones (a multi-turn sampler's are conversations).
       policy: the staleness policy.
@@ -217,6 +253,8 @@ class AsyncRollout:
       keep: dynamic sampling's judge of a finished group (None: every group trains).
       most_judged: with `keep`, the prompts an update may judge at most before it raises (0: no bound).
       stream: the decode stream kept open across updates (default: a new one of `sampler`'s).
+      holds_weights: keep decoding with the weights between calls (separate_async, whose rollout devices are
+        its own); colocate_async drops them after each call, so that the update runs without that copy.
     """
     self.sampler, self.policy, self.n = sampler, policy, n
     self.stream = stream if stream is not None else sampler.open_stream()
@@ -232,6 +270,10 @@ class AsyncRollout:
     self.keep, self.most_judged = keep, most_judged
     self.object_columns: set[str] = set()  # the data columns that are object arrays
     self.filtered = self.judged = 0  # since the last update
+    self.holds_weights = holds_weights
+    self.stopping = False  # set from another thread: the decoding in progress stops (`Stopped`)
+    self.picks: dict[int, list[tuple[int, int]]] = {}  # step -> [batch, row] of the groups picked for it
+    self.snapshot = self._snapshot()
 
   # ----- data ------------------------------------------------------------------------------
 
@@ -310,21 +352,31 @@ class AsyncRollout:
                            f"{self.policy.groups}; report this")
     return sorted(finished[:self.policy.groups], key=lambda g: g.id)
 
-  def next_groups(self, params: Any, version: int) -> "Picked":
-    """Decodes until a batch of groups can train at `version` (params: the weights of that version).
+  def next_groups(self, params: Any, version: int, trains_at: int | None = None) -> "Picked":
+    """Decodes until a batch of groups can train at step `trains_at` (default `version`).
+
+    Args:
+      params: the weights of policy `version` (None: go on with those it decodes with, of that version).
+      version: their policy version, recorded on the tokens they sample.
+      trains_at: the update that trains the groups (staleness is counted to it).
 
     Returns:
-      The groups this host trains at `version` (`Picked`).
+      The groups this host trains at `trains_at` (`Picked`).
 
     Raises:
       StopIteration: the data ended before a batch of groups finished.
+      Stopped: `stopping` was set (by another thread).
     """
-    self.stream.set_params(params, version)
-    evicted = self._evict(version)
+    trains_at = version if trains_at is None else trains_at
+    if params is not None:
+      self.stream.set_params(params, version)
+    evicted = self._evict(trains_at)
     steps, busy = self.stream.decode_steps, self.stream.busy_slot_steps
     while True:
+      if self.stopping:
+        raise Stopped()
       self._admit()
-      picked = self._pick(version)
+      picked = self._pick(trains_at)
       if picked is not None:
         break
       if self.stream.idle:
@@ -332,10 +384,15 @@ class AsyncRollout:
                             f"batch of {self.policy.groups}")
       for request in self.stream.step():
         self._ended(self.live[request.group])
-    self.stream.params = None  # nothing decodes until the next update's weights: the update runs without this copy
+    if not self.holds_weights:  # nothing decodes until the next update's weights: the update runs without this copy
+      self.stream.params = None
     for g in picked:
       del self.live[g.id]
       self.consumed.add((g.batch, g.row))
+    # the trainer has trained every step before the weights' version: what was picked for those is trained
+    self.picks = {step: pairs for step, pairs in self.picks.items() if step >= version}
+    self.picks[trains_at] = [(g.batch, g.row) for g in picked]
+    self.snapshot = self._snapshot()
     occupancy = ((self.stream.busy_slot_steps - busy)
                  / max(1, (self.stream.decode_steps - steps) * self.stream.engine.max_concurrent_decodes))
     columns = {k: _column([g.columns[k] for g in picked], k in self.object_columns) for k in picked[0].columns}
@@ -343,7 +400,7 @@ class AsyncRollout:
     rollout.prompt_index = np.repeat(np.arange(len(picked)), self.n)
     filtered, self.filtered, self.judged = self.filtered, 0, 0
     scores = [g.scores for g in picked]
-    return Picked(columns, rollout, np.asarray([spans(g.start, version) for g in picked], np.float32), version,
+    return Picked(columns, rollout, np.asarray([spans(g.start, trains_at) for g in picked], np.float32), trains_at,
                   len(evicted), filtered, None if any(s is None for s in scores) else scores)
 
   def _ended(self, group: Group) -> None:
@@ -365,18 +422,33 @@ class AsyncRollout:
 
   # ----- resuming ---------------------------------------------------------------------------
 
-  def position(self) -> dict[str, Any]:
-    """Where a resumed run starts: `data_state`, the data position before the oldest batch with an untrained
-    prompt; `batch`, that batch's index; `consumed`, the prompts of it and later batches already trained or evicted
-    (responses still generating, conversations included, are generated again after a resume)."""
+  def _snapshot(self) -> dict[str, Any]:
+    """What `position` reads, as of the last pick (taken where the stream runs: another thread may read it)."""
     untrained = [g.batch for g in self.live.values()] + [b for b, _ in self.batches[:1]]
-    if not untrained:
-      return {"data_state": self.data_position(), "batch": int(self.next_batch), "consumed": []}
-    oldest = min(untrained)
+    oldest = min(untrained + [b for pairs in self.picks.values() for b, _ in pairs], default=self.next_batch)
     self.states = {b: s for b, s in self.states.items() if b >= oldest}
     self.consumed = {(b, r) for b, r in self.consumed if b >= oldest}
-    return {"data_state": self.states[oldest], "batch": int(oldest),
-            "consumed": sorted([int(b), int(r)] for b, r in self.consumed)}
+    return {"data_state": self.data_position(), "next_batch": int(self.next_batch), "untrained": untrained,
+            "states": dict(self.states), "consumed": set(self.consumed), "picks": dict(self.picks)}
+
+  def position(self, trained: int | None = None) -> dict[str, Any]:
+    """Where a resumed run starts once `trained` steps have trained (default: every pick so far): `data_state`,
+    the data position before the oldest batch with an untrained prompt; `batch`, that batch's index; `consumed`,
+    the prompts of it and later batches already trained or evicted (responses still generating, conversations
+    included, are generated again after a resume, and so are groups picked for later steps)."""
+    snap = self.snapshot
+    pending = {p for step, pairs in snap["picks"].items() if trained is not None and step >= trained for p in pairs}
+    untrained = snap["untrained"] + [b for b, _ in pending]
+    if not untrained:
+      return {"data_state": snap["data_state"], "batch": snap["next_batch"], "consumed": []}
+    oldest = min(untrained)
+    consumed = {(b, r) for b, r in snap["consumed"] - pending if b >= oldest}
+    return {"data_state": snap["states"][oldest], "batch": int(oldest),
+            "consumed": sorted([int(b), int(r)] for b, r in consumed)}
+
+
+class Stopped(Exception):
+  """A rollout's decoding was stopped from another thread (`AsyncRollout.stopping`)."""
 
 
 def _column(values: list[Any], objects: bool) -> np.ndarray:
@@ -424,5 +496,5 @@ def off_policy_metrics(picked: Picked) -> dict[str, float]:
           "off_policy/evicted_samples": hosts.process_total(float(picked.evicted))}
 
 
-__all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "decodes_beside_the_stream",
-           "off_policy_metrics", "policy_of", "spans", "streams_off_policy"]
+__all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "Schedule", "Stopped", "decodes_beside_the_stream",
+           "off_policy_metrics", "policy_of", "schedule_of", "spans", "streams_off_policy"]

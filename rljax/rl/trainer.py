@@ -13,6 +13,8 @@ Each step, for `data.train_batch_size` prompts:
 Under trainer.v1.trainer_mode=colocate_async the rollout streams across
 steps instead (`rljax.rl.streaming`): a step trains the first batch of
 prompts whose responses are all done, some begun under older weights.
+Under separate_async the same stream runs on devices of its own, on a
+thread of its own, while the trainer updates (`rljax.rl.separate`).
 
 On-policy shortcut: with one PPO epoch over a single mini-batch and nothing
 that needs them before the update (KL in reward, rollout correction, bypass
@@ -46,6 +48,7 @@ import enum
 import json
 import logging
 import os
+import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -59,7 +62,7 @@ from rljax import models, rewards, sharding
 from rljax.algos import advantages as adv_lib
 from rljax.rewards import managers
 from rljax.rl import advantage_stage, assembly, dynamic_sampling, experience as experience_lib, metrics as metrics_lib, profiling
-from rljax.rl import streaming
+from rljax.rl import separate, streaming
 from rljax.rl import steps as steps_lib
 from rljax.rl.experience import Experience
 from rljax.rl.layout import balance_order
@@ -135,6 +138,11 @@ def check_job(config: ConfigDict) -> None:
   deal evenly to the processes, a data source no scorer knows (before any model loads). Writes the synthetic
   task first where a data file is its absent default path, so a fresh machine's default job finds its data."""
   processes, wanted = jax.process_count(), config.data.train_batch_size
+  if processes > 1 and config.trainer.v1.trainer_mode == "separate_async":
+    raise config_lib.ConfigError(
+        "trainer.v1.trainer_mode", "separate_async", f"runs in one process (this job has {processes}): the rollout's "
+        "own devices are that process's", "set trainer.v1.trainer_mode=colocate_async (each host streams its own "
+        "prompts on its devices)")
   if config.algorithm.filter_groups.enable and wanted % processes:
     raise config_lib.ConfigError("data.train_batch_size", wanted, f"does not split over the {processes} processes "
                                  "(dynamic sampling deals the kept groups to them equally)",
@@ -161,10 +169,14 @@ class RLTrainer:
     config_lib.validate(config, self.mesh.size)
     check_job(config)
     arr = config.actor_rollout_ref
+    rollout_devices = _rollout_devices(config, self.mesh)
     self.tokenizer = models.load_tokenizer(config.data.tokenizer or arr.model.path)
     self.train_iter = data_lib.make_train_iterator(config, self.tokenizer, jax.process_index(), jax.process_count())
+    if rollout_devices:  # the rollout thread reads the data
+      self.train_iter = separate.StepTickets(self.train_iter)
     self.run, self.state = assembly.build_run(config, self.mesh, abstract=False, tokenizer=self.tokenizer,
-                                              batches_per_epoch=self.train_iter.batches_per_epoch)
+                                              batches_per_epoch=self.train_iter.batches_per_epoch,
+                                              rollout_devices=rollout_devices)
     self.sampler = rollout_factory.build_sampler(
         self.run.engine, arr.rollout, rollout_factory.pad_id(self.tokenizer, self.run.engine.eos_ids), self.tokenizer)
     self.val_sampling = SamplingParams.from_rollout_config(arr.rollout.val_kwargs)
@@ -178,7 +190,9 @@ class RLTrainer:
     self.base_key = jax.random.key(config.trainer.seed)
     self.saved_step = -1
     self._row_gathers: dict[str, Any] = {}
+    self._scoring = threading.Lock()  # separate_async's rollout thread judges groups (dynamic sampling) meanwhile
     self.streaming = self._async_rollout()
+    self.driver = self._driver()
     if self.streaming is not None:  # the stream holds the engine's cache; validation and remax free theirs
       self.sampler.free_cache = True
 
@@ -196,7 +210,7 @@ class RLTrainer:
     if self.streaming is None:
       self.state = self.state.replace(step=value, data_position=self.train_iter.get_state())
       return
-    position = self.streaming.position()
+    position = self.streaming.position(value)
     self.state = self.state.replace(step=value, data_position=position.pop("data_state"), stream_position=position)
 
   def _async_rollout(self, position: dict[str, Any] | None = None,
@@ -216,7 +230,26 @@ class RLTrainer:
         batch_key=lambda index: self._key_at(index, Stream.ROLLOUT), read_batch=self._read_batch,
         data_position=self.train_iter.get_state, first_batch=position.get("batch", self.step),
         consumed=position.get("consumed", ()), keep=self._keeps if filtering.enable else None,
-        most_judged=max(most_judged, 0), stream=stream)
+        most_judged=max(most_judged, 0), stream=stream, holds_weights=self._schedule_lags())
+
+  def _schedule_lags(self) -> bool:
+    """Whether the rollout decodes under weights other than each update's own (separate_async, or a lagged
+    schedule): a `separate.RolloutDriver` then runs it."""
+    return isinstance(self.train_iter, separate.StepTickets) or not streaming.schedule_of(self.config).every_update
+
+  def _driver(self) -> separate.RolloutDriver | None:
+    """The driver of the stream on its schedule (threaded on separate_async's own devices), or None."""
+    if self.streaming is None or not self._schedule_lags():
+      return None
+    return separate.RolloutDriver(self.streaming, streaming.schedule_of(self.config), self.step,
+                                  self.run.layout.total_steps, self.run.engine.compute_params,
+                                  threaded=isinstance(self.train_iter, separate.StepTickets))
+
+  def _publish(self, version: int, timing: dict[str, float], step_metrics: dict) -> None:
+    """Sends the actor's weights, of policy `version`, to the rollout when its schedule decodes under them."""
+    with timed(timing, "weight_sync"):
+      if self.driver.publish(version, self.actor_params):
+        step_metrics["perf/weight_sync_bytes"] = float(self.driver.sent_bytes)
 
   def _keeps(self, group: streaming.Group) -> bool:
     """Dynamic sampling's judgement of a finished group under colocate_async: whether its filter metric varies
@@ -232,9 +265,10 @@ class RLTrainer:
 
   def _read_batch(self) -> tuple[dict[str, Any], Any] | None:
     """(the next training batch, the data position before it), or None when the data has ended."""
-    before = self.train_iter.get_state()
+    data = self.train_iter.data if isinstance(self.train_iter, separate.StepTickets) else self.train_iter
+    before = data.get_state()
     try:
-      return next(self.train_iter), before
+      return next(data), before
     except StopIteration:
       return None
 
@@ -269,6 +303,11 @@ class RLTrainer:
   def _score(self, batch: dict[str, Any], rollout: Any, use_model: bool = True) -> managers.RewardResult:
     """Token-level scores [N, R] of a rollout: the reward model's (when enabled and use_model), else the
     reward manager's."""
+    with self._scoring:
+      return self._scored_by(batch, rollout, use_model)
+
+  def _scored_by(self, batch: dict[str, Any], rollout: Any, use_model: bool) -> managers.RewardResult:
+    """`_score`'s scores, from the reward model (when enabled and use_model) or the reward manager."""
     idx = rollout.prompt_index
     if self.model_reward is not None and use_model:
       rows = make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
@@ -314,10 +353,15 @@ class RLTrainer:
   def _streamed(self, batch: dict[str, Any], timing: dict[str, float], step_metrics: dict) -> Experience:
     """colocate_async: the step's batch joins the stream (`rljax.rl.streaming`), which decodes until a batch of
     prompts can train at this step's policy version; their rows, scored."""
-    self.streaming.feed(batch, self._batch_state)
+    if batch is not None:  # separate_async's rollout reads the data itself
+      self.streaming.feed(batch, self._batch_state)
+    if self.driver is not None and not self.driver.primed:
+      self._publish(self.step, timing, step_metrics)
     with timed(timing, "gen"):
       try:
-        picked, ended = self.streaming.next_groups(self.actor_params, self.step), 0.0
+        picked = (self.driver.next() if self.driver is not None
+                  else self.streaming.next_groups(self.actor_params, self.step))
+        ended = 0.0
       except StopIteration:
         picked, ended = None, 1.0
     if hosts.process_total(ended):  # every host stops where one's data ends (none waits for the others)
@@ -326,7 +370,8 @@ class RLTrainer:
     if self.config.algorithm.filter_groups.enable:
       step_metrics.update({"train/kept_groups": float(self.config.data.train_batch_size),
                            "train/filtered_groups": hosts.process_total(float(picked.filtered))})
-    self._batch_state = self.train_iter.get_state()
+    if batch is not None:
+      self._batch_state = self.train_iter.get_state()
     judged = None if picked.scores is None else managers.concat_results(picked.scores)
     return self._scored(picked.columns, picked.rollout, timing, scores=judged)
 
@@ -490,6 +535,8 @@ class RLTrainer:
         rows = self._rollout(batch, timing)
       rows = self._experience(rows, timing, step_metrics)
       self._update(rows, timing, step_metrics)
+      if self.driver is not None:  # the weights this update made, to the rollout if it decodes under them
+        self._publish(self.step + 1, timing, step_metrics)
     step_metrics.update(metrics_lib.data_metrics(rows, self.run.layout.response_length, self.run.layout.prompt_length))
     step_metrics.update(timing)
     tokens = int(hosts.process_total(rows.attention_mask.sum()))
@@ -545,8 +592,9 @@ class RLTrainer:
     streaming.check_resumable(self.state.stream_position, self.streaming is not None, path)
     self.train_iter.set_state(self.state.data_position)
     if self.streaming is not None:
-      self.streaming.close()  # what it generated is generated again from the checkpoint's position
+      self._close_rollout()  # what it generated is generated again from the checkpoint's position
       self.streaming = self._async_rollout(self.state.stream_position, self.streaming.stream)
+      self.driver = self._driver()
 
   # ----- the run -------------------------------------------------------------------------
 
@@ -566,13 +614,37 @@ class RLTrainer:
     test_freq = trainer.test_freq if self.config.data.val_files else 0
     return training_loop.train_loop(self, self.run.layout.total_steps, _every(test_freq), _every(trainer.save_freq)) or last
 
-  def close(self) -> None:
-    if self.streaming is not None:
+  def _close_rollout(self) -> None:
+    """Stops the rollout (its thread under separate_async) and cancels what it generates."""
+    if self.driver is not None:
+      self.driver.close()
+    elif self.streaming is not None:
       self.streaming.close()
+
+  def close(self) -> None:
+    self._close_rollout()
     self.sampler.close()
     self.train_iter.close()
     self.checkpointer.close()
     self.reward_manager.close()
+
+
+def _rollout_devices(config: ConfigDict, mesh: jax.sharding.Mesh) -> list[jax.Device]:
+  """separate_async's own devices (`sharding.split_devices`; none in the other modes).
+
+  Raises:
+    ConfigError: the training mesh holds some of them.
+  """
+  if not sharding.rollout_device_count(config):
+    return []
+  devices = sharding.split_devices(config)[1]
+  shared = set(devices) & set(mesh.devices.flat)
+  if shared:
+    raise config_lib.ConfigError(
+        "actor_rollout_ref.rollout.nnodes", config.actor_rollout_ref.rollout.nnodes, f"separate_async's rollout "
+        f"devices {sorted(d.id for d in shared)} are also in the training mesh", "train on the other devices "
+        "(sharding.make_mesh(config) lays the mesh over them)")
+  return devices
 
 
 def _every(freq: int) -> Callable[[int], bool]:

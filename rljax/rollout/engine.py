@@ -184,6 +184,23 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
                    "(actor_rollout_ref.rollout.prefill_length_buckets / data.max_prompt_length)")
 
 
+class SendCopy:
+  """`tree -> cast(tree)` laid out by `shardings` on devices `tree` does not lie on (separate_async's rollout
+  devices): the cast runs where the weights lie (so rollout.dtype's bytes travel, not the master weights'), then
+  `jax.device_put` copies each array device to device into its layout there. `sent_bytes` counts what the last
+  call moved."""
+
+  def __init__(self, shardings: Any, cast: Callable[[Any], Any]):
+    self.shardings = shardings
+    self.cast = jax.jit(cast)
+    self.sent_bytes = 0
+
+  def __call__(self, tree: Any) -> Any:
+    cast = self.cast(tree)
+    self.sent_bytes = sum(x.nbytes for x in jax.tree.leaves(cast))
+    return jax.device_put(cast, jax.tree.unflatten(jax.tree.structure(cast), jax.tree.leaves(self.shardings)))
+
+
 class Engine:
   """JetStream engine over a `CausalLM` graph, parameters passed per call."""
 
@@ -407,7 +424,9 @@ class Engine:
     if key not in self._reshards:
       target = self._compute_shardings(params)
       source = sorted(jax.tree.leaves(params)[0].sharding.device_set, key=lambda d: d.id)
-      if len(hosts.processes(source)) > 1 and len(hosts.processes(self._mesh.devices.flat)) == 1:
+      if not set(source) & set(self._mesh.devices.flat):  # separate_async: the rollout's devices are its own
+        self._reshards[key] = SendCopy(target, self._cast_impl)
+      elif len(hosts.processes(source)) > 1 and len(hosts.processes(self._mesh.devices.flat)) == 1:
         # a multi-process job's weights reach this host's engine mesh across the hosts, one array at a time
         self._reshards[key] = hosts.HostLocalCopy(target, self._cast_impl, source)
       else:

@@ -153,31 +153,67 @@ def slice_shape(sizes: Sequence[int], slices: int) -> tuple[int, ...]:
   return tuple(across)
 
 
+def rollout_device_count(config: ConfigDict) -> int:
+  """Devices of the rollout's own under trainer.v1.trainer_mode=separate_async:
+  actor_rollout_ref.rollout.nnodes x n_gpus_per_node (0 otherwise: the rollout shares the trainer's devices).
+
+  Raises:
+    ConfigError: separate_async with a count that is not a positive integer.
+  """
+  v1 = config.trainer.get("v1")  # an SFT config has none
+  if v1 is None or v1.trainer_mode != "separate_async":
+    return 0
+  rollout = config.actor_rollout_ref.rollout
+  for key, value in (("nnodes", rollout.nnodes), ("n_gpus_per_node", rollout.n_gpus_per_node)):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ConfigError(f"actor_rollout_ref.rollout.{key}", value,
+                        "trainer.v1.trainer_mode=separate_async generates on devices of its own, "
+                        "actor_rollout_ref.rollout.nnodes x n_gpus_per_node of them: a positive integer",
+                        f"set actor_rollout_ref.rollout.{key} (e.g. nnodes=1 n_gpus_per_node=4)")
+  return rollout.nnodes * rollout.n_gpus_per_node
+
+
 def resolve_world_size(config: ConfigDict, device_count: int | None = None) -> int:
-  """Devices in the job: nnodes * n_gpus_per_node, or JAX's count for 'auto'."""
+  """Devices that train: trainer.nnodes * n_gpus_per_node, or for 'auto' JAX's count less the rollout's own
+  devices (`rollout_device_count`; `device_count`: the devices seen, default JAX's)."""
   nodes, per_node = config.trainer.nnodes, config.trainer.n_gpus_per_node
   if nodes == "auto" or per_node == "auto":
-    return jax.device_count() if device_count is None else device_count
+    return (jax.device_count() if device_count is None else device_count) - rollout_device_count(config)
   for key, value in (("trainer.nnodes", nodes), ("trainer.n_gpus_per_node", per_node)):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ConfigError(key, value, "must be a positive integer or 'auto'", f"set {key}=auto to use every visible device")
   return nodes * per_node
 
 
-def job_devices(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -> list[jax.Device]:
-  """`devices` (default: every device JAX sees), checked against trainer.nnodes x trainer.n_gpus_per_node.
+def split_devices(config: ConfigDict,
+                  devices: Sequence[jax.Device] | None = None) -> tuple[list[jax.Device], list[jax.Device]]:
+  """(the trainer's devices, the rollout's own) of `devices` (default: every device JAX sees): the rollout's are
+  the last `rollout_device_count` (none unless separate_async), the trainer's the rest, checked against
+  trainer.nnodes x trainer.n_gpus_per_node.
 
   Raises:
-    ConfigError: the configured device count differs from the devices given.
+    ConfigError: the configured device counts differ from the devices given.
   """
   devices = list(devices) if devices is not None else jax.devices()
+  rollout = rollout_device_count(config)
   wanted = resolve_world_size(config, len(devices))
-  if wanted != len(devices):
+  if wanted < 1 or wanted + rollout != len(devices):
+    beside = f" and actor_rollout_ref.rollout.nnodes x n_gpus_per_node = {rollout} for the rollout" if rollout else ""
     raise ConfigError(
         "trainer.n_gpus_per_node", config.trainer.n_gpus_per_node,
-        f"trainer.nnodes x trainer.n_gpus_per_node = {wanted} devices, but JAX sees {len(devices)}",
-        "set trainer.n_gpus_per_node=auto (and trainer.nnodes=auto) to use every visible device")
-  return devices
+        f"trainer.nnodes x trainer.n_gpus_per_node = {wanted} devices{beside}, but JAX sees {len(devices)}",
+        "set trainer.n_gpus_per_node=auto (and trainer.nnodes=auto) to use every visible device"
+        + (" the rollout does not take" if rollout else ""))
+  return devices[:wanted], devices[wanted:]
+
+
+def job_devices(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -> list[jax.Device]:
+  """The trainer's devices of `devices` (`split_devices`).
+
+  Raises:
+    ConfigError: the configured device counts differ from the devices given.
+  """
+  return split_devices(config, devices)[0]
 
 
 def make_mesh(config: ConfigDict, devices: Sequence[jax.Device] | None = None) -> Mesh:

@@ -1,0 +1,191 @@
+"""separate_async: generation on devices of its own, overlapping the updates (verl's trainer.v1).
+
+`actor_rollout_ref.rollout.nnodes x n_gpus_per_node` devices (the last
+ones JAX lists) hold the engine, its KV cache and a rollout-dtype copy of
+the weights; the trainer trains on the others. A thread of its own drives
+the engine: the stream of `rljax.rl.streaming` (slots refilled as responses
+end, partial rollouts, staleness policy, dynamic sampling, tool turns), each
+picked batch of groups into a queue the trainer reads. While the trainer
+updates on batch b, the rollout decodes the next ones.
+
+Weights go to the rollout devices after every
+`trainer.v1.separate_async.parameter_sync_step`-th update, device to
+device: cast to rollout.dtype where they lie, then `jax.device_put` into the
+engine's layout (`rljax.rollout.engine.SendCopy`). Which weights decode a
+batch is fixed by `streaming.Schedule`, not by timing: the rollout waits for
+the version batch b is due to decode under (`WeightBox.take`), so a run is
+the same whatever the speeds of the two sides, and equal to colocate_async
+run with the same schedule (tests/rl/test_separate.py).
+
+`RolloutDriver` runs the same loop inline (no thread) when colocate_async
+is given a lagged schedule: that is the reference the threaded run equals.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from rljax.rl import streaming
+
+
+class Closed(Exception):
+  """The driver was closed while its rollout waited for weights."""
+
+
+class WeightBox:
+  """The rollout-side weights by policy version: the trainer publishes, the rollout takes the version it is due to
+  decode under (older versions are dropped once a newer one is taken)."""
+
+  def __init__(self):
+    self._cond = threading.Condition()
+    self._weights: dict[int, Any] = {}
+    self._closed = False
+
+  def publish(self, version: int, weights: Any) -> None:
+    with self._cond:
+      self._weights[version] = weights
+      self._cond.notify_all()
+
+  def take(self, version: int) -> Any:
+    """The weights of `version`, once published (blocks until then).
+
+    Raises:
+      Closed: the box was closed while waiting.
+    """
+    with self._cond:
+      self._cond.wait_for(lambda: version in self._weights or self._closed)
+      if self._closed:
+        raise Closed()
+      self._weights = {v: w for v, w in self._weights.items() if v >= version}
+      return self._weights[version]
+
+  def close(self) -> None:
+    with self._cond:
+      self._closed = True
+      self._weights.clear()
+      self._cond.notify_all()
+
+
+def _copied(sent: Any, params: Any) -> Any:
+  """`sent` with a copy of each array that is one of `params`' own (an engine that reads the trainer's arrays in
+  place: the next update donates them)."""
+  own = {id(x) for x in jax.tree.leaves(params)}
+  return jax.tree.map(lambda x: jnp.copy(x) if id(x) in own else x, sent)
+
+
+class RolloutDriver:
+  """An `AsyncRollout` run on a `Schedule`: batch b is picked under the weights of version
+  `max(schedule.weights_for(b), first_step)`, for steps first_step..last_step - 1.
+
+  Threaded (separate_async), a thread picks the batches ahead into a queue while the trainer updates; inline, each
+  `next` picks its batch on the caller's thread. Either way the weights come from `publish`.
+  """
+
+  def __init__(self, rollout: streaming.AsyncRollout, schedule: streaming.Schedule, first_step: int,
+               last_step: int, send: Callable[[Any], Any], threaded: bool):
+    """Args:
+      rollout: the stream of groups (it must hold its weights between picks).
+      schedule: which weights each step's batch decodes under.
+      first_step: the first step it picks for (a resumed run's step); its weights must be published first.
+      last_step: the step it stops before.
+      send: the trainer's weights -> the engine's (cast and laid out on the engine's devices).
+      threaded: pick on a thread of its own.
+    """
+    self.rollout, self.schedule, self.send = rollout, schedule, send
+    self.first_step, self.last_step = first_step, last_step
+    self.box = WeightBox()
+    self.next_step = first_step
+    self.decoding_version: int | None = None
+    self.sent_bytes = 0
+    self._queue: queue.Queue = queue.Queue()
+    self._thread = threading.Thread(target=self._run, name="rljax-rollout", daemon=True) if threaded else None
+    self._started = self._primed = False
+
+  def weights_for(self, step: int) -> int:
+    return max(self.schedule.weights_for(step), self.first_step)
+
+  @property
+  def primed(self) -> bool:
+    """The weights of the first step were published."""
+    return self._primed
+
+  def publish(self, version: int, params: Any) -> bool:
+    """Sends the trainer's weights of `version` to the rollout if some step decodes under them; whether it did."""
+    due = version == self.first_step or (version > self.first_step and self.schedule.publishes(version))
+    if not due or self.weights_for(self.last_step - 1) < version:  # no step left decodes under them
+      return False
+    self._primed = True
+    sent = _copied(self.send(params), params)
+    self.sent_bytes = sum(x.nbytes for x in jax.tree.leaves(sent))
+    self.box.publish(version, sent)
+    if self._thread is not None and not self._started:
+      self._started = True
+      self._thread.start()
+    return True
+
+  def _pick(self) -> streaming.Picked:
+    """The next step's groups, decoded under the weights the schedule gives it."""
+    step = self.next_step
+    version = self.weights_for(step)
+    params = self.box.take(version) if version != self.decoding_version else None
+    picked = self.rollout.next_groups(params, version, trains_at=step)
+    self.decoding_version, self.next_step = version, step + 1
+    return picked
+
+  def _run(self) -> None:
+    """The rollout thread: picks each step's groups into the queue; an error (the data's end included) goes there
+    too, and ends it."""
+    try:
+      while self.next_step < self.last_step:
+        self._queue.put(self._pick())
+      self._queue.put(StopIteration(f"the rollout picked the run's last step ({self.last_step})"))
+    except (Closed, streaming.Stopped):
+      pass
+    except BaseException as error:  # pylint: disable=broad-except
+      self._queue.put(error)
+
+  def next(self) -> streaming.Picked:
+    """The groups of the next step (waits for the thread's pick, or picks them here).
+
+    Raises:
+      StopIteration: the data ended before a batch of groups finished; any error the rollout met.
+    """
+    if self._thread is None:
+      return self._pick()
+    item = self._queue.get()
+    if isinstance(item, BaseException):
+      raise item
+    return item
+
+  def close(self) -> None:
+    """Stops the rollout thread (whatever it waits on) and closes the stream."""
+    self.rollout.stopping = True
+    self.box.close()
+    if self._thread is not None and self._started:
+      self._thread.join()
+    self.rollout.close()
+
+
+class StepTickets:
+  """The training loop's view of the data under separate_async: each step's batch is None (the rollout thread
+  reads the data and the step trains the groups it picked); everything else is the data iterator's."""
+
+  def __init__(self, data: Any):
+    self.data = data
+
+  def __iter__(self) -> "StepTickets":
+    return self
+
+  def __next__(self) -> None:
+    return None
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self.data, name)
+
+
+__all__ = ["Closed", "RolloutDriver", "StepTickets", "WeightBox"]

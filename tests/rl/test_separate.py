@@ -1,0 +1,127 @@
+"""separate_async (`rljax.rl.separate`): the rollout on devices of its own, on a thread of its own, equals
+colocate_async on the same weight schedule; its picks ahead of the trainer resume losing and repeating nothing."""
+
+import json
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from rljax import rl, sharding
+from rljax.config import ConfigError
+from rljax.rl import separate, streaming
+from tests.rl import tiny_run
+from tests.rl.test_dynamic_sampling import SCORE_BY_TEXT
+from tests.rl.test_streaming import batches, rollout, scripted, tok  # noqa: F401  (fixtures)
+
+SCHEDULE = streaming.Schedule(sync_every=2, lag=1)
+
+
+def trained(config, mesh):
+  trainer = rl.RLTrainer(config, mesh=mesh)
+  try:
+    trainer.fit()
+  finally:
+    trainer.close()
+  return [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
+
+
+def test_separate_async_on_four_devices_equals_colocate_async_on_the_same_schedule(model_dir, data_dir, tmp_path,
+                                                                                  monkeypatch):
+  # DAPO with a score by the response's text: the rollout thread judges each group as it ends (dynamic
+  # sampling), validation decodes beside it every 2 steps, and the weights go to the rollout after updates 2
+  # and 4, batch b decoding under version 2 * floor((b - 1) / 2)
+  scorer = tmp_path / "score.py"
+  scorer.write_text(SCORE_BY_TEXT)
+  common = [f"custom_reward_function.path={scorer}", "data.gen_batch_size=2", "trainer.total_training_steps=4",
+            "trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "trainer.save_freq=-1", "trainer.test_freq=2", "algorithm.rollout_correction.rollout_is=token",
+            "trainer.v1.separate_async.parameter_sync_step=2", "trainer.v1.separate_async.num_warmup_batches=1",
+            "trainer.v1.colocate_async.num_warmup_batches=1"]
+  config = tiny_run.run_config("dapo", model_dir, data_dir, str(tmp_path / "separate"), *common,
+                               "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+                               "actor_rollout_ref.rollout.n_gpus_per_node=4")
+  assert streaming.schedule_of(config) == SCHEDULE
+  mesh = sharding.make_mesh(config)
+  assert list(mesh.devices.flat) == jax.devices()[:4]
+  apart = trained(config, mesh)
+  config = tiny_run.run_config("dapo", model_dir, data_dir, str(tmp_path / "colocated"), *common,
+                               "trainer.v1.trainer_mode=colocate_async")
+  monkeypatch.setattr(streaming, "schedule_of", lambda config: SCHEDULE)  # the same schedule, on one mesh
+  together = trained(config, sharding.make_mesh(config, jax.devices()[:4]))
+  drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/"))}
+  assert [drop(m) for m in apart] == [drop(m) for m in together] and len(apart) == 4
+  # versions 0 (before the first update), 2 and 4 went to the rollout, each step records what it sent
+  assert ["perf/weight_sync_bytes" in m for m in apart] == [True, True, False, False]
+  assert max(m["off_policy/staleness/max"] for m in apart) > 2 and "val-core/rljax/arithmetic/reward/mean@1" in apart[1]
+  assert all(m["train/kept_groups"] == 4 and m["critic/score/mean"] not in (0.0, 1.0) for m in apart)
+
+
+def test_the_rollouts_devices_are_its_own(model_dir, data_dir, tmp_path):
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"), "trainer.n_gpus_per_node=4",
+                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                               "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+                               "actor_rollout_ref.rollout.n_gpus_per_node=4")
+  with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.nnodes=1: separate_async's rollout devices "
+                                        r"\[4, 5, 6, 7\] are also in the training mesh"):
+    rl.RLTrainer(config, mesh=sharding.build_mesh({"data": 1, "fsdp": 8, "tensor": 1, "sequence": 1},
+                                                  jax.devices()))
+
+
+def picked_tags(driver, steps):
+  return [list(driver.next().columns["tag"]) for _ in range(steps)]
+
+
+def test_a_threaded_driver_picks_what_an_inline_one_does_and_resumes_losing_and_repeating_nothing(scripted):
+  engine, params = scripted
+  policy = streaming.Policy(groups=1, threshold=8, strategy="drop", ahead=2)
+  data = ("LS", "SS", "SL", "SS")
+  every = sorted(f"{b}{letter}{r}" for b, kind in enumerate(data) for r, letter in enumerate(kind))
+
+  def driver(threaded, consumed=(), first_step=0, first_batch=0):
+    stream = rollout(engine, policy, batches(*data), consumed, first_batch)
+    stream.holds_weights = True
+    return separate.RolloutDriver(stream, SCHEDULE, first_step, 20, lambda p: p, threaded)
+
+  def publish_through(d, step):  # the trainer's weights after each update, as the trainer sends them
+    for version in range(d.first_step, step + 1):
+      d.publish(version, params[min(version, len(params) - 1)])
+
+  inline = driver(False)
+  publish_through(inline, 0)
+  inline_tags = picked_tags(inline, 1)
+  publish_through(inline, 6)
+  inline_tags += picked_tags(inline, 7)
+  with pytest.raises(StopIteration):
+    inline.next()
+  assert sorted(sum(inline_tags, [])) == every
+
+  threaded = driver(True)
+  publish_through(threaded, 0)
+  first = picked_tags(threaded, 1)
+  deadline = time.monotonic() + 60
+  while threaded.next_step < 3 and time.monotonic() < deadline:  # it picks steps 1 and 2 under version 0, ahead
+    time.sleep(0.01)
+  assert threaded.next_step == 3  # and waits for version 2
+  position = threaded.rollout.position(1)  # step 0 trained; steps 1 and 2 picked, untrained
+  assert position["batch"] == 0  # 0L0 is still generating
+  publish_through(threaded, 6)
+  rest = picked_tags(threaded, 7)
+  with pytest.raises(StopIteration):
+    threaded.next()
+  threaded.close()
+  assert first + rest == inline_tags
+
+  resumed = driver(True, position["consumed"], 1, position["batch"])
+  publish_through(resumed, 6)
+  again = []
+  while True:
+    try:
+      again += picked_tags(resumed, 1)
+    except StopIteration:
+      break
+  resumed.close()
+  assert sorted(sum(first + again, [])) == every  # nothing lost, nothing trained twice
+  picked_ahead = set(sum(inline_tags[1:3], []))
+  assert picked_ahead and picked_ahead <= set(sum(again, []))
