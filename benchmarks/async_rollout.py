@@ -9,7 +9,12 @@ alternated round by round:
 
 - `sync`: trainer.v1.trainer_mode=sync;
 - `async_tT`: colocate_async with max_off_policy_threshold=T (T = 1, 2, 8;
-  drop, num_warmup_batches=1).
+  drop, num_warmup_batches=1);
+- `separate`: separate_async, the rollout on the last JAX device and the
+  trainer on the others (weights sent after every update, the rollout one
+  batch ahead, threshold 8): it needs 2 devices or more
+  (XLA_FLAGS=--xla_force_host_platform_device_count=2 on a CPU host, where
+  every mode then runs on those devices).
 
 Prints one JSON line per run (`run`) and per mode (`mode`):
 
@@ -35,6 +40,8 @@ MODES = {
     "sync": ["trainer.v1.trainer_mode=sync"],
     **{f"async_t{t}": ["trainer.v1.trainer_mode=colocate_async", f"trainer.v1.sampler.max_off_policy_threshold={t}"]
        for t in (1, 2, 8)},
+    "separate": ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+                 "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.v1.separate_async.parameter_sync_step=1"],
 }
 
 
@@ -84,7 +91,7 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=12)
   parser.add_argument("--rounds", type=int, default=1)
   parser.add_argument("--seeds", type=int, default=1)
-  parser.add_argument("--modes", default=",".join(MODES))
+  parser.add_argument("--modes", default="sync,async_t1,async_t2,async_t8")
   parser.add_argument("overrides", nargs="*")
   args = parser.parse_args()
   modes = args.modes.split(",")

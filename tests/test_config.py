@@ -484,7 +484,13 @@ def test_verl_v1_trainer_keys_choose_a_mode_and_refuse_what_does_not_stream(capl
   assert len(warnings) == 1 and warnings[0].startswith("2 override(s)") and "max_off_policy_strategy" in warnings[0]
   separate = ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
               "actor_rollout_ref.rollout.n_gpus_per_node=4", "trainer.n_gpus_per_node=auto"]
-  config = resolved(experiment("grpo"), separate, devices=8)
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="rljax.train"):  # each mode's keys change nothing in the others
+    resolved(experiment("grpo"), ["trainer.v1.separate_async.parameter_sync_step=2", "actor_rollout_ref.rollout.nnodes=1"])
+    config = resolved(experiment("grpo"), [*separate, "trainer.v1.colocate_async.num_warmup_batches=2"], devices=8)
+  warnings = [r.getMessage() for r in caplog.records if r.name == "rljax.train"]
+  assert len(warnings) == 2 and warnings[0].startswith("2 override(s)") and warnings[1].startswith("1 override(s)")
+  assert "parameter_sync_step=2" in warnings[0] and "colocate_async.num_warmup_batches=2" in warnings[1]
   assert sharding.rollout_device_count(config) == 4 and sharding.resolve_world_size(config, 8) == 4
   with pytest.raises(C.ConfigError, match="actor_rollout_ref.rollout.nnodes=0: trainer.v1.trainer_mode=separate_async "
                                           "generates on devices of its own"):
@@ -496,6 +502,8 @@ def test_verl_v1_trainer_keys_choose_a_mode_and_refuse_what_does_not_stream(capl
     with pytest.raises(C.ConfigError, match=match):
       resolved(experiment("grpo"), ["trainer.v1.trainer_mode=colocate_async", *overrides])
   for overrides, match in (
+      (["trainer.v1.sampler.max_off_policy_threshold=4"], "max_off_policy_threshold=4: is below the 5 policy "
+                                                           "versions a group spans under separate_async's schedule"),
       (["trainer.v1.separate_async.parameter_sync_step=0"], "parameter_sync_step=0: must be a whole number"),
       (["trainer.v1.separate_async.num_warmup_batches=-1"], "separate_async.num_warmup_batches=-1"),
       (["trainer.v1.separate_async.hybrid_rollout.enable_switch=true"], "enable_switch=True: switching rollout")):

@@ -23,6 +23,17 @@ from other hosts' chips in one run of each step (`rljax.compile.hlo`);
 `rollout_weights`, the copy that gives every host the weights once per
 rollout (one array at a time), is bounded by the weights that host does not
 hold.
+
+Under trainer.v1.trainer_mode=separate_async the trainer's steps compile on
+a slice of the trainer's chips and the engine's on a slice of the rollout's
+(`v6e-8` with actor_rollout_ref.rollout.nnodes=1 n_gpus_per_node=4: a v6e-4
+each; `v5p-16`: a v5p-8 each, a split of two hosts, which the trainer does
+not run yet: separate_async runs in one process), the rollout's steps beside
+the weight versions its schedule holds and its cache;
+`rollout_weights` is the cast before the weights are sent, and a last line
+gives the bytes sent per weight sync, what one rollout chip receives and
+that over the chip's ICI bandwidth (the copy is a device-to-device transfer
+at run time, not a compiled program: the compiler has no estimate of it).
 """
 
 from __future__ import annotations
@@ -84,10 +95,16 @@ def main(argv: Sequence[str]) -> int:
       where = f"{len(devices)} x {devices[0].device_kind}"
       chip = topology_lib.chip_of(devices[0].device_kind)
     config = resolve(config_lib.load_config_file(launch.CONFIG.value), launch.overrides(), device_count=len(devices))
+    rollout_devices = sharding.split_devices(config, devices)[1]
+    if rollout_devices and _TOPOLOGY.value:  # each side on a slice of its own chips (libtpu compiles whole slices)
+      devices = [*topology_lib.devices(topology_lib.sub_slice(target, len(devices) - len(rollout_devices))),
+                 *topology_lib.devices(topology_lib.sub_slice(target, len(rollout_devices)))]
+      rollout_devices = sharding.split_devices(config, devices)[1]
     mesh = sharding.make_mesh(config, devices=devices)
-    several_hosts = _TOPOLOGY.value and len({d.process_index for d in devices}) > 1
+    several_hosts = _TOPOLOGY.value and len({d.process_index for d in mesh.devices.flat}) > 1
     planned = plan.rl_steps(config, mesh, topology_lib.devices(topology_lib.one_host(target)) if several_hosts else None,
-                            appending=_APPENDING.value)
+                            appending=_APPENDING.value, rollout_devices=rollout_devices)
+    sent = plan.weights_sent(config, mesh, rollout_devices) if rollout_devices else None
   except (config_lib.ConfigError, ValueError) as error:
     print(f"config error: {error}", file=sys.stderr)
     return 2
@@ -101,10 +118,13 @@ def main(argv: Sequence[str]) -> int:
     status = "fits" if result.fits else f"does NOT fit: {result.error or 'over HBM'}"
     print(f"  {result.name}: {status} ({result.compile_seconds:.0f} s)", flush=True)
   print(report.table(reports))
+  if sent is not None:
+    print(report.sent_line(sent, len(rollout_devices), config.trainer.v1.separate_async.parameter_sync_step, chip))
   if _JSON.value:
     with open(_JSON.value, "w") as f:
       json.dump({"config": launch.CONFIG.value, "topology": where, "mesh": dict(mesh.shape),
-                 "steps": [r.as_dict() for r in reports]}, f, indent=2)
+                 "steps": [r.as_dict() for r in reports],
+                 **({"weights_sent": {"bytes": sent[0], "per_rollout_device": sent[1]}} if sent else {})}, f, indent=2)
   failed = [r.name for r in reports if not r.fits]
   if failed:
     print(f"\n{', '.join(failed)} do not fit in {report.gib(hbm)} GiB per device; {FIXES}.", file=sys.stderr)

@@ -43,14 +43,17 @@ class PlannedStep:
 
 
 def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] | None = None,
-             appending: int | None = None) -> list[PlannedStep]:
+             appending: int | None = None, rollout_devices: Sequence[jax.Device] = ()) -> list[PlannedStep]:
   """The steps of an RL run of `config` on `mesh`: updates, forward passes, the rollout's weight copy, prefill,
   insert and decode, each with the trainer's arrays it runs beside (under colocate_async the engine's decode
   state too, which lives across updates, and for the engine's own steps a second one where validation or remax's
   baselines decode beside the stream's). `host_devices`: where `mesh` spans several hosts, one host's slice (as many devices as a
   host of the mesh has) to compile the host-local rollout on. `appending`: the multi-turn append over that many
-  appending slots (`Engine.lowering_steps`)."""
-  run, state = assembly.build_run(config, mesh, abstract=True, tokenizer=None, batches_per_epoch=1)
+  appending slots (`Engine.lowering_steps`). `rollout_devices`: separate_async's own, where the engine's steps
+  run beside the weight versions its schedule holds (`Schedule.weight_versions`) and its cache, not the trainer's
+  arrays, and `rollout_weights` is the cast before the weights are sent (`weights_sent`)."""
+  run, state = assembly.build_run(config, mesh, abstract=True, tokenizer=None, batches_per_epoch=1,
+                                  rollout_devices=rollout_devices)
   layout, steps, engine = run.layout, run.steps, run.engine
   actor_params = run.actor_params(state)
   compute = run.model_config.dtype
@@ -85,10 +88,26 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
              if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)]  # its key: a few bytes
     trainer += cache
     second = cache if streaming.decodes_beside_the_stream(config) else []
+  if rollout_devices:
+    # the rollout's devices hold no trainer array: the weight versions its schedule keeps (and the copy a
+    # validation or remax decode makes beside the stream), its cache (and that decode's)
+    copies = streaming.schedule_of(config).weight_versions + int(streaming.decodes_beside_the_stream(config))
+    on_rollout = copies * jax.tree.leaves(rollout_params) + cache + second
+    trainer = _trainer_arrays(config, run, state)
   for item in planned:
-    beside = trainer + second if any(item is r for r in rollout) else trainer
+    rolls = any(item is r for r in rollout)
+    beside = (on_rollout if rollout_devices else trainer + second) if rolls else trainer
     item.resident = _beside(beside, [part.args for part, _ in item.parts] or item.step.args)
   return planned
+
+
+def weights_sent(config: ConfigDict, mesh: Mesh, rollout_devices: Sequence[jax.Device]) -> tuple[int, int]:
+  """separate_async: (bytes the trainer sends at each weight sync, the most one rollout device receives), the
+  weights in the engine's compute dtype and layout."""
+  run, state = assembly.build_run(config, mesh, abstract=True, tokenizer=None, batches_per_epoch=1,
+                                  rollout_devices=rollout_devices)
+  sent = run.engine.compute_params(run.actor_params(state))
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(sent)), report.shard_bytes(sent)
 
 
 def _trainer_arrays(config: ConfigDict, run: assembly.RLRun, state: assembly.RunState) -> list[Any]:

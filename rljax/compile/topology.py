@@ -127,6 +127,22 @@ def one_host(topology: Topology) -> Topology:
                   grid=grid)
 
 
+def sub_slice(topology: Topology, chips: int) -> Topology:
+  """The slice of `chips` chips of `topology`'s generation: separate_async's trainer or rollout side, compiled on a
+  slice of its own (libtpu compiles a program for a whole slice, not for some of a slice's chips).
+
+  Raises:
+    ValueError: no slice of that generation has `chips` chips.
+  """
+  table = _GRIDS_3D if GENERATIONS[topology.generation][1] == 3 else _GRIDS_2D
+  if chips not in table:
+    raise ValueError(f"{chips} chips of {topology.name}: separate_async compiles each side as a "
+                     f"{topology.generation} slice of its own, of {', '.join(map(str, table))} chips (set "
+                     "actor_rollout_ref.rollout.nnodes x n_gpus_per_node and the trainer's devices to such sizes)")
+  grid = table[chips]
+  return Topology(name=f"{topology.generation}:{'x'.join(map(str, grid))}", generation=topology.generation, grid=grid)
+
+
 def parse(name: str, num_slices: int = 1) -> Topology:
   """A Topology from `v5p-8`, `v5litepod-16`, `v6e-8` or `v5p:2x2x1`.
 

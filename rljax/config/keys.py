@@ -1491,9 +1491,18 @@ def ignored_table(records: dict[str, Key], sections: dict[str, str]) -> dict[str
 
 
 IGNORED_KEYS = ignored_table(KEYS, IGNORED_SECTIONS)
-# Keys only an asynchronous trainer.v1.trainer_mode reads: in sync they change nothing (listed in the one warning).
-ASYNC_ONLY_KEYS = ("trainer.v1.colocate_async.num_warmup_batches", "trainer.v1.sampler.max_off_policy_threshold",
-                   "trainer.v1.sampler.max_off_policy_strategy")
+# Keys only some trainer.v1.trainer_mode values read: in the other modes they change nothing (listed in the one
+# warning).
+_ASYNC = ("colocate_async", "separate_async")
+MODE_KEYS = {
+    "trainer.v1.colocate_async.num_warmup_batches": ("colocate_async",),
+    "trainer.v1.sampler.max_off_policy_threshold": _ASYNC,
+    "trainer.v1.sampler.max_off_policy_strategy": _ASYNC,
+    "trainer.v1.separate_async.num_warmup_batches": ("separate_async",),
+    "trainer.v1.separate_async.parameter_sync_step": ("separate_async",),
+    "actor_rollout_ref.rollout.nnodes": ("separate_async",),
+    "actor_rollout_ref.rollout.n_gpus_per_node": ("separate_async",),
+}
 MAPPED_KEYS = view(KEYS, "mapped")
 RLJAX_KEYS = view(KEYS, "added")
 UNIMPLEMENTED_VALUES = view(KEYS, "default_only")

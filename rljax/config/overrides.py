@@ -17,7 +17,7 @@ from ml_collections import ConfigDict, FieldReference
 
 from rljax.config.errors import NO_VALUE, ConfigError
 from rljax.config.fields import follow
-from rljax.config.keys import ASYNC_ONLY_KEYS, ignored_reason
+from rljax.config.keys import MODE_KEYS, ignored_reason
 from rljax.config.trainer import fully_async_recipe
 from rljax.config.tree import OPEN_DICTS, get_base_config, is_open, unknown_key_error
 from rljax.config.yaml_io import parse_yaml
@@ -421,10 +421,13 @@ def ignored_overrides(overrides: Iterable[str], config: ConfigDict | None = None
 
   An entry of a verl free-form dictionary counts where the key it lands on is ignored
   (`+...optim.override_optimizer_config.optimizer_offload_fraction=1`); it is listed as written.
-  With the overridden `config`, so do the asynchronous modes' keys when it trains in sync mode.
+  With the overridden `config`, so do the keys of trainer.v1 modes other than the one it trains in (`MODE_KEYS`;
+  verl's fully-async recipe trains in colocate_async).
   """
-  synchronous = config is not None and config.trainer.v1.trainer_mode == "sync" and not fully_async_recipe(config)
-  inert = set(ASYNC_ONLY_KEYS) if synchronous else set()
+  inert = set()
+  if config is not None:
+    mode = "colocate_async" if fully_async_recipe(config) else config.trainer.v1.trainer_mode
+    inert = {key for key, modes in MODE_KEYS.items() if mode not in modes}
   found = []
   for text in overrides:
     operation, path, value = parse_override(text)

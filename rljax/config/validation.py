@@ -269,6 +269,12 @@ def _check_trainer_mode(config: ConfigDict) -> None:
   check(is_int(separate.parameter_sync_step) and separate.parameter_sync_step >= 1,
         "trainer.v1.separate_async.parameter_sync_step", separate.parameter_sync_step,
         "must be a whole number of updates, at least 1", "set it to 1 (weights sent after every update) or more")
+  spanned = ahead + separate.parameter_sync_step
+  check(threshold >= spanned, "trainer.v1.sampler.max_off_policy_threshold", threshold,
+        f"is below the {spanned} policy versions a group spans under separate_async's schedule (a batch decodes "
+        f"under weights up to num_warmup_batches + parameter_sync_step - 1 = {spanned - 1} updates older than "
+        "the one that trains it: drop would evict groups whose replacements are no fresher, wait could not train)",
+        f"set it to {spanned} or more, or lower trainer.v1.separate_async.num_warmup_batches or parameter_sync_step")
 
 
 def _check_cache_length(config: ConfigDict) -> None:

@@ -19,13 +19,21 @@ run with the same schedule (tests/rl/test_separate.py).
 
 `RolloutDriver` runs the same loop inline (no thread) when colocate_async
 is given a lagged schedule: that is the reference the threaded run equals.
+
+Programs never run on the same devices from both threads at once: the
+trainer's own decodes on the rollout's devices (validation, remax's
+baselines) take their turn between the rollout's decode chunks
+(`DeviceTurns`), and the rollout thread runs nothing on the trainer's
+devices (dynamic sampling's judge with a reward model, whose forward pass
+runs there, is refused under separate_async).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +43,46 @@ from rljax.rl import streaming
 
 class Closed(Exception):
   """The driver was closed while its rollout waited for weights."""
+
+
+class DeviceTurns:
+  """Turns on the rollout's devices: the rollout thread's decode chunks, and the trainer thread's own decodes there
+  (validation, remax's baselines) between them. Two programs launched from two threads could reach the devices in
+  different orders, and their collectives then wait on each other; a waiting trainer goes first."""
+
+  def __init__(self):
+    self._cond = threading.Condition()
+    self._busy = False
+    self._waiting = 0
+
+  @contextlib.contextmanager
+  def chunk(self) -> Iterator[None]:
+    """The rollout thread's turn (after any the trainer waits for)."""
+    with self._cond:
+      self._cond.wait_for(lambda: not self._busy and not self._waiting)
+      self._busy = True
+    try:
+      yield
+    finally:
+      self._release()
+
+  @contextlib.contextmanager
+  def exclusive(self) -> Iterator[None]:
+    """The trainer thread's turn, once the chunk in progress ends."""
+    with self._cond:
+      self._waiting += 1
+      self._cond.wait_for(lambda: not self._busy)
+      self._waiting -= 1
+      self._busy = True
+    try:
+      yield
+    finally:
+      self._release()
+
+  def _release(self) -> None:
+    with self._cond:
+      self._busy = False
+      self._cond.notify_all()
 
 
 class WeightBox:
@@ -87,7 +135,7 @@ class RolloutDriver:
   """
 
   def __init__(self, rollout: streaming.AsyncRollout, schedule: streaming.Schedule, first_step: int,
-               last_step: int, send: Callable[[Any], Any], threaded: bool):
+               last_step: int, send: Callable[[Any], Any], threaded: bool, epoch: Callable[[], int] = lambda: 0):
     """Args:
       rollout: the stream of groups (it must hold its weights between picks).
       schedule: which weights each step's batch decodes under.
@@ -95,8 +143,12 @@ class RolloutDriver:
       last_step: the step it stops before.
       send: the trainer's weights -> the engine's (cast and laid out on the engine's devices).
       threaded: pick on a thread of its own.
+      epoch: the data's epoch, read after each pick where the rollout reads the data (`Picked.epoch`).
     """
-    self.rollout, self.schedule, self.send = rollout, schedule, send
+    self.rollout, self.schedule, self.send, self.epoch = rollout, schedule, send, epoch
+    self.turns = DeviceTurns()
+    if threaded:
+      rollout.turn = self.turns.chunk
     self.first_step, self.last_step = first_step, last_step
     self.box = WeightBox()
     self.next_step = first_step
@@ -119,6 +171,8 @@ class RolloutDriver:
     due = version == self.first_step or (version > self.first_step and self.schedule.publishes(version))
     if not due or self.weights_for(self.last_step - 1) < version:  # no step left decodes under them
       return False
+    if self._started and not self._thread.is_alive():  # it stopped (the data ended, or an error it queued)
+      return False
     self._primed = True
     sent = _copied(self.send(params), params)
     self.sent_bytes = sum(x.nbytes for x in jax.tree.leaves(sent))
@@ -134,6 +188,7 @@ class RolloutDriver:
     version = self.weights_for(step)
     params = self.box.take(version) if version != self.decoding_version else None
     picked = self.rollout.next_groups(params, version, trains_at=step)
+    picked.epoch = self.epoch()
     self.decoding_version, self.next_step = version, step + 1
     return picked
 
@@ -188,4 +243,4 @@ class StepTickets:
     return getattr(self.data, name)
 
 
-__all__ = ["Closed", "RolloutDriver", "StepTickets", "WeightBox"]
+__all__ = ["Closed", "DeviceTurns", "RolloutDriver", "StepTickets", "WeightBox"]

@@ -56,9 +56,10 @@ rollout is host-local, so hosts need not decode in step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Sequence
 
 import jax
 import numpy as np
@@ -125,6 +126,12 @@ class Schedule:
     return version % self.sync_every == 0
 
   @property
+  def weight_versions(self) -> int:
+    """Weight versions the rollout holds at most: the one it decodes under and those sent since, up to the
+    update that trains its batch."""
+    return (self.lag + self.sync_every - 1) // self.sync_every + 1
+
+  @property
   def every_update(self) -> bool:
     """Each update decodes under its own weights (colocate_async's schedule)."""
     return self.sync_every == 1 and self.lag == 0
@@ -160,10 +167,11 @@ def rows_in_flight(config: Any, rows: int, n: int) -> int:
 
 
 def streams_off_policy(config: Any) -> bool:
-  """Whether `config`'s trainer may train on groups generated partly by older weights (colocate_async's
-  policy off-policy: the update must then recompute the old log-probs)."""
+  """Whether `config`'s trainer may train on groups generated partly by older weights (the policy off-policy, or
+  a schedule that decodes under older weights than the update's: the update must then recompute the old
+  log-probs)."""
   policy = policy_of(config, 1)
-  return policy is not None and not policy.on_policy
+  return policy is not None and (not policy.on_policy or not schedule_of(config).every_update)
 
 
 def decodes_beside_the_stream(config: Any) -> bool:
@@ -272,8 +280,8 @@ class AsyncRollout:
     self.filtered = self.judged = 0  # since the last update
     self.holds_weights = holds_weights
     self.stopping = False  # set from another thread: the decoding in progress stops (`Stopped`)
-    self.picks: dict[int, list[tuple[int, int]]] = {}  # step -> [batch, row] of the groups picked for it
-    self.snapshot = self._snapshot()
+    self.turn: Callable[[], ContextManager[Any]] = contextlib.nullcontext  # held over each chunk's work
+    self.positions = {-1: self._position()}  # step -> `_position` after its pick (-1: before any)
 
   # ----- data ------------------------------------------------------------------------------
 
@@ -372,27 +380,19 @@ class AsyncRollout:
       self.stream.set_params(params, version)
     evicted = self._evict(trains_at)
     steps, busy = self.stream.decode_steps, self.stream.busy_slot_steps
-    while True:
+    picked = None
+    while picked is None:
       if self.stopping:
         raise Stopped()
-      self._admit()
-      picked = self._pick(trains_at)
-      if picked is not None:
-        break
-      if self.stream.idle:
-        raise StopIteration(f"the training data ended with {len(self.live)} prompt(s) generating, fewer than a "
-                            f"batch of {self.policy.groups}")
-      for request in self.stream.step():
-        self._ended(self.live[request.group])
+      with self.turn():
+        picked = self._chunk(trains_at)
     if not self.holds_weights:  # nothing decodes until the next update's weights: the update runs without this copy
       self.stream.params = None
     for g in picked:
       del self.live[g.id]
       self.consumed.add((g.batch, g.row))
-    # the trainer has trained every step before the weights' version: what was picked for those is trained
-    self.picks = {step: pairs for step, pairs in self.picks.items() if step >= version}
-    self.picks[trains_at] = [(g.batch, g.row) for g in picked]
-    self.snapshot = self._snapshot()
+    # the trainer has trained every step before the weights' version: it reads no position before that one's
+    self.positions = {**{k: p for k, p in self.positions.items() if k >= version - 1}, trains_at: self._position()}
     occupancy = ((self.stream.busy_slot_steps - busy)
                  / max(1, (self.stream.decode_steps - steps) * self.stream.engine.max_concurrent_decodes))
     columns = {k: _column([g.columns[k] for g in picked], k in self.object_columns) for k in picked[0].columns}
@@ -402,6 +402,23 @@ class AsyncRollout:
     scores = [g.scores for g in picked]
     return Picked(columns, rollout, np.asarray([spans(g.start, trains_at) for g in picked], np.float32), trains_at,
                   len(evicted), filtered, None if any(s is None for s in scores) else scores)
+
+  def _chunk(self, trains_at: int) -> list[Group] | None:
+    """Admits what the policy allows; then the groups step `trains_at` trains, or None after one more decode chunk.
+
+    Raises:
+      StopIteration: the data ended before a batch of groups finished.
+    """
+    self._admit()
+    picked = self._pick(trains_at)
+    if picked is not None:
+      return picked
+    if self.stream.idle:
+      raise StopIteration(f"the training data ended with {len(self.live)} prompt(s) generating, fewer than a "
+                          f"batch of {self.policy.groups}")
+    for request in self.stream.step():
+      self._ended(self.live[request.group])
+    return None
 
   def _ended(self, group: Group) -> None:
     """One of `group`'s responses ended; a finished group that dynamic sampling does not keep leaves."""
@@ -422,29 +439,25 @@ class AsyncRollout:
 
   # ----- resuming ---------------------------------------------------------------------------
 
-  def _snapshot(self) -> dict[str, Any]:
-    """What `position` reads, as of the last pick (taken where the stream runs: another thread may read it)."""
+  def _position(self) -> dict[str, Any]:
+    """Where a resumed run starts after the last pick: `data_state`, the data position before the oldest batch
+    with an untrained prompt; `batch`, that batch's index; `consumed`, the prompts of it and later batches already
+    trained or evicted (responses still generating, conversations included, are generated again after a
+    resume)."""
     untrained = [g.batch for g in self.live.values()] + [b for b, _ in self.batches[:1]]
-    oldest = min(untrained + [b for pairs in self.picks.values() for b, _ in pairs], default=self.next_batch)
+    if not untrained:
+      return {"data_state": self.data_position(), "batch": int(self.next_batch), "consumed": []}
+    oldest = min(untrained)
     self.states = {b: s for b, s in self.states.items() if b >= oldest}
     self.consumed = {(b, r) for b, r in self.consumed if b >= oldest}
-    return {"data_state": self.data_position(), "next_batch": int(self.next_batch), "untrained": untrained,
-            "states": dict(self.states), "consumed": set(self.consumed), "picks": dict(self.picks)}
+    return {"data_state": self.states[oldest], "batch": int(oldest),
+            "consumed": sorted([int(b), int(r)] for b, r in self.consumed)}
 
   def position(self, trained: int | None = None) -> dict[str, Any]:
-    """Where a resumed run starts once `trained` steps have trained (default: every pick so far): `data_state`,
-    the data position before the oldest batch with an untrained prompt; `batch`, that batch's index; `consumed`,
-    the prompts of it and later batches already trained or evicted (responses still generating, conversations
-    included, are generated again after a resume, and so are groups picked for later steps)."""
-    snap = self.snapshot
-    pending = {p for step, pairs in snap["picks"].items() if trained is not None and step >= trained for p in pairs}
-    untrained = snap["untrained"] + [b for b, _ in pending]
-    if not untrained:
-      return {"data_state": snap["data_state"], "batch": snap["next_batch"], "consumed": []}
-    oldest = min(untrained)
-    consumed = {(b, r) for b, r in snap["consumed"] - pending if b >= oldest}
-    return {"data_state": snap["states"][oldest], "batch": int(oldest),
-            "consumed": sorted([int(b), int(r)] for b, r in consumed)}
+    """`_position` as it was when the groups of step `trained - 1` were picked (default: the last pick), so that
+    it does not depend on how far another thread has picked ahead since."""
+    positions = self.positions
+    return dict(positions[max(k for k in positions if trained is None or k < trained)])
 
 
 class Stopped(Exception):
@@ -469,6 +482,7 @@ class Picked:
     evicted: groups this host evicted at this update.
     filtered: groups this host's dynamic sampling dropped since the last update.
     scores: [G] each group's judged scores (`Group.scores`), or None where they were not judged.
+    epoch: the data's epoch when they were picked (set by `rljax.rl.separate`, whose thread reads the data).
   """
 
   columns: dict[str, Any]
@@ -478,6 +492,7 @@ class Picked:
   evicted: int
   filtered: int = 0
   scores: list[Any] | None = None
+  epoch: int | None = None
 
 
 def off_policy_metrics(picked: Picked) -> dict[str, float]:

@@ -147,6 +147,13 @@ def check_job(config: ConfigDict) -> None:
     raise config_lib.ConfigError("data.train_batch_size", wanted, f"does not split over the {processes} processes "
                                  "(dynamic sampling deals the kept groups to them equally)",
                                  f"make it a multiple of {processes}")
+  if (config.trainer.v1.trainer_mode == "separate_async" and config.algorithm.filter_groups.enable
+      and config.reward_model.enable):
+    raise config_lib.ConfigError(
+        "algorithm.filter_groups.enable", True, "with a reward model under trainer.v1.trainer_mode=separate_async: "
+        "the rollout thread judges each group as it ends, and the reward model's forward pass would run on the "
+        "trainer's devices beside its update", "set trainer.v1.trainer_mode=colocate_async, or score with a reward "
+        "function (custom_reward_function.path)")
   if (processes > 1 and config.algorithm.filter_groups.enable and config.reward_model.enable
       and streaming.policy_of(config, 1) is not None):
     raise config_lib.ConfigError(
@@ -243,7 +250,13 @@ class RLTrainer:
       return None
     return separate.RolloutDriver(self.streaming, streaming.schedule_of(self.config), self.step,
                                   self.run.layout.total_steps, self.run.engine.compute_params,
-                                  threaded=isinstance(self.train_iter, separate.StepTickets))
+                                  threaded=isinstance(self.train_iter, separate.StepTickets),
+                                  epoch=lambda: self.train_iter.epoch)
+
+  def _generate(self, *args, **kwargs) -> Any:
+    """`sampler.generate` (validation, remax's baselines) in its turn on the rollout's devices."""
+    with self.driver.turns.exclusive() if self.driver is not None else contextlib.nullcontext():
+      return self.sampler.generate(*args, **kwargs)
 
   def _publish(self, version: int, timing: dict[str, float], step_metrics: dict) -> None:
     """Sends the actor's weights, of policy `version`, to the rollout when its schedule decodes under them."""
@@ -333,7 +346,7 @@ class RLTrainer:
   def _greedy_baselines(self, batch: dict[str, Any], idx: np.ndarray, timing: dict[str, float]) -> np.ndarray:
     """remax: [N] the reward of each row's prompt's greedy response."""
     with timed(timing, "gen_max"):
-      greedy = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"], 1,
+      greedy = self._generate(self.actor_params, batch["input_ids"], batch["attention_mask"], 1,
                                      self._key(Stream.GREEDY), SamplingParams(greedy=True), rows=batch,
                                      first_request=self._first_request(len(batch["input_ids"]), 1))
     per_prompt = np.zeros(len(batch["input_ids"]), np.float32)
@@ -367,6 +380,8 @@ class RLTrainer:
     if hosts.process_total(ended):  # every host stops where one's data ends (none waits for the others)
       raise training_loop.DataExhausted()
     step_metrics.update(streaming.off_policy_metrics(picked))
+    if picked.epoch is not None:  # the rollout thread's, when it picked them
+      step_metrics["training/epoch"] = float(picked.epoch)
     if self.config.algorithm.filter_groups.enable:
       step_metrics.update({"train/kept_groups": float(self.config.data.train_batch_size),
                            "train/filtered_groups": hosts.process_total(float(picked.filtered))})
@@ -542,7 +557,7 @@ class RLTrainer:
     tokens = int(hosts.process_total(rows.attention_mask.sum()))
     step_metrics.update(training_metrics.throughput_metrics(timing, tokens, self.mesh.size))
     step_metrics["training/global_step"] = float(self.step + 1)
-    step_metrics["training/epoch"] = float(self.train_iter.epoch)  # batches read: dynamic sampling reads several
+    step_metrics.setdefault("training/epoch", float(self.train_iter.epoch))  # batches read: dynamic sampling reads several
     return step_metrics
 
   # ----- validation ------------------------------------------------------------------
@@ -553,7 +568,7 @@ class RLTrainer:
     scores, sources, samples, records = [], [], [], []
     for i, batch in enumerate(data_lib.make_val_batches(self.config, self.tokenizer, jax.process_index(),
                                                         jax.process_count())):
-      rollout = self.sampler.generate(self.actor_params, batch["input_ids"], batch["attention_mask"], val.n,
+      rollout = self._generate(self.actor_params, batch["input_ids"], batch["attention_mask"], val.n,
                                       self._key(Stream.VALIDATION, i), self.val_sampling, rows=batch,
                                       first_request=self._first_request(len(batch["input_ids"]), val.n))
       idx = rollout.prompt_index
@@ -590,9 +605,9 @@ class RLTrainer:
     target, _ = assembly.checkpoint_items(assembly.abstract_like(self.state), self.config.trainer.seed)
     self.state = assembly.restored(self.state, *checkpointing.restore_from_path(path, target))
     streaming.check_resumable(self.state.stream_position, self.streaming is not None, path)
+    self._close_rollout()  # what it generated is generated again from the checkpoint's position
     self.train_iter.set_state(self.state.data_position)
     if self.streaming is not None:
-      self._close_rollout()  # what it generated is generated again from the checkpoint's position
       self.streaming = self._async_rollout(self.state.stream_position, self.streaming.stream)
       self.driver = self._driver()
 
@@ -630,21 +645,23 @@ class RLTrainer:
 
 
 def _rollout_devices(config: ConfigDict, mesh: jax.sharding.Mesh) -> list[jax.Device]:
-  """separate_async's own devices (`sharding.split_devices`; none in the other modes).
+  """separate_async's own devices: the last `sharding.rollout_device_count` of those JAX sees outside the training
+  mesh (none in the other modes).
 
   Raises:
-    ConfigError: the training mesh holds some of them.
+    ConfigError: too few devices are left beside the mesh.
   """
-  if not sharding.rollout_device_count(config):
+  count = sharding.rollout_device_count(config)
+  if not count:
     return []
-  devices = sharding.split_devices(config)[1]
-  shared = set(devices) & set(mesh.devices.flat)
-  if shared:
+  free = [d for d in jax.devices() if d not in set(mesh.devices.flat)]
+  if len(free) < count:
     raise config_lib.ConfigError(
-        "actor_rollout_ref.rollout.nnodes", config.actor_rollout_ref.rollout.nnodes, f"separate_async's rollout "
-        f"devices {sorted(d.id for d in shared)} are also in the training mesh", "train on the other devices "
-        "(sharding.make_mesh(config) lays the mesh over them)")
-  return devices
+        "actor_rollout_ref.rollout.n_gpus_per_node", config.actor_rollout_ref.rollout.n_gpus_per_node,
+        f"separate_async's rollout needs actor_rollout_ref.rollout.nnodes x n_gpus_per_node = {count} devices beside "
+        f"the training mesh's {mesh.size}, and JAX sees {len(jax.devices())}",
+        "train on fewer devices (trainer.n_gpus_per_node) or give the rollout fewer")
+  return free[-count:]
 
 
 def _every(freq: int) -> Callable[[int], bool]:

@@ -436,14 +436,17 @@ class Engine:
   def weight_sync_steps(self, params: Any) -> list[tuple[Step, bool]]:
     """The jitted copies that bring the trainer's weights (`params`: arrays or ShapeDtypeStructs with their
     shardings) to the engine's dtype and layout once per rollout, in the order they run, each with whether its
-    output only feeds the next; none when the engine reads them in place. One for the whole tree; on a
-    host-local engine of a multi-process job, two per array (`rljax.sharding.hosts.HostLocalCopy`)."""
+    output only feeds the next; none when the engine reads them in place. One for the whole tree (on devices of
+    the engine's own, the cast that precedes the device-to-device copy, `SendCopy`); on a host-local engine of a
+    multi-process job, two per array (`rljax.sharding.hosts.HostLocalCopy`)."""
     params = abstract(params)
     copier = self._copier(params)
     if copier is None:
       return []
     if isinstance(copier, hosts.HostLocalCopy):
       return [(Step("rollout_weights", fn, args), feeds) for fn, args, feeds in copier.programs(params)]
+    if isinstance(copier, SendCopy):  # the cast where the weights lie; the copy to the rollout's devices is no program
+      return [(Step("rollout_weights", copier.cast, (params,)), False)]
     return [(Step("rollout_weights", copier, (params,)), False)]
 
   def prefix_shardings(self, rows: int, bucket: int) -> Prefix:

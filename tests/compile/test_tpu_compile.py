@@ -382,3 +382,36 @@ def test_an_append_of_8_of_256_slots_computes_and_reads_their_rows_only(model_di
   assert weights < few.hbm_traffic <= weights + 4 * cache * 2 / 64 + 2**20, (few.hbm_traffic, weights, cache)
   assert few.hbm_traffic < 0.3 * every.hbm_traffic
   assert hlo.collectives(compiled.as_text()).by_kind["all-gather"] < 0.05 * weights
+
+
+def test_separate_async_compiles_each_side_on_its_own_hosts_and_counts_what_it_sends(model_dir):
+  """separate_async on v5p-16 with a rollout of one host: the trainer's steps compile on one host's 4 chips and
+  the engine's on the other's, each rollout step beside its two weight versions (the one it decodes under and
+  the next, sent while it decodes) and its cache, none of the trainer's arrays; a weight sync sends the bf16
+  weights, each rollout chip receiving its quarter."""
+  target = topology.parse("v5p-16")
+  config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),
+                   [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES, "trainer.v1.trainer_mode=separate_async",
+                    "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=4",
+                    "trainer.n_gpus_per_node=auto"], device_count=target.chips)
+  half = topology.sub_slice(target, 4)
+  devices = topology.devices(half) + topology.devices(half)
+  trainer_devices, rollout_devices = sharding.split_devices(config, devices)
+  mesh = sharding.make_mesh(config, devices=devices)
+  assert set(mesh.devices.flat) == set(trainer_devices) and len(rollout_devices) == 4
+  steps = {p.step.name.split("[")[0]: p for p in plan.rl_steps(config, mesh, rollout_devices=rollout_devices)}
+  decode = steps["decode_step"]
+  assert set(jax.tree.leaves(decode.step.args[0])[0].sharding.device_set) == set(rollout_devices)
+  sent, per_device = plan.weights_sent(config, mesh, rollout_devices)
+  parameters = sum(x.size for x in jax.tree.leaves(steps["actor_update"].step.args[0]))
+  assert sent == 2 * parameters and per_device == pytest.approx(sent / 4, rel=0.01)  # bf16, split 4 ways
+  cache = report.shard_bytes([x for x in jax.tree.leaves(decode.step.args[1])
+                              if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)])
+  assert decode.resident == pytest.approx(per_device, rel=0.01)  # the next version's weights (its own are arguments)
+  assert steps["prefill"].resident == pytest.approx(per_device + cache, rel=0.01)
+  result, _ = plan.compile_step(decode, target.hbm_bytes)
+  assert result.fits and result.ratio <= 1.3
+  weights, _ = plan.compile_step(steps["rollout_weights"], target.hbm_bytes)  # the cast, on the trainer's chips
+  assert weights.fits and not weights.collectives.get("all-gather")
+  line = report.sent_line((sent, per_device), 4, 4, target.chip)
+  assert line.startswith("separate_async: every 4 update(s) the trainer sends") and "no compiler estimate" in line

@@ -127,6 +127,13 @@ def test_multi_turn_streams_under_colocate_async(setup, tmp_path):
                   "trainer.v1.sampler.max_off_policy_strategy=wait")
   drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/", "off_policy/"))}
   assert [drop(m) for m in sync] == [drop(m) for m in on_policy] and len(sync) == 2
+  # on a device of its own, on its thread (separate_async, weights after every update, nothing read ahead): the same
+  apart = run(setup, tmp_path / "apart", "trainer.n_gpus_per_node=1", "trainer.v1.trainer_mode=separate_async",
+              "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+              "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.v1.separate_async.parameter_sync_step=1",
+              "trainer.v1.separate_async.num_warmup_batches=0", "trainer.v1.sampler.max_off_policy_threshold=1",
+              "trainer.v1.sampler.max_off_policy_strategy=wait")
+  assert [drop(m) for m in sync] == [drop(m) for m in apart]
   ahead = run(setup, tmp_path / "ahead", *streamed, "trainer.v1.sampler.max_off_policy_threshold=2",
               "trainer.v1.colocate_async.num_warmup_batches=1", "algorithm.rollout_correction.rollout_is=token",
               "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_reward",
