@@ -505,6 +505,8 @@ def test_verl_v1_trainer_keys_choose_a_mode_and_refuse_what_does_not_stream(capl
       (["trainer.v1.sampler.max_off_policy_threshold=4"], "max_off_policy_threshold=4: is below the 5 policy "
                                                            "versions a group spans under separate_async's schedule"),
       (["trainer.v1.separate_async.parameter_sync_step=0"], "parameter_sync_step=0: must be a whole number"),
+      (["trainer.v1.sampler.max_off_policy_strategy=wait"], "max_off_policy_strategy='wait': wait, under "
+                                                             "separate_async with num_warmup_batches >= 1"),
       (["trainer.v1.separate_async.num_warmup_batches=-1"], "separate_async.num_warmup_batches=-1"),
       (["trainer.v1.separate_async.hybrid_rollout.enable_switch=true"], "enable_switch=True: switching rollout")):
     with pytest.raises(C.ConfigError, match=match):

@@ -269,6 +269,10 @@ def _check_trainer_mode(config: ConfigDict) -> None:
   check(is_int(separate.parameter_sync_step) and separate.parameter_sync_step >= 1,
         "trainer.v1.separate_async.parameter_sync_step", separate.parameter_sync_step,
         "must be a whole number of updates, at least 1", "set it to 1 (weights sent after every update) or more")
+  check(v1.sampler.max_off_policy_strategy == "drop" or ahead == 0, "trainer.v1.sampler.max_off_policy_strategy",
+        v1.sampler.max_off_policy_strategy, "wait, under separate_async with num_warmup_batches >= 1: the groups "
+        "admitted ahead all start under the same older weights and could be due at one update, more than a batch",
+        "set it to drop, or trainer.v1.separate_async.num_warmup_batches=0")
   spanned = ahead + separate.parameter_sync_step
   check(threshold >= spanned, "trainer.v1.sampler.max_off_policy_threshold", threshold,
         f"is below the {spanned} policy versions a group spans under separate_async's schedule (a batch decodes "

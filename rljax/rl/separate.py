@@ -174,7 +174,8 @@ class RolloutDriver:
     if self._started and not self._thread.is_alive():  # it stopped (the data ended, or an error it queued)
       return False
     self._primed = True
-    sent = _copied(self.send(params), params)
+    with self.turns.exclusive():  # the copy onto the rollout's devices, between its decode chunks
+      sent = _copied(self.send(params), params)
     self.sent_bytes = sum(x.nbytes for x in jax.tree.leaves(sent))
     self.box.publish(version, sent)
     if self._thread is not None and not self._started:

@@ -127,9 +127,9 @@ class Schedule:
 
   @property
   def weight_versions(self) -> int:
-    """Weight versions the rollout holds at most: the one it decodes under and those sent since, up to the
-    update that trains its batch."""
-    return (self.lag + self.sync_every - 1) // self.sync_every + 1
+    """Weight versions the rollout holds at most: the one it decodes under, those sent since up to the update
+    that trains its batch, and one arriving before it lets go of the oldest."""
+    return (self.lag + self.sync_every - 1) // self.sync_every + 2
 
   @property
   def every_update(self) -> bool:

@@ -386,9 +386,9 @@ def test_an_append_of_8_of_256_slots_computes_and_reads_their_rows_only(model_di
 
 def test_separate_async_compiles_each_side_on_its_own_hosts_and_counts_what_it_sends(model_dir):
   """separate_async on v5p-16 with a rollout of one host: the trainer's steps compile on one host's 4 chips and
-  the engine's on the other's, each rollout step beside its two weight versions (the one it decodes under and
-  the next, sent while it decodes) and its cache, none of the trainer's arrays; a weight sync sends the bf16
-  weights, each rollout chip receiving its quarter."""
+  the engine's on the other's, each rollout step beside the weight versions its schedule holds (the one it
+  decodes under, the next, sent while it decodes, and one arriving) and its cache, none of the trainer's arrays;
+  a weight sync sends the bf16 weights, each rollout chip receiving its quarter."""
   target = topology.parse("v5p-16")
   config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),
                    [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES, "trainer.v1.trainer_mode=separate_async",
@@ -407,8 +407,9 @@ def test_separate_async_compiles_each_side_on_its_own_hosts_and_counts_what_it_s
   assert sent == 2 * parameters and per_device == pytest.approx(sent / 4, rel=0.01)  # bf16, split 4 ways
   cache = report.shard_bytes([x for x in jax.tree.leaves(decode.step.args[1])
                               if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)])
-  assert decode.resident == pytest.approx(per_device, rel=0.01)  # the next version's weights (its own are arguments)
-  assert steps["prefill"].resident == pytest.approx(per_device + cache, rel=0.01)
+  # beside its own weights (arguments): the next version's and one arriving (verl's default schedule)
+  assert decode.resident == pytest.approx(2 * per_device, rel=0.01)
+  assert steps["prefill"].resident == pytest.approx(2 * per_device + cache, rel=0.01)
   result, _ = plan.compile_step(decode, target.hbm_bytes)
   assert result.fits and result.ratio <= 1.3
   weights, _ = plan.compile_step(steps["rollout_weights"], target.hbm_bytes)  # the cast, on the trainer's chips
