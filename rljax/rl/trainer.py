@@ -347,8 +347,8 @@ class RLTrainer:
     """remax: [N] the reward of each row's prompt's greedy response."""
     with timed(timing, "gen_max"):
       greedy = self._generate(self.actor_params, batch["input_ids"], batch["attention_mask"], 1,
-                                     self._key(Stream.GREEDY), SamplingParams(greedy=True), rows=batch,
-                                     first_request=self._first_request(len(batch["input_ids"]), 1))
+                              self._key(Stream.GREEDY), SamplingParams(greedy=True), rows=batch,
+                              first_request=self._first_request(len(batch["input_ids"]), 1))
     per_prompt = np.zeros(len(batch["input_ids"]), np.float32)
     per_prompt[greedy.prompt_index] = self._score(batch, greedy).reward_tensor.sum(-1)
     return per_prompt[idx]
@@ -365,7 +365,8 @@ class RLTrainer:
 
   def _streamed(self, batch: dict[str, Any], timing: dict[str, float], step_metrics: dict) -> Experience:
     """colocate_async: the step's batch joins the stream (`rljax.rl.streaming`), which decodes until a batch of
-    prompts can train at this step's policy version; their rows, scored."""
+    prompts can train at this step's policy version (separate_async: the rollout thread's pick for this step,
+    `rljax.rl.separate`); their rows, scored."""
     if batch is not None:  # separate_async's rollout reads the data itself
       self.streaming.feed(batch, self._batch_state)
     if self.driver is not None and not self.driver.primed:
@@ -569,8 +570,8 @@ class RLTrainer:
     for i, batch in enumerate(data_lib.make_val_batches(self.config, self.tokenizer, jax.process_index(),
                                                         jax.process_count())):
       rollout = self._generate(self.actor_params, batch["input_ids"], batch["attention_mask"], val.n,
-                                      self._key(Stream.VALIDATION, i), self.val_sampling, rows=batch,
-                                      first_request=self._first_request(len(batch["input_ids"]), val.n))
+                               self._key(Stream.VALIDATION, i), self.val_sampling, rows=batch,
+                               first_request=self._first_request(len(batch["input_ids"]), val.n))
       idx = rollout.prompt_index
       result = self._score(batch, rollout, use_model=False)
       row_scores = result.reward_tensor.sum(-1)

@@ -187,17 +187,14 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
 class SendCopy:
   """`tree -> cast(tree)` laid out by `shardings` on devices `tree` does not lie on (separate_async's rollout
   devices): the cast runs where the weights lie (so rollout.dtype's bytes travel, not the master weights'), then
-  `jax.device_put` copies each array device to device into its layout there. `sent_bytes` counts what the last
-  call moved."""
+  `jax.device_put` copies each array device to device into its layout there."""
 
   def __init__(self, shardings: Any, cast: Callable[[Any], Any]):
     self.shardings = shardings
     self.cast = jax.jit(cast)
-    self.sent_bytes = 0
 
   def __call__(self, tree: Any) -> Any:
     cast = self.cast(tree)
-    self.sent_bytes = sum(x.nbytes for x in jax.tree.leaves(cast))
     return jax.device_put(cast, jax.tree.unflatten(jax.tree.structure(cast), jax.tree.leaves(self.shardings)))
 
 
