@@ -104,7 +104,7 @@ def main(argv: Sequence[str]) -> int:
     several_hosts = _TOPOLOGY.value and len({d.process_index for d in mesh.devices.flat}) > 1
     planned = plan.rl_steps(config, mesh, topology_lib.devices(topology_lib.one_host(target)) if several_hosts else None,
                             appending=_APPENDING.value, rollout_devices=rollout_devices)
-    sent = plan.weights_sent(config, mesh, rollout_devices) if rollout_devices else None
+    sent = plan.weights_sent(planned) if rollout_devices else None
   except (config_lib.ConfigError, ValueError) as error:
     print(f"config error: {error}", file=sys.stderr)
     return 2

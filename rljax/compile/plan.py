@@ -101,12 +101,11 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   return planned
 
 
-def weights_sent(config: ConfigDict, mesh: Mesh, rollout_devices: Sequence[jax.Device]) -> tuple[int, int]:
-  """separate_async: (bytes the trainer sends at each weight sync, the most one rollout device receives), the
-  weights in the engine's compute dtype and layout."""
-  run, state = assembly.build_run(config, mesh, abstract=True, tokenizer=None, batches_per_epoch=1,
-                                  rollout_devices=rollout_devices)
-  sent = run.engine.compute_params(run.actor_params(state))
+def weights_sent(planned: list[PlannedStep]) -> tuple[int, int]:
+  """separate_async: (bytes the trainer sends at each weight sync, the most one rollout device receives): the
+  weights the decode step of `planned` (`rl_steps`') computes with, in the engine's dtype and layout."""
+  decode = next(p for p in planned if p.step.name.startswith("decode_step"))
+  sent = decode.step.args[0]
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(sent)), report.shard_bytes(sent)
 
 

@@ -228,20 +228,14 @@ class RolloutDriver:
 
 
 class StepTickets:
-  """The training loop's view of the data under separate_async: each step's batch is None (the rollout thread
-  reads the data and the step trains the groups it picked); everything else is the data iterator's."""
-
-  def __init__(self, data: Any):
-    self.data = data
+  """The training loop's batches under separate_async: None for each step (the rollout thread reads the data, and
+  the step trains the groups it picked)."""
 
   def __iter__(self) -> "StepTickets":
     return self
 
   def __next__(self) -> None:
     return None
-
-  def __getattr__(self, name: str) -> Any:
-    return getattr(self.data, name)
 
 
 __all__ = ["Closed", "DeviceTurns", "RolloutDriver", "StepTickets", "WeightBox"]

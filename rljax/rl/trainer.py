@@ -178,11 +178,11 @@ class RLTrainer:
     arr = config.actor_rollout_ref
     rollout_devices = _rollout_devices(config, self.mesh)
     self.tokenizer = models.load_tokenizer(config.data.tokenizer or arr.model.path)
-    self.train_iter = data_lib.make_train_iterator(config, self.tokenizer, jax.process_index(), jax.process_count())
-    if rollout_devices:  # the rollout thread reads the data
-      self.train_iter = separate.StepTickets(self.train_iter)
+    self.data = data_lib.make_train_iterator(config, self.tokenizer, jax.process_index(), jax.process_count())
+    self.separate = bool(rollout_devices)  # the rollout thread reads the data: the loop's batches are tickets
+    self.train_iter = separate.StepTickets() if self.separate else self.data
     self.run, self.state = assembly.build_run(config, self.mesh, abstract=False, tokenizer=self.tokenizer,
-                                              batches_per_epoch=self.train_iter.batches_per_epoch,
+                                              batches_per_epoch=self.data.batches_per_epoch,
                                               rollout_devices=rollout_devices)
     self.sampler = rollout_factory.build_sampler(
         self.run.engine, arr.rollout, rollout_factory.pad_id(self.tokenizer, self.run.engine.eos_ids), self.tokenizer)
@@ -215,7 +215,7 @@ class RLTrainer:
     """Counts a step trained, with the data position its batches reached (under colocate_async, where a resumed
     run finds its first untrained prompt)."""
     if self.streaming is None:
-      self.state = self.state.replace(step=value, data_position=self.train_iter.get_state())
+      self.state = self.state.replace(step=value, data_position=self.data.get_state())
       return
     position = self.streaming.position(value)
     self.state = self.state.replace(step=value, data_position=position.pop("data_state"), stream_position=position)
@@ -229,20 +229,20 @@ class RLTrainer:
     if policy is None:
       return None
     position = position or {}
-    self._batch_state = self.train_iter.get_state()
+    self._batch_state = self.data.get_state()
     filtering = self.config.algorithm.filter_groups
     most_judged = filtering.max_num_gen_batches * self.config.data.gen_batch_size // jax.process_count()
     return streaming.AsyncRollout(
         self.sampler, policy, self.run.layout.n, self._first_request(groups, self.run.layout.n),
         batch_key=lambda index: self._key_at(index, Stream.ROLLOUT), read_batch=self._read_batch,
-        data_position=self.train_iter.get_state, first_batch=position.get("batch", self.step),
+        data_position=self.data.get_state, first_batch=position.get("batch", self.step),
         consumed=position.get("consumed", ()), keep=self._keeps if filtering.enable else None,
         most_judged=max(most_judged, 0), stream=stream, holds_weights=self._schedule_lags())
 
   def _schedule_lags(self) -> bool:
     """Whether the rollout decodes under weights other than each update's own (separate_async, or a lagged
     schedule): a `separate.RolloutDriver` then runs it."""
-    return isinstance(self.train_iter, separate.StepTickets) or not streaming.schedule_of(self.config).every_update
+    return self.separate or not streaming.schedule_of(self.config).every_update
 
   def _driver(self) -> separate.RolloutDriver | None:
     """The driver of the stream on its schedule (threaded on separate_async's own devices), or None."""
@@ -250,8 +250,8 @@ class RLTrainer:
       return None
     return separate.RolloutDriver(self.streaming, streaming.schedule_of(self.config), self.step,
                                   self.run.layout.total_steps, self.run.engine.compute_params,
-                                  threaded=isinstance(self.train_iter, separate.StepTickets),
-                                  epoch=lambda: self.train_iter.epoch)
+                                  threaded=self.separate,
+                                  epoch=lambda: self.data.epoch)
 
   def _generate(self, *args, **kwargs) -> Any:
     """`sampler.generate` (validation, remax's baselines) in its turn on the rollout's devices."""
@@ -278,10 +278,9 @@ class RLTrainer:
 
   def _read_batch(self) -> tuple[dict[str, Any], Any] | None:
     """(the next training batch, the data position before it), or None when the data has ended."""
-    data = self.train_iter.data if isinstance(self.train_iter, separate.StepTickets) else self.train_iter
-    before = data.get_state()
+    before = self.data.get_state()
     try:
-      return next(data), before
+      return next(self.data), before
     except StopIteration:
       return None
 
@@ -387,7 +386,7 @@ class RLTrainer:
       step_metrics.update({"train/kept_groups": float(self.config.data.train_batch_size),
                            "train/filtered_groups": hosts.process_total(float(picked.filtered))})
     if batch is not None:
-      self._batch_state = self.train_iter.get_state()
+      self._batch_state = self.data.get_state()
     judged = None if picked.scores is None else managers.concat_results(picked.scores)
     return self._scored(picked.columns, picked.rollout, timing, scores=judged)
 
@@ -425,7 +424,7 @@ class RLTrainer:
         if 0 < groups.max_num_gen_batches <= len(generated):
           raise ValueError(dynamic_sampling.too_many_rounds(len(generated), groups.max_num_gen_batches))
         try:
-          batch = next(self.train_iter)
+          batch = next(self.data)
         except StopIteration:
           raise training_loop.DataExhausted() from None
       rows = self._rollout(batch, timing, len(generated))
@@ -558,7 +557,7 @@ class RLTrainer:
     tokens = int(hosts.process_total(rows.attention_mask.sum()))
     step_metrics.update(training_metrics.throughput_metrics(timing, tokens, self.mesh.size))
     step_metrics["training/global_step"] = float(self.step + 1)
-    step_metrics.setdefault("training/epoch", float(self.train_iter.epoch))  # batches read: dynamic sampling reads several
+    step_metrics.setdefault("training/epoch", float(self.data.epoch))  # batches read: dynamic sampling reads several
     return step_metrics
 
   # ----- validation ------------------------------------------------------------------
@@ -607,7 +606,7 @@ class RLTrainer:
     self.state = assembly.restored(self.state, *checkpointing.restore_from_path(path, target))
     streaming.check_resumable(self.state.stream_position, self.streaming is not None, path)
     self._close_rollout()  # what it generated is generated again from the checkpoint's position
-    self.train_iter.set_state(self.state.data_position)
+    self.data.set_state(self.state.data_position)
     if self.streaming is not None:
       self.streaming = self._async_rollout(self.state.stream_position, self.streaming.stream)
       self.driver = self._driver()
@@ -640,7 +639,7 @@ class RLTrainer:
   def close(self) -> None:
     self._close_rollout()
     self.sampler.close()
-    self.train_iter.close()
+    self.data.close()
     self.checkpointer.close()
     self.reward_manager.close()
 
