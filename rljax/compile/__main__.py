@@ -27,8 +27,9 @@ hold.
 Under trainer.v1.trainer_mode=separate_async the trainer's steps compile on
 a slice of the trainer's chips and the engine's on a slice of the rollout's
 (`v6e-8` with actor_rollout_ref.rollout.nnodes=1 n_gpus_per_node=4: a v6e-4
-each; `v5p-16`: a v5p-8 each, a split of two hosts, which the trainer does
-not run yet: separate_async runs in one process), the rollout's steps beside
+each, one process; `v5p-16`: a v5p-8 each, a host each, which run as two
+processes, `rljax.rl.remote`, where validation and remax's baselines decode
+on the trainer's chips: `validation_decode_step`), the rollout's steps beside
 the weight versions its schedule holds and its cache;
 `rollout_weights` is the cast before the weights are sent, and a last line
 gives the bytes sent per weight sync, what one rollout chip receives and
@@ -82,6 +83,7 @@ def main(argv: Sequence[str]) -> int:
 
   from rljax import config as config_lib, sharding
   from rljax.compile import plan, report, topology as topology_lib
+  from rljax.rl import remote as remote_lib
   from rljax.train import resolve
 
   try:
@@ -96,6 +98,7 @@ def main(argv: Sequence[str]) -> int:
       chip = topology_lib.chip_of(devices[0].device_kind)
     config = resolve(config_lib.load_config_file(launch.CONFIG.value), launch.overrides(), device_count=len(devices))
     rollout_devices = sharding.split_devices(config, devices)[1]
+    remote = remote_lib.roles(config, devices) is not None  # each side on hosts of its own: a process each
     if rollout_devices and _TOPOLOGY.value:  # each side on a slice of its own chips (libtpu compiles whole slices)
       devices = [*topology_lib.devices(topology_lib.sub_slice(target, len(devices) - len(rollout_devices))),
                  *topology_lib.devices(topology_lib.sub_slice(target, len(rollout_devices)))]
@@ -103,7 +106,7 @@ def main(argv: Sequence[str]) -> int:
     mesh = sharding.make_mesh(config, devices=devices)
     several_hosts = _TOPOLOGY.value and len({d.process_index for d in mesh.devices.flat}) > 1
     planned = plan.rl_steps(config, mesh, topology_lib.devices(topology_lib.one_host(target)) if several_hosts else None,
-                            appending=_APPENDING.value, rollout_devices=rollout_devices)
+                            appending=_APPENDING.value, rollout_devices=rollout_devices, remote=remote)
     sent = plan.weights_sent(planned) if rollout_devices else None
   except (config_lib.ConfigError, ValueError) as error:
     print(f"config error: {error}", file=sys.stderr)

@@ -43,7 +43,8 @@ class PlannedStep:
 
 
 def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] | None = None,
-             appending: int | None = None, rollout_devices: Sequence[jax.Device] = ()) -> list[PlannedStep]:
+             appending: int | None = None, rollout_devices: Sequence[jax.Device] = (),
+             remote: bool = False) -> list[PlannedStep]:
   """The steps of an RL run of `config` on `mesh`: updates, forward passes, the rollout's weight copy, prefill,
   insert and decode, each with the trainer's arrays it runs beside (under colocate_async the engine's decode
   state too, which lives across updates, and for the engine's own steps a second one where validation or remax's
@@ -51,10 +52,13 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   host of the mesh has) to compile the host-local rollout on. `appending`: the multi-turn append over that many
   appending slots (`Engine.lowering_steps`). `rollout_devices`: separate_async's own, where the engine's steps
   run beside the weight versions its schedule holds (`Schedule.weight_versions`) and its cache, not the trainer's
-  arrays, and `rollout_weights` is the cast before the weights are sent (`weights_sent`)."""
+  arrays, and `rollout_weights` is the cast before the weights are sent (`weights_sent`). `remote`: those devices
+  are another process's (`rljax.rl.remote`): validation and remax's baselines decode on the trainer's devices
+  instead (`validation_decode_step`, beside the trainer's arrays)."""
   run, state = assembly.build_run(config, mesh, abstract=True, tokenizer=None, batches_per_epoch=1,
-                                  rollout_devices=rollout_devices)
-  layout, steps, engine = run.layout, run.steps, run.engine
+                                  rollout_devices=rollout_devices, remote_rollout=remote)
+  layout, steps = run.layout, run.steps
+  engine = run.rollout_engine if remote else run.engine
   actor_params = run.actor_params(state)
   compute = run.model_config.dtype
   planned = [PlannedStep(steps.actor_update, ("FSDP min", report.fsdp_minimum(
@@ -83,15 +87,21 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
     rollout.append(PlannedStep(step, bound))
   planned += rollout
   trainer, second = _trainer_arrays(config, run, state), []
+  beside_stream = streaming.decodes_beside_the_stream(config)
+  if remote and beside_stream:
+    planned += [PlannedStep(dataclasses.replace(step, name=f"validation_{step.name}"), ("param+cache", report.decode_minimum(
+        run.engine.compute_params(actor_params), run.engine.abstract_decode_state())))
+                for step in run.engine.lowering_steps(actor_params, sampler_steps, samples_per_prompt=layout.n)
+                if step.name.startswith("decode_step")]
   if streaming.policy_of(config, 1) is not None:  # colocate_async: the KV cache stays allocated across updates
     cache = [x for x in jax.tree.leaves(engine.abstract_decode_state())
              if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)]  # its key: a few bytes
     trainer += cache
-    second = cache if streaming.decodes_beside_the_stream(config) else []
+    second = cache if beside_stream and not remote else []
   if rollout_devices:
-    # the rollout's devices hold no trainer array: the weight versions its schedule keeps (and the copy a
-    # validation or remax decode makes beside the stream), its cache (and that decode's)
-    copies = streaming.schedule_of(config).weight_versions + int(streaming.decodes_beside_the_stream(config))
+    # the rollout's devices hold no trainer array: the weight versions its schedule keeps (and, in one process,
+    # the copy a validation or remax decode makes beside the stream), its cache (and that decode's)
+    copies = streaming.schedule_of(config).weight_versions + int(beside_stream and not remote)
     on_rollout = copies * jax.tree.leaves(rollout_params) + cache + second
     trainer = _trainer_arrays(config, run, state)
   for item in planned:

@@ -109,6 +109,9 @@ class RLRun:
     engine: the rollout engine over the actor's graph.
     on_policy: the update uses its own log-probs as the old ones (`steps.on_policy`).
     actor_lr: the actor's learning rate by optimizer step.
+    rollout_engine: the engine of a rollout process of its own (separate_async on several processes, built on the
+      trainer's process to address the weights it sends; `engine` then decodes on the trainer's mesh, for
+      validation and remax's baselines), else None.
   """
 
   layout: Layout
@@ -121,6 +124,7 @@ class RLRun:
   engine: Engine
   on_policy: bool
   actor_lr: Callable[[int], Any]
+  rollout_engine: Engine | None = None
 
   def actor_params(self, state: RunState) -> nnx.State:
     """The actor's whole state: what trains and, under LoRA, the frozen base (one view, no copy)."""
@@ -189,7 +193,7 @@ def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Me
 
 
 def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any, batches_per_epoch: int,
-              rollout_devices: Sequence[jax.Device] = ()) -> tuple[RLRun, RunState]:
+              rollout_devices: Sequence[jax.Device] = (), remote_rollout: bool = False) -> tuple[RLRun, RunState]:
   """The run of `config` on `mesh` and its initial state.
 
   Args:
@@ -200,6 +204,8 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
     batches_per_epoch: sets the run's length when trainer.total_training_steps is unset.
     Neither changes a shape: `rljax.compile`, which reads no data, passes None and 1.
     rollout_devices: the rollout's own devices (separate_async; default: the mesh's).
+    remote_rollout: `rollout_devices` are another process's (`rljax.rl.remote`): the engine decodes on the mesh,
+      and `rollout_engine` is the one on those devices.
 
   Raises:
     ConfigError: naming the key, when the model does not fit the mesh or router replay meets a dense model.
@@ -226,9 +232,12 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
       critic=critic, routing=model.cfg.routing_shape)
   run = RLRun(layout=layout, model_config=model.cfg, graphdef=graphdef, frozen=frozen, reference=reference,
               reward_model=_reward_model(config, mesh, rules, layout, abstract) if config.reward_model.enable else None,
-              steps=steps, engine=_engine(config, model, layout, mesh, rules, tokenizer, rollout_devices),
+              steps=steps, engine=_engine(config, model, layout, mesh, rules, tokenizer,
+                                          () if remote_rollout else rollout_devices),
               on_policy=steps_lib.on_policy(config, layout, lora_dropout),
-              actor_lr=make_schedule(arr.actor.optim, layout.total_steps, updates_per_step))
+              actor_lr=make_schedule(arr.actor.optim, layout.total_steps, updates_per_step),
+              rollout_engine=(_engine(config, model, layout, mesh, rules, tokenizer, rollout_devices)
+                              if remote_rollout else None))
   state = RunState(actor=trainable, actor_opt=actor_opt, critic=None if critic is None else critic.params,
                    critic_opt=critic_opt,
                    kl_ctrl=kl_lib.get_kl_controller(config.algorithm.kl_ctrl))

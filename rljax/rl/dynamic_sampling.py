@@ -108,7 +108,7 @@ def join_rounds(rounds: Sequence[Experience], keeps: Sequence[np.ndarray], group
     did not return is left out; the hosts agree on each round's, `rl.trainer.reward_components`).
   """
   rows = concatenate(list(rounds))
-  keeps = hosts.process_concat(np.concatenate(keeps)).reshape(jax.process_count(), len(rounds), -1)
+  keeps = hosts.process_concat(np.concatenate(keeps)).reshape(hosts.count(), len(rounds), -1)
   joined, _ = hosts.global_rows(_rows_at, rows, kept_order(keeps)[:groups_wanted * group_size])
   return joined.replace(group=np.repeat(np.arange(len(joined.group) // group_size, dtype=np.int32), group_size))
 

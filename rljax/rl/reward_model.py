@@ -117,7 +117,7 @@ class ModelReward:
     """
     spec = self.step.args[1]
     inputs = dict(zip(SCORED_FIELDS, self._inputs(rows, raw_prompts)))
-    piece = spec["input_ids"].shape[0] * spec["input_ids"].shape[1] // jax.process_count()
+    piece = spec["input_ids"].shape[0] * spec["input_ids"].shape[1] // hosts.count()
     total = len(inputs["input_ids"])
     scores = np.concatenate([self._score(_padded_piece(inputs, start, piece), spec)[:total - start]
                              for start in range(0, total, piece)])

@@ -119,11 +119,18 @@ class WeightBox:
       self._cond.notify_all()
 
 
-def _copied(sent: Any, params: Any) -> Any:
+def copied(sent: Any, params: Any) -> Any:
   """`sent` with a copy of each array that is one of `params`' own (an engine that reads the trainer's arrays in
   place: the next update donates them)."""
   own = {id(x) for x in jax.tree.leaves(params)}
   return jax.tree.map(lambda x: jnp.copy(x) if id(x) in own else x, sent)
+
+
+def sends(schedule: streaming.Schedule, first_step: int, last_step: int, version: int) -> bool:
+  """Whether the weights of policy `version` go to a rollout that picks steps first_step..last_step - 1 on
+  `schedule`: those of the first step, and each later version some step decodes under."""
+  due = version == first_step or (version > first_step and schedule.publishes(version))
+  return due and max(schedule.weights_for(last_step - 1), first_step) >= version
 
 
 class RolloutDriver:
@@ -168,14 +175,13 @@ class RolloutDriver:
 
   def publish(self, version: int, params: Any) -> bool:
     """Sends the trainer's weights of `version` to the rollout if some step decodes under them; whether it did."""
-    due = version == self.first_step or (version > self.first_step and self.schedule.publishes(version))
-    if not due or self.weights_for(self.last_step - 1) < version:  # no step left decodes under them
+    if not sends(self.schedule, self.first_step, self.last_step, version):
       return False
     if self._started and not self._thread.is_alive():  # it stopped (the data ended, or an error it queued)
       return False
     self._primed = True
     with self.turns.exclusive():  # the copy onto the rollout's devices, between its decode chunks
-      sent = _copied(self.send(params), params)
+      sent = copied(self.send(params), params)
     self.sent_bytes = sum(x.nbytes for x in jax.tree.leaves(sent))
     self.box.publish(version, sent)
     if self._thread is not None and not self._started:
@@ -183,7 +189,7 @@ class RolloutDriver:
       self._thread.start()
     return True
 
-  def _pick(self) -> streaming.Picked:
+  def pick(self) -> streaming.Picked:
     """The next step's groups, decoded under the weights the schedule gives it."""
     step = self.next_step
     version = self.weights_for(step)
@@ -198,7 +204,7 @@ class RolloutDriver:
     too, and ends it."""
     try:
       while self.next_step < self.last_step:
-        self._queue.put(self._pick())
+        self._queue.put(self.pick())
       self._queue.put(StopIteration(f"the rollout picked the run's last step ({self.last_step})"))
     except (Closed, streaming.Stopped):
       pass
@@ -212,7 +218,7 @@ class RolloutDriver:
       StopIteration: the data ended before a batch of groups finished; any error the rollout met.
     """
     if self._thread is None:
-      return self._pick()
+      return self.pick()
     item = self._queue.get()
     if isinstance(item, BaseException):
       raise item
@@ -238,4 +244,4 @@ class StepTickets:
     return None
 
 
-__all__ = ["Closed", "DeviceTurns", "RolloutDriver", "StepTickets", "WeightBox"]
+__all__ = ["Closed", "DeviceTurns", "RolloutDriver", "StepTickets", "WeightBox", "copied", "sends"]

@@ -14,7 +14,8 @@ Under trainer.v1.trainer_mode=colocate_async the rollout streams across
 steps instead (`rljax.rl.streaming`): a step trains the first batch of
 prompts whose responses are all done, some begun under older weights.
 Under separate_async the same stream runs on devices of its own, on a
-thread of its own, while the trainer updates (`rljax.rl.separate`).
+thread of its own, while the trainer updates (`rljax.rl.separate`); on
+several processes, on a process of its own (`rljax.rl.remote`).
 
 On-policy shortcut: with one PPO epoch over a single mini-batch and nothing
 that needs them before the update (KL in reward, rollout correction, bypass
@@ -50,6 +51,7 @@ import logging
 import os
 import threading
 import time
+import traceback
 from typing import Any, Callable, Iterator
 
 import jax
@@ -62,7 +64,7 @@ from rljax import models, rewards, sharding
 from rljax.algos import advantages as adv_lib
 from rljax.rewards import managers
 from rljax.rl import advantage_stage, assembly, dynamic_sampling, experience as experience_lib, metrics as metrics_lib, profiling
-from rljax.rl import separate, streaming
+from rljax.rl import remote, separate, streaming
 from rljax.rl import steps as steps_lib
 from rljax.rl.experience import Experience
 from rljax.rl.layout import balance_order
@@ -104,7 +106,7 @@ def reward_components(extra_info: dict[str, Any], rows: int) -> dict[str, np.nda
   """`numeric_components`; on several hosts, every name any host has (NaN on the rows of a host without it, as
   one process fills a row without it)."""
   out = numeric_components(extra_info, rows)
-  names = hosts.process_union(out) if jax.process_count() > 1 else sorted(out)
+  names = hosts.process_union(out) if hosts.count() > 1 else sorted(out)
   return {k: out[k] if k in out else np.full(rows, np.nan, np.float32) for k in names}
 
 
@@ -117,7 +119,7 @@ def dump_generations(directory: str, step: int, records: list[dict[str, Any]], a
   """
   directory = os.path.expanduser(directory)
   os.makedirs(directory, exist_ok=True)
-  suffix = f".process{jax.process_index()}" if jax.process_count() > 1 else ""
+  suffix = f".process{hosts.index()}" if hosts.count() > 1 else ""
   path = os.path.join(directory, f"{step}{suffix}.jsonl")
   with open(path, "a" if append else "w", encoding="utf-8") as f:
     for record in records:
@@ -134,15 +136,12 @@ def timed(timing: dict[str, float], name: str):
 
 
 def check_job(config: ConfigDict) -> None:
-  """What the trainer cannot run as configured, beyond `config.validate`'s checks: kept groups that do not
-  deal evenly to the processes, a data source no scorer knows (before any model loads). Writes the synthetic
+  """What the trainer cannot run as configured, beyond `config.validate`'s checks: processes separate_async
+  cannot split into a trainer and a rollout (`remote.roles`), kept groups that do not deal evenly to the
+  processes, a data source no scorer knows (before any model loads). Writes the synthetic
   task first where a data file is its absent default path, so a fresh machine's default job finds its data."""
-  processes, wanted = jax.process_count(), config.data.train_batch_size
-  if processes > 1 and config.trainer.v1.trainer_mode == "separate_async":
-    raise config_lib.ConfigError(
-        "trainer.v1.trainer_mode", "separate_async", f"runs in one process (this job has {processes}): the rollout's "
-        "own devices are that process's", "set trainer.v1.trainer_mode=colocate_async (each host streams its own "
-        "prompts on its devices)")
+  remote.roles(config)
+  processes, wanted = hosts.count(), config.data.train_batch_size
   if config.algorithm.filter_groups.enable and wanted % processes:
     raise config_lib.ConfigError("data.train_batch_size", wanted, f"does not split over the {processes} processes "
                                  "(dynamic sampling deals the kept groups to them equally)",
@@ -174,23 +173,29 @@ class RLTrainer:
     self.config = config
     self.mesh = mesh if mesh is not None else sharding.make_mesh(config)
     config_lib.validate(config, self.mesh.size)
+    self.roles = remote.roles(config)  # separate_async on several processes: (the trainer's, the rollout's)
+    self.rollout_process = self.roles is not None and jax.process_index() in self.roles[1]
+    if self.roles is not None:
+      hosts.set_group(self.roles[1] if self.rollout_process else self.roles[0])
     check_job(config)
     arr = config.actor_rollout_ref
     rollout_devices = _rollout_devices(config, self.mesh)
     self.tokenizer = models.load_tokenizer(config.data.tokenizer or arr.model.path)
-    self.data = data_lib.make_train_iterator(config, self.tokenizer, jax.process_index(), jax.process_count())
+    self.data = data_lib.make_train_iterator(config, self.tokenizer, hosts.index(), hosts.count())
     self.separate = bool(rollout_devices)  # the rollout thread reads the data: the loop's batches are tickets
     self.train_iter = separate.StepTickets() if self.separate else self.data
-    self.run, self.state = assembly.build_run(config, self.mesh, abstract=False, tokenizer=self.tokenizer,
-                                              batches_per_epoch=self.data.batches_per_epoch,
-                                              rollout_devices=rollout_devices)
+    # a rollout process holds no trainer array: the trainer's parts are abstract there
+    self.run, self.state = assembly.build_run(config, self.mesh, abstract=self.rollout_process,
+                                              tokenizer=self.tokenizer, batches_per_epoch=self.data.batches_per_epoch,
+                                              rollout_devices=rollout_devices,
+                                              remote_rollout=self.roles is not None and not self.rollout_process)
     self.sampler = rollout_factory.build_sampler(
         self.run.engine, arr.rollout, rollout_factory.pad_id(self.tokenizer, self.run.engine.eos_ids), self.tokenizer)
     self.val_sampling = SamplingParams.from_rollout_config(arr.rollout.val_kwargs)
     self.reward_manager = managers.make_reward_manager(config, self.tokenizer)
     self.model_reward = (ModelReward(config, self.tokenizer, self.run.reward_model.params, self.run.reward_model.step)
                          if self.run.reward_model is not None else None)
-    self.checkpointer = checkpointing.Checkpointer.from_config(config)
+    self.checkpointer = None if self.rollout_process else checkpointing.Checkpointer.from_config(config)
     self.run_dir = tracking.local_run_dir(config.trainer.default_local_dir, config.trainer.project_name,
                                           config.trainer.experiment_name)
     self.tracker = tracking.Tracker(config, self.run_dir, self.run.layout.total_steps, console_keys=CONSOLE_KEYS)
@@ -198,7 +203,7 @@ class RLTrainer:
     self.saved_step = -1
     self._row_gathers: dict[str, Any] = {}
     self._scoring = threading.Lock()  # separate_async's rollout thread judges groups (dynamic sampling) meanwhile
-    self.streaming = self._async_rollout()
+    self.streaming = None if self.rollout_process else self._async_rollout()  # `serve` starts it there
     self.driver = self._driver()
     if self.streaming is not None:  # the stream holds the engine's cache; validation and remax free theirs
       self.sampler.free_cache = True
@@ -220,18 +225,23 @@ class RLTrainer:
     position = self.streaming.position(value)
     self.state = self.state.replace(step=value, data_position=position.pop("data_state"), stream_position=position)
 
-  def _async_rollout(self, position: dict[str, Any] | None = None,
-                     stream: stream_lib.DecodeStream | None = None) -> streaming.AsyncRollout | None:
+  def _async_rollout(self, position: dict[str, Any] | None = None, stream: stream_lib.DecodeStream | None = None
+                     ) -> streaming.AsyncRollout | remote.RemoteRollout | None:
     """colocate_async's generation (None in sync mode), from `position` (a checkpoint's) or the data's start, on
-    `stream` (an idle one, whose KV cache it reuses) or a new one."""
-    groups = self.config.data.train_batch_size // jax.process_count()
+    `stream` (an idle one, whose KV cache it reuses) or a new one; on the trainer's process of a separate_async
+    job on several processes, the rollout process's (`remote.RemoteRollout`)."""
+    groups = self.config.data.train_batch_size // hosts.count()
     policy = streaming.policy_of(self.config, groups)
     if policy is None:
       return None
+    if self.roles is not None and not self.rollout_process:
+      send = remote.CrossHostSend(self.run.rollout_engine, self.actor_params, list(self.mesh.devices.flat))
+      return remote.RemoteRollout(send, streaming.schedule_of(self.config), self.step, self.run.layout.total_steps,
+                                  position, self.state.data_position)
     position = position or {}
     self._batch_state = self.data.get_state()
     filtering = self.config.algorithm.filter_groups
-    most_judged = filtering.max_num_gen_batches * self.config.data.gen_batch_size // jax.process_count()
+    most_judged = filtering.max_num_gen_batches * self.config.data.gen_batch_size // hosts.count()
     return streaming.AsyncRollout(
         self.sampler, policy, self.run.layout.n, self._first_request(groups, self.run.layout.n),
         batch_key=lambda index: self._key_at(index, Stream.ROLLOUT), read_batch=self._read_batch,
@@ -248,9 +258,11 @@ class RLTrainer:
     """The driver of the stream on its schedule (threaded on separate_async's own devices), or None."""
     if self.streaming is None or not self._schedule_lags():
       return None
+    if isinstance(self.streaming, remote.RemoteRollout):
+      return self.streaming
     return separate.RolloutDriver(self.streaming, streaming.schedule_of(self.config), self.step,
                                   self.run.layout.total_steps, self.run.engine.compute_params,
-                                  threaded=self.separate,
+                                  threaded=self.separate and not self.rollout_process,
                                   epoch=lambda: self.data.epoch)
 
   def _generate(self, *args, **kwargs) -> Any:
@@ -297,7 +309,7 @@ class RLTrainer:
   @staticmethod
   def _first_request(prompts: int, n: int) -> int:
     """The id of this host's first response when each host generates n responses to `prompts` prompts."""
-    return jax.process_index() * prompts * n
+    return hosts.index() * prompts * n
 
   # ----- one step -------------------------------------------------------------------
 
@@ -432,7 +444,7 @@ class RLTrainer:
       generated.append(rows)
       keeps.append(keep)
       kept_now = int(hosts.process_total(keep.sum())) // n
-      kept, dropped = kept + kept_now, dropped + len(keep) * jax.process_count() // n - kept_now
+      kept, dropped = kept + kept_now, dropped + len(keep) * hosts.count() // n - kept_now
     step_metrics.update({"train/num_gen_batches": float(len(generated)), "train/kept_groups": float(kept),
                          "train/filtered_groups": float(dropped)})
     return dynamic_sampling.join_rounds(generated, keeps, wanted, n)
@@ -463,7 +475,7 @@ class RLTrainer:
     (`advantage_stage`: each host's own rows, or every host's where a statistic is over the whole batch)."""
     inputs = rows.select(advantage_stage.inputs(self.config))
     if advantage_stage.reads_every_row(self.config):
-      inputs = inputs.replace(group=inputs.group + jax.process_index() * (len(inputs.group) // self.run.layout.n))
+      inputs = inputs.replace(group=inputs.group + hosts.index() * (len(inputs.group) // self.run.layout.n))
       out, (kl_ctrl, metrics) = hosts.gathered_rows(self._stage, inputs, self.state.kl_ctrl)
     else:
       out, (kl_ctrl, metrics) = self._stage(inputs, self.state.kl_ctrl)
@@ -566,8 +578,8 @@ class RLTrainer:
     """Greedy (val_kwargs) responses to data.val_files, scored per data source."""
     val = self.config.actor_rollout_ref.rollout.val_kwargs
     scores, sources, samples, records = [], [], [], []
-    for i, batch in enumerate(data_lib.make_val_batches(self.config, self.tokenizer, jax.process_index(),
-                                                        jax.process_count())):
+    for i, batch in enumerate(data_lib.make_val_batches(self.config, self.tokenizer, hosts.index(),
+                                                        hosts.count())):
       rollout = self._generate(self.actor_params, batch["input_ids"], batch["attention_mask"], val.n,
                                self._key(Stream.VALIDATION, i), self.val_sampling, rows=batch,
                                first_request=self._first_request(len(batch["input_ids"]), val.n))
@@ -613,6 +625,18 @@ class RLTrainer:
 
   # ----- the run -------------------------------------------------------------------------
 
+  def serve_rollout(self) -> None:
+    """A rollout process's run (`remote.serve`): the stream from where the trainer's process starts it, its
+    picks sent there, until the trainer ends it."""
+    start = remote.take("start")
+    if start["data_position"] is not None:
+      self.data.set_state(start["data_position"])
+    self.state = self.state.replace(step=start["first_step"])
+    self.streaming = self._async_rollout(start["stream_position"])
+    self.driver = self._driver()
+    receive = remote.CrossHostReceive(self.run.engine, self.actor_params, list(self.mesh.devices.flat))
+    remote.serve(start, self.driver, self.streaming.position, receive)
+
   def fit(self) -> dict[str, float]:
     """Trains until trainer.total_training_steps / total_epochs; returns the last metrics."""
     trainer = self.config.trainer
@@ -640,7 +664,8 @@ class RLTrainer:
     self._close_rollout()
     self.sampler.close()
     self.data.close()
-    self.checkpointer.close()
+    if self.checkpointer is not None:
+      self.checkpointer.close()
     self.reward_manager.close()
 
 
@@ -671,11 +696,21 @@ def _every(freq: int) -> Callable[[int], bool]:
 
 def run(config: ConfigDict) -> dict[str, float]:
   """Trains with a finalized, validated config; prints where the outputs are."""
-  trainer = RLTrainer(config)
   try:
-    metrics = trainer.fit()
-  finally:
-    trainer.close()
+    trainer = RLTrainer(config)
+    try:
+      if trainer.rollout_process:
+        trainer.serve_rollout()
+        return {}
+      metrics = trainer.fit()
+    finally:
+      trainer.close()
+  except remote.PeerFailed:
+    raise
+  except Exception:
+    if remote.roles(config) is not None:  # the other process stops instead of waiting for this one
+      remote.abort(traceback.format_exc())
+    raise
   if is_main_process():
     print(f"rljax: logs and curves in {trainer.run_dir}, checkpoints in {config.trainer.default_local_dir}")
   return metrics

@@ -277,10 +277,10 @@ class Engine:
     self.cache_length = cache_length(self.buckets[-1] + self.max_decode_length + headroom, cfg.attention_kernel)
     self.decode_compiler_options = dict(decode_compiler_options or {})
     self.quantization = None if quantization is None else jnp.dtype(quantization)
-    self._cast_impl = (functools.partial(_cast_floats, dtype=jnp.dtype(cfg.dtype)) if quantization is None else
+    self.cast_impl = (functools.partial(_cast_floats, dtype=jnp.dtype(cfg.dtype)) if quantization is None else
                        functools.partial(weight_quant.quantize_params, dtype=self.quantization,
                                          compute_dtype=jnp.dtype(cfg.dtype)))
-    self._cast = jax.jit(self._cast_impl)
+    self._cast = jax.jit(self.cast_impl)
     self._jit_on_mesh()
 
   def _jit_on_mesh(self) -> None:
@@ -386,13 +386,13 @@ class Engine:
     if copier is None:
       return params
     if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
-      return abstract(jax.eval_shape(self._cast_impl, params), self._compute_shardings(params))
+      return abstract(jax.eval_shape(self.cast_impl, params), self._compute_shardings(params))
     return copier(params)
 
   def _compute_shardings(self, params: Any) -> Any:
     """The NamedShardings of `params` as the engine computes with them (its mesh and rules; a quantized
     weight's values and scales laid out by its axis names)."""
-    return rules_lib.param_shardings(jax.eval_shape(self._cast_impl, params), self._mesh, self.rules)
+    return rules_lib.param_shardings(jax.eval_shape(self.cast_impl, params), self._mesh, self.rules)
 
   def _copier(self, params: Any) -> Callable[[Any], Any] | None:
     """The jitted cast (and quantization) `params` need, or None when the engine computes with them as they are:
@@ -422,12 +422,12 @@ class Engine:
       target = self._compute_shardings(params)
       source = sorted(jax.tree.leaves(params)[0].sharding.device_set, key=lambda d: d.id)
       if not set(source) & set(self._mesh.devices.flat):  # separate_async: the rollout's devices are its own
-        self._reshards[key] = SendCopy(target, self._cast_impl)
+        self._reshards[key] = SendCopy(target, self.cast_impl)
       elif len(hosts.processes(source)) > 1 and len(hosts.processes(self._mesh.devices.flat)) == 1:
         # a multi-process job's weights reach this host's engine mesh across the hosts, one array at a time
-        self._reshards[key] = hosts.HostLocalCopy(target, self._cast_impl, source)
+        self._reshards[key] = hosts.HostLocalCopy(target, self.cast_impl, source)
       else:
-        self._reshards[key] = jax.jit(self._cast_impl, out_shardings=target)
+        self._reshards[key] = jax.jit(self.cast_impl, out_shardings=target)
     return self._reshards[key]
 
   def weight_sync_steps(self, params: Any) -> list[tuple[Step, bool]]:

@@ -9,12 +9,19 @@ coordinator comes from the environment:
 * `JAX_NUM_PROCESSES`, defaulting to `trainer.nnodes` when that is a number,
 * `JAX_PROCESS_ID`.
 
-CPU processes exchange collectives over gloo.
+CPU processes exchange collectives over gloo. Under separate_async the
+trainer's process sends weights to the rollout's process device to device
+(`jax.device_put` between their devices); where the backend has no transfer
+of its own, over sockets: each process serves them at
+`RLJAX_TRANSFER_ADDRESS` (host:port), by default its host at the
+coordinator's port + 1 + its process id (on a TPU pod, where JAX finds the
+coordinator itself, only where that variable is set).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 
 import jax
 from ml_collections import ConfigDict
@@ -29,6 +36,7 @@ HEARTBEAT_TIMEOUT_S = 60
 _ENV_ADDRESS = "JAX_COORDINATOR_ADDRESS"
 _ENV_COUNT = "JAX_NUM_PROCESSES"
 _ENV_ID = "JAX_PROCESS_ID"
+_ENV_TRANSFER = "RLJAX_TRANSFER_ADDRESS"
 
 
 def _on_tpu_vm() -> bool:
@@ -86,8 +94,31 @@ def initialize(config: ConfigDict | None = None) -> bool:
   if args:
     # Only the CPU client reads this; it must be set before any backend starts.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  if _separate_async(config) and (args or os.environ.get(_ENV_TRANSFER)):
+    jax.config.update("jax_cross_host_transfer_socket_address",
+                      transfer_address(args.get("coordinator_address", ""), args.get("process_id", 0)))
   jax.distributed.initialize(**args, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   return True
+
+
+def _separate_async(config: ConfigDict | None) -> bool:
+  """Whether `config` is an RL job under trainer.v1.trainer_mode=separate_async (other jobs have no such key)."""
+  v1 = config.get("trainer", {}).get("v1") if config is not None else None
+  return v1 is not None and v1.get("trainer_mode") == "separate_async"
+
+
+def transfer_address(coordinator: str, process_id: int) -> str:
+  """host:port where this process serves cross-host array transfers: `RLJAX_TRANSFER_ADDRESS`, else this host (the
+  loopback address when the coordinator is on it) at the coordinator's port + 1 + `process_id`."""
+  if os.environ.get(_ENV_TRANSFER):
+    return os.environ[_ENV_TRANSFER]
+  host, _, port = coordinator.rpartition(":")
+  local = host in ("localhost", "::1") or host.startswith("127.")
+  try:
+    port_number = int(port)
+  except ValueError:
+    raise ConfigError(_ENV_ADDRESS, coordinator, "must be HOST:PORT", f"export {_ENV_ADDRESS}=HOST:PORT") from None
+  return f"{'127.0.0.1' if local else socket.gethostbyname(socket.gethostname())}:{port_number + 1 + process_id}"
 
 
 def launch_index() -> int:

@@ -13,6 +13,11 @@ fields it reads go to every host, `gathered_rows`) and where dynamic
 sampling moves kept rows between hosts (`global_rows`).
 
 In a single-process job every function here is the identity or close to it.
+
+A job whose processes play different roles (separate_async on several
+processes: a trainer process and a rollout process) runs each role's
+programs on its own processes only: `set_group` names this process's, and
+`count`, `index` and the exchanges here span them alone.
 """
 
 from __future__ import annotations
@@ -27,6 +32,35 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.sharding.mesh import build_mesh
+
+_GROUP: tuple[int, ...] | None = None  # this process's role's processes; None: every process
+
+
+def set_group(group: Sequence[int] | None) -> None:
+  """The processes this process's programs and exchanges span (its role's), or None for every process.
+
+  Raises:
+    ValueError: a group of several processes that is not the whole job (roles of one process each only).
+  """
+  global _GROUP
+  if group is not None and 1 < len(group) < jax.process_count():
+    raise ValueError(f"a role of several processes ({list(group)}) beside another: every role is one process")
+  _GROUP = None if group is None else tuple(sorted(group))
+
+
+def group() -> tuple[int, ...]:
+  """This process's role's processes (every process unless `set_group` said otherwise)."""
+  return tuple(range(jax.process_count())) if _GROUP is None else _GROUP
+
+
+def count() -> int:
+  """The processes of this process's role (`jax.process_count()` unless roles split the job)."""
+  return len(group())
+
+
+def index() -> int:
+  """This process's place among its role's processes (`jax.process_index()` unless roles split the job)."""
+  return group().index(jax.process_index())
 
 
 def processes(devices: Iterable[jax.Device]) -> list[int]:
@@ -159,7 +193,7 @@ def process_rows(x: jax.Array, axis: int = 0) -> np.ndarray:
     out[tuple(slice(a - s0, b - s0) for (a, b), s0 in zip(ranges, start))] = np.asarray(data)
     covered += int(np.prod([b - a for a, b in ranges]))
   whole_elsewhere = all((a, b) == (0, n) for d, (a, b, n) in enumerate(zip(start, stop, x.shape)) if d != axis)
-  if covered != out.size or not whole_elsewhere or out.shape[axis] * jax.process_count() != x.shape[axis]:
+  if covered != out.size or not whole_elsewhere or out.shape[axis] * count() != x.shape[axis]:
     raise ValueError(f"array of shape {x.shape} ({x.sharding}) is not split over processes along axis {axis}")
   return out
 
@@ -173,9 +207,9 @@ def global_rows(fn: Callable[[Any, Any], tuple[Any, Any]], rows: Any, shared: An
   pytree of [P * m, ...] arrays) comes back as this host's block of rows ([m, ...]), `other_out` whole.
   `shared` (the same on every host) enters replicated. One process calls `fn` directly.
   """
-  if jax.process_count() == 1:
+  if count() == 1:
     return fn(rows, shared)
-  mesh = Mesh(np.array([process_devices(p)[0] for p in range(jax.process_count())]), ("process",))
+  mesh = Mesh(np.array([process_devices(p)[0] for p in range(count())]), ("process",))
   split, whole = NamedSharding(mesh, PartitionSpec("process")), NamedSharding(mesh, PartitionSpec())
   rows = jax.tree.map(lambda x: jax.make_array_from_process_local_data(split, np.asarray(x)), rows)
   shared = jax.tree.map(lambda x: jax.make_array_from_process_local_data(whole, np.asarray(x)), shared)
@@ -193,7 +227,7 @@ def gathered_rows(fn: Callable[[Any, Any], tuple[Any, Any]], rows: Any, shared: 
   that must not depend on how many hosts hold it (a float sum's order would): the cost is the rows `fn`
   reads, sent to every host.
   """
-  if jax.process_count() == 1:
+  if count() == 1:
     return fn(rows, shared)
   row_out, other_out = fn(jax.tree.map(process_concat, rows), shared)
   return jax.tree.map(lambda x: np.asarray(x)[share(x.shape[0])], row_out), other_out
@@ -202,14 +236,14 @@ def gathered_rows(fn: Callable[[Any, Any], tuple[Any, Any]], rows: Any, shared: 
 def process_concat(values: np.ndarray) -> np.ndarray:
   """Every host's `values` ([n, ...] each) one after another along the first axis, in process order
   ([P * n, ...])."""
-  if jax.process_count() == 1:
+  if count() == 1:
     return np.asarray(values)
   return np.asarray(multihost_utils.process_allgather(np.asarray(values), tiled=True))
 
 
 def process_objects(value: Any) -> list[Any]:
   """Every host's `value` (JSON-serialisable), in process order."""
-  if jax.process_count() == 1:
+  if count() == 1:
     return [value]
   data = np.frombuffer(json.dumps(value).encode(), np.uint8)
   width = int(np.asarray(multihost_utils.process_allgather(np.int32(data.size))).max())  # exact (no float)
@@ -222,18 +256,18 @@ def process_union(names: Sequence[str]) -> list[str]:
   return sorted({name for names_of_host in process_objects(sorted(set(names))) for name in names_of_host})
 
 
-def share(count: int) -> slice:
-  """This host's contiguous share of `count` rows split over the hosts in process order (the first
-  `count % hosts` hosts take one row more)."""
-  size, extra = divmod(count, jax.process_count())
-  start = jax.process_index() * size + min(jax.process_index(), extra)
-  return slice(start, start + size + (jax.process_index() < extra))
+def share(rows: int) -> slice:
+  """This host's contiguous share of `rows` rows split over the hosts in process order (the first
+  `rows % hosts` hosts take one row more)."""
+  size, extra = divmod(rows, count())
+  start = index() * size + min(index(), extra)
+  return slice(start, start + size + (index() < extra))
 
 
 def process_sum(values: Sequence[float] | np.ndarray) -> np.ndarray:
   """Elementwise sum over processes of a small float64 vector (each host's statistics)."""
   values = np.asarray(values, np.float64)
-  if jax.process_count() == 1:
+  if count() == 1:
     return values
   return np.asarray(multihost_utils.process_allgather(values)).sum(0)
 
@@ -246,7 +280,7 @@ def process_total(value: float) -> float:
 def process_extrema(values: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Elementwise (max, min) over processes of a small float64 vector."""
   values = np.asarray(values, np.float64)
-  if jax.process_count() == 1:
+  if count() == 1:
     return values, values
   every = np.asarray(multihost_utils.process_allgather(values))
   return every.max(0), every.min(0)

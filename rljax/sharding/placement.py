@@ -70,8 +70,8 @@ def global_batch(local: Any, sharding: NamedSharding | Any) -> Any:
 
 def local_rows(global_rows: int) -> slice:
   """The rows of a global batch this process feeds (even split by process)."""
-  if global_rows % jax.process_count():
-    raise ValueError(f"a batch of {global_rows} rows does not split over {jax.process_count()} processes")
+  if global_rows % hosts.count():
+    raise ValueError(f"a batch of {global_rows} rows does not split over {hosts.count()} processes")
   return hosts.share(global_rows)
 
 

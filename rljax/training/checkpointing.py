@@ -42,6 +42,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import SingleDeviceSharding
 from ml_collections import ConfigDict
 
+from rljax.sharding import hosts
 from rljax.sharding.distributed import is_main_process
 from rljax import config as config_lib
 
@@ -120,8 +121,17 @@ def _remove_incomplete_steps(directory: str) -> None:
       if _STEP_DIR.match(path.name) and not is_complete(path):
         logging.warning("removing incomplete checkpoint %s (no %s)", path, COMMIT_MARKER)
         path.rmtree()
-  if jax.process_count() > 1:
+  if hosts.count() > 1:
     multihost_utils.sync_global_devices("rljax_remove_incomplete_steps")
+
+
+def _multiprocessing_options() -> ocp.options.MultiprocessingOptions:
+  """Orbax's processes: every process, or this process's role's where roles split the job (the trainer's alone
+  where a rollout process runs beside it)."""
+  group = hosts.group()
+  if hosts.count() == jax.process_count():
+    return ocp.options.MultiprocessingOptions()
+  return ocp.options.MultiprocessingOptions(primary_host=group[0], active_processes=set(group))
 
 
 def _check_json(extras: Mapping[str, Any]) -> None:
@@ -162,13 +172,17 @@ class Checkpointer:
       read_only: bool = False,
   ):
     self.directory = absolute(directory)
+    whole_job = hosts.count() == jax.process_count()
+    if not (read_only or whole_job):  # orbax creates it only where every process saves
+      epath.Path(self.directory).mkdir(parents=True, exist_ok=True)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep,
         enable_async_checkpointing=async_save,
         step_prefix=STEP_PREFIX,
-        create=not read_only,
+        create=whole_job and not read_only,
         read_only=read_only,
         cleanup_tmp_directories=not read_only,
+        multiprocessing_options=_multiprocessing_options(),
     )
     if not read_only:
       _remove_incomplete_steps(self.directory)
@@ -222,6 +236,10 @@ class Checkpointer:
           "saves newer steps); resume from it (trainer.resume_mode=auto) or point "
           "trainer.default_local_dir at a fresh directory."
       )
+    if hosts.count() < jax.process_count():
+      # orbax refuses a fully addressable array in a multi-process job (it takes it for a host-local one): where
+      # the trainer is one process of several, its arrays are saved from the host, as the same stored arrays
+      arrays = jax.device_get(dict(arrays))
     return self._manager.save(
         step,
         args=ocp.args.Composite(**{

@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rljax import config as config_lib, sharding
 from rljax.compile import hlo, plan, report, topology
+from rljax.rl import remote
 from rljax.sharding import hosts
 from rljax.train import resolve
 
@@ -416,3 +417,16 @@ def test_separate_async_compiles_each_side_on_its_own_hosts_and_counts_what_it_s
   assert weights.fits and not weights.collectives.get("all-gather")
   line = report.sent_line((sent, per_device), 4, 4, target.chip)
   assert line.startswith("separate_async: every 4 update(s) the trainer sends") and "no compiler estimate" in line
+  # validating: in one process it decodes on the rollout's chips, beside the stream (one more weight copy there);
+  # with the rollout on a host (a process) of its own, on the trainer's chips (`rljax.rl.remote`)
+  config.trainer.test_freq, config.data.val_files = 2, "val.parquet"
+  assert remote.roles(config, topology.devices(target)) == ((0,), (1,))
+  for on_its_own_host in (False, True):
+    steps = {p.step.name.split("[")[0]: p for p in plan.rl_steps(config, mesh, rollout_devices=rollout_devices,
+                                                                 remote=on_its_own_host)}
+    beside = 2 * per_device if on_its_own_host else 3 * per_device + cache  # validation's copy and cache
+    assert steps["decode_step"].resident == pytest.approx(beside, rel=0.01)
+    validation = steps.get("validation_decode_step")
+    assert (validation is not None) == on_its_own_host
+  assert set(jax.tree.leaves(validation.step.args[0])[0].sharding.device_set) == set(trainer_devices)
+  assert validation.resident > 0  # beside the trainer's arrays

@@ -131,3 +131,67 @@ def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_di
   resumed = [json.loads(line) for line in metrics.read_text().splitlines()[logged:]]
   assert [m["step"] for m in resumed] == [saved[-1] + 1]
   assert os.path.isdir(run_dir / f"global_step_{saved[-1] + 1}")
+
+
+def separate_job(model_dir, data_dir, tmp_path, *extra):
+  """`job` under separate_async, the rollout on the last 4 of 8 devices: 3 steps of DAPO's dynamic sampling (the
+  rollout judges each group as it ends), validation before and after step 2 on the trainer's devices, token rollout
+  IS, and the weights of updates 0 and 2 sent, batch b decoding under version 2 * floor((b - 1) / 2)."""
+  return job("grpo", model_dir, data_dir, tmp_path, "trainer.v1.trainer_mode=separate_async",
+             "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=4",
+             "trainer.total_training_steps=3", "trainer.v1.separate_async.parameter_sync_step=2",
+             "trainer.v1.separate_async.num_warmup_batches=1", "trainer.v1.sampler.max_off_policy_threshold=3",
+             "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_reward",
+             "data.gen_batch_size=4", "trainer.val_before_train=true", "trainer.test_freq=2",
+             "algorithm.rollout_correction.rollout_is=token", *extra)
+
+
+@pytest.mark.slow  # four runs of 3 steps or 1: two of 1 process, two of 2 (about 70 s)
+def test_separate_async_with_the_rollout_on_a_process_of_its_own_logs_the_metrics_of_one_process(
+    model_dir, data_dir, tmp_path):
+  # process 0 trains on its 4 devices, process 1 rolls out on its 4 and sends each step's groups; the weights go
+  # device to device between them. The one process splits its 8 devices 4/4 the same way
+  argv = separate_job(model_dir, data_dir, tmp_path, "trainer.save_freq=1")
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
+  two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two"], 2, f"{tmp_path}/two")
+  assert [m["step"] for m in one] == [0, 1, 2, 3] and "val-core/rljax/arithmetic/reward/mean@1" in one[2]
+  assert one[1]["perf/weight_sync_bytes"] > 0 and one[3]["off_policy/staleness/max"] == 3
+  assert all(m["train/kept_groups"] == 8 and 0 < m["critic/score/mean"] < 1 for m in one[1:])
+  # the gradients' all-reduce runs on gloo in a multi-process job, in process on one: their last bits differ. And
+  # the spread of step 1's IS weights (exp of the differences between the decode's log-probs and the trainer's,
+  # on-policy) is float noise, 0 to 4e-4 with each process's own CPU thread pools
+  for metrics in (one, two):
+    spread = [m.pop(k, 0.0) for m in metrics[:2] for k in ("rollout_corr/rollout_is_std",
+                                                            "rollout_corr/rollout_is_seq_std")]
+    assert max(spread) < 1e-3
+  processes.assert_same_metrics(one, two, atol=1e-6)
+  # both restarted after step 2's checkpoint: the rollout process resumes where the trainer's checkpoint says
+  # (under the checkpoint's weights: older versions are not saved, so step 3 is not the uninterrupted run's)
+  restarts = []
+  for run, count in (("one", 1), ("two", 2)):
+    shutil.rmtree(tmp_path / run / "global_step_3")
+    again = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/{run}"], count, f"{tmp_path}/{run}")
+    assert [m["step"] for m in again] == [0, 1, 2, 3, 3]
+    restarts.append(again[-1:])
+  processes.assert_same_metrics(*restarts, atol=1e-6)
+  assert restarts[0][0]["off_policy/staleness/max"] == 1
+
+
+@pytest.mark.slow  # a 2-process run whose rollout process is killed after step 1 (about 80 s: JAX's heartbeats)
+def test_a_killed_rollout_process_stops_the_trainer(model_dir, data_dir, tmp_path):
+  argv = separate_job(model_dir, data_dir, tmp_path, "trainer.total_training_steps=50", "trainer.total_epochs=50",
+                      f"trainer.default_local_dir={tmp_path}/run")
+  procs = processes.start(argv, 2)
+  try:
+    metrics, start = tmp_path / "run" / "metrics.jsonl", time.monotonic()
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+      assert time.monotonic() - start < 300 and procs[0].poll() is None, "the job did not reach step 1"
+      time.sleep(0.5)
+    procs[1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    trainer = processes.finish(procs[:1], timeout=120)[0]
+    stopped_after = time.monotonic() - killed
+  finally:
+    processes.finish(procs, timeout=1)
+  assert procs[0].returncode != 0 and stopped_after < 120
+  assert re.search(r"stopped sending heartbeats\):\s*1\b|Task 1 heartbeat timeout", trainer), trainer[-2000:]

@@ -1,6 +1,7 @@
 """separate_async (`rljax.rl.separate`): the rollout on devices of its own, on a thread of its own, equals
 colocate_async on the same weight schedule; its picks ahead of the trainer resume losing and repeating nothing."""
 
+import collections
 import json
 import time
 
@@ -9,7 +10,7 @@ import pytest
 
 from rljax import rl, sharding
 from rljax.config import ConfigError
-from rljax.rl import separate, streaming
+from rljax.rl import remote, separate, streaming
 from tests.rl import tiny_run
 from tests.rl.test_dynamic_sampling import SCORE_BY_TEXT
 from tests.rl.test_streaming import batches, rollout, scripted, tok  # noqa: F401  (fixtures)
@@ -67,6 +68,26 @@ def test_the_rollouts_devices_are_its_own(model_dir, data_dir, tmp_path):
                                         r"the training mesh's 8, and JAX sees 8"):
     rl.RLTrainer(config, mesh=sharding.build_mesh({"data": 1, "fsdp": 8, "tensor": 1, "sequence": 1},
                                                   jax.devices()))
+
+
+def test_on_several_processes_the_trainer_and_the_rollout_each_take_whole_processes(model_dir, data_dir, tmp_path):
+  device = collections.namedtuple("Device", "id process_index")
+  two_by_four = [device(i, i // 4) for i in range(8)]  # 2 processes of 4 devices
+  def config(*extra):
+    return tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "trainer.n_gpus_per_node=auto",
+                               "trainer.nnodes=auto", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                               "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1", *extra)
+  assert remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=4"), two_by_four) == ((0,), (1,))
+  assert remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=4"), two_by_four[:4]) is None  # one process
+  with pytest.raises(ConfigError, match=r"rollout.n_gpus_per_node=2: the rollout's 2 devices share process 1 with "
+                                        r"the trainer's.*n_gpus_per_node=4"):
+    remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=2"), two_by_four)
+  four_by_two = [device(i, i // 2) for i in range(8)]
+  with pytest.raises(ConfigError, match=r"rollout.nnodes=1: separate_async on several processes runs one trainer "
+                                        r"process and one rollout process \(this job's trainer spans 3"):
+    remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=2"), four_by_two)
+  with pytest.raises(ConfigError, match=r"the trainer's 2 devices send the weights laid out as the rollout's 6"):
+    remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=6"), four_by_two[:2] + [device(i, 1) for i in range(2, 8)])
 
 
 def picked_tags(driver, steps):

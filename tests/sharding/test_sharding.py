@@ -12,6 +12,7 @@ import pytest
 
 from rljax import config as config_lib
 from rljax import sharding
+from rljax.sharding import distributed
 from tests.sharding import tiny_step
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -125,6 +126,16 @@ def test_distributed_args_from_environment(monkeypatch):
     sharding.distributed_args()
   monkeypatch.setenv("JAX_PROCESS_ID", "1")
   assert sharding.distributed_args() == {"coordinator_address": "127.0.0.1:1234", "num_processes": 2, "process_id": 1}
+
+
+def test_each_process_serves_weight_transfers_beside_the_coordinators_port(monkeypatch):
+  monkeypatch.delenv("RLJAX_TRANSFER_ADDRESS", raising=False)
+  assert distributed.transfer_address("localhost:1234", 1) == "127.0.0.1:1236"
+  assert distributed.transfer_address("10.1.2.3:1234", 0).endswith(":1235")
+  with pytest.raises(config_lib.ConfigError, match=r"JAX_COORDINATOR_ADDRESS='10.1.2.3': must be HOST:PORT"):
+    distributed.transfer_address("10.1.2.3", 0)
+  monkeypatch.setenv("RLJAX_TRANSFER_ADDRESS", "10.9.9.9:7000")
+  assert distributed.transfer_address("localhost:1234", 1) == "10.9.9.9:7000"
 
 
 def free_port():
