@@ -20,7 +20,9 @@ its own devices only (`rljax.sharding.hosts.set_group`):
 
 The trainer starts the rollout (`start`: the first step and the stream's
 position, so a resumed run continues where its checkpoint was) with the
-weights of the first step, and ends it by announcing no more weights. Each
+weights of the first step, and ends it by announcing no more weights (or
+a start of None, where it trains no step). A process that fails tells the
+other (`abort`), a killed one stops the other through JAX's heartbeats. Each
 weight send is announced first, so the rollout's receiving thread takes
 every version in order, between its decode chunks, whatever it decodes.
 Which weights decode which batch is `streaming.Schedule`'s, as in one
@@ -236,7 +238,7 @@ class RemoteRollout:
     if not self.primed:
       put("start", self._start)
     put(f"weights/{self._sends}", version)
-    self._sends += 1
+    self._sends += 1  # announced: its end comes after it whatever the send does
     self.sent_bytes = self.send(params)
     return True
 
@@ -263,25 +265,41 @@ class RemoteRollout:
     return dict(self._positions[trained])
 
   def close(self) -> None:
-    """Tells a started rollout that no more weights come (it then stops)."""
+    """Tells a started rollout that no more weights come (it then stops); one not started may still be started
+    by another `RemoteRollout` (a restored run's), or told it never is (`end`)."""
     if self.primed and not self._ended:
       put(f"weights/{self._sends}", None)
     self._ended = True
 
+  def end(self) -> None:
+    """Ends the rollout process's run: `close`, or where it was never started (the run trained no step), tells
+    it that it does not start."""
+    if not self.primed and not self._ended:
+      put("start", None)
+    self.close()
+
 
 # ----- the rollout's side ----------------------------------------------------------------------
 
-def _receive(driver: separate.RolloutDriver, receive: CrossHostReceive) -> None:
+def _receive(driver: separate.RolloutDriver, receive: CrossHostReceive, failed: list[str]) -> None:
   """The rollout process's receiving thread: each announced version's weights into the driver's box, between
-  the decode chunks, until the trainer announces no more (the rollout then stops)."""
-  for sends in range(1 << 62):
-    version = take(f"weights/{sends}")
-    if version is None:
-      break
-    with driver.turns.exclusive():
-      driver.box.publish(version, receive())
-  driver.rollout.stopping = True
-  driver.box.close()
+  the decode chunks, until the trainer announces no more; then, or on an error (its traceback into `failed`),
+  the rollout stops."""
+  try:
+    for sends in range(1 << 62):
+      version = take(f"weights/{sends}")
+      if version is None:  # the trainer's end: a failed one aborted first
+        failed_trainer = _aborted()
+        if failed_trainer is not None:
+          raise PeerFailed(f"the trainer's process failed:\n{failed_trainer}")
+        break
+      with driver.turns.exclusive():
+        driver.box.publish(version, receive())
+  except BaseException:  # pylint: disable=broad-except
+    failed.append(traceback.format_exc())
+  finally:
+    driver.rollout.stopping = True
+    driver.box.close()
 
 
 def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Callable[[int], dict[str, Any]],
@@ -290,7 +308,8 @@ def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Calla
   them with the stream's `position` after them, while a thread receives the weights; returns once the trainer
   announced no more weights. The data's end, or an error, goes to the trainer as that step's message."""
   driver.rollout.turn = driver.turns.chunk  # the weights arrive between its decode chunks
-  receiver = threading.Thread(target=_receive, args=(driver, receive), name="rljax-weights", daemon=True)
+  failed: list[str] = []
+  receiver = threading.Thread(target=_receive, args=(driver, receive, failed), name="rljax-weights", daemon=True)
   receiver.start()
   step = start["first_step"]
   try:
@@ -299,14 +318,17 @@ def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Calla
       put(f"picked/{step}", ("picked", picked, position(step + 1)))
       step += 1
   except (separate.Closed, streaming.Stopped):
-    pass
+    if failed:  # the weights stopped coming: an error, not the trainer's end
+      put(f"picked/{step}", ("error", failed[0]))
+      raise RuntimeError(f"receiving the trainer's weights failed:\n{failed[0]}") from None
   except StopIteration as stop:
     put(f"picked/{step}", ("stop", str(stop)))
   except BaseException:  # pylint: disable=broad-except
     put(f"picked/{step}", ("error", traceback.format_exc()))
     raise
-  finally:
-    receiver.join()
+  receiver.join()
+  if failed:
+    raise RuntimeError(f"receiving the trainer's weights failed:\n{failed[0]}")
 
 
 __all__ = ["CrossHostReceive", "CrossHostSend", "PeerFailed", "RemoteRollout", "abort", "put", "roles", "serve", "take"]

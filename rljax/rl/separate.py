@@ -142,13 +142,14 @@ class RolloutDriver:
   """
 
   def __init__(self, rollout: streaming.AsyncRollout, schedule: streaming.Schedule, first_step: int,
-               last_step: int, send: Callable[[Any], Any], threaded: bool, epoch: Callable[[], int] = lambda: 0):
+               last_step: int, send: Callable[[Any], Any] | None, threaded: bool, epoch: Callable[[], int] = lambda: 0):
     """Args:
       rollout: the stream of groups (it must hold its weights between picks).
       schedule: which weights each step's batch decodes under.
       first_step: the first step it picks for (a resumed run's step); its weights must be published first.
       last_step: the step it stops before.
-      send: the trainer's weights -> the engine's (cast and laid out on the engine's devices).
+      send: the trainer's weights -> the engine's (cast and laid out on the engine's devices); None where the
+        weights arrive in its box otherwise (`rljax.rl.remote`: from another process).
       threaded: pick on a thread of its own.
       epoch: the data's epoch, read after each pick where the rollout reads the data (`Picked.epoch`).
     """

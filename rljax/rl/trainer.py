@@ -261,7 +261,8 @@ class RLTrainer:
     if isinstance(self.streaming, remote.RemoteRollout):
       return self.streaming
     return separate.RolloutDriver(self.streaming, streaming.schedule_of(self.config), self.step,
-                                  self.run.layout.total_steps, self.run.engine.compute_params,
+                                  self.run.layout.total_steps,
+                                  None if self.rollout_process else self.run.engine.compute_params,
                                   threaded=self.separate and not self.rollout_process,
                                   epoch=lambda: self.data.epoch)
 
@@ -629,13 +630,16 @@ class RLTrainer:
     """A rollout process's run (`remote.serve`): the stream from where the trainer's process starts it, its
     picks sent there, until the trainer ends it."""
     start = remote.take("start")
+    if start is None:  # the trainer trains no step
+      return
     if start["data_position"] is not None:
       self.data.set_state(start["data_position"])
     self.state = self.state.replace(step=start["first_step"])
     self.streaming = self._async_rollout(start["stream_position"])
     self.driver = self._driver()
     receive = remote.CrossHostReceive(self.run.engine, self.actor_params, list(self.mesh.devices.flat))
-    remote.serve(start, self.driver, self.streaming.position, receive)
+    with training_loop.PreemptionGuard():  # preempted, the trainer saves after its step, then ends the rollout
+      remote.serve(start, self.driver, self.streaming.position, receive)
 
   def fit(self) -> dict[str, float]:
     """Trains until trainer.total_training_steps / total_epochs; returns the last metrics."""
@@ -661,6 +665,8 @@ class RLTrainer:
       self.streaming.close()
 
   def close(self) -> None:
+    if isinstance(self.driver, remote.RemoteRollout):
+      self.driver.end()
     self._close_rollout()
     self.sampler.close()
     self.data.close()
@@ -696,21 +702,22 @@ def _every(freq: int) -> Callable[[int], bool]:
 
 def run(config: ConfigDict) -> dict[str, float]:
   """Trains with a finalized, validated config; prints where the outputs are."""
+  roles, trainer = remote.roles(config), None
   try:
     trainer = RLTrainer(config)
-    try:
-      if trainer.rollout_process:
-        trainer.serve_rollout()
-        return {}
-      metrics = trainer.fit()
-    finally:
-      trainer.close()
+    if trainer.rollout_process:
+      trainer.serve_rollout()
+      return {}
+    metrics = trainer.fit()
   except remote.PeerFailed:
     raise
   except Exception:
-    if remote.roles(config) is not None:  # the other process stops instead of waiting for this one
+    if roles is not None:  # the other process stops instead of waiting for this one
       remote.abort(traceback.format_exc())
     raise
+  finally:
+    if trainer is not None:
+      trainer.close()
   if is_main_process():
     print(f"rljax: logs and curves in {trainer.run_dir}, checkpoints in {config.trainer.default_local_dir}")
   return metrics

@@ -6,7 +6,8 @@ made. On Cloud TPU VMs and pods JAX finds the topology itself. Elsewhere
 coordinator comes from the environment:
 
 * `JAX_COORDINATOR_ADDRESS` (host:port of process 0),
-* `JAX_NUM_PROCESSES`, defaulting to `trainer.nnodes` when that is a number,
+* `JAX_NUM_PROCESSES`, defaulting to `trainer.nnodes` when that is a number
+  (not under separate_async, where it counts the trainer's nodes alone),
 * `JAX_PROCESS_ID`.
 
 CPU processes exchange collectives over gloo. Under separate_async the
@@ -32,6 +33,10 @@ from rljax.config.errors import ConfigError
 # process with an error naming it (a killed host stops the job instead of leaving the others waiting in a
 # collective).
 HEARTBEAT_TIMEOUT_S = 60
+
+# A cross-host weight transfer (separate_async) waits this long for the other side at most; a lost process stops
+# the job sooner, through the heartbeats.
+TRANSFER_TIMEOUT_S = 3600
 
 _ENV_ADDRESS = "JAX_COORDINATOR_ADDRESS"
 _ENV_COUNT = "JAX_NUM_PROCESSES"
@@ -62,7 +67,8 @@ def distributed_args(config: ConfigDict | None = None) -> dict | None:
   """
   address = os.environ.get(_ENV_ADDRESS)
   count = _env_int(_ENV_COUNT)
-  if count is None and config is not None and isinstance(config.trainer.nnodes, int):
+  # under separate_async trainer.nnodes counts the trainer's nodes alone, not the job's processes
+  if count is None and config is not None and isinstance(config.trainer.nnodes, int) and not _separate_async(config):
     count = config.trainer.nnodes
   if address is None:
     if _on_tpu_vm() and (count is None or count > 1):
@@ -94,9 +100,12 @@ def initialize(config: ConfigDict | None = None) -> bool:
   if args:
     # Only the CPU client reads this; it must be set before any backend starts.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  if _separate_async(config) and (args or os.environ.get(_ENV_TRANSFER)):
-    jax.config.update("jax_cross_host_transfer_socket_address",
-                      transfer_address(args.get("coordinator_address", ""), args.get("process_id", 0)))
+  if _separate_async(config):
+    # the rollout takes its weights between two decode chunks: a send may wait that long for it
+    jax.config.update("jax_cross_host_transfer_timeout_seconds", TRANSFER_TIMEOUT_S)
+    if args or os.environ.get(_ENV_TRANSFER):
+      jax.config.update("jax_cross_host_transfer_socket_address",
+                        transfer_address(args.get("coordinator_address", ""), args.get("process_id", 0)))
   jax.distributed.initialize(**args, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   return True
 
@@ -113,12 +122,25 @@ def transfer_address(coordinator: str, process_id: int) -> str:
   if os.environ.get(_ENV_TRANSFER):
     return os.environ[_ENV_TRANSFER]
   host, _, port = coordinator.rpartition(":")
-  local = host in ("localhost", "::1") or host.startswith("127.")
   try:
     port_number = int(port)
   except ValueError:
     raise ConfigError(_ENV_ADDRESS, coordinator, "must be HOST:PORT", f"export {_ENV_ADDRESS}=HOST:PORT") from None
-  return f"{'127.0.0.1' if local else socket.gethostbyname(socket.gethostname())}:{port_number + 1 + process_id}"
+  address = _address_towards(host.strip("[]"))
+  return f"{f'[{address}]' if ':' in address else address}:{port_number + 1 + process_id}"
+
+
+def _address_towards(host: str) -> str:
+  """This machine's address on the route to `host` (the coordinator's): the loopback address when it is this
+  machine, else the one the route leaves from (no packet is sent; `RLJAX_TRANSFER_ADDRESS` overrides it)."""
+  if host in ("localhost", "::1") or host.startswith("127."):
+    return "127.0.0.1"
+  try:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+      probe.connect((host, 9))
+      return probe.getsockname()[0]
+  except OSError:  # no route from here: the name this machine gives itself
+    return socket.gethostbyname(socket.gethostname())
 
 
 def launch_index() -> int:

@@ -8,6 +8,8 @@ import shutil
 import signal
 import time
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests import processes
@@ -101,18 +103,14 @@ def test_lora_moe_router_replay_and_a_reward_model_as_two_processes_log_the_metr
   processes.assert_same_metrics(one, two, atol=1e-6)
 
 
-@pytest.mark.slow  # a 2-process run killed after its second step, then restarted (about 3 minutes)
-def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_dir, tmp_path):
-  run_dir = tmp_path / "run"
-  argv = ["-m", "rljax.train", "--config=configs/grpo.py", *tiny_run.overrides(model_dir, data_dir, str(run_dir)),
-          "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "trainer.n_gpus_per_node=auto",
-          "trainer.total_epochs=50"]
-  procs = processes.start([*argv, "trainer.total_training_steps=50"], 2)
+def assert_killing_process_1_stops_process_0(argv, metrics):
+  """Runs `argv` as 2 processes, kills process 1 once `metrics` (the run's metrics.jsonl) has 2 records, and checks
+  that process 0 fails within 2 minutes, JAX's coordination service naming the lost process."""
+  procs = processes.start(argv, 2)
   try:
-    metrics, start = run_dir / "metrics.jsonl", time.monotonic()
+    start = time.monotonic()
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-      assert time.monotonic() - start < 300 and procs[0].poll() is None, "the job did not reach step 2"
+      assert time.monotonic() - start < 300 and procs[0].poll() is None, "the job did not log 2 records"
       time.sleep(0.5)
     procs[1].send_signal(signal.SIGKILL)
     killed = time.monotonic()
@@ -121,8 +119,18 @@ def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_di
   finally:
     processes.finish(procs, timeout=1)
   assert procs[0].returncode != 0 and stopped_after < 120
-  # JAX's coordination service names the lost process
   assert re.search(r"stopped sending heartbeats\):\s*1\b|Task 1 heartbeat timeout", survivor), survivor[-2000:]
+
+
+@pytest.mark.slow  # a 2-process run killed after its second step, then restarted (about 3 minutes)
+def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_dir, tmp_path):
+  run_dir = tmp_path / "run"
+  argv = ["-m", "rljax.train", "--config=configs/grpo.py", *tiny_run.overrides(model_dir, data_dir, str(run_dir)),
+          "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "trainer.n_gpus_per_node=auto",
+          "trainer.total_epochs=50"]
+  metrics = run_dir / "metrics.jsonl"
+  assert_killing_process_1_stops_process_0([*argv, "trainer.total_training_steps=50"], metrics)
   saved = sorted(int(p.name.rsplit("_", 1)[1]) for p in run_dir.glob("global_step_*") if "tmp" not in p.name)
   assert saved and saved[-1] >= 1
   # every host restarted: the job resumes after the last complete checkpoint
@@ -177,21 +185,30 @@ def test_separate_async_with_the_rollout_on_a_process_of_its_own_logs_the_metric
   assert restarts[0][0]["off_policy/staleness/max"] == 1
 
 
+def test_a_separate_async_run_that_trains_no_step_ends_its_rollout_process(model_dir, data_dir, tmp_path):
+  # trainer.val_only: the trainer validates on its devices and never starts the rollout, which then ends too
+  argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_only=true", f"trainer.default_local_dir={tmp_path}")
+  logged = processes.run_metrics(argv, 2, str(tmp_path))
+  assert [m["step"] for m in logged] == [0] and "val-core/rljax/arithmetic/reward/mean@1" in logged[0]
+
+
+def test_a_bad_row_the_rollout_process_reads_stops_both_processes_naming_it(model_dir, data_dir, tmp_path):
+  # the rollout process reads the data; its error reaches the trainer's process, which names it and fails too
+  rows = pq.read_table(f"{data_dir}/train.parquet")
+  bad = rows.to_pylist()
+  bad[12]["prompt"] = [dict(m, content=m["content"] + " pad" * 400) for m in bad[12]["prompt"]]
+  pq.write_table(pa.Table.from_pylist(bad, schema=rows.schema), tmp_path / "train.parquet")
+  argv = separate_job(model_dir, data_dir, tmp_path, f"data.train_files={tmp_path}/train.parquet",
+                      "data.shuffle=false", "trainer.val_before_train=false", f"trainer.default_local_dir={tmp_path}/run")
+  procs = processes.start(argv, 2)
+  trainer, rollout = processes.finish(procs, timeout=300)
+  assert procs[0].returncode != 0 and procs[1].returncode != 0
+  named = f"{tmp_path}/train.parquet row 12: prompt is"
+  assert "the rollout process failed at step" in trainer and named in trainer and named in rollout, trainer[-3000:]
+
+
 @pytest.mark.slow  # a 2-process run whose rollout process is killed after step 1 (about 80 s: JAX's heartbeats)
 def test_a_killed_rollout_process_stops_the_trainer(model_dir, data_dir, tmp_path):
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.total_training_steps=50", "trainer.total_epochs=50",
                       f"trainer.default_local_dir={tmp_path}/run")
-  procs = processes.start(argv, 2)
-  try:
-    metrics, start = tmp_path / "run" / "metrics.jsonl", time.monotonic()
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-      assert time.monotonic() - start < 300 and procs[0].poll() is None, "the job did not reach step 1"
-      time.sleep(0.5)
-    procs[1].send_signal(signal.SIGKILL)
-    killed = time.monotonic()
-    trainer = processes.finish(procs[:1], timeout=120)[0]
-    stopped_after = time.monotonic() - killed
-  finally:
-    processes.finish(procs, timeout=1)
-  assert procs[0].returncode != 0 and stopped_after < 120
-  assert re.search(r"stopped sending heartbeats\):\s*1\b|Task 1 heartbeat timeout", trainer), trainer[-2000:]
+  assert_killing_process_1_stops_process_0(argv, tmp_path / "run" / "metrics.jsonl")

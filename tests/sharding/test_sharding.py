@@ -131,7 +131,8 @@ def test_distributed_args_from_environment(monkeypatch):
 def test_each_process_serves_weight_transfers_beside_the_coordinators_port(monkeypatch):
   monkeypatch.delenv("RLJAX_TRANSFER_ADDRESS", raising=False)
   assert distributed.transfer_address("localhost:1234", 1) == "127.0.0.1:1236"
-  assert distributed.transfer_address("10.1.2.3:1234", 0).endswith(":1235")
+  assert distributed.transfer_address("[::1]:1234", 0) == "127.0.0.1:1235"
+  assert distributed.transfer_address("10.1.2.3:1234", 0).endswith(":1235")  # this machine's, on the way there
   with pytest.raises(config_lib.ConfigError, match=r"JAX_COORDINATOR_ADDRESS='10.1.2.3': must be HOST:PORT"):
     distributed.transfer_address("10.1.2.3", 0)
   monkeypatch.setenv("RLJAX_TRANSFER_ADDRESS", "10.9.9.9:7000")
