@@ -16,11 +16,15 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+# what `rljax.compile.topology.devices` sets in this process to compile for a TPU slice: a child process is no TPU VM
+COMPILER_ENV = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "ALLOW_MULTIPLE_LIBTPU_LOAD")
+
+
 def start(argv: list[str], processes: int, devices: int = 8) -> list[subprocess.Popen]:
   """`python argv...` as `processes` processes sharing `devices` CPU devices (one process: no coordinator)."""
   port, procs = free_port(), []
   for rank in range(processes):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
+    env = dict({k: v for k, v in os.environ.items() if k not in COMPILER_ENV}, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices // processes}")
     if processes > 1:
       env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),

@@ -45,7 +45,10 @@ _ENV_TRANSFER = "RLJAX_TRANSFER_ADDRESS"
 
 
 def _on_tpu_vm() -> bool:
-  return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0") or bool(os.environ.get("TPU_WORKER_HOSTNAMES"))
+  """A TPU VM's chips, or its worker list (not the warning JAX's TPU start-up writes there on other machines)."""
+  workers = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+  return (os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
+          or bool(workers and not workers.startswith("WARNING")))
 
 
 def _env_int(name: str) -> int | None:
