@@ -84,6 +84,7 @@ def main(argv: Sequence[str]) -> int:
   from rljax import config as config_lib, sharding
   from rljax.compile import plan, report, topology as topology_lib
   from rljax.rl import remote as remote_lib
+  from rljax.sharding import hosts
   from rljax.train import resolve
 
   try:
@@ -98,7 +99,7 @@ def main(argv: Sequence[str]) -> int:
       chip = topology_lib.chip_of(devices[0].device_kind)
     config = resolve(config_lib.load_config_file(launch.CONFIG.value), launch.overrides(), device_count=len(devices))
     rollout_devices = sharding.split_devices(config, devices)[1]
-    remote = remote_lib.roles(config, devices) is not None  # each side on hosts of its own: a process each
+    remote = remote_lib.roles(config, devices) is not None  # each side on hosts of its own
     if rollout_devices and _TOPOLOGY.value:  # each side on a slice of its own chips (libtpu compiles whole slices)
       devices = [*topology_lib.devices(topology_lib.sub_slice(target, len(devices) - len(rollout_devices))),
                  *topology_lib.devices(topology_lib.sub_slice(target, len(rollout_devices)))]
@@ -122,7 +123,8 @@ def main(argv: Sequence[str]) -> int:
     print(f"  {result.name}: {status} ({result.compile_seconds:.0f} s)", flush=True)
   print(report.table(reports))
   if sent is not None:
-    print(report.sent_line(sent, len(rollout_devices), config.trainer.v1.separate_async.parameter_sync_step, chip))
+    print(report.sent_line(sent, len(rollout_devices), config.trainer.v1.separate_async.parameter_sync_step, chip,
+                           len(hosts.processes(rollout_devices)) if remote else 1))
   if _JSON.value:
     with open(_JSON.value, "w") as f:
       json.dump({"config": launch.CONFIG.value, "topology": where, "mesh": dict(mesh.shape),

@@ -250,14 +250,16 @@ def from_error(name: str, error: Exception, hbm: int) -> StepReport:
   return StepReport(name=name, hbm=hbm, fits=False, required=required or 0, error=first)
 
 
-def sent_line(sent: tuple[int, int], devices: int, every: int, chip: Any) -> str:
-  """separate_async's weight transfer: (bytes sent, the most one of the rollout's `devices` receives) every
-  `every` updates, and that share over the chip's ICI bandwidth (`chip`: its peak rates, or None)."""
-  total, per_device = sent
+def sent_line(sent: tuple[int, int], devices: int, every: int, chip: Any, hosts: int = 1) -> str:
+  """separate_async's weight transfer: (bytes of the weights, the most one of the rollout's `devices` receives)
+  every `every` updates, to each of the rollout's `hosts` (each decodes with a copy of its own), and that share
+  over the chip's ICI bandwidth (`chip`: its peak rates, or None)."""
+  weights, per_device = sent
   at_peak = f", {per_device / chip.ici_bandwidth * 1e3:.1f} ms at its ICI bandwidth" if chip is not None else ""
-  return (f"separate_async: every {every} update(s) the trainer sends {gib(total)} GiB of weights to the rollout's "
-          f"{devices} devices; each receives {gib(per_device)} GiB{at_peak} (a device-to-device copy at run time, "
-          "not a compiled program: no compiler estimate)")
+  copies = f" ({hosts} hosts, a copy of {gib(weights)} GiB each)" if hosts > 1 else ""
+  return (f"separate_async: every {every} update(s) the trainer sends {gib(weights * hosts)} GiB of weights to the "
+          f"rollout's {devices} devices{copies}; each receives {gib(per_device)} GiB{at_peak} (a device-to-device "
+          "copy at run time, not a compiled program: no compiler estimate)")
 
 
 def shard_bytes(tree: Any, dtype: Any = None) -> int:

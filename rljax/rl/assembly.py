@@ -109,8 +109,8 @@ class RLRun:
     engine: the rollout engine over the actor's graph.
     on_policy: the update uses its own log-probs as the old ones (`steps.on_policy`).
     actor_lr: the actor's learning rate by optimizer step.
-    rollout_engine: the engine of a rollout process of its own (separate_async on several processes, built on the
-      trainer's process to address the weights it sends; `engine` then decodes on the trainer's mesh, for
+    rollout_engine: the engine of the first rollout process (separate_async on several processes, built on a
+      trainer process to address the weights it sends; `engine` then decodes on the trainer's mesh, for
       validation and remax's baselines), else None.
   """
 
@@ -176,15 +176,19 @@ def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Me
   """The rollout engine on the rollout's mesh (`rollout.tensor_model_parallel_size`) over the training mesh's
   devices, or `rollout_devices` (separate_async's own), with a slot for each response in flight at once on a host
   (`streaming.rows_in_flight` of its share of the rows: a mesh over several hosts rolls out on each host's own
-  devices), at most rollout.max_num_seqs."""
+  devices), at most rollout.max_num_seqs. A process that holds none of `rollout_devices` (a trainer process of
+  `rljax.rl.remote`) gets the engine of the first process that does: every one's is alike."""
   arr = config.actor_rollout_ref
+  rolling = hosts.processes(rollout_devices or mesh.devices.flat)
   if rollout_devices:
+    if jax.process_index() not in rolling:
+      rollout_devices = hosts.process_devices(rolling[0], rollout_devices)
     mesh = sharding.build_mesh({"data": 1, "fsdp": len(rollout_devices), "tensor": 1, "sequence": 1, "expert": 1},
                                list(rollout_devices))
   rollout_mesh = rollout_factory.rollout_mesh(mesh, arr.rollout.tensor_model_parallel_size)
   sharding.check_model_fits(rollout_mesh, model.cfg.num_heads, model.cfg.num_kv_heads,
                             "actor_rollout_ref.rollout.tensor_model_parallel_size", model.cfg.num_experts)
-  host_rows = layout.rows // len(hosts.processes(mesh.devices.flat))
+  host_rows = layout.rows // len(rolling)
   slots = min(arr.rollout.max_num_seqs, streaming.rows_in_flight(config, host_rows, layout.n))
   return rollout_factory.build_engine(
       model, arr.rollout, prompt_length=config.data.max_prompt_length, slots=slots,

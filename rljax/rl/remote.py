@@ -1,32 +1,39 @@
-"""separate_async on several processes: the trainer on one process, the rollout on another (verl's trainer.v1 with
-the rollout on nodes of its own).
+"""separate_async on several processes: the trainer on some processes, the rollout on others (verl's trainer.v1
+with the rollout on nodes of its own).
 
-With `jax.distributed` over two processes, one holding the training mesh's
-devices and the other `actor_rollout_ref.rollout.nnodes x n_gpus_per_node`
-devices (the last ones JAX lists), each process runs its role's programs on
-its own devices only (`rljax.sharding.hosts.set_group`):
+With `jax.distributed` over several processes, the first ones holding the
+training mesh's devices and as many others the
+`actor_rollout_ref.rollout.nnodes x n_gpus_per_node` devices (the last ones
+JAX lists), each process runs its role's programs on its role's devices only
+(`rljax.sharding.hosts.set_group`). The trainer's process i and the
+rollout's process i are a pair, which exchange their messages alone:
 
-* the rollout process runs the separate_async stream (`rljax.rl.separate`:
-  the data, the engine, dynamic sampling's judge) and sends each step's
-  picked groups to the trainer through JAX's coordination service (`put`,
-  `take`: a few MB of tokens and scores per step);
-* the trainer process updates, validates and computes remax's baselines
-  on an engine over its own mesh, checkpoints, logs, and sends the weights
-  the schedule says to the rollout device to device (`CrossHostSend`): cast
-  to rollout.dtype and laid out as the rollout's engine lays them out, on
-  as many of its own devices, then `jax.device_put` onto the rollout's
-  devices (a cross-host transfer between two shardings of the same layout;
-  the CPU backend's over sockets, `rljax.sharding.distributed`).
+* each rollout process runs the separate_async stream of its share of the
+  data on an engine over its own devices (`rljax.rl.separate`: the data, the
+  engine, dynamic sampling's judge), as each host of a one-role job rolls
+  out its own share, and sends each step's picked groups to its trainer
+  process through JAX's coordination service (`put`, `take`: a few MB of
+  tokens and scores per step);
+* the trainer's processes update, validate and compute remax's baselines on
+  an engine over their own mesh, checkpoint, log, and send the weights the
+  schedule says to every rollout process device to device
+  (`CrossHostSend`): cast to rollout.dtype and laid out as each rollout
+  process's engine lays them out (each engine's mesh stacked on a process
+  axis, `hosts.stacked_mesh`), on as many of the trainer's devices, then
+  `jax.device_put` onto the rollout's devices (a cross-host transfer between
+  two shardings of the same layout; the CPU backend's over sockets,
+  `rljax.sharding.distributed`).
 
-The trainer starts the rollout (`start`: the first step and the stream's
-position, so a resumed run continues where its checkpoint was) with the
-weights of the first step, and ends it by announcing no more weights (or
-a start of None, where it trains no step). A process that fails tells the
-other (`abort`), a killed one stops the other through JAX's heartbeats. Each
-weight send is announced first, so the rollout's receiving thread takes
-every version in order, between its decode chunks, whatever it decodes.
-Which weights decode which batch is `streaming.Schedule`'s, as in one
-process, so the run's metrics equal the one-process run's.
+Each trainer process starts its rollout process (`start`: the first step and
+the stream's position, so a resumed run continues where its checkpoint was)
+with the weights of the first step, and ends it by announcing no more
+weights (or a start of None, where it trains no step). A process that fails
+tells every other (`abort`), a killed one stops them through JAX's
+heartbeats. Each weight send is announced first, so each rollout process's
+receiving thread takes every version in order, between its decode chunks,
+whatever it decodes. Which weights decode which batch is
+`streaming.Schedule`'s, as in one process, so the run's metrics equal the
+one-process run's.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from ml_collections import ConfigDict
 from rljax import sharding
 from rljax.config.errors import ConfigError
 from rljax.rl import separate, streaming
-from rljax.rollout.engine import Engine, SendCopy
+from rljax.rollout.engine import Engine
 from rljax.sharding import hosts
 from rljax.sharding.placement import abstract
 
@@ -62,8 +69,9 @@ def roles(config: ConfigDict, devices: list[Any] | None = None) -> tuple[tuple[i
     devices: the job's devices (default: JAX's), each with its `process_index`.
 
   Raises:
-    ConfigError: a process holds devices of both, a role spans several processes, or the trainer has fewer
-      devices than the rollout (its weights are laid out as the rollout's on as many of them).
+    ConfigError: a process holds devices of both, the two roles span different numbers of processes (each
+      rollout process serves one trainer process's share of the data), or the trainer has fewer devices than
+      the rollout (its weights are laid out as the rollout's on as many of them).
   """
   devices = jax.devices() if devices is None else devices
   if len(hosts.processes(devices)) == 1 or not sharding.rollout_device_count(config):
@@ -76,11 +84,13 @@ def roles(config: ConfigDict, devices: list[Any] | None = None) -> tuple[tuple[i
                       f"the rollout's {len(rollout_devices)} devices share process {min(set(trainer) & set(rollout))} "
                       "with the trainer's: on several processes each process trains or rolls out",
                       f"give the rollout whole processes (n_gpus_per_node={per_process}, the devices of each)")
-  if len(trainer) > 1 or len(rollout) > 1:
+  if len(trainer) != len(rollout):
     raise ConfigError("actor_rollout_ref.rollout.nnodes", config.actor_rollout_ref.rollout.nnodes,
-                      f"separate_async on several processes runs one trainer process and one rollout process (this "
-                      f"job's trainer spans {len(trainer)}, its rollout {len(rollout)})",
-                      "run 2 processes, trainer.nnodes=1 and actor_rollout_ref.rollout.nnodes=1, or "
+                      f"separate_async on several processes pairs each trainer process with a rollout process that "
+                      f"rolls out its share of the data (this job's trainer spans {len(trainer)} processes, its "
+                      f"rollout {len(rollout)})",
+                      "give the trainer and the rollout as many processes each (trainer.nnodes = "
+                      "actor_rollout_ref.rollout.nnodes, one process per node), or "
                       "trainer.v1.trainer_mode=colocate_async")
   if len(trainer_devices) < len(rollout_devices):
     raise ConfigError("actor_rollout_ref.rollout.n_gpus_per_node", config.actor_rollout_ref.rollout.n_gpus_per_node,
@@ -97,20 +107,20 @@ def _client() -> Any:
 
 
 class PeerFailed(RuntimeError):
-  """The other process failed (its error in the message)."""
+  """Another process failed (its error in the message)."""
 
 
 def abort(error: str) -> None:
-  """Tells the other process this one failed with `error` (whatever it waits for, it stops); the first error
+  """Tells the other processes this one failed with `error` (whatever they wait for, they stop); the first error
   told stands."""
   try:
     _client().key_value_set_bytes(f"{_PREFIX}/abort", error.encode())
-  except Exception:  # pylint: disable=broad-except  (the other process aborted first)
+  except Exception:  # pylint: disable=broad-except  (another process aborted first)
     pass
 
 
 def _aborted() -> str | None:
-  """The other process's error, if it aborted."""
+  """Another process's error, if one aborted."""
   try:
     return _client().key_value_try_get_bytes(f"{_PREFIX}/abort").decode()
   except Exception:  # pylint: disable=broad-except  (not found)
@@ -122,7 +132,7 @@ def _blocking_get(key: str) -> bytes:
   heartbeats, a failed one through `abort`).
 
   Raises:
-    PeerFailed: the other process aborted.
+    PeerFailed: another process aborted.
   """
   while True:
     try:
@@ -132,81 +142,96 @@ def _blocking_get(key: str) -> bytes:
         raise
     failed = _aborted()
     if failed is not None:
-      raise PeerFailed(f"the other process of this separate_async job failed:\n{failed}")
+      raise PeerFailed(f"another process of this separate_async job failed:\n{failed}")
+
+
+def _key(name: str) -> str:
+  """Message `name`'s key: its pair's (a trainer process and the rollout process of the same place in its role)."""
+  return f"{_PREFIX}/{hosts.index()}/{name}"
 
 
 def put(name: str, value: Any) -> None:
-  """Sends `value` (picklable) as message `name` to the other process."""
+  """Sends `value` (picklable) as message `name` to the other process of this one's pair."""
   data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
   pieces = [data[i:i + _CHUNK_BYTES] for i in range(0, len(data), _CHUNK_BYTES)] or [b""]
   for i, piece in enumerate(pieces):
-    _client().key_value_set_bytes(f"{_PREFIX}/{name}/{i}", piece)
-  _client().key_value_set_bytes(f"{_PREFIX}/{name}/pieces", str(len(pieces)).encode())
+    _client().key_value_set_bytes(f"{_key(name)}/{i}", piece)
+  _client().key_value_set_bytes(f"{_key(name)}/pieces", str(len(pieces)).encode())
 
 
 def take(name: str) -> Any:
-  """Message `name`, once the other process sent it (and removes it)."""
-  pieces = int(_blocking_get(f"{_PREFIX}/{name}/pieces").decode())
-  data = b"".join(_blocking_get(f"{_PREFIX}/{name}/{i}") for i in range(pieces))
-  _client().key_value_delete(f"{_PREFIX}/{name}")  # and the keys under it
+  """Message `name`, once the other process of this one's pair sent it (and removes it)."""
+  pieces = int(_blocking_get(f"{_key(name)}/pieces").decode())
+  data = b"".join(_blocking_get(f"{_key(name)}/{i}") for i in range(pieces))
+  _client().key_value_delete(_key(name))  # and the keys under it
   return pickle.loads(data)
 
 
 # ----- the weights, device to device --------------------------------------------------------
 
-def _mirror(sent: Any, devices: list[jax.Device]) -> Any:
-  """The NamedShardings of `sent` (the weights on the rollout's engine) over the first of `devices` laid out as
-  the engine's mesh: the same layout on the trainer's side, which a cross-host `jax.device_put` needs."""
+def _layouts(sent: Any, trainer_devices: list[jax.Device], rollout_devices: list[jax.Device]) -> tuple[Any, Any]:
+  """(mirror, target) NamedShardings of `sent` (the weights as a rollout process's engine lays them out over its
+  own devices): every rollout process's engine mesh stacked on a leading process axis, each holding all of
+  them (target), and the same layout over as many of the trainer's devices (mirror), which a cross-host
+  `jax.device_put` needs."""
   engine_mesh = jax.tree.leaves(sent)[0].sharding.mesh
-  mesh = Mesh(np.array(devices[:engine_mesh.size]).reshape(engine_mesh.devices.shape), engine_mesh.axis_names)
-  return jax.tree.map(lambda x: NamedSharding(mesh, x.sharding.spec), sent)
+  stacked = hosts.stacked_mesh(dict(engine_mesh.shape), rollout_devices)
+  mirror = Mesh(np.array(trainer_devices[:stacked.size]).reshape(stacked.devices.shape), stacked.axis_names)
+  return tuple(jax.tree.map(lambda x, m=m: NamedSharding(m, x.sharding.spec), sent) for m in (mirror, stacked))
 
 
 class CrossHostSend:
-  """The trainer's side of a weight sync: its weights -> cast and laid out as the rollout's engine computes with
-  them, on as many of the trainer's devices (`SendCopy`), then sent to the rollout's devices."""
+  """The trainer's side of a weight sync: its weights -> cast and laid out as every rollout process's engine
+  computes with them, on as many of the trainer's devices, then sent to the rollout's devices."""
 
-  def __init__(self, engine: Engine, params: Any, devices: list[jax.Device]):
+  def __init__(self, engine: Engine, params: Any, devices: list[jax.Device], rollout_devices: list[jax.Device]):
     """Args:
-      engine: the rollout process's engine (its mesh on that process's devices).
+      engine: the engine of a rollout process (its mesh on that process's devices; every one's is alike).
       params: the trainer's weights (arrays or ShapeDtypeStructs).
       devices: the trainer's devices.
+      rollout_devices: the rollout's devices.
     """
-    sent = engine.compute_params(abstract(params))
-    self._local = SendCopy(_mirror(sent, devices), engine.cast_impl)
-    self._target = jax.tree.map(lambda x: x.sharding, sent)
+    self._mirror, self._target = _layouts(engine.compute_params(abstract(params)), devices, rollout_devices)
+    self._cast = jax.jit(engine.cast_impl)
 
   def __call__(self, params: Any) -> int:
-    """Sends `params` (the trainer's weights); the bytes sent."""
-    local = separate.copied(self._local(params), params)  # the next update donates what the send may still read
+    """Sends `params` (the trainer's weights); the bytes sent (to each rollout process)."""
+    cast = self._cast(params)
+    # one array at a time onto the mirror: on several trainer processes two reshards in flight can take their
+    # collectives in different orders on different hosts (`hosts.HostLocalCopy`)
+    local = jax.tree.map(lambda x, s: jax.block_until_ready(jax.device_put(x, s)), cast, self._mirror)
+    local = separate.copied(local, params)  # the next update donates what the send may still read
     jax.device_put(local, self._target)
     return sum(x.nbytes for x in jax.tree.leaves(local))
 
 
 class CrossHostReceive:
-  """The rollout's side of a weight sync: the engine's weights, as the trainer's `CrossHostSend` sends them."""
+  """A rollout process's side of a weight sync: its engine's weights, as the trainer's `CrossHostSend` sends them."""
 
-  def __init__(self, engine: Engine, params: Any, trainer_devices: list[jax.Device]):
+  def __init__(self, engine: Engine, params: Any, trainer_devices: list[jax.Device],
+               rollout_devices: list[jax.Device]):
     """Args:
       engine: this process's engine.
       params: the trainer's weights, abstract (ShapeDtypeStructs on the trainer's devices).
-      trainer_devices: the trainer's devices.
+      trainer_devices, rollout_devices: the trainer's devices, the rollout's.
     """
     sent = engine.compute_params(params)
-    self._sources = jax.tree.map(
-        lambda x, s: jax.make_array_from_single_device_arrays(x.shape, s, [], dtype=x.dtype),
-        sent, _mirror(sent, trainer_devices))
+    mirror, self._stacked = _layouts(sent, trainer_devices, rollout_devices)
+    self._sources = jax.tree.map(lambda x, s: jax.make_array_from_single_device_arrays(x.shape, s, [], dtype=x.dtype),
+                                 sent, mirror)
     self._target = jax.tree.map(lambda x: x.sharding, sent)
 
   def __call__(self) -> Any:
     """The next weights the trainer sends (on this process's devices, once they arrive)."""
-    return jax.block_until_ready(jax.device_put(self._sources, self._target))
+    arrived = jax.block_until_ready(jax.device_put(self._sources, self._stacked))
+    return jax.tree.map(lambda x, s: jax.make_array_from_single_device_arrays(
+        x.shape, s, [shard.data for shard in x.addressable_shards]), arrived, self._target)
 
 
 # ----- the trainer's side ----------------------------------------------------------------------
 
 class RemoteRollout:
-  """The trainer's view of the rollout process: a `separate.RolloutDriver`'s interface (weights out, each step's
+  """A trainer process's view of its rollout process: a `separate.RolloutDriver`'s interface (weights out, each step's
   picked groups in) and a stream's resume positions."""
 
   def __init__(self, send: Callable[[Any], int], schedule: streaming.Schedule, first_step: int, last_step: int,
@@ -282,7 +307,7 @@ class RemoteRollout:
 # ----- the rollout's side ----------------------------------------------------------------------
 
 def _receive(driver: separate.RolloutDriver, receive: CrossHostReceive, failed: list[str]) -> None:
-  """The rollout process's receiving thread: each announced version's weights into the driver's box, between
+  """A rollout process's receiving thread: each announced version's weights into the driver's box, between
   the decode chunks, until the trainer announces no more; then, or on an error (its traceback into `failed`),
   the rollout stops."""
   try:
@@ -291,7 +316,7 @@ def _receive(driver: separate.RolloutDriver, receive: CrossHostReceive, failed: 
       if version is None:  # the trainer's end: a failed one aborted first
         failed_trainer = _aborted()
         if failed_trainer is not None:
-          raise PeerFailed(f"the trainer's process failed:\n{failed_trainer}")
+          raise PeerFailed(f"another process of this separate_async job failed:\n{failed_trainer}")
         break
       with driver.turns.exclusive():
         driver.box.publish(version, receive())
@@ -304,7 +329,7 @@ def _receive(driver: separate.RolloutDriver, receive: CrossHostReceive, failed: 
 
 def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Callable[[int], dict[str, Any]],
           receive: CrossHostReceive) -> None:
-  """The rollout process's run: picks each step's groups (`driver`, started at `start["first_step"]`) and sends
+  """A rollout process's run: picks each step's groups (`driver`, started at `start["first_step"]`) and sends
   them with the stream's `position` after them, while a thread receives the weights; returns once the trainer
   announced no more weights. The data's end, or an error, goes to the trainer as that step's message."""
   driver.rollout.turn = driver.turns.chunk  # the weights arrive between its decode chunks

@@ -15,7 +15,7 @@ steps instead (`rljax.rl.streaming`): a step trains the first batch of
 prompts whose responses are all done, some begun under older weights.
 Under separate_async the same stream runs on devices of its own, on a
 thread of its own, while the trainer updates (`rljax.rl.separate`); on
-several processes, on a process of its own (`rljax.rl.remote`).
+several processes, on processes of its own (`rljax.rl.remote`).
 
 On-policy shortcut: with one PPO epoch over a single mini-batch and nothing
 that needs them before the update (KL in reward, rollout correction, bypass
@@ -179,7 +179,7 @@ class RLTrainer:
       hosts.set_group(self.roles[1] if self.rollout_process else self.roles[0])
     check_job(config)
     arr = config.actor_rollout_ref
-    rollout_devices = _rollout_devices(config, self.mesh)
+    self.rollout_devices = rollout_devices = _rollout_devices(config, self.mesh)
     self.tokenizer = models.load_tokenizer(config.data.tokenizer or arr.model.path)
     self.data = data_lib.make_train_iterator(config, self.tokenizer, hosts.index(), hosts.count())
     self.separate = bool(rollout_devices)  # the rollout thread reads the data: the loop's batches are tickets
@@ -228,14 +228,15 @@ class RLTrainer:
   def _async_rollout(self, position: dict[str, Any] | None = None, stream: stream_lib.DecodeStream | None = None
                      ) -> streaming.AsyncRollout | remote.RemoteRollout | None:
     """colocate_async's generation (None in sync mode), from `position` (a checkpoint's) or the data's start, on
-    `stream` (an idle one, whose KV cache it reuses) or a new one; on the trainer's process of a separate_async
-    job on several processes, the rollout process's (`remote.RemoteRollout`)."""
+    `stream` (an idle one, whose KV cache it reuses) or a new one; on a trainer process of a separate_async
+    job on several processes, its rollout process's (`remote.RemoteRollout`)."""
     groups = self.config.data.train_batch_size // hosts.count()
     policy = streaming.policy_of(self.config, groups)
     if policy is None:
       return None
     if self.roles is not None and not self.rollout_process:
-      send = remote.CrossHostSend(self.run.rollout_engine, self.actor_params, list(self.mesh.devices.flat))
+      send = remote.CrossHostSend(self.run.rollout_engine, self.actor_params, list(self.mesh.devices.flat),
+                                  self.rollout_devices)
       return remote.RemoteRollout(send, streaming.schedule_of(self.config), self.step, self.run.layout.total_steps,
                                   position, self.state.data_position)
     position = position or {}
@@ -627,7 +628,7 @@ class RLTrainer:
   # ----- the run -------------------------------------------------------------------------
 
   def serve_rollout(self) -> None:
-    """A rollout process's run (`remote.serve`): the stream from where the trainer's process starts it, its
+    """A rollout process's run (`remote.serve`): the stream from where its trainer process starts it, its
     picks sent there, until the trainer ends it."""
     start = remote.take("start")
     if start is None:  # the trainer trains no step
@@ -637,7 +638,8 @@ class RLTrainer:
     self.state = self.state.replace(step=start["first_step"])
     self.streaming = self._async_rollout(start["stream_position"])
     self.driver = self._driver()
-    receive = remote.CrossHostReceive(self.run.engine, self.actor_params, list(self.mesh.devices.flat))
+    receive = remote.CrossHostReceive(self.run.engine, self.actor_params, list(self.mesh.devices.flat),
+                                      self.rollout_devices)
     with training_loop.PreemptionGuard():  # preempted, the trainer saves after its step, then ends the rollout
       remote.serve(start, self.driver, self.streaming.position, receive)
 
@@ -712,7 +714,7 @@ def run(config: ConfigDict) -> dict[str, float]:
   except remote.PeerFailed:
     raise
   except Exception:
-    if roles is not None:  # the other process stops instead of waiting for this one
+    if roles is not None:  # the other processes stop instead of waiting for this one
       remote.abort(traceback.format_exc())
     raise
   finally:

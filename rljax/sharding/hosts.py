@@ -15,15 +15,16 @@ sampling moves kept rows between hosts (`global_rows`).
 In a single-process job every function here is the identity or close to it.
 
 A job whose processes play different roles (separate_async on several
-processes: a trainer process and a rollout process) runs each role's
+processes: the trainer's processes and the rollout's) runs each role's
 programs on its own processes only: `set_group` names this process's, and
-`count`, `index` and the exchanges here span them alone.
+`count`, `index`, the exchanges here and `barrier` span them alone.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import zlib
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -37,14 +38,8 @@ _GROUP: tuple[int, ...] | None = None  # this process's role's processes; None: 
 
 
 def set_group(group: Sequence[int] | None) -> None:
-  """The processes this process's programs and exchanges span (its role's), or None for every process.
-
-  Raises:
-    ValueError: a group of several processes that is not the whole job (roles of one process each only).
-  """
+  """The processes this process's programs and exchanges span (its role's), or None for every process."""
   global _GROUP
-  if group is not None and 1 < len(group) < jax.process_count():
-    raise ValueError(f"a role of several processes ({list(group)}) beside another: every role is one process")
   _GROUP = None if group is None else tuple(sorted(group))
 
 
@@ -80,11 +75,10 @@ def local_mesh(shape: dict[str, int], devices: Iterable[jax.Device] | None = Non
   return build_mesh(shape, process_devices(jax.process_index(), devices))
 
 
-def _stacked_mesh(shape: dict[str, int], devices: Sequence[jax.Device]) -> Mesh:
+def stacked_mesh(shape: dict[str, int], devices: Sequence[jax.Device]) -> Mesh:
   """Every process's local mesh of `shape` over its share of `devices`, stacked on a leading `process` axis."""
-  grids = [build_mesh(shape, process_devices(p, devices)).devices for p in processes(devices)]
-  axes = local_mesh(shape, devices).axis_names
-  return Mesh(np.stack(grids), ("process", *axes))
+  meshes = [build_mesh(shape, process_devices(p, devices)) for p in processes(devices)]
+  return Mesh(np.stack([m.devices for m in meshes]), ("process", *meshes[0].axis_names))
 
 
 class HostLocalCopy:
@@ -111,7 +105,7 @@ class HostLocalCopy:
     self._local, self._treedef = jax.tree.flatten(shardings)
     mesh = self._local[0].mesh
     self._devices = list(devices)
-    stacked = _stacked_mesh(dict(zip(mesh.axis_names, mesh.devices.shape)), self._devices)
+    stacked = stacked_mesh(dict(zip(mesh.axis_names, mesh.devices.shape)), self._devices)
     self._stacked = [NamedSharding(stacked, s.spec) for s in self._local]
     self._cast = jax.jit(cast)
     self._meshes: dict[tuple[tuple[str, int], ...], Mesh] = {}
@@ -124,7 +118,7 @@ class HostLocalCopy:
       return [target]
     key = tuple(shape.items())
     if key not in self._meshes:
-      self._meshes[key] = _stacked_mesh(shape, self._devices)
+      self._meshes[key] = stacked_mesh(shape, self._devices)
     return [NamedSharding(self._meshes[key], source.spec), target]
 
   def __call__(self, tree: Any) -> Any:
@@ -209,7 +203,7 @@ def global_rows(fn: Callable[[Any, Any], tuple[Any, Any]], rows: Any, shared: An
   """
   if count() == 1:
     return fn(rows, shared)
-  mesh = Mesh(np.array([process_devices(p)[0] for p in range(count())]), ("process",))
+  mesh = Mesh(np.array([process_devices(p)[0] for p in group()]), ("process",))
   split, whole = NamedSharding(mesh, PartitionSpec("process")), NamedSharding(mesh, PartitionSpec())
   rows = jax.tree.map(lambda x: jax.make_array_from_process_local_data(split, np.asarray(x)), rows)
   shared = jax.tree.map(lambda x: jax.make_array_from_process_local_data(whole, np.asarray(x)), shared)
@@ -238,7 +232,29 @@ def process_concat(values: np.ndarray) -> np.ndarray:
   ([P * n, ...])."""
   if count() == 1:
     return np.asarray(values)
-  return np.asarray(multihost_utils.process_allgather(np.asarray(values), tiled=True))
+  return np.asarray(_allgather(np.asarray(values), tiled=True))
+
+
+def _allgather(values: np.ndarray, tiled: bool = False) -> np.ndarray:
+  """Every process's `values` of this role ([n, ...] each, the same shape) stacked ([P, n, ...]) or, `tiled`,
+  concatenated ([P * n, ...]) in process order: `multihost_utils.process_allgather` over the role's processes (its
+  own over the whole job)."""
+  if _GROUP is None:
+    return np.asarray(multihost_utils.process_allgather(values, tiled=tiled))
+  rows = np.asarray(values)
+  rows = rows if tiled and rows.ndim else rows[None]
+  devices = [process_devices(p) for p in group()]
+  mesh = Mesh(np.array(devices), ("process", "local"))
+  split = NamedSharding(mesh, PartitionSpec("process"))
+  parts = [jax.device_put(rows, d) for d in devices[index()]]
+  x = jax.make_array_from_single_device_arrays((len(devices) * rows.shape[0], *rows.shape[1:]), split, parts)
+  return np.asarray(jax.jit(lambda v: v, out_shardings=NamedSharding(mesh, PartitionSpec()))(x).addressable_data(0))
+
+
+def barrier(name: str) -> None:
+  """Waits until every process of this role reaches the barrier `name`."""
+  if count() > 1:
+    _allgather(np.uint32(zlib.crc32(name.encode())))
 
 
 def process_objects(value: Any) -> list[Any]:
@@ -246,8 +262,8 @@ def process_objects(value: Any) -> list[Any]:
   if count() == 1:
     return [value]
   data = np.frombuffer(json.dumps(value).encode(), np.uint8)
-  width = int(np.asarray(multihost_utils.process_allgather(np.int32(data.size))).max())  # exact (no float)
-  every = np.asarray(multihost_utils.process_allgather(np.pad(data, (0, width - data.size))))
+  width = int(np.asarray(_allgather(np.int32(data.size))).max())  # exact (no float)
+  every = np.asarray(_allgather(np.pad(data, (0, width - data.size))))
   return [json.loads(bytes(row).rstrip(b"\0").decode()) for row in every]
 
 
@@ -269,7 +285,7 @@ def process_sum(values: Sequence[float] | np.ndarray) -> np.ndarray:
   values = np.asarray(values, np.float64)
   if count() == 1:
     return values
-  return np.asarray(multihost_utils.process_allgather(values)).sum(0)
+  return np.asarray(_allgather(values)).sum(0)
 
 
 def process_total(value: float) -> float:
@@ -282,5 +298,5 @@ def process_extrema(values: Sequence[float] | np.ndarray) -> tuple[np.ndarray, n
   values = np.asarray(values, np.float64)
   if count() == 1:
     return values, values
-  every = np.asarray(multihost_utils.process_allgather(values))
+  every = np.asarray(_allgather(values))
   return every.max(0), every.min(0)

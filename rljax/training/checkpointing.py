@@ -38,7 +38,6 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
-from jax.experimental import multihost_utils
 from jax.sharding import SingleDeviceSharding
 from ml_collections import ConfigDict
 
@@ -121,8 +120,7 @@ def _remove_incomplete_steps(directory: str) -> None:
       if _STEP_DIR.match(path.name) and not is_complete(path):
         logging.warning("removing incomplete checkpoint %s (no %s)", path, COMMIT_MARKER)
         path.rmtree()
-  if hosts.count() > 1:
-    multihost_utils.sync_global_devices("rljax_remove_incomplete_steps")
+  hosts.barrier("rljax_remove_incomplete_steps")
 
 
 def _multiprocessing_options() -> ocp.options.MultiprocessingOptions:
@@ -236,7 +234,7 @@ class Checkpointer:
           "saves newer steps); resume from it (trainer.resume_mode=auto) or point "
           "trainer.default_local_dir at a fresh directory."
       )
-    if hosts.count() < jax.process_count():
+    if hosts.count() == 1 < jax.process_count():
       # orbax refuses a fully addressable array in a multi-process job (it takes it for a host-local one): where
       # the trainer is one process of several, its arrays are saved from the host, as the same stored arrays
       arrays = jax.device_get(dict(arrays))

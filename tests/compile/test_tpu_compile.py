@@ -417,6 +417,9 @@ def test_separate_async_compiles_each_side_on_its_own_hosts_and_counts_what_it_s
   assert weights.fits and not weights.collectives.get("all-gather")
   line = report.sent_line((sent, per_device), 4, 4, target.chip)
   assert line.startswith("separate_async: every 4 update(s) the trainer sends") and "no compiler estimate" in line
+  # a rollout of two hosts (v5p-32 split 2/2, one process per host): each host receives a copy of its own
+  assert f"sends {report.gib(2 * sent)} GiB of weights to the rollout's 8 devices (2 hosts, a copy of " \
+         f"{report.gib(sent)} GiB each)" in report.sent_line((sent, per_device), 8, 4, target.chip, 2)
   # validating: in one process it decodes on the rollout's chips, beside the stream (one more weight copy there);
   # with the rollout on a host (a process) of its own, on the trainer's chips (`rljax.rl.remote`)
   config.trainer.test_freq, config.data.val_files = 2, "val.parquet"

@@ -83,8 +83,10 @@ def test_on_several_processes_the_trainer_and_the_rollout_each_take_whole_proces
                                         r"the trainer's.*n_gpus_per_node=4"):
     remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=2"), two_by_four)
   four_by_two = [device(i, i // 2) for i in range(8)]
-  with pytest.raises(ConfigError, match=r"rollout.nnodes=1: separate_async on several processes runs one trainer "
-                                        r"process and one rollout process \(this job's trainer spans 3"):
+  assert remote.roles(config("actor_rollout_ref.rollout.nnodes=2", "actor_rollout_ref.rollout.n_gpus_per_node=2"),
+                      four_by_two) == ((0, 1), (2, 3))
+  with pytest.raises(ConfigError, match=r"rollout.nnodes=1: separate_async on several processes pairs each trainer "
+                                        r"process with a rollout process .*trainer spans 3 processes, its rollout 1"):
     remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=2"), four_by_two)
   with pytest.raises(ConfigError, match=r"the trainer's 2 devices send the weights laid out as the rollout's 6"):
     remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=6"), four_by_two[:2] + [device(i, 1) for i in range(2, 8)])
