@@ -248,7 +248,11 @@ def _allgather(values: np.ndarray, tiled: bool = False) -> np.ndarray:
   split = NamedSharding(mesh, PartitionSpec("process"))
   parts = [jax.device_put(rows, d) for d in devices[index()]]
   x = jax.make_array_from_single_device_arrays((len(devices) * rows.shape[0], *rows.shape[1:]), split, parts)
-  return np.asarray(jax.jit(lambda v: v, out_shardings=NamedSharding(mesh, PartitionSpec()))(x).addressable_data(0))
+  return np.asarray(jax.jit(_identity, out_shardings=NamedSharding(mesh, PartitionSpec()))(x).addressable_data(0))
+
+
+def _identity(x: Any) -> Any:
+  return x  # one function, so that `jax.jit` compiles each gather once
 
 
 def barrier(name: str) -> None:
