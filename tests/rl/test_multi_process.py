@@ -155,6 +155,19 @@ def pop_is_noise(records):
   return records
 
 
+def restarted_step_3(argv, tmp_path, runs):
+  """Each (run directory, processes) of `runs` run again from step 2's checkpoint; their step 3 metrics, checked
+  equal across the runs (the IS weights' noise popped)."""
+  restarts = []
+  for run, count in runs:
+    shutil.rmtree(tmp_path / run / "global_step_3")
+    again = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/{run}"], count, f"{tmp_path}/{run}")
+    assert [m["step"] for m in again] == [0, 1, 2, 3, 3]
+    restarts.append(pop_is_noise(again[-1:]))
+  processes.assert_same_metrics(*restarts, atol=1e-6)
+  return restarts
+
+
 def separate_job(model_dir, data_dir, tmp_path, *extra):
   """`job` under separate_async, the rollout on the last 4 of 8 devices: 3 steps of DAPO's dynamic sampling (the
   rollout judges each group as it ends), validation before and after step 2 on the trainer's devices, token rollout
@@ -185,13 +198,7 @@ def test_separate_async_with_the_rollout_on_a_process_of_its_own_logs_the_metric
   processes.assert_same_metrics(one, two, atol=1e-6)
   # both restarted after step 2's checkpoint: the rollout process resumes where the trainer's checkpoint says
   # (under the checkpoint's weights: older versions are not saved, so step 3 is not the uninterrupted run's)
-  restarts = []
-  for run, count in (("one", 1), ("two", 2)):
-    shutil.rmtree(tmp_path / run / "global_step_3")
-    again = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/{run}"], count, f"{tmp_path}/{run}")
-    assert [m["step"] for m in again] == [0, 1, 2, 3, 3]
-    restarts.append(pop_is_noise(again[-1:]))
-  processes.assert_same_metrics(*restarts, atol=1e-6)
+  restarts = restarted_step_3(argv, tmp_path, (("one", 1), ("two", 2)))
   assert restarts[0][0]["off_policy/staleness/max"] == 1
 
 
@@ -214,13 +221,7 @@ def test_separate_async_with_trainer_and_rollout_on_two_processes_each_logs_the_
   processes.assert_same_metrics(one, four, atol=1e-6)
   # both restart from step 2's checkpoint (the trainer's two processes wrote it together): each rollout process
   # resumes where its share of the data was
-  restarts = []
-  for run, count in (("one", 1), ("four", 4)):
-    shutil.rmtree(tmp_path / run / "global_step_3")
-    again = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/{run}"], count, f"{tmp_path}/{run}")
-    assert [m["step"] for m in again] == [0, 1, 2, 3, 3]
-    restarts.append(pop_is_noise(again[-1:]))
-  processes.assert_same_metrics(*restarts, atol=1e-6)
+  restarted_step_3(argv, tmp_path, (("one", 1), ("four", 4)))
 
 
 def test_a_separate_async_run_that_trains_no_step_ends_its_rollout_process(model_dir, data_dir, tmp_path):
