@@ -537,9 +537,11 @@ def _hbm_walk(computations: dict[str, Computation], name: str, count: int, seen:
       if body:
         total += _hbm_walk(computations, body, count * (1 if trips is None else trips), seen)
       continue
-    if inst.opcode in ("call", "conditional"):
-      for callee in inst.called():
-        total += _hbm_walk(computations, callee, count, seen)
+    if inst.opcode == "call":
+      total += sum(_hbm_walk(computations, callee, count, seen) for callee in inst.called())
+      continue
+    if inst.opcode == "conditional":  # one branch runs: the costliest
+      total += max((_hbm_walk(computations, callee, count, seen) for callee in inst.called()), default=0.0)
       continue
     if inst.opcode in _NO_TRAFFIC or inst.opcode.endswith("-done"):
       continue
@@ -576,7 +578,8 @@ def hbm_bytes(text: str) -> float:
   result, except what lives in an alternate memory space (`S(1)`: XLA's
   prefetches into on-chip memory count once, as the copy that reads HBM);
   a fusion reads only the slices it takes of an operand, and an update in
-  place writes only the update. A bound on what the program moves (a Pallas
+  place writes only the update; a `conditional` counts its costliest
+  branch. A bound on what the program moves (a Pallas
   kernel is charged its whole operands, however few blocks it reads), not
   a simulation.
   """

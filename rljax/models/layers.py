@@ -53,6 +53,40 @@ def make_param(
   )
 
 
+@jax.tree_util.register_pytree_node_class
+class PerLayer:
+  """A stacked parameter [L, ...] held as its L layers' values (arrays or `QuantizedWeight`s), each [...].
+
+  The engine's copy of a scanned mixture-of-experts model keeps its expert
+  kernels this way (`rljax.rollout.engine`): its layers run one after
+  another on static slices, and a slice of a stacked kernel feeding a
+  grouped matmul is copied out every decode step (a dot reads it in place),
+  where a layer's own array is read as it lies.
+  """
+
+  def __init__(self, layers: Any):
+    self.layers = tuple(layers)
+
+  def tree_flatten(self) -> tuple[tuple[Any, ...], None]:
+    return self.layers, None
+
+  @classmethod
+  def tree_unflatten(cls, _, layers: Any) -> "PerLayer":
+    return cls(layers)
+
+
+def split_layers(value: Any) -> PerLayer:
+  """A stacked value (an array or a `QuantizedWeight` of arrays [L, ...]) as a PerLayer of its L layers."""
+  return PerLayer(jax.tree.map(lambda x, i=i: x[i], value) for i in range(jax.tree.leaves(value)[0].shape[0]))
+
+
+def layer_of(value: Any, i: int) -> Any:
+  """Layer i of a stacked value: its own entry of a PerLayer, else a static slice [i] of each array."""
+  if isinstance(value, PerLayer):
+    return value.layers[i]
+  return jax.tree.map(lambda x: x[i], value)
+
+
 @jax.custom_vjp
 def _cast(x: jax.Array, dtype_of: jax.Array) -> jax.Array:
   return x.astype(dtype_of.dtype)

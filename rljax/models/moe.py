@@ -22,6 +22,13 @@ layout it has there:
 * `mlp` over `tensor`: the down projection's partial sums are summed over
   `tensor`.
 
+Capacity. A weight-stationary pass (a decode step) whose experts are split
+over devices sizes each device's grouped matmuls for `CAPACITY_FACTOR`
+times its even share of the token copies (`capacity`), its own copies
+first, rather than for all N*k of them: a device holding 16 of 128 experts
+multiplies about 1/8 of the rows. A device routed more copies than that runs
+all of them (`jax.lax.cond`), so the result is exact whatever the routing.
+
 Router statistics (`stats`, [2, E]: copies routed to each expert and summed
 router probabilities, over real tokens) feed the load-balancing loss and
 the expert-load metrics. Each token's chosen experts are returned too, and
@@ -48,6 +55,9 @@ from rljax.models.weight_quant import QuantizedWeight
 from rljax.sharding import rules as rules_lib
 
 _NORMAL = jax.nn.initializers.normal(0.02)
+# a weight-stationary pass (a decode step) sizes each device's grouped matmuls for this many times its even share
+# of the token copies when the experts are split over devices (more fall back to all copies, `_experts_bounded`)
+CAPACITY_FACTOR = 2.0
 WEIGHT_NAMES = {"gate": ("exp", "embed", "mlp"), "up": ("exp", "embed", "mlp"), "down": ("exp", "mlp", "embed")}
 
 
@@ -135,14 +145,33 @@ def _sorted_copies(ids: jax.Array, first: Any, experts: int) -> tuple[jax.Array,
   return order, sizes, here
 
 
-def _project(rows: jax.Array, kernel: jax.Array, sizes: jax.Array, adapter: tuple | None) -> jax.Array:
-  """rows [M, in] @ their experts' kernels [E', in, out] (an 8-bit `QuantizedWeight` dequantized as it is read),
-  plus scale * (rows @ A) @ B with a LoRA adapter.
+def _row_scales(scale: jax.Array, sizes: jax.Array, rows: int) -> jax.Array:
+  """[rows, out]: each row's expert's output-channel scales (scale [E', 1, out]; rows past the groups take the
+  last expert's, their products being zero)."""
+  group = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(rows, dtype=sizes.dtype), side="right")
+  return scale[jnp.minimum(group, scale.shape[0] - 1), 0]
+
+
+def _grouped(rows: jax.Array, kernel: jax.Array | QuantizedWeight, sizes: jax.Array) -> jax.Array:
+  """rows [M, in] @ their experts' kernels [E', in, out]. An int8 kernel's values go to the grouped matmul as
+  they are stored and its per-output-channel scales multiply the product (the grouped matmul, a custom call,
+  cannot fuse a convert: a dequantized kernel would be written out as a temporary every call); a float8 one is
+  dequantized first (given float8 values, libtpu's v5p grouped matmul converts them into a temporary too)."""
+  if isinstance(kernel, QuantizedWeight) and kernel.values.dtype == jnp.int8:
+    y = jax.lax.ragged_dot(rows, kernel.values, sizes, preferred_element_type=rows.dtype)
+    return y * _row_scales(kernel.scale, sizes, rows.shape[0]).astype(rows.dtype)
+  return jax.lax.ragged_dot(rows, weight_quant.dequantize(kernel, rows.dtype), sizes)
+
+
+def _project(rows: jax.Array, kernel: jax.Array | QuantizedWeight, sizes: jax.Array,
+             adapter: tuple | None) -> jax.Array:
+  """rows [M, in] @ their experts' kernels [E', in, out] (`_grouped`), plus scale * (rows @ A) @ B with a LoRA
+  adapter.
 
   adapter: (A [E', in, r], B [E', r, out], scale []) or None. Both terms are
   linear in rows, so a partial sum over a split `in` stays one.
   """
-  y = jax.lax.ragged_dot(rows, weight_quant.dequantize(kernel, rows.dtype), sizes)
+  y = _grouped(rows, kernel, sizes)
   if adapter is None:
     return y
   a, b, scale = adapter
@@ -150,8 +179,17 @@ def _project(rows: jax.Array, kernel: jax.Array, sizes: jax.Array, adapter: tupl
   return y + jax.lax.ragged_dot(h, b.astype(rows.dtype), sizes)
 
 
-def _experts_local(x, ids, weights, gate, up, down, first, sum_inputs, sum_outputs, adapters) -> jax.Array:
-  """The outputs [N, D'] of N tokens' copies routed to this device's experts, weighted and summed per token.
+def _swiglu_rows(rows, sizes, gate, up, down, sum_inputs, adapters) -> jax.Array:
+  """rows [M, D'] (sorted by local expert, `sizes` [E'] rows each; the rest left zero) through their experts'
+  SwiGLU -> [M, D'] (a partial sum over a split embed or mlp axis)."""
+  h_gate = sum_inputs(_project(rows, gate, sizes, adapters.get("gate")))
+  h_up = sum_inputs(_project(rows, up, sizes, adapters.get("up")))
+  return _project(jax.nn.silu(h_gate) * h_up, down, sizes, adapters.get("down"))
+
+
+def _experts_local(x, ids, weights, gate, up, down, first, sum_inputs, adapters) -> jax.Array:
+  """The outputs [N, D'] of N tokens' copies routed to this device's experts, weighted and summed per token (a
+  partial sum over a split mlp axis and over other devices' experts).
 
   Args:
     x: [N, D'] tokens (D' = D / the devices splitting a weight's embed axis).
@@ -159,19 +197,45 @@ def _experts_local(x, ids, weights, gate, up, down, first, sum_inputs, sum_outpu
     gate, up: [E', D', F'] local experts' weights; down: [E', F', D'] (or their `QuantizedWeight`s).
     first: the global id of local expert 0.
     sum_inputs: sums partial projections over the embed split (identity when whole).
-    sum_outputs: sums [N, D'] partial outputs (tensor split, other devices' experts).
     adapters: {gate, up, down: (A, B, scale)} LoRA adapters of the local experts (some or none).
   """
   n, k = ids.shape
   order, sizes, here = _sorted_copies(ids, first, weight_quant.shape(gate)[0])
-  rows = x[order // k]
-  h_gate = sum_inputs(_project(rows, gate, sizes, adapters.get("gate")))
-  h_up = sum_inputs(_project(rows, up, sizes, adapters.get("up")))
-  y = _project(jax.nn.silu(h_gate) * h_up, down, sizes, adapters.get("down"))
+  y = _swiglu_rows(x[order // k], sizes, gate, up, down, sum_inputs, adapters)
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
   y = y[inverse].reshape(n, k, -1)
   scale = jnp.where(here, weights, jnp.zeros_like(weights)).astype(x.dtype)
-  return sum_outputs(jnp.einsum("nkd,nk->nd", y, scale))
+  return jnp.einsum("nkd,nk->nd", y, scale)
+
+
+def capacity(copies: int, shards: int) -> int:
+  """Rows a device's grouped matmuls are sized for when `copies` token copies are routed over experts split
+  `shards` ways: CAPACITY_FACTOR times an even share, in whole sublane tiles of 8, at most all of them."""
+  return min(copies, -(-math.ceil(CAPACITY_FACTOR * copies / shards) // 8) * 8)
+
+
+def _experts_capped(x, ids, weights, gate, up, down, first, sum_inputs, adapters, rows: int) -> jax.Array:
+  """`_experts_local` with the grouped matmuls sized for `rows` copies (the local ones first): exact when at
+  most `rows` copies are routed here, which `_experts_bounded` checks."""
+  n, k = ids.shape
+  order, sizes, here = _sorted_copies(ids, first, weight_quant.shape(gate)[0])
+  taken = order[:rows]
+  y = _swiglu_rows(x[taken // k], sizes, gate, up, down, sum_inputs, adapters)
+  scale = jnp.where(here, weights, jnp.zeros_like(weights)).astype(x.dtype).reshape(-1)[taken]
+  return jnp.zeros_like(x).at[taken // k].add(y * scale[:, None])
+
+
+def _experts_bounded(x, ids, weights, gate, up, down, first, sum_inputs, adapters, rows: int) -> jax.Array:
+  """`_experts_local` computed over `rows` copies (`_experts_capped`), or over all N*k when more are routed to
+  this device's experts (exact either way; the branch is taken per device, and the devices summing partial
+  projections over an embed split hold the same tokens and experts, so they take the same one)."""
+  experts = weight_quant.shape(gate)[0]
+  routed = jnp.sum((ids >= first) & (ids < first + experts))
+  args = (x, ids, weights, gate, up, down)
+  return jax.lax.cond(
+      routed > rows,
+      lambda *a: _experts_local(*a, first, sum_inputs, adapters),
+      lambda *a: _experts_capped(*a, first, sum_inputs, adapters, rows), *args)
 
 
 class Adapter(NamedTuple):
@@ -218,7 +282,7 @@ def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array |
   if mesh is None:
     local = {name: (a.a, a.b, a.scale) for name, a in adapters.items()}
     out = _experts_local(x.reshape(b * t, d), ids.reshape(-1, k), weights.reshape(-1, k), gate, up, down, 0,
-                         lambda v: v, lambda v: v, local)
+                         lambda v: v, local)
     return out.reshape(b, t, d)
   w_spec = rules_lib.weight_spec(WEIGHT_NAMES["gate"], weight_quant.shape(gate))
   exp_axes, d_axes, f_axes = (rules_lib.spec_axes(e) for e in w_spec)
@@ -229,7 +293,9 @@ def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array |
   x_spec = PartitionSpec(*(_spec_entry(e) for e in tok), _spec_entry(d_axes))
   r_spec = PartitionSpec(*(_spec_entry(e) for e in tok), None)
   summed = tuple(f_axes) + tuple(a for a in exp_axes if a not in gathered)
-  experts = weight_quant.shape(gate)[0] // math.prod(mesh.shape[a] for a in exp_axes)
+  shards = math.prod(mesh.shape[a] for a in exp_axes)
+  experts = weight_quant.shape(gate)[0] // shards
+  stationary = not rules_lib.gathers()
 
   names = sorted(adapters)
 
@@ -242,7 +308,12 @@ def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array |
     sum_in = (lambda v: jax.lax.psum(v, d_axes)) if d_axes else (lambda v: v)
     sum_out = (lambda v: jax.lax.psum(v, summed)) if summed else (lambda v: v)
     local = {name: tuple(lora[3 * i:3 * i + 3]) for i, name in enumerate(names)}
-    out = _experts_local(x, ids, weights, gate, up, down, first, sum_in, sum_out, local)
+    rows = capacity(x.shape[0] * k, shards)
+    if stationary and rows < x.shape[0] * k:
+      out = _experts_bounded(x, ids, weights, gate, up, down, first, sum_in, local, rows)
+    else:
+      out = _experts_local(x, ids, weights, gate, up, down, first, sum_in, local)
+    out = sum_out(out)
     if gathered:
       out = jax.lax.psum_scatter(out, gathered, scatter_dimension=0, tiled=True)
     return out.reshape(lb, lt, ld)

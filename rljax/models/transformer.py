@@ -25,7 +25,7 @@ from flax import nnx
 from rljax.models import kv_quant, rope, weight_quant
 from rljax.models.attention import AttentionMask
 from rljax.models.config import ModelConfig
-from rljax.models.layers import Block, RMSNorm, gather_layer, make_param
+from rljax.models.layers import Block, PerLayer, RMSNorm, gather_layer, layer_of, make_param
 from rljax.models import moe
 from rljax.models.remat import remat_policy
 from rljax.sharding.rules import constrain
@@ -204,9 +204,10 @@ class CausalLM(nnx.Module):
     sparse layers' Routing or None for a dense model).
 
     With scan_layers, a pass without a cache or with a stacked one scans the
-    stacked layers; against per-layer caches (the engine's) the layers run
-    one after another over static slices of the stacked parameters, so each
-    layer's cache is read and written in place.
+    stacked layers; against per-layer caches (the engine's), or with
+    parameters held per layer (`PerLayer`, the engine's expert kernels), the
+    layers run one after another over static slices of the stacked
+    parameters, so each layer's cache is read and written in place.
     """
     cfg = self.cfg
     write_index = None if cache is None else cache.index
@@ -229,7 +230,9 @@ class CausalLM(nnx.Module):
         return jax.checkpoint(apply, static_argnums=(0,), policy=remat_policy(cfg.remat_policy))
       return apply
 
-    if cfg.scan_layers and (cache is None or not isinstance(cache.k, tuple)):
+    split = cfg.scan_layers and any(isinstance(p, PerLayer) for p in jax.tree.leaves(
+        nnx.state(self.layers), is_leaf=lambda p: isinstance(p, PerLayer)))
+    if cfg.scan_layers and (cache is None or not isinstance(cache.k, tuple)) and not split:
       graphdef, state = nnx.split(self.layers)
       kinds = {local: functools.partial(layer_fn(local), graphdef) for local in masks}
 
@@ -247,7 +250,8 @@ class CausalLM(nnx.Module):
       return x, kv_out, _routing(routing)
     if cfg.scan_layers:
       graphdef, stacked = nnx.split(self.layers)
-      layers = [(graphdef, jax.tree.map(lambda p, i=i: p[i], stacked)) for i in range(cfg.num_layers)]
+      layers = [(graphdef, jax.tree.map(lambda p, i=i: layer_of(p, i), stacked,
+                                        is_leaf=lambda p: isinstance(p, PerLayer))) for i in range(cfg.num_layers)]
     else:
       layers = [nnx.split(block) for block in self.layers]
     new_k, new_v, routings = [], [], []

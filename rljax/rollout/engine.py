@@ -37,7 +37,10 @@ bfloat16: one device copy, not a cast per decode step). With `quantization`
 (`rollout.quantization`) that copy also quantizes the projections, experts
 and embeddings to 8 bits with a scale per output channel
 (`rljax.models.weight_quant`), on the device, so a decode step reads half
-the weight bytes.
+the weight bytes. A scanned mixture-of-experts model's copy holds its expert
+kernels per layer (`rljax.models.layers.PerLayer`): a decode step runs its
+layers on static slices, and a slice of a stacked kernel that feeds a grouped
+matmul would be copied out every step.
 
 Continuation. A conversation goes on after a slot's turn has ended (a
 multi-turn rollout appending a tool's answer): `append` writes each chosen
@@ -79,6 +82,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.models import CausalLM, KVCache, ModelConfig, init_cache, kv_quant, weight_quant
 from rljax.models.kv_quant import QuantizedKV
+from rljax.models.layers import PerLayer, split_layers
 from rljax.models.transformer import CACHE_AXES
 from rljax.rollout import jetstream_compat, sampling
 from rljax.sharding import hosts, rules as rules_lib
@@ -277,9 +281,12 @@ class Engine:
     self.cache_length = cache_length(self.buckets[-1] + self.max_decode_length + headroom, cfg.attention_kernel)
     self.decode_compiler_options = dict(decode_compiler_options or {})
     self.quantization = None if quantization is None else jnp.dtype(quantization)
-    self.cast_impl = (functools.partial(_cast_floats, dtype=jnp.dtype(cfg.dtype)) if quantization is None else
-                       functools.partial(weight_quant.quantize_params, dtype=self.quantization,
-                                         compute_dtype=jnp.dtype(cfg.dtype)))
+    cast = (functools.partial(_cast_floats, dtype=jnp.dtype(cfg.dtype)) if quantization is None else
+            functools.partial(weight_quant.quantize_params, dtype=self.quantization,
+                              compute_dtype=jnp.dtype(cfg.dtype)))
+    # a scanned mixture-of-experts model's expert kernels are held per layer (`rljax.models.layers.PerLayer`)
+    self.split_experts = bool(cfg.scan_layers and cfg.routing_shape)
+    self.cast_impl = (lambda params: _split_experts(cast(params))) if self.split_experts else cast
     self._cast = jax.jit(self.cast_impl)
     self._jit_on_mesh()
 
@@ -408,9 +415,11 @@ class Engine:
     plain = [x for w in values if not isinstance(w, weight_quant.QuantizedWeight) for x in jax.tree.leaves(w)]
     typed = (all(not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype) == dtype for x in plain)
              and all(w.values.dtype == self.quantization and w.scale.dtype == dtype for w in quantized))
-    if same_layout and typed and bool(quantized) == (self.quantization is not None):
+    split = all(isinstance(var.get_value(), PerLayer) for var in jax.tree.leaves(
+        params, is_leaf=lambda x: isinstance(x, nnx.Variable)) if _is_expert_kernel(var))
+    if same_layout and typed and bool(quantized) == (self.quantization is not None) and split:
       return None
-    if same_layout and self.quantization is None:
+    if same_layout and self.quantization is None and not self.split_experts:
       return self._cast
     return self._resharder(params)
 
@@ -878,6 +887,23 @@ def _to_the_end(tokens: jax.Array, true_lengths: jax.Array) -> tuple[jax.Array, 
   shift = tokens.shape[1] - true_lengths
   rolled = jax.vmap(lambda row, k: jnp.roll(row, k))(tokens, shift)
   return rolled, jnp.arange(tokens.shape[1])[None, :] >= shift[:, None]
+
+
+def _is_expert_kernel(var: Any) -> bool:
+  """Whether a state leaf is a stacked expert parameter (axis names `layers` first and `exp`)."""
+  return (isinstance(var, nnx.Variable) and rules_lib.param_names(var)[:1] == ("layers",)
+          and "exp" in rules_lib.param_names(var))
+
+
+def _split_experts(params: Any) -> Any:
+  """A parameter state with each stacked expert parameter held per layer (`PerLayer`; the rest as it is)."""
+
+  def one(var: Any) -> Any:
+    if not _is_expert_kernel(var) or isinstance(var.get_value(), PerLayer):
+      return var
+    return var.replace(split_layers(var.get_value()))
+
+  return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def _cast_floats(tree: Any, dtype: Any) -> Any:

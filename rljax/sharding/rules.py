@@ -313,10 +313,12 @@ def param_shardings(model_or_state: Any, mesh: Mesh, rules: Rules | None) -> Any
   state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) else model_or_state
 
   def one(var: nnx.Variable) -> nnx.Variable:
-    # a value of several arrays (the engine's 8-bit weights and their scales) lays each out by the names
+    # a value of several arrays (the engine's 8-bit weights and their scales, a stacked weight's layers) lays
+    # each out by its trailing names
     names = tuple(var.get_metadata().get("out_sharding") or ())
     return var.replace(jax.tree.map(
-        lambda x: NamedSharding(mesh, logical_to_spec(names or (None,) * x.ndim, x.shape, mesh, rules)),
+        lambda x: NamedSharding(mesh, logical_to_spec(names[len(names) - x.ndim:] if names else (None,) * x.ndim,
+                                                      x.shape, mesh, rules)),
         var.get_value()))
 
   return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))

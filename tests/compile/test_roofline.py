@@ -159,3 +159,14 @@ def test_a_scatter_into_a_donated_buffer_moves_its_rows_not_the_buffer():
   assert "scatter" in text.as_text()
   row = 1024 * 4
   assert 2 * 2 * row <= hlo.hbm_bytes(text.as_text()) <= 2 * 2 * row + 64, hlo.hbm_bytes(text.as_text())
+
+
+def test_a_conditional_counts_its_costliest_branch():
+  """One run takes one branch: HBM traffic counts the costlier branch's (each reads the whole [1024, 1024]
+  matrix), not both."""
+  w, p = jax.ShapeDtypeStruct((1024, 1024), jnp.float32), jax.ShapeDtypeStruct((), jnp.bool_)
+  text = jax.jit(lambda w, p: jax.lax.cond(p, lambda w: jnp.sum(w, axis=0), lambda w: jnp.max(w, axis=0), w)
+                 ).lower(w, p).compile().as_text()
+  assert "conditional" in text
+  whole = 1024 * 1024 * 4
+  assert whole <= hlo.hbm_bytes(text) < 1.1 * whole, hlo.hbm_bytes(text)

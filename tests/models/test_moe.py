@@ -10,7 +10,8 @@ from flax import nnx
 import rljax.models as M
 from rljax import config as config_lib
 from rljax import sharding
-from rljax.models import lora, moe
+from rljax.models import lora, moe, weight_quant
+from rljax.models.layers import PerLayer
 from tests.models import helpers
 from tests.rollout.test_rollout import hf_greedy, left_padded, sampler_for
 
@@ -145,6 +146,57 @@ def test_rollout_records_the_routing_a_full_forward_pass_takes(all_sparse):
   assert got.routed_experts.shape == (8, 16 + 12, 2, 3)
   np.testing.assert_array_equal(got.routed_experts[real == 1], np.asarray(routing.experts)[real == 1])
   assert not got.routed_experts[real == 0].any()
+
+
+def test_capped_grouped_matmuls_equal_all_copies_and_fall_back_past_their_rows():
+  rng = np.random.default_rng(0)
+  n, k, d, f = 12, 3, 8, 4
+  x = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+  gate, up = (jnp.asarray(rng.normal(size=(2, d, f)), jnp.float32) for _ in range(2))
+  down = jnp.asarray(rng.normal(size=(2, f, d)), jnp.float32)
+  weights = jnp.asarray(rng.uniform(size=(n, k)), jnp.float32)
+  ids = jnp.asarray(np.stack([rng.permutation(8)[:k] for _ in range(n)]), jnp.int32)  # experts 2, 3 are local
+  args = (x, ids, weights, gate, up, down, 2, lambda v: v, {})
+  exact = moe._experts_local(*args)
+  routed = int(np.sum((np.asarray(ids) >= 2) & (np.asarray(ids) < 4)))
+  assert 0 < routed <= 16 and bool(jnp.any(exact != 0))
+  np.testing.assert_allclose(moe._experts_capped(*args, 16), exact, rtol=1e-5, atol=1e-6)
+  for rows in (16, 8 if routed > 8 else routed - 1):  # within the rows, and past them (all copies)
+    np.testing.assert_allclose(moe._experts_bounded(*args, rows), exact, rtol=1e-5, atol=1e-6)
+  assert not np.allclose(moe._experts_capped(*args, routed - 1), exact)  # too few rows drop a copy
+  assert moe.capacity(2048, 8) == 512 and moe.capacity(12, 2) == 12 and moe.capacity(48, 4) == 24
+
+
+def test_int8_experts_multiply_as_stored_and_scale_the_product():
+  rng = np.random.default_rng(1)
+  rows = jnp.asarray(rng.normal(size=(10, 8)), jnp.float32)
+  sizes = jnp.asarray([3, 0, 4], jnp.int32)  # 7 rows in groups, 3 past them
+  w = weight_quant.quantize(jnp.asarray(rng.normal(size=(3, 8, 5)), jnp.float32), (1,), jnp.int8, jnp.float32)
+  want = jax.lax.ragged_dot(rows, weight_quant.dequantize(w, jnp.float32), sizes)
+  got = moe._grouped(rows, w, sizes)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert not np.asarray(got[7:]).any()
+  np.testing.assert_array_equal(moe._row_scales(w.scale, sizes, 10)[:7],
+                                np.asarray(w.scale)[[0, 0, 0, 2, 2, 2, 2], 0])
+
+
+@pytest.mark.parametrize("factor", [moe.CAPACITY_FACTOR, 0.5])
+def test_scanned_decode_over_four_expert_shards_equals_transformers_generate(all_sparse, monkeypatch, factor):
+  # each device holds one expert; its grouped matmuls are sized for `factor` times its share of the 16 slots'
+  # copies (24 of 48), or at 0.5 for 8, which the devices routed more copies than that exceed (all copies then)
+  hf, path = all_sparse
+  monkeypatch.setattr(moe, "CAPACITY_FACTOR", factor)
+  mesh = sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 1, "sequence": 1, "expert": 4})
+  rules = sharding.rules_from_config(config_lib.get_base_config())
+  model = M.from_pretrained(path, mesh=mesh, rules=rules, scan_layers=True)
+  ids, mask = left_padded([3, 8, 11, 16, 5, 9, 14, 2, 7, 12, 16, 4, 6, 10, 13, 15], 128)
+  sampler = sampler_for(model, slots=16, eos=(), ignore_eos=True, response=16, mesh=mesh, rules=rules)
+  params = nnx.state(model, nnx.Param)
+  held = sampler.engine.compute_params(params)["layers"]["mlp"]["gate"].get_value()
+  assert isinstance(held, PerLayer) and held.layers[0].shape == (4, 32, 16)  # the engine's experts per layer
+  got = sampler.generate(params, ids, mask, 1, jax.random.key(0))
+  for row, expected in enumerate(hf_greedy(hf, ids, mask, 16, None)):
+    np.testing.assert_array_equal(got.responses[row], expected, err_msg=f"row {row}")
 
 
 def test_expert_axis_must_divide_the_experts():
