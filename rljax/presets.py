@@ -130,7 +130,8 @@ LLAMA3_1_8B_GSM8K = _gsm8k_7b("Llama-3.1-8B-Instruct")
 # Qwen3-30B-A3B (128 experts, 8 per token) on the same recipe, its experts split 8 ways over the mesh's expert
 # axis (verl's megatron.expert_model_parallel_size): each chip holds 16 experts of every layer. The rollout's
 # tensor axis is 2: it splits each expert's width 768 into 384 (a multiple of the TPU's 128-lane tiles; at 4 the
-# compiler stores gate/up transposed and copies them whole every decode step, 3.94x instead of 2.93x the shard).
+# compiler stores gate/up transposed and copies them whole every decode step). On v5p-64 each host's decode step
+# reads 1.16x its parameter + cache shard (BENCHMARKS.md).
 QWEN3_30B_A3B_GSM8K = {**_gsm8k_7b("Qwen3-30B-A3B"),
                        "actor_rollout_ref.actor.megatron.expert_model_parallel_size": 8,
                        "actor_rollout_ref.rollout.tensor_model_parallel_size": 2}
