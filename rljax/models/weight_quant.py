@@ -12,9 +12,9 @@ read a quantized parameter through `value`, which multiplies the 8-bit
 values by their scales in the compute dtype as the matmul reads them (XLA
 fuses the convert and the product into the dot's operand, so a decode
 step reads the 8-bit bytes; an expert's int8 weights reach XLA's grouped
-matmul as stored, their scales multiplying its product, `rljax.models.moe`). Norm scales, biases, the router and LoRA
-adapters stay in the compute dtype; the trainer's own parameters never
-change.
+matmul as stored, their scales multiplying its product, `rljax.models.moe`).
+Norm scales, biases, the router and LoRA adapters stay in the compute
+dtype; the trainer's own parameters never change.
 """
 
 from __future__ import annotations
