@@ -409,14 +409,13 @@ class Engine:
     dtype = jnp.dtype(self.cfg.dtype)
     target = rules_lib.param_shardings(params, self._mesh, self.rules)
     same_layout = all(x.sharding == s for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
-    values = [v.get_value() if isinstance(v, nnx.Variable) else v
-              for v in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))]
+    leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    values = [v.get_value() if isinstance(v, nnx.Variable) else v for v in leaves]
     quantized = [w for w in values if isinstance(w, weight_quant.QuantizedWeight)]
     plain = [x for w in values if not isinstance(w, weight_quant.QuantizedWeight) for x in jax.tree.leaves(w)]
     typed = (all(not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype) == dtype for x in plain)
              and all(w.values.dtype == self.quantization and w.scale.dtype == dtype for w in quantized))
-    split = all(isinstance(var.get_value(), PerLayer) for var in jax.tree.leaves(
-        params, is_leaf=lambda x: isinstance(x, nnx.Variable)) if _is_expert_kernel(var))
+    split = all(isinstance(w, PerLayer) for v, w in zip(leaves, values) if _is_expert_kernel(v))
     if same_layout and typed and bool(quantized) == (self.quantization is not None) and split:
       return None
     if same_layout and self.quantization is None and not self.split_experts:
