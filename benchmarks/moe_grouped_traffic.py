@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.compile import hlo, topology
+from rljax.kernels import grouped_matmul
 from rljax.models import moe
 from rljax.models.weight_quant import QuantizedWeight
 
@@ -35,6 +36,10 @@ def ways() -> dict:
       "int8 dequantized": (jnp.int8, lambda r, w, s, g: jax.lax.ragged_dot(r, w.astype(r.dtype) * s, g)),
       "float8 as stored": (jnp.float8_e4m3fn,
                            lambda r, w, s, g: jax.lax.ragged_dot(r, w, g, preferred_element_type=r.dtype)),
+      "float8 through the Pallas kernel": (jnp.float8_e4m3fn,
+                                           lambda r, w, s, g: grouped_matmul.grouped_matmul(r, w, g, s)),
+      "int8 through the Pallas kernel": (jnp.int8, lambda r, w, s, g: grouped_matmul.grouped_matmul(r, w, g, s)),
+      "bfloat16 through the Pallas kernel": (jnp.bfloat16, lambda r, w, s, g: grouped_matmul.grouped_matmul(r, w, g)),
   }
 
 

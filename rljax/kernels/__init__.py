@@ -1,5 +1,8 @@
-"""Pallas TPU kernels: flash (splash) attention for the training passes, ragged decode attention.
+"""Pallas TPU kernels: flash (splash) attention for the training passes, ragged decode attention, and a grouped
+matmul over 8-bit expert kernels.
 
 Each runs compiled on TPU and in Pallas' interpreter elsewhere (tests);
-`rljax.models.attention` picks them by `ModelConfig.attention_kernel`.
+`rljax.models.attention` picks the attention kernels by
+`ModelConfig.attention_kernel`, and `rljax.models.moe` takes the grouped
+matmul on TPU for quantized rollout experts.
 """

@@ -109,13 +109,6 @@ def _weighted_values(weights: jax.Array, v: jax.Array) -> jax.Array:
   return jnp.einsum("bkgts,bksh->btkgh", weights, v)
 
 
-def _on_tpu() -> bool:
-  """Whether the program being traced runs on TPU (the active mesh's devices, else the default backend)."""
-  mesh = rules_lib.active_mesh()
-  platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-  return platform == "tpu"
-
-
 def _per_device(fn, specs: tuple[tuple[str | None, ...], ...], out: tuple[str | None, ...], *args):
   """fn(*args) per device under shard_map, each arg split by its logical axis names (directly without a mesh)."""
   mesh = rules_lib.active_mesh()
@@ -138,7 +131,7 @@ def _heads_split_alike(q: jax.Array, k: jax.Array) -> bool:
 def _flash(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask) -> jax.Array:
   b, t, kh, g, hd = q.shape
   heads_first = q.reshape(b, t, kh * g, hd).transpose(0, 2, 1, 3)
-  interpret = not _on_tpu()
+  interpret = not rules_lib.on_tpu()
 
   def kernel(q, k, v, qs, ks):
     return flash_lib.flash_attention(q, k, v, qs, ks, mask.offset, mask.window, interpret)
@@ -154,7 +147,7 @@ def _flash(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask) -> jax
 def _decode(q: jax.Array, k: jax.Array | QuantizedKV, v: jax.Array | QuantizedKV, mask: AttentionMask) -> jax.Array:
   keys, key_scale = _stored(k)
   values, value_scale = _stored(v)
-  interpret = not _on_tpu()
+  interpret = not rules_lib.on_tpu()
   block = decode_lib.block_size(keys.shape[2])
 
   def kernel(q, k, v, key_mask, starts, ends, *scales):

@@ -3,9 +3,10 @@
 A router picks k of E experts per token (softmax in float32, top-k,
 optionally renormalised, as HF's Qwen3-MoE does). The N*k token copies are
 sorted by expert and each expert's rows run through its SwiGLU as one
-grouped matmul (`jax.lax.ragged_dot`, the TPU's grouped GEMM): the work is
-that of the activated experts, and nothing of shape [tokens, E, ...] is
-built.
+grouped matmul (`jax.lax.ragged_dot`, the TPU's grouped GEMM; for 8-bit
+rollout experts on TPU, `rljax.kernels.grouped_matmul`, which reads them as
+stored): the work is that of the activated experts, and nothing of shape
+[tokens, E, ...] is built.
 
 Sharding. Expert weights carry the logical axes `(exp, embed, mlp)` (down:
 `(exp, mlp, embed)`). Inside `rljax.sharding.activation_sharding` the
@@ -48,6 +49,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec
 
+from rljax.kernels import grouped_matmul as grouped_lib
 from rljax.models import weight_quant
 from rljax.models.config import ModelConfig
 from rljax.models.layers import make_param
@@ -153,10 +155,18 @@ def _row_scales(scale: jax.Array, sizes: jax.Array, rows: int) -> jax.Array:
 
 
 def _grouped(rows: jax.Array, kernel: jax.Array | QuantizedWeight, sizes: jax.Array) -> jax.Array:
-  """rows [M, in] @ their experts' kernels [E', in, out]. An int8 kernel's values go to the grouped matmul as
-  they are stored and its per-output-channel scales multiply the product (the grouped matmul, a custom call,
-  cannot fuse a convert: a dequantized kernel would be written out as a temporary every call); a float8 one is
-  dequantized first (given float8 values, libtpu's v5p grouped matmul converts them into a temporary too)."""
+  """rows [M, in] @ their experts' kernels [E', in, out].
+
+  XLA's grouped matmul is a custom call that cannot fuse a convert: a
+  dequantized kernel would be written out as a temporary every call, and
+  given float8 values libtpu converts them into one itself. So on TPU an
+  8-bit kernel goes to `rljax.kernels.grouped_matmul`, which converts each
+  block in VMEM. Elsewhere an int8 kernel's values go to XLA's grouped
+  matmul as stored and its per-output-channel scales multiply the product;
+  a float8 one is dequantized first.
+  """
+  if isinstance(kernel, QuantizedWeight) and rules_lib.on_tpu():
+    return grouped_lib.grouped_matmul(rows, kernel.values, sizes, kernel.scale)
   if isinstance(kernel, QuantizedWeight) and kernel.values.dtype == jnp.int8:
     y = jax.lax.ragged_dot(rows, kernel.values, sizes, preferred_element_type=rows.dtype)
     return y * _row_scales(kernel.scale, sizes, rows.shape[0]).astype(rows.dtype)

@@ -222,6 +222,13 @@ def active_mesh() -> Mesh | None:
   return None if active is None else active[0]
 
 
+def on_tpu() -> bool:
+  """Whether the program being traced runs on TPU (the active mesh's devices, else the default backend)."""
+  mesh = active_mesh()
+  platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+  return platform == "tpu"
+
+
 def active_spec(names: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec:
   """The PartitionSpec `constrain` would give an array of `shape` named `names` (replicated outside a context)."""
   active = getattr(_ACTIVE, "value", None)

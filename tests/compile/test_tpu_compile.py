@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rljax import config as config_lib, sharding
 from rljax.compile import hlo, plan, report, topology
+from rljax.models import weight_quant
 from rljax.models.layers import PerLayer
 from rljax.rl import remote
 from rljax.sharding import hosts
@@ -222,19 +223,24 @@ def test_expert_parallel_decode_reads_its_experts_in_place(moe_dir):
 
 
 @jax.default_matmul_precision("default")
-def test_scanned_expert_parallel_decode_reads_its_experts_in_place(tmp_path):
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_scanned_expert_parallel_decode_reads_its_experts_in_place(tmp_path, quantization):
   # the engine holds a scanned model's experts per layer: a static slice of a stacked kernel feeding the grouped
   # matmul was copied out every step (2.99x the shard here); each chip's grouped matmuls take 64 of the 16 slots'
-  # 128 token copies, or all of them past that (a conditional)
+  # 128 token copies, or all of them past that (a conditional). Float8 experts go to the Pallas grouped matmul
+  # (`rljax.kernels.grouped_matmul`) per device, inside the conditional's branches
   (tmp_path / "config.json").write_text(json.dumps({**MOE, "num_hidden_layers": 8, "num_experts": 64,
                                                     "moe_intermediate_size": 768, "num_experts_per_tok": 8}))
+  extra = [f"actor_rollout_ref.rollout.quantization={quantization}"] if quantization else []
   steps, target = planned(str(tmp_path), "v5p:2x2x1", "actor_rollout_ref.actor.megatron.expert_model_parallel_size=4",
-                          "actor_rollout_ref.model.scan_layers=true")
+                          "actor_rollout_ref.model.scan_layers=true", *extra)
   decode = steps["decode_step"]
   gate = decode.step.args[0]["layers"]["mlp"]["gate"].get_value()
-  assert isinstance(gate, PerLayer) and [g.shape for g in gate.layers] == [(64, 1024, 768)] * 8
+  assert isinstance(gate, PerLayer) and [weight_quant.shape(g) for g in gate.layers] == [(64, 1024, 768)] * 8
+  assert all(isinstance(g, weight_quant.QuantizedWeight) == bool(quantization) for g in gate.layers)
   result, compiled = plan.compile_step(decode, target.hbm_bytes)
   assert "conditional" in compiled.as_text()
+  assert ("jit(grouped_matmul)/pallas_call" in compiled.as_text()) == bool(quantization)
   assert result.ratio <= 1.3, (result.hbm_traffic, result.bound)
 
 
