@@ -6,11 +6,12 @@ no expert) are multiplied by their group's kernel:
   out[r] = rows[r] @ (values[e] * scale[e])   for r in group e
   out[r] = 0                                  for r past the groups
 
-XLA's grouped matmul (`jax.lax.ragged_dot`) is a custom call on TPU: given
-float8 kernels, libtpu converts them into a bfloat16 temporary first, and
-a dequantized kernel is written out as one too (four to eight times the
-stored bytes per call). This kernel fetches each group's kernel block in
-its 8-bit form and converts it in VMEM.
+XLA's grouped matmul (`jax.lax.ragged_dot`) is a custom call on TPU, which
+cannot fuse a convert. On some chips libtpu converts 8-bit kernels into a
+bfloat16 temporary first (v5p int8 and float8, v6e float8: four to eight
+times the stored bytes per call, `benchmarks/moe_grouped_traffic.py`).
+This kernel fetches each group's kernel block in its 8-bit form and
+converts it in VMEM.
 
 Work is a list of visits: the row tiles of `tm` rows each group overlaps,
 group by group (a tile two groups share is visited once per group, each
@@ -37,7 +38,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 _ROW_TILE = 128
-# VMEM bytes a column tile's kernel block may take: double-buffered as stored plus converted in VMEM
+# VMEM bytes a column tile's blocks may take (under the 16 MiB Mosaic allows a kernel by default)
 _BLOCK_BUDGET = 12 * 2**20
 # Mosaic has no "highest"-precision bfloat16 matmul: the kernel's own precision, whatever
 # jax_default_matmul_precision says (float32 inputs are exact either way in the interpreter).
@@ -65,28 +66,33 @@ class Visits(NamedTuple):
 
 def row_tile(rows: int) -> int:
   """Rows per tile: 128, or all of them rounded up to 16 (bfloat16's sublane packing) when fewer."""
-  return min(_ROW_TILE, -(-rows // 16) * 16)
+  return min(_ROW_TILE, max(16, -(-rows // 16) * 16))
 
 
-def column_tile(width_in: int, width_out: int, itemsize: int) -> int:
-  """Output columns per tile: all of them when the kernel block fits `_BLOCK_BUDGET`, else the largest of 512,
-  256 or 128 dividing `width_out` that fits (the smallest dividing one when none fits)."""
-  fits = lambda tn: width_in * tn * (2 * itemsize + 2) <= _BLOCK_BUDGET  # noqa: E731
-  if fits(width_out):
-    return width_out
-  dividing = [tn for tn in (512, 256, 128) if width_out % tn == 0]
-  return next((tn for tn in dividing if fits(tn)), dividing[-1] if dividing else width_out)
+def column_tile(width_in: int, width_out: int, itemsize: int, row_tile: int, row_itemsize: int,
+                cores: int = 1) -> int | None:
+  """Output columns per tile: the widest of all of them or a multiple of 128 dividing `width_out` whose blocks
+  fit `_BLOCK_BUDGET` of VMEM (the rows' [row_tile, width_in] and the kernel's [width_in, tile],
+  double-buffered, the kernel's converted, the output's), preferring a multiple of `cores` tiles (a chip's
+  TensorCores split the column tiles); None when none fits."""
+  def need(tn):
+    return 2 * row_tile * width_in * row_itemsize + width_in * tn * (2 * itemsize + row_itemsize) \
+        + 2 * row_tile * tn * row_itemsize
+  tiles = [width_out // c for c in range(1, max(1, width_out // 128) + 1)
+           if width_out % c == 0 and (c == 1 or width_out // c % 128 == 0)]
+  fitting = [tn for tn in tiles if need(tn) <= _BLOCK_BUDGET]
+  return next((tn for tn in fitting if (width_out // tn) % cores == 0), fitting[0] if fitting else None)
 
 
 def visits(sizes: jax.Array, rows: int, tm: int) -> Visits:
-  """The visits of `rows` (a multiple of `tm`) rows in groups of `sizes` [G] rows, then the rest."""
+  """The visits of `rows` (a multiple of `tm`) rows in groups of `sizes` [G] rows, then the rest (groups past
+  `rows` rows are cut there, as XLA's grouped matmul takes no row past its operand's)."""
   experts = sizes.shape[0]
-  sizes = sizes.astype(jnp.int32)
-  every = jnp.concatenate([sizes, (rows - jnp.sum(sizes))[None]])
-  ends = jnp.cumsum(every)
-  starts = ends - every
+  bounds = jnp.minimum(jnp.cumsum(sizes.astype(jnp.int32)), rows)
+  ends = jnp.concatenate([bounds, jnp.full((1,), rows, jnp.int32)])
+  starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), bounds])
   first = jax.lax.div(starts, tm)
-  per_group = jnp.where(every > 0, jax.lax.div(jnp.maximum(ends - 1, 0), tm) - first + 1, 0)
+  per_group = jnp.where(ends > starts, jax.lax.div(jnp.maximum(ends - 1, 0), tm) - first + 1, 0)
   total = jnp.cumsum(per_group)
   count = total[-1]
   v = jnp.minimum(jnp.arange(rows // tm + experts, dtype=jnp.int32), count - 1)
@@ -119,24 +125,33 @@ def _kernel(group_ref, tile_ref, weights_ref, starts_ref, ends_ref, count_ref, x
     o_ref[...] = jnp.where(mine, jnp.zeros((), o_ref.dtype), o_ref[...])
 
 
-@functools.partial(jax.jit, static_argnames=("tiles", "interpret"))
+@functools.partial(jax.jit, static_argnames=("tiles", "cores", "interpret"))
 def grouped_matmul(rows: jax.Array, values: jax.Array, sizes: jax.Array, scale: jax.Array | None = None,
-                   tiles: tuple[int, int] | None = None, interpret: bool = False) -> jax.Array:
+                   tiles: tuple[int, int] | None = None, cores: int = 1, interpret: bool = False) -> jax.Array:
   """rows [M, K] @ their groups' kernels: [M, N] in rows' dtype.
 
   Args:
     rows: [M, K], sorted by group: sizes[0] rows of group 0, then group 1's, ...;
       rows past sum(sizes) give zeros.
     values: [G, K, N] the kernels as stored (int8, float8 or the rows' dtype).
-    sizes: [G] int32 rows per group, summing to at most M.
+    sizes: [G] int32 rows per group (rows past M are cut, as `jax.lax.ragged_dot` does).
     scale: [G, 1, N] per-output-channel scales (group e's kernel is values[e] * scale[e]), or None.
-    tiles: (rows, columns) per tile (default `row_tile(M)`, `column_tile(K, N, itemsize)`); the columns must
-      divide N and on TPU both must suit its layout (rows a multiple of 16, columns of 128 or all of N).
+    tiles: (rows, columns) per tile (default `row_tile(M)` and `column_tile`); the columns must divide N, and
+      on TPU both must suit its layout (rows a multiple of 16, columns of 128 or all of N).
+    cores: the chip's TensorCores, which split the column tiles (`column_tile` prefers a multiple of them).
     interpret: run in Pallas' interpreter (CPU).
+
+  Raises:
+    ValueError: the column tile does not divide N, or no column tile's blocks fit in VMEM (`fits`).
   """
   m, k = rows.shape
   experts, _, n = values.shape
-  tm, tn = tiles or (row_tile(m), column_tile(k, n, jnp.dtype(values.dtype).itemsize))
+  row_item, item = jnp.dtype(rows.dtype).itemsize, jnp.dtype(values.dtype).itemsize
+  tm = tiles[0] if tiles else row_tile(m)
+  tn = tiles[1] if tiles else column_tile(k, n, item, tm, row_item, cores)
+  if tn is None:
+    raise ValueError(f"grouped_matmul: no column tile of [{k}, {n}] kernels fits {_BLOCK_BUDGET >> 20} MiB of "
+                     "VMEM beside its rows (check `fits` first)")
   if n % tn:
     raise ValueError(f"grouped_matmul: column tile {tn} does not divide the kernels' {n} output columns")
   padded = -(-m // tm) * tm
@@ -147,11 +162,11 @@ def grouped_matmul(rows: jax.Array, values: jax.Array, sizes: jax.Array, scale: 
   scaled = scale is not None
   in_specs = [pl.BlockSpec((tm, k), row_index), pl.BlockSpec((None, k, tn), kernel_index)]
   in_specs += [pl.BlockSpec((None, 1, tn), kernel_index)] if scaled else []
-  item = jnp.dtype(rows.dtype).itemsize
+  # at most row tiles + groups visits, each a full [tm, K] x [K, tn] product per column tile
   cost = pl.CostEstimate(
-      flops=2 * padded * k * n, transcendentals=0,
-      bytes_accessed=values.size * jnp.dtype(values.dtype).itemsize + (n // tn) * padded * k * item
-      + padded * n * item + (scale.size * scale.dtype.itemsize if scaled else 0))
+      flops=2 * (padded + experts * tm) * k * n, transcendentals=0,
+      bytes_accessed=values.size * item + (n // tn) * padded * k * row_item + padded * n * row_item
+      + (scale.size * scale.dtype.itemsize if scaled else 0))
   out = pl.pallas_call(
       functools.partial(_kernel, tm=tm, experts=experts, scaled=scaled),
       grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -165,10 +180,16 @@ def grouped_matmul(rows: jax.Array, values: jax.Array, sizes: jax.Array, scale: 
   return out[:m]
 
 
+def fits(rows: jax.Array, values: jax.Array) -> bool:
+  """Whether `grouped_matmul` has a column tile for rows [M, K] and kernels [G, K, N] (`column_tile`)."""
+  return column_tile(rows.shape[1], values.shape[2], jnp.dtype(values.dtype).itemsize, row_tile(rows.shape[0]),
+                     jnp.dtype(rows.dtype).itemsize) is not None
+
+
 def reference(rows: jax.Array, values: jax.Array, sizes: jax.Array, scale: jax.Array | None = None) -> jax.Array:
   """What `grouped_matmul` computes, through XLA's grouped matmul on the dequantized kernels (float32)."""
   kernels = values.astype(jnp.float32) * (1.0 if scale is None else scale.astype(jnp.float32))
   return jax.lax.ragged_dot(rows.astype(jnp.float32), kernels, sizes).astype(rows.dtype)
 
 
-__all__ = ["Visits", "column_tile", "grouped_matmul", "reference", "row_tile", "visits"]
+__all__ = ["Visits", "column_tile", "fits", "grouped_matmul", "reference", "row_tile", "visits"]

@@ -4,9 +4,10 @@ A router picks k of E experts per token (softmax in float32, top-k,
 optionally renormalised, as HF's Qwen3-MoE does). The N*k token copies are
 sorted by expert and each expert's rows run through its SwiGLU as one
 grouped matmul (`jax.lax.ragged_dot`, the TPU's grouped GEMM; for 8-bit
-rollout experts on TPU, `rljax.kernels.grouped_matmul`, which reads them as
-stored): the work is that of the activated experts, and nothing of shape
-[tokens, E, ...] is built.
+rollout experts on the TPUs where that would convert them into a temporary,
+`rljax.kernels.grouped_matmul`, which reads them as stored): the work is
+that of the activated experts, and nothing of shape [tokens, E, ...] is
+built.
 
 Sharding. Expert weights carry the logical axes `(exp, embed, mlp)` (down:
 `(exp, mlp, embed)`). Inside `rljax.sharding.activation_sharding` the
@@ -60,6 +61,12 @@ _NORMAL = jax.nn.initializers.normal(0.02)
 # a weight-stationary pass (a decode step) sizes each device's grouped matmuls for this many times its even share
 # of the token copies when the experts are split over devices (more fall back to all copies, `_experts_bounded`)
 CAPACITY_FACTOR = 2.0
+# TPU kinds -> the 8-bit expert dtypes their grouped matmul (`ragged_dot`) converts into a temporary first,
+# which `rljax.kernels.grouped_matmul` reads as stored instead (`benchmarks/moe_grouped_traffic.py`: v5p both,
+# v6e float8; v5e neither)
+PALLAS_GROUPED = {"TPU v5": ("int8", "float8_e4m3fn"), "TPU v6 lite": ("float8_e4m3fn",)}
+# TPU kinds with two TensorCores per chip (megacore), which split a Pallas kernel's parallel grid axis
+MEGACORE = {"TPU v5": 2}
 WEIGHT_NAMES = {"gate": ("exp", "embed", "mlp"), "up": ("exp", "embed", "mlp"), "down": ("exp", "mlp", "embed")}
 
 
@@ -154,19 +161,28 @@ def _row_scales(scale: jax.Array, sizes: jax.Array, rows: int) -> jax.Array:
   return scale[jnp.minimum(group, scale.shape[0] - 1), 0]
 
 
+def _kernel_takes(rows: jax.Array, kernel: jax.Array | QuantizedWeight) -> bool:
+  """Whether `rljax.kernels.grouped_matmul` multiplies these rows by these experts: 8-bit experts on a TPU
+  whose own grouped matmul would convert them into a temporary (`PALLAS_GROUPED`), in blocks that fit."""
+  return (isinstance(kernel, QuantizedWeight) and rules_lib.on_tpu()
+          and jnp.dtype(kernel.values.dtype).name in PALLAS_GROUPED.get(rules_lib.device_kind(), ())
+          and grouped_lib.fits(rows, kernel.values))
+
+
 def _grouped(rows: jax.Array, kernel: jax.Array | QuantizedWeight, sizes: jax.Array) -> jax.Array:
   """rows [M, in] @ their experts' kernels [E', in, out].
 
-  XLA's grouped matmul is a custom call that cannot fuse a convert: a
-  dequantized kernel would be written out as a temporary every call, and
-  given float8 values libtpu converts them into one itself. So on TPU an
-  8-bit kernel goes to `rljax.kernels.grouped_matmul`, which converts each
-  block in VMEM. Elsewhere an int8 kernel's values go to XLA's grouped
-  matmul as stored and its per-output-channel scales multiply the product;
-  a float8 one is dequantized first.
+  XLA's grouped matmul is a custom call that cannot fuse a convert, and on
+  some chips it converts 8-bit kernels into a temporary itself
+  (`PALLAS_GROUPED`): there the experts go to `rljax.kernels.grouped_matmul`,
+  which converts each block in VMEM. Elsewhere an int8 kernel's values go to
+  XLA's grouped matmul as stored and its per-output-channel scales multiply
+  the product; a float8 one is dequantized first.
   """
-  if isinstance(kernel, QuantizedWeight) and rules_lib.on_tpu():
-    return grouped_lib.grouped_matmul(rows, kernel.values, sizes, kernel.scale)
+  if _kernel_takes(rows, kernel):
+    return grouped_lib.grouped_matmul(rows, kernel.values, sizes, kernel.scale,
+                                      cores=MEGACORE.get(rules_lib.device_kind(), 1),
+                                      interpret=not rules_lib.on_tpu())
   if isinstance(kernel, QuantizedWeight) and kernel.values.dtype == jnp.int8:
     y = jax.lax.ragged_dot(rows, kernel.values, sizes, preferred_element_type=rows.dtype)
     return y * _row_scales(kernel.scale, sizes, rows.shape[0]).astype(rows.dtype)

@@ -11,8 +11,9 @@ value for float8), so each output channel has its own scale. The layers
 read a quantized parameter through `value`, which multiplies the 8-bit
 values by their scales in the compute dtype as the matmul reads them (XLA
 fuses the convert and the product into the dot's operand, so a decode
-step reads the 8-bit bytes; an expert's 8-bit weights reach the grouped
-matmul as stored, `rljax.models.moe`).
+step reads the 8-bit bytes; an expert's int8 weights reach XLA's grouped
+matmul as stored, or a Pallas one on the TPUs where XLA's would convert
+them, `rljax.models.moe`).
 Norm scales, biases, the router and LoRA adapters stay in the compute
 dtype; the trainer's own parameters never change.
 """

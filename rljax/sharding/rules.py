@@ -222,11 +222,20 @@ def active_mesh() -> Mesh | None:
   return None if active is None else active[0]
 
 
+def _device() -> jax.Device:
+  """A device the program being traced runs on (the active mesh's first, else the default backend's)."""
+  mesh = active_mesh()
+  return mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+
+
 def on_tpu() -> bool:
   """Whether the program being traced runs on TPU (the active mesh's devices, else the default backend)."""
-  mesh = active_mesh()
-  platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-  return platform == "tpu"
+  return _device().platform == "tpu"
+
+
+def device_kind() -> str:
+  """The kind of chip the program being traced runs on (`jax.Device.device_kind`, e.g. "TPU v5" for v5p)."""
+  return _device().device_kind
 
 
 def active_spec(names: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec:

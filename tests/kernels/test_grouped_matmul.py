@@ -14,21 +14,28 @@ from rljax.sharding import rules as rules_lib
 
 
 @pytest.mark.parametrize("sizes,rows,tm", [([5, 0, 17, 9], 48, 16), ([130, 1, 100], 384, 128), ([0, 0], 16, 16),
-                                           ([16, 0, 0, 16, 0], 32, 16), ([3, 40, 0, 2, 1, 0, 7], 64, 16)])
+                                           ([16, 0, 0, 16, 0], 32, 16), ([3, 40, 0, 2, 1, 0, 7], 64, 16),
+                                           ([20, 30, 4], 48, 16)])
 def test_visits_store_every_row_once_in_order(sizes, rows, tm):
+  # the last case's groups overrun the rows: they are cut there, as XLA's grouped matmul cuts them
   work = jax.tree.map(np.asarray, gmm.visits(jnp.asarray(sizes, jnp.int32), rows, tm))
-  count = int(work.count[0])
-  assert count <= rows // tm + len(sizes)  # the grid's static size
+  count, groups = int(work.count[0]), len(sizes)
+  assert count <= rows // tm + groups  # the grid's static size
   stored = np.zeros(rows, int)
   for v in range(count):
     tile = np.arange(work.tile[v] * tm, (work.tile[v] + 1) * tm)
     g = work.group[v]
     stored[tile[(tile >= work.starts[g]) & (tile < work.ends[g])]] += 1
   np.testing.assert_array_equal(stored, 1)
-  group_of_row = np.repeat(np.arange(len(sizes) + 1), [*sizes, rows - sum(sizes)])
-  np.testing.assert_array_equal(work.ends - work.starts, np.bincount(group_of_row, minlength=len(sizes) + 1))
-  # the kernel fetched never goes back (a group's block is fetched once per column tile), and the visits past
-  # the count repeat the last real one (the pipeline fetches nothing for them)
+  bounds = np.minimum(np.cumsum([0, *sizes, rows]), rows)
+  np.testing.assert_array_equal(work.starts, bounds[:-1])
+  np.testing.assert_array_equal(work.ends, bounds[1:])
+  # every block index is in range; an expert's visit fetches its own kernel, and the kernel fetched never goes
+  # back (a group's block is fetched once per column tile); the visits past the count repeat the last real one
+  # (the pipeline fetches nothing for them)
+  assert (work.tile < rows // tm).all() and (work.weights < groups).all() and (work.group <= groups).all()
+  experts = work.group[:count] < groups
+  np.testing.assert_array_equal(work.weights[:count][experts], work.group[:count][experts])
   assert (np.diff(work.weights) >= 0).all() and (np.diff(work.tile[:count]) >= 0).all()
   for field in (work.group, work.tile, work.weights):
     assert (field[count:] == field[count - 1]).all()
@@ -63,10 +70,49 @@ def test_a_column_tile_must_divide_the_outputs():
 
 
 def test_tiles_fit_the_block_budget():
-  assert gmm.row_tile(5) == 16 and gmm.row_tile(70) == 80 and gmm.row_tile(4096) == 128
-  assert gmm.column_tile(2048, 768, 1) == 768  # Qwen3-30B-A3B's experts: one block of all columns
-  assert gmm.column_tile(8192, 4096, 1) == 256 and gmm.column_tile(8192, 4096, 2) == 256
-  assert gmm.column_tile(32768, 4096, 2) == 128  # the smallest dividing tile when none fits
+  assert gmm.row_tile(0) == 16 and gmm.row_tile(70) == 80 and gmm.row_tile(4096) == 128
+  # Qwen3-30B-A3B's experts: one column tile, or one per TensorCore (two rows blocks read, not six)
+  assert gmm.column_tile(2048, 768, 1, 128, 2) == 768 and gmm.column_tile(2048, 768, 1, 128, 2, cores=2) == 384
+  assert gmm.column_tile(8192, 4096, 1, 128, 2) == 128  # 256 would need 12.1 MiB with its rows
+  assert gmm.column_tile(32768, 4096, 2, 128, 2) is None  # the rows alone take 16 MiB
+  x, values, scale, sizes = _problem(jnp.int8, width_in=32768, width_out=256, rows=128)
+  assert not gmm.fits(x, values)
+  with pytest.raises(ValueError, match=r"no column tile of \[32768, 256\] kernels fits 12 MiB"):
+    gmm.grouped_matmul(x, values, sizes, scale, interpret=True)
+
+
+def test_a_decode_step_over_four_expert_shards_through_the_kernel_equals_xla(monkeypatch):
+  """`moe.dispatch` with int8 experts split over 4 devices (fsdp 2 x expert 4), its grouped matmuls in the
+  kernel (in the interpreter), equals the same dispatch through XLA's; the shards overflowing their capacity
+  take the other branch of the conditional, with the kernel too."""
+  from rljax import config as config_lib, sharding
+  rng = np.random.default_rng(2)
+  n, d, f = 16, 32, 128
+  x = jnp.asarray(rng.normal(size=(n, 1, d)), jnp.float32)
+  first = np.where(np.arange(n) < 10, np.arange(n) % 2, 2 + np.arange(n) % 6)  # 10 tokens to experts 0-1
+  ids = jnp.asarray(np.stack([first, np.where(np.arange(n) < 10, 1 - np.arange(n) % 2,
+                                               2 + (np.arange(n) + 1) % 6)], -1)[:, None], jnp.int32)
+  weights = jnp.asarray(rng.uniform(size=(n, 1, 2)), jnp.float32)
+  quantize = lambda w, axis: weight_quant.quantize(jnp.asarray(w, jnp.float32), (axis,), jnp.int8,  # noqa: E731
+                                                   jnp.float32)
+  gate, up = (quantize(rng.normal(size=(8, d, f)), 1) for _ in range(2))
+  down = quantize(rng.normal(size=(8, f, d)), 1)
+  mesh = sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 1, "sequence": 1, "expert": 4})
+  rules = rules_lib.decode_rules(sharding.rules_from_config(config_lib.get_base_config()))
+
+  def step(*args):
+    with rules_lib.activation_sharding(mesh, rules, gather_weights=False):
+      return moe.dispatch(*args)
+
+  args = (x, ids, weights, gate, up, down)
+  want = jax.jit(step)(*args)
+  traced = []
+  kernel = gmm.grouped_matmul
+  monkeypatch.setattr(moe, "_kernel_takes", lambda rows, kernel: isinstance(kernel, weight_quant.QuantizedWeight))
+  monkeypatch.setattr(gmm, "grouped_matmul", lambda *a, **k: traced.append(a[0].shape) or kernel(*a, **k))
+  got = jax.jit(lambda *a: step(*a))(*args)  # traced anew, not the cached XLA one
+  assert sorted(set(traced)) == [(16, 16), (16, 128), (32, 16), (32, 128)]  # both branches' gate/up and down
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
 @jax.default_matmul_precision("default")
