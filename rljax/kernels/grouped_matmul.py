@@ -146,6 +146,8 @@ def grouped_matmul(rows: jax.Array, values: jax.Array, sizes: jax.Array, scale: 
   """
   m, k = rows.shape
   experts, _, n = values.shape
+  if m == 0:
+    return jnp.zeros((0, n), rows.dtype)
   row_item, item = jnp.dtype(rows.dtype).itemsize, jnp.dtype(values.dtype).itemsize
   tm = tiles[0] if tiles else row_tile(m)
   tn = tiles[1] if tiles else column_tile(k, n, item, tm, row_item, cores)

@@ -61,6 +61,7 @@ def test_grouped_matmul_equals_xla_on_the_dequantized_kernels(dtype, tiles):
   assert got.shape == want.shape and got.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=1e-2, atol=1e-2)
   assert not np.asarray(got[54:]).any()
+  assert gmm.grouped_matmul(x[:0], values, sizes * 0, scale, interpret=True).shape == (0, 256)
 
 
 def test_a_column_tile_must_divide_the_outputs():
