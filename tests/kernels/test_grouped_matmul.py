@@ -140,3 +140,20 @@ def test_on_tpu_moe_reads_float8_experts_as_stored():
   assert "jit(grouped_matmul)/pallas_call" in kernel
   assert hlo.hbm_bytes(kernel) <= 1.1 * stored
   assert hlo.hbm_bytes(jax.jit(xla).lower(*args).compile().as_text()) > 3 * stored
+
+
+@pytest.mark.parametrize("chip,taken", [("v5p:2x2x1", ("float8_e4m3fn",)), ("v6e:2x2", ("float8_e4m3fn",)),
+                                        ("v5e:2x2", ())])
+def test_moe_takes_the_kernel_where_xla_converts_the_experts(chip, taken):
+  mesh = Mesh(np.array(topology.devices(topology.parse(chip))[:1]), ("x",))
+  rows = jax.ShapeDtypeStruct((512, 2048), jnp.bfloat16)
+  for dtype in ("int8", "float8_e4m3fn"):
+    kernel = weight_quant.QuantizedWeight(jax.ShapeDtypeStruct((16, 2048, 768), dtype),
+                                          jax.ShapeDtypeStruct((16, 1, 768), jnp.bfloat16))
+    with rules_lib.activation_sharding(mesh, None):
+      assert moe._kernel_takes(rows, kernel) == (dtype in taken)
+    assert not moe._kernel_takes(rows, kernel)  # off TPU
+  big = weight_quant.QuantizedWeight(jax.ShapeDtypeStruct((16, 32768, 768), "float8_e4m3fn"),
+                                     jax.ShapeDtypeStruct((16, 1, 768), jnp.bfloat16))
+  with rules_lib.activation_sharding(mesh, None):  # no column tile fits: XLA's grouped matmul
+    assert not moe._kernel_takes(jax.ShapeDtypeStruct((512, 32768), jnp.bfloat16), big)
