@@ -4,5 +4,5 @@ matmul over 8-bit expert kernels.
 Each runs compiled on TPU and in Pallas' interpreter elsewhere (tests);
 `rljax.models.attention` picks the attention kernels by
 `ModelConfig.attention_kernel`, and `rljax.models.moe` takes the grouped
-matmul on TPU for quantized rollout experts.
+matmul for float8 rollout experts on the TPUs whose own would convert them.
 """

@@ -7,11 +7,10 @@ no expert) are multiplied by their group's kernel:
   out[r] = 0                                  for r past the groups
 
 XLA's grouped matmul (`jax.lax.ragged_dot`) is a custom call on TPU, which
-cannot fuse a convert. On some chips libtpu converts 8-bit kernels into a
-bfloat16 temporary first (v5p int8 and float8, v6e float8: four to eight
-times the stored bytes per call, `benchmarks/moe_grouped_traffic.py`).
-This kernel fetches each group's kernel block in its 8-bit form and
-converts it in VMEM.
+cannot fuse a convert. On v5p and v6e libtpu converts float8 kernels into
+a bfloat16 temporary first (about eight times the stored bytes per call;
+v5p's int8 1.1x, `benchmarks/moe_grouped_traffic.py`). This kernel fetches
+each group's kernel block in its 8-bit form and converts it in VMEM.
 
 Work is a list of visits: the row tiles of `tm` rows each group overlaps,
 group by group (a tile two groups share is visited once per group, each
@@ -73,15 +72,16 @@ def column_tile(width_in: int, width_out: int, itemsize: int, row_tile: int, row
                 cores: int = 1) -> int | None:
   """Output columns per tile: the widest of all of them or a multiple of 128 dividing `width_out` whose blocks
   fit `_BLOCK_BUDGET` of VMEM (the rows' [row_tile, width_in] and the kernel's [width_in, tile],
-  double-buffered, the kernel's converted, the output's), preferring a multiple of `cores` tiles (a chip's
-  TensorCores split the column tiles); None when none fits."""
+  double-buffered, the kernel's converted, the output's), preferring a multiple of `cores` tiles, then at
+  least `cores` of them (a chip's TensorCores split the column tiles); None when none fits."""
   def need(tn):
     return 2 * row_tile * width_in * row_itemsize + width_in * tn * (2 * itemsize + row_itemsize) \
         + 2 * row_tile * tn * row_itemsize
   tiles = [width_out // c for c in range(1, max(1, width_out // 128) + 1)
            if width_out % c == 0 and (c == 1 or width_out // c % 128 == 0)]
   fitting = [tn for tn in tiles if need(tn) <= _BLOCK_BUDGET]
-  return next((tn for tn in fitting if (width_out // tn) % cores == 0), fitting[0] if fitting else None)
+  split = [tn for tn in fitting if width_out // tn % cores == 0] + [tn for tn in fitting if width_out // tn >= cores]
+  return (split + fitting + [None])[0]
 
 
 def visits(sizes: jax.Array, rows: int, tm: int) -> Visits:

@@ -3,11 +3,11 @@
 A router picks k of E experts per token (softmax in float32, top-k,
 optionally renormalised, as HF's Qwen3-MoE does). The N*k token copies are
 sorted by expert and each expert's rows run through its SwiGLU as one
-grouped matmul (`jax.lax.ragged_dot`, the TPU's grouped GEMM; for 8-bit
-rollout experts on the TPUs where that would convert them into a temporary,
-`rljax.kernels.grouped_matmul`, which reads them as stored): the work is
-that of the activated experts, and nothing of shape [tokens, E, ...] is
-built.
+grouped matmul (`jax.lax.ragged_dot`, the TPU's grouped GEMM; for float8
+rollout experts on v5p and v6e, where that would convert them into a
+temporary, `rljax.kernels.grouped_matmul`, which reads them as stored):
+the work is that of the activated experts, and nothing of shape
+[tokens, E, ...] is built.
 
 Sharding. Expert weights carry the logical axes `(exp, embed, mlp)` (down:
 `(exp, mlp, embed)`). Inside `rljax.sharding.activation_sharding` the
@@ -162,9 +162,10 @@ def _row_scales(scale: jax.Array, sizes: jax.Array, rows: int) -> jax.Array:
 
 
 def _kernel_takes(rows: jax.Array, kernel: jax.Array | QuantizedWeight) -> bool:
-  """Whether `rljax.kernels.grouped_matmul` multiplies these rows by these experts: 8-bit experts on a TPU
-  whose own grouped matmul would convert them into a temporary (`PALLAS_GROUPED`), in blocks that fit."""
-  return (isinstance(kernel, QuantizedWeight) and rules_lib.on_tpu()
+  """Whether `rljax.kernels.grouped_matmul` multiplies these rows by these experts: bfloat16 rows (the kernel
+  multiplies at the chip's default precision) by 8-bit experts on a TPU whose own grouped matmul would convert
+  them into a temporary (`PALLAS_GROUPED`), in blocks that fit."""
+  return (isinstance(kernel, QuantizedWeight) and rows.dtype == jnp.bfloat16 and rules_lib.on_tpu()
           and jnp.dtype(kernel.values.dtype).name in PALLAS_GROUPED.get(rules_lib.device_kind(), ())
           and grouped_lib.fits(rows, kernel.values))
 

@@ -12,8 +12,8 @@ read a quantized parameter through `value`, which multiplies the 8-bit
 values by their scales in the compute dtype as the matmul reads them (XLA
 fuses the convert and the product into the dot's operand, so a decode
 step reads the 8-bit bytes; an expert's int8 weights reach XLA's grouped
-matmul as stored, or a Pallas one on the TPUs where XLA's would convert
-them, `rljax.models.moe`).
+matmul as stored, and its float8 ones a Pallas grouped matmul on the TPUs
+where XLA's would convert them, `rljax.models.moe`).
 Norm scales, biases, the router and LoRA adapters stay in the compute
 dtype; the trainer's own parameters never change.
 """
