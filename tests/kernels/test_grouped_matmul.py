@@ -88,25 +88,17 @@ def test_a_decode_step_over_four_expert_shards_through_the_kernel_equals_xla(mon
   """`moe.dispatch` with float8 experts split over 4 devices (fsdp 2 x expert 4), its grouped matmuls in the
   kernel (in the interpreter), equals the same dispatch through XLA's; the shards overflowing their capacity
   take the other branch of the conditional, with the kernel too."""
-  from rljax import config as config_lib, sharding
+  from tests.models import helpers
   rng = np.random.default_rng(2)
   n, d, f = 16, 32, 128
   x = jnp.asarray(rng.normal(size=(n, 1, d)), jnp.float32)
-  first = np.where(np.arange(n) < 10, np.arange(n) % 2, 2 + np.arange(n) % 6)  # 10 tokens to experts 0-1
-  ids = jnp.asarray(np.stack([first, np.where(np.arange(n) < 10, 1 - np.arange(n) % 2,
-                                               2 + (np.arange(n) + 1) % 6)], -1)[:, None], jnp.int32)
+  ids = jnp.asarray(helpers.uneven_routing(n))  # one expert shard overflows its capacity, three do not
   weights = jnp.asarray(rng.uniform(size=(n, 1, 2)), jnp.float32)
   quantize = lambda w, axis: weight_quant.quantize(jnp.asarray(w, jnp.float32), (axis,),  # noqa: E731
                                                    jnp.float8_e4m3fn, jnp.float32)
   gate, up = (quantize(rng.normal(size=(8, d, f)), 1) for _ in range(2))
   down = quantize(rng.normal(size=(8, f, d)), 1)
-  mesh = sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 1, "sequence": 1, "expert": 4})
-  rules = rules_lib.decode_rules(sharding.rules_from_config(config_lib.get_base_config()))
-
-  def step(*args):
-    with rules_lib.activation_sharding(mesh, rules, gather_weights=False):
-      return moe.dispatch(*args)
-
+  step = helpers.expert_split_decode(moe.dispatch)
   args = (x, ids, weights, gate, up, down)
   want = jax.jit(step)(*args)
   traced = []

@@ -157,3 +157,25 @@ def train_tokenizer() -> tokenizers.Tokenizer:
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
   tok.train_from_iterator(corpus, trainer)
   return tok
+
+
+def uneven_routing(n: int) -> np.ndarray:
+  """[n, 1, 2] expert ids over 8 experts: tokens 0-9 to experts 0 and 1, the others spread over 2-7, so that
+  over 4 expert shards of 2 experts the first takes 20 of the 2n copies and the others 4 each."""
+  first = np.where(np.arange(n) < 10, np.arange(n) % 2, 2 + np.arange(n) % 6)
+  second = np.where(np.arange(n) < 10, 1 - np.arange(n) % 2, 2 + (np.arange(n) + 1) % 6)
+  return np.stack([first, second], -1)[:, None].astype(np.int32)
+
+
+def expert_split_decode(fn):
+  """fn traced as a decode step's weight-stationary pass over 8 devices: fsdp 2 x expert 4."""
+  from rljax import config as config_lib
+  from rljax.sharding import rules as rules_lib
+  mesh = sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 1, "sequence": 1, "expert": 4})
+  rules = rules_lib.decode_rules(sharding.rules_from_config(config_lib.get_base_config()))
+
+  def step(*args):
+    with rules_lib.activation_sharding(mesh, rules, gather_weights=False):
+      return fn(*args)
+
+  return step

@@ -170,25 +170,16 @@ def test_capped_grouped_matmuls_equal_all_copies_and_fall_back_past_their_rows()
 def test_a_decode_step_whose_devices_take_different_branches_equals_the_unsharded_dispatch():
   # 8 experts over 4 expert shards (2 each), weights split over fsdp too; 16 tokens x 2 copies give each shard
   # 16 rows: experts 0 and 1 take 20 copies (all 32 rows there), the others 4 each (their 16 rows)
-  from rljax.sharding import rules as rules_lib
   rng = np.random.default_rng(2)
   n, d, f = 16, 32, 16
   x = jnp.asarray(rng.normal(size=(n, 1, d)), jnp.float32)
-  first = np.where(np.arange(n) < 10, np.arange(n) % 2, 2 + np.arange(n) % 6)  # 10 tokens to experts 0-1
-  ids = jnp.asarray(np.stack([first, np.where(np.arange(n) < 10, 1 - np.arange(n) % 2,
-                                               2 + (np.arange(n) + 1) % 6)], -1)[:, None], jnp.int32)
+  ids = jnp.asarray(helpers.uneven_routing(n))
   weights = jnp.asarray(rng.uniform(size=(n, 1, 2)), jnp.float32)
   gate, up = (jnp.asarray(rng.normal(size=(8, d, f)), jnp.float32) for _ in range(2))
   down = jnp.asarray(rng.normal(size=(8, f, d)), jnp.float32)
   assert moe.capacity(2 * n, 4) == 16 and int(np.sum(np.asarray(ids) < 2)) == 20
   want = moe.dispatch(x, ids, weights, gate, up, down)
-  mesh = sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 1, "sequence": 1, "expert": 4})
-  rules = rules_lib.decode_rules(sharding.rules_from_config(config_lib.get_base_config()))
-
-  def step(*args):
-    with rules_lib.activation_sharding(mesh, rules, gather_weights=False):
-      return moe.dispatch(*args)
-
+  step = helpers.expert_split_decode(moe.dispatch)
   got = jax.jit(step)(x, ids, weights, gate, up, down)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   assert "conditional" in jax.jit(step).lower(x, ids, weights, gate, up, down).compile().as_text()
