@@ -1,4 +1,5 @@
-"""Grouped matmul over 8-bit expert kernels: a Pallas TPU kernel that reads them as stored.
+"""Grouped matmul over expert kernels, and its gradients: Pallas TPU kernels that read 8-bit experts as stored
+and multiply only the row tiles their groups hold.
 
 Rows sorted by group (`sizes[e]` rows for expert e, then rows belonging to
 no expert) are multiplied by their group's kernel:
@@ -22,8 +23,17 @@ for them and the body skips them. A group's kernel block is fetched once
 per column tile, when the visits move to that group; a tile's rows once
 per column tile; each output block is written once.
 
-On the CPU the same kernel runs in Pallas' interpreter (tests compare it
-with `reference`).
+Training (`trainable`): XLA's gradient of its grouped matmul with respect
+to the kernels is, on TPU, a dense product per group over every row (the
+forward and both gradients declare 2 + G times one product). Here the
+rows' gradient is the same kernel over the transposed kernels, and the
+kernels' gradient (`grouped_outer`) the same visits accumulating each
+group's rows^T @ gradients in a float32 VMEM block, stored at the group's
+last visit: each multiplies `product_rows` rows, the routed rows plus at
+most two partial tiles per group.
+
+On the CPU the same kernels run in Pallas' interpreter (tests compare them
+with XLA's grouped matmul and its gradients).
 """
 
 from __future__ import annotations
@@ -102,8 +112,16 @@ def visits(sizes: jax.Array, rows: int, tm: int) -> Visits:
   return Visits(group, tile, weights, starts, ends, count[None])
 
 
+def product_rows(work: Visits, tm: int) -> jax.Array:
+  """[] the rows the kernels multiply for this work, per column tile: `tm` per visit to a group (the rows past
+  the groups get none). Their FLOPs are 2 * product_rows * K * N, against 2 * sum(sizes) * K * N routed; the
+  grid's static size, and so the `pl.CostEstimate`, allows for one visit per row tile and group."""
+  v = jnp.arange(work.group.shape[0])
+  return tm * jnp.sum((v < work.count[0]) & (work.group < work.starts.shape[0] - 1))
+
+
 def _kernel(group_ref, tile_ref, weights_ref, starts_ref, ends_ref, count_ref, x_ref, w_ref, *refs,
-            tm: int, experts: int, scaled: bool):
+            tm: int, experts: int, scaled: bool, transpose: bool):
   s_ref, o_ref = refs if scaled else (None, refs[0])
   v = pl.program_id(1)
   g = group_ref[v]
@@ -114,8 +132,8 @@ def _kernel(group_ref, tile_ref, weights_ref, starts_ref, ends_ref, count_ref, x
   @pl.when(real & (g < experts))
   def _product():
     x = x_ref[...]
-    y = jax.lax.dot_general(x, w_ref[...].astype(x.dtype), (((1,), (0,)), ((), ())), precision=_PRECISION,
-                            preferred_element_type=jnp.float32)
+    y = jax.lax.dot_general(x, w_ref[...].astype(x.dtype), (((1,), (1 if transpose else 0,)), ((), ())),
+                            precision=_PRECISION, preferred_element_type=jnp.float32)
     if scaled:
       y = y * s_ref[...].astype(jnp.float32)
     o_ref[...] = jnp.where(mine, y.astype(o_ref.dtype), o_ref[...])
@@ -125,27 +143,32 @@ def _kernel(group_ref, tile_ref, weights_ref, starts_ref, ends_ref, count_ref, x
     o_ref[...] = jnp.where(mine, jnp.zeros((), o_ref.dtype), o_ref[...])
 
 
-@functools.partial(jax.jit, static_argnames=("tiles", "cores", "interpret"))
+@functools.partial(jax.jit, static_argnames=("tiles", "cores", "interpret", "transpose"))
 def grouped_matmul(rows: jax.Array, values: jax.Array, sizes: jax.Array, scale: jax.Array | None = None,
-                   tiles: tuple[int, int] | None = None, cores: int = 1, interpret: bool = False) -> jax.Array:
+                   tiles: tuple[int, int] | None = None, cores: int = 1, interpret: bool = False,
+                   transpose: bool = False) -> jax.Array:
   """rows [M, K] @ their groups' kernels: [M, N] in rows' dtype.
 
   Args:
     rows: [M, K], sorted by group: sizes[0] rows of group 0, then group 1's, ...;
       rows past sum(sizes) give zeros.
-    values: [G, K, N] the kernels as stored (int8, float8 or the rows' dtype).
+    values: [G, K, N] the kernels as stored (int8, float8 or the rows' dtype); [G, N, K] with `transpose`.
     sizes: [G] int32 rows per group (rows past M are cut, as `jax.lax.ragged_dot` does).
     scale: [G, 1, N] per-output-channel scales (group e's kernel is values[e] * scale[e]), or None.
     tiles: (rows, columns) per tile (default `row_tile(M)` and `column_tile`); the columns must divide N, and
       on TPU both must suit its layout (rows a multiple of 16, columns of 128 or all of N).
     cores: the chip's TensorCores, which split the column tiles (`column_tile` prefers a multiple of them).
     interpret: run in Pallas' interpreter (CPU).
+    transpose: multiply by each kernel transposed (rows @ values[e].T; the rows' gradient of a product).
 
   Raises:
-    ValueError: the column tile does not divide N, or no column tile's blocks fit in VMEM (`fits`).
+    ValueError: the column tile does not divide N, no column tile's blocks fit in VMEM (`fits`), or a
+      transposed product is given scales.
   """
   m, k = rows.shape
-  experts, _, n = values.shape
+  experts, n = values.shape[0], values.shape[1 if transpose else 2]
+  if transpose and scale is not None:
+    raise ValueError("grouped_matmul: a transposed product takes no per-output-channel scales")
   if m == 0:
     return jnp.zeros((0, n), rows.dtype)
   row_item, item = jnp.dtype(rows.dtype).itemsize, jnp.dtype(values.dtype).itemsize
@@ -160,17 +183,21 @@ def grouped_matmul(rows: jax.Array, values: jax.Array, sizes: jax.Array, scale: 
   x = jnp.pad(rows, ((0, padded - m), (0, 0)))
   work = visits(sizes, padded, tm)
   row_index = lambda j, v, group, tile, *_: (tile[v], 0)  # noqa: E731
-  kernel_index = lambda j, v, group, tile, weights, *_: (weights[v], 0, j)  # noqa: E731
+  if transpose:
+    kernel_spec = pl.BlockSpec((None, tn, k), lambda j, v, group, tile, weights, *_: (weights[v], j, 0))
+  else:
+    kernel_spec = pl.BlockSpec((None, k, tn), lambda j, v, group, tile, weights, *_: (weights[v], 0, j))
   scaled = scale is not None
-  in_specs = [pl.BlockSpec((tm, k), row_index), pl.BlockSpec((None, k, tn), kernel_index)]
-  in_specs += [pl.BlockSpec((None, 1, tn), kernel_index)] if scaled else []
+  in_specs = [pl.BlockSpec((tm, k), row_index), kernel_spec]
+  in_specs += [pl.BlockSpec((None, 1, tn), lambda j, v, group, tile, weights, *_: (weights[v], 0, j))] \
+      if scaled else []
   # at most row tiles + groups visits, each a full [tm, K] x [K, tn] product per column tile
   cost = pl.CostEstimate(
       flops=2 * (padded + experts * tm) * k * n, transcendentals=0,
       bytes_accessed=values.size * item + (n // tn) * padded * k * row_item + padded * n * row_item
       + (scale.size * scale.dtype.itemsize if scaled else 0))
   out = pl.pallas_call(
-      functools.partial(_kernel, tm=tm, experts=experts, scaled=scaled),
+      functools.partial(_kernel, tm=tm, experts=experts, scaled=scaled, transpose=transpose),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=len(work), grid=(n // tn, padded // tm + experts), in_specs=in_specs,
           out_specs=pl.BlockSpec((tm, tn), lambda j, v, group, tile, *_: (tile[v], j))),
@@ -182,10 +209,127 @@ def grouped_matmul(rows: jax.Array, values: jax.Array, sizes: jax.Array, scale: 
   return out[:m]
 
 
-def fits(rows: jax.Array, values: jax.Array) -> bool:
-  """Whether `grouped_matmul` has a column tile for rows [M, K] and kernels [G, K, N] (`column_tile`)."""
-  return column_tile(rows.shape[1], values.shape[2], jnp.dtype(values.dtype).itemsize, row_tile(rows.shape[0]),
-                     jnp.dtype(rows.dtype).itemsize) is not None
+def outer_tiles(width_in: int, width_out: int, row_tile: int, itemsize: int) -> tuple[int, int] | None:
+  """(K, N) per tile of `grouped_outer`'s [G, K, N] output: the largest block (the fewest re-reads of the rows
+  and gradients) whose VMEM (the rows' [row_tile, tk] and the gradients' [row_tile, tn] double-buffered, the
+  output's [tk, tn] double-buffered and its float32 sum) fits `_BLOCK_BUDGET`; None when none does."""
+  def splits(width):
+    return [width // c for c in range(1, max(1, width // 128) + 1)
+            if width % c == 0 and (c == 1 or width // c % 128 == 0)]
+
+  def need(tk, tn):
+    return 2 * row_tile * (tk + tn) * itemsize + tk * tn * (2 * itemsize + 4)
+  fitting = [(tk, tn) for tk in splits(width_in) for tn in splits(width_out) if need(tk, tn) <= _BLOCK_BUDGET]
+  return max(fitting, key=lambda t: (t[0] * t[1], t[1]), default=None)
+
+
+def _outer_kernel(group_ref, tile_ref, weights_ref, starts_ref, ends_ref, count_ref, x_ref, g_ref, o_ref, acc_ref,
+                  *, tm: int, experts: int):
+  v = pl.program_id(2)
+  g = group_ref[v]
+  real = (v < count_ref[0]) & (g < experts)
+  opens = (v == 0) | (group_ref[jnp.maximum(v - 1, 0)] != g)
+  closes = (v == count_ref[0] - 1) | (group_ref[jnp.minimum(v + 1, group_ref.shape[0] - 1)] != g)
+
+  @pl.when(real & opens)
+  def _start():
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+
+  @pl.when(real)
+  def _accumulate():
+    row = tile_ref[v] * tm + jax.lax.broadcasted_iota(jnp.int32, (tm, 1), 0)
+    mine = (row >= starts_ref[g]) & (row < ends_ref[g])
+    x = jnp.where(mine, x_ref[...], jnp.zeros((), x_ref.dtype))
+    acc_ref[...] += jax.lax.dot_general(x, g_ref[...], (((0,), (0,)), ((), ())), precision=_PRECISION,
+                                        preferred_element_type=jnp.float32)
+
+  @pl.when(real & closes)
+  def _store():
+    o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "tiles", "interpret"))
+def grouped_outer(rows: jax.Array, grads: jax.Array, sizes: jax.Array, dtype: jnp.dtype,
+                  tiles: tuple[int, int, int] | None = None, interpret: bool = False) -> jax.Array:
+  """Per group, its rows' outer products with their gradients summed: [G, K, N] in `dtype` (the kernels'
+  gradient of `grouped_matmul`; zero for a group with no rows).
+
+  Args:
+    rows: [M, K] sorted by group as `grouped_matmul` takes them (rows past the groups count nowhere).
+    grads: [M, N] the products' gradients, in the same order.
+    sizes: [G] int32 rows per group.
+    dtype: the output's dtype (the kernels').
+    tiles: (rows, K, N) per tile (default `row_tile(M)` and `outer_tiles`).
+    interpret: run in Pallas' interpreter (CPU).
+
+  Raises:
+    ValueError: no tile's blocks fit in VMEM, or a tile does not divide its width.
+  """
+  m, k = rows.shape
+  n, experts = grads.shape[1], sizes.shape[0]
+  tm = tiles[0] if tiles else row_tile(m)
+  tk, tn = tiles[1:] if tiles else (outer_tiles(k, n, tm, jnp.dtype(rows.dtype).itemsize) or (None, None))
+  if tk is None:
+    raise ValueError(f"grouped_outer: no tile of the [{k}, {n}] kernels' gradient fits {_BLOCK_BUDGET >> 20} MiB "
+                     "of VMEM beside its rows")
+  if k % tk or n % tn:
+    raise ValueError(f"grouped_outer: tiles ({tk}, {tn}) do not divide the kernels' [{k}, {n}]")
+  padded = max(tm, -(-m // tm) * tm)
+  x = jnp.pad(rows, ((0, padded - m), (0, 0)))
+  dy = jnp.pad(grads.astype(rows.dtype), ((0, padded - m), (0, 0)))
+  work = visits(sizes, padded, tm)
+  out = pl.pallas_call(
+      functools.partial(_outer_kernel, tm=tm, experts=experts),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=len(work), grid=(k // tk, n // tn, padded // tm + experts),
+          in_specs=[pl.BlockSpec((tm, tk), lambda i, j, v, group, tile, *_: (tile[v], i)),
+                    pl.BlockSpec((tm, tn), lambda i, j, v, group, tile, *_: (tile[v], j))],
+          out_specs=pl.BlockSpec((None, tk, tn), lambda i, j, v, group, tile, weights, *_: (weights[v], i, j)),
+          scratch_shapes=[pltpu.VMEM((tk, tn), jnp.float32)]),
+      out_shape=jax.ShapeDtypeStruct((experts, k, n), dtype),
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+      cost_estimate=pl.CostEstimate(
+          flops=2 * (padded + experts * tm) * k * n, transcendentals=0,
+          bytes_accessed=(n // tn) * padded * k * x.dtype.itemsize + (k // tk) * padded * n * dy.dtype.itemsize
+          + experts * k * n * jnp.dtype(dtype).itemsize),
+      interpret=interpret,
+  )(*work, x, dy)
+  # a group with no rows (or none before M) has no visit, so its block is never stored
+  return jnp.where((work.ends > work.starts)[:-1, None, None], out, jnp.zeros((), dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def trainable(rows: jax.Array, values: jax.Array, sizes: jax.Array, cores: int = 1,
+              interpret: bool = False) -> jax.Array:
+  """`grouped_matmul` of rows [M, K] by unscaled kernels [G, K, N] -> [M, N], differentiable in both: the rows'
+  gradient is the transposed product, the kernels' `grouped_outer`, each visiting only the rows in groups."""
+  return grouped_matmul(rows, values, sizes, cores=cores, interpret=interpret)
+
+
+def _trainable_forward(rows, values, sizes, cores, interpret):
+  return trainable(rows, values, sizes, cores, interpret), (rows, values, sizes)
+
+
+def _trainable_backward(cores, interpret, saved, grads):
+  rows, values, sizes = saved
+  d_rows = grouped_matmul(grads.astype(rows.dtype), values, sizes, cores=cores, interpret=interpret,
+                          transpose=True)
+  d_values = grouped_outer(rows, grads, sizes, values.dtype, interpret=interpret)
+  return d_rows, d_values, None
+
+
+trainable.defvjp(_trainable_forward, _trainable_backward)
+
+
+def fits(rows: jax.Array, values: jax.Array, gradients: bool = False) -> bool:
+  """Whether `grouped_matmul` has a column tile for rows [M, K] and kernels [G, K, N] (`column_tile`), and with
+  `gradients` its transposed product and `grouped_outer` have tiles too (`trainable`)."""
+  (m, k), n = rows.shape, values.shape[2]
+  tm, item, row_item = row_tile(m), jnp.dtype(values.dtype).itemsize, jnp.dtype(rows.dtype).itemsize
+  if column_tile(k, n, item, tm, row_item) is None:
+    return False
+  return not gradients or (column_tile(n, k, item, tm, row_item) is not None
+                           and outer_tiles(k, n, tm, row_item) is not None)
 
 
 def reference(rows: jax.Array, values: jax.Array, sizes: jax.Array, scale: jax.Array | None = None) -> jax.Array:
@@ -194,4 +338,5 @@ def reference(rows: jax.Array, values: jax.Array, sizes: jax.Array, scale: jax.A
   return jax.lax.ragged_dot(rows.astype(jnp.float32), kernels, sizes).astype(rows.dtype)
 
 
-__all__ = ["Visits", "column_tile", "fits", "grouped_matmul", "reference", "row_tile", "visits"]
+__all__ = ["Visits", "column_tile", "fits", "grouped_matmul", "grouped_outer", "outer_tiles", "product_rows",
+           "reference", "row_tile", "trainable", "visits"]

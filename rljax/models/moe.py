@@ -5,8 +5,10 @@ optionally renormalised, as HF's Qwen3-MoE does). The N*k token copies are
 sorted by expert and each expert's rows run through its SwiGLU as one
 grouped matmul (`jax.lax.ragged_dot`, the TPU's grouped GEMM; for float8
 rollout experts on v5p and v6e, where that would convert them into a
-temporary, `rljax.kernels.grouped_matmul`, which reads them as stored):
-the work is that of the activated experts, and nothing of shape
+temporary, `rljax.kernels.grouped_matmul`, which reads them as stored; in
+a pass that gathers its weights on a TPU, that kernel and its gradients,
+where XLA's kernel gradient is a dense product per expert over every
+row): the work is that of the activated experts, and nothing of shape
 [tokens, E, ...] is built.
 
 Sharding. Expert weights carry the logical axes `(exp, embed, mlp)` (down:
@@ -170,7 +172,19 @@ def _kernel_takes(rows: jax.Array, kernel: jax.Array | QuantizedWeight) -> bool:
           and grouped_lib.fits(rows, kernel.values))
 
 
-def _grouped(rows: jax.Array, kernel: jax.Array | QuantizedWeight, sizes: jax.Array) -> jax.Array:
+def _trainable_takes(rows: jax.Array, kernel: jax.Array | QuantizedWeight, trained: bool) -> bool:
+  """Whether `rljax.kernels.grouped_matmul.trainable` multiplies these rows by these experts: bfloat16 rows by
+  full-precision experts on a TPU, in blocks that fit, in a pass that gathers its weights (`trained`): the
+  kernels' gradient of XLA's grouped matmul is a dense product per group there (G times the forward's FLOPs,
+  over every row), where the Pallas kernels' forward and gradients visit only the row tiles each group
+  overlaps."""
+  return (trained and not isinstance(kernel, QuantizedWeight) and rows.dtype == jnp.bfloat16
+          and rules_lib.on_tpu()
+          and grouped_lib.fits(rows, jax.ShapeDtypeStruct(kernel.shape, rows.dtype), gradients=True))
+
+
+def _grouped(rows: jax.Array, kernel: jax.Array | QuantizedWeight, sizes: jax.Array,
+             trained: bool = False) -> jax.Array:
   """rows [M, in] @ their experts' kernels [E', in, out].
 
   XLA's grouped matmul is a custom call that cannot fuse a convert, and on
@@ -178,8 +192,14 @@ def _grouped(rows: jax.Array, kernel: jax.Array | QuantizedWeight, sizes: jax.Ar
   (`PALLAS_GROUPED`): there the experts go to `rljax.kernels.grouped_matmul`,
   which converts each block in VMEM. Elsewhere an int8 kernel's values go to
   XLA's grouped matmul as stored and its per-output-channel scales multiply
-  the product; a float8 one is dequantized first.
+  the product; a float8 one is dequantized first. ``trained``: a pass
+  that gathers its weights (an update, or a log-prob pass), where a TPU
+  takes the Pallas kernel and its gradients for full-precision experts
+  too (`_trainable_takes`).
   """
+  if _trainable_takes(rows, kernel, trained):
+    return grouped_lib.trainable(rows, kernel.astype(rows.dtype), sizes, MEGACORE.get(rules_lib.device_kind(), 1),
+                                 not rules_lib.on_tpu())
   if _kernel_takes(rows, kernel):
     return grouped_lib.grouped_matmul(rows, kernel.values, sizes, kernel.scale,
                                       cores=MEGACORE.get(rules_lib.device_kind(), 1),
@@ -191,30 +211,30 @@ def _grouped(rows: jax.Array, kernel: jax.Array | QuantizedWeight, sizes: jax.Ar
 
 
 def _project(rows: jax.Array, kernel: jax.Array | QuantizedWeight, sizes: jax.Array,
-             adapter: tuple | None) -> jax.Array:
+             adapter: tuple | None, trained: bool = False) -> jax.Array:
   """rows [M, in] @ their experts' kernels [E', in, out] (`_grouped`), plus scale * (rows @ A) @ B with a LoRA
   adapter.
 
   adapter: (A [E', in, r], B [E', r, out], scale []) or None. Both terms are
   linear in rows, so a partial sum over a split `in` stays one.
   """
-  y = _grouped(rows, kernel, sizes)
+  y = _grouped(rows, kernel, sizes, trained)
   if adapter is None:
     return y
   a, b, scale = adapter
-  h = jax.lax.ragged_dot(rows, a.astype(rows.dtype), sizes) * scale.astype(rows.dtype)
-  return y + jax.lax.ragged_dot(h, b.astype(rows.dtype), sizes)
+  h = _grouped(rows, a, sizes, trained) * scale.astype(rows.dtype)
+  return y + _grouped(h, b, sizes, trained)
 
 
-def _swiglu_rows(rows, sizes, gate, up, down, sum_inputs, adapters) -> jax.Array:
+def _swiglu_rows(rows, sizes, gate, up, down, sum_inputs, adapters, trained=False) -> jax.Array:
   """rows [M, D'] (sorted by local expert, `sizes` [E'] rows each; the rest left zero) through their experts'
   SwiGLU -> [M, D'] (a partial sum over a split embed or mlp axis)."""
-  h_gate = sum_inputs(_project(rows, gate, sizes, adapters.get("gate")))
-  h_up = sum_inputs(_project(rows, up, sizes, adapters.get("up")))
-  return _project(jax.nn.silu(h_gate) * h_up, down, sizes, adapters.get("down"))
+  h_gate = sum_inputs(_project(rows, gate, sizes, adapters.get("gate"), trained))
+  h_up = sum_inputs(_project(rows, up, sizes, adapters.get("up"), trained))
+  return _project(jax.nn.silu(h_gate) * h_up, down, sizes, adapters.get("down"), trained)
 
 
-def _experts_local(x, ids, weights, gate, up, down, first, sum_inputs, adapters) -> jax.Array:
+def _experts_local(x, ids, weights, gate, up, down, first, sum_inputs, adapters, trained=False) -> jax.Array:
   """The outputs [N, D'] of N tokens' copies routed to this device's experts, weighted and summed per token (a
   partial sum over a split mlp axis and over other devices' experts).
 
@@ -225,10 +245,11 @@ def _experts_local(x, ids, weights, gate, up, down, first, sum_inputs, adapters)
     first: the global id of local expert 0.
     sum_inputs: sums partial projections over the embed split (identity when whole).
     adapters: {gate, up, down: (A, B, scale)} LoRA adapters of the local experts (some or none).
+    trained: the pass gathers its weights (`_grouped`).
   """
   n, k = ids.shape
   order, sizes, here = _sorted_copies(ids, first, weight_quant.shape(gate)[0])
-  y = _swiglu_rows(x[order // k], sizes, gate, up, down, sum_inputs, adapters)
+  y = _swiglu_rows(x[order // k], sizes, gate, up, down, sum_inputs, adapters, trained)
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
   y = y[inverse].reshape(n, k, -1)
   scale = jnp.where(here, weights, jnp.zeros_like(weights)).astype(x.dtype)
@@ -339,7 +360,7 @@ def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array |
     if stationary and rows < x.shape[0] * k:
       out = _experts_bounded(x, ids, weights, gate, up, down, first, sum_in, local, rows)
     else:
-      out = _experts_local(x, ids, weights, gate, up, down, first, sum_in, local)
+      out = _experts_local(x, ids, weights, gate, up, down, first, sum_in, local, not stationary)
     out = sum_out(out)
     if gathered:
       out = jax.lax.psum_scatter(out, gathered, scatter_dimension=0, tiled=True)

@@ -110,6 +110,101 @@ def test_a_decode_step_over_four_expert_shards_through_the_kernel_equals_xla(mon
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)  # scales before or after the sum
 
 
+def _reference_outer(rows, grads, sizes):
+  """Per group, sum of its rows' outer products with their gradients (float32, numpy)."""
+  rows, grads = np.asarray(rows, np.float32), np.asarray(grads, np.float32)
+  bounds = np.minimum(np.cumsum([0, *np.asarray(sizes)]), rows.shape[0])
+  return np.stack([rows[a:b].T @ grads[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+
+
+@pytest.mark.parametrize("sizes,tiles", [((0, 23, 1, 0, 30), (16, 128, 128)), ((0, 23, 1, 0, 30), None),
+                                         ((40, 50, 9), (16, 256, 128)), ((0, 0, 0), (16, 128, 128))])
+def test_grouped_outer_sums_each_groups_outer_products(sizes, tiles):
+  # tiles (16, 128, 128): 5 row tiles, 2 x 2 output tiles; (40, 50, 9) overruns the 70 rows (cut there, the
+  # last group's kernel gradient zero); (0, 0, 0): every row past the groups, every gradient zero
+  x, _, _, sizes = _problem(jnp.bfloat16, width_in=256, sizes=sizes)
+  grads = jnp.asarray(np.random.default_rng(1).normal(size=(70, 256)), jnp.bfloat16)
+  got = gmm.grouped_outer(x, grads, sizes, jnp.float32, tiles=tiles, interpret=True)
+  assert got.shape == (len(sizes), 256, 256) and got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), _reference_outer(x, grads, sizes), rtol=1e-2, atol=1e-2)
+
+
+def test_the_kernels_gradients_equal_xlas():
+  """`trainable`'s forward and both gradients (the transposed product, `grouped_outer`) equal those of XLA's
+  grouped matmul, float32 in the interpreter: groups sharing tiles, empty ones, rows past the groups."""
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.normal(size=(70, 128)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(5, 128, 256)), jnp.float32)
+  sizes = jnp.asarray([0, 23, 1, 0, 30], jnp.int32)
+  mix = jnp.asarray(rng.normal(size=(70, 256)), jnp.float32)
+  loss = lambda fn: lambda x, w: jnp.sum(jnp.sin(fn(x, w) * mix))  # noqa: E731
+  with jax.default_matmul_precision("highest"):
+    got = jax.value_and_grad(loss(lambda x, w: gmm.trainable(x, w, sizes, 1, True)), (0, 1))(x, w)
+    want = jax.value_and_grad(loss(lambda x, w: jax.lax.ragged_dot(x, w, sizes)), (0, 1))(x, w)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+  assert not np.asarray(got[1][0])[54:].any() and not np.asarray(got[1][1])[[0, 3]].any()
+  with pytest.raises(ValueError, match="transposed product takes no per-output-channel scales"):
+    gmm.grouped_matmul(x, w, sizes, jnp.ones((5, 1, 128)), transpose=True, interpret=True)
+
+
+def test_an_update_over_four_expert_shards_through_the_kernels_equals_xla(monkeypatch):
+  """`moe.dispatch` in an update's layout (weights gathered, experts split 4 ways, fsdp 2), its grouped
+  matmuls and their gradients in the Pallas kernels (in the interpreter), has XLA's gradients."""
+  from tests.models import helpers
+  rng = np.random.default_rng(4)
+  n, d, f = 16, 32, 128
+  x = jnp.asarray(rng.normal(size=(n, 1, d)), jnp.float32)
+  ids = jnp.asarray(helpers.uneven_routing(n))
+  weights = jnp.asarray(rng.uniform(size=(n, 1, 2)), jnp.float32)
+  gate, up = (jnp.asarray(rng.normal(size=(8, d, f)), jnp.float32) for _ in range(2))
+  down = jnp.asarray(rng.normal(size=(8, f, d)), jnp.float32)
+  step = helpers.expert_split_update(
+      lambda x, gate, up, down: jnp.sum(jnp.tanh(moe.dispatch(x, ids, weights, gate, up, down))))
+  grad = jax.grad(step, (0, 1, 2, 3))
+  with jax.default_matmul_precision("highest"):
+    want = jax.jit(grad)(x, gate, up, down)
+    traced = []
+    trainable = gmm.trainable
+    monkeypatch.setattr(moe, "_trainable_takes", lambda rows, kernel, trained: trained)
+    monkeypatch.setattr(gmm, "trainable", lambda *a: traced.append(a[0].shape) or trainable(*a))
+    got = jax.jit(lambda *a: grad(*a))(x, gate, up, down)
+  assert set(traced) == {(16, 32), (16, 128)}  # each device's 8 tokens' copies (gathered over the expert axis)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+
+
+@jax.default_matmul_precision("default")
+def test_on_tpu_the_kernels_gradient_visits_only_the_groups():
+  """On a v5p chip XLA's grouped matmul's kernel gradient is a dense product per group: forward and both
+  gradients declare 2 + G times one product over every row. An update's pass takes the Pallas kernels
+  (`moe._grouped`), which declare a bound of one visit per row tile and group each, and multiply only
+  the row tiles the groups overlap (`product_rows`)."""
+  experts, width_in, width_out, rows = 16, 1024, 512, 4096
+  device = topology.devices(topology.parse("v5p:2x2x1"))[:1]
+  mesh = Mesh(np.array(device), ("x",))
+  one = NamedSharding(mesh, PartitionSpec())
+  args = (jax.ShapeDtypeStruct((rows, width_in), jnp.bfloat16, sharding=one),
+          jax.ShapeDtypeStruct((experts, width_in, width_out), jnp.float32, sharding=one),
+          jax.ShapeDtypeStruct((experts,), jnp.int32, sharding=one))
+
+  def flops(trained):
+    def loss(x, w, sizes):
+      with rules_lib.activation_sharding(mesh, None):
+        return jnp.sum(jnp.square(moe._grouped(x, w, sizes, trained).astype(jnp.float32)))
+    return hlo.loop_flops(jax.jit(jax.grad(loss, (0, 1))).lower(*args).compile().as_text())
+
+  product = 2 * rows * width_in * width_out
+  assert flops(False) == (2 + experts) * product
+  assert flops(True) == 3 * 2 * (rows + experts * 128) * width_in * width_out  # 3 x 1.5 products
+  # the rows the kernels multiply: a whole tile per visit, so a tile shared by k groups is multiplied k times;
+  # 16 groups of 1000 rows (an eighth of 131072) overlap 8 or 9 tiles each: 1.12x the routed rows
+  sizes = jnp.full((experts,), 1000, jnp.int32)
+  assert int(gmm.product_rows(gmm.visits(sizes, 131072, 128), 128)) == 140 * 128
+  # 16 groups of 8 rows share one tile, multiplied once per group: 16x the routed rows
+  assert int(gmm.product_rows(gmm.visits(sizes // 125, 131072, 128), 128)) == 16 * 128
+
+
 @jax.default_matmul_precision("default")
 def test_on_tpu_moe_reads_float8_experts_as_stored():
   """`moe._grouped` on a v5p chip takes the Pallas kernel for float8 experts and adds no temporary around it

@@ -167,15 +167,27 @@ def uneven_routing(n: int) -> np.ndarray:
   return np.stack([first, second], -1)[:, None].astype(np.int32)
 
 
-def expert_split_decode(fn):
-  """fn traced as a decode step's weight-stationary pass over 8 devices: fsdp 2 x expert 4."""
+def _expert_split(fn, decode: bool):
+  """fn traced over 8 devices, fsdp 2 x expert 4: as a decode step's weight-stationary pass, or as an update's
+  pass, which gathers its weights."""
   from rljax import config as config_lib
   from rljax.sharding import rules as rules_lib
   mesh = sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 1, "sequence": 1, "expert": 4})
-  rules = rules_lib.decode_rules(sharding.rules_from_config(config_lib.get_base_config()))
+  rules = sharding.rules_from_config(config_lib.get_base_config())
+  rules = rules_lib.decode_rules(rules) if decode else rules
 
   def step(*args):
-    with rules_lib.activation_sharding(mesh, rules, gather_weights=False):
+    with rules_lib.activation_sharding(mesh, rules, gather_weights=not decode):
       return fn(*args)
 
   return step
+
+
+def expert_split_decode(fn):
+  """fn traced as a decode step's weight-stationary pass over 8 devices: fsdp 2 x expert 4."""
+  return _expert_split(fn, decode=True)
+
+
+def expert_split_update(fn):
+  """fn traced as an update's pass (its weights gathered) over 8 devices: fsdp 2 x expert 4."""
+  return _expert_split(fn, decode=False)

@@ -1,0 +1,103 @@
+"""FLOPs of one expert projection's training (forward and both gradients) on a TPU chip, compiled here (the `tpu`
+extra), and the rows the Pallas kernels multiply for a drawn routing.
+
+    JAX_PLATFORMS=cpu python benchmarks/moe_training_flops.py [--topology v5p:2x2x1 --tokens 24576 --top_k 8
+        --experts 128 --shards 8 --width_in 2048 --width_out 768 --seed 0]
+
+The defaults are one chip of the `qwen3_30b_a3b_gsm8k` preset's update on
+v5p-64: 3072 tokens per chip per micro-batch, all-gathered over the 8
+chips of an expert group (24576 tokens, top 8 of 128 experts: 196608
+token copies on every chip), 16 experts per chip, gate/up [2048, 768].
+
+Two ways through `jax.grad` of a loss of rows [copies, width_in] @ the
+chip's experts: XLA's grouped matmul (`jax.lax.ragged_dot`) and the Pallas
+kernels (`rljax.kernels.grouped_matmul.trainable`). For each, the FLOPs
+the compiled program declares with its loops counted
+(`rljax.compile.hlo.loop_flops`; a Pallas call declares its
+`pl.CostEstimate`, a bound of one visit per row tile and group) and its
+HBM traffic. Then a routing is drawn (each token's k experts uniformly
+without repeats, and a skewed one, expert e drawn with weight 1/(e+1)),
+and the rows the kernels multiply (`product_rows`, the dynamic work: the
+same count in the forward, the transposed product and `grouped_outer`) are
+set against the rows routed to the chip's experts. Prints one JSON object
+per line. Compiler and counting figures, not a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rljax.compile import hlo, topology
+from rljax.kernels import grouped_matmul
+from rljax.models import moe
+
+
+def routing(rng: np.random.Generator, tokens: int, experts: int, top_k: int, skewed: bool) -> np.ndarray:
+  """[tokens, top_k] distinct experts per token, uniform or with weight 1 / (e + 1) for expert e."""
+  weights = 1.0 / np.arange(1, experts + 1) if skewed else np.ones(experts)
+  keys = np.log(rng.uniform(size=(tokens, experts))) / weights  # Efraimidis-Spirakis: top-k keys, no repeats
+  return np.argsort(-keys, axis=1)[:, :top_k]
+
+
+def chip_sizes(ids: np.ndarray, experts: int, first: int, local: int) -> np.ndarray:
+  """[local] copies routed to experts first .. first + local - 1."""
+  return np.bincount(ids.reshape(-1), minlength=experts)[first:first + local]
+
+
+def compiled_figures(fn, rows, kernels, sizes) -> dict:
+  """Loop-counted declared TFLOP and HBM traffic (GiB) of jax.grad(sum(fn(rows, kernels, sizes)^2))."""
+  loss = lambda r, w, s: jnp.sum(jnp.square(fn(r, w, s).astype(jnp.float32)))  # noqa: E731
+  text = jax.jit(jax.grad(loss, (0, 1))).lower(rows, kernels, sizes).compile().as_text()
+  return {"declared_tflop": round(hlo.loop_flops(text) / 1e12, 3), "traffic_gib": round(hlo.hbm_bytes(text) / 2**30, 2)}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--topology", default="v5p:2x2x1")
+  parser.add_argument("--tokens", type=int, default=24576)
+  parser.add_argument("--top_k", type=int, default=8)
+  parser.add_argument("--experts", type=int, default=128)
+  parser.add_argument("--shards", type=int, default=8)
+  parser.add_argument("--width_in", type=int, default=2048)
+  parser.add_argument("--width_out", type=int, default=768)
+  parser.add_argument("--seed", type=int, default=0)
+  args = parser.parse_args()
+  device = topology.devices(topology.parse(args.topology))[:1]
+  one = NamedSharding(Mesh(np.array(device), ("x",)), PartitionSpec())
+  local, copies = args.experts // args.shards, args.tokens * args.top_k
+  k, n = args.width_in, args.width_out
+  rows = jax.ShapeDtypeStruct((copies, k), jnp.bfloat16, sharding=one)
+  kernels = jax.ShapeDtypeStruct((local, k, n), jnp.bfloat16, sharding=one)
+  sizes = jax.ShapeDtypeStruct((local,), jnp.int32, sharding=one)
+  cores = moe.MEGACORE.get(device[0].device_kind, 1)
+  print(json.dumps({"setup": vars(args), "device": device[0].device_kind, "copies": copies, "local_experts": local}))
+  matmul = 2 * copies * k * n  # one [copies, K] x [K, N] product, every row
+  ways = {"XLA grouped matmul": lambda r, w, s: jax.lax.ragged_dot(r, w, s),
+          "Pallas kernels": lambda r, w, s: grouped_matmul.trainable(r, w, s, cores, False)}
+  for name, fn in ways.items():
+    figures = compiled_figures(fn, rows, kernels, sizes)
+    over = round(figures["declared_tflop"] * 1e12 / matmul, 2)
+    print(json.dumps({"way": name, **figures, "declared_over_all_rows": over}))
+  rng = np.random.default_rng(args.seed)
+  tm = grouped_matmul.row_tile(copies)
+  padded = -(-copies // tm) * tm
+  for skewed in (False, True):
+    ids = routing(rng, args.tokens, args.experts, args.top_k, skewed)
+    for chip in range(args.shards):
+      counts = chip_sizes(ids, args.experts, chip * local, local)
+      work = grouped_matmul.visits(jnp.asarray(counts, jnp.int32), padded, tm)
+      multiplied = int(grouped_matmul.product_rows(work, tm))
+      routed = int(counts.sum())
+      print(json.dumps({"routing": "skewed" if skewed else "uniform", "chip": chip, "routed_rows": routed,
+                        "multiplied_rows": multiplied, "ratio": round(multiplied / max(routed, 1), 3),
+                        "all_rows_over_routed": round(copies / max(routed, 1), 2)}))
+
+
+if __name__ == "__main__":
+  main()
