@@ -152,13 +152,7 @@ def test_an_update_over_four_expert_shards_through_the_kernels_equals_xla(monkey
   """`moe.dispatch` in an update's layout (weights gathered, experts split 4 ways, fsdp 2), its grouped
   matmuls and their gradients in the Pallas kernels (in the interpreter), has XLA's gradients."""
   from tests.models import helpers
-  rng = np.random.default_rng(4)
-  n, d, f = 16, 32, 128
-  x = jnp.asarray(rng.normal(size=(n, 1, d)), jnp.float32)
-  ids = jnp.asarray(helpers.uneven_routing(n))
-  weights = jnp.asarray(rng.uniform(size=(n, 1, 2)), jnp.float32)
-  gate, up = (jnp.asarray(rng.normal(size=(8, d, f)), jnp.float32) for _ in range(2))
-  down = jnp.asarray(rng.normal(size=(8, f, d)), jnp.float32)
+  x, ids, weights, gate, up, down = helpers.uneven_dispatch(16, 32, 128, seed=4)
   step = helpers.expert_split_update(
       lambda x, gate, up, down: jnp.sum(jnp.tanh(moe.dispatch(x, ids, weights, gate, up, down))))
   grad = jax.grad(step, (0, 1, 2, 3))

@@ -167,6 +167,18 @@ def uneven_routing(n: int) -> np.ndarray:
   return np.stack([first, second], -1)[:, None].astype(np.int32)
 
 
+def uneven_dispatch(n: int, d: int, f: int, seed: int) -> tuple:
+  """`moe.dispatch`'s arguments, float32: x [n, 1, d], ids [n, 1, 2] (`uneven_routing`), weights [n, 1, 2],
+  gate and up [8, d, f], down [8, f, d]."""
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.normal(size=(n, 1, d)), jnp.float32)
+  ids = jnp.asarray(uneven_routing(n))
+  weights = jnp.asarray(rng.uniform(size=(n, 1, 2)), jnp.float32)
+  gate, up = (jnp.asarray(rng.normal(size=(8, d, f)), jnp.float32) for _ in range(2))
+  down = jnp.asarray(rng.normal(size=(8, f, d)), jnp.float32)
+  return x, ids, weights, gate, up, down
+
+
 def _expert_split(fn, decode: bool):
   """fn traced over 8 devices, fsdp 2 x expert 4: as a decode step's weight-stationary pass, or as an update's
   pass, which gathers its weights."""

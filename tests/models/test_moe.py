@@ -170,13 +170,8 @@ def test_capped_grouped_matmuls_equal_all_copies_and_fall_back_past_their_rows()
 def test_a_decode_step_whose_devices_take_different_branches_equals_the_unsharded_dispatch():
   # 8 experts over 4 expert shards (2 each), weights split over fsdp too; 16 tokens x 2 copies give each shard
   # 16 rows: experts 0 and 1 take 20 copies (all 32 rows there), the others 4 each (their 16 rows)
-  rng = np.random.default_rng(2)
-  n, d, f = 16, 32, 16
-  x = jnp.asarray(rng.normal(size=(n, 1, d)), jnp.float32)
-  ids = jnp.asarray(helpers.uneven_routing(n))
-  weights = jnp.asarray(rng.uniform(size=(n, 1, 2)), jnp.float32)
-  gate, up = (jnp.asarray(rng.normal(size=(8, d, f)), jnp.float32) for _ in range(2))
-  down = jnp.asarray(rng.normal(size=(8, f, d)), jnp.float32)
+  n = 16
+  x, ids, weights, gate, up, down = helpers.uneven_dispatch(n, 32, 16, seed=2)
   assert moe.capacity(2 * n, 4) == 16 and int(np.sum(np.asarray(ids) < 2)) == 20
   want = moe.dispatch(x, ids, weights, gate, up, down)
   step = helpers.expert_split_decode(moe.dispatch)
