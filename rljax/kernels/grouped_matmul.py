@@ -209,18 +209,22 @@ def grouped_matmul(rows: jax.Array, values: jax.Array, sizes: jax.Array, scale: 
   return out[:m]
 
 
-def outer_tiles(width_in: int, width_out: int, row_tile: int, itemsize: int) -> tuple[int, int] | None:
+def outer_tiles(width_in: int, width_out: int, row_tile: int, itemsize: int, out_itemsize: int,
+                cores: int = 1) -> tuple[int, int] | None:
   """(K, N) per tile of `grouped_outer`'s [G, K, N] output: the largest block (the fewest re-reads of the rows
-  and gradients) whose VMEM (the rows' [row_tile, tk] and the gradients' [row_tile, tn] double-buffered, the
-  output's [tk, tn] double-buffered and its float32 sum) fits `_BLOCK_BUDGET`; None when none does."""
+  and gradients) whose VMEM (the rows' [row_tile, tk] and the gradients' [row_tile, tn] double-buffered, in
+  `itemsize` bytes, the output's [tk, tn] double-buffered in `out_itemsize`, and its float32 sum) fits
+  `_BLOCK_BUDGET`, among those making a multiple of `cores` blocks where any does (a chip's TensorCores split
+  them); None when none fits."""
   def splits(width):
     return [width // c for c in range(1, max(1, width // 128) + 1)
             if width % c == 0 and (c == 1 or width // c % 128 == 0)]
 
   def need(tk, tn):
-    return 2 * row_tile * (tk + tn) * itemsize + tk * tn * (2 * itemsize + 4)
+    return 2 * row_tile * (tk + tn) * itemsize + tk * tn * (2 * out_itemsize + 4)
   fitting = [(tk, tn) for tk in splits(width_in) for tn in splits(width_out) if need(tk, tn) <= _BLOCK_BUDGET]
-  return max(fitting, key=lambda t: (t[0] * t[1], t[1]), default=None)
+  split = [(tk, tn) for tk, tn in fitting if (width_in // tk) * (width_out // tn) % cores == 0]
+  return max(split or fitting, key=lambda t: (t[0] * t[1], t[1]), default=None)
 
 
 def _outer_kernel(group_ref, tile_ref, weights_ref, starts_ref, ends_ref, count_ref, x_ref, g_ref, o_ref, acc_ref,
@@ -240,7 +244,8 @@ def _outer_kernel(group_ref, tile_ref, weights_ref, starts_ref, ends_ref, count_
     row = tile_ref[v] * tm + jax.lax.broadcasted_iota(jnp.int32, (tm, 1), 0)
     mine = (row >= starts_ref[g]) & (row < ends_ref[g])
     x = jnp.where(mine, x_ref[...], jnp.zeros((), x_ref.dtype))
-    acc_ref[...] += jax.lax.dot_general(x, g_ref[...], (((0,), (0,)), ((), ())), precision=_PRECISION,
+    dy = jnp.where(mine, g_ref[...], jnp.zeros((), g_ref.dtype))  # another group's inf must not meet a 0 here
+    acc_ref[...] += jax.lax.dot_general(x, dy, (((0,), (0,)), ((), ())), precision=_PRECISION,
                                         preferred_element_type=jnp.float32)
 
   @pl.when(real & closes)
@@ -248,9 +253,9 @@ def _outer_kernel(group_ref, tile_ref, weights_ref, starts_ref, ends_ref, count_
     o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("dtype", "tiles", "interpret"))
+@functools.partial(jax.jit, static_argnames=("dtype", "tiles", "cores", "interpret"))
 def grouped_outer(rows: jax.Array, grads: jax.Array, sizes: jax.Array, dtype: jnp.dtype,
-                  tiles: tuple[int, int, int] | None = None, interpret: bool = False) -> jax.Array:
+                  tiles: tuple[int, int, int] | None = None, cores: int = 1, interpret: bool = False) -> jax.Array:
   """Per group, its rows' outer products with their gradients summed: [G, K, N] in `dtype` (the kernels'
   gradient of `grouped_matmul`; zero for a group with no rows).
 
@@ -260,6 +265,7 @@ def grouped_outer(rows: jax.Array, grads: jax.Array, sizes: jax.Array, dtype: jn
     sizes: [G] int32 rows per group.
     dtype: the output's dtype (the kernels').
     tiles: (rows, K, N) per tile (default `row_tile(M)` and `outer_tiles`).
+    cores: the chip's TensorCores, which split the output tiles (`outer_tiles` prefers a multiple of them).
     interpret: run in Pallas' interpreter (CPU).
 
   Raises:
@@ -268,7 +274,8 @@ def grouped_outer(rows: jax.Array, grads: jax.Array, sizes: jax.Array, dtype: jn
   m, k = rows.shape
   n, experts = grads.shape[1], sizes.shape[0]
   tm = tiles[0] if tiles else row_tile(m)
-  tk, tn = tiles[1:] if tiles else (outer_tiles(k, n, tm, jnp.dtype(rows.dtype).itemsize) or (None, None))
+  tk, tn = tiles[1:] if tiles else (outer_tiles(k, n, tm, jnp.dtype(rows.dtype).itemsize, jnp.dtype(dtype).itemsize,
+                                                cores) or (None, None))
   if tk is None:
     raise ValueError(f"grouped_outer: no tile of the [{k}, {n}] kernels' gradient fits {_BLOCK_BUDGET >> 20} MiB "
                      "of VMEM beside its rows")
@@ -314,7 +321,7 @@ def _trainable_backward(cores, interpret, saved, grads):
   rows, values, sizes = saved
   d_rows = grouped_matmul(grads.astype(rows.dtype), values, sizes, cores=cores, interpret=interpret,
                           transpose=True)
-  d_values = grouped_outer(rows, grads, sizes, values.dtype, interpret=interpret)
+  d_values = grouped_outer(rows, grads, sizes, values.dtype, cores=cores, interpret=interpret)
   return d_rows, d_values, None
 
 
@@ -329,7 +336,7 @@ def fits(rows: jax.Array, values: jax.Array, gradients: bool = False) -> bool:
   if column_tile(k, n, item, tm, row_item) is None:
     return False
   return not gradients or (column_tile(n, k, item, tm, row_item) is not None
-                           and outer_tiles(k, n, tm, row_item) is not None)
+                           and outer_tiles(k, n, tm, row_item, item) is not None)
 
 
 def reference(rows: jax.Array, values: jax.Array, sizes: jax.Array, scale: jax.Array | None = None) -> jax.Array:

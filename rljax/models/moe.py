@@ -174,10 +174,10 @@ def _kernel_takes(rows: jax.Array, kernel: jax.Array | QuantizedWeight) -> bool:
 
 def _trainable_takes(rows: jax.Array, kernel: jax.Array | QuantizedWeight, trained: bool) -> bool:
   """Whether `rljax.kernels.grouped_matmul.trainable` multiplies these rows by these experts: bfloat16 rows by
-  full-precision experts on a TPU, in blocks that fit, in a pass that gathers its weights (`trained`): the
-  kernels' gradient of XLA's grouped matmul is a dense product per group there (G times the forward's FLOPs,
-  over every row), where the Pallas kernels' forward and gradients visit only the row tiles each group
-  overlaps."""
+  full-precision experts on a TPU, in blocks that fit, in a pass that gathers its weights (`trained`: the
+  update, the log-prob passes and the rollout's prefill). The kernels' gradient of XLA's grouped matmul is a
+  dense product per group (G times the forward's FLOPs, over every row), where the Pallas kernels' forward
+  and gradients multiply only the row tiles each group overlaps."""
   return (trained and not isinstance(kernel, QuantizedWeight) and rows.dtype == jnp.bfloat16
           and rules_lib.on_tpu()
           and grouped_lib.fits(rows, jax.ShapeDtypeStruct(kernel.shape, rows.dtype), gradients=True))
@@ -193,9 +193,9 @@ def _grouped(rows: jax.Array, kernel: jax.Array | QuantizedWeight, sizes: jax.Ar
   which converts each block in VMEM. Elsewhere an int8 kernel's values go to
   XLA's grouped matmul as stored and its per-output-channel scales multiply
   the product; a float8 one is dequantized first. ``trained``: a pass
-  that gathers its weights (an update, or a log-prob pass), where a TPU
-  takes the Pallas kernel and its gradients for full-precision experts
-  too (`_trainable_takes`).
+  that gathers its weights (the update, a log-prob pass, the rollout's
+  prefill), where a TPU takes the Pallas kernel and its gradients for
+  full-precision experts too (`_trainable_takes`).
   """
   if _trainable_takes(rows, kernel, trained):
     return grouped_lib.trainable(rows, kernel.astype(rows.dtype), sizes, MEGACORE.get(rules_lib.device_kind(), 1),

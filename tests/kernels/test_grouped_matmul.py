@@ -78,6 +78,12 @@ def test_tiles_fit_the_block_budget():
   assert gmm.column_tile(1024, 384, 1, 128, 2, cores=2) == 128 and gmm.column_tile(1024, 384, 1, 128, 2) == 384
   assert gmm.column_tile(8192, 4096, 1, 128, 2) == 128  # 256 would need 12.1 MiB with its rows
   assert gmm.column_tile(32768, 4096, 2, 128, 2) is None  # the rows alone take 16 MiB
+  # the kernels' gradient: [2048, 768] whole needs 14.3 MiB with a float32 sum; two TensorCores split it in two
+  assert gmm.outer_tiles(2048, 768, 128, 2, 2) == (1024, 768) == gmm.outer_tiles(2048, 768, 128, 2, 2, cores=2)
+  assert gmm.outer_tiles(1024, 512, 128, 2, 2) == (1024, 512) and gmm.outer_tiles(1024, 512, 128, 2, 2, 2)[0] == 512
+  # float32 output blocks: [1280, 1024] whole fits beside bfloat16 ones (11.6 MiB), not beside float32 ones
+  assert gmm.outer_tiles(1280, 1024, 128, 2, 2) == (1280, 1024)
+  assert gmm.outer_tiles(1280, 1024, 128, 2, 4) == (640, 1024)
   x, values, scale, sizes = _problem(jnp.int8, width_in=32768, width_out=256, rows=128)
   assert not gmm.fits(x, values)
   with pytest.raises(ValueError, match=r"no column tile of \[32768, 256\] kernels fits 12 MiB"):
@@ -127,6 +133,17 @@ def test_grouped_outer_sums_each_groups_outer_products(sizes, tiles):
   got = gmm.grouped_outer(x, grads, sizes, jnp.float32, tiles=tiles, interpret=True)
   assert got.shape == (len(sizes), 256, 256) and got.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(got), _reference_outer(x, grads, sizes), rtol=1e-2, atol=1e-2)
+
+
+def test_grouped_outer_keeps_other_rows_gradients_out():
+  # a non-finite gradient of a row past the groups (another device's copy) or of another group's row in a
+  # shared tile must not reach a group's sum through a masked zero
+  x, _, _, sizes = _problem(jnp.bfloat16, width_in=128, sizes=(0, 23, 1, 0, 30))
+  grads = np.random.default_rng(1).normal(size=(70, 128))
+  grads[[22, 69]] = np.inf  # group 1's last row (its tile shared with groups 2 and 4), a row past the groups
+  got = np.asarray(gmm.grouped_outer(x, jnp.asarray(grads, jnp.float32), sizes, jnp.float32, tiles=(16, 128, 128),
+                                     interpret=True))
+  assert not np.isfinite(got[1]).all() and np.isfinite(got[[0, 2, 3, 4]]).all()
 
 
 def test_the_kernels_gradients_equal_xlas():
