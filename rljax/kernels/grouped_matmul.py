@@ -78,6 +78,12 @@ def row_tile(rows: int) -> int:
   return min(_ROW_TILE, max(16, -(-rows // 16) * 16))
 
 
+def _splits(width: int) -> list[int]:
+  """The tiles a width splits into evenly, widest first: all of it, or a multiple of 128 (TPU lanes)."""
+  return [width // c for c in range(1, max(1, width // 128) + 1)
+          if width % c == 0 and (c == 1 or width // c % 128 == 0)]
+
+
 def column_tile(width_in: int, width_out: int, itemsize: int, row_tile: int, row_itemsize: int,
                 cores: int = 1) -> int | None:
   """Output columns per tile: the widest of all of them or a multiple of 128 dividing `width_out` whose blocks
@@ -87,9 +93,7 @@ def column_tile(width_in: int, width_out: int, itemsize: int, row_tile: int, row
   def need(tn):
     return 2 * row_tile * width_in * row_itemsize + width_in * tn * (2 * itemsize + row_itemsize) \
         + 2 * row_tile * tn * row_itemsize
-  tiles = [width_out // c for c in range(1, max(1, width_out // 128) + 1)
-           if width_out % c == 0 and (c == 1 or width_out // c % 128 == 0)]
-  fitting = [tn for tn in tiles if need(tn) <= _BLOCK_BUDGET]
+  fitting = [tn for tn in _splits(width_out) if need(tn) <= _BLOCK_BUDGET]
   split = [tn for tn in fitting if width_out // tn % cores == 0] + [tn for tn in fitting if width_out // tn >= cores]
   return (split + fitting + [None])[0]
 
@@ -216,13 +220,9 @@ def outer_tiles(width_in: int, width_out: int, row_tile: int, itemsize: int, out
   `itemsize` bytes, the output's [tk, tn] double-buffered in `out_itemsize`, and its float32 sum) fits
   `_BLOCK_BUDGET`, among those making a multiple of `cores` blocks where any does (a chip's TensorCores split
   them); None when none fits."""
-  def splits(width):
-    return [width // c for c in range(1, max(1, width // 128) + 1)
-            if width % c == 0 and (c == 1 or width // c % 128 == 0)]
-
   def need(tk, tn):
     return 2 * row_tile * (tk + tn) * itemsize + tk * tn * (2 * out_itemsize + 4)
-  fitting = [(tk, tn) for tk in splits(width_in) for tn in splits(width_out) if need(tk, tn) <= _BLOCK_BUDGET]
+  fitting = [(tk, tn) for tk in _splits(width_in) for tn in _splits(width_out) if need(tk, tn) <= _BLOCK_BUDGET]
   split = [(tk, tn) for tk, tn in fitting if (width_in // tk) * (width_out // tn) % cores == 0]
   return max(split or fitting, key=lambda t: (t[0] * t[1], t[1]), default=None)
 

@@ -197,13 +197,11 @@ def _grouped(rows: jax.Array, kernel: jax.Array | QuantizedWeight, sizes: jax.Ar
   prefill), where a TPU takes the Pallas kernel and its gradients for
   full-precision experts too (`_trainable_takes`).
   """
+  cores, interpret = MEGACORE.get(rules_lib.device_kind(), 1), not rules_lib.on_tpu()
   if _trainable_takes(rows, kernel, trained):
-    return grouped_lib.trainable(rows, kernel.astype(rows.dtype), sizes, MEGACORE.get(rules_lib.device_kind(), 1),
-                                 not rules_lib.on_tpu())
+    return grouped_lib.trainable(rows, kernel.astype(rows.dtype), sizes, cores, interpret)
   if _kernel_takes(rows, kernel):
-    return grouped_lib.grouped_matmul(rows, kernel.values, sizes, kernel.scale,
-                                      cores=MEGACORE.get(rules_lib.device_kind(), 1),
-                                      interpret=not rules_lib.on_tpu())
+    return grouped_lib.grouped_matmul(rows, kernel.values, sizes, kernel.scale, cores=cores, interpret=interpret)
   if isinstance(kernel, QuantizedWeight) and kernel.values.dtype == jnp.int8:
     y = jax.lax.ragged_dot(rows, kernel.values, sizes, preferred_element_type=rows.dtype)
     return y * _row_scales(kernel.scale, sizes, rows.shape[0]).astype(rows.dtype)
