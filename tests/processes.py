@@ -45,9 +45,10 @@ def finish(procs: list[subprocess.Popen], timeout: float = 400) -> list[str]:
         p.wait()
 
 
-def run_metrics(argv: list[str], processes: int, run_dir: str) -> list[dict]:
-  """The metrics.jsonl records of `argv` (writing to run_dir) run as `processes` processes; all must succeed."""
-  procs = start(argv, processes)
+def run_metrics(argv: list[str], processes: int, run_dir: str, devices: int = 8) -> list[dict]:
+  """The metrics.jsonl records of `argv` (writing to run_dir) run as `processes` processes sharing `devices` CPU
+  devices; all must succeed."""
+  procs = start(argv, processes, devices)
   logs = finish(procs)
   assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
   return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]

@@ -2,31 +2,35 @@
 with the rollout on nodes of its own).
 
 With `jax.distributed` over several processes, the first ones holding the
-training mesh's devices and as many others the
+training mesh's devices and the others the
 `actor_rollout_ref.rollout.nnodes x n_gpus_per_node` devices (the last ones
 JAX lists), each process runs its role's programs on its role's devices only
-(`rljax.sharding.hosts.set_group`). The trainer's process i and the
-rollout's process i are a pair, which exchange their messages alone:
+(`rljax.sharding.hosts.set_group`). The rollout's processes are a multiple
+of the trainer's: trainer process i and the rollout processes it trains the
+groups of (`served`: a run of R/T of them, in order) exchange their
+messages alone:
 
 * each rollout process runs the separate_async stream of its share of the
   data on an engine over its own devices (`rljax.rl.separate`: the data, the
   engine, dynamic sampling's judge), as each host of a one-role job rolls
   out its own share, and sends each step's picked groups to its trainer
   process through JAX's coordination service (`put`, `take`: a few MB of
-  tokens and scores per step);
+  tokens and scores per step), which trains them one rollout process's
+  after the other (`streaming.merged`);
 * the trainer's processes update, validate and compute remax's baselines on
   an engine over their own mesh, checkpoint, log, and send the weights the
   schedule says to every rollout process device to device
   (`CrossHostSend`): cast to rollout.dtype and laid out as each rollout
-  process's engine lays them out (each engine's mesh stacked on a process
-  axis, `hosts.stacked_mesh`), on as many of the trainer's devices, then
-  `jax.device_put` onto the rollout's devices (a cross-host transfer between
-  two shardings of the same layout; the CPU backend's over sockets,
+  process's engine lays them out (rollout processes' engine meshes stacked
+  on a process axis, as many at a time as the trainer has devices for,
+  `batches`), on as many of the trainer's devices, then `jax.device_put`
+  onto the rollout's devices (a cross-host transfer between two shardings
+  of the same layout; the CPU backend's over sockets,
   `rljax.sharding.distributed`).
 
-Each trainer process starts its rollout process (`start`: the first step and
+Each trainer process starts its rollout processes (`start`: the first step and
 the stream's position, so a resumed run continues where its checkpoint was)
-with the weights of the first step, and ends it by announcing no more
+with the weights of the first step, and ends them by announcing no more
 weights (or a start of None, where it trains no step). A process that fails
 tells every other (`abort`), a killed one stops them through JAX's
 heartbeats. Each weight send is announced first, so each rollout process's
@@ -41,7 +45,7 @@ from __future__ import annotations
 import pickle
 import threading
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -69,9 +73,9 @@ def roles(config: ConfigDict, devices: list[Any] | None = None) -> tuple[tuple[i
     devices: the job's devices (default: JAX's), each with its `process_index`.
 
   Raises:
-    ConfigError: a process holds devices of both, the two roles span different numbers of processes (each
-      rollout process serves one trainer process's share of the data), or the trainer has fewer devices than
-      the rollout (its weights are laid out as the rollout's on as many of them).
+    ConfigError: a process holds devices of both, the rollout's processes are not a multiple of the trainer's
+      (each trainer process trains the groups of as many rollout processes as every other), or the trainer has
+      fewer devices than one rollout process (its weights are laid out as a rollout process's on as many of them).
   """
   devices = jax.devices() if devices is None else devices
   if len(hosts.processes(devices)) == 1 or not sharding.rollout_device_count(config):
@@ -84,19 +88,18 @@ def roles(config: ConfigDict, devices: list[Any] | None = None) -> tuple[tuple[i
                       f"the rollout's {len(rollout_devices)} devices share process {min(set(trainer) & set(rollout))} "
                       "with the trainer's: on several processes each process trains or rolls out",
                       f"give the rollout whole processes (n_gpus_per_node={per_process}, the devices of each)")
-  if len(trainer) != len(rollout):
+  if len(rollout) % len(trainer):
     raise ConfigError("actor_rollout_ref.rollout.nnodes", config.actor_rollout_ref.rollout.nnodes,
-                      f"separate_async on several processes pairs each trainer process with a rollout process that "
-                      f"rolls out its share of the data (this job's trainer spans {len(trainer)} processes, its "
-                      f"rollout {len(rollout)})",
-                      "give the trainer and the rollout as many processes each (trainer.nnodes = "
-                      "actor_rollout_ref.rollout.nnodes, one process per node), or "
-                      "trainer.v1.trainer_mode=colocate_async")
-  if len(trainer_devices) < len(rollout_devices):
+                      f"separate_async on several processes gives each trainer process the groups of as many rollout "
+                      f"processes as every other (each rolls out its share of the data; this job's trainer spans "
+                      f"{len(trainer)} processes, its rollout {len(rollout)})",
+                      "give the rollout a multiple of the trainer's processes (actor_rollout_ref.rollout.nnodes a "
+                      "multiple of trainer.nnodes, one process per node), or trainer.v1.trainer_mode=colocate_async")
+  if len(trainer_devices) < per_process:
     raise ConfigError("actor_rollout_ref.rollout.n_gpus_per_node", config.actor_rollout_ref.rollout.n_gpus_per_node,
-                      f"the trainer's {len(trainer_devices)} devices send the weights laid out as the rollout's "
-                      f"{len(rollout_devices)} devices hold them, on as many of their own",
-                      "give the trainer at least as many devices as the rollout")
+                      f"the trainer's {len(trainer_devices)} devices send the weights laid out as a rollout process's "
+                      f"{per_process} devices hold them, on as many of their own",
+                      f"give the trainer at least {per_process} devices")
   return tuple(trainer), tuple(rollout)
 
 
@@ -145,25 +148,36 @@ def _blocking_get(key: str) -> bytes:
       raise PeerFailed(f"another process of this separate_async job failed:\n{failed}")
 
 
-def _key(name: str) -> str:
-  """Message `name`'s key: its pair's (a trainer process and the rollout process of the same place in its role)."""
-  return f"{_PREFIX}/{hosts.index()}/{name}"
+def served(trainers: int, rollouts: int) -> range:
+  """The rollout processes (their places in the rollout's role) whose groups this trainer process trains, of
+  `rollouts` for `trainers` trainer processes: each trainer process a run of as many, in order, so the trainers'
+  rows in process order are the rollout's in process order."""
+  per = rollouts // trainers
+  return range(hosts.index() * per, (hosts.index() + 1) * per)
 
 
-def put(name: str, value: Any) -> None:
-  """Sends `value` (picklable) as message `name` to the other process of this one's pair."""
+def _key(name: str, rollout: int | None) -> str:
+  """Message `name`'s key: a rollout process's (its place in its role; None: this process's own) and its
+  trainer process's."""
+  return f"{_PREFIX}/{hosts.index() if rollout is None else rollout}/{name}"
+
+
+def put(name: str, value: Any, rollout: int | None = None) -> None:
+  """Sends `value` (picklable) as message `name` between rollout process `rollout` (None: this one) and its
+  trainer process."""
   data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
   pieces = [data[i:i + _CHUNK_BYTES] for i in range(0, len(data), _CHUNK_BYTES)] or [b""]
   for i, piece in enumerate(pieces):
-    _client().key_value_set_bytes(f"{_key(name)}/{i}", piece)
-  _client().key_value_set_bytes(f"{_key(name)}/pieces", str(len(pieces)).encode())
+    _client().key_value_set_bytes(f"{_key(name, rollout)}/{i}", piece)
+  _client().key_value_set_bytes(f"{_key(name, rollout)}/pieces", str(len(pieces)).encode())
 
 
-def take(name: str) -> Any:
-  """Message `name`, once the other process of this one's pair sent it (and removes it)."""
-  pieces = int(_blocking_get(f"{_key(name)}/pieces").decode())
-  data = b"".join(_blocking_get(f"{_key(name)}/{i}") for i in range(pieces))
-  _client().key_value_delete(_key(name))  # and the keys under it
+def take(name: str, rollout: int | None = None) -> Any:
+  """Message `name` between rollout process `rollout` (None: this one) and its trainer process, once the other
+  side sent it (and removes it)."""
+  pieces = int(_blocking_get(f"{_key(name, rollout)}/pieces").decode())
+  data = b"".join(_blocking_get(f"{_key(name, rollout)}/{i}") for i in range(pieces))
+  _client().key_value_delete(_key(name, rollout))  # and the keys under it
   return pickle.loads(data)
 
 
@@ -171,18 +185,29 @@ def take(name: str) -> Any:
 
 def _layouts(sent: Any, trainer_devices: list[jax.Device], rollout_devices: list[jax.Device]) -> tuple[Any, Any]:
   """(mirror, target) NamedShardings of `sent` (the weights as a rollout process's engine lays them out over its
-  own devices): every rollout process's engine mesh stacked on a leading process axis, each holding all of
-  them (target), and the same layout over as many of the trainer's devices (mirror), which a cross-host
-  `jax.device_put` needs."""
+  own devices): the engine meshes of the rollout processes of `rollout_devices` stacked on a leading process
+  axis, each holding all of them (target), and the same layout over as many of the trainer's devices (mirror),
+  which a cross-host `jax.device_put` needs."""
   engine_mesh = jax.tree.leaves(sent)[0].sharding.mesh
   stacked = hosts.stacked_mesh(dict(engine_mesh.shape), rollout_devices)
   mirror = Mesh(np.array(trainer_devices[:stacked.size]).reshape(stacked.devices.shape), stacked.axis_names)
   return tuple(jax.tree.map(lambda x, m=m: NamedSharding(m, x.sharding.spec), sent) for m in (mirror, stacked))
 
 
+def batches(trainer_devices: list[jax.Device], rollout_devices: list[jax.Device]) -> list[list[jax.Device]]:
+  """The rollout's devices in runs of whole processes, in process order, each of as many devices as the trainer
+  has at most: a weight sync sends to one run after another (all at once where the trainer has as many
+  devices as the rollout)."""
+  owners = hosts.processes(rollout_devices)
+  fit = max(1, len(trainer_devices) // len(hosts.process_devices(owners[0], rollout_devices)))
+  return [[d for p in owners[i:i + fit] for d in hosts.process_devices(p, rollout_devices)]
+          for i in range(0, len(owners), fit)]
+
+
 class CrossHostSend:
   """The trainer's side of a weight sync: its weights -> cast and laid out as every rollout process's engine
-  computes with them, on as many of the trainer's devices, then sent to the rollout's devices."""
+  computes with them, on as many of the trainer's devices, then sent to the rollout's devices (a run of
+  rollout processes at a time, `batches`)."""
 
   def __init__(self, engine: Engine, params: Any, devices: list[jax.Device], rollout_devices: list[jax.Device]):
     """Args:
@@ -191,17 +216,19 @@ class CrossHostSend:
       devices: the trainer's devices.
       rollout_devices: the rollout's devices.
     """
-    self._mirror, self._target = _layouts(engine.compute_params(abstract(params)), devices, rollout_devices)
+    sent = engine.compute_params(abstract(params))
+    self._layouts = [_layouts(sent, devices, run) for run in batches(devices, rollout_devices)]
     self._cast = jax.jit(engine.cast_impl)
 
   def __call__(self, params: Any) -> int:
     """Sends `params` (the trainer's weights); the bytes sent (to each rollout process)."""
     cast = self._cast(params)
-    # one array at a time onto the mirror: on several trainer processes two reshards in flight can take their
-    # collectives in different orders on different hosts (`hosts.HostLocalCopy`)
-    local = jax.tree.map(lambda x, s: jax.block_until_ready(jax.device_put(x, s)), cast, self._mirror)
-    local = separate.copied(local, params)  # the next update donates what the send may still read
-    jax.device_put(local, self._target)
+    for mirror, target in self._layouts:
+      # one array at a time onto the mirror: on several trainer processes two reshards in flight can take their
+      # collectives in different orders on different hosts (`hosts.HostLocalCopy`)
+      local = jax.tree.map(lambda x, s: jax.block_until_ready(jax.device_put(x, s)), cast, mirror)
+      local = separate.copied(local, params)  # the next update donates what the send may still read
+      jax.device_put(local, target)
     return sum(x.nbytes for x in jax.tree.leaves(local))
 
 
@@ -216,14 +243,22 @@ class CrossHostReceive:
       trainer_devices, rollout_devices: the trainer's devices, the rollout's.
     """
     sent = engine.compute_params(params)
-    mirror, self._stacked = _layouts(sent, trainer_devices, rollout_devices)
-    self._sources = jax.tree.map(lambda x, s: jax.make_array_from_single_device_arrays(x.shape, s, [], dtype=x.dtype),
-                                 sent, mirror)
+    runs = batches(trainer_devices, rollout_devices)
+    self._mine = next(i for i, r in enumerate(runs) if jax.process_index() in hosts.processes(r))
+    self._transfers = []
+    for run in runs:
+      mirror, stacked = _layouts(sent, trainer_devices, run)
+      sources = jax.tree.map(lambda x, s: jax.make_array_from_single_device_arrays(x.shape, s, [], dtype=x.dtype),
+                             sent, mirror)
+      self._transfers.append((sources, stacked))
     self._target = jax.tree.map(lambda x: x.sharding, sent)
 
   def __call__(self) -> Any:
-    """The next weights the trainer sends (on this process's devices, once they arrive)."""
-    arrived = jax.block_until_ready(jax.device_put(self._sources, self._stacked))
+    """The next weights the trainer sends (on this process's devices, once they arrive). Every rollout process
+    takes part in every run's transfer, as the trainer's processes do, so that each process numbers the
+    transfers alike (JAX pairs a cross-host transfer's two sides by their order)."""
+    arrived = [jax.device_put(sources, stacked) for sources, stacked in self._transfers][self._mine]
+    arrived = jax.block_until_ready(arrived)
     return jax.tree.map(lambda x, s: jax.make_array_from_single_device_arrays(
         x.shape, s, [shard.data for shard in x.addressable_shards]), arrived, self._target)
 
@@ -231,19 +266,22 @@ class CrossHostReceive:
 # ----- the trainer's side ----------------------------------------------------------------------
 
 class RemoteRollout:
-  """A trainer process's view of its rollout process: a `separate.RolloutDriver`'s interface (weights out, each step's
-  picked groups in) and a stream's resume positions."""
+  """A trainer process's view of its rollout processes: a `separate.RolloutDriver`'s interface (weights out, each
+  step's picked groups in, theirs one after the other) and a stream's resume positions."""
 
   def __init__(self, send: Callable[[Any], int], schedule: streaming.Schedule, first_step: int, last_step: int,
-               position: dict[str, Any] | None, data_position: Any):
+               position: dict[str, Any] | None, data_position: Any, rollouts: Sequence[int]):
     """Args:
       send: the trainer's weights -> on the rollout's devices (`CrossHostSend`); the bytes sent.
       schedule: which weights each step's batch decodes under.
       first_step, last_step: the steps the rollout picks, first_step..last_step - 1.
       position: the stream's position at first_step (a checkpoint's), or None from the data's start.
       data_position: the data iterator's position at first_step (None: its start).
+      rollouts: the rollout processes this one starts and trains the groups of (`served`): each reads its share
+        of the data from the same position (a share's position is every share's).
     """
     self.send, self.schedule, self.first_step, self.last_step = send, schedule, first_step, last_step
+    self.rollouts = tuple(rollouts)
     self.turns = separate.DeviceTurns()  # validation and remax decode on the trainer's devices: no one to wait for
     self.stream = None
     self._start = {"first_step": first_step, "stream_position": position, "data_position": data_position}
@@ -260,30 +298,32 @@ class RemoteRollout:
     """Sends the weights of `version` to the rollout if some step decodes under them; whether it did."""
     if self._ended or not separate.sends(self.schedule, self.first_step, self.last_step, version):
       return False
-    if not self.primed:
-      put("start", self._start)
-    put(f"weights/{self._sends}", version)
+    for rollout in self.rollouts:
+      if not self.primed:
+        put("start", self._start, rollout)
+      put(f"weights/{self._sends}", version, rollout)
     self._sends += 1  # announced: its end comes after it whatever the send does
     self.sent_bytes = self.send(params)
     return True
 
   def next(self) -> streaming.Picked:
-    """The groups of the next step, as the rollout process picked them.
+    """The groups of the next step, as the rollout processes picked them (theirs one after the other).
 
     Raises:
       StopIteration: the data ended before a batch of groups finished.
-      RuntimeError: the rollout process failed (its traceback in the message).
+      RuntimeError: a rollout process failed (its traceback in the message).
     """
-    kind, *body = take(f"picked/{self._next_step}")
-    if kind == "stop":
-      raise StopIteration(body[0])
-    if kind == "error":
-      raise RuntimeError(f"the rollout process failed at step {self._next_step + 1}:\n{body[0]}")
-    picked, position = body
+    messages = [take(f"picked/{self._next_step}", rollout) for rollout in self.rollouts]
+    for kind, *body in messages:
+      if kind == "error":
+        raise RuntimeError(f"the rollout process failed at step {self._next_step + 1}:\n{body[0]}")
+    for kind, *body in messages:
+      if kind == "stop":
+        raise StopIteration(body[0])
     self._next_step += 1
-    self._positions[self._next_step] = position
+    self._positions[self._next_step] = messages[0][2]
     self._positions.pop(self._next_step - 2, None)
-    return picked
+    return streaming.merged([picked for _, picked, _ in messages])
 
   def position(self, trained: int) -> dict[str, Any]:
     """The stream's resume position once `trained` steps are trained (sent with step trained - 1's groups)."""
@@ -293,14 +333,16 @@ class RemoteRollout:
     """Tells a started rollout that no more weights come (it then stops); one not started may still be started
     by another `RemoteRollout` (a restored run's), or told it never is (`end`)."""
     if self.primed and not self._ended:
-      put(f"weights/{self._sends}", None)
+      for rollout in self.rollouts:
+        put(f"weights/{self._sends}", None, rollout)
     self._ended = True
 
   def end(self) -> None:
     """Ends the rollout process's run: `close`, or where it was never started (the run trained no step), tells
     it that it does not start."""
     if not self.primed and not self._ended:
-      put("start", None)
+      for rollout in self.rollouts:
+        put("start", None, rollout)
     self.close()
 
 
@@ -356,4 +398,5 @@ def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Calla
     raise RuntimeError(f"receiving the trainer's weights failed:\n{failed[0]}")
 
 
-__all__ = ["CrossHostReceive", "CrossHostSend", "PeerFailed", "RemoteRollout", "abort", "put", "roles", "serve", "take"]
+__all__ = ["CrossHostReceive", "CrossHostSend", "PeerFailed", "RemoteRollout", "abort", "batches", "put",
+           "roles", "serve", "served", "take"]

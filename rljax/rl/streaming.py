@@ -495,6 +495,39 @@ class Picked:
   epoch: int | None = None
 
 
+def merged(picks: Sequence[Picked]) -> Picked:
+  """The groups of several `picks` (several rollout processes', for one trainer process) as one, in order:
+  columns, rows and spans concatenated, each row's group offset by the groups before it, the counts summed, the
+  samplers' measurements averaged, the latest epoch."""
+  if len(picks) == 1:
+    return picks[0]
+  first = picks[0]
+  offsets = np.cumsum([0] + [len(p.spans) for p in picks[:-1]])
+  columns = {k: _joined([p.columns[k] for p in picks]) for k in first.columns}
+  fields = {f.name: _joined([getattr(p.rollout, f.name) for p in picks]) for f in dataclasses.fields(first.rollout)}
+  fields["prompt_index"] = np.concatenate([p.rollout.prompt_index + o for p, o in zip(picks, offsets)])
+  rollout = dataclasses.replace(first.rollout, **fields)
+  epochs = [p.epoch for p in picks if p.epoch is not None]
+  return Picked(columns, rollout, np.concatenate([p.spans for p in picks]), first.version,
+                sum(p.evicted for p in picks), sum(p.filtered for p in picks),
+                None if any(p.scores is None for p in picks) else [s for p in picks for s in p.scores],
+                max(epochs) if epochs else None)
+
+
+def _joined(values: list[Any]) -> Any:
+  """Several hosts' values of one field, as one host's: arrays and lists concatenated (object arrays kept object
+  arrays), measurements (dicts of numbers) averaged, None kept."""
+  if values[0] is None:
+    return None
+  if isinstance(values[0], dict):
+    return {k: float(np.mean([v[k] for v in values])) for k in values[0]}
+  if isinstance(values[0], list):
+    return [x for v in values for x in v]
+  if values[0].dtype == object:
+    return dataset.object_array([x for v in values for x in v])
+  return np.concatenate(values)
+
+
 def off_policy_metrics(picked: Picked) -> dict[str, float]:
   """off_policy/* over every host's trained groups (every host calls it): versions spanned (verl's staleness: 1 is
   on-policy), the share of responses sampled by more than one policy version, the mean lag of a trained token, the
@@ -512,4 +545,4 @@ def off_policy_metrics(picked: Picked) -> dict[str, float]:
 
 
 __all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "Schedule", "Stopped", "decodes_beside_the_stream",
-           "off_policy_metrics", "policy_of", "schedule_of", "spans", "streams_off_policy"]
+           "merged", "off_policy_metrics", "policy_of", "schedule_of", "spans", "streams_off_policy"]

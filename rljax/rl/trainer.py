@@ -229,7 +229,7 @@ class RLTrainer:
                      ) -> streaming.AsyncRollout | remote.RemoteRollout | None:
     """colocate_async's generation (None in sync mode), from `position` (a checkpoint's) or the data's start, on
     `stream` (an idle one, whose KV cache it reuses) or a new one; on a trainer process of a separate_async
-    job on several processes, its rollout process's (`remote.RemoteRollout`)."""
+    job on several processes, its rollout processes' (`remote.RemoteRollout`)."""
     groups = self.config.data.train_batch_size // hosts.count()
     policy = streaming.policy_of(self.config, groups)
     if policy is None:
@@ -238,7 +238,7 @@ class RLTrainer:
       send = remote.CrossHostSend(self.run.rollout_engine, self.actor_params, list(self.mesh.devices.flat),
                                   self.rollout_devices)
       return remote.RemoteRollout(send, streaming.schedule_of(self.config), self.step, self.run.layout.total_steps,
-                                  position, self.state.data_position)
+                                  position, self.state.data_position, remote.served(*map(len, self.roles)))
     position = position or {}
     self._batch_state = self.data.get_state()
     filtering = self.config.algorithm.filter_groups

@@ -103,23 +103,26 @@ def test_lora_moe_router_replay_and_a_reward_model_as_two_processes_log_the_metr
   processes.assert_same_metrics(one, two, atol=1e-6)
 
 
-def assert_killing_process_1_stops_process_0(argv, metrics):
-  """Runs `argv` as 2 processes, kills process 1 once `metrics` (the run's metrics.jsonl) has 2 records, and checks
-  that process 0 fails within 2 minutes, JAX's coordination service naming the lost process."""
-  procs = processes.start(argv, 2)
+def assert_killing_a_process_stops_the_others(argv, metrics, count=2, killed=1):
+  """Runs `argv` as `count` processes, kills process `killed` once `metrics` (the run's metrics.jsonl) has 2
+  records, and checks that every other process fails within 2 minutes, JAX's coordination service (process 0's)
+  naming the lost process."""
+  procs = processes.start(argv, count)
+  others = [p for i, p in enumerate(procs) if i != killed]
   try:
     start = time.monotonic()
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
       assert time.monotonic() - start < 300 and procs[0].poll() is None, "the job did not log 2 records"
       time.sleep(0.5)
-    procs[1].send_signal(signal.SIGKILL)
-    killed = time.monotonic()
-    survivor = processes.finish(procs[:1], timeout=120)[0]
-    stopped_after = time.monotonic() - killed
+    procs[killed].send_signal(signal.SIGKILL)
+    stopped_by = time.monotonic() + 120
+    logs = processes.finish(others, timeout=120)
+    assert time.monotonic() < stopped_by
   finally:
     processes.finish(procs, timeout=1)
-  assert procs[0].returncode != 0 and stopped_after < 120
-  assert re.search(r"stopped sending heartbeats\):\s*1\b|Task 1 heartbeat timeout", survivor), survivor[-2000:]
+  assert all(p.returncode != 0 for p in others), [p.returncode for p in procs]
+  assert re.search(rf"stopped sending heartbeats\):\s*{killed}\b|Task {killed} heartbeat timeout", logs[0]), \
+      logs[0][-2000:]
 
 
 @pytest.mark.slow  # a 2-process run killed after its second step, then restarted (about 3 minutes)
@@ -130,7 +133,7 @@ def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_di
           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "trainer.n_gpus_per_node=auto",
           "trainer.total_epochs=50"]
   metrics = run_dir / "metrics.jsonl"
-  assert_killing_process_1_stops_process_0([*argv, "trainer.total_training_steps=50"], metrics)
+  assert_killing_a_process_stops_the_others([*argv, "trainer.total_training_steps=50"], metrics)
   saved = sorted(int(p.name.rsplit("_", 1)[1]) for p in run_dir.glob("global_step_*") if "tmp" not in p.name)
   assert saved and saved[-1] >= 1
   # every host restarted: the job resumes after the last complete checkpoint
@@ -224,6 +227,35 @@ def test_separate_async_with_trainer_and_rollout_on_two_processes_each_logs_the_
   restarted_step_3(argv, tmp_path, (("one", 1), ("four", 4)))
 
 
+@pytest.mark.slow  # two runs of 3 steps: one of 1 process, one of 3 (about 2 minutes)
+def test_separate_async_with_one_trainer_process_and_two_rollout_processes_logs_the_metrics_of_one_process(
+    model_dir, data_dir, tmp_path):
+  # 6 devices, 2 per process: process 0 trains on its 2; processes 1 and 2 each roll out their share of the data on
+  # their own 2 and send it to process 0, which trains their groups in process order; each weight sync goes to
+  # one rollout process after the other (the trainer lays them out on its own 2 devices first)
+  argv = separate_job(model_dir, data_dir, tmp_path, "algorithm.filter_groups.enable=false", "data.gen_batch_size=8",
+                      "trainer.val_before_train=false", "actor_rollout_ref.rollout.nnodes=2",
+                      "actor_rollout_ref.rollout.n_gpus_per_node=2")
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one", devices=6)
+  three = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/three"], 3, f"{tmp_path}/three",
+                                devices=6)
+  assert [m["step"] for m in one] == [1, 2, 3] and one[2]["off_policy/staleness/max"] == 3
+  assert one[0]["perf/weight_sync_bytes"] > 0 and all(0 < m["critic/score/mean"] < 1 for m in one)
+  for metrics in (one, three):
+    pop_is_noise(metrics[:1])
+  processes.assert_same_metrics(one, three, atol=1e-6)
+
+
+@pytest.mark.slow  # a 4-process run whose last rollout process is killed after step 1 (about 90 s: JAX's heartbeats)
+def test_killing_one_rollout_process_of_two_stops_both_trainer_processes_and_the_other_rollout_process(
+    model_dir, data_dir, tmp_path):
+  argv = separate_job(model_dir, data_dir, tmp_path, "algorithm.filter_groups.enable=false", "data.gen_batch_size=8",
+                      "trainer.total_training_steps=50", "trainer.total_epochs=50", "trainer.val_before_train=false",
+                      "actor_rollout_ref.rollout.nnodes=2", "actor_rollout_ref.rollout.n_gpus_per_node=2",
+                      f"trainer.default_local_dir={tmp_path}/run")
+  assert_killing_a_process_stops_the_others(argv, tmp_path / "run" / "metrics.jsonl", count=4, killed=3)
+
+
 def test_a_separate_async_run_that_trains_no_step_ends_its_rollout_process(model_dir, data_dir, tmp_path):
   # trainer.val_only: the trainer validates on its devices and never starts the rollout, which then ends too
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_only=true", f"trainer.default_local_dir={tmp_path}")
@@ -250,4 +282,4 @@ def test_a_bad_row_the_rollout_process_reads_stops_both_processes_naming_it(mode
 def test_a_killed_rollout_process_stops_the_trainer(model_dir, data_dir, tmp_path):
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.total_training_steps=50", "trainer.total_epochs=50",
                       f"trainer.default_local_dir={tmp_path}/run")
-  assert_killing_process_1_stops_process_0(argv, tmp_path / "run" / "metrics.jsonl")
+  assert_killing_a_process_stops_the_others(argv, tmp_path / "run" / "metrics.jsonl")

@@ -85,11 +85,28 @@ def test_on_several_processes_the_trainer_and_the_rollout_each_take_whole_proces
   four_by_two = [device(i, i // 2) for i in range(8)]
   assert remote.roles(config("actor_rollout_ref.rollout.nnodes=2", "actor_rollout_ref.rollout.n_gpus_per_node=2"),
                       four_by_two) == ((0, 1), (2, 3))
-  with pytest.raises(ConfigError, match=r"rollout.nnodes=1: separate_async on several processes pairs each trainer "
-                                        r"process with a rollout process .*trainer spans 3 processes, its rollout 1"):
+  # a trainer process trains the groups of as many rollout processes as every other
+  assert remote.roles(config("actor_rollout_ref.rollout.nnodes=3", "actor_rollout_ref.rollout.n_gpus_per_node=2"),
+                      four_by_two) == ((0,), (1, 2, 3))
+  with pytest.raises(ConfigError, match=r"rollout.nnodes=1: separate_async on several processes gives each trainer "
+                                        r"process .*trainer spans 3 processes, its rollout 1.*a multiple of"):
     remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=2"), four_by_two)
-  with pytest.raises(ConfigError, match=r"the trainer's 2 devices send the weights laid out as the rollout's 6"):
+  five_by_two = [device(i, i // 2) for i in range(10)]
+  with pytest.raises(ConfigError, match=r"trainer spans 2 processes, its rollout 3"):
+    remote.roles(config("actor_rollout_ref.rollout.nnodes=3", "actor_rollout_ref.rollout.n_gpus_per_node=2"),
+                 five_by_two)
+  with pytest.raises(ConfigError, match=r"the trainer's 2 devices send the weights laid out as a rollout process's 6 "
+                                        r"devices hold them.*at least 6 devices"):
     remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=6"), four_by_two[:2] + [device(i, 1) for i in range(2, 8)])
+
+
+def test_a_weight_sync_sends_to_as_many_rollout_processes_at_once_as_the_trainer_has_devices_for():
+  device = collections.namedtuple("Device", "id process_index")
+  rollout = [device(i, 1 + i // 2) for i in range(6)]  # 3 processes of 2 devices
+  ids = lambda runs: [[d.id for d in run] for run in runs]  # noqa: E731
+  assert ids(remote.batches([device(10 + i, 0) for i in range(2)], rollout)) == [[0, 1], [2, 3], [4, 5]]
+  assert ids(remote.batches([device(10 + i, 0) for i in range(5)], rollout)) == [[0, 1, 2, 3], [4, 5]]
+  assert ids(remote.batches([device(10 + i, 0) for i in range(6)], rollout)) == [[0, 1, 2, 3, 4, 5]]
 
 
 def picked_tags(driver, steps):

@@ -10,7 +10,7 @@ from rljax.config import ConfigError
 from rljax.data.dataset import object_array
 from rljax.rl import streaming
 from rljax.rollout import SamplingParams, make_engine
-from rljax.rollout import RolloutSampler
+from rljax.rollout import Rollout, RolloutSampler
 from tests.rl import tiny_run
 from tests.rollout import chain, test_agent_loop as agent_tests
 
@@ -233,3 +233,31 @@ def test_a_conversation_continues_across_an_update_and_its_tool_turn_is_masked(t
   assert second.spans.tolist() == [2] and out.episodes[0].user_turns == 1 and out.episodes[0].assistant_turns == 2
   assert out.metrics["num_turns/mean"] == 4 and streaming.off_policy_metrics(second)["off_policy/mixed_version_frac"] == 1
 
+
+
+def one_host_picked(groups, first, n=2, scores=True, epoch=0):
+  """A Picked of `groups` groups of n rows each, tagged from `first` on (a rollout process's share)."""
+  rows = groups * n
+  tags = object_array([[f"t{first + g}"] * (g + 1) for g in range(groups)])  # a list per prompt, of its own length
+  rollout = Rollout(
+      responses=np.full((rows, 3), first), response_mask=np.ones((rows, 3), np.int32),
+      response_lengths=np.full(rows, 3, np.int32), log_probs=np.zeros((rows, 3), np.float32),
+      prompt_index=np.repeat(np.arange(groups), n), truncated=np.zeros(rows, bool),
+      versions=np.zeros((rows, 3), np.int32), stats={"perf/slot_occupancy": 0.5 + first / 10})
+  return streaming.Picked({"tag": tags, "id": np.arange(first, first + groups)}, rollout,
+                          np.full(groups, first, np.float32), 4, evicted=first, filtered=1,
+                          scores=[first + g for g in range(groups)] if scores else None, epoch=epoch)
+
+
+def test_merged_picks_are_one_hosts_groups_in_order():
+  a, b = one_host_picked(2, 0), one_host_picked(3, 2, epoch=1)
+  picked = streaming.merged([a, b])
+  assert list(picked.columns["id"]) == [0, 1, 2, 3, 4] and picked.columns["tag"].dtype == object
+  assert [list(t) for t in picked.columns["tag"]] == [["t0"], ["t1"] * 2, ["t2"], ["t3"] * 2, ["t4"] * 3]
+  assert list(picked.rollout.prompt_index) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+  assert list(picked.rollout.responses[:, 0]) == [0] * 4 + [2] * 6 and picked.rollout.routed_experts is None
+  assert list(picked.spans) == [0, 0, 2, 2, 2] and picked.version == 4 and picked.epoch == 1
+  assert (picked.evicted, picked.filtered, picked.scores) == (2, 2, [0, 1, 2, 3, 4])
+  assert picked.rollout.stats == {"perf/slot_occupancy": pytest.approx(0.6)}
+  assert streaming.merged([a, one_host_picked(1, 2, scores=False)]).scores is None
+  assert streaming.merged([a]) is a
