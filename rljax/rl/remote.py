@@ -45,7 +45,7 @@ from __future__ import annotations
 import pickle
 import threading
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -270,22 +270,20 @@ class RemoteRollout:
   step's picked groups in, theirs one after the other) and a stream's resume positions."""
 
   def __init__(self, send: Callable[[Any], int], schedule: streaming.Schedule, first_step: int, last_step: int,
-               position: dict[str, Any] | None, data_position: Any, rollouts: Sequence[int]):
+               starts: dict[int, dict[str, Any] | None]):
     """Args:
       send: the trainer's weights -> on the rollout's devices (`CrossHostSend`); the bytes sent.
       schedule: which weights each step's batch decodes under.
       first_step, last_step: the steps the rollout picks, first_step..last_step - 1.
-      position: the stream's position at first_step (a checkpoint's), or None from the data's start.
-      data_position: the data iterator's position at first_step (None: its start).
-      rollouts: the rollout processes this one starts and trains the groups of (`served`): each reads its share
-        of the data from the same position (a share's position is every share's).
+      starts: the rollout processes this one starts and trains the groups of (`served`), each with its stream's
+        position at first_step (`streaming.host_position`: a checkpoint's), or None from the data's start.
     """
     self.send, self.schedule, self.first_step, self.last_step = send, schedule, first_step, last_step
-    self.rollouts = tuple(rollouts)
+    self.rollouts = tuple(starts)
     self.turns = separate.DeviceTurns()  # validation and remax decode on the trainer's devices: no one to wait for
     self.stream = None
-    self._start = {"first_step": first_step, "stream_position": position, "data_position": data_position}
-    self._positions: dict[int, dict[str, Any]] = {}
+    self._starts = {j: {"first_step": first_step, "position": position} for j, position in starts.items()}
+    self._positions: dict[int, list[dict[str, Any]]] = {}
     self._next_step, self._sends, self._ended = first_step, 0, False
     self.sent_bytes = 0
 
@@ -300,7 +298,7 @@ class RemoteRollout:
       return False
     for rollout in self.rollouts:
       if not self.primed:
-        put("start", self._start, rollout)
+        put("start", self._starts[rollout], rollout)
       put(f"weights/{self._sends}", version, rollout)
     self._sends += 1  # announced: its end comes after it whatever the send does
     self.sent_bytes = self.send(params)
@@ -321,13 +319,14 @@ class RemoteRollout:
       if kind == "stop":
         raise StopIteration(body[0])
     self._next_step += 1
-    self._positions[self._next_step] = messages[0][2]
+    self._positions[self._next_step] = [position for _, _, position in messages]
     self._positions.pop(self._next_step - 2, None)
     return streaming.merged([picked for _, picked, _ in messages])
 
-  def position(self, trained: int) -> dict[str, Any]:
-    """The stream's resume position once `trained` steps are trained (sent with step trained - 1's groups)."""
-    return dict(self._positions[trained])
+  def position(self, trained: int) -> list[dict[str, Any]]:
+    """Each rollout process's stream position once `trained` steps are trained (sent with step trained - 1's
+    groups)."""
+    return [dict(p) for p in self._positions[trained]]
 
   def close(self) -> None:
     """Tells a started rollout that no more weights come (it then stops); one not started may still be started

@@ -193,13 +193,43 @@ def check_resumable(position: dict[str, Any] | None, streamed: bool, path: str) 
   Raises:
     ConfigError: naming trainer.v1.trainer_mode, where a sync run would train those prompts again.
   """
-  consumed = (position or {}).get("consumed") or []
+  consumed = [c for p in (position or {}).get("hosts") or [position or {}] for c in p.get("consumed") or []]
   if streamed or not consumed:
     return
   raise config_errors.ConfigError(
       "trainer.v1.trainer_mode", "sync", f"the checkpoint {path} was written under colocate_async, which had trained "
       f"{len(consumed)} prompt(s) past its data position; a sync run resumes at that position and would train them "
       "again", "resume it with trainer.v1.trainer_mode=colocate_async (as it was written)")
+
+
+def stored_position(positions: Sequence[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+  """(data position, stream position) a checkpoint holds of every host's stream position (`AsyncRollout.position`,
+  in host order): one where all are alike (one host's, or hosts that read and trained alike), else the data
+  position of the first and each host's whole position under "hosts" (hosts that picked different prompts
+  resume each from its own)."""
+  first = dict(positions[0])
+  data = first.pop("data_state")
+  if all(p == positions[0] for p in positions[1:]):
+    return data, first
+  return data, {"hosts": [dict(p) for p in positions]}
+
+
+def host_position(stream: dict[str, Any] | None, data: Any, index: int, count: int) -> dict[str, Any] | None:
+  """Host `index`'s (of `count`) stream position, its data position under "data_state", from a checkpoint's
+  (`stored_position`'s; a sync run's has its data position alone); None from the data's start.
+
+  Raises:
+    ValueError: the checkpoint holds each host's position, for another number of hosts.
+  """
+  if stream is None:
+    return None if data is None else {"data_state": data}
+  if "hosts" not in stream:
+    return {**stream, "data_state": data}
+  if len(stream["hosts"]) != count:
+    raise ValueError(f"the checkpoint's rollout was {len(stream['hosts'])} hosts, each at a position of its own in "
+                     f"its share of the data; this run's is {count}: resume it on {len(stream['hosts'])} (each host's "
+                     "prompts already trained are told apart by its share)")
+  return dict(stream["hosts"][index])
 
 
 def spans(start: int, version: int) -> int:
@@ -545,4 +575,4 @@ def off_policy_metrics(picked: Picked) -> dict[str, float]:
 
 
 __all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "Schedule", "Stopped", "decodes_beside_the_stream",
-           "merged", "off_policy_metrics", "policy_of", "schedule_of", "spans", "streams_off_policy"]
+           "host_position", "merged", "off_policy_metrics", "policy_of", "schedule_of", "spans", "stored_position", "streams_off_policy"]

@@ -222,8 +222,10 @@ class RLTrainer:
     if self.streaming is None:
       self.state = self.state.replace(step=value, data_position=self.data.get_state())
       return
-    position = self.streaming.position(value)
-    self.state = self.state.replace(step=value, data_position=position.pop("data_state"), stream_position=position)
+    mine = self.streaming.position(value)  # this host's, or (on a trainer process) its rollout processes'
+    every = [p for host in hosts.process_objects(mine if isinstance(mine, list) else [mine]) for p in host]
+    data_position, stream_position = streaming.stored_position(every)
+    self.state = self.state.replace(step=value, data_position=data_position, stream_position=stream_position)
 
   def _async_rollout(self, position: dict[str, Any] | None = None, stream: stream_lib.DecodeStream | None = None
                      ) -> streaming.AsyncRollout | remote.RemoteRollout | None:
@@ -237,8 +239,10 @@ class RLTrainer:
     if self.roles is not None and not self.rollout_process:
       send = remote.CrossHostSend(self.run.rollout_engine, self.actor_params, list(self.mesh.devices.flat),
                                   self.rollout_devices)
+      served = remote.served(*map(len, self.roles))
+      starts = {j: streaming.host_position(position, self.state.data_position, j, len(self.roles[1])) for j in served}
       return remote.RemoteRollout(send, streaming.schedule_of(self.config), self.step, self.run.layout.total_steps,
-                                  position, self.state.data_position, remote.served(*map(len, self.roles)))
+                                  starts)
     position = position or {}
     self._batch_state = self.data.get_state()
     filtering = self.config.algorithm.filter_groups
@@ -620,9 +624,15 @@ class RLTrainer:
     self.state = assembly.restored(self.state, *checkpointing.restore_from_path(path, target))
     streaming.check_resumable(self.state.stream_position, self.streaming is not None, path)
     self._close_rollout()  # what it generated is generated again from the checkpoint's position
-    self.data.set_state(self.state.data_position)
+    if self.streaming is None or isinstance(self.streaming, remote.RemoteRollout):
+      self.data.set_state(self.state.data_position)
+      position = self.state.stream_position
+    else:  # this host's own
+      position = streaming.host_position(self.state.stream_position, self.state.data_position, hosts.index(),
+                                         hosts.count())
+      self.data.set_state(position["data_state"] if position else self.state.data_position)
     if self.streaming is not None:
-      self.streaming = self._async_rollout(self.state.stream_position, self.streaming.stream)
+      self.streaming = self._async_rollout(position, self.streaming.stream)
       self.driver = self._driver()
 
   # ----- the run -------------------------------------------------------------------------
@@ -633,10 +643,11 @@ class RLTrainer:
     start = remote.take("start")
     if start is None:  # the trainer trains no step
       return
-    if start["data_position"] is not None:
-      self.data.set_state(start["data_position"])
+    position = start["position"]  # this process's own (its data position under "data_state")
+    if position is not None and position["data_state"] is not None:
+      self.data.set_state(position["data_state"])
     self.state = self.state.replace(step=start["first_step"])
-    self.streaming = self._async_rollout(start["stream_position"])
+    self.streaming = self._async_rollout(position)
     self.driver = self._driver()
     receive = remote.CrossHostReceive(self.run.engine, self.actor_params, list(self.mesh.devices.flat),
                                       self.rollout_devices)

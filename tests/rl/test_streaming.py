@@ -261,3 +261,19 @@ def test_merged_picks_are_one_hosts_groups_in_order():
   assert picked.rollout.stats == {"perf/slot_occupancy": pytest.approx(0.6)}
   assert streaming.merged([a, one_host_picked(1, 2, scores=False)]).scores is None
   assert streaming.merged([a]) is a
+
+
+def test_a_checkpoint_keeps_each_hosts_stream_position_where_the_hosts_trained_different_prompts():
+  alike = [{"data_state": {"i": 3}, "batch": 3, "consumed": []}] * 2
+  assert streaming.stored_position(alike) == ({"i": 3}, {"batch": 3, "consumed": []})
+  assert streaming.host_position({"batch": 3, "consumed": []}, {"i": 3}, 1, 2) == alike[1]
+  apart = [{"data_state": {"i": 2}, "batch": 2, "consumed": [[2, 1]]}, {"data_state": {"i": 2}, "batch": 2,
+                                                                        "consumed": [[2, 0]]}]
+  data, stream = streaming.stored_position(apart)
+  assert data == {"i": 2} and [streaming.host_position(stream, data, i, 2) for i in range(2)] == apart
+  with pytest.raises(ValueError, match="rollout was 2 hosts.*this run's is 4: resume it on 2"):
+    streaming.host_position(stream, data, 0, 4)
+  assert streaming.host_position(None, {"i": 1}, 0, 2) == {"data_state": {"i": 1}}
+  assert streaming.host_position(None, None, 0, 2) is None
+  with pytest.raises(ConfigError, match="had trained 2 prompt"):  # a sync run would train both hosts' again
+    streaming.check_resumable(stream, False, "ckpt")
