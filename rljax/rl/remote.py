@@ -222,12 +222,14 @@ class CrossHostSend:
 
   def __call__(self, params: Any) -> int:
     """Sends `params` (the trainer's weights); the bytes sent (to each rollout process)."""
-    cast = self._cast(params)
+    cast, local, laid_out = self._cast(params), None, None
     for mirror, target in self._layouts:
-      # one array at a time onto the mirror: on several trainer processes two reshards in flight can take their
-      # collectives in different orders on different hosts (`hosts.HostLocalCopy`)
-      local = jax.tree.map(lambda x, s: jax.block_until_ready(jax.device_put(x, s)), cast, mirror)
-      local = separate.copied(local, params)  # the next update donates what the send may still read
+      if jax.tree.leaves(mirror) != laid_out:  # runs of as many processes share one copy
+        # one array at a time onto the mirror: on several trainer processes two reshards in flight can take
+        # their collectives in different orders on different hosts (`hosts.HostLocalCopy`)
+        local = jax.tree.map(lambda x, s: jax.block_until_ready(jax.device_put(x, s)), cast, mirror)
+        local = separate.copied(local, params)  # the next update donates what the send may still read
+        laid_out = jax.tree.leaves(mirror)
       jax.device_put(local, target)
     return sum(x.nbytes for x in jax.tree.leaves(local))
 
@@ -311,10 +313,11 @@ class RemoteRollout:
       StopIteration: the data ended before a batch of groups finished.
       RuntimeError: a rollout process failed (its traceback in the message).
     """
-    messages = [take(f"picked/{self._next_step}", rollout) for rollout in self.rollouts]
-    for kind, *body in messages:
-      if kind == "error":
-        raise RuntimeError(f"the rollout process failed at step {self._next_step + 1}:\n{body[0]}")
+    messages = []
+    for rollout in self.rollouts:
+      messages.append(take(f"picked/{self._next_step}", rollout))
+      if messages[-1][0] == "error":
+        raise RuntimeError(f"the rollout process failed at step {self._next_step + 1}:\n{messages[-1][1]}")
     for kind, *body in messages:
       if kind == "stop":
         raise StopIteration(body[0])
@@ -337,8 +340,8 @@ class RemoteRollout:
     self._ended = True
 
   def end(self) -> None:
-    """Ends the rollout process's run: `close`, or where it was never started (the run trained no step), tells
-    it that it does not start."""
+    """Ends the rollout processes' runs: `close`, or where they were never started (the run trained no step),
+    tells them that they do not start."""
     if not self.primed and not self._ended:
       for rollout in self.rollouts:
         put("start", None, rollout)

@@ -193,23 +193,25 @@ def check_resumable(position: dict[str, Any] | None, streamed: bool, path: str) 
   Raises:
     ConfigError: naming trainer.v1.trainer_mode, where a sync run would train those prompts again.
   """
-  consumed = [c for p in (position or {}).get("hosts") or [position or {}] for c in p.get("consumed") or []]
-  if streamed or not consumed:
+  every = (position or {}).get("hosts") or [position or {}]
+  consumed = [c for p in every for c in p.get("consumed") or []]
+  if streamed or not (consumed or len(every) > 1):
     return
   raise config_errors.ConfigError(
       "trainer.v1.trainer_mode", "sync", f"the checkpoint {path} was written under colocate_async, which had trained "
-      f"{len(consumed)} prompt(s) past its data position; a sync run resumes at that position and would train them "
-      "again", "resume it with trainer.v1.trainer_mode=colocate_async (as it was written)")
+      f"{len(consumed)} prompt(s) past its data position, its hosts each at a position of its own; a sync run "
+      "resumes every host at the first host's data position and would train prompts again",
+      "resume it with trainer.v1.trainer_mode=colocate_async (as it was written)")
 
 
 def stored_position(positions: Sequence[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
   """(data position, stream position) a checkpoint holds of every host's stream position (`AsyncRollout.position`,
-  in host order): one where all are alike (one host's, or hosts that read and trained alike), else the data
-  position of the first and each host's whole position under "hosts" (hosts that picked different prompts
-  resume each from its own)."""
+  in host order): one where it holds for any number of hosts (all alike, with no prompt trained past it), else
+  the data position of the first and each host's whole position under "hosts" (a prompt trained past it is a
+  row of its host's share of a batch: each host resumes from its own, on as many hosts)."""
   first = dict(positions[0])
   data = first.pop("data_state")
-  if all(p == positions[0] for p in positions[1:]):
+  if all(p == positions[0] for p in positions[1:]) and not first.get("consumed"):
     return data, first
   return data, {"hosts": [dict(p) for p in positions]}
 

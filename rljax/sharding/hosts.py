@@ -266,7 +266,8 @@ def process_objects(value: Any) -> list[Any]:
   if count() == 1:
     return [value]
   data = np.frombuffer(json.dumps(value).encode(), np.uint8)
-  width = int(np.asarray(_allgather(np.int32(data.size))).max())  # exact (no float)
+  longest = int(np.asarray(_allgather(np.int32(data.size))).max())  # exact (no float)
+  width = 1 << max(0, longest - 1).bit_length()  # a power of two: one gather program for many lengths
   every = np.asarray(_allgather(np.pad(data, (0, width - data.size))))
   return [json.loads(bytes(row).rstrip(b"\0").decode()) for row in every]
 

@@ -277,3 +277,12 @@ def test_a_checkpoint_keeps_each_hosts_stream_position_where_the_hosts_trained_d
   assert streaming.host_position(None, None, 0, 2) is None
   with pytest.raises(ConfigError, match="had trained 2 prompt"):  # a sync run would train both hosts' again
     streaming.check_resumable(stream, False, "ckpt")
+  # one host's prompts trained past its position are rows of its share: they hold on one host only
+  data, alone = streaming.stored_position(apart[:1])
+  assert streaming.host_position(alone, data, 0, 1) == apart[0]
+  with pytest.raises(ValueError, match="rollout was 1 hosts"):
+    streaming.host_position(alone, data, 0, 2)
+  # hosts apart with nothing trained past their positions: a sync run would put both at the first's
+  behind = [{"data_state": {"i": 2}, "batch": 2, "consumed": []}, {"data_state": {"i": 3}, "batch": 3, "consumed": []}]
+  with pytest.raises(ConfigError, match="had trained 0 prompt.*each at a position of its own"):
+    streaming.check_resumable(streaming.stored_position(behind)[1], False, "ckpt")
