@@ -577,4 +577,5 @@ def off_policy_metrics(picked: Picked) -> dict[str, float]:
 
 
 __all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "Schedule", "Stopped", "decodes_beside_the_stream",
-           "host_position", "merged", "off_policy_metrics", "policy_of", "schedule_of", "spans", "stored_position", "streams_off_policy"]
+           "host_position", "merged", "off_policy_metrics", "policy_of", "schedule_of", "spans", "stored_position",
+           "streams_off_policy"]
