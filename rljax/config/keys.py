@@ -1329,7 +1329,7 @@ KEYS = {
                "partial rollouts continue under the new weights); separate_async streams the same way on the "
                "actor_rollout_ref.rollout.nnodes x n_gpus_per_node devices of its own, on a thread of its own, "
                "while the trainer updates on the rest (rljax.rl.separate; on several processes, processes of its own, "
-               "as many as the trainer's or a multiple of them, rljax.rl.remote)"),
+               "a multiple or a divisor of the trainer's, rljax.rl.remote)"),
     "trainer.v1.sync": Key("Settings of the sync mode (none)."),
     "trainer.v1.colocate_async.num_warmup_batches": Key(
         "colocate_async: batches generated before the first update.",

@@ -5,10 +5,11 @@ With `jax.distributed` over several processes, the first ones holding the
 training mesh's devices and the others the
 `actor_rollout_ref.rollout.nnodes x n_gpus_per_node` devices (the last ones
 JAX lists), each process runs its role's programs on its role's devices only
-(`rljax.sharding.hosts.set_group`). The rollout's processes are a multiple
-of the trainer's: trainer process i and the rollout processes it trains the
-groups of (`served`: a run of R/T of them, in order) exchange their
-messages alone:
+(`rljax.sharding.hosts.set_group`). One role's process count is a
+multiple of the other's: trainer process i and the rollout processes it
+trains the groups of (`served`: a run of R/T of them, in order, or where
+the trainer has k times the rollout's processes, part i mod k of rollout
+process i // k's groups) exchange their messages alone:
 
 * each rollout process runs the separate_async stream of its share of the
   data on an engine over its own devices (`rljax.rl.separate`: the data, the
@@ -16,7 +17,8 @@ messages alone:
   out its own share, and sends each step's picked groups to its trainer
   process through JAX's coordination service (`put`, `take`: a few MB of
   tokens and scores per step), which trains them one rollout process's
-  after the other (`streaming.merged`);
+  after the other (`streaming.merged`); or, to k trainer processes, in k
+  equal parts (`streaming.split`);
 * the trainer's processes update, validate and compute remax's baselines on
   an engine over their own mesh, checkpoint, log, and send the weights the
   schedule says to every rollout process device to device
@@ -28,7 +30,8 @@ messages alone:
   of the same layout; the CPU backend's over sockets,
   `rljax.sharding.distributed`).
 
-Each trainer process starts its rollout processes (`start`: the first step and
+Each trainer process starts its rollout processes (the first of a rollout
+process's trainer processes alone; `start`: the first step, the parts and
 the stream's position, so a resumed run continues where its checkpoint was)
 with the weights of the first step, and ends them by announcing no more
 weights (or a start of None, where it trains no step). A process that fails
@@ -73,8 +76,9 @@ def roles(config: ConfigDict, devices: list[Any] | None = None) -> tuple[tuple[i
     devices: the job's devices (default: JAX's), each with its `process_index`.
 
   Raises:
-    ConfigError: a process holds devices of both, the rollout's processes are not a multiple of the trainer's
-      (each trainer process trains the groups of as many rollout processes as every other), or the trainer has
+    ConfigError: a process holds devices of both, neither role's process count is a multiple of the other's
+      (each trainer process trains the groups of as many rollout processes as every other, or an equal part of
+      one's), the batch's prompts do not split equally over either role's processes, or the trainer has
       fewer devices than one rollout process (its weights are laid out as a rollout process's on as many of them).
   """
   devices = jax.devices() if devices is None else devices
@@ -88,13 +92,19 @@ def roles(config: ConfigDict, devices: list[Any] | None = None) -> tuple[tuple[i
                       f"the rollout's {len(rollout_devices)} devices share process {min(set(trainer) & set(rollout))} "
                       "with the trainer's: on several processes each process trains or rolls out",
                       f"give the rollout whole processes (n_gpus_per_node={per_process}, the devices of each)")
-  if len(rollout) % len(trainer):
+  if len(rollout) % len(trainer) and len(trainer) % len(rollout):
     raise ConfigError("actor_rollout_ref.rollout.nnodes", config.actor_rollout_ref.rollout.nnodes,
                       f"separate_async on several processes gives each trainer process the groups of as many rollout "
-                      f"processes as every other (each rolls out its share of the data; this job's trainer spans "
-                      f"{len(trainer)} processes, its rollout {len(rollout)})",
-                      "give the rollout a multiple of the trainer's processes (actor_rollout_ref.rollout.nnodes a "
-                      "multiple of trainer.nnodes, one process per node), or trainer.v1.trainer_mode=colocate_async")
+                      f"processes as every other, or an equal part of one's (each rolls out its share of the data; "
+                      f"this job's trainer spans {len(trainer)} processes, its rollout {len(rollout)})",
+                      "give one role a multiple of the other's processes (actor_rollout_ref.rollout.nnodes a "
+                      "multiple or a divisor of trainer.nnodes, one process per node), or "
+                      "trainer.v1.trainer_mode=colocate_async")
+  if config.data.train_batch_size % max(len(trainer), len(rollout)):
+    raise ConfigError("data.train_batch_size", config.data.train_batch_size,
+                      f"does not split over separate_async's {len(trainer)} trainer and {len(rollout)} rollout "
+                      "processes (each takes an equal share of every batch's prompts)",
+                      f"make it a multiple of {max(len(trainer), len(rollout))}")
   if len(trainer_devices) < per_process:
     raise ConfigError("actor_rollout_ref.rollout.n_gpus_per_node", config.actor_rollout_ref.rollout.n_gpus_per_node,
                       f"the trainer's {len(trainer_devices)} devices send the weights laid out as a rollout process's "
@@ -148,12 +158,17 @@ def _blocking_get(key: str) -> bytes:
       raise PeerFailed(f"another process of this separate_async job failed:\n{failed}")
 
 
-def served(trainers: int, rollouts: int) -> range:
-  """The rollout processes (their places in the rollout's role) whose groups this trainer process trains, of
-  `rollouts` for `trainers` trainer processes: each trainer process a run of as many, in order, so the trainers'
-  rows in process order are the rollout's in process order."""
+def served(trainers: int, rollouts: int) -> tuple[range, int, int]:
+  """(the rollout processes, by their places in the rollout's role, whose groups this trainer process trains;
+  its part of each one's groups; the parts each one's split into), of `rollouts` for `trainers` trainer
+  processes: each trainer process a run of as many rollout processes, or where the trainer has more processes,
+  an equal run of one's groups, in order, so the trainers' rows in process order are the rollout's in process
+  order."""
+  if trainers > rollouts:
+    parts = trainers // rollouts
+    return range(hosts.index() // parts, hosts.index() // parts + 1), hosts.index() % parts, parts
   per = rollouts // trainers
-  return range(hosts.index() * per, (hosts.index() + 1) * per)
+  return range(hosts.index() * per, (hosts.index() + 1) * per), 0, 1
 
 
 def _key(name: str, rollout: int | None) -> str:
@@ -219,6 +234,21 @@ class CrossHostSend:
     sent = engine.compute_params(abstract(params))
     self._layouts = [_layouts(sent, devices, run) for run in batches(devices, rollout_devices)]
     self._cast = jax.jit(engine.cast_impl)
+    self._whole = NamedSharding(Mesh(np.array(devices), ("devices",)), jax.sharding.PartitionSpec())
+    self._processes = hosts.processes(devices)
+
+  def _mirrored(self, x: jax.Array, mirror: NamedSharding) -> jax.Array:
+    """`x` (on the trainer's devices) laid out by `mirror` (on some of them). Where the trainer spans several
+    processes and the mirror only some of its devices, a `jax.device_put` between the two can be a cross-host
+    transfer that the rollout's processes do not take part in (and so pair the next weight sync's transfers
+    wrongly): `x` is replicated over the trainer's devices instead (their collectives, finished on every process
+    before the next array's start) and each of the mirror's devices cuts its shard from its own copy."""
+    if len(self._processes) == 1 or set(mirror.mesh.devices.flat) == set(self._whole.mesh.devices.flat):
+      return jax.device_put(x, mirror)
+    copies = jax.block_until_ready(jax.device_put(x, self._whole))
+    whole = {shard.device: shard.data for shard in copies.addressable_shards}
+    pieces = [whole[d][index] for d, index in mirror.addressable_devices_indices_map(x.shape).items()]
+    return jax.make_array_from_single_device_arrays(x.shape, mirror, pieces, dtype=x.dtype)
 
   def __call__(self, params: Any) -> int:
     """Sends `params` (the trainer's weights); the bytes sent (to each rollout process)."""
@@ -227,7 +257,7 @@ class CrossHostSend:
       if jax.tree.leaves(mirror) != laid_out:  # runs of as many processes share one copy
         # one array at a time onto the mirror: on several trainer processes two reshards in flight can take
         # their collectives in different orders on different hosts (`hosts.HostLocalCopy`)
-        local = jax.tree.map(lambda x, s: jax.block_until_ready(jax.device_put(x, s)), cast, mirror)
+        local = jax.tree.map(lambda x, s: jax.block_until_ready(self._mirrored(x, s)), cast, mirror)
         local = separate.copied(local, params)  # the next update donates what the send may still read
         laid_out = jax.tree.leaves(mirror)
       jax.device_put(local, target)
@@ -269,22 +299,27 @@ class CrossHostReceive:
 
 class RemoteRollout:
   """A trainer process's view of its rollout processes: a `separate.RolloutDriver`'s interface (weights out, each
-  step's picked groups in, theirs one after the other) and a stream's resume positions."""
+  step's picked groups in, theirs one after the other) and a stream's resume positions. Where the trainer has
+  more processes than the rollout, each rollout process's first trainer process (part 0) starts, feeds and ends
+  it, and every one takes its part of its groups."""
 
   def __init__(self, send: Callable[[Any], int], schedule: streaming.Schedule, first_step: int, last_step: int,
-               starts: dict[int, dict[str, Any] | None]):
+               starts: dict[int, dict[str, Any] | None], part: int = 0, parts: int = 1):
     """Args:
       send: the trainer's weights -> on the rollout's devices (`CrossHostSend`); the bytes sent.
       schedule: which weights each step's batch decodes under.
       first_step, last_step: the steps the rollout picks, first_step..last_step - 1.
-      starts: the rollout processes this one starts and trains the groups of (`served`), each with its stream's
-        position at first_step (`streaming.host_position`: a checkpoint's), or None from the data's start.
+      starts: the rollout processes this one trains the groups of (`served`), each with its stream's position at
+        first_step (`streaming.host_position`: a checkpoint's), or None from the data's start.
+      part, parts: this process's part of each one's groups, split into `parts` (`served`).
     """
     self.send, self.schedule, self.first_step, self.last_step = send, schedule, first_step, last_step
     self.rollouts = tuple(starts)
     self.turns = separate.DeviceTurns()  # validation and remax decode on the trainer's devices: no one to wait for
     self.stream = None
-    self._starts = {j: {"first_step": first_step, "position": position} for j, position in starts.items()}
+    self.part, self.leads = part, part == 0
+    self._starts = {j: {"first_step": first_step, "position": position, "parts": parts}
+                    for j, position in starts.items()}
     self._positions: dict[int, list[dict[str, Any]]] = {}
     self._next_step, self._sends, self._ended = first_step, 0, False
     self.sent_bytes = 0
@@ -298,7 +333,7 @@ class RemoteRollout:
     """Sends the weights of `version` to the rollout if some step decodes under them; whether it did."""
     if self._ended or not separate.sends(self.schedule, self.first_step, self.last_step, version):
       return False
-    for rollout in self.rollouts:
+    for rollout in self.rollouts if self.leads else ():
       if not self.primed:
         put("start", self._starts[rollout], rollout)
       put(f"weights/{self._sends}", version, rollout)
@@ -315,7 +350,7 @@ class RemoteRollout:
     """
     messages = []
     for rollout in self.rollouts:
-      messages.append(take(f"picked/{self._next_step}", rollout))
+      messages.append(take(f"picked/{self._next_step}/{self.part}", rollout))
       if messages[-1][0] == "error":
         raise RuntimeError(f"the rollout process failed at step {self._next_step + 1}:\n{messages[-1][1]}")
     for kind, *body in messages:
@@ -328,13 +363,13 @@ class RemoteRollout:
 
   def position(self, trained: int) -> list[dict[str, Any]]:
     """Each rollout process's stream position once `trained` steps are trained (sent with step trained - 1's
-    groups)."""
-    return [dict(p) for p in self._positions[trained]]
+    groups), from its first trainer process alone."""
+    return [dict(p) for p in self._positions[trained]] if self.leads else []
 
   def close(self) -> None:
     """Tells a started rollout that no more weights come (it then stops); one not started may still be started
     by another `RemoteRollout` (a restored run's), or told it never is (`end`)."""
-    if self.primed and not self._ended:
+    if self.primed and not self._ended and self.leads:
       for rollout in self.rollouts:
         put(f"weights/{self._sends}", None, rollout)
     self._ended = True
@@ -342,7 +377,7 @@ class RemoteRollout:
   def end(self) -> None:
     """Ends the rollout processes' runs: `close`, or where they were never started (the run trained no step),
     tells them that they do not start."""
-    if not self.primed and not self._ended:
+    if not self.primed and not self._ended and self.leads:
       for rollout in self.rollouts:
         put("start", None, rollout)
     self.close()
@@ -374,26 +409,33 @@ def _receive(driver: separate.RolloutDriver, receive: CrossHostReceive, failed: 
 def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Callable[[int], dict[str, Any]],
           receive: CrossHostReceive) -> None:
   """A rollout process's run: picks each step's groups (`driver`, started at `start["first_step"]`) and sends
-  them with the stream's `position` after them, while a thread receives the weights; returns once the trainer
-  announced no more weights. The data's end, or an error, goes to the trainer as that step's message."""
+  them, in `start["parts"]` parts (one per trainer process it serves), with the stream's `position` after them,
+  while a thread receives the weights; returns once the trainer announced no more weights. The data's end, or an
+  error, goes to the trainer processes as that step's message."""
   driver.rollout.turn = driver.turns.chunk  # the weights arrive between its decode chunks
   failed: list[str] = []
   receiver = threading.Thread(target=_receive, args=(driver, receive, failed), name="rljax-weights", daemon=True)
   receiver.start()
-  step = start["first_step"]
+  step, parts = start["first_step"], range(start["parts"])
+
+  def told(step: int, *message: Any) -> None:
+    for part in parts:
+      put(f"picked/{step}/{part}", message)
+
   try:
     while step < driver.last_step:
-      picked = driver.pick()
-      put(f"picked/{step}", ("picked", picked, position(step + 1)))
+      picked = streaming.split(driver.pick(), len(parts))
+      for part in parts:
+        put(f"picked/{step}/{part}", ("picked", picked[part], position(step + 1)))
       step += 1
   except (separate.Closed, streaming.Stopped):
     if failed:  # the weights stopped coming: an error, not the trainer's end
-      put(f"picked/{step}", ("error", failed[0]))
+      told(step, "error", failed[0])
       raise RuntimeError(f"receiving the trainer's weights failed:\n{failed[0]}") from None
   except StopIteration as stop:
-    put(f"picked/{step}", ("stop", str(stop)))
+    told(step, "stop", str(stop))
   except BaseException:  # pylint: disable=broad-except
-    put(f"picked/{step}", ("error", traceback.format_exc()))
+    told(step, "error", traceback.format_exc())
     raise
   receiver.join()
   if failed:

@@ -546,6 +546,39 @@ def merged(picks: Sequence[Picked]) -> Picked:
                 max(epochs) if epochs else None)
 
 
+def split(picked: Picked, parts: int) -> list[Picked]:
+  """`picked` (one rollout process's groups) as `parts` runs of as many groups, in order (one per trainer process
+  it serves; `merged` undoes it): columns, rows, spans and scores sliced, each row's group counted from its
+  run's first, the counts on the first run (each is summed over the hosts), the samplers' measurements on each.
+
+  Raises:
+    ValueError: its groups do not split into `parts` runs of as many.
+  """
+  groups = len(picked.spans)
+  if groups % parts:
+    raise ValueError(f"{groups} groups do not split into {parts} equal parts")
+  size, rows = groups // parts, len(picked.rollout.prompt_index) // max(groups, 1)
+  return [_part(picked, range(p * size, (p + 1) * size), rows, first=p == 0) for p in range(parts)]
+
+
+def _part(picked: Picked, groups: range, rows: int, first: bool) -> Picked:
+  """The groups `groups` of `picked` (each of `rows` rows) as a Picked of their own; `first`: it keeps the
+  counts."""
+  rollout = picked.rollout
+  fields = {f.name: _sliced(getattr(rollout, f.name), slice(groups.start * rows, groups.stop * rows))
+            for f in dataclasses.fields(rollout)}
+  fields["prompt_index"] = fields["prompt_index"] - groups.start
+  at = slice(groups.start, groups.stop)
+  return Picked({k: _sliced(v, at) for k, v in picked.columns.items()}, dataclasses.replace(rollout, **fields),
+                picked.spans[at], picked.version, picked.evicted if first else 0,
+                picked.filtered if first else 0, None if picked.scores is None else picked.scores[at], picked.epoch)
+
+
+def _sliced(value: Any, at: slice) -> Any:
+  """Rows `at` of one host's field (arrays and lists sliced; measurements and None kept)."""
+  return value if value is None or isinstance(value, dict) else value[at]
+
+
 def _joined(values: list[Any]) -> Any:
   """Several hosts' values of one field, as one host's: arrays and lists concatenated (object arrays kept object
   arrays), measurements (dicts of numbers) averaged, None kept."""
@@ -576,6 +609,6 @@ def off_policy_metrics(picked: Picked) -> dict[str, float]:
           "off_policy/evicted_samples": hosts.process_total(float(picked.evicted))}
 
 
-__all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "Schedule", "Stopped", "decodes_beside_the_stream",
-           "host_position", "merged", "off_policy_metrics", "policy_of", "schedule_of", "spans", "stored_position",
-           "streams_off_policy"]
+__all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "Schedule", "Stopped",
+           "decodes_beside_the_stream", "host_position", "merged", "off_policy_metrics", "policy_of", "schedule_of",
+           "spans", "split", "stored_position", "streams_off_policy"]

@@ -222,7 +222,7 @@ class RLTrainer:
     if self.streaming is None:
       self.state = self.state.replace(step=value, data_position=self.data.get_state())
       return
-    mine = self.streaming.position(value)  # this host's, or (on a trainer process) its rollout processes'
+    mine = self.streaming.position(value)  # this host's, or (on a trainer process) the rollout processes' it leads'
     every = [p for host in hosts.process_objects(mine if isinstance(mine, list) else [mine]) for p in host]
     data_position, stream_position = streaming.stored_position(every)
     self.state = self.state.replace(step=value, data_position=data_position, stream_position=stream_position)
@@ -239,10 +239,10 @@ class RLTrainer:
     if self.roles is not None and not self.rollout_process:
       send = remote.CrossHostSend(self.run.rollout_engine, self.actor_params, list(self.mesh.devices.flat),
                                   self.rollout_devices)
-      served = remote.served(*map(len, self.roles))
+      served, part, parts = remote.served(*map(len, self.roles))
       starts = {j: streaming.host_position(position, self.state.data_position, j, len(self.roles[1])) for j in served}
       return remote.RemoteRollout(send, streaming.schedule_of(self.config), self.step, self.run.layout.total_steps,
-                                  starts)
+                                  starts, part, parts)
     position = position or {}
     self._batch_state = self.data.get_state()
     filtering = self.config.algorithm.filter_groups
@@ -638,8 +638,8 @@ class RLTrainer:
   # ----- the run -------------------------------------------------------------------------
 
   def serve_rollout(self) -> None:
-    """A rollout process's run (`remote.serve`): the stream from where its trainer process starts it, its
-    picks sent there, until the trainer ends it."""
+    """A rollout process's run (`remote.serve`): the stream from where its (first) trainer process starts it,
+    its picks sent to its trainer processes, until the trainer ends it."""
     start = remote.take("start")
     if start is None:  # the trainer trains no step
       return

@@ -158,14 +158,15 @@ def pop_is_noise(records):
   return records
 
 
-def restarted_step_3(argv, tmp_path, runs):
-  """Each (run directory, processes) of `runs` run again from step 2's checkpoint; their step 3 metrics, checked
-  equal across the runs (the IS weights' noise popped)."""
+def restarted_step_3(argv, tmp_path, runs, devices=8):
+  """Each (run directory, processes) of `runs` run again from step 2's checkpoint on `devices` devices; their
+  step 3 metrics, checked equal across the runs (the IS weights' noise popped)."""
   restarts = []
   for run, count in runs:
     shutil.rmtree(tmp_path / run / "global_step_3")
-    again = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/{run}"], count, f"{tmp_path}/{run}")
-    assert [m["step"] for m in again] == [0, 1, 2, 3, 3]
+    again = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/{run}"], count, f"{tmp_path}/{run}",
+                                  devices)
+    assert [m["step"] for m in again[-2:]] == [3, 3]  # step 3 logged twice: once more after the restart
     restarts.append(pop_is_noise(again[-1:]))
   processes.assert_same_metrics(*restarts, atol=1e-6)
   return restarts
@@ -244,6 +245,30 @@ def test_separate_async_with_one_trainer_process_and_two_rollout_processes_logs_
   for metrics in (one, three):
     pop_is_noise(metrics[:1])
   processes.assert_same_metrics(one, three, atol=1e-6)
+
+
+@pytest.mark.slow  # four runs of 3 steps or 1: two of 1 process, two of 3 (about 3 minutes)
+def test_separate_async_with_two_trainer_processes_and_one_rollout_process_logs_the_metrics_of_one_process(
+    model_dir, data_dir, tmp_path):
+  # 6 devices, 2 per process: processes 0 and 1 train on their 4; process 2 rolls out all the data on its 2,
+  # judging each group as it ends (dynamic sampling), and sends each half of a step's groups to one trainer
+  # process. Process 0 starts and ends it; both take part in every weight sync (laid out on process 0's devices);
+  # validation after step 2 decodes on the trainer's 4 devices
+  argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_before_train=false",
+                      "actor_rollout_ref.rollout.n_gpus_per_node=2", "trainer.save_freq=1")
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one", devices=6)
+  three = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/three"], 3, f"{tmp_path}/three",
+                                devices=6)
+  assert [m["step"] for m in one] == [1, 2, 3] and one[2]["off_policy/staleness/max"] == 3
+  assert one[0]["perf/weight_sync_bytes"] > 0 and all(m["train/kept_groups"] == 8 for m in one)
+  assert any(m["train/filtered_groups"] > 0 for m in one) and "val-core/rljax/arithmetic/reward/mean@1" in one[1]
+  # the trainer's two processes all-reduce on gloo: the log-probs' last bits differ, and so IS weights' extremes
+  for metrics in (one, three):
+    pop_is_noise(metrics[:1])
+  processes.assert_same_metrics(one, three, atol=1e-5)
+  # both restarted after step 2's checkpoint (the trainer's two processes wrote it, with the one rollout
+  # process's stream position): process 0 starts the rollout from there
+  restarted_step_3(argv, tmp_path, (("one", 1), ("three", 3)), devices=6)
 
 
 @pytest.mark.slow  # a 4-process run whose last rollout process is killed after step 1 (about 90 s: JAX's heartbeats)

@@ -86,12 +86,19 @@ def test_on_several_processes_the_trainer_and_the_rollout_each_take_whole_proces
   assert remote.roles(config("actor_rollout_ref.rollout.nnodes=2", "actor_rollout_ref.rollout.n_gpus_per_node=2"),
                       four_by_two) == ((0, 1), (2, 3))
   # a trainer process trains the groups of as many rollout processes as every other
-  assert remote.roles(config("actor_rollout_ref.rollout.nnodes=3", "actor_rollout_ref.rollout.n_gpus_per_node=2"),
-                      four_by_two) == ((0,), (1, 2, 3))
-  with pytest.raises(ConfigError, match=r"rollout.nnodes=1: separate_async on several processes gives each trainer "
-                                        r"process .*trainer spans 3 processes, its rollout 1.*a multiple of"):
-    remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=2"), four_by_two)
+  six = ("data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=6")  # prompts for 3 processes
+  assert remote.roles(config("actor_rollout_ref.rollout.nnodes=3", "actor_rollout_ref.rollout.n_gpus_per_node=2",
+                             *six), four_by_two) == ((0,), (1, 2, 3))
+  # or an equal part of one's groups
+  assert remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=2", *six), four_by_two) == ((0, 1, 2), (3,))
+  with pytest.raises(ConfigError, match=r"data.train_batch_size=4: does not split over separate_async's 3 trainer "
+                                        r"and 1 rollout processes.*a multiple of 3"):
+    remote.roles(config("actor_rollout_ref.rollout.n_gpus_per_node=2", "data.train_batch_size=4"), four_by_two)
   five_by_two = [device(i, i // 2) for i in range(10)]
+  with pytest.raises(ConfigError, match=r"rollout.nnodes=2: separate_async on several processes gives each trainer "
+                                        r"process .*trainer spans 3 processes, its rollout 2.*a multiple or a divisor"):
+    remote.roles(config("actor_rollout_ref.rollout.nnodes=2", "actor_rollout_ref.rollout.n_gpus_per_node=2"),
+                 five_by_two)
   with pytest.raises(ConfigError, match=r"trainer spans 2 processes, its rollout 3"):
     remote.roles(config("actor_rollout_ref.rollout.nnodes=3", "actor_rollout_ref.rollout.n_gpus_per_node=2"),
                  five_by_two)
@@ -107,6 +114,15 @@ def test_a_weight_sync_sends_to_as_many_rollout_processes_at_once_as_the_trainer
   assert ids(remote.batches([device(10 + i, 0) for i in range(2)], rollout)) == [[0, 1], [2, 3], [4, 5]]
   assert ids(remote.batches([device(10 + i, 0) for i in range(5)], rollout)) == [[0, 1, 2, 3], [4, 5]]
   assert ids(remote.batches([device(10 + i, 0) for i in range(6)], rollout)) == [[0, 1, 2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize("trainers, rollouts, index, expected", [
+    (1, 3, 0, (range(0, 3), 0, 1)), (2, 4, 1, (range(2, 4), 0, 1)), (2, 2, 1, (range(1, 2), 0, 1)),
+    (3, 1, 2, (range(0, 1), 2, 3)), (4, 2, 1, (range(0, 1), 1, 2)), (4, 2, 2, (range(1, 2), 0, 2))])
+def test_each_trainer_process_trains_a_run_of_rollout_processes_or_a_part_of_ones_groups(
+    monkeypatch, trainers, rollouts, index, expected):
+  monkeypatch.setattr(remote.hosts, "index", lambda: index)
+  assert remote.served(trainers, rollouts) == expected
 
 
 def picked_tags(driver, steps):

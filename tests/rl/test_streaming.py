@@ -263,6 +263,24 @@ def test_merged_picks_are_one_hosts_groups_in_order():
   assert streaming.merged([a]) is a
 
 
+def test_split_picks_are_equal_runs_of_one_hosts_groups_that_merge_back():
+  picked = streaming.merged([one_host_picked(2, 0), one_host_picked(2, 2, epoch=1)])
+  first, second = streaming.split(picked, 2)
+  assert [list(t) for t in second.columns["tag"]] == [["t2"], ["t3"] * 2] and second.columns["tag"].dtype == object
+  assert list(second.rollout.prompt_index) == [0, 0, 1, 1] and list(second.rollout.responses[:, 0]) == [2] * 4
+  assert list(second.spans) == [2, 2] and (second.version, second.epoch, second.scores) == (4, 1, [2, 3])
+  assert (first.evicted, first.filtered, second.evicted, second.filtered) == (2, 2, 0, 0)  # summed over the hosts
+  assert second.rollout.stats == picked.rollout.stats and second.rollout.routed_experts is None
+  again = streaming.merged([first, second])
+  assert [list(t) for t in again.columns["tag"]] == [list(t) for t in picked.columns["tag"]]
+  for field in ("responses", "prompt_index", "log_probs", "response_mask"):
+    np.testing.assert_array_equal(getattr(again.rollout, field), getattr(picked.rollout, field))
+  assert (list(again.spans), again.scores, again.evicted) == (list(picked.spans), picked.scores, picked.evicted)
+  assert streaming.split(picked, 1)[0].scores == picked.scores
+  with pytest.raises(ValueError, match="4 groups do not split into 3 equal parts"):
+    streaming.split(picked, 3)
+
+
 def test_a_checkpoint_keeps_each_hosts_stream_position_where_the_hosts_trained_different_prompts():
   alike = [{"data_state": {"i": 3}, "batch": 3, "consumed": []}] * 2
   assert streaming.stored_position(alike) == ({"i": 3}, {"batch": 3, "consumed": []})
