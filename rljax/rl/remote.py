@@ -235,15 +235,15 @@ class CrossHostSend:
     self._layouts = [_layouts(sent, devices, run) for run in batches(devices, rollout_devices)]
     self._cast = jax.jit(engine.cast_impl)
     self._whole = NamedSharding(Mesh(np.array(devices), ("devices",)), jax.sharding.PartitionSpec())
-    self._processes = hosts.processes(devices)
+    self._direct = len(hosts.processes(devices)) == 1  # a device_put onto some of the devices works in one process
 
   def _mirrored(self, x: jax.Array, mirror: NamedSharding) -> jax.Array:
     """`x` (on the trainer's devices) laid out by `mirror` (on some of them). Where the trainer spans several
-    processes and the mirror only some of its devices, a `jax.device_put` between the two can be a cross-host
-    transfer that the rollout's processes do not take part in (and so pair the next weight sync's transfers
-    wrongly): `x` is replicated over the trainer's devices instead (their collectives, finished on every process
-    before the next array's start) and each of the mirror's devices cuts its shard from its own copy."""
-    if len(self._processes) == 1 or set(mirror.mesh.devices.flat) == set(self._whole.mesh.devices.flat):
+    processes and the mirror only some of its devices, JAX refuses a `jax.device_put` between the two (a
+    multi-controller reshard keeps the device set): `x` is replicated over the trainer's devices instead (their
+    collectives, finished on every process before the next array's start) and each of the mirror's devices cuts
+    its shard from its own copy."""
+    if self._direct or mirror.mesh.devices.size == self._whole.mesh.devices.size:
       return jax.device_put(x, mirror)
     copies = jax.block_until_ready(jax.device_put(x, self._whole))
     whole = {shard.device: shard.data for shard in copies.addressable_shards}
@@ -424,9 +424,9 @@ def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Calla
 
   try:
     while step < driver.last_step:
-      picked = streaming.split(driver.pick(), len(parts))
+      picked, after = streaming.split(driver.pick(), len(parts)), position(step + 1)
       for part in parts:
-        put(f"picked/{step}/{part}", ("picked", picked[part], position(step + 1)))
+        put(f"picked/{step}/{part}", ("picked", picked[part], after))
       step += 1
   except (separate.Closed, streaming.Stopped):
     if failed:  # the weights stopped coming: an error, not the trainer's end
