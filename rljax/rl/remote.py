@@ -45,10 +45,14 @@ one-process run's.
 
 from __future__ import annotations
 
+import logging
+import os
 import pickle
+import sys
 import threading
+import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import jax
 import numpy as np
@@ -66,6 +70,9 @@ from rljax.sharding.placement import abstract
 _PREFIX = "rljax/separate"
 _CHUNK_BYTES = 16 << 20
 _WAIT_MS = 1_000
+_GRACE_S = 10  # how long a process waits, once another aborted, for its own run to end before it exits
+_LEAVING_MS = 15_000  # how long process 0 of a failed job waits for the others to leave (they read an abort within 1 s)
+_LEAVING = threading.Lock()  # one thread of a failed process exits it
 
 
 def roles(config: ConfigDict, devices: list[Any] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -138,6 +145,58 @@ def _aborted() -> str | None:
     return _client().key_value_try_get_bytes(f"{_PREFIX}/abort").decode()
   except Exception:  # pylint: disable=broad-except  (not found)
     return None
+
+
+def exit_failed(error: str, close: Callable[[], None] = lambda: None) -> NoReturn:
+  """Ends this process of a failed job (exit status 1): runs `close` (for at most `_GRACE_S`: it may wait on the
+  failed process), prints `error` and exits without tearing JAX down, the others told (`abort`). A cross-host
+  weight transfer whose other side failed never ends, and destroying JAX's client waits for it. Process 0 holds
+  the coordination service, so it first waits for the others to have left (at most `_LEAVING_MS`)."""
+  closing = threading.Thread(target=close, name="rljax-close", daemon=True)
+  closing.start()
+  closing.join(_GRACE_S)
+  with _LEAVING:
+    print(error, file=sys.stderr, flush=True)
+    logging.shutdown()
+    try:
+      _client().key_value_set_bytes(f"{_PREFIX}/left/{jax.process_index()}", b"")
+      deadline = time.monotonic() + _LEAVING_MS / 1000
+      for process in range(1, jax.process_count()) if jax.process_index() == 0 else ():
+        left_ms = int(1000 * (deadline - time.monotonic()))
+        _client().blocking_key_value_get_bytes(f"{_PREFIX}/left/{process}", max(left_ms, 1))
+    except Exception:  # pylint: disable=broad-except  (a process that was killed never leaves: the wait ends)
+      pass
+    sys.stdout.flush()
+    os._exit(1)
+
+
+class Watchdog:
+  """While its `with` block runs, a thread that watches for another process's abort: it calls `stop` with the
+  error (the block should then end), and if the block has not ended `_GRACE_S` later (this process waits inside a
+  collective or a transfer whose other side failed, which never ends), it ends the process (`exit_failed`, with no
+  close: the blocked thread holds what a close would wait for)."""
+
+  def __init__(self, stop: Callable[[str], None] = lambda error: None):
+    self._stop = stop
+    self._done = threading.Event()
+    self._thread = threading.Thread(target=self._watch, name="rljax-watchdog", daemon=True)
+
+  def __enter__(self) -> "Watchdog":
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self._done.set()
+
+  def _watch(self) -> None:
+    while not self._done.wait(_WAIT_MS / 1000):
+      failed_peer = _aborted()
+      if failed_peer is not None:
+        error = f"another process of this separate_async job failed:\n{failed_peer}"
+        self._stop(error)
+        if not self._done.wait(_GRACE_S):
+          exit_failed(error)
+        return
 
 
 def _blocking_get(key: str) -> bytes:
@@ -400,7 +459,7 @@ def _receive(driver: separate.RolloutDriver, receive: CrossHostReceive, failed: 
       with driver.turns.exclusive():
         driver.box.publish(version, receive())
   except BaseException:  # pylint: disable=broad-except
-    failed.append(traceback.format_exc())
+    failed.append(f"receiving the trainer's weights failed:\n{traceback.format_exc()}")
   finally:
     driver.rollout.stopping = True
     driver.box.close()
@@ -422,16 +481,23 @@ def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Calla
     for part in parts:
       put(f"picked/{step}/{part}", message)
 
+  def stop(error: str) -> None:  # another process failed: whatever the rollout waits on, it stops
+    failed.append(error)
+    driver.rollout.stopping = True
+    driver.turns.close()
+    driver.box.close()
+
   try:
-    while step < driver.last_step:
-      picked, after = streaming.split(driver.pick(), len(parts)), position(step + 1)
-      for part in parts:
-        put(f"picked/{step}/{part}", ("picked", picked[part], after))
-      step += 1
+    with Watchdog(stop):
+      while step < driver.last_step:
+        picked, after = streaming.split(driver.pick(), len(parts)), position(step + 1)
+        for part in parts:
+          put(f"picked/{step}/{part}", ("picked", picked[part], after))
+        step += 1
   except (separate.Closed, streaming.Stopped):
-    if failed:  # the weights stopped coming: an error, not the trainer's end
+    if failed:  # the weights stopped coming, or another process failed: an error, not the trainer's end
       told(step, "error", failed[0])
-      raise RuntimeError(f"receiving the trainer's weights failed:\n{failed[0]}") from None
+      raise RuntimeError(f"the rollout stopped:\n{failed[0]}") from None
   except StopIteration as stop:
     told(step, "stop", str(stop))
   except BaseException:  # pylint: disable=broad-except
@@ -439,8 +505,8 @@ def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Calla
     raise
   receiver.join()
   if failed:
-    raise RuntimeError(f"receiving the trainer's weights failed:\n{failed[0]}")
+    raise RuntimeError(f"the rollout stopped:\n{failed[0]}")
 
 
-__all__ = ["CrossHostReceive", "CrossHostSend", "PeerFailed", "RemoteRollout", "abort", "batches", "put",
-           "roles", "serve", "served", "take"]
+__all__ = ["CrossHostReceive", "CrossHostSend", "PeerFailed", "RemoteRollout", "abort", "batches", "exit_failed",
+           "put", "roles", "serve", "served", "take", "Watchdog"]

@@ -42,7 +42,7 @@ from rljax.rl import streaming
 
 
 class Closed(Exception):
-  """The driver was closed while its rollout waited for weights."""
+  """The driver was closed while its rollout waited for weights or for its turn on the devices."""
 
 
 class DeviceTurns:
@@ -54,12 +54,18 @@ class DeviceTurns:
     self._cond = threading.Condition()
     self._busy = False
     self._waiting = 0
+    self._closed = False
 
   @contextlib.contextmanager
   def chunk(self) -> Iterator[None]:
-    """The rollout thread's turn (after any the trainer waits for)."""
+    """The rollout thread's turn (after any the trainer waits for).
+
+    Raises:
+      Closed: the turns were closed while waiting.
+    """
     with self._cond:
-      self._cond.wait_for(lambda: not self._busy and not self._waiting)
+      self._cond.wait_for(lambda: not self._busy and not self._waiting or self._closed)
+      self._raise_if_closed()
       self._busy = True
     try:
       yield
@@ -68,16 +74,32 @@ class DeviceTurns:
 
   @contextlib.contextmanager
   def exclusive(self) -> Iterator[None]:
-    """The trainer thread's turn, once the chunk in progress ends."""
+    """The trainer thread's turn, once the chunk in progress ends.
+
+    Raises:
+      Closed: the turns were closed while waiting.
+    """
     with self._cond:
       self._waiting += 1
-      self._cond.wait_for(lambda: not self._busy)
+      self._cond.wait_for(lambda: not self._busy or self._closed)
       self._waiting -= 1
+      self._raise_if_closed()
       self._busy = True
     try:
       yield
     finally:
       self._release()
+
+  def close(self) -> None:
+    """Whoever waits for a turn, or asks for one from now on, stops (`Closed`): the turn in progress may never
+    end (a transfer whose other side failed)."""
+    with self._cond:
+      self._closed = True
+      self._cond.notify_all()
+
+  def _raise_if_closed(self) -> None:
+    if self._closed:
+      raise Closed()
 
   def _release(self) -> None:
     with self._cond:

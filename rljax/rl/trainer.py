@@ -714,23 +714,29 @@ def _every(freq: int) -> Callable[[int], bool]:
 
 
 def run(config: ConfigDict) -> dict[str, float]:
-  """Trains with a finalized, validated config; prints where the outputs are."""
-  roles, trainer = remote.roles(config), None
+  """Trains with a finalized, validated config; prints where the outputs are. A process of a separate_async job
+  on several processes that fails once it started tells the others and exits (`remote.exit_failed`)."""
+  roles, trainer, failed = remote.roles(config), None, None
   try:
     trainer = RLTrainer(config)
     if trainer.rollout_process:
       trainer.serve_rollout()
       return {}
-    metrics = trainer.fit()
-  except remote.PeerFailed:
-    raise
-  except Exception:
-    if roles is not None:  # the other processes stop instead of waiting for this one
+    with remote.Watchdog() if roles is not None else contextlib.nullcontext():
+      metrics = trainer.fit()
+  except Exception as error:
+    if roles is None:
+      raise
+    if not isinstance(error, remote.PeerFailed):  # the other processes stop instead of waiting for this one
       remote.abort(traceback.format_exc())
-    raise
+    if trainer is None:
+      raise
+    failed = traceback.format_exc()
   finally:
-    if trainer is not None:
+    if trainer is not None and failed is None:
       trainer.close()
+  if failed is not None:
+    remote.exit_failed(failed, trainer.close)
   if is_main_process():
     print(f"rljax: logs and curves in {trainer.run_dir}, checkpoints in {config.trainer.default_local_dir}")
   return metrics

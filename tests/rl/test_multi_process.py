@@ -290,6 +290,7 @@ def test_a_separate_async_run_that_trains_no_step_ends_its_rollout_process(model
 
 def test_a_bad_row_the_rollout_process_reads_stops_both_processes_naming_it(model_dir, data_dir, tmp_path):
   # the rollout process reads the data; its error reaches the trainer's process, which names it and fails too
+  tiny_run.ensure_synthetic_data(data_dir)
   rows = pq.read_table(f"{data_dir}/train.parquet")
   bad = rows.to_pylist()
   bad[12]["prompt"] = [dict(m, content=m["content"] + " pad" * 400) for m in bad[12]["prompt"]]
@@ -308,3 +309,52 @@ def test_a_killed_rollout_process_stops_the_trainer(model_dir, data_dir, tmp_pat
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.total_training_steps=50", "trainer.total_epochs=50",
                       f"trainer.default_local_dir={tmp_path}/run")
   assert_killing_a_process_stops_the_others(argv, tmp_path / "run" / "metrics.jsonl")
+
+
+# trainer process FAILING's first weight send fails, after process 0 announced the weights: the rollout process
+# waits inside the cross-host transfer, and any other trainer process inside the sync's collectives, whose failed
+# side never comes
+FAILING_SEND = """
+import os
+import runpy
+import sys
+
+import jax
+
+from rljax.rl import remote
+
+sends = remote.CrossHostSend.__call__
+
+
+def failing(self, params):
+  if jax.process_index() == int(os.environ["FAILING"]):
+    raise RuntimeError("the weight send failed here")
+  return sends(self, params)
+
+
+remote.CrossHostSend.__call__ = failing
+sys.argv[0] = "rljax.train"
+runpy.run_module("rljax.train", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("count,failing", [(2, 0), (3, 1)])
+def test_a_trainer_process_failing_inside_a_weight_sync_stops_every_process_within_seconds(
+    model_dir, data_dir, tmp_path, monkeypatch, count, failing):
+  # 1+1, or 2+1 on 6 devices (processes 0 and 1 train): before, the processes waiting inside the transfer or its
+  # collectives stayed there for minutes, until JAX's shutdown barrier timed out and heartbeats were lost
+  script = tmp_path / "failing_send.py"
+  script.write_text(FAILING_SEND)
+  monkeypatch.setenv("FAILING", str(failing))
+  argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_before_train=false",
+                      f"actor_rollout_ref.rollout.n_gpus_per_node={8 // count}",
+                      f"trainer.default_local_dir={tmp_path}/run")
+  assert argv[:2] == ["-m", "rljax.train"]
+  started = time.monotonic()
+  procs = processes.start([str(script), *argv[2:]], count, devices=8 if count == 2 else 6)
+  logs = processes.finish(procs, timeout=150)
+  assert [p.returncode for p in procs] == [1] * count, logs[-1][-3000:]
+  assert time.monotonic() - started < 120
+  assert "the weight send failed here" in logs[failing]
+  for log in logs[:failing] + logs[failing + 1:]:
+    assert "another process of this separate_async job failed" in log and "the weight send failed here" in log

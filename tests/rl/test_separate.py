@@ -3,6 +3,7 @@ colocate_async on the same weight schedule; its picks ahead of the trainer resum
 
 import collections
 import json
+import threading
 import time
 
 import jax
@@ -181,3 +182,28 @@ def test_a_threaded_driver_picks_what_an_inline_one_does_and_resumes_losing_and_
   assert sorted(sum(first + again, [])) == every  # nothing lost, nothing trained twice
   picked_ahead = set(sum(inline_tags[1:3], []))
   assert picked_ahead and picked_ahead <= set(sum(again, []))
+
+
+def test_closing_the_device_turns_stops_whoever_waits_behind_a_turn_that_never_ends():
+  # a rollout process's weights arrive in the trainer thread's turn; where the trainer failed inside that
+  # transfer, the turn never ends, and the watchdog closes the turns so that the decode chunk waiting stops
+  turns, stopped = separate.DeviceTurns(), []
+
+  def chunk():
+    try:
+      with turns.chunk():
+        pass
+    except separate.Closed:
+      stopped.append("chunk")
+
+  with turns.exclusive():
+    waiter = threading.Thread(target=chunk)
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()
+    turns.close()
+    waiter.join(5)
+  assert stopped == ["chunk"] and not waiter.is_alive()
+  with pytest.raises(separate.Closed):
+    with turns.exclusive():
+      pass
