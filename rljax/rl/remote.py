@@ -71,6 +71,7 @@ _PREFIX = "rljax/separate"
 _CHUNK_BYTES = 16 << 20
 _WAIT_MS = 1_000
 _GRACE_S = 10  # how long a process waits, once another aborted, for its own run to end before it exits
+_CLOSING_S = 60  # how long a failed process's close may take (a checkpoint being written finishes)
 _LEAVING_MS = 15_000  # how long process 0 of a failed job waits for the others to leave (they read an abort within 1 s)
 _LEAVING = threading.Lock()  # one thread of a failed process exits it
 
@@ -147,14 +148,15 @@ def _aborted() -> str | None:
     return None
 
 
-def exit_failed(error: str, close: Callable[[], None] = lambda: None) -> NoReturn:
-  """Ends this process of a failed job (exit status 1): runs `close` (for at most `_GRACE_S`: it may wait on the
-  failed process), prints `error` and exits without tearing JAX down, the others told (`abort`). A cross-host
-  weight transfer whose other side failed never ends, and destroying JAX's client waits for it. Process 0 holds
-  the coordination service, so it first waits for the others to have left (at most `_LEAVING_MS`)."""
+def exit_failed(error: str, status: int = 1, close: Callable[[], None] = lambda: None) -> NoReturn:
+  """Ends this process of a failed job with exit `status`: runs `close` (for at most `_CLOSING_S`: it finishes a
+  checkpoint being written, and may wait on the failed process), prints `error` and exits without tearing JAX
+  down, the others told (`abort`). A cross-host weight transfer whose other side failed never ends, and destroying
+  JAX's client waits for it. Process 0 holds the coordination service, so it first waits for the others to have
+  left (at most `_LEAVING_MS`)."""
   closing = threading.Thread(target=close, name="rljax-close", daemon=True)
   closing.start()
-  closing.join(_GRACE_S)
+  closing.join(_CLOSING_S)
   with _LEAVING:
     print(error, file=sys.stderr, flush=True)
     logging.shutdown()
@@ -167,7 +169,7 @@ def exit_failed(error: str, close: Callable[[], None] = lambda: None) -> NoRetur
     except Exception:  # pylint: disable=broad-except  (a process that was killed never leaves: the wait ends)
       pass
     sys.stdout.flush()
-    os._exit(1)
+    os._exit(status)
 
 
 class Watchdog:

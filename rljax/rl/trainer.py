@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import json
 import logging
 import os
@@ -713,9 +714,17 @@ def _every(freq: int) -> Callable[[int], bool]:
   return lambda step: freq > 0 and step % freq == 0
 
 
+def _close_failed(trainer: RLTrainer | None) -> None:
+  """A failed run's close: its trackers (a successful run's close them as it ends) and the trainer."""
+  if trainer is not None:
+    trainer.tracker.close()
+    trainer.close()
+
+
 def run(config: ConfigDict) -> dict[str, float]:
   """Trains with a finalized, validated config; prints where the outputs are. A process of a separate_async job
-  on several processes that fails once it started tells the others and exits (`remote.exit_failed`)."""
+  on several processes that fails tells the others and exits (`remote.exit_failed`: status 2 for a config error,
+  printed as the command line prints one, else 1)."""
   roles, trainer, failed = remote.roles(config), None, None
   try:
     trainer = RLTrainer(config)
@@ -729,14 +738,13 @@ def run(config: ConfigDict) -> dict[str, float]:
       raise
     if not isinstance(error, remote.PeerFailed):  # the other processes stop instead of waiting for this one
       remote.abort(traceback.format_exc())
-    if trainer is None:
-      raise
-    failed = traceback.format_exc()
+    failed = ((f"config error: {error}", 2) if isinstance(error, config_lib.ConfigError) else
+              (traceback.format_exc(), 1))
   finally:
     if trainer is not None and failed is None:
       trainer.close()
   if failed is not None:
-    remote.exit_failed(failed, trainer.close)
+    remote.exit_failed(*failed, close=functools.partial(_close_failed, trainer))
   if is_main_process():
     print(f"rljax: logs and curves in {trainer.run_dir}, checkpoints in {config.trainer.default_local_dir}")
   return metrics

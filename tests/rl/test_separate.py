@@ -185,25 +185,26 @@ def test_a_threaded_driver_picks_what_an_inline_one_does_and_resumes_losing_and_
 
 
 def test_closing_the_device_turns_stops_whoever_waits_behind_a_turn_that_never_ends():
-  # a rollout process's weights arrive in the trainer thread's turn; where the trainer failed inside that
-  # transfer, the turn never ends, and the watchdog closes the turns so that the decode chunk waiting stops
-  turns, stopped = separate.DeviceTurns(), []
+  # a rollout process's weights arrive in the receiving thread's turn; where the trainer failed inside that
+  # transfer, the turn never ends, and the watchdog closes the turns so that whoever waits behind it stops
+  for held, wanted in (("exclusive", "chunk"), ("chunk", "exclusive")):
+    turns, stopped = separate.DeviceTurns(), []
 
-  def chunk():
-    try:
+    def wait(wanted=wanted, turns=turns, stopped=stopped):
+      try:
+        with getattr(turns, wanted)():
+          pass
+      except separate.Closed:
+        stopped.append(wanted)
+
+    with getattr(turns, held)():
+      waiter = threading.Thread(target=wait)
+      waiter.start()
+      waiter.join(0.2)
+      assert waiter.is_alive()
+      turns.close()
+      waiter.join(5)
+    assert stopped == [wanted] and not waiter.is_alive()
+    with pytest.raises(separate.Closed):
       with turns.chunk():
         pass
-    except separate.Closed:
-      stopped.append("chunk")
-
-  with turns.exclusive():
-    waiter = threading.Thread(target=chunk)
-    waiter.start()
-    waiter.join(0.2)
-    assert waiter.is_alive()
-    turns.close()
-    waiter.join(5)
-  assert stopped == ["chunk"] and not waiter.is_alive()
-  with pytest.raises(separate.Closed):
-    with turns.exclusive():
-      pass
