@@ -141,11 +141,12 @@ def abort(error: str) -> None:
 
 
 def _aborted() -> str | None:
-  """Another process's error, if one aborted."""
+  """Another process's error, as this one reports it, if one aborted."""
   try:
-    return _client().key_value_try_get_bytes(f"{_PREFIX}/abort").decode()
+    failed = _client().key_value_try_get_bytes(f"{_PREFIX}/abort").decode()
   except Exception:  # pylint: disable=broad-except  (not found)
     return None
+  return f"another process of this separate_async job failed:\n{failed}"
 
 
 def exit_failed(error: str, status: int = 1, close: Callable[[], None] = lambda: None) -> NoReturn:
@@ -192,9 +193,8 @@ class Watchdog:
 
   def _watch(self) -> None:
     while not self._done.wait(_WAIT_MS / 1000):
-      failed_peer = _aborted()
-      if failed_peer is not None:
-        error = f"another process of this separate_async job failed:\n{failed_peer}"
+      error = _aborted()
+      if error is not None:
         self._stop(error)
         if not self._done.wait(_GRACE_S):
           exit_failed(error)
@@ -216,7 +216,7 @@ def _blocking_get(key: str) -> bytes:
         raise
     failed = _aborted()
     if failed is not None:
-      raise PeerFailed(f"another process of this separate_async job failed:\n{failed}")
+      raise PeerFailed(failed)
 
 
 def served(trainers: int, rollouts: int) -> tuple[range, int, int]:
@@ -456,7 +456,7 @@ def _receive(driver: separate.RolloutDriver, receive: CrossHostReceive, failed: 
       if version is None:  # the trainer's end: a failed one aborted first
         failed_trainer = _aborted()
         if failed_trainer is not None:
-          raise PeerFailed(f"another process of this separate_async job failed:\n{failed_trainer}")
+          raise PeerFailed(failed_trainer)
         break
       with driver.turns.exclusive():
         driver.box.publish(version, receive())
