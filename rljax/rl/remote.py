@@ -72,7 +72,7 @@ _CHUNK_BYTES = 16 << 20
 _WAIT_MS = 1_000
 _GRACE_S = 10  # how long a process waits, once another aborted, for its own run to end before it exits
 _CLOSING_S = 60  # how long a failed process's close may take (a checkpoint being written finishes)
-_LEAVING_MS = 15_000  # how long process 0 of a failed job waits for the others to leave (they read an abort within 1 s)
+_LEAVING_S = 15  # how long process 0 of a failed job waits for each other to start its close (`_await_leaving`)
 _LEAVING = threading.Lock()  # one thread of a failed process exits it
 
 
@@ -154,23 +154,47 @@ def exit_failed(error: str, status: int = 1, close: Callable[[], None] = lambda:
   checkpoint being written, and may wait on the failed process), prints `error` and exits without tearing JAX
   down, the others told (`abort`). A cross-host weight transfer whose other side failed never ends, and destroying
   JAX's client waits for it. Process 0 holds the coordination service, so it first waits for the others to have
-  left (at most `_LEAVING_MS`)."""
+  left (`_await_leaving`)."""
+  _announce(f"closing/{jax.process_index()}")
   closing = threading.Thread(target=close, name="rljax-close", daemon=True)
   closing.start()
   closing.join(_CLOSING_S)
   with _LEAVING:
     print(error, file=sys.stderr, flush=True)
     logging.shutdown()
-    try:
-      _client().key_value_set_bytes(f"{_PREFIX}/left/{jax.process_index()}", b"")
-      deadline = time.monotonic() + _LEAVING_MS / 1000
-      for process in range(1, jax.process_count()) if jax.process_index() == 0 else ():
-        left_ms = int(1000 * (deadline - time.monotonic()))
-        _client().blocking_key_value_get_bytes(f"{_PREFIX}/left/{process}", max(left_ms, 1))
-    except Exception:  # pylint: disable=broad-except  (a process that was killed never leaves: the wait ends)
-      pass
+    _announce(f"left/{jax.process_index()}")
+    if jax.process_index() == 0:
+      _await_leaving(jax.process_count())
     sys.stdout.flush()
     os._exit(status)
+
+
+def _announce(name: str) -> None:
+  """Sets the key `name` for the other processes (best effort: the service may be gone)."""
+  try:
+    _client().key_value_set_bytes(f"{_PREFIX}/{name}", b"")
+  except Exception:  # pylint: disable=broad-except  (process 0 left: nobody waits for this one)
+    pass
+
+
+def _announced(name: str, deadline: float) -> bool:
+  """Whether another process sets the key `name` before `deadline` (time.monotonic())."""
+  try:
+    _client().blocking_key_value_get_bytes(f"{_PREFIX}/{name}", max(int(1000 * (deadline - time.monotonic())), 1))
+  except Exception:  # pylint: disable=broad-except  (not set in time)
+    return False
+  return True
+
+
+def _await_leaving(count: int) -> None:
+  """Process 0's wait, before it exits with the coordination service (a process still talking to the service
+  then aborts): each other process announces its close within `_LEAVING_S` (a live one reads the abort and ends
+  its run, or its watchdog ends it, within `_WAIT_MS` + `_GRACE_S`), and then leaves within its close's
+  `_CLOSING_S`; a killed one never announces, and is waited on no longer."""
+  started = time.monotonic()
+  for process in range(1, count):
+    if _announced(f"closing/{process}", started + _LEAVING_S):
+      _announced(f"left/{process}", started + _LEAVING_S + _CLOSING_S)
 
 
 class Watchdog:
