@@ -35,8 +35,8 @@ process's trainer processes alone; `start`: the first step, the parts and
 the stream's position, so a resumed run continues where its checkpoint was)
 with the weights of the first step, and ends them by announcing no more
 weights (or a start of None, where it trains no step). A process that fails
-tells every other (`abort`), a killed one stops them through JAX's
-heartbeats. Each weight send is announced first, so each rollout process's
+stops every other (`rljax.sharding.failures`; a rollout process's watchdog
+also closes what its rollout waits on). Each weight send is announced first, so each rollout process's
 receiving thread takes every version in order, between its decode chunks,
 whatever it decodes. Which weights decode which batch is
 `streaming.Schedule`'s, as in one process, so the run's metrics equal the
@@ -45,18 +45,13 @@ one-process run's.
 
 from __future__ import annotations
 
-import logging
-import os
 import pickle
-import sys
 import threading
-import time
 import traceback
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax._src import distributed as jax_distributed
 from jax.sharding import Mesh, NamedSharding
 from ml_collections import ConfigDict
 
@@ -64,16 +59,11 @@ from rljax import sharding
 from rljax.config.errors import ConfigError
 from rljax.rl import separate, streaming
 from rljax.rollout.engine import Engine
-from rljax.sharding import hosts
+from rljax.sharding import failures, hosts
 from rljax.sharding.placement import abstract
 
 _PREFIX = "rljax/separate"
 _CHUNK_BYTES = 16 << 20
-_WAIT_MS = 1_000
-_GRACE_S = 10  # how long a process waits, once another aborted, for its own run to end before it exits
-_CLOSING_S = 60  # how long a failed process's close may take (a checkpoint being written finishes)
-_LEAVING_S = 15  # how long process 0 of a failed job waits for each other to start its close (`_await_leaving`)
-_LEAVING = threading.Lock()  # one thread of a failed process exits it
 
 
 def roles(config: ConfigDict, devices: list[Any] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -123,124 +113,22 @@ def roles(config: ConfigDict, devices: list[Any] | None = None) -> tuple[tuple[i
 
 # ----- messages through the coordination service ---------------------------------------------
 
-def _client() -> Any:
-  return jax_distributed.global_state.client
-
-
-class PeerFailed(RuntimeError):
-  """Another process failed (its error in the message)."""
-
-
-def abort(error: str) -> None:
-  """Tells the other processes this one failed with `error` (whatever they wait for, they stop); the first error
-  told stands."""
-  try:
-    _client().key_value_set_bytes(f"{_PREFIX}/abort", error.encode())
-  except Exception:  # pylint: disable=broad-except  (another process aborted first)
-    pass
-
-
-def _aborted() -> str | None:
-  """Another process's error, as this one reports it, if one aborted."""
-  try:
-    failed = _client().key_value_try_get_bytes(f"{_PREFIX}/abort").decode()
-  except Exception:  # pylint: disable=broad-except  (not found)
-    return None
-  return f"another process of this separate_async job failed:\n{failed}"
-
-
-def exit_failed(error: str, status: int = 1, close: Callable[[], None] = lambda: None) -> NoReturn:
-  """Ends this process of a failed job with exit `status`: runs `close` (for at most `_CLOSING_S`: it finishes a
-  checkpoint being written, and may wait on the failed process), prints `error` and exits without tearing JAX
-  down, the others told (`abort`). A cross-host weight transfer whose other side failed never ends, and destroying
-  JAX's client waits for it. Process 0 holds the coordination service, so it first waits for the others to have
-  left (`_await_leaving`)."""
-  _announce(f"closing/{jax.process_index()}")
-  closing = threading.Thread(target=close, name="rljax-close", daemon=True)
-  closing.start()
-  closing.join(_CLOSING_S)
-  with _LEAVING:
-    print(error, file=sys.stderr, flush=True)
-    logging.shutdown()
-    _announce(f"left/{jax.process_index()}")
-    if jax.process_index() == 0:
-      _await_leaving(jax.process_count())
-    sys.stdout.flush()
-    os._exit(status)
-
-
-def _announce(name: str) -> None:
-  """Sets the key `name` for the other processes (best effort: the service may be gone)."""
-  try:
-    _client().key_value_set_bytes(f"{_PREFIX}/{name}", b"")
-  except Exception:  # pylint: disable=broad-except  (process 0 left: nobody waits for this one)
-    pass
-
-
-def _announced(name: str, deadline: float) -> bool:
-  """Whether another process sets the key `name` before `deadline` (time.monotonic())."""
-  try:
-    _client().blocking_key_value_get_bytes(f"{_PREFIX}/{name}", max(int(1000 * (deadline - time.monotonic())), 1))
-  except Exception:  # pylint: disable=broad-except  (not set in time)
-    return False
-  return True
-
-
-def _await_leaving(count: int) -> None:
-  """Process 0's wait, before it exits with the coordination service (a process still talking to the service
-  then aborts): each other process announces its close within `_LEAVING_S` (a live one reads the abort and ends
-  its run, or its watchdog ends it, within `_WAIT_MS` + `_GRACE_S`), and then leaves within its close's
-  `_CLOSING_S`; a killed one never announces, and is waited on no longer."""
-  started = time.monotonic()
-  for process in range(1, count):
-    if _announced(f"closing/{process}", started + _LEAVING_S):
-      _announced(f"left/{process}", started + _LEAVING_S + _CLOSING_S)
-
-
-class Watchdog:
-  """While its `with` block runs, a thread that watches for another process's abort: it calls `stop` with the
-  error (the block should then end), and if the block has not ended `_GRACE_S` later (this process waits inside a
-  collective or a transfer whose other side failed, which never ends), it ends the process (`exit_failed`, with no
-  close: the blocked thread holds what a close would wait for)."""
-
-  def __init__(self, stop: Callable[[str], None] = lambda error: None):
-    self._stop = stop
-    self._done = threading.Event()
-    self._thread = threading.Thread(target=self._watch, name="rljax-watchdog", daemon=True)
-
-  def __enter__(self) -> "Watchdog":
-    self._thread.start()
-    return self
-
-  def __exit__(self, *exc: Any) -> None:
-    self._done.set()
-
-  def _watch(self) -> None:
-    while not self._done.wait(_WAIT_MS / 1000):
-      error = _aborted()
-      if error is not None:
-        self._stop(error)
-        if not self._done.wait(_GRACE_S):
-          exit_failed(error)
-        return
-
-
 def _blocking_get(key: str) -> bytes:
   """The value of `key` once set (waits as long as it takes: a lost process stops the job through JAX's
   heartbeats, a failed one through `abort`).
 
   Raises:
-    PeerFailed: another process aborted.
+    failures.PeerFailed: another process aborted.
   """
   while True:
     try:
-      return _client().blocking_key_value_get_bytes(key, _WAIT_MS)
+      return failures.client().blocking_key_value_get_bytes(key, failures.WAIT_MS)
     except Exception as error:  # pylint: disable=broad-except
       if "DEADLINE_EXCEEDED" not in str(error):
         raise
-    failed = _aborted()
+    failed = failures.aborted()
     if failed is not None:
-      raise PeerFailed(failed)
+      raise failures.PeerFailed(failed)
 
 
 def served(trainers: int, rollouts: int) -> tuple[range, int, int]:
@@ -268,8 +156,8 @@ def put(name: str, value: Any, rollout: int | None = None) -> None:
   data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
   pieces = [data[i:i + _CHUNK_BYTES] for i in range(0, len(data), _CHUNK_BYTES)] or [b""]
   for i, piece in enumerate(pieces):
-    _client().key_value_set_bytes(f"{_key(name, rollout)}/{i}", piece)
-  _client().key_value_set_bytes(f"{_key(name, rollout)}/pieces", str(len(pieces)).encode())
+    failures.client().key_value_set_bytes(f"{_key(name, rollout)}/{i}", piece)
+  failures.client().key_value_set_bytes(f"{_key(name, rollout)}/pieces", str(len(pieces)).encode())
 
 
 def take(name: str, rollout: int | None = None) -> Any:
@@ -277,7 +165,7 @@ def take(name: str, rollout: int | None = None) -> Any:
   side sent it (and removes it)."""
   pieces = int(_blocking_get(f"{_key(name, rollout)}/pieces").decode())
   data = b"".join(_blocking_get(f"{_key(name, rollout)}/{i}") for i in range(pieces))
-  _client().key_value_delete(_key(name, rollout))  # and the keys under it
+  failures.client().key_value_delete(_key(name, rollout))  # and the keys under it
   return pickle.loads(data)
 
 
@@ -478,9 +366,9 @@ def _receive(driver: separate.RolloutDriver, receive: CrossHostReceive, failed: 
     for sends in range(1 << 62):
       version = take(f"weights/{sends}")
       if version is None:  # the trainer's end: a failed one aborted first
-        failed_trainer = _aborted()
+        failed_trainer = failures.aborted()
         if failed_trainer is not None:
-          raise PeerFailed(failed_trainer)
+          raise failures.PeerFailed(failed_trainer)
         break
       with driver.turns.exclusive():
         driver.box.publish(version, receive())
@@ -514,7 +402,7 @@ def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Calla
     driver.box.close()
 
   try:
-    with Watchdog(stop):
+    with failures.Watchdog(stop):
       while step < driver.last_step:
         picked, after = streaming.split(driver.pick(), len(parts)), position(step + 1)
         for part in parts:
@@ -534,5 +422,4 @@ def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Calla
     raise RuntimeError(f"the rollout stopped:\n{failed[0]}")
 
 
-__all__ = ["CrossHostReceive", "CrossHostSend", "PeerFailed", "RemoteRollout", "abort", "batches", "exit_failed",
-           "put", "roles", "serve", "served", "take", "Watchdog"]
+__all__ = ["CrossHostReceive", "CrossHostSend", "RemoteRollout", "batches", "put", "roles", "serve", "served", "take"]

@@ -72,7 +72,7 @@ from rljax.rl.layout import balance_order
 from rljax.rl.reward_model import ModelReward
 from rljax.rl.sequences import make_sequences, merge_micro_batches, prompts_shared
 from rljax.rollout import SamplingParams, factory as rollout_factory, stream as stream_lib
-from rljax.sharding import hosts
+from rljax.sharding import failures, hosts
 from rljax.sharding.distributed import is_main_process
 from rljax.sharding.placement import Step
 from rljax.training import checkpointing, loop as training_loop, metrics as training_metrics, tracking
@@ -721,30 +721,40 @@ def _close_failed(trainer: RLTrainer | None) -> None:
     trainer.close()
 
 
+def _failure(error: Exception) -> tuple[str, int]:
+  """(what a failed process of several prints, its exit status), the other processes told (`failures.abort`): a
+  config error as the command line prints one, with status 2; else the traceback, with another process's error
+  where that one failed first (this one's may follow from it), with status 1."""
+  trace = traceback.format_exc()
+  if not isinstance(error, failures.PeerFailed) and not failures.abort(trace):
+    trace = f"{trace}\n{failures.aborted()}"
+  if isinstance(error, config_lib.ConfigError):
+    return f"config error: {error}", 2
+  return trace, 1
+
+
 def run(config: ConfigDict) -> dict[str, float]:
-  """Trains with a finalized, validated config; prints where the outputs are. A process of a separate_async job
-  on several processes that fails tells the others and exits (`remote.exit_failed`: status 2 for a config error,
-  printed as the command line prints one, else 1)."""
-  roles, trainer, failed = remote.roles(config), None, None
+  """Trains with a finalized, validated config; prints where the outputs are. A process of a job on several
+  processes that fails stops the others and exits (`rljax.sharding.failures`, `_failure`)."""
+  several, trainer, failed = jax.process_count() > 1, None, None
+  watched = failures.Watchdog if several else contextlib.nullcontext
   try:
-    trainer = RLTrainer(config)
+    with watched():
+      trainer = RLTrainer(config)
     if trainer.rollout_process:
       trainer.serve_rollout()
       return {}
-    with remote.Watchdog() if roles is not None else contextlib.nullcontext():
+    with watched():
       metrics = trainer.fit()
   except Exception as error:
-    if roles is None:
+    if not several:
       raise
-    if not isinstance(error, remote.PeerFailed):  # the other processes stop instead of waiting for this one
-      remote.abort(traceback.format_exc())
-    failed = ((f"config error: {error}", 2) if isinstance(error, config_lib.ConfigError) else
-              (traceback.format_exc(), 1))
+    failed = _failure(error)
   finally:
     if trainer is not None and failed is None:
       trainer.close()
   if failed is not None:
-    remote.exit_failed(*failed, close=functools.partial(_close_failed, trainer))
+    failures.exit_failed(*failed, close=functools.partial(_close_failed, trainer))
   if is_main_process():
     print(f"rljax: logs and curves in {trainer.run_dir}, checkpoints in {config.trainer.default_local_dir}")
   return metrics

@@ -144,6 +144,43 @@ def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_di
   assert os.path.isdir(run_dir / f"global_step_{saved[-1] + 1}")
 
 
+# process 0's first scoring fails: the other process goes on into the step's next collective, which never ends
+FAILING_SCORE = """
+import runpy
+import sys
+
+import jax
+
+from rljax.rl import trainer
+
+
+def failing(self, *args, **kwargs):
+  if jax.process_index() == 0:
+    raise RuntimeError("the scoring failed here")
+  return scores(self, *args, **kwargs)
+
+
+scores, trainer.RLTrainer._score = trainer.RLTrainer._score, failing
+sys.argv[0] = "rljax.train"
+runpy.run_module("rljax.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_process_of_a_synchronous_job_failing_stops_every_process_within_seconds(model_dir, data_dir, tmp_path):
+  # before, the other process waited in its collective and the failed one in JAX's shutdown barrier until it timed
+  # out; then both aborted on lost heartbeats (measured: 323 s, exit -6 each, the error among their stack traces)
+  script = tmp_path / "failing_score.py"
+  script.write_text(FAILING_SCORE)
+  argv = job("grpo", model_dir, data_dir, tmp_path, f"trainer.default_local_dir={tmp_path}/run")
+  started = time.monotonic()
+  procs = processes.start([str(script), *argv[2:]], 2)
+  failed, other = processes.finish(procs, timeout=150)
+  assert [p.returncode for p in procs] == [1, 1], other[-3000:]
+  assert time.monotonic() - started < 100
+  assert "RuntimeError: the scoring failed here" in failed
+  assert "another process of this job failed" in other and "RuntimeError: the scoring failed here" in other
+
+
 # on-policy, the IS weights (exp of the differences between the decode's log-probs and the trainer's) are 1 up to
 # float noise that differs with each process's own CPU thread pools: their spread, 0 to 4e-4, and the chi-square
 # statistics over them, about 1e-6
@@ -318,13 +355,13 @@ FAILING_SEND = """
 import os
 import runpy
 import sys
-
 import time
 
 import jax
 
 from rljax.rl import remote
 from rljax.rl import trainer
+from rljax.sharding import failures
 
 sends, closes = remote.CrossHostSend.__call__, trainer.RLTrainer.close
 
@@ -337,13 +374,13 @@ def failing(self, params):
 
 def slow_close(self):
   if jax.process_index() == int(os.environ["SLOW_CLOSE"]):
-    time.sleep(2 * remote._LEAVING_S)
+    time.sleep(2 * failures._LEAVING_S)
   closes(self)
 
 
 remote.CrossHostSend.__call__ = failing
 trainer.RLTrainer.close = slow_close
-remote._LEAVING_S = 3
+failures._LEAVING_S = 3
 sys.argv[0] = "rljax.train"
 runpy.run_module("rljax.train", run_name="__main__", alter_sys=True)
 """
@@ -371,4 +408,4 @@ def test_a_trainer_process_failing_inside_a_weight_sync_stops_every_process_with
   assert time.monotonic() - started < 120
   assert "the weight send failed here" in logs[failing]
   for log in logs[:failing] + logs[failing + 1:]:
-    assert "another process of this separate_async job failed" in log and "the weight send failed here" in log
+    assert "another process of this job failed" in log and "the weight send failed here" in log

@@ -1,0 +1,138 @@
+"""How a job of several processes ends when one of them fails: every process within seconds, each printing
+the failed one's error.
+
+A process whose run raises tells the others (`abort`: the error under a key of JAX's coordination service), closes
+what it holds and exits (`exit_failed`). Each other process's run is watched (`Watchdog`): a thread reads the
+abort within a second and stops what the run waits on; a run still going `_GRACE_S` later waits inside a
+collective or a transfer whose failed side never comes, so the process exits. Exits skip JAX's teardown, whose
+shutdown barrier the failed process never reaches and whose transfer server waits for half-done transfers; process
+0, which holds the coordination service, leaves last (`_await_leaving`: a process still talking to the service
+when it goes aborts). A killed process stops the others through JAX's heartbeats
+(`rljax.sharding.distributed.HEARTBEAT_TIMEOUT_S`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, NoReturn
+
+import jax
+from jax._src import distributed as jax_distributed
+
+_PREFIX = "rljax/job"
+WAIT_MS = 1_000  # how often a waiting process looks for another's abort
+_GRACE_S = 10  # how long a process waits, once another aborted, for its own run to end before it exits
+_CLOSING_S = 60  # how long a failed process's close may take (a checkpoint being written finishes)
+_LEAVING_S = 15  # how long process 0 of a failed job waits for each other to start its close (`_await_leaving`)
+_LEAVING = threading.Lock()  # one thread of a failed process exits it
+
+
+def client() -> Any:
+  """JAX's coordination service client of this process."""
+  return jax_distributed.global_state.client
+
+
+class PeerFailed(RuntimeError):
+  """Another process failed (its error in the message)."""
+
+
+def abort(error: str) -> bool:
+  """Tells the other processes this one failed with `error` (whatever they wait for, they stop); whether it was
+  the first to (the first error told stands)."""
+  try:
+    client().key_value_set_bytes(f"{_PREFIX}/abort", error.encode())
+  except Exception:  # pylint: disable=broad-except  (another process aborted first)
+    return False
+  return True
+
+
+def aborted() -> str | None:
+  """Another process's error, as this one reports it, if one aborted."""
+  try:
+    failed = client().key_value_try_get_bytes(f"{_PREFIX}/abort").decode()
+  except Exception:  # pylint: disable=broad-except  (not found)
+    return None
+  return f"another process of this job failed:\n{failed}"
+
+
+def exit_failed(error: str, status: int = 1, close: Callable[[], None] = lambda: None) -> NoReturn:
+  """Ends this process of a failed job with exit `status`: runs `close` (for at most `_CLOSING_S`: it finishes a
+  checkpoint being written, and may wait on the failed process), prints `error` and exits without tearing JAX
+  down, the others told (`abort`). A cross-host weight transfer whose other side failed never ends, and destroying
+  JAX's client waits for it. Process 0 holds the coordination service, so it first waits for the others to have
+  left (`_await_leaving`)."""
+  _announce(f"closing/{jax.process_index()}")
+  closing = threading.Thread(target=close, name="rljax-close", daemon=True)
+  closing.start()
+  closing.join(_CLOSING_S)
+  with _LEAVING:
+    print(error, file=sys.stderr, flush=True)
+    logging.shutdown()
+    _announce(f"left/{jax.process_index()}")
+    if jax.process_index() == 0:
+      _await_leaving(jax.process_count())
+    sys.stdout.flush()
+    os._exit(status)
+
+
+def _announce(name: str) -> None:
+  """Sets the key `name` for the other processes (best effort: the service may be gone)."""
+  try:
+    client().key_value_set_bytes(f"{_PREFIX}/{name}", b"")
+  except Exception:  # pylint: disable=broad-except  (process 0 left: nobody waits for this one)
+    pass
+
+
+def _announced(name: str, deadline: float) -> bool:
+  """Whether another process sets the key `name` before `deadline` (time.monotonic())."""
+  try:
+    client().blocking_key_value_get_bytes(f"{_PREFIX}/{name}", max(int(1000 * (deadline - time.monotonic())), 1))
+  except Exception:  # pylint: disable=broad-except  (not set in time)
+    return False
+  return True
+
+
+def _await_leaving(count: int) -> None:
+  """Process 0's wait, before it exits with the coordination service (a process still talking to the service
+  then aborts): each other process announces its close within `_LEAVING_S` (a live one reads the abort and ends
+  its run, or its watchdog ends it, within `WAIT_MS` + `_GRACE_S`), and then leaves within its close's
+  `_CLOSING_S`; a killed one never announces, and is waited on no longer."""
+  started = time.monotonic()
+  for process in range(1, count):
+    if _announced(f"closing/{process}", started + _LEAVING_S):
+      _announced(f"left/{process}", started + _LEAVING_S + _CLOSING_S)
+
+
+class Watchdog:
+  """While its `with` block runs, a thread that watches for another process's abort: it calls `stop` with the
+  error (the block should then end), and if the block has not ended `_GRACE_S` later (this process waits inside a
+  collective or a transfer whose other side failed, which never ends), it ends the process (`exit_failed`, with no
+  close: the blocked thread holds what a close would wait for)."""
+
+  def __init__(self, stop: Callable[[str], None] = lambda error: None):
+    self._stop = stop
+    self._done = threading.Event()
+    self._thread = threading.Thread(target=self._watch, name="rljax-watchdog", daemon=True)
+
+  def __enter__(self) -> "Watchdog":
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self._done.set()
+
+  def _watch(self) -> None:
+    while not self._done.wait(WAIT_MS / 1000):
+      error = aborted()
+      if error is not None:
+        self._stop(error)
+        if not self._done.wait(_GRACE_S):
+          exit_failed(error)
+        return
+
+
+__all__ = ["PeerFailed", "Watchdog", "abort", "aborted", "client", "exit_failed", "WAIT_MS"]
