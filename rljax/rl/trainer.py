@@ -52,7 +52,6 @@ import logging
 import os
 import threading
 import time
-import traceback
 from typing import Any, Callable, Iterator
 
 import jax
@@ -679,8 +678,10 @@ class RLTrainer:
       self.streaming.close()
 
   def close(self) -> None:
+    """Ends the rollout and closes what the run holds, its trackers too (a failed run's never reached the end)."""
     if isinstance(self.driver, remote.RemoteRollout):
       self.driver.end()
+    self.tracker.close()
     self._close_rollout()
     self.sampler.close()
     self.data.close()
@@ -714,47 +715,18 @@ def _every(freq: int) -> Callable[[int], bool]:
   return lambda step: freq > 0 and step % freq == 0
 
 
-def _close_failed(trainer: RLTrainer | None) -> None:
-  """A failed run's close: its trackers (a successful run's close them as it ends) and the trainer."""
-  if trainer is not None:
-    trainer.tracker.close()
-    trainer.close()
-
-
-def _failure(error: Exception) -> tuple[str, int]:
-  """(what a failed process of several prints, its exit status), the other processes told (`failures.abort`): a
-  config error as the command line prints one, with status 2; else the traceback, with another process's error
-  where that one failed first (this one's may follow from it), with status 1."""
-  trace = traceback.format_exc()
-  if not isinstance(error, failures.PeerFailed) and not failures.abort(trace):
-    trace = f"{trace}\n{failures.aborted()}"
-  if isinstance(error, config_lib.ConfigError):
-    return f"config error: {error}", 2
-  return trace, 1
+def _serve_or_fit(trainer: RLTrainer) -> dict[str, float]:
+  """A rollout process's run (no metrics), or the trainer's last metrics."""
+  if trainer.rollout_process:
+    trainer.serve_rollout()
+    return {}
+  return trainer.fit()
 
 
 def run(config: ConfigDict) -> dict[str, float]:
   """Trains with a finalized, validated config; prints where the outputs are. A process of a job on several
-  processes that fails stops the others and exits (`rljax.sharding.failures`, `_failure`)."""
-  several, trainer, failed = jax.process_count() > 1, None, None
-  watched = failures.Watchdog if several else contextlib.nullcontext
-  try:
-    with watched():
-      trainer = RLTrainer(config)
-    if trainer.rollout_process:
-      trainer.serve_rollout()
-      return {}
-    with watched():
-      metrics = trainer.fit()
-  except Exception as error:
-    if not several:
-      raise
-    failed = _failure(error)
-  finally:
-    if trainer is not None and failed is None:
-      trainer.close()
-  if failed is not None:
-    failures.exit_failed(*failed, close=functools.partial(_close_failed, trainer))
+  processes that fails stops the others and exits (`rljax.sharding.failures`)."""
+  trainer, metrics = failures.run_together(functools.partial(RLTrainer, config), _serve_or_fit, RLTrainer.close)
   if is_main_process():
     print(f"rljax: logs and curves in {trainer.run_dir}, checkpoints in {config.trainer.default_local_dir}")
   return metrics

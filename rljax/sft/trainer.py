@@ -30,6 +30,7 @@ step to resume from (model, optimizer and data position).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -50,7 +51,7 @@ from rljax.sft import config as sft_config
 from rljax.sft import packing
 from rljax.sft import step as step_lib
 from rljax.sft.data import SFTDataset, with_chat_template
-from rljax.sharding import hosts
+from rljax.sharding import failures, hosts
 from rljax.sharding.distributed import is_main_process
 from rljax.training import checkpointing, loop as training_loop, metrics as training_metrics, tracking
 from rljax.training.optim import make_optimizer, make_schedule
@@ -265,17 +266,16 @@ class SFTTrainer:
     return training_loop.train_loop(self, self.total_steps, self._validation_due, self._save_due)
 
   def close(self) -> None:
+    """Closes the data, the checkpointer and the trackers (a failed run's never reached the end)."""
+    self.tracker.close()
     self.train_iter.close()
     self.checkpointer.close()
 
 
 def run(config: ConfigDict) -> dict[str, float]:
-  """Trains with a finalized, validated SFT config; prints where the outputs are."""
-  trainer = SFTTrainer(config)
-  try:
-    metrics = trainer.fit()
-  finally:
-    trainer.close()
+  """Trains with a finalized, validated SFT config; prints where the outputs are. A process of a job on several
+  processes that fails stops the others and exits (`rljax.sharding.failures`)."""
+  trainer, metrics = failures.run_together(functools.partial(SFTTrainer, config), SFTTrainer.fit, SFTTrainer.close)
   if is_main_process():
     checkpoints = config.trainer.default_local_dir
     print(f"rljax.sft: metrics.jsonl and curves.png in {trainer.run_dir}, checkpoints in {checkpoints} "

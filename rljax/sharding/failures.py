@@ -5,30 +5,70 @@ A process whose run raises tells the others (`abort`: the error under a key of J
 what it holds and exits (`exit_failed`). Each other process's run is watched (`Watchdog`): a thread reads the
 abort within a second and stops what the run waits on; a run still going `_GRACE_S` later waits inside a
 collective or a transfer whose failed side never comes, so the process exits. Exits skip JAX's teardown, whose
-shutdown barrier the failed process never reaches and whose transfer server waits for half-done transfers; process
-0, which holds the coordination service, leaves last (`_await_leaving`: a process still talking to the service
+shutdown barrier a process stuck in a collective never reaches and whose transfer server waits for half-done
+transfers; process 0, which holds the coordination service, leaves last (`_await_leaving`: a process still talking to the service
 when it goes aborts). A killed process stops the others through JAX's heartbeats
 (`rljax.sharding.distributed.HEARTBEAT_TIMEOUT_S`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
 import threading
 import time
-from typing import Any, Callable, NoReturn
+import traceback
+from typing import Any, Callable, NoReturn, TypeVar
 
 import jax
 from jax._src import distributed as jax_distributed
+
+from rljax.config.errors import ConfigError
 
 _PREFIX = "rljax/job"
 WAIT_MS = 1_000  # how often a waiting process looks for another's abort
 _GRACE_S = 10  # how long a process waits, once another aborted, for its own run to end before it exits
 _CLOSING_S = 60  # how long a failed process's close may take (a checkpoint being written finishes)
-_LEAVING_S = 15  # how long process 0 of a failed job waits for each other to start its close (`_await_leaving`)
+_LEAVING_S = 15  # how long process 0 of a failed job waits for each other to know of it (`_await_leaving`)
 _LEAVING = threading.Lock()  # one thread of a failed process exits it
+
+Built = TypeVar("Built")
+Result = TypeVar("Result")
+
+
+def run_together(build: Callable[[], Built], body: Callable[[Built], Result],
+                 close: Callable[[Built], None]) -> tuple[Built, Result]:
+  """(what `build` makes, `body` of it), closed (`close`) after. In a job of several processes both run watched
+  (`Watchdog`) and an exception ends this process (`fail`: the others told; what was built closed, if anything)."""
+  if jax.process_count() == 1:
+    built = build()
+    try:
+      return built, body(built)
+    finally:
+      close(built)
+  built = None
+  try:
+    with Watchdog():
+      built = build()
+      result = body(built)
+  except Exception as error:  # pylint: disable=broad-except
+    fail(error, (lambda: None) if built is None else functools.partial(close, built))
+  close(built)
+  return built, result
+
+
+def fail(error: Exception, close: Callable[[], None]) -> NoReturn:
+  """Ends this process of a job of several after `error`, the other processes told (`abort`; `exit_failed`): a
+  config error printed as the command line prints one, with status 2; else the traceback, with another process's
+  error where that one failed first (this one's may follow from it), with status 1."""
+  trace = "".join(traceback.format_exception(error))
+  if not isinstance(error, PeerFailed) and not abort(trace):
+    trace = f"{trace}\n{aborted()}"
+  if isinstance(error, ConfigError):
+    exit_failed(f"config error: {error}", 2, close)
+  exit_failed(trace, 1, close)
 
 
 def client() -> Any:
@@ -65,7 +105,7 @@ def exit_failed(error: str, status: int = 1, close: Callable[[], None] = lambda:
   down, the others told (`abort`). A cross-host weight transfer whose other side failed never ends, and destroying
   JAX's client waits for it. Process 0 holds the coordination service, so it first waits for the others to have
   left (`_await_leaving`)."""
-  _announce(f"closing/{jax.process_index()}")
+  _announce(f"told/{jax.process_index()}")
   closing = threading.Thread(target=close, name="rljax-close", daemon=True)
   closing.start()
   closing.join(_CLOSING_S)
@@ -98,13 +138,13 @@ def _announced(name: str, deadline: float) -> bool:
 
 def _await_leaving(count: int) -> None:
   """Process 0's wait, before it exits with the coordination service (a process still talking to the service
-  then aborts): each other process announces its close within `_LEAVING_S` (a live one reads the abort and ends
-  its run, or its watchdog ends it, within `WAIT_MS` + `_GRACE_S`), and then leaves within its close's
-  `_CLOSING_S`; a killed one never announces, and is waited on no longer."""
+  then aborts): each other process says it knows of the failure within `_LEAVING_S` (as it fails, or as its watchdog
+  reads the abort, within `WAIT_MS`), and then leaves within `_GRACE_S` (its run ends, or its watchdog ends it)
+  and its close's `_CLOSING_S`; a killed one never says, and is waited on no longer."""
   started = time.monotonic()
   for process in range(1, count):
-    if _announced(f"closing/{process}", started + _LEAVING_S):
-      _announced(f"left/{process}", started + _LEAVING_S + _CLOSING_S)
+    if _announced(f"told/{process}", started + _LEAVING_S):
+      _announced(f"left/{process}", started + _LEAVING_S + _GRACE_S + _CLOSING_S)
 
 
 class Watchdog:
@@ -129,10 +169,11 @@ class Watchdog:
     while not self._done.wait(WAIT_MS / 1000):
       error = aborted()
       if error is not None:
+        _announce(f"told/{jax.process_index()}")
         self._stop(error)
         if not self._done.wait(_GRACE_S):
           exit_failed(error)
         return
 
 
-__all__ = ["PeerFailed", "Watchdog", "abort", "aborted", "client", "exit_failed", "WAIT_MS"]
+__all__ = ["PeerFailed", "Watchdog", "WAIT_MS", "abort", "aborted", "client", "exit_failed", "fail", "run_together"]

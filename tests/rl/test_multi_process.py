@@ -355,15 +355,12 @@ FAILING_SEND = """
 import os
 import runpy
 import sys
-import time
 
 import jax
 
 from rljax.rl import remote
-from rljax.rl import trainer
-from rljax.sharding import failures
 
-sends, closes = remote.CrossHostSend.__call__, trainer.RLTrainer.close
+sends = remote.CrossHostSend.__call__
 
 
 def failing(self, params):
@@ -372,31 +369,20 @@ def failing(self, params):
   return sends(self, params)
 
 
-def slow_close(self):
-  if jax.process_index() == int(os.environ["SLOW_CLOSE"]):
-    time.sleep(2 * failures._LEAVING_S)
-  closes(self)
-
-
 remote.CrossHostSend.__call__ = failing
-trainer.RLTrainer.close = slow_close
-failures._LEAVING_S = 3
 sys.argv[0] = "rljax.train"
 runpy.run_module("rljax.train", run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.mark.parametrize("count,failing,slow_close", [(2, 0, -1), (3, 1, -1), (2, 0, 1)])
+@pytest.mark.parametrize("count,failing", [(2, 0), (3, 1)])
 def test_a_trainer_process_failing_inside_a_weight_sync_stops_every_process_within_seconds(
-    model_dir, data_dir, tmp_path, monkeypatch, count, failing, slow_close):
+    model_dir, data_dir, tmp_path, monkeypatch, count, failing):
   # 1+1, or 2+1 on 6 devices (processes 0 and 1 train): before, the processes waiting inside the transfer or its
-  # collectives stayed there for minutes, until JAX's shutdown barrier timed out and heartbeats were lost. With
-  # the rollout's close slower than process 0's wait for a close to start (cut to 3 s), process 0 still waits for
-  # it to leave: before, it exited first, and the rollout process aborted when the coordination service went
+  # collectives stayed there for minutes, until JAX's shutdown barrier timed out and heartbeats were lost
   script = tmp_path / "failing_send.py"
   script.write_text(FAILING_SEND)
   monkeypatch.setenv("FAILING", str(failing))
-  monkeypatch.setenv("SLOW_CLOSE", str(slow_close))
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_before_train=false",
                       f"actor_rollout_ref.rollout.n_gpus_per_node={8 // count}",
                       f"trainer.default_local_dir={tmp_path}/run")

@@ -1,0 +1,70 @@
+"""A job of several processes (`jax.distributed` over gloo) whose run fails in one process ends in every process
+within seconds, each printing the failed one's error (`rljax.sharding.failures`)."""
+
+import time
+
+import pytest
+
+from tests import processes
+
+# each process builds a job and runs it: process FAILING's run raises (a ConfigError or a RuntimeError), after
+# which its close takes CLOSE_S; the other waits in a collective the failed one never joins. The grace before a
+# stuck process exits, and process 0's wait for another to know of the failure, are cut to 2 s and 3 s
+WORKER = """
+import os
+import sys
+import time
+
+import jax
+from jax.experimental import multihost_utils
+
+from rljax import sharding
+from rljax.config.errors import ConfigError
+from rljax.sharding import failures
+
+failures._GRACE_S, failures._LEAVING_S = 2, 3
+
+
+class Job:
+
+  def close(self):
+    time.sleep(float(os.environ["CLOSE_S"]) if jax.process_index() == int(os.environ["FAILING"]) else 0)
+    print(f"process {jax.process_index()} closed", flush=True)
+
+
+def body(job):
+  if jax.process_index() == int(os.environ["FAILING"]):
+    if os.environ["ERROR"] == "config":
+      raise ConfigError("trainer.total_epochs", 0, "is not positive", "set it to 1 or more")
+    raise RuntimeError("the run failed here")
+  multihost_utils.sync_global_devices("the failed process never comes")
+  return "done"
+
+
+sharding.initialize()
+print(failures.run_together(Job, body, Job.close))
+"""
+
+
+@pytest.mark.parametrize("failing,error,close_s", [(0, "runtime", 0), (1, "config", 5)])
+def test_a_failed_process_ends_every_process_within_seconds_naming_its_error(tmp_path, monkeypatch, failing, error,
+                                                                             close_s):
+  # (1, config, 5): the failed process closes for longer than process 0, which holds the coordination service,
+  # waits for another to know of the failure; process 0 still leaves last (before, the failed process aborted, exit -6, when the
+  # service went with process 0)
+  script = tmp_path / "worker.py"
+  script.write_text(WORKER)
+  for name, value in (("FAILING", failing), ("ERROR", error), ("CLOSE_S", close_s)):
+    monkeypatch.setenv(name, str(value))
+  started = time.monotonic()
+  procs = processes.start([str(script)], 2, devices=2)
+  logs = processes.finish(procs, timeout=120)
+  other = 1 - failing
+  status = 2 if error == "config" else 1
+  assert [procs[failing].returncode, procs[other].returncode] == [status, 1], logs
+  assert time.monotonic() - started < 60
+  told = ("config error: trainer.total_epochs=0: is not positive. Fix: set it to 1 or more" if error == "config" else
+          "RuntimeError: the run failed here")
+  assert told in logs[failing] and f"process {failing} closed" in logs[failing]
+  assert "another process of this job failed" in logs[other] and told.split(": ", 1)[1] in logs[other]
+  assert f"process {other} closed" not in logs[other] and "done" not in logs[other]  # it stopped in the collective
