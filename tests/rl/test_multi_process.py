@@ -348,10 +348,10 @@ def test_a_killed_rollout_process_stops_the_trainer(model_dir, data_dir, tmp_pat
   assert_killing_a_process_stops_the_others(argv, tmp_path / "run" / "metrics.jsonl")
 
 
-# trainer process FAILING's first weight send fails, after process 0 announced the weights: the rollout process
-# waits inside the cross-host transfer, and any other trainer process inside the sync's collectives, whose failed
-# side never comes
-FAILING_SEND = """
+# process FAILING's first weight send or receive fails, after process 0 announced the weights: the other side waits
+# inside the cross-host transfer, and any other trainer process inside the sync's collectives, whose failed side
+# never comes
+FAILING_SYNC = """
 import os
 import runpy
 import sys
@@ -360,28 +360,30 @@ import jax
 
 from rljax.rl import remote
 
-sends = remote.CrossHostSend.__call__
+
+def failing(call):
+  def fails(self, *args):
+    if jax.process_index() == int(os.environ["FAILING"]):
+      raise RuntimeError("the weight sync failed here")
+    return call(self, *args)
+  return fails
 
 
-def failing(self, params):
-  if jax.process_index() == int(os.environ["FAILING"]):
-    raise RuntimeError("the weight send failed here")
-  return sends(self, params)
-
-
-remote.CrossHostSend.__call__ = failing
+remote.CrossHostSend.__call__ = failing(remote.CrossHostSend.__call__)
+remote.CrossHostReceive.__call__ = failing(remote.CrossHostReceive.__call__)
 sys.argv[0] = "rljax.train"
 runpy.run_module("rljax.train", run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.mark.parametrize("count,failing", [(2, 0), (3, 1)])
-def test_a_trainer_process_failing_inside_a_weight_sync_stops_every_process_within_seconds(
+@pytest.mark.parametrize("count,failing", [(2, 0), (3, 1), (2, 1)])
+def test_a_process_failing_inside_a_weight_sync_stops_every_process_within_seconds(
     model_dir, data_dir, tmp_path, monkeypatch, count, failing):
-  # 1+1, or 2+1 on 6 devices (processes 0 and 1 train): before, the processes waiting inside the transfer or its
+  # 1+1 with the trainer's send or the rollout's receive failing, or 2+1 on 6 devices (processes 0 and 1 train)
+  # with the second trainer process's send failing: before, the processes waiting inside the transfer or its
   # collectives stayed there for minutes, until JAX's shutdown barrier timed out and heartbeats were lost
-  script = tmp_path / "failing_send.py"
-  script.write_text(FAILING_SEND)
+  script = tmp_path / "failing_sync.py"
+  script.write_text(FAILING_SYNC)
   monkeypatch.setenv("FAILING", str(failing))
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_before_train=false",
                       f"actor_rollout_ref.rollout.n_gpus_per_node={8 // count}",
@@ -392,6 +394,6 @@ def test_a_trainer_process_failing_inside_a_weight_sync_stops_every_process_with
   logs = processes.finish(procs, timeout=150)
   assert [p.returncode for p in procs] == [1] * count, logs[-1][-3000:]
   assert time.monotonic() - started < 120
-  assert "the weight send failed here" in logs[failing]
+  assert "the weight sync failed here" in logs[failing]
   for log in logs[:failing] + logs[failing + 1:]:
-    assert "another process of this job failed" in log and "the weight send failed here" in log
+    assert "another process of this job failed" in log and "the weight sync failed here" in log
