@@ -26,6 +26,7 @@ from absl import app, flags
 from ml_collections import ConfigDict
 
 from rljax import config as config_lib
+from rljax.sharding import failures
 from rljax.utils import platforms
 
 CONFIG = flags.DEFINE_string("config", None, "Experiment file, e.g. configs/grpo.py or configs/grpo.py:PRESET.")
@@ -92,7 +93,11 @@ def main(argv: Sequence[str], resolve: Resolve, train: Callable[[ConfigDict], ob
       sys.stdout.write(config_lib.to_yaml(config))
       return 0
     train(config)
-  except config_lib.ConfigError as error:
+  except Exception as error:  # pylint: disable=broad-except
+    if failures.joined():  # one process of several: the others stop too (a file missing on one host)
+      failures.fail(error, lambda: None)
+    if not isinstance(error, config_lib.ConfigError):
+      raise
     print(f"config error: {error}", file=sys.stderr)
     return 2
   return 0

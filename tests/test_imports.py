@@ -40,7 +40,7 @@ ALLOWED = {
     "evaluation": {"config", "data", "export", "models", "rewards", "rollout", "sharding", "training", "utils",
                    *LEAVES},
     "compile": {"config", "launch", "models", "rl", "rollout", "sharding", "train", "training", *LEAVES},
-    "launch": {"config", "utils", *LEAVES},
+    "launch": {"config", "sharding", "utils", *LEAVES},  # sharding.failures: a failed process of several stops the rest
     "train": {"config", "launch", "rl", "sharding", *LEAVES},
     "generate": {"evaluation"},
     "eval": {"evaluation"},

@@ -42,7 +42,7 @@ def run_together(build: Callable[[], Built], body: Callable[[Built], Result],
                  close: Callable[[Built], None]) -> tuple[Built, Result]:
   """(what `build` makes, `body` of it), closed (`close`) after. In a job of several processes both run watched
   (`Watchdog`) and an exception ends this process (`fail`: the others told; what was built closed, if anything)."""
-  if jax.process_count() == 1:
+  if not joined():
     built = build()
     try:
       return built, body(built)
@@ -74,6 +74,11 @@ def fail(error: Exception, close: Callable[[], None]) -> NoReturn:
 def client() -> Any:
   """JAX's coordination service client of this process."""
   return jax_distributed.global_state.client
+
+
+def joined() -> bool:
+  """Whether this process is one of several of a `jax.distributed` job."""
+  return client() is not None and jax.process_count() > 1
 
 
 class PeerFailed(RuntimeError):
@@ -176,4 +181,4 @@ class Watchdog:
         return
 
 
-__all__ = ["PeerFailed", "Watchdog", "WAIT_MS", "abort", "aborted", "client", "exit_failed", "fail", "run_together"]
+__all__ = ["PeerFailed", "Watchdog", "WAIT_MS", "abort", "aborted", "client", "exit_failed", "fail", "joined", "run_together"]

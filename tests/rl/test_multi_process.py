@@ -144,41 +144,50 @@ def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_di
   assert os.path.isdir(run_dir / f"global_step_{saved[-1] + 1}")
 
 
-# process 0's first scoring fails: the other process goes on into the step's next collective, which never ends
-FAILING_SCORE = """
+# process FAILING fails: its first scoring raises (the other process goes on into the step's next collective, which
+# never ends), or its model directory is missing (the other goes on to build the trainer)
+FAILING_RUN = """
+import os
 import runpy
 import sys
-
-import jax
 
 from rljax.rl import trainer
 
 
-def failing(self, *args, **kwargs):
-  if jax.process_index() == 0:
-    raise RuntimeError("the scoring failed here")
-  return scores(self, *args, **kwargs)
+def fails(self, *args, **kwargs):
+  raise RuntimeError("the scoring failed here")
 
 
-scores, trainer.RLTrainer._score = trainer.RLTrainer._score, failing
+if os.environ["JAX_PROCESS_ID"] == os.environ["FAILING"]:
+  if os.environ["WHERE"] == "score":
+    trainer.RLTrainer._score = fails
+  else:
+    sys.argv = [a.split("=")[0] + "=/nowhere/model" if a.startswith("actor_rollout_ref.model.path=") else a
+                for a in sys.argv]
 sys.argv[0] = "rljax.train"
 runpy.run_module("rljax.train", run_name="__main__", alter_sys=True)
 """
 
 
-def test_a_process_of_a_synchronous_job_failing_stops_every_process_within_seconds(model_dir, data_dir, tmp_path):
+@pytest.mark.parametrize("failing,where", [(0, "score"), (1, "model")])
+def test_a_process_of_a_synchronous_job_failing_stops_every_process_within_seconds(
+    model_dir, data_dir, tmp_path, monkeypatch, failing, where):
   # before, the other process waited in its collective and the failed one in JAX's shutdown barrier until it timed
   # out; then both aborted on lost heartbeats (measured: 323 s, exit -6 each, the error among their stack traces)
-  script = tmp_path / "failing_score.py"
-  script.write_text(FAILING_SCORE)
+  script = tmp_path / "failing_run.py"
+  script.write_text(FAILING_RUN)
+  monkeypatch.setenv("FAILING", str(failing))
+  monkeypatch.setenv("WHERE", where)
   argv = job("grpo", model_dir, data_dir, tmp_path, f"trainer.default_local_dir={tmp_path}/run")
   started = time.monotonic()
   procs = processes.start([str(script), *argv[2:]], 2)
-  failed, other = processes.finish(procs, timeout=150)
-  assert [p.returncode for p in procs] == [1, 1], other[-3000:]
+  logs = processes.finish(procs, timeout=150)
+  failed, other = logs[failing], logs[1 - failing]
+  assert [procs[failing].returncode, procs[1 - failing].returncode] == [1 if where == "score" else 2, 1], other[-3000:]
   assert time.monotonic() - started < 100
-  assert "RuntimeError: the scoring failed here" in failed
-  assert "another process of this job failed" in other and "RuntimeError: the scoring failed here" in other
+  told = "RuntimeError: the scoring failed here" if where == "score" else "actor_rollout_ref.model.path='/nowhere/model'"
+  assert told in failed
+  assert "another process of this job failed" in other and told in other
 
 
 # on-policy, the IS weights (exp of the differences between the decode's log-probs and the trainer's) are 1 up to
