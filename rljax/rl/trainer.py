@@ -678,16 +678,16 @@ class RLTrainer:
       self.streaming.close()
 
   def close(self) -> None:
-    """Ends the rollout and closes what the run holds, its trackers too (a failed run's never reached the end)."""
+    """Ends the rollout and closes what the run holds, its trackers last (a failed run's never reached the end)."""
     if isinstance(self.driver, remote.RemoteRollout):
       self.driver.end()
-    self.tracker.close()
     self._close_rollout()
     self.sampler.close()
     self.data.close()
     if self.checkpointer is not None:
       self.checkpointer.close()
     self.reward_manager.close()
+    self.tracker.close()
 
 
 def _rollout_devices(config: ConfigDict, mesh: jax.sharding.Mesh) -> list[jax.Device]:

@@ -267,9 +267,9 @@ class SFTTrainer:
 
   def close(self) -> None:
     """Closes the data, the checkpointer and the trackers (a failed run's never reached the end)."""
-    self.tracker.close()
     self.train_iter.close()
     self.checkpointer.close()
+    self.tracker.close()
 
 
 def run(config: ConfigDict) -> dict[str, float]:

@@ -16,7 +16,9 @@ trainer's process sends weights to the rollout's process device to device
 of its own, over sockets: each process serves them at
 `RLJAX_TRANSFER_ADDRESS` (host:port), by default its host at the
 coordinator's port + 1 + its process id (on a TPU pod, where JAX finds the
-coordinator itself, only where that variable is set).
+coordinator itself, only where that variable is set). Once connected, each
+process watches for another's failure, which ends it within seconds
+(`rljax.sharding.failures`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import jax
 from ml_collections import ConfigDict
 
 from rljax.config.errors import ConfigError
+from rljax.sharding import failures
 
 # A process that sends no heartbeat for this long is lost: JAX's coordination service then stops every other
 # process with an error naming it (a killed host stops the job instead of leaving the others waiting in a
@@ -110,6 +113,8 @@ def initialize(config: ConfigDict | None = None) -> bool:
       jax.config.update("jax_cross_host_transfer_socket_address",
                         transfer_address(args.get("coordinator_address", ""), args.get("process_id", 0)))
   jax.distributed.initialize(**args, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+  if failures.joined():  # another process's failure ends this one, wherever it is
+    failures.watch()
   return True
 
 
