@@ -36,11 +36,11 @@ the stream's position, so a resumed run continues where its checkpoint was)
 with the weights of the first step, and ends them by announcing no more
 weights (or a start of None, where it trains no step). A process that fails
 stops every other (`rljax.sharding.failures`; a rollout process's watchdog
-also closes what its rollout waits on). Each weight send is announced first, so each rollout process's
-receiving thread takes every version in order, between its decode chunks,
-whatever it decodes. Which weights decode which batch is
-`streaming.Schedule`'s, as in one process, so the run's metrics equal the
-one-process run's.
+also closes what its rollout waits on). Each weight send is announced first,
+so each rollout process's receiving thread takes every version in order,
+between its decode chunks, whatever it decodes. Which weights decode which
+batch is `streaming.Schedule`'s, as in one process, so the run's metrics
+equal the one-process run's.
 """
 
 from __future__ import annotations

@@ -206,5 +206,5 @@ def watch() -> None:
   Watchdog().__enter__()  # pylint: disable=unnecessary-dunder-call
 
 
-__all__ = ["PeerFailed", "Watchdog", "WAIT_MS", "abort", "aborted", "client", "exit_failed", "fail", "joined", "run_together",
-           "watch"]
+__all__ = ["PeerFailed", "Watchdog", "WAIT_MS", "abort", "aborted", "client", "exit_failed", "fail", "joined",
+           "run_together", "watch"]

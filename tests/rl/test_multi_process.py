@@ -185,7 +185,8 @@ def test_a_process_of_a_synchronous_job_failing_stops_every_process_within_secon
   failed, other = logs[failing], logs[1 - failing]
   assert [procs[failing].returncode, procs[1 - failing].returncode] == [1 if where == "score" else 2, 1], other[-3000:]
   assert time.monotonic() - started < 120
-  told = "RuntimeError: the scoring failed here" if where == "score" else "actor_rollout_ref.model.path='/nowhere/model'"
+  told = ("RuntimeError: the scoring failed here" if where == "score" else
+          "actor_rollout_ref.model.path='/nowhere/model'")
   assert told in failed
   assert "another process of this job failed" in other and told in other
 

@@ -12,7 +12,6 @@ from tests import processes
 # stuck process exits, and process 0's wait for another to know of the failure, are cut to 2 s and 5 s
 WORKER = """
 import os
-import sys
 import time
 
 import jax
@@ -50,8 +49,8 @@ print(failures.run_together(Job, body, Job.close))
 def test_a_failed_process_ends_every_process_within_seconds_naming_its_error(tmp_path, monkeypatch, failing, error,
                                                                              close_s):
   # (1, config, 10): the failed process closes for longer than process 0, which holds the coordination service,
-  # waits for another to know of the failure, and its grace after the news; process 0 still leaves last (before, the failed process aborted, exit -6, when the
-  # service went with process 0)
+  # waits for another to know of the failure, and its grace after the news; process 0 still leaves last (before,
+  # the failed process aborted, exit -6, when the service went with process 0)
   script = tmp_path / "worker.py"
   script.write_text(WORKER)
   for name, value in (("FAILING", failing), ("ERROR", error), ("CLOSE_S", close_s)):
