@@ -18,7 +18,9 @@ of its own, over sockets: each process serves them at
 coordinator's port + 1 + its process id (on a TPU pod, where JAX finds the
 coordinator itself, only where that variable is set). Once connected, each
 process watches for another's failure, which ends it within seconds
-(`rljax.sharding.failures`).
+(`rljax.sharding.failures`); a process that sends no heartbeat for
+`RLJAX_HEARTBEAT_TIMEOUT_S` seconds (60 by default) is lost, and JAX's
+coordination service stops the others.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from ml_collections import ConfigDict
 from rljax.config.errors import ConfigError
 from rljax.sharding import failures
 
-# A process that sends no heartbeat for this long is lost: JAX's coordination service then stops every other
-# process with an error naming it (a killed host stops the job instead of leaving the others waiting in a
-# collective).
+# A process that sends no heartbeat for this long (seconds; `RLJAX_HEARTBEAT_TIMEOUT_S` overrides it) is lost:
+# JAX's coordination service then stops every other process with an error naming it (a killed host stops the job
+# instead of leaving the others waiting in a collective).
 HEARTBEAT_TIMEOUT_S = 60
 
 # A cross-host weight transfer (separate_async) waits this long for the other side at most; a lost process stops
@@ -45,6 +47,7 @@ _ENV_ADDRESS = "JAX_COORDINATOR_ADDRESS"
 _ENV_COUNT = "JAX_NUM_PROCESSES"
 _ENV_ID = "JAX_PROCESS_ID"
 _ENV_TRANSFER = "RLJAX_TRANSFER_ADDRESS"
+_ENV_HEARTBEAT = "RLJAX_HEARTBEAT_TIMEOUT_S"
 
 
 def _on_tpu_vm() -> bool:
@@ -62,6 +65,18 @@ def _env_int(name: str) -> int | None:
     return int(value)
   except ValueError:
     raise ConfigError(name, value, "must be an integer", f"export {name}=0") from None
+
+
+def heartbeat_timeout_s() -> int:
+  """Seconds without a heartbeat after which a process is lost: `RLJAX_HEARTBEAT_TIMEOUT_S`, else
+  HEARTBEAT_TIMEOUT_S."""
+  seconds = _env_int(_ENV_HEARTBEAT)
+  if seconds is None:
+    return HEARTBEAT_TIMEOUT_S
+  if seconds < 1:
+    raise ConfigError(_ENV_HEARTBEAT, seconds, "must be a positive number of seconds",
+                      f"export {_ENV_HEARTBEAT}={HEARTBEAT_TIMEOUT_S} (or unset it)")
+  return seconds
 
 
 def distributed_args(config: ConfigDict | None = None) -> dict | None:
@@ -112,7 +127,7 @@ def initialize(config: ConfigDict | None = None) -> bool:
     if args or os.environ.get(_ENV_TRANSFER):
       jax.config.update("jax_cross_host_transfer_socket_address",
                         transfer_address(args.get("coordinator_address", ""), args.get("process_id", 0)))
-  jax.distributed.initialize(**args, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+  jax.distributed.initialize(**args, heartbeat_timeout_seconds=heartbeat_timeout_s())
   if failures.joined():  # another process's failure ends this one, wherever it is
     failures.watch()
   return True

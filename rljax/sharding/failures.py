@@ -9,7 +9,7 @@ shutdown barrier) exits; a `Watchdog` over a block can also stop what the block 
 whose shutdown barrier a stuck process never reaches and whose transfer server waits for half-done transfers;
 process 0, which holds the coordination service, leaves last (`_await_leaving`: a process still talking to the
 service when it goes aborts). A killed process stops the others through JAX's heartbeats
-(`rljax.sharding.distributed.HEARTBEAT_TIMEOUT_S`).
+(`rljax.sharding.distributed.heartbeat_timeout_s`).
 """
 
 from __future__ import annotations

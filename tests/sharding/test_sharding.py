@@ -142,6 +142,17 @@ def test_each_process_serves_weight_transfers_beside_the_coordinators_port(monke
   assert distributed.transfer_address("localhost:1234", 1) == "10.9.9.9:7000"
 
 
+def test_a_lost_process_is_declared_after_the_heartbeat_timeout_the_environment_sets(monkeypatch):
+  monkeypatch.delenv("RLJAX_HEARTBEAT_TIMEOUT_S", raising=False)
+  assert distributed.heartbeat_timeout_s() == distributed.HEARTBEAT_TIMEOUT_S == 60
+  monkeypatch.setenv("RLJAX_HEARTBEAT_TIMEOUT_S", "300")
+  assert distributed.heartbeat_timeout_s() == 300
+  for bad, why in (("0", "must be a positive number of seconds"), ("1m", "must be an integer")):
+    monkeypatch.setenv("RLJAX_HEARTBEAT_TIMEOUT_S", bad)
+    with pytest.raises(config_lib.ConfigError, match=f"RLJAX_HEARTBEAT_TIMEOUT_S=.*{why}"):
+      distributed.heartbeat_timeout_s()
+
+
 def free_port():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
