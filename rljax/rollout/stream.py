@@ -1,8 +1,9 @@
 """Continuous batching over an engine's decode slots, for requests that come and go at any time.
 
 A `DecodeStream` holds a decode state across calls: `submit` queues
-requests, each `step` refills the free slots from the queue (a prompt is
-prefilled once for all its requests that enter slots together) and runs one
+requests, each `step` refills the free slots from the queue, the lowest slot
+first (a prompt is prefilled once for all its requests that enter slots
+together) and runs one
 chunk of decode steps, returning the requests that ended in it. Parameters
 can change between steps (`set_params`): a request in flight continues under
 the new ones on what its cache holds, and each token records the policy
@@ -141,6 +142,7 @@ class DecodeStream:
     prefix = prefill(self.engine, self.params, [prompts[g] for g in groups], self.pad_id)
     if self.engine.record_routing:
       _place_prompt_experts(jax.device_get(prefix.experts), take, groups)
+    self.free.sort()  # which slot a request takes depends on the queue alone, not on which slots ended when
     slots = [self.free.pop(0) for _ in take]
     for key in _distinct(r.key for r in take):
       mine = [(s, r) for s, r in zip(slots, take) if r.key is key]

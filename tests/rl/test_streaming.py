@@ -94,6 +94,28 @@ def trained_until_the_end(stream, params, first_version):
   raise AssertionError("the stream did not end")
 
 
+def test_a_request_takes_the_lowest_free_slot_whatever_ended_first(scripted):
+  # which slot a request decodes in changes its logits' last bits (its place in the decode batch): the lowest
+  # free first makes a resumed stream, which starts with every slot free, decode as the uninterrupted one did
+  engine, params = scripted
+  sampler = RolloutSampler(engine, 0, 4)
+  stream = sampler.open_stream()
+  stream.set_params(params[0], 0)
+  key = jax.random.key(0)
+
+  def request(i, last):
+    return sampler.new_request(i, i, np.asarray([5, last], np.int32), key, 4)
+
+  stream.submit([request(0, LONG), request(1, LONG), request(2, SHORT), request(3, LONG)])
+  ended = [r.id for r in stream.step()]  # slot 2's short response ends in the first chunk
+  while len(ended) < 4:
+    ended += [r.id for r in stream.step()]
+  assert ended[0] == 2 and stream.idle
+  stream.submit([request(4, LONG)])
+  stream.step()
+  assert {slot: r.id for slot, r in stream.slots.items()} == {0: 4}
+
+
 def test_drop_evicts_groups_past_the_threshold_and_wait_trains_them(scripted):
   engine, params = scripted
   dropped = rollout(engine, streaming.Policy(groups=1, threshold=1, strategy="drop", ahead=1),
