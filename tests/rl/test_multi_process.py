@@ -60,6 +60,30 @@ def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_
   processes.assert_same_metrics(two[-1:], again[-1:])
 
 
+@pytest.mark.slow  # a 2-process run of 3 steps, then step 3 again after a restart (about 50 s)
+def test_hosts_that_streamed_apart_resume_each_from_its_own_position(model_dir, data_dir, tmp_path):
+  # colocate_async with dynamic sampling: each host judges the groups of its own share of the data and reads on
+  # until it has its 4 to train, so at a checkpoint the hosts stand at different positions (one had filtered more
+  # of its prompts than the other), which the checkpoint holds for each host. W=0: nothing is generated ahead of
+  # an update, so the restarted step 3 samples what the uninterrupted one did only if each host resumes exactly
+  # where it was, losing and repeating no prompt (and its requests take the same decode slots: the slot's place in
+  # the decode batch changes a logit's last bits, which can change a token the tiny model samples)
+  argv = job("grpo", model_dir, data_dir, tmp_path, "trainer.v1.trainer_mode=colocate_async",
+             "trainer.v1.colocate_async.num_warmup_batches=0", "algorithm.filter_groups.enable=true",
+             "algorithm.filter_groups.metric=seq_reward", "trainer.total_training_steps=3", "trainer.save_freq=1",
+             f"trainer.default_local_dir={tmp_path}/run")
+  whole = processes.run_metrics(argv, 2, f"{tmp_path}/run")
+  assert [m["step"] for m in whole] == [1, 2, 3] and all(m["train/kept_groups"] == 8 for m in whole)
+  assert sum(m["train/filtered_groups"] for m in whole) > 0
+  extras = json.loads((tmp_path / "run" / "global_step_2" / "extras" / "metadata").read_text())
+  hosts = extras["stream"]["hosts"]
+  assert len(hosts) == 2 and hosts[0] != hosts[1], extras["stream"]
+  shutil.rmtree(tmp_path / "run" / "global_step_3")
+  again = processes.run_metrics(argv, 2, f"{tmp_path}/run")
+  assert [m["step"] for m in again[len(whole):]] == [3]
+  processes.assert_same_metrics(whole[-1:], again[-1:])
+
+
 @pytest.mark.slow  # two trainer runs of one step: one of 4 processes, one of 1 (about 2 minutes)
 def test_ppo_with_dynamic_sampling_as_four_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
   # the parts whose statistics are over the whole batch: GAE's whitening (critic), the adaptive KL controller,
