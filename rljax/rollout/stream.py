@@ -3,8 +3,8 @@
 A `DecodeStream` holds a decode state across calls: `submit` queues
 requests, each `step` refills the free slots from the queue, the lowest slot
 first (a prompt is prefilled once for all its requests that enter slots
-together) and runs one
-chunk of decode steps, returning the requests that ended in it. Parameters
+together) and runs one chunk of decode steps, returning the requests that
+ended in it. Parameters
 can change between steps (`set_params`): a request in flight continues under
 the new ones on what its cache holds, and each token records the policy
 version whose forward pass gave the logits it was sampled from (a chunk's
