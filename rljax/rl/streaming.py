@@ -593,10 +593,28 @@ def _joined(values: list[Any]) -> Any:
   return np.concatenate(values)
 
 
-def off_policy_metrics(picked: Picked) -> dict[str, float]:
+# off_policy/staleness/frac_s is logged for s = 1 to the threshold, at most this many (the last then frac_8+)
+STALENESS_BUCKETS = 8
+
+
+def staleness_histogram(span: np.ndarray, threshold: int) -> dict[str, float]:
+  """The share of trained groups ([G] `span`: the policy versions each spans) at each span s: frac_s for s = 1 to
+  `threshold` (no group spans more); where the threshold exceeds STALENESS_BUCKETS, the last share, frac_8+, counts 8
+  and more."""
+  last = min(threshold, STALENESS_BUCKETS)
+  shares = {f"off_policy/staleness/frac_{s}": float((span == s).mean()) for s in range(1, last)}
+  if threshold > STALENESS_BUCKETS:
+    shares[f"off_policy/staleness/frac_{last}+"] = float((span >= last).mean())
+  else:
+    shares[f"off_policy/staleness/frac_{last}"] = float((span == last).mean())
+  return shares
+
+
+def off_policy_metrics(picked: Picked, threshold: int) -> dict[str, float]:
   """off_policy/* over every host's trained groups (every host calls it): versions spanned (verl's staleness: 1 is
-  on-policy), the share of responses sampled by more than one policy version, the mean lag of a trained token, the
-  groups evicted."""
+  on-policy; mean, max and their histogram up to `threshold`, trainer.v1.sampler.max_off_policy_threshold), the
+  share of responses sampled by more than one policy version, the mean lag of a trained token, the groups
+  evicted."""
   rollout, version = picked.rollout, picked.version
   span = hosts.process_concat(picked.spans)
   mask = rollout.response_mask > 0
@@ -604,11 +622,11 @@ def off_policy_metrics(picked: Picked) -> dict[str, float]:
   mixed = hosts.process_concat((versions.min(-1) != versions.max(-1)).astype(np.float32))
   lag = hosts.process_sum([float((version - versions)[mask].sum()), float(mask.sum())])
   return {"off_policy/staleness/mean": float(span.mean()), "off_policy/staleness/max": float(span.max()),
-          "off_policy/mixed_version_frac": float(mixed.mean()),
+          **staleness_histogram(span, threshold), "off_policy/mixed_version_frac": float(mixed.mean()),
           "off_policy/token_lag/mean": float(lag[0] / max(lag[1], 1.0)),
           "off_policy/evicted_samples": hosts.process_total(float(picked.evicted))}
 
 
 __all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "Schedule", "Stopped",
            "decodes_beside_the_stream", "host_position", "merged", "off_policy_metrics", "policy_of", "schedule_of",
-           "spans", "split", "stored_position", "streams_off_policy"]
+           "spans", "split", "staleness_histogram", "stored_position", "streams_off_policy"]

@@ -71,7 +71,7 @@ def test_a_response_spanning_two_versions_records_each_tokens_version_and_log_pr
   assert picked.columns["raw_prompt_ids"].dtype == object and picked.columns["raw_prompt_ids"][0].tolist() == [0, 1]
   assert picked.scores is None  # no judge: the update scores its groups
   picked = stream.next_groups(params[1], 1)
-  second, metrics = picked.rollout, streaming.off_policy_metrics(picked)
+  second, metrics = picked.rollout, streaming.off_policy_metrics(picked, threshold=2)
   assert list(picked.columns["tag"]) == ["0L0"]
   # one chunk of 4 tokens under version 0, and the 5th from the logits version 0 left; then version 1's
   np.testing.assert_array_equal(second.versions, [[0] * 5 + [1] * 7] * 2)
@@ -79,6 +79,7 @@ def test_a_response_spanning_two_versions_records_each_tokens_version_and_log_pr
   expected = np.where(second.responses[:, 5:] == LONG, np.log(0.8), np.log(0.2))
   np.testing.assert_allclose(second.log_probs[:, 5:], expected, atol=1e-3)
   assert metrics["off_policy/staleness/mean"] == 2 and metrics["off_policy/mixed_version_frac"] == 1
+  assert (metrics["off_policy/staleness/frac_1"], metrics["off_policy/staleness/frac_2"]) == (0, 1)
   assert metrics["off_policy/token_lag/mean"] == pytest.approx(5 / 12)
   assert second.response_lengths.tolist() == [RESPONSE] * 2 and second.prompt_index.tolist() == [0, 0]
 
@@ -114,6 +115,15 @@ def test_a_request_takes_the_lowest_free_slot_whatever_ended_first(scripted):
   stream.submit([request(4, LONG)])
   stream.step()
   assert {slot: r.id for slot, r in stream.slots.items()} == {0: 4}
+
+
+def test_the_staleness_histogram_has_a_share_per_span_up_to_the_threshold():
+  span = np.asarray([1, 1, 2, 3, 9, 12], np.float32)
+  assert streaming.staleness_histogram(span[:4], 3) == {f"off_policy/staleness/frac_{s}": share
+                                                        for s, share in ((1, 0.5), (2, 0.25), (3, 0.25))}
+  wide = streaming.staleness_histogram(span, 16)  # 8 shares at most, the last of 8 and more
+  assert list(wide)[-1] == "off_policy/staleness/frac_8+" and len(wide) == 8
+  assert wide["off_policy/staleness/frac_8+"] == pytest.approx(2 / 6) and sum(wide.values()) == pytest.approx(1)
 
 
 def test_drop_evicts_groups_past_the_threshold_and_wait_trains_them(scripted):
@@ -253,7 +263,8 @@ def test_a_conversation_continues_across_an_update_and_its_tool_turn_is_masked(t
   np.testing.assert_array_equal(out.versions[0, :size], [0, 0] + [-1] * len(turn) + [1, 1])
   np.testing.assert_allclose(out.log_probs[0, tail], np.log(0.8 if out.responses[0, tail] == call else 0.2), atol=1e-3)
   assert second.spans.tolist() == [2] and out.episodes[0].user_turns == 1 and out.episodes[0].assistant_turns == 2
-  assert out.metrics["num_turns/mean"] == 4 and streaming.off_policy_metrics(second)["off_policy/mixed_version_frac"] == 1
+  assert out.metrics["num_turns/mean"] == 4
+  assert streaming.off_policy_metrics(second, 2)["off_policy/mixed_version_frac"] == 1
 
 
 
