@@ -593,20 +593,16 @@ def _joined(values: list[Any]) -> Any:
   return np.concatenate(values)
 
 
-# off_policy/staleness/frac_s is logged for s = 1 to the threshold, at most this many (the last then frac_8+)
+# off_policy/staleness/frac_s is logged for s = 1 to the threshold, at most this many (the last: frac_8_or_more)
 STALENESS_BUCKETS = 8
 
 
 def staleness_histogram(span: np.ndarray, threshold: int) -> dict[str, float]:
-  """The share of trained groups ([G] `span`: the policy versions each spans) at each span s: frac_s for s = 1 to
-  `threshold` (no group spans more); where the threshold exceeds STALENESS_BUCKETS, the last share, frac_8+, counts 8
-  and more."""
-  last = min(threshold, STALENESS_BUCKETS)
+  """The share of trained groups ([G] `span`: the policy versions each spans) at each span: frac_s for s = 1 to
+  min(threshold, STALENESS_BUCKETS) - 1, and the rest, frac_{last}_or_more (the shares sum to 1)."""
+  last = min(int(threshold), STALENESS_BUCKETS)
   shares = {f"off_policy/staleness/frac_{s}": float((span == s).mean()) for s in range(1, last)}
-  if threshold > STALENESS_BUCKETS:
-    shares[f"off_policy/staleness/frac_{last}+"] = float((span >= last).mean())
-  else:
-    shares[f"off_policy/staleness/frac_{last}"] = float((span == last).mean())
+  shares[f"off_policy/staleness/frac_{last}_or_more"] = float((span >= last).mean())
   return shares
 
 

@@ -397,7 +397,8 @@ class RLTrainer:
         picked, ended = None, 1.0
     if hosts.process_total(ended):  # every host stops where one's data ends (none waits for the others)
       raise training_loop.DataExhausted()
-    step_metrics.update(streaming.off_policy_metrics(picked, self.config.trainer.v1.sampler.max_off_policy_threshold))
+    threshold = int(self.config.trainer.v1.sampler.max_off_policy_threshold)
+    step_metrics.update(streaming.off_policy_metrics(picked, threshold))
     if picked.epoch is not None:  # the rollout thread's, when it picked them
       step_metrics["training/epoch"] = float(picked.epoch)
     if self.config.algorithm.filter_groups.enable:

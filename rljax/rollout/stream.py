@@ -1,16 +1,15 @@
 """Continuous batching over an engine's decode slots, for requests that come and go at any time.
 
-A `DecodeStream` holds a decode state across calls: `submit` queues
-requests, each `step` refills the free slots from the queue, the lowest slot
-first (a prompt is prefilled once for all its requests that enter slots
-together) and runs one chunk of decode steps, returning the requests that
-ended in it. Parameters
-can change between steps (`set_params`): a request in flight continues under
-the new ones on what its cache holds, and each token records the policy
-version whose forward pass gave the logits it was sampled from (a chunk's
-first token after a change comes from the logits the old version left). `RolloutSampler.generate` is one batch
-through a stream; the asynchronous trainer (`rljax.rl.streaming`) keeps
-one open across its updates.
+A `DecodeStream` holds a decode state across calls: `submit` queues requests,
+each `step` refills the free slots from the queue, the lowest slot first (a
+prompt is prefilled once for all its requests that enter slots together) and
+runs one chunk of decode steps, returning the requests that ended in it.
+Parameters can change between steps (`set_params`): a request in flight
+continues under the new ones on what its cache holds, and each token records
+the policy version whose forward pass gave the logits it was sampled from (a
+chunk's first token after a change comes from the logits the old version
+left). `RolloutSampler.generate` is one batch through a stream; the
+asynchronous trainer (`rljax.rl.streaming`) keeps one open across its updates.
 """
 
 from __future__ import annotations
@@ -143,7 +142,7 @@ class DecodeStream:
     if self.engine.record_routing:
       _place_prompt_experts(jax.device_get(prefix.experts), take, groups)
     self.free.sort()  # which slot a request takes depends on the queue alone, not on which slots ended when
-    slots = [self.free.pop(0) for _ in take]
+    slots, self.free = self.free[:len(take)], self.free[len(take):]
     for key in _distinct(r.key for r in take):
       mine = [(s, r) for s, r in zip(slots, take) if r.key is key]
       self.state = self.engine.insert_many(prefix, self.state._replace(key=jnp.copy(key)), [s for s, _ in mine],

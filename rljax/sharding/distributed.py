@@ -57,20 +57,21 @@ def _on_tpu_vm() -> bool:
           or bool(workers and not workers.startswith("WARNING")))
 
 
-def _env_int(name: str) -> int | None:
+def _env_int(name: str, example: str = "0") -> int | None:
+  """The integer environment variable `name`, or None where it is unset (`example`: a valid value, for the error)."""
   value = os.environ.get(name)
   if value is None:
     return None
   try:
     return int(value)
   except ValueError:
-    raise ConfigError(name, value, "must be an integer", f"export {name}=0") from None
+    raise ConfigError(name, value, "must be an integer", f"export {name}={example}") from None
 
 
 def heartbeat_timeout_s() -> int:
   """Seconds without a heartbeat after which a process is lost: `RLJAX_HEARTBEAT_TIMEOUT_S`, else
   HEARTBEAT_TIMEOUT_S."""
-  seconds = _env_int(_ENV_HEARTBEAT)
+  seconds = _env_int(_ENV_HEARTBEAT, str(HEARTBEAT_TIMEOUT_S))
   if seconds is None:
     return HEARTBEAT_TIMEOUT_S
   if seconds < 1:

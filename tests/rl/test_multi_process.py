@@ -76,6 +76,7 @@ def test_hosts_that_streamed_apart_resume_each_from_its_own_position(model_dir, 
   assert [m["step"] for m in whole] == [1, 2, 3] and all(m["train/kept_groups"] == 8 for m in whole)
   assert sum(m["train/filtered_groups"] for m in whole) > 0
   extras = json.loads((tmp_path / "run" / "global_step_2" / "extras" / "metadata").read_text())
+  assert "hosts" in extras["stream"], extras["stream"]  # else both hosts stood at one position
   hosts = extras["stream"]["hosts"]
   assert len(hosts) == 2 and hosts[0] != hosts[1], extras["stream"]
   shutil.rmtree(tmp_path / "run" / "global_step_3")
@@ -128,7 +129,7 @@ def test_lora_moe_router_replay_and_a_reward_model_as_two_processes_log_the_metr
 
 
 # JAX's coordination service declares a process lost after this many seconds without its heartbeat (60 by default)
-HEARTBEAT_S = 10
+HEARTBEAT_S = 15
 
 
 def assert_killing_a_process_stops_the_others(argv, metrics, count=2, killed=1):
@@ -144,9 +145,9 @@ def assert_killing_a_process_stops_the_others(argv, metrics, count=2, killed=1):
       assert time.monotonic() - start < 300 and procs[0].poll() is None, "the job did not log 2 records"
       time.sleep(0.5)
     procs[killed].send_signal(signal.SIGKILL)
-    stopped_by = time.monotonic() + 50
+    killed_at = time.monotonic()
     logs = processes.finish(others, timeout=120)
-    assert time.monotonic() < stopped_by
+    assert time.monotonic() - killed_at < 50, f"the others stopped {time.monotonic() - killed_at:.0f} s after the kill"
   finally:
     processes.finish(procs, timeout=1)
   assert all(p.returncode != 0 for p in others), [p.returncode for p in procs]

@@ -79,7 +79,7 @@ def test_a_response_spanning_two_versions_records_each_tokens_version_and_log_pr
   expected = np.where(second.responses[:, 5:] == LONG, np.log(0.8), np.log(0.2))
   np.testing.assert_allclose(second.log_probs[:, 5:], expected, atol=1e-3)
   assert metrics["off_policy/staleness/mean"] == 2 and metrics["off_policy/mixed_version_frac"] == 1
-  assert (metrics["off_policy/staleness/frac_1"], metrics["off_policy/staleness/frac_2"]) == (0, 1)
+  assert (metrics["off_policy/staleness/frac_1"], metrics["off_policy/staleness/frac_2_or_more"]) == (0, 1)
   assert metrics["off_policy/token_lag/mean"] == pytest.approx(5 / 12)
   assert second.response_lengths.tolist() == [RESPONSE] * 2 and second.prompt_index.tolist() == [0, 0]
 
@@ -118,12 +118,14 @@ def test_a_request_takes_the_lowest_free_slot_whatever_ended_first(scripted):
 
 
 def test_the_staleness_histogram_has_a_share_per_span_up_to_the_threshold():
-  span = np.asarray([1, 1, 2, 3, 9, 12], np.float32)
-  assert streaming.staleness_histogram(span[:4], 3) == {f"off_policy/staleness/frac_{s}": share
-                                                        for s, share in ((1, 0.5), (2, 0.25), (3, 0.25))}
-  wide = streaming.staleness_histogram(span, 16)  # 8 shares at most, the last of 8 and more
-  assert list(wide)[-1] == "off_policy/staleness/frac_8+" and len(wide) == 8
-  assert wide["off_policy/staleness/frac_8+"] == pytest.approx(2 / 6) and sum(wide.values()) == pytest.approx(1)
+  span = np.asarray([1, 1, 2, 3, 8, 12], np.float32)
+  name = "off_policy/staleness/frac_{}".format
+  assert streaming.staleness_histogram(span[:4], 3) == {name(1): 0.5, name(2): 0.25, name("3_or_more"): 0.25}
+  assert streaming.staleness_histogram(span[:2], 1) == {name("1_or_more"): 1.0}
+  for threshold in (8, 16):  # 8 shares at most: the names do not change past 8
+    wide = streaming.staleness_histogram(span, threshold)
+    assert list(wide) == [name(s) for s in range(1, 8)] + [name("8_or_more")]
+    assert wide[name("8_or_more")] == pytest.approx(2 / 6) and sum(wide.values()) == pytest.approx(1)
 
 
 def test_drop_evicts_groups_past_the_threshold_and_wait_trains_them(scripted):
