@@ -600,7 +600,7 @@ STALENESS_BUCKETS = 8
 def staleness_histogram(span: np.ndarray, threshold: int) -> dict[str, float]:
   """The share of trained groups ([G] `span`: the policy versions each spans) at each span: frac_s for s = 1 to
   min(threshold, STALENESS_BUCKETS) - 1, and the rest, frac_{last}_or_more (the shares sum to 1)."""
-  last = min(int(threshold), STALENESS_BUCKETS)
+  last = min(threshold, STALENESS_BUCKETS)
   shares = {f"off_policy/staleness/frac_{s}": float((span == s).mean()) for s in range(1, last)}
   shares[f"off_policy/staleness/frac_{last}_or_more"] = float((span >= last).mean())
   return shares
