@@ -57,6 +57,40 @@ def compiled_figures(fn, rows, kernels, sizes) -> dict:
   return {"declared_tflop": round(hlo.loop_flops(text) / 1e12, 3), "traffic_gib": round(hlo.hbm_bytes(text) / 2**30, 2)}
 
 
+def dispatch_figures(args, factor: float) -> dict:
+  """Per-chip figures of jax.grad of one layer's `moe.dispatch` (gate, up, down) over `args.shards` chips of an
+  expert axis, the experts' grouped matmuls sized for `factor` times a chip's even share of the gathered copies
+  (`moe.CAPACITY_FACTOR`; `args.shards` = every copy): temporaries, declared TFLOP (loops counted; the
+  chunk loop, whose trip count depends on the routing, once) and HBM traffic."""
+  from rljax import config as config_lib, sharding  # pylint: disable=import-outside-toplevel
+  from rljax.sharding import rules as rules_lib  # pylint: disable=import-outside-toplevel
+  devices = topology.devices(topology.parse(args.dispatch_topology))
+  mesh = sharding.build_mesh({"data": 1, "fsdp": 1, "tensor": 1, "sequence": 1, "expert": args.shards},
+                             devices[:args.shards])
+  rules = sharding.rules_from_config(config_lib.get_base_config())
+  rows, length = args.tokens // 1536, 1536  # the preset's micro-batch: rows of 1536 tokens, split over the chips
+  spec = lambda *axes: NamedSharding(mesh, PartitionSpec(*axes))  # noqa: E731
+  x = jax.ShapeDtypeStruct((rows, length, args.width_in), jnp.bfloat16, sharding=spec("expert"))
+  ids = jax.ShapeDtypeStruct((rows, length, args.top_k), jnp.int32, sharding=spec("expert"))
+  weights = jax.ShapeDtypeStruct((rows, length, args.top_k), jnp.bfloat16, sharding=spec("expert"))
+  gate = jax.ShapeDtypeStruct((args.experts, args.width_in, args.width_out), jnp.bfloat16, sharding=spec("expert"))
+  down = jax.ShapeDtypeStruct((args.experts, args.width_out, args.width_in), jnp.bfloat16, sharding=spec("expert"))
+
+  def loss(x, ids, weights, gate, up, down):
+    with rules_lib.activation_sharding(mesh, rules):
+      out = moe.dispatch(x, ids, weights, gate, up, down)
+    return jnp.sum(jnp.square(out.astype(jnp.float32)))
+
+  previous, moe.CAPACITY_FACTOR = moe.CAPACITY_FACTOR, factor
+  try:
+    compiled = jax.jit(jax.grad(loss, (0, 3, 4, 5))).lower(x, ids, weights, gate, gate, down).compile()
+  finally:
+    moe.CAPACITY_FACTOR = previous
+  text = compiled.as_text()
+  return {"capacity_factor": factor, "temp_gib": round(compiled.memory_analysis().temp_size_in_bytes / 2**30, 2),
+          "declared_tflop": round(hlo.loop_flops(text) / 1e12, 3), "traffic_gib": round(hlo.hbm_bytes(text) / 2**30, 2)}
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--topology", default="v5p:2x2x1")
@@ -67,6 +101,7 @@ def main() -> None:
   parser.add_argument("--width_in", type=int, default=2048)
   parser.add_argument("--width_out", type=int, default=768)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--dispatch_topology", default="v5p:2x2x2")
   args = parser.parse_args()
   device = topology.devices(topology.parse(args.topology))[:1]
   one = NamedSharding(Mesh(np.array(device), ("x",)), PartitionSpec())
@@ -97,6 +132,8 @@ def main() -> None:
       print(json.dumps({"routing": "skewed" if skewed else "uniform", "chip": chip, "routed_rows": routed,
                         "multiplied_rows": multiplied, "ratio": round(multiplied / max(routed, 1), 3),
                         "all_rows_over_routed": round(copies / max(routed, 1), 2)}))
+  for factor in (float(args.shards), moe.CAPACITY_FACTOR):
+    print(json.dumps({"dispatch": args.dispatch_topology, **dispatch_figures(args, factor)}))
 
 
 if __name__ == "__main__":

@@ -26,12 +26,17 @@ layout it has there:
 * `mlp` over `tensor`: the down projection's partial sums are summed over
   `tensor`.
 
-Capacity. A weight-stationary pass (a decode step) whose experts are split
-over devices sizes each device's grouped matmuls for `CAPACITY_FACTOR`
-times its even share of the token copies (`capacity`), its own copies
-first, rather than for all N*k of them: a device holding 16 of 128 experts
-multiplies about 1/8 of the rows. A device routed more copies than that runs
-all of them (`jax.lax.cond`), so the result is exact whatever the routing.
+Capacity. A pass whose experts are split over devices sizes each device's
+grouped matmuls for `CAPACITY_FACTOR` times its even share of the token
+copies (`capacity`), its own copies first, rather than for all N*k of
+them: a device holding 16 of 128 experts multiplies about 1/8 of the rows.
+The result is exact whatever the routing. A device routed more copies than
+that runs all of them in a weight-stationary pass (a decode step, which
+would read its experts again for each further chunk; `jax.lax.cond`), and
+takes them `capacity` at a time in a pass that gathers its weights (the
+update, the log-prob passes, the prefill; `jax.lax.while_loop`), whose
+gradient goes over the same chunks and recomputes each chunk's forward, so
+no buffer of an update holds all N*k copies.
 
 Router statistics (`stats`, [2, E]: copies routed to each expert and summed
 router probabilities, over real tokens) feed the load-balancing loss and
@@ -60,8 +65,9 @@ from rljax.models.weight_quant import QuantizedWeight
 from rljax.sharding import rules as rules_lib
 
 _NORMAL = jax.nn.initializers.normal(0.02)
-# a weight-stationary pass (a decode step) sizes each device's grouped matmuls for this many times its even share
-# of the token copies when the experts are split over devices (more fall back to all copies, `_experts_bounded`)
+# a pass whose experts are split over devices sizes each device's grouped matmuls for this many times its even
+# share of the token copies (more run all at once in a decode step, `_experts_bounded`, and in further chunks of
+# this size in a pass that gathers its weights, `_experts_chunked`)
 CAPACITY_FACTOR = 2.0
 # TPU kinds -> the 8-bit expert dtypes their grouped matmul (`ragged_dot`) converts into a temporary first,
 # which `rljax.kernels.grouped_matmul` reads as stored instead (`benchmarks/moe_grouped_traffic.py`: float8 on
@@ -284,6 +290,79 @@ def _experts_bounded(x, ids, weights, gate, up, down, first, sum_inputs, adapter
       lambda *a: _experts_capped(*a, first, sum_inputs, adapters, rows), *args)
 
 
+def _chunk_sizes(sizes: jax.Array, start: jax.Array, rows: int) -> jax.Array:
+  """[E'] each local expert's copies among the sorted copies start .. start + rows - 1 (sizes [E']: its copies
+  among all of them, sorted by expert)."""
+  ends = jnp.cumsum(sizes)
+  return (jnp.clip(ends - start, 0, rows) - jnp.clip(ends - sizes - start, 0, rows)).astype(sizes.dtype)
+
+
+def _weighted_copies(x, scale, experts, taken, sizes, k, sum_inputs, trained) -> jax.Array:
+  """[R, D'] the weighted outputs of copies `taken` [R] (sorted by local expert, `sizes` [E'] rows each; the
+  rest zero) of tokens x [N, D'], scale [N, k] their routing weights (zero where not local), experts (gate, up,
+  down, adapters)."""
+  gate, up, down, adapters = experts
+  y = _swiglu_rows(x[taken // k], sizes, gate, up, down, sum_inputs, adapters, trained)
+  return y * scale.reshape(-1)[taken][:, None]
+
+
+def _chunk_loop(rows: int, k: int, sum_inputs, trained: bool):
+  """f(x [N, D'], scale [N, k], experts, order [N*k + rows - 1], sizes [E']) -> [N, D']: the local copies'
+  weighted outputs summed per token, `rows` sorted copies at a time while any are left, and its gradient over
+  the same chunks (each recomputes its forward: nothing of the copies' size is kept between the passes), traced
+  in the sharding context of the forward pass. Both sum over the chunks in float32."""
+  context = rules_lib.active_state()
+
+  def chunk(order, sizes, c):
+    start = c * rows
+    return jax.lax.dynamic_slice(order, (start,), (rows,)), _chunk_sizes(sizes, start, rows)
+
+  def forward(x, scale, experts, order, sizes):
+    def body(carry):
+      c, out = carry
+      taken, chunk_sizes = chunk(order, sizes, c)
+      y = _weighted_copies(x, scale, experts, taken, chunk_sizes, k, sum_inputs, trained)
+      return c + 1, out.at[taken // k].add(y.astype(jnp.float32))
+    left = lambda carry: carry[0] * rows < jnp.sum(sizes)  # noqa: E731
+    return jax.lax.while_loop(left, body, (jnp.int32(0), jnp.zeros(x.shape, jnp.float32)))[1].astype(x.dtype)
+
+  def backward(residuals, d_out):
+    with rules_lib.restored(context):
+      return backward_chunks(residuals, d_out)
+
+  def backward_chunks(residuals, d_out):
+    x, scale, experts, order, sizes = residuals
+
+    def body(carry):
+      c, grads = carry
+      taken, chunk_sizes = chunk(order, sizes, c)
+      copies = lambda *a: _weighted_copies(*a, taken, chunk_sizes, k, sum_inputs, trained)  # noqa: E731
+      _, vjp = jax.vjp(copies, x, scale, experts)
+      return c + 1, jax.tree.map(lambda g, d: g + d.astype(g.dtype), grads, vjp(d_out[taken // k]))
+    left = lambda carry: carry[0] * rows < jnp.sum(sizes)  # noqa: E731
+    primals = (x, scale, experts)
+    zeros = jax.tree.map(lambda v: jnp.zeros(v.shape, jnp.promote_types(v.dtype, jnp.float32)), primals)
+    grads = jax.lax.while_loop(left, body, (jnp.int32(0), zeros))[1]
+    return (*jax.tree.map(lambda g, v: g.astype(v.dtype), grads, primals), None, None)
+
+  f = jax.custom_vjp(forward)
+  f.defvjp(lambda *args: (forward(*args), args), backward)
+  return f
+
+
+def _experts_chunked(x, ids, weights, gate, up, down, first, sum_inputs, adapters, rows: int,
+                     trained: bool = False) -> jax.Array:
+  """`_experts_local` with the grouped matmuls sized for `rows` copies: this device's copies go through them
+  `rows` at a time (one pass unless more are routed here), in the forward and again in the gradient, so no
+  buffer holds every copy (a pass that gathers its weights, whose experts are split over devices; the devices
+  summing partial projections over an embed split hold the same tokens and experts, so they loop alike)."""
+  n, k = ids.shape
+  order, sizes, here = _sorted_copies(ids, first, weight_quant.shape(gate)[0])
+  scale = jnp.where(here, weights, jnp.zeros_like(weights)).astype(x.dtype)
+  padded = jnp.pad(order, (0, rows - 1))
+  return _chunk_loop(rows, k, sum_inputs, trained)(x, scale, (gate, up, down, adapters), padded, sizes)
+
+
 class Adapter(NamedTuple):
   """An expert projection's LoRA adapter as the dispatch reads it (one layer's).
 
@@ -355,10 +434,12 @@ def dispatch(x: jax.Array, ids: jax.Array, weights: jax.Array, gate: jax.Array |
     sum_out = (lambda v: jax.lax.psum(v, summed)) if summed else (lambda v: v)
     local = {name: tuple(lora[3 * i:3 * i + 3]) for i, name in enumerate(names)}
     rows = capacity(x.shape[0] * k, shards)
-    if stationary and rows < x.shape[0] * k:
+    if rows == x.shape[0] * k:
+      out = _experts_local(x, ids, weights, gate, up, down, first, sum_in, local, not stationary)
+    elif stationary:
       out = _experts_bounded(x, ids, weights, gate, up, down, first, sum_in, local, rows)
     else:
-      out = _experts_local(x, ids, weights, gate, up, down, first, sum_in, local, not stationary)
+      out = _experts_chunked(x, ids, weights, gate, up, down, first, sum_in, local, rows, trained=True)
     out = sum_out(out)
     if gathered:
       out = jax.lax.psum_scatter(out, gathered, scatter_dimension=0, tiled=True)

@@ -148,6 +148,23 @@ def activation_sharding(mesh: Mesh, rules: Rules | None, gather_weights: bool = 
     _ACTIVE.value = previous
 
 
+def active_state() -> tuple | None:
+  """The enclosing `activation_sharding`'s state (None outside one), for `restored`."""
+  return getattr(_ACTIVE, "value", None)
+
+
+@contextlib.contextmanager
+def restored(state: tuple | None) -> Iterator[None]:
+  """Within it, the `activation_sharding` whose `active_state()` was `state`: a custom gradient, traced after
+  the context of its forward pass has closed, makes the same choices (kernels, chip) as that pass."""
+  previous = getattr(_ACTIVE, "value", None)
+  _ACTIVE.value = state
+  try:
+    yield
+  finally:
+    _ACTIVE.value = previous
+
+
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   """`x` with a sharding constraint from its logical axis `names` (x unchanged outside `activation_sharding`)."""
   active = getattr(_ACTIVE, "value", None)

@@ -148,15 +148,21 @@ def test_rollout_records_the_routing_a_full_forward_pass_takes(all_sparse):
   assert not got.routed_experts[real == 0].any()
 
 
-def test_capped_grouped_matmuls_equal_all_copies_and_fall_back_past_their_rows():
-  rng = np.random.default_rng(0)
-  n, k, d, f = 12, 3, 8, 4
-  x = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
-  gate, up = (jnp.asarray(rng.normal(size=(2, d, f)), jnp.float32) for _ in range(2))
-  down = jnp.asarray(rng.normal(size=(2, f, d)), jnp.float32)
+def _local_experts(n: int, k: int, seed: int) -> tuple:
+  """x [n, 8], ids [n, k] (k distinct of 8 experts), weights [n, k], and float32 experts 2 and 3 (the local
+  ones at first=2): gate, up [2, 8, 4], down [2, 4, 8]."""
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.normal(size=(n, 8)), jnp.float32)
+  gate, up = (jnp.asarray(rng.normal(size=(2, 8, 4)), jnp.float32) for _ in range(2))
+  down = jnp.asarray(rng.normal(size=(2, 4, 8)), jnp.float32)
   weights = jnp.asarray(rng.uniform(size=(n, k)), jnp.float32)
-  ids = jnp.asarray(np.stack([rng.permutation(8)[:k] for _ in range(n)]), jnp.int32)  # experts 2, 3 are local
-  args = (x, ids, weights, gate, up, down, 2, lambda v: v, {})
+  ids = jnp.asarray(np.stack([rng.permutation(8)[:k] for _ in range(n)]), jnp.int32)
+  return x, ids, weights, gate, up, down
+
+
+def test_capped_grouped_matmuls_equal_all_copies_and_fall_back_past_their_rows():
+  args = (*_local_experts(n=12, k=3, seed=0), 2, lambda v: v, {})
+  ids = args[1]
   exact = moe._experts_local(*args)
   routed = int(np.sum((np.asarray(ids) >= 2) & (np.asarray(ids) < 4)))
   assert 0 < routed <= 16 and bool(jnp.any(exact != 0))
@@ -165,6 +171,31 @@ def test_capped_grouped_matmuls_equal_all_copies_and_fall_back_past_their_rows()
     np.testing.assert_allclose(moe._experts_bounded(*args, rows), exact, rtol=1e-5, atol=1e-6)
   assert not np.allclose(moe._experts_capped(*args, routed - 1), exact)  # too few rows drop a copy
   assert moe.capacity(2048, 8) == 512 and moe.capacity(12, 2) == 12 and moe.capacity(48, 4) == 24
+
+
+def test_an_update_takes_its_copies_a_capacity_at_a_time_with_exact_gradients(monkeypatch):
+  # 9 of 36 copies are local: 16 rows take them in one chunk, 8 in two, 3 in three; forward and gradients exact
+  x, ids, weights, gate, up, down = _local_experts(n=12, k=3, seed=0)
+  assert int(np.sum((np.asarray(ids) >= 2) & (np.asarray(ids) < 4))) == 9
+
+  def grads(experts):
+    loss = lambda *a: jnp.sum(jnp.tanh(experts(a[0], ids, *a[1:], 2, lambda v: v, {})))  # noqa: E731
+    return jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3, 4)))(x, weights, gate, up, down)
+
+  exact = grads(moe._experts_local)
+  for rows in (16, 8, 3):
+    for got, want in zip(jax.tree.leaves(grads(lambda *a: moe._experts_chunked(*a, rows))), jax.tree.leaves(exact)):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{rows} rows")
+  # over 4 expert shards (fsdp 2): 16 copies per device in chunks of 8; one fsdp half sends all 16 of its copies
+  # to the first shard (two chunks), the other 4 to each shard (one)
+  x, ids, weights, gate, up, down = helpers.uneven_dispatch(16, 32, 16, seed=3)
+  loss = lambda x, gate, up, down: jnp.sum(jnp.tanh(moe.dispatch(x, ids, weights, gate, up, down)))  # noqa: E731
+  rows, swiglu = [], moe._swiglu_rows
+  monkeypatch.setattr(moe, "_swiglu_rows", lambda r, *a, **kw: rows.append(r.shape[0]) or swiglu(r, *a, **kw))
+  got = jax.jit(jax.grad(helpers.expert_split_update(loss), (0, 1, 2, 3)))(x, gate, up, down)
+  assert set(rows) == {8}
+  for a, b in zip(got, jax.grad(loss, (0, 1, 2, 3))(x, gate, up, down)):  # gradients up to 30: float32 sums
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
 def test_a_decode_step_whose_devices_take_different_branches_equals_the_unsharded_dispatch():
