@@ -2,7 +2,7 @@
 
     # a Python >= 3.12 venv with MaxText (its tpu extra; jax >= 0.11.1) and this repository:
     python3.12 -m venv /tmp/maxtext && /tmp/maxtext/bin/pip install "maxtext[tpu]==0.2.5" -e .
-    JAX_PLATFORMS=cpu /tmp/maxtext/bin/python benchmarks/maxtext_compile.py llama3.1-8b v5p-8
+    JAX_PLATFORMS=cpu /tmp/maxtext/bin/python benchmarks/maxtext_compile.py llama3.1-8b v5p-8 [num_vocab_tiling=4 ...]
 
 MaxText's `train_compile` builds the compiled executable and drops it; this
 repeats its steps with MaxText's own functions (config, topology mesh,
@@ -13,7 +13,9 @@ attention=flash, ici_fsdp_parallelism=-1, synthetic data; the rest is
 MaxText's base.yml. Prints one JSON line: per-chip memory, TFLOP with loop
 iterations counted and the roofline time rljax.compile prints (`roof s`),
 the compiler's TFLOP and time estimate (a scanned layer counted once), HBM
-traffic and collective GiB by kind (`rljax.compile.hlo`).
+traffic and collective GiB by kind (`rljax.compile.hlo`). Further arguments
+`key=value` change or add MaxText settings (`num_vocab_tiling=4`: the
+logits and the loss in 4 tiles of the batch-sequence axis).
 """
 
 import importlib.metadata
@@ -31,8 +33,8 @@ SETTINGS = dict(per_device_batch_size=2, max_target_length=1536, gradient_accumu
 MAXTEXT_TOPOLOGY = {"v5litepod-16": "v5e-16", "v5litepod-8": "v5e-8"}
 
 
-def compiled_train_step(model: str, accelerator: str):
-  """(MaxText's compiled train step for `accelerator`, compile seconds)."""
+def compiled_train_step(model: str, accelerator: str, settings: dict):
+  """(MaxText's compiled train step for `accelerator` with `settings`, compile seconds)."""
   import jax  # pylint: disable=import-outside-toplevel
   import maxtext  # pylint: disable=import-outside-toplevel
   from flax.core.spmd import logical_axis_rules  # pylint: disable=import-outside-toplevel
@@ -43,7 +45,7 @@ def compiled_train_step(model: str, accelerator: str):
   jax.config.update("jax_default_prng_impl", "unsafe_rbg")  # as train_compile.main sets them
   os.environ["LIBTPU_INIT_ARGS"] = os.environ.get("LIBTPU_INIT_ARGS", "") + " --xla_tpu_spmd_rng_bit_generator_unsafe=true"
   base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
-  settings = {**SETTINGS, "model_name": model, "compile_topology": MAXTEXT_TOPOLOGY.get(accelerator, accelerator),
+  settings = {**settings, "model_name": model, "compile_topology": MAXTEXT_TOPOLOGY.get(accelerator, accelerator),
               "base_output_directory": "/tmp/maxtext_compile", "run_name": f"{model}_{accelerator}"}
   config = pyconfig.initialize(["train_compile", base] + [f"{k}={v}" for k, v in settings.items()])
   train_compile.validate_config(config)
@@ -64,11 +66,12 @@ def compiled_train_step(model: str, accelerator: str):
 
 def main():
   model, accelerator = sys.argv[1], sys.argv[2]
+  settings = {**SETTINGS, **dict(arg.split("=", 1) for arg in sys.argv[3:])}
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ["TPU_ACCELERATOR_TYPE"] = accelerator
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   from rljax.compile import hlo, report, topology  # pylint: disable=import-outside-toplevel
-  compiled, seconds = compiled_train_step(model, accelerator)
+  compiled, seconds = compiled_train_step(model, accelerator, settings)
   memory, cost = compiled.memory_analysis(), compiled.cost_analysis() or {}
   cost = cost[0] if isinstance(cost, list) else cost
   text = compiled.as_text()
@@ -78,7 +81,7 @@ def main():
           + memory.temp_size_in_bytes)
   versions = {p: importlib.metadata.version(p) for p in ("maxtext", "jax", "jaxlib", "libtpu", "flax")}
   print(json.dumps({
-      "library": "maxtext", "model": model, "topology": accelerator, "versions": versions, "settings": SETTINGS,
+      "library": "maxtext", "model": model, "topology": accelerator, "versions": versions, "settings": settings,
       "argument_gib": memory.argument_size_in_bytes / GiB, "temp_gib": memory.temp_size_in_bytes / GiB,
       "peak_gib": peak / GiB, "loop_tflop": flops / 1e12,
       "roofline_s": None if chip is None else report.roofline_seconds(flops, traffic, sum(summary.by_kind.values()), chip),
