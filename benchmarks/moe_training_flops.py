@@ -2,7 +2,7 @@
 extra), and the rows the Pallas kernels multiply for a drawn routing.
 
     JAX_PLATFORMS=cpu python benchmarks/moe_training_flops.py [--topology v5p:2x2x1 --tokens 24576 --top_k 8
-        --experts 128 --shards 8 --width_in 2048 --width_out 768 --seed 0]
+        --experts 128 --shards 8 --width_in 2048 --width_out 768 --seed 0 --dispatch_topology v5p:2x2x2]
 
 The defaults are one chip of the `qwen3_30b_a3b_gsm8k` preset's update on
 v5p-64: 3072 tokens per chip per micro-batch, all-gathered over the 8
@@ -19,8 +19,13 @@ HBM traffic. Then a routing is drawn (each token's k experts uniformly
 without repeats, and a skewed one, expert e drawn with weight 1/(e+1)),
 and the rows the kernels multiply (`product_rows`, the dynamic work: the
 same count in the forward, the transposed product and `grouped_outer`) are
-set against the rows routed to the chip's experts. Prints one JSON object
-per line. Compiler and counting figures, not a timing.
+set against the rows routed to the chip's experts: with every copy in one
+buffer, and taken `moe.capacity` rows at a time as the update now does
+(`chunks` of them). Last, one layer's whole `moe.dispatch` and its gradient
+over the 8 chips of `--dispatch_topology`, compiled with the grouped
+matmuls sized for every copy and for `moe.capacity`: temporaries, declared
+TFLOP and traffic per chip. Prints one JSON object per line. Compiler and
+counting figures, not a timing.
 """
 
 from __future__ import annotations
@@ -55,6 +60,19 @@ def compiled_figures(fn, rows, kernels, sizes) -> dict:
   loss = lambda r, w, s: jnp.sum(jnp.square(fn(r, w, s).astype(jnp.float32)))  # noqa: E731
   text = jax.jit(jax.grad(loss, (0, 1))).lower(rows, kernels, sizes).compile().as_text()
   return {"declared_tflop": round(hlo.loop_flops(text) / 1e12, 3), "traffic_gib": round(hlo.hbm_bytes(text) / 2**30, 2)}
+
+
+def multiplied_rows(counts: np.ndarray, rows: int) -> tuple[int, int]:
+  """(rows the kernels multiply, chunks) for a chip's copies per local expert `counts` [E'] sorted by expert
+  and taken `rows` at a time (`moe._experts_chunked`; all of them in one when `rows` is every copy)."""
+  tm = grouped_matmul.row_tile(rows)
+  padded = -(-rows // tm) * tm
+  starts = range(0, max(int(counts.sum()), 1), rows)
+  total = 0
+  for start in starts:
+    sizes = moe._chunk_sizes(jnp.asarray(counts, jnp.int32), jnp.int32(start), rows)  # pylint: disable=protected-access
+    total += int(grouped_matmul.product_rows(grouped_matmul.visits(sizes, padded, tm), tm))
+  return total, len(starts)
 
 
 def dispatch_figures(args, factor: float) -> dict:
@@ -120,18 +138,16 @@ def main() -> None:
     over = round(figures["declared_tflop"] * 1e12 / matmul, 2)
     print(json.dumps({"way": name, **figures, "declared_over_all_rows": over}))
   rng = np.random.default_rng(args.seed)
-  tm = grouped_matmul.row_tile(copies)
-  padded = -(-copies // tm) * tm
   for skewed in (False, True):
     ids = routing(rng, args.tokens, args.experts, args.top_k, skewed)
     for chip in range(args.shards):
       counts = chip_sizes(ids, args.experts, chip * local, local)
-      work = grouped_matmul.visits(jnp.asarray(counts, jnp.int32), padded, tm)
-      multiplied = int(grouped_matmul.product_rows(work, tm))
       routed = int(counts.sum())
-      print(json.dumps({"routing": "skewed" if skewed else "uniform", "chip": chip, "routed_rows": routed,
-                        "multiplied_rows": multiplied, "ratio": round(multiplied / max(routed, 1), 3),
-                        "all_rows_over_routed": round(copies / max(routed, 1), 2)}))
+      row = {"routing": "skewed" if skewed else "uniform", "chip": chip, "routed_rows": routed}
+      for name, rows in (("all_copies", copies), ("chunks", moe.capacity(copies, args.shards))):
+        multiplied, chunks = multiplied_rows(counts, rows)
+        row |= {f"{name}_multiplied": multiplied, f"{name}_ratio": round(multiplied / max(routed, 1), 3)}
+      print(json.dumps({**row, "chunks": chunks}))
   for factor in (float(args.shards), moe.CAPACITY_FACTOR):
     print(json.dumps({"dispatch": args.dispatch_topology, **dispatch_figures(args, factor)}))
 
