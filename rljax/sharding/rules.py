@@ -155,8 +155,9 @@ def active_state() -> tuple | None:
 
 @contextlib.contextmanager
 def restored(state: tuple | None) -> Iterator[None]:
-  """Within it, the `activation_sharding` whose `active_state()` was `state`: a custom gradient, traced after
-  the context of its forward pass has closed, makes the same choices (kernels, chip) as that pass."""
+  """Within it, the `activation_sharding` whose `active_state()` was `state`: a custom gradient makes the same
+  choices (kernels, chip) as its forward pass even where the gradient is taken outside that pass's context
+  (traced after it has closed; the trainer's steps take theirs inside)."""
   previous = getattr(_ACTIVE, "value", None)
   _ACTIVE.value = state
   try:

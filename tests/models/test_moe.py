@@ -186,6 +186,10 @@ def test_an_update_takes_its_copies_a_capacity_at_a_time_with_exact_gradients(mo
   for rows in (16, 8, 3):
     for got, want in zip(jax.tree.leaves(grads(lambda *a: moe._experts_chunked(*a, rows))), jax.tree.leaves(exact)):
       np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{rows} rows")
+  # a quantized rollout's prefill gathers its weights too: 8-bit experts through the chunks
+  quantized = [weight_quant.quantize(w, (1,), jnp.int8, jnp.float32) for w in (gate, up, down)]
+  args = (x, ids, weights, *quantized, 2, lambda v: v, {})
+  np.testing.assert_allclose(moe._experts_chunked(*args, 3), moe._experts_local(*args), rtol=1e-5, atol=1e-5)
   # over 4 expert shards (fsdp 2): 16 copies per device in chunks of 8; one fsdp half sends all 16 of its copies
   # to the first shard (two chunks), the other 4 to each shard (one)
   x, ids, weights, gate, up, down = helpers.uneven_dispatch(16, 32, 16, seed=3)
