@@ -280,7 +280,12 @@ def test_lora_on_experts_equals_its_merged_kernels(all_sparse, scan):
   assert names["base_model.model.model.layers.0.mlp.experts.2.gate_proj.lora_A.weight"].shape == (4, 32)
 
 
-def test_lora_on_experts_sharded_equals_unsharded(all_sparse):
+def test_lora_on_experts_sharded_equals_unsharded(all_sparse, monkeypatch):
+  # capacity for one even share: each of the 2 expert shards takes its copies half of them at a time, so the
+  # adapters, and the mlp split over tensor, go through the chunks and their gradient
+  monkeypatch.setattr(moe, "CAPACITY_FACTOR", 1.0)
+  chunked, experts_chunked = [], moe._experts_chunked
+  monkeypatch.setattr(moe, "_experts_chunked", lambda *a, **kw: chunked.append(a[-1]) or experts_chunked(*a, **kw))
   _, path = all_sparse
   ids, mask = rows4()
   mesh, rules = ep_mesh(), sharding.rules_from_config(config_lib.get_base_config())
@@ -291,3 +296,4 @@ def test_lora_on_experts_sharded_equals_unsharded(all_sparse):
   np.testing.assert_allclose(o1, o2, rtol=1e-4, atol=1e-5)
   a1, a2 = g1["layers"][0]["mlp"]["adapters"]["down"]["b"][...], g2["layers"][0]["mlp"]["adapters"]["down"]["b"][...]
   np.testing.assert_allclose(a1, a2, rtol=1e-3, atol=1e-5)
+  assert chunked
