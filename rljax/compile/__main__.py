@@ -12,6 +12,9 @@ and measured/bound) and exits 1 when a step does not fit, with what to
 change. `roof s` is max(FLOPs / peak FLOP/s, HBM traffic / HBM bandwidth)
 + collective bytes / ICI bandwidth: collectives not overlapped with
 compute, every rate at its peak (`rljax.compile.report`); none for v4.
+Loops whose trip count depends on the data (a mixture-of-experts update's
+capacity chunks) count once, and a line under the table names the steps
+that have them.
 A step's `need` counts `state`: the trainer's arrays (weights, optimizer
 moments, the reference's copy) that stay on each chip while a step that does
 not take them runs (a rollout step, or the update beside the reference).
@@ -122,6 +125,8 @@ def main(argv: Sequence[str]) -> int:
     status = "fits" if result.fits else f"does NOT fit: {result.error or 'over HBM'}"
     print(f"  {result.name}: {status} ({result.compile_seconds:.0f} s)", flush=True)
   print(report.table(reports))
+  if report.once_counted(reports):
+    print(report.once_counted(reports))
   if sent is not None:
     print(report.sent_line(sent, len(rollout_devices), config.trainer.v1.separate_async.parameter_sync_step, chip,
                            len(hosts.processes(rollout_devices)) if remote else 1))

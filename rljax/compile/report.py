@@ -83,6 +83,7 @@ class StepReport:
   bound: tuple[str, float] | None = None
   error: str | None = None
   compile_seconds: float = 0.0
+  unknown_loops: int = 0
 
   @property
   def ratio(self) -> float | None:
@@ -204,7 +205,8 @@ def from_compiled(name: str, compiled: Any, hbm: int, params: Any = None, args: 
       bytes_accessed=cost.get("bytes accessed"), hbm_traffic=traffic,
       collectives={k: v for k, v in summary.by_kind.items() if v},
       activation_all_reduce=0 if params is None else activation_all_reduce(summary, params),
-      cross_host=None if args is None else _cross_host(summary, partition_hosts(args)))
+      cross_host=None if args is None else _cross_host(summary, partition_hosts(args)),
+      unknown_loops=len(set(summary.unknown_loops)))
 
 
 def in_sequence(name: str, parts: list[tuple[StepReport, bool]], hbm: int) -> StepReport:
@@ -234,7 +236,8 @@ def in_sequence(name: str, parts: list[tuple[StepReport, bool]], hbm: int) -> St
       bytes_accessed=total("bytes_accessed"), hbm_traffic=total("hbm_traffic"),
       collectives={k: sum(r.collectives.get(k, 0) for r in reports) for k in kinds},
       activation_all_reduce=total("activation_all_reduce"),
-      cross_host=None if any(c is None for c in hosts_apart) else sum(hosts_apart))
+      cross_host=None if any(c is None for c in hosts_apart) else sum(hosts_apart),
+      unknown_loops=total("unknown_loops"))
 
 
 def _cross_host(summary: hlo.CollectiveSummary, hosts: list[int]) -> float | None:
@@ -319,6 +322,16 @@ def decode_minimum(params: Any, state: Any) -> float:
 
 def gib(value: float | None) -> str:
   return "-" if value is None else f"{value / (1 << 30):.2f}"
+
+
+def once_counted(reports: list[StepReport]) -> str | None:
+  """A line naming the steps whose figures count one iteration of loops that run as the data says, or None."""
+  steps = [f"{r.name} ({r.unknown_loops})" for r in reports if r.unknown_loops]
+  if not steps:
+    return None
+  return (f"{', '.join(steps)}: TFLOP, roof s, traffic and collectives count one iteration of each loop whose "
+          "trip count depends on the data (a mixture-of-experts chunk loop runs once unless a chip is routed more "
+          "than its capacity, rljax.models.moe.capacity)")
 
 
 def table(reports: list[StepReport]) -> str:

@@ -170,3 +170,21 @@ def test_a_conditional_counts_its_costliest_branch():
   assert "conditional" in text
   whole = 1024 * 1024 * 4
   assert whole <= hlo.hbm_bytes(text) < 1.1 * whole, hlo.hbm_bytes(text)
+
+
+def test_reports_name_the_loops_whose_trip_count_depends_on_the_data():
+  # a while loop that runs until its data says stop is counted once (as a chunk loop that usually runs once):
+  # the report counts such loops and the CLI names the steps whose figures rest on them
+  def chunks(x, n):
+    return jax.lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, jnp.tanh(c[1] @ x)), (0, x))[1]
+
+  x, n = jax.ShapeDtypeStruct((ROWS, ROWS), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)
+  data = report.from_compiled("update", jax.jit(chunks).lower(x, n).compile(), 1 << 30)
+  w = jax.ShapeDtypeStruct((LAYERS, WIDTH, WIDTH), jnp.float32)
+  layers = report.from_compiled("scan", jax.jit(scanned_matmuls).lower(w, x.update(shape=(ROWS, WIDTH))).compile(),
+                                1 << 30)
+  assert (data.unknown_loops, layers.unknown_loops) == (1, 0)
+  assert data.loop_flops == 2 * ROWS ** 3
+  assert report.once_counted([layers]) is None
+  assert report.once_counted([layers, data]).startswith("update (1): TFLOP, roof s, traffic and collectives count one")
+  assert report.in_sequence("both", [(data, True), (data, False)], 1 << 30).unknown_loops == 2
