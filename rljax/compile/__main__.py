@@ -125,8 +125,9 @@ def main(argv: Sequence[str]) -> int:
     status = "fits" if result.fits else f"does NOT fit: {result.error or 'over HBM'}"
     print(f"  {result.name}: {status} ({result.compile_seconds:.0f} s)", flush=True)
   print(report.table(reports))
-  if report.once_counted(reports):
-    print(report.once_counted(reports))
+  once = report.once_counted(reports)
+  if once:
+    print(once)
   if sent is not None:
     print(report.sent_line(sent, len(rollout_devices), config.trainer.v1.separate_async.parameter_sync_step, chip,
                            len(hosts.processes(rollout_devices)) if remote else 1))

@@ -266,15 +266,24 @@ def capacity(copies: int, shards: int) -> int:
   return min(copies, -(-math.ceil(CAPACITY_FACTOR * copies / shards) // 8) * 8)
 
 
+def _weighted_copies(x, scale, experts, taken, sizes, k, sum_inputs, trained) -> jax.Array:
+  """[R, D'] the weighted outputs of copies `taken` [R] (sorted by local expert, `sizes` [E'] rows each; the
+  rest zero) of tokens x [N, D'], scale [N, k] their routing weights (zero where not local), experts (gate, up,
+  down, adapters)."""
+  gate, up, down, adapters = experts
+  y = _swiglu_rows(x[taken // k], sizes, gate, up, down, sum_inputs, adapters, trained)
+  return y * scale.reshape(-1)[taken][:, None]
+
+
 def _experts_capped(x, ids, weights, gate, up, down, first, sum_inputs, adapters, rows: int) -> jax.Array:
   """`_experts_local` with the grouped matmuls sized for `rows` copies (the local ones first): exact when at
   most `rows` copies are routed here, which `_experts_bounded` checks."""
-  n, k = ids.shape
+  k = ids.shape[1]
   order, sizes, here = _sorted_copies(ids, first, weight_quant.shape(gate)[0])
   taken = order[:rows]
-  y = _swiglu_rows(x[taken // k], sizes, gate, up, down, sum_inputs, adapters)
-  scale = jnp.where(here, weights, jnp.zeros_like(weights)).astype(x.dtype).reshape(-1)[taken]
-  return jnp.zeros_like(x).at[taken // k].add(y * scale[:, None])
+  scale = jnp.where(here, weights, jnp.zeros_like(weights)).astype(x.dtype)
+  y = _weighted_copies(x, scale, (gate, up, down, adapters), taken, sizes, k, sum_inputs, False)
+  return jnp.zeros_like(x).at[taken // k].add(y)
 
 
 def _experts_bounded(x, ids, weights, gate, up, down, first, sum_inputs, adapters, rows: int) -> jax.Array:
@@ -297,15 +306,6 @@ def _chunk_sizes(sizes: jax.Array, start: jax.Array, rows: int) -> jax.Array:
   return (jnp.clip(ends - start, 0, rows) - jnp.clip(ends - sizes - start, 0, rows)).astype(sizes.dtype)
 
 
-def _weighted_copies(x, scale, experts, taken, sizes, k, sum_inputs, trained) -> jax.Array:
-  """[R, D'] the weighted outputs of copies `taken` [R] (sorted by local expert, `sizes` [E'] rows each; the
-  rest zero) of tokens x [N, D'], scale [N, k] their routing weights (zero where not local), experts (gate, up,
-  down, adapters)."""
-  gate, up, down, adapters = experts
-  y = _swiglu_rows(x[taken // k], sizes, gate, up, down, sum_inputs, adapters, trained)
-  return y * scale.reshape(-1)[taken][:, None]
-
-
 def _chunk_loop(rows: int, k: int, sum_inputs, trained: bool):
   """f(x [N, D'], scale [N, k], experts, order [N*k + rows - 1], sizes [E']) -> [N, D']: the local copies'
   weighted outputs summed per token, `rows` sorted copies at a time while any are left, and its gradient over
@@ -317,14 +317,17 @@ def _chunk_loop(rows: int, k: int, sum_inputs, trained: bool):
     start = c * rows
     return jax.lax.dynamic_slice(order, (start,), (rows,)), _chunk_sizes(sizes, start, rows)
 
+  def while_left(sizes, body, init):
+    routed = jnp.sum(sizes)
+    return jax.lax.while_loop(lambda carry: carry[0] * rows < routed, body, (jnp.int32(0), init))[1]
+
   def forward(x, scale, experts, order, sizes):
     def body(carry):
       c, out = carry
       taken, chunk_sizes = chunk(order, sizes, c)
       y = _weighted_copies(x, scale, experts, taken, chunk_sizes, k, sum_inputs, trained)
       return c + 1, out.at[taken // k].add(y.astype(jnp.float32))
-    left = lambda carry: carry[0] * rows < jnp.sum(sizes)  # noqa: E731
-    return jax.lax.while_loop(left, body, (jnp.int32(0), jnp.zeros(x.shape, jnp.float32)))[1].astype(x.dtype)
+    return while_left(sizes, body, jnp.zeros(x.shape, jnp.float32)).astype(x.dtype)
 
   def backward(residuals, d_out):
     with rules_lib.restored(context):
@@ -339,10 +342,9 @@ def _chunk_loop(rows: int, k: int, sum_inputs, trained: bool):
       copies = lambda *a: _weighted_copies(*a, taken, chunk_sizes, k, sum_inputs, trained)  # noqa: E731
       _, vjp = jax.vjp(copies, x, scale, experts)
       return c + 1, jax.tree.map(lambda g, d: g + d.astype(g.dtype), grads, vjp(d_out[taken // k]))
-    left = lambda carry: carry[0] * rows < jnp.sum(sizes)  # noqa: E731
     primals = (x, scale, experts)
     zeros = jax.tree.map(lambda v: jnp.zeros(v.shape, jnp.promote_types(v.dtype, jnp.float32)), primals)
-    grads = jax.lax.while_loop(left, body, (jnp.int32(0), zeros))[1]
+    grads = while_left(sizes, body, zeros)
     return (*jax.tree.map(lambda g, v: g.astype(v.dtype), grads, primals), None, None)
 
   f = jax.custom_vjp(forward)
