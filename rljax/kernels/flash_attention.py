@@ -76,7 +76,8 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segments: jax.Ar
   q, k, v = pad(q, tp, 2), pad(k, sp, 2), pad(v, sp, 2)
   segments = splash.SegmentIds(q=pad(q_segments.astype(jnp.int32), tp, 1),
                                kv=pad(kv_segments.astype(jnp.int32), sp, 1))
-  kernel = _kernel(h, tp, sp, int(offset), window, bool(interpret))
+  with jax.ensure_compile_time_eval():  # the cached kernel's mask arrays must be concrete, not this trace's
+    kernel = _kernel(h, tp, sp, int(offset), window, bool(interpret))
   out = jax.vmap(kernel)(q, k.astype(q.dtype), v.astype(q.dtype), segment_ids=segments)
   return out[:, :, :t]
 
