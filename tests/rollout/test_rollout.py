@@ -3,6 +3,7 @@
 import asyncio
 import logging
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ from rljax import config as config_lib, sharding
 from rljax.models import CausalLM, ModelConfig, from_pretrained
 from rljax.rollout import factory
 from rljax.rollout import sampling
+from rljax.rollout.serving import DriverThreadError
 from rljax.rollout import (
     HAS_JETSTREAM, RolloutSampler, SamplingParams, make_driver, make_engine, sample, top_k_filter, top_p_filter,
 )
@@ -343,17 +345,41 @@ def test_jetstream_orchestrator_serves_the_engine(twins):
         out.extend(response.stream_content.samples[0].token_ids)
       return out
 
-    return await asyncio.wait_for(asyncio.gather(*(decode(p) for p in prompts)), 120)
+    try:
+      return await asyncio.wait_for(asyncio.gather(*(decode(p) for p in prompts)), 120)
+    finally:
+      # inside the loop: a request's end is two callbacks from the detokenize thread, and the loop must still be
+      # open for the second after the first has ended the request (closed, it raised in that thread, which under
+      # JetStream's own thread class killed pytest: the suite's SIGKILLs in this module)
+      driver.stop()
 
-  try:
-    served = asyncio.run(serve_all())
-  finally:
-    driver.stop()
+  served = asyncio.run(serve_all())
   for tokens, got in zip(prompts, served):
     ids = np.asarray([[1, *tokens]], np.int32)
     expected = hf_greedy(hf, ids, np.ones_like(ids), RESPONSE, 7)[0]
     expected = list(expected[:list(expected).index(7)] if 7 in expected else expected)
     assert got == expected
+
+
+def test_a_failing_driver_thread_raises_at_stop_and_leaves_the_process_alive(twins):
+  # JetStream's own driver threads SIGKILL their process when they raise (the traceback on stdout, which pytest
+  # captures): here the error is kept, logged, and raised by stop()
+  _, model = twins
+  params = nnx.state(model, nnx.Param)
+  engine = make_engine(model, max_concurrent_decodes=2, prefill_buckets=(8,), max_decode_length=RESPONSE,
+                       params=params, tokenizer=_BosOnly(bos=1))
+
+  def broken():
+    raise ValueError("no decode state today")
+
+  engine.init_decode_state = broken  # the generate thread's first call
+  driver = make_driver(engine, params)
+  deadline = time.monotonic() + 30
+  while not driver.thread_errors and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert [name for name, _ in driver.thread_errors] == ["generate-0"]
+  with pytest.raises(DriverThreadError, match="generate-0 failed: ValueError.'no decode state today'"):
+    driver.stop()
 
 
 class _BosOnly:
