@@ -20,13 +20,19 @@ def free_port() -> int:
 COMPILER_ENV = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "ALLOW_MULTIPLE_LIBTPU_LOAD")
 
 
+def xla_flags(devices: int = 1) -> str:
+  """This test session's XLA flags (conftest's, such as its optimization level) with `devices` CPU devices."""
+  kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+  return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+
+
 def start(argv: list[str], processes: int, devices: int = 8, **env_vars: str) -> list[subprocess.Popen]:
   """`python argv...` as `processes` processes sharing `devices` CPU devices (one process: no coordinator), with
   `env_vars` set in each."""
   port, procs = free_port(), []
   for rank in range(processes):
     env = dict({k: v for k, v in os.environ.items() if k not in COMPILER_ENV}, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices // processes}", **env_vars)
+               XLA_FLAGS=xla_flags(devices // processes), **env_vars)
     if processes > 1:
       env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
                  JAX_PROCESS_ID=str(rank))

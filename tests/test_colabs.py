@@ -15,6 +15,8 @@ import pathlib
 import nbformat
 import pytest
 
+from tests import processes
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 COLABS = ROOT / "colabs"
 NOTEBOOKS = sorted(COLABS.glob("*.ipynb"))
@@ -103,8 +105,7 @@ def shared(tmp_path_factory):
 def kernel_env():
   """One CPU device and this checkout importable; the session's compilation cache (conftest) is inherited."""
   env = dict(os.environ)
-  flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-  env["XLA_FLAGS"] = " ".join(flags)
+  env["XLA_FLAGS"] = processes.xla_flags()
   env["JAX_PLATFORMS"] = "cpu"
   env["TOKENIZERS_PARALLELISM"] = "false"
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))

@@ -310,6 +310,7 @@ def run_cli(*args):
                         capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_dry_run_round_trips_and_both_syntaxes_agree():
   flag_run = run_cli("--config=configs/grpo.py", "--dry_run", *[f"--config.{k}={v}" for k, v in OVERRIDES.items()])
   verl_run = run_cli("--config=configs/grpo.py", "--dry_run", *[f"{k}={v}" for k, v in OVERRIDES.items()])
@@ -329,6 +330,7 @@ def test_load_config_file_errors(tmp_path):
     C.load_config_file(str(tmp_path / "empty.py"))
 
 
+@pytest.mark.slow
 def test_cli_errors_name_the_key():
   bad = run_cli("--config=configs/grpo.py", "--dry_run", "algorithm.adv_estimator=ppo")
   assert bad.returncode == 2 and "algorithm.adv_estimator='ppo'" in bad.stderr

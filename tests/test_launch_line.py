@@ -328,6 +328,7 @@ def test_a_yaml_config_file_loads_as_configs_verl_yaml_does(tmp_path):
       C.load_config_file(f"{ROOT / 'configs' / 'verl_yaml.py'}:{path}"))
 
 
+@pytest.mark.slow
 def test_cli_runs_a_verl_launch_line_with_hydras_spellings(tmp_path):
   (tmp_path / "ppo.yaml").write_text(VERL_YAML)
   overrides = ["actor_rollout_ref.model.path=smollm2-135m-instruct", "data.train_files=[a.parquet,b.parquet]",

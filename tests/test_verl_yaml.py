@@ -250,6 +250,7 @@ def run_cli(*args):
                         capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_dry_run_with_verl_overrides_after_the_file(yaml_file):
   run = run_cli(f"--config=configs/verl_yaml.py:{yaml_file}", "--dry_run", "data.max_response_length=64",
                 "trainer.experiment_name=run2", "--config.actor_rollout_ref.rollout.n=8")

@@ -611,6 +611,7 @@ def token_spec(mesh):
   return P(*mesh.axis_names) if len(mesh.axis_names) == 2 else P("data", None)
 
 
+@pytest.mark.slow
 def test_sharded_equals_unsharded():
   """Batch over 8 devices (1x8) and batch x tokens over a 2x4 mesh."""
   old, lp, adv, mask, w = make_batch(7, B=16, T=8)

@@ -112,6 +112,7 @@ def test_gradient_options_keep_reduce_scatters_that_libtpu_would_all_reduce(shap
   assert sharding.gradient_compiler_options(Mesh(np.array(jax.devices()), ("fsdp",))) == {}
 
 
+@pytest.mark.slow
 @jax.default_matmul_precision("default")  # Mosaic has no "highest" bfloat16 matmul (conftest sets highest)
 @pytest.mark.parametrize("name", ["v5p:2x2x1", "v5e:2x2"])
 def test_update_gathers_weights_and_reduce_scatters_gradients(model_dir, name):
@@ -129,6 +130,7 @@ def test_update_gathers_weights_and_reduce_scatters_gradients(model_dir, name):
   assert result.ratio <= 1.3, (result.collectives, result.bound)
 
 
+@pytest.mark.slow
 @jax.default_matmul_precision("default")
 def test_tensor_parallel_update_reduce_scatters_activations_instead_of_all_reducing_them(model_dir):
   steps, target = planned(model_dir, "v5p:2x2x1", "actor_rollout_ref.actor.tensor_model_parallel_size=2")
@@ -157,6 +159,7 @@ def test_decode_moves_no_weight_and_reads_its_shards(model_dir, name):
   assert result.ratio <= 1.3, (result.hbm_traffic, result.bound)
 
 
+@pytest.mark.slow
 def test_an_int8_cache_halves_the_cache_shard_and_the_decode_steps_cache_traffic(model_dir):
   """64 slots on v5e-4 with rollout.kv_cache_dtype=int8: the cache shard is 0.51x the bfloat16 one (8 bits and a
   bfloat16 scale per 128-wide vector), and the decode step, the Pallas kernel reading the 8-bit blocks as stored,
@@ -176,6 +179,7 @@ def test_an_int8_cache_halves_the_cache_shard_and_the_decode_steps_cache_traffic
   assert int8_rest < 0.6 * full_rest, (int8_rest, full_rest)
 
 
+@pytest.mark.slow
 def test_int8_weights_halve_the_decode_steps_weight_bytes_and_with_an_int8_cache_its_traffic(model_dir):
   """64 slots on v5e-4 with rollout.quantization=int8: the engine's weight shard is about half bfloat16's, the
   decode step reads about that shard and its cache (XLA fuses the convert into the dots), and with the cache in
@@ -222,6 +226,7 @@ def test_expert_parallel_decode_reads_its_experts_in_place(moe_dir):
   assert result.ratio <= 1.3, (result.hbm_traffic, result.bound)
 
 
+@pytest.mark.slow
 @jax.default_matmul_precision("default")
 @pytest.mark.parametrize("quantization", [None, "fp8"])
 def test_scanned_expert_parallel_decode_reads_its_experts_in_place(tmp_path, quantization):
@@ -244,6 +249,7 @@ def test_scanned_expert_parallel_decode_reads_its_experts_in_place(tmp_path, qua
   assert result.ratio <= 1.3, (result.hbm_traffic, result.bound)
 
 
+@pytest.mark.slow
 @jax.default_matmul_precision("default")
 def test_moe_dispatch_flops_are_those_of_the_activated_experts():
   from rljax.models import moe
@@ -258,6 +264,7 @@ def test_moe_dispatch_flops_are_those_of_the_activated_experts():
   assert activated <= compiled.cost_analysis()["flops"] <= 1.3 * activated
 
 
+@pytest.mark.slow
 def test_cli_reports_a_step_that_does_not_fit_with_the_fix(model_dir):
   command = [sys.executable, "-m", "rljax.compile", f"--config={ROOT / 'configs' / 'grpo.py'}", "--topology=v5e:2x2",
              "--only=insert", f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES,
@@ -347,6 +354,7 @@ def test_replica_groups_are_read_in_each_form_hlo_writes(attributes, groups):
   assert hlo.replica_groups(attributes) == groups
 
 
+@pytest.mark.slow
 def test_a_slice_of_four_hosts_rolls_out_on_each_host_after_one_weight_all_gather(model_dir):
   """v5e-16 is 4 hosts: each decodes its own share of the responses on its own 4 chips (compiled on a one-host
   slice, with a slot for each of them, not for every host's) after one all-gather
@@ -379,6 +387,7 @@ def test_a_slice_of_four_hosts_rolls_out_on_each_host_after_one_weight_all_gathe
   assert steps["actor_update"].resident == pytest.approx(4 * parameters / 16, rel=1e-3)  # the reference's copy
 
 
+@pytest.mark.slow
 def test_an_append_of_8_of_256_slots_computes_and_reads_their_rows_only(model_dir):
   """A multi-turn engine of 256 slots on v5e-4 (4 shards of 64): 8 slots appending (2 per shard) cost 8/256 of the
   all-slot append's FLOPs, and read the weights plus each appending row's cache about 4 times (copied out, read by
@@ -409,6 +418,7 @@ def test_an_append_of_8_of_256_slots_computes_and_reads_their_rows_only(model_di
   assert hlo.collectives(compiled.as_text()).by_kind["all-gather"] < 0.05 * weights
 
 
+@pytest.mark.slow
 def test_separate_async_compiles_each_side_on_its_own_hosts_and_counts_what_it_sends(model_dir):
   """separate_async on v5p-16 with a rollout of one host: the trainer's steps compile on one host's 4 chips and
   the engine's on the other's, each rollout step beside the weight versions its schedule holds (the one it

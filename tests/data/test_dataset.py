@@ -100,6 +100,7 @@ def test_truncation_error_names_row_and_length(tmp_path, tokenizer):
     dataset[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_filter_overlong_counts(tmp_path, tokenizer, workers):
   # Prompt i has i % 5 + 1 words -> i % 5 + 3 tokens; keep those <= 5 tokens.

@@ -163,6 +163,7 @@ def test_make_val_batches(tmp_path, tokenizer):
   assert batches[0]["input_ids"].shape == (5, 8)
 
 
+@pytest.mark.slow
 def test_state_restore_with_worker_processes():
   def iterator():
     batches = data.batch_dataset(Items(24), 4, num_epochs=2, seed=3)

@@ -90,6 +90,7 @@ def base_greedy(tiny):
   return sampler_greedy(tiny["model"])
 
 
+@pytest.mark.slow
 def test_greedy_equals_rollout_sampler(tiny, base_greedy):
   out = tiny["root"] / "greedy.parquet"
   args = generate_args(tiny, out, "rollout.do_sample=false", "data.n_samples=1", "data.batch_size=2")
@@ -101,6 +102,7 @@ def test_greedy_equals_rollout_sampler(tiny, base_greedy):
   assert table.drop_columns(["responses"]).equals(pq.read_table(tiny["prompts"]))
 
 
+@pytest.mark.slow
 def test_checkpoint_actor_generates(tiny, base_greedy):
   """model.checkpoint: the latest complete step's actor, on the run's model and tokenizer."""
   run_dir = str(tiny["root"] / "run")
@@ -126,6 +128,7 @@ def score_by_length(solution_str):
   return (len(solution_str) % 4) / 2
 
 
+@pytest.mark.slow
 def test_generate_then_eval_end_to_end(tiny):
   out = tiny["root"] / "sampled.parquet"
   args = generate_args(tiny, out, "data.n_samples=3", "data.batch_size=2", "rollout.temperature=1.0",

@@ -20,6 +20,7 @@ def _qkv(b, h, k, t, s, hd, seed=0):
 
 
 # (offset, S, window): causal self-attention; responses after a 12-slot shared prompt; a sliding window of 5
+@pytest.mark.slow
 @pytest.mark.parametrize("offset,kv_len,window", [(0, 20, None), (12, 32, None), (0, 20, 5)])
 def test_flash_attention_equals_dense_values_and_gradients(offset, kv_len, window):
   q, k, v = _qkv(2, 4, 2, 20, kv_len, 16)
@@ -97,6 +98,7 @@ def test_an_8bit_cache_holds_each_vector_to_its_format_rounding(dtype, bound):
   assert float(stored.scale[0, 0, 0]) == 0.0 and not jnp.any(jnp.isnan(kv_quant.dequantize(stored, jnp.float32)))
 
 
+@pytest.mark.slow
 def test_pallas_model_equals_xla_model_in_training_and_decode():
   cfg = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)

@@ -63,6 +63,7 @@ def test_unsupported_fields_are_named(saved, edit, field):
     M.from_hf_dict({**hf_config(saved[1]), **edit})
 
 
+@pytest.mark.slow
 def test_scan_and_remat_match_unrolled(saved):
   _, path = saved
   ids, mask = helpers.batch()
@@ -77,6 +78,7 @@ def test_scan_and_remat_match_unrolled(saved):
       np.testing.assert_allclose(g2["layers"][name[0]][name[1]][...][i], want, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.slow
 def test_kv_cache_prefill_then_decode_matches_full_forward(saved):
   _, path = saved
   model = M.from_pretrained(path, scan_layers=True)
@@ -106,6 +108,7 @@ def test_sharded_scan_equals_unsharded(saved):
   np.testing.assert_allclose(np.asarray(sharded(ids, mask)), np.asarray(full(ids, mask)), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_greedy_32_tokens_equal_transformers_generate(saved):
   hf, path = saved
   model = M.from_pretrained(path)

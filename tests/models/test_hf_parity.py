@@ -24,6 +24,7 @@ def saved(tmp_path_factory):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_from_transformers_checkpoint_same_logits(saved, family):
   hf, path = saved[family]
@@ -47,6 +48,7 @@ def test_save_pretrained_opens_in_transformers(saved, family, tmp_path):
   assert helpers.max_diff_on_mask(ours, helpers.hf_logits(reloaded, ids, mask), mask) <= 1e-4
 
 
+@pytest.mark.slow
 def test_scan_and_remat_match_unrolled(saved):
   _, path = saved["qwen3"]
   ids, mask = helpers.batch()
@@ -61,6 +63,7 @@ def test_scan_and_remat_match_unrolled(saved):
   np.testing.assert_allclose(g1["embed"][...], g2["embed"][...], rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_kv_cache_prefill_then_decode_matches_full_forward(saved, scan):
   _, path = saved["mistral"]  # sliding window 4 exercises the windowed cache mask.
@@ -81,6 +84,7 @@ def test_kv_cache_prefill_then_decode_matches_full_forward(saved, scan):
   np.testing.assert_array_equal(np.asarray(cache.index), [12, 12, 12])
 
 
+@pytest.mark.slow
 def test_segment_ids_isolate_packed_sequences(saved):
   _, path = saved["llama3"]
   model = M.from_pretrained(path)
@@ -94,6 +98,7 @@ def test_segment_ids_isolate_packed_sequences(saved):
   np.testing.assert_allclose(out[0, 6:], np.asarray(model(jnp.asarray(b[None])))[0], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_override_config_replaces_fields(saved):
   _, path = saved["llama_linear"]
   model = M.from_pretrained(path, override_config={"rope_theta": 1234.0,

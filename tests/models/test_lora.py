@@ -53,6 +53,7 @@ def test_zero_b_reproduces_base_logits_exactly(scan, init):
   assert lora.has_lora(model)
 
 
+@pytest.mark.slow
 def test_gradients_reach_only_adapters_and_optimizer_holds_only_them():
   model = lora.apply_lora(tiny(), lora.LoRAConfig(rank=2, alpha=4, target_modules=["q_proj", "down_proj"]))
   graphdef, trained, frozen = lora.split_trainable(model)
@@ -264,6 +265,7 @@ PEFT_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(PEFT_CASES))
 def test_peft_loads_the_adapter_export_with_the_same_logits(hf_bases, family, tmp_path):
   hf, path = hf_bases[family]

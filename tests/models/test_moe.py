@@ -71,6 +71,7 @@ def test_load_balancing_loss_equals_transformers(all_sparse):
   assert M.from_pretrained(path, override_config={"output_router_logits": True}).cfg.router_aux_loss_coef == 0.02
 
 
+@pytest.mark.slow
 def test_scan_matches_unrolled(all_sparse):
   _, path = all_sparse
   ids, mask = helpers.batch()
@@ -107,6 +108,7 @@ def ep_mesh():
   return sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 2, "sequence": 1, "expert": 2})
 
 
+@pytest.mark.slow
 def test_expert_x_fsdp_x_tensor_sharding_equals_unsharded(all_sparse):
   _, path = all_sparse
   ids, mask = rows4()
@@ -121,6 +123,7 @@ def test_expert_x_fsdp_x_tensor_sharding_equals_unsharded(all_sparse):
                                rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharded", [False, True])
 def test_greedy_equals_transformers_generate(all_sparse, sharded):
   hf, path = all_sparse
@@ -133,6 +136,7 @@ def test_greedy_equals_transformers_generate(all_sparse, sharded):
     np.testing.assert_array_equal(got.responses[row], expected, err_msg=f"row {row}")
 
 
+@pytest.mark.slow
 def test_rollout_records_the_routing_a_full_forward_pass_takes(all_sparse):
   # verl's R3: prompt experts from the prefill, response experts from each decode step, in the trainer's layout
   _, path = all_sparse
@@ -173,6 +177,7 @@ def test_capped_grouped_matmuls_equal_all_copies_and_fall_back_past_their_rows()
   assert moe.capacity(2048, 8) == 512 and moe.capacity(12, 2) == 12 and moe.capacity(48, 4) == 24
 
 
+@pytest.mark.slow
 def test_an_update_takes_its_copies_a_capacity_at_a_time_with_exact_gradients(monkeypatch):
   # 9 of 36 copies are local: 16 rows take them in one chunk, 8 in two, 3 in three; forward and gradients exact
   x, ids, weights, gate, up, down = _local_experts(n=12, k=3, seed=0)
@@ -228,6 +233,7 @@ def test_int8_experts_multiply_as_stored_and_scale_the_product():
                                 np.asarray(w.scale)[[0, 0, 0, 2, 2, 2, 2], 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factor", [moe.CAPACITY_FACTOR, 0.5])
 def test_scanned_decode_over_four_expert_shards_equals_transformers_generate(all_sparse, monkeypatch, factor):
   # each device holds one expert; its grouped matmuls are sized for `factor` times its share of the 16 slots'
@@ -280,6 +286,7 @@ def test_lora_on_experts_equals_its_merged_kernels(all_sparse, scan):
   assert names["base_model.model.model.layers.0.mlp.experts.2.gate_proj.lora_A.weight"].shape == (4, 32)
 
 
+@pytest.mark.slow
 def test_lora_on_experts_sharded_equals_unsharded(all_sparse, monkeypatch):
   # capacity for one even share: each of the 2 expert shards takes its copies half of them at a time, so the
   # adapters, and the mlp split over tensor, go through the chunks and their gradient

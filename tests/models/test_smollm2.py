@@ -22,6 +22,7 @@ def _prompt(tok, question):
                                  add_generation_prompt=True)
 
 
+@pytest.mark.slow
 def test_config_and_chat_template(smollm2):
   model, tok = smollm2
   cfg = model.cfg
@@ -37,6 +38,7 @@ def test_config_and_chat_template(smollm2):
   assert tok.decode(tok.encode("Paris 2024 ü")) == "Paris 2024 ü"
 
 
+@pytest.mark.slow
 def test_answers_capital_of_france(smollm2):
   model, tok = smollm2
   ids = _prompt(tok, "What is the capital of France?")
@@ -45,6 +47,7 @@ def test_answers_capital_of_france(smollm2):
   assert "Paris" in tok.decode(out[0], skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_save_pretrained_opens_in_transformers(smollm2, tmp_path):
   model, tok = smollm2
   M.save_pretrained(model, str(tmp_path), tokenizer=tok)

@@ -219,6 +219,7 @@ def test_unknown_manager_lists_names():
     rewards.make_reward_manager(reward_config("fancy"))
 
 
+@pytest.mark.slow
 def test_prime_timeout_crash_and_error_do_not_stop_the_batch(user_file):
   config = reward_config("prime", path=user_file)
   config.reward_model.prime.update(num_workers=2, timeout_s=3.0)

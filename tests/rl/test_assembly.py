@@ -4,6 +4,7 @@ import dataclasses
 
 import jax
 import numpy as np
+import pytest
 
 from rljax import rl, sharding
 from rljax.compile import plan
@@ -30,6 +31,7 @@ def engine_steps(run, state):
                                             samples_per_prompt=run.layout.n)
 
 
+@pytest.mark.slow
 def test_one_build_for_the_trainer_and_compile_and_a_checkpoint_is_the_state_tree(model_dir, data_dir,
                                                                                  reward_model_dir, tmp_path):
   # a critic, a reference, a reward model and an adaptive KL controller on 8 devices with a rollout tensor axis

@@ -7,15 +7,18 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from rljax.data import ensure_synthetic_data
+from tests import processes
 from tests.rl import tiny_run
 
 
+@pytest.mark.slow
 def test_default_job_trains_on_eight_devices(model_dir, data_dir, tmp_path):
   ensure_synthetic_data(data_dir)
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": processes.xla_flags(8), "JAX_PLATFORMS": "cpu"}
   run_dir = tmp_path / "run"
   result = subprocess.run(
       [sys.executable, "-m", "rljax.train", "--config=configs/grpo.py", f"actor_rollout_ref.model.path={model_dir}",

@@ -85,6 +85,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
+@pytest.mark.slow
 def test_dapo_trains_on_kept_groups_of_generation_rounds(model_dir, data_dir, tmp_path):
   # a score that is 0 or 1 by the response's text: some groups mixed (kept), some not (dropped); the dapo
   # manager reports the plain score as "acc", the experiment's filter metric
@@ -119,6 +120,7 @@ def test_data_ending_inside_a_step_stops_the_run_with_a_warning(model_dir, data_
   assert any("the training data ended inside step 1" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_dapo_streams_under_colocate_async_judging_each_group_as_it_ends(model_dir, data_dir, tmp_path):
   # the same scorer, streamed: groups are scored as they finish, the uniform ones give their slots to the next
   # prompts, and each update trains a batch of mixed groups

@@ -16,6 +16,7 @@ from rljax import config as config_lib
 from rljax import export
 from rljax import models
 from rljax.training.checkpointing import Checkpointer
+from tests import processes
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -85,9 +86,10 @@ def _max_logit_diff(hf_dir, model):
   return float(np.max(np.abs(ours - ref)))
 
 
+@pytest.mark.slow
 def test_cli_exports_latest_step_with_trained_logits(run, tmp_path):
   out = str(tmp_path / "hf")
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": processes.xla_flags()}
   result = subprocess.run([sys.executable, "-m", "rljax.export", "--checkpoint", run["ckpt"],
                            "--out", out], env=env, capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr
@@ -100,7 +102,7 @@ def test_cli_exports_latest_step_with_trained_logits(run, tmp_path):
 
 def test_on_every_host_only_process_zero_exports(run, tmp_path):
   out = tmp_path / "hf"
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "JAX_PROCESS_ID": "1", "JAX_NUM_PROCESSES": "2"}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": processes.xla_flags(), "JAX_PROCESS_ID": "1", "JAX_NUM_PROCESSES": "2"}
   result = subprocess.run([sys.executable, "-m", "rljax.export", "--checkpoint", run["ckpt"], "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=120)
   assert result.returncode == 0 and "leaves the export to process 0" in result.stdout and not out.exists()

@@ -31,10 +31,11 @@ def nbytes(tree):
   return sum(x.nbytes for x in jax.tree.leaves(tree))
 
 
+@pytest.mark.slow
 def test_rl_step_on_eight_devices_trains_only_the_adapters(model_dir, data_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"), *LORA,
                                "trainer.total_training_steps=1", "trainer.n_gpus_per_node=auto",
-                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", tiny_run.text_scorer(tmp_path))
   trainer = rl.RLTrainer(config, mesh=sharding.make_mesh(config))
   try:
     assert trainer.mesh.size == 8
@@ -58,6 +59,7 @@ def test_rl_step_on_eight_devices_trains_only_the_adapters(model_dir, data_dir, 
     trainer.close()
 
 
+@pytest.mark.slow
 def test_reference_log_probs_are_the_base_models(model_dir, data_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"), *LORA)
   trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
@@ -91,6 +93,7 @@ def _hf_logits(model, ids):
     return model(torch.tensor(ids, dtype=torch.long)).logits.numpy()
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_the_adapters_resumes_and_exports(model_dir, data_dir, tmp_path):
   run_dir = tmp_path / "run"
   overrides = (*LORA, "actor_rollout_ref.actor.optim.lr=0.05")  # big enough steps that the adapters move the logits

@@ -10,6 +10,7 @@ from tests.rl import tiny_run
 from tests.rl.test_trainer import train
 
 
+@pytest.mark.slow
 def test_expert_parallel_grpo_equals_one_device(moe_dir, data_dir, tmp_path):
   # the load-balancing loss is a product of sums over a micro-batch: both runs take the 8 rows as one micro-batch
   one = train(tiny_run.run_config("grpo", moe_dir, data_dir, str(tmp_path / "one"), "trainer.total_training_steps=1",
@@ -33,6 +34,7 @@ def test_expert_parallel_grpo_equals_one_device(moe_dir, data_dir, tmp_path):
   assert jax.device_count() == 8
 
 
+@pytest.mark.slow
 def test_router_replay_feeds_the_old_passes_experts_to_the_update(moe_dir, data_dir, tmp_path):
   # two mini-batches, two epochs: every update after the first compares with old log-probs whose routing
   # the update replays (R2); without it the update routes by its own, moved, router
@@ -44,6 +46,7 @@ def test_router_replay_feeds_the_old_passes_experts_to_the_update(moe_dir, data_
   assert runs["R2"]["actor/ppo_kl"] != runs["disabled"]["actor/ppo_kl"]
 
 
+@pytest.mark.slow
 def test_rollout_router_replay_feeds_the_rollouts_experts_to_every_actor_pass(moe_dir, data_dir, tmp_path):
   # R3: the old, reference and update passes' batches carry the rollout's routing (a step whose batch lacked it
   # would stop with a KeyError), and a run with it trains
@@ -62,6 +65,7 @@ def test_rollout_router_replay_feeds_the_rollouts_experts_to_every_actor_pass(mo
   assert trainer.sampler.engine.record_routing
 
 
+@pytest.mark.slow
 def test_router_replay_on_a_dense_model_is_a_config_error(model_dir, data_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"),
                                "actor_rollout_ref.actor.router_replay.mode=R2")

@@ -199,6 +199,7 @@ runpy.run_module("rljax.train", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failing,where", [(0, "score"), (1, "model")])
 def test_a_process_of_a_synchronous_job_failing_stops_every_process_within_seconds(
     model_dir, data_dir, tmp_path, monkeypatch, failing, where):
@@ -276,7 +277,8 @@ def test_separate_async_with_the_rollout_on_a_process_of_its_own_logs_the_metric
   # the gradients' all-reduce runs on gloo in a multi-process job, in process on one: their last bits differ
   for metrics in (one, two):
     pop_is_noise(metrics[:2])
-  processes.assert_same_metrics(one, two, atol=1e-6)
+  # step 3's chi-square of the (off-policy) IS weights amplifies those last bits: 0.091292 against 0.091295 at LLVM -O0
+  processes.assert_same_metrics(one, two, atol=1e-5)
   # both restarted after step 2's checkpoint: the rollout process resumes where the trainer's checkpoint says
   # (under the checkpoint's weights: older versions are not saved, so step 3 is not the uninterrupted run's)
   restarts = restarted_step_3(argv, tmp_path, (("one", 1), ("two", 2)))
@@ -358,6 +360,7 @@ def test_killing_one_rollout_process_of_two_stops_both_trainer_processes_and_the
   assert_killing_a_process_stops_the_others(argv, tmp_path / "run" / "metrics.jsonl", count=4, killed=3)
 
 
+@pytest.mark.slow
 def test_a_separate_async_run_that_trains_no_step_ends_its_rollout_process(model_dir, data_dir, tmp_path):
   # trainer.val_only: the trainer validates on its devices and never starts the rollout, which then ends too
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_only=true", f"trainer.default_local_dir={tmp_path}")
@@ -365,6 +368,7 @@ def test_a_separate_async_run_that_trains_no_step_ends_its_rollout_process(model
   assert [m["step"] for m in logged] == [0] and "val-core/rljax/arithmetic/reward/mean@1" in logged[0]
 
 
+@pytest.mark.slow
 def test_a_bad_row_the_rollout_process_reads_stops_both_processes_naming_it(model_dir, data_dir, tmp_path):
   # the rollout process reads the data; its error reaches the trainer's process, which names it and fails too
   tiny_run.ensure_synthetic_data(data_dir)
@@ -416,6 +420,7 @@ runpy.run_module("rljax.train", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("count,failing", [(2, 0), (3, 1), (2, 1)])
 def test_a_process_failing_inside_a_weight_sync_stops_every_process_within_seconds(
     model_dir, data_dir, tmp_path, monkeypatch, count, failing):

@@ -117,6 +117,7 @@ def test_two_multi_turn_grpo_steps_on_eight_devices_and_on_two_processes_equal_o
                                         for m in streamed])
 
 
+@pytest.mark.slow
 def test_multi_turn_streams_under_colocate_async(setup, tmp_path):
   """colocate_async at threshold 1 with wait equals the synchronous run; at threshold 2 a step trains conversations
   the previous weights began (their tool turns cached between versions), with the multi-turn metrics, and dynamic

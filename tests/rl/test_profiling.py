@@ -2,11 +2,14 @@
 
 import os
 
+import pytest
+
 from rljax import rl
 from rljax.rl import profiling
 from tests.rl import tiny_run
 
 
+@pytest.mark.slow
 def test_listed_steps_are_traced_when_a_role_enables_profiling(model_dir, data_dir, tmp_path):
   traces = tmp_path / "profile"
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"), "global_profiler.steps=[2]",

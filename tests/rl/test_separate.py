@@ -28,6 +28,7 @@ def trained(config, mesh):
   return [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
 
 
+@pytest.mark.slow
 def test_separate_async_on_four_devices_equals_colocate_async_on_the_same_schedule(model_dir, data_dir, tmp_path,
                                                                                   monkeypatch):
   # DAPO with a score by the response's text: the rollout thread judges each group as it ends (dynamic

@@ -56,6 +56,7 @@ def masked_loss(model, batch, group_size):
   return jnp.sum((log_probs + 0.1 * entropy) * mask), (log_probs * mask, entropy * mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(helpers.FAMILIES))
 def test_log_probs_entropy_and_gradients_equal_per_row_passes(saved, family):
   model = M.from_pretrained(saved[family])
@@ -121,6 +122,7 @@ def test_balance_order_moves_whole_groups_and_evens_token_counts():
   assert abs(halves[0] - halves[1]) <= 3
 
 
+@pytest.mark.slow
 def test_group_size_follows_the_config(model_dir, data_dir, tmp_path):
   def group(*extra, dp=1):
     config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), *extra)
@@ -135,6 +137,7 @@ def test_group_size_follows_the_config(model_dir, data_dir, tmp_path):
   assert layout.pass_group_size(2, 8, 2) == 2 and layout.pass_group_size(2, 8, 8) == 1
 
 
+@pytest.mark.slow
 def test_trainer_numbers_do_not_depend_on_sharing(model_dir, data_dir, tmp_path):
   def run(flag):
     config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / flag), "trainer.total_training_steps=1",

@@ -169,6 +169,7 @@ def test_resuming_from_the_position_loses_and_repeats_no_prompt(scripted):
     streaming.check_resumable(position, False, "ckpt")
 
 
+@pytest.mark.slow
 def test_compile_counts_the_kv_cache_beside_the_update_under_colocate_async(model_dir, data_dir, tmp_path):
   """The decode state lives across updates under colocate_async: rljax.compile's memory check counts it beside
   every step that does not take it, and beside the engine's own steps where another rollout decodes then."""
@@ -234,6 +235,7 @@ def test_dynamic_sampling_judges_each_group_as_it_ends_and_its_slots_go_to_the_n
     bounded.next_groups(params[0], 0)
 
 
+@pytest.mark.slow
 def test_a_conversation_continues_across_an_update_and_its_tool_turn_is_masked(tok, tmp_path):
   """A tool_agent conversation whose turn ended under version 0 gets its tool's answer appended under version 1 and
   decodes its next turn there; a single-turn row of the same batch trains first. The tool ids carry mask 0 and no

@@ -18,6 +18,7 @@ from rljax import sharding
 from rljax import rl
 from rljax.rl import layout
 from rljax.training.loop import NonFiniteError
+from tests import processes
 from tests.rl import tiny_run
 
 ALGORITHMS = ["grpo", "ppo", "rloo", "reinforce_plus_plus", "dapo", "gspo"]
@@ -34,6 +35,7 @@ def train(config, mesh=None):
   return [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_each_algorithm_runs_two_steps(name, model_dir, data_dir, tmp_path):
   # the random model scores 0 everywhere: DAPO's dynamic sampling would keep no group (its own tests give it a
@@ -52,6 +54,7 @@ def test_each_algorithm_runs_two_steps(name, model_dir, data_dir, tmp_path):
   assert (tmp_path / "run" / "global_step_2").is_dir() and (tmp_path / "run" / "curves.png").is_file()
 
 
+@pytest.mark.slow
 def test_same_seed_same_metrics_also_streamed_at_threshold_one(model_dir, data_dir, tmp_path):
   # the second run streams its rollouts (colocate_async) at threshold 1 with wait, which keeps every group on the
   # policy that trains it: the same run as sync, step for step, bit for bit
@@ -64,6 +67,7 @@ def test_same_seed_same_metrics_also_streamed_at_threshold_one(model_dir, data_d
   assert all(m["off_policy/staleness/max"] == 1 and m["off_policy/evicted_samples"] == 0 for m in runs[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, steps", [("sync", 1), ("colocate_async", 2)])
 def test_eight_devices_equal_one(model_dir, data_dir, tmp_path, mode, steps):
   # one device: 8 micro-batches of 1 row; eight devices: 1 micro-batch of 1 row each, and a rollout mesh
@@ -86,6 +90,7 @@ def test_eight_devices_equal_one(model_dir, data_dir, tmp_path, mode, steps):
       assert eight[step][key] == pytest.approx(one[step][key], rel=1e-4, abs=1e-6), (step, key)
 
 
+@pytest.mark.slow
 def test_nan_stops_the_run_naming_step_and_metric(model_dir, data_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"))
   trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
@@ -116,8 +121,7 @@ def metrics_by_step(path):
 
 
 def cli(args, env_extra=None):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=processes.xla_flags())
   return subprocess.Popen([sys.executable, "-m", "rljax.train", "--config=configs/grpo.py", *args],
                           cwd=tiny_run.ROOT, env={**env, **(env_extra or {})},
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -148,6 +152,7 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_run(model_dir, data_dir,
     assert got[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint_is_skipped_and_export_loads_in_transformers(model_dir, data_dir, tmp_path):
   run_dir = tmp_path / "run"
   first = train(tiny_run.run_config("grpo", model_dir, data_dir, str(run_dir)))

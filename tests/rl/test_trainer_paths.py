@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rljax import rl
+from tests import processes
 from tests.rl import tiny_run
 
 def hf_scores(path, sequences):
@@ -41,6 +42,7 @@ def assert_scores_on_last_token(scores, response_mask, expected):
   np.testing.assert_allclose(scores[np.arange(len(lengths)), lengths - 1], expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_reward_model_scores_match_transformers(model_dir, data_dir, reward_model_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "reward_model.enable=true",
                                f"reward_model.model.path={reward_model_dir}")
@@ -92,6 +94,7 @@ def test_unknown_data_source_fails_before_training(model_dir, data_dir, tmp_path
     rl.RLTrainer(config, mesh=tiny_run.one_device())
 
 
+@pytest.mark.slow
 def test_rollout_dtype_sets_the_engine_compute_dtype_and_keeps_weights_in_place(model_dir, data_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "actor_rollout_ref.rollout.dtype=bfloat16")
   trainer, batch, rows = first_rollout(config)
@@ -112,6 +115,7 @@ def run_metrics(config):
   return trainer, [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
 
 
+@pytest.mark.slow
 def test_an_int8_rollout_trains_from_the_full_precision_weights_and_reports_its_mismatch(model_dir, data_dir,
                                                                                          tmp_path):
   """rollout.quantization=int8: the engine decodes with 8-bit copies of the trainer's float32 weights, the step
@@ -125,6 +129,7 @@ def test_an_int8_rollout_trains_from_the_full_precision_weights_and_reports_its_
   assert np.isfinite(metrics[0]["actor/pg_loss"])
 
 
+@pytest.mark.slow
 def test_forward_micro_batches_change_memory_not_results(model_dir, data_dir, tmp_path):
   common = ("trainer.total_training_steps=1", "actor_rollout_ref.actor.ppo_epochs=2")
   _, whole = run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "whole"), *common))
@@ -139,6 +144,7 @@ def test_forward_micro_batches_change_memory_not_results(model_dir, data_dir, tm
   assert split[0]["actor/ppo_kl"] == pytest.approx(whole[0]["actor/ppo_kl"], abs=2e-5)
 
 
+@pytest.mark.slow
 def test_validation_logs_per_source_metrics_and_generations(model_dir, data_dir, tmp_path):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "trainer.total_training_steps=1",
                                "trainer.val_before_train=true", "trainer.test_freq=1",
@@ -174,8 +180,7 @@ def test_val_only_validates_and_stops(model_dir, data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(model_dir, data_dir, tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=processes.xla_flags())
   args = tiny_run.overrides(model_dir, data_dir, str(tmp_path), "trainer.total_training_steps=200",
                             "trainer.save_freq=-1")
   proc = subprocess.Popen([sys.executable, "-m", "rljax.train", "--config=configs/grpo.py", *args],
@@ -193,6 +198,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(model_dir, data_dir, tmp_p
   assert (tmp_path / f"global_step_{last}" / "commit_success.txt").exists()
 
 
+@pytest.mark.slow
 def test_remax_uses_the_greedy_response_reward_as_baseline(model_dir, data_dir, reward_model_dir, tmp_path):
   # the reward model scores the 4 greedy rows in a pass compiled for a step's 8
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "algorithm.adv_estimator=remax",
@@ -206,6 +212,7 @@ def test_remax_uses_the_greedy_response_reward_as_baseline(model_dir, data_dir, 
   del trainer, batch
 
 
+@pytest.mark.slow
 def test_remax_streams_with_baselines_from_the_updates_weights(model_dir, data_dir, tmp_path):
   # under colocate_async each update generates its groups' greedy baselines with the weights it starts from: at
   # threshold 1 with wait, the synchronous run exactly; further ahead, a baseline for groups older weights sampled
@@ -234,6 +241,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
+@pytest.mark.slow
 def test_gdpo_reads_reward_components_and_names_missing_ones(model_dir, data_dir, tmp_path):
   reward = tmp_path / "reward.py"
   reward.write_text(GDPO_REWARD)
@@ -246,6 +254,7 @@ def test_gdpo_reads_reward_components_and_names_missing_ones(model_dir, data_dir
                                     "algorithm.gdpo_reward_keys=[acc,length]"))
 
 
+@pytest.mark.slow
 def test_rollout_and_validation_dumps(model_dir, data_dir, tmp_path):
   run_metrics(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "trainer.total_training_steps=1",
                                   "trainer.val_before_train=true", f"trainer.rollout_data_dir={tmp_path}/rollouts",

@@ -39,6 +39,24 @@ def overrides(model_dir: str, data_dir: str, run_dir: str, *extra: str) -> list[
       *extra]
 
 
+# 0, 0.5 or 1 by the response's text: a step's groups get different scores whatever the tiny model samples, so
+# the policy gradient is not zero by luck
+SCORE_BY_TEXT = """
+import zlib
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+  return float(zlib.crc32(solution_str.encode()) % 3) / 2.0
+"""
+
+
+def text_scorer(directory: pathlib.Path) -> str:
+  """`custom_reward_function.path=` of a scorer by SCORE_BY_TEXT written into `directory`."""
+  path = directory / "score_by_text.py"
+  path.write_text(SCORE_BY_TEXT)
+  return f"custom_reward_function.path={path}"
+
+
 def run_config(name: str, model_dir: str, data_dir: str, run_dir: str, *extra: str):
   """configs/<name>.py with `overrides`, finalized and validated."""
   config = config_lib.load_config_file(str(ROOT / "configs" / f"{name}.py"))

@@ -127,6 +127,7 @@ def tool_turn(tok, text):
   return tok.encode(f"\n<|im_start|>tool\n{text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
 
 
+@pytest.mark.slow
 def test_three_turns_mask_exactly_the_tool_tokens(files, tok):
   """call, tool, call, tool, call (max_assistant_turns=3): mask 1 on the 6 generated ids only; the policy loss's
   gradient is zero on every tool id."""
@@ -153,6 +154,7 @@ def test_three_turns_mask_exactly_the_tool_tokens(files, tok):
   assert np.all(np.asarray(grad)[np.asarray(out.response_mask) == 1] != 0)
 
 
+@pytest.mark.slow
 def test_failing_tools_become_error_turns_and_the_rollout_goes_on(files, tok):
   """A tool that raises, one that hangs past its timeout and a malformed call each get an error tool turn; the
   conversation continues and the errors are counted."""
@@ -235,6 +237,7 @@ def test_single_turn_rows_and_interactions(files, tok):
     generate(smp, model, tok, 1, agents=["react_agent"])
 
 
+@pytest.mark.slow
 def test_sharded_agent_loop_equals_one_device(files, tok):
   """The same sampled conversations on data 2 x fsdp 2 x tensor 2 as on one device."""
   start, call, answer, eos = (chain.start_id(tok), chain.phrase_id(tok, "lookup"), chain.phrase_id(tok, "answer"),

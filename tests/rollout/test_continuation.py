@@ -53,6 +53,7 @@ def fill(engine, params, rows):
   return state
 
 
+@pytest.mark.slow
 def test_append_continues_a_slot_as_a_whole_prefill_would(setup):
   """Slots 0 and 2 take a tool's tokens after 3 generated ones; 4 more tokens then equal those after one prefill of
   the whole conversation, and slots 1 and 3, left alone, go on as if nothing was appended."""
@@ -76,6 +77,7 @@ def test_append_continues_a_slot_as_a_whole_prefill_would(setup):
     np.testing.assert_allclose(second.log_probs[slot], straight.log_probs[slot, 3:], atol=2e-5)
 
 
+@pytest.mark.slow
 def test_a_few_appending_slots_are_continued_over_their_own_rows(family):
   """16 slots in 4 shards of 4: three slots of different shards append, each shard runs one row (copied out of its
   cache and back), and they go on as a whole prefill would while the 13 others go on as if nothing was appended.
@@ -104,6 +106,7 @@ def test_a_few_appending_slots_are_continued_over_their_own_rows(family):
       np.testing.assert_allclose(second.log_probs[slot], straight.log_probs[slot, 3:], atol=2e-5)
 
 
+@pytest.mark.slow
 def test_an_int8_cache_decodes_appends_and_continues_as_the_full_precision_one(family):
   """16 slots over 4 shards with an int8 cache (half the bytes): greedy decoding, an append of 3 slots (their own
   rows), one of 12 (all slots) and a prefix continued by a second prefill give the tokens of the full-precision
@@ -136,6 +139,7 @@ def test_an_int8_cache_decodes_appends_and_continues_as_the_full_precision_one(f
     np.testing.assert_allclose(got, want, atol=0.03)
 
 
+@pytest.mark.slow
 def test_an_idle_slot_keeps_its_cache_room_while_others_decode(setup):
   """A finished slot's write index stays put through later decode steps, so an append after them continues it
   exactly (the generation budget counts the appended ids)."""
@@ -154,6 +158,7 @@ def test_an_idle_slot_keeps_its_cache_room_while_others_decode(setup):
   np.testing.assert_array_equal(after.tokens[1], straight.tokens[1])
 
 
+@pytest.mark.slow
 def test_existing_prefix_continues_a_prefill(setup):
   """JetStream's `prefill(existing_prefix=...)`: a prompt prefilled in two parts decodes as the whole prompt does,
   token for token and log-prob for log-prob."""

@@ -68,6 +68,7 @@ def _quantized(state):
   return {path: var.get_value() for path, var in flat if isinstance(var.get_value(), QuantizedWeight)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantization", [jnp.int8, jnp.float8_e4m3fn])
 def test_an_8bit_engine_decodes_as_its_dequantized_weights_would(family, quantization):
   """The engine quantizes every projection, expert and embedding on its mesh (norms, biases and the router keep
@@ -113,6 +114,7 @@ def test_compute_params_reads_its_own_output_in_place(family):
   assert plain.compute_params(params) is params
 
 
+@pytest.mark.slow
 def test_lora_adapters_stay_in_the_compute_dtype_beside_8bit_base_weights(tmp_path_factory):
   """A LoRA model's engine quantizes the base projections and leaves the adapters (and their scales) as they
   are; it decodes as the dequantized base weights with the same adapters do."""

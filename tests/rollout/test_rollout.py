@@ -79,6 +79,7 @@ def test_greedy_equals_transformers_generate(twins, library):
     assert length == len(expected) or expected[length - 1] == eos
 
 
+@pytest.mark.slow
 def test_continuous_batching_equals_one_request_at_a_time(twins):
   _, model = twins
   params = nnx.state(model, nnx.Param)
@@ -105,6 +106,7 @@ def full_sequence_log_probs(model, ids, mask, rollout, temperature):
   return np.take_along_axis(pred, rollout.responses[..., None], -1)[..., 0]
 
 
+@pytest.mark.slow
 def test_a_sampled_response_depends_on_its_request_not_its_slot_or_batch(twins):
   # request r samples from fold_in(key, r): any slot count, and prompts split over calls (as over hosts) with
   # their first request id, give the same responses
@@ -122,6 +124,7 @@ def test_a_sampled_response_depends_on_its_request_not_its_slot_or_batch(twins):
   assert len({tuple(r) for r in whole.responses}) > len(ids)  # sampled: a prompt's two responses differ
 
 
+@pytest.mark.slow
 def test_log_probs_are_the_sampling_distributions(twins):
   _, model = twins
   ids, mask = left_padded([4, 10, 16], 128, seed=2)
@@ -193,6 +196,7 @@ def test_filters_keep_the_right_sets():
   assert (np.asarray(top_p_filter(logits, probs[0] + 1e-3)) > -1e29).tolist() == [[True, False, True, False]]
 
 
+@pytest.mark.slow
 def test_eos_ignore_eos_and_length_cutoff():
   cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=8)
@@ -214,6 +218,7 @@ def test_eos_ignore_eos_and_length_cutoff():
   assert short.truncated.all()
 
 
+@pytest.mark.slow
 def test_no_recompilation_within_a_bucket():
   cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1,
                     num_heads=2, num_kv_heads=1, head_dim=16)
@@ -308,6 +313,7 @@ def one_device_generation(model):
   return ids, mask, params, expected
 
 
+@pytest.mark.slow
 def test_sharded_engine_equals_one_device(twins):
   ids, mask, params, expected = one_device_generation(twins[1])
   mesh = sharding.build_mesh({"data": 2, "fsdp": 2, "tensor": 2, "sequence": 1})
@@ -320,6 +326,7 @@ def test_sharded_engine_equals_one_device(twins):
   np.testing.assert_array_equal(got.responses, expected.responses)
 
 
+@pytest.mark.slow
 def test_jetstream_orchestrator_serves_the_engine(twins):
   assert HAS_JETSTREAM, "the dev install includes google-jetstream; this test needs it"
   from jetstream.core.proto import jetstream_pb2
@@ -395,6 +402,7 @@ class _BosOnly:
     return " ".join(map(str, ids))
 
 
+@pytest.mark.slow
 def test_rollout_mesh_reshards_the_weights_once_and_decodes_the_same(twins):
   ids, mask, params, expected = one_device_generation(twins[1])
   model = twins[1]

@@ -13,6 +13,7 @@ from rljax import config as config_lib
 from rljax.sft import config as sft_config
 from rljax.training.optim import make_optimizer, make_schedule
 from tests.sft import helpers
+from tests import processes
 
 
 def _config(*overrides, devices=8):
@@ -77,8 +78,9 @@ def test_aliases_deprecations_and_checks():
     _config("data.truncation=middle")
 
 
+@pytest.mark.slow
 def test_command_line_dry_run(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")  # one CPU device, as the preset is sized for
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=processes.xla_flags())  # one CPU device, as the preset is sized for
   result = subprocess.run(
       [sys.executable, "-m", "rljax.sft", "--config=configs/sft.py", "--dry_run", "--config.optim.lr=3e-5",
        "optim.lr_scheduler=wsd", f"trainer.default_local_dir={tmp_path}"],

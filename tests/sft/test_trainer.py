@@ -65,6 +65,7 @@ def reference(model_dir, data, tmp_path_factory):
   return {"dir": str(run_dir), "before": before, "history": _history(run_dir), "params": params}
 
 
+@pytest.mark.slow
 def test_training_lowers_train_and_validation_loss(reference):
   history = reference["history"]
   assert sorted(history) == [1, 2, 3, 4]
@@ -79,6 +80,7 @@ def test_training_lowers_train_and_validation_loss(reference):
     assert os.path.exists(os.path.join(reference["dir"], name)), name
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(reference, model_dir, data, tmp_path):
   first = trainer_lib.SFTTrainer(_config(model_dir, data, tmp_path), helpers.mesh(DEVICES))
   _fit(first, stop_after=1)
@@ -114,6 +116,7 @@ def test_packed_step_matches_unpacked(reference, model_dir, data, tmp_path):
     assert metrics[key] == pytest.approx(want[key], rel=1e-5), key
 
 
+@pytest.mark.slow
 def test_lora_trains_only_adapters_and_exports(model_dir, data, tmp_path):
   """LoRA SFT: the optimizer holds adapters only, the base stays put, loss falls, both export formats load."""
   config = _config(model_dir, data, tmp_path, "model.lora_rank=4", "model.lora_alpha=8", "model.lora_dropout=0.1",

@@ -45,6 +45,7 @@ print(failures.run_together(Job, body, Job.close))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failing,error,close_s", [(0, "runtime", 0), (1, "config", 10)])
 def test_a_failed_process_ends_every_process_within_seconds_naming_its_error(tmp_path, monkeypatch, failing, error,
                                                                              close_s):

@@ -13,6 +13,7 @@ import pytest
 from rljax import config as config_lib
 from rljax import sharding
 from rljax.sharding import distributed
+from tests import processes
 from tests.sharding import tiny_step
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -59,6 +60,7 @@ def expected_shard(name, shape, mesh):
   return tuple(d // (mesh.shape[a] if a else 1) for d, a in zip(shape, axes))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data,fsdp,tensor", MESHES)
 def test_sharded_step_equals_one_device(one_device, data, fsdp, tensor):
   config = tiny_step.mesh_config(fsdp, tensor)
@@ -167,7 +169,7 @@ def test_two_processes_match_one(tmp_path):
   for rank in range(2):
     env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
                JAX_PROCESS_ID=str(rank), JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+               XLA_FLAGS=processes.xla_flags(4))
     procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests/sharding/multihost_worker.py"), str(out)],
                                   cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
   try:

@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rljax import config as config_lib
 from rljax.training import checkpointing
 from rljax.training.checkpointing import Checkpointer
+from tests import processes
 
 
 def _arrays(scale: float = 1.0) -> dict:
@@ -196,7 +197,7 @@ _KILLED_SAVE = textwrap.dedent("""
 
 
 def test_process_killed_mid_save_resumes_from_previous_step(tmp_path):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": processes.xla_flags()}
   proc = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, str(tmp_path)], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
   try:
