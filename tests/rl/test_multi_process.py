@@ -15,25 +15,14 @@ import pytest
 from tests import processes
 from tests.rl import tiny_run
 
-# 0, 0.5 or 1 by the response's text: groups with different scores, so the policy gradient is not zero
-SCORE_BY_TEXT = """
-import zlib
-
-
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-  return float(zlib.crc32(solution_str.encode()) % 3) / 2.0
-"""
-
 
 def job(config, model_dir, data_dir, tmp_path, *extra):
   """`python -m rljax.train` of 8 prompts x 2 responses over 8 devices in 2 mini-batches of 4 prompts, scored by
   the response's text, with `extra` overrides."""
-  scorer = tmp_path / "score.py"
-  scorer.write_text(SCORE_BY_TEXT)
   return ["-m", "rljax.train", f"--config=configs/{config}.py", *tiny_run.overrides(model_dir, data_dir, "unused"),
           "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "trainer.save_freq=-1",
-          "trainer.n_gpus_per_node=auto", f"custom_reward_function.path={scorer}", *extra]
+          "trainer.n_gpus_per_node=auto", tiny_run.text_scorer(tmp_path), *extra]
 
 
 @pytest.mark.slow  # three trainer runs: one of 1 process, two of 2 (about 2 minutes)
