@@ -7,8 +7,8 @@ import tempfile
 
 # LLVM at -O0: the tests' programs are tiny, so compiling them is much of the suite's time and running them little;
 # -O0 compiles with the same semantics (tests compare programs against each other and against references, never
-# their machine code), and the suite's CPU time drops by about a sixth. Processes that tests start inherit it
-# (`processes.xla_flags`).
+# their machine code): tests/models/test_moe.py and tests/rl/test_shared_prompt.py took 129 s at -O2 and 92 s at
+# -O0 on a 2-core Intel Xeon. Processes that tests start inherit it (`processes.xla_flags`).
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 --xla_force_host_platform_device_count=8"
 ).strip()

@@ -22,7 +22,8 @@ COMPILER_ENV = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "ALLOW_MULTIPLE_
 
 def xla_flags(devices: int = 1) -> str:
   """This test session's XLA flags (conftest's, such as its optimization level) with `devices` CPU devices."""
-  kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+  kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+          if not f.startswith("--xla_force_host_platform_device_count")]
   return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
 

@@ -16,9 +16,9 @@ from rljax import config as config_lib, sharding
 from rljax.models import CausalLM, ModelConfig, from_pretrained
 from rljax.rollout import factory
 from rljax.rollout import sampling
-from rljax.rollout.serving import DriverThreadError
 from rljax.rollout import (
-    HAS_JETSTREAM, RolloutSampler, SamplingParams, make_driver, make_engine, sample, top_k_filter, top_p_filter,
+    HAS_JETSTREAM, DriverThreadError, RolloutSampler, SamplingParams, make_driver, make_engine, sample, top_k_filter,
+    top_p_filter,
 )
 from tests.models import helpers
 
