@@ -499,8 +499,7 @@ KEYS = {
         "Share the prompt's forward pass among its responses (PyTorch).",
         ignored="PyTorch prefix sharing; rljax's is actor_rollout_ref.model.share_prompt_forward"),
     "actor_rollout_ref.actor.use_remove_padding": Key(
-        "verl's copy of actor_rollout_ref.model.use_remove_padding.",
-        ignored="XLA needs static shapes; padding is masked instead"),
+        "verl's copy of actor_rollout_ref.model.use_remove_padding (follows it)."),
     "actor_rollout_ref.actor.use_torch_compile": Key(
         "Compile the actor with torch.compile.",
         ignored="everything is jax.jit-compiled"),
@@ -597,8 +596,9 @@ KEYS = {
         "Use the Liger fused kernels.",
         ignored="a Triton kernel library for PyTorch"),
     "actor_rollout_ref.model.use_remove_padding": Key(
-        "Pack sequences without padding for the forward pass.",
-        ignored="XLA needs static shapes; padding is masked instead"),
+        "Pack the rows' real tokens into fixed-length buffers (segment ids keep each row to itself) in the "
+        "actor's training passes: old and reference log-probs and the update. The same numbers as padded rows, "
+        "for the real tokens' cost (not under router replay, whose routing is kept by row)."),
     "actor_rollout_ref.model.use_shm": Key(
         "Load the model through shared memory.",
         ignored="shared-memory model loading for Ray workers"),
@@ -999,8 +999,8 @@ KEYS = {
         "Allow a critic checkpoint with its own model code.",
         ignored="rljax runs no model code from checkpoints"),
     "critic.model.use_remove_padding": Key(
-        "Pack the critic's sequences without padding.",
-        ignored="XLA needs static shapes"),
+        "Pack the rows' real tokens in the critic's passes (values and the update), as the actor's "
+        "actor_rollout_ref.model.use_remove_padding does."),
     "critic.model.use_shm": Key(
         "Load the critic through shared memory.",
         ignored="shared-memory model loading for Ray workers"),

@@ -7,6 +7,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rljax.models import CausalLM, ModelConfig
+from rljax.rl import packing
+from rljax.rl.experience import Experience
 from rljax.rl.sequences import response_hidden
 
 
@@ -24,7 +26,11 @@ class ValueModel(nnx.Module):
   def cfg(self) -> ModelConfig:
     return self.backbone.cfg
 
-  def response_values(self, batch: dict[str, jax.Array], group_size: int = 1) -> jax.Array:
-    """[N, R] value of the state before each response token (group_size: see `response_hidden`)."""
+  def response_values(self, batch: Experience, group_size: int = 1) -> jax.Array:
+    """[N, R] value of the state before each response token (group_size: see `response_hidden`; a batch
+    holding `packed` tokens runs them, `rl.packing`)."""
+    if batch.packed is not None:
+      hidden = packing.packed_hidden(self.backbone, batch.packed).astype(jnp.float32)
+      return packing.to_rows(hidden @ self.value_head[...] + self.value_bias[...], batch.packed.out_index)
     hidden = response_hidden(self.backbone, batch, group_size).astype(jnp.float32)
     return hidden @ self.value_head[...] + self.value_bias[...]

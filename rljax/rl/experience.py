@@ -72,6 +72,8 @@ class Experience:
     advantages, returns: [N, R].
     rollout_is_weights: [N, R] rollout-correction importance weights.
     positive: [N] whether a row's score is positive (positive_nll_coef).
+    packed: a packed pass's tokens (`rl.packing.PackedRows`), which then
+      stand for input_ids, attention_mask, positions and responses.
   """
 
   input_ids: Any = _field(_SEQUENCE, jnp.int32)
@@ -94,6 +96,7 @@ class Experience:
   returns: Any = _field(_RESPONSE, jnp.float32)
   rollout_is_weights: Any = _field(_RESPONSE, jnp.float32)
   positive: Any = _field(_ROW, jnp.bool_)
+  packed: Any = struct.field(default=None)
 
   def present(self) -> tuple[str, ...]:
     """The names of the fields that hold arrays."""

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.models import positions_from_mask, token_log_probs
+from rljax.rl import packing
 from rljax.rl.experience import Experience
 
 
@@ -49,7 +50,7 @@ class PassRouting(NamedTuple):
     stats: [L_sparse, 2, E] router stats over the token positions computed.
     tokens: how many real token positions that is.
     experts: [N, P + R, L_sparse, k] int32, each token's experts (what router
-      replay feeds back as the batch's `routed_experts`).
+      replay feeds back as the batch's `routed_experts`); None from a packed pass.
   """
 
   stats: jax.Array
@@ -116,8 +117,14 @@ def response_log_probs(model: Any, batch: Experience, temperature: float,
   """(log-probs [N, R], entropy [N, R][, PassRouting or None]) of the response tokens, logits / temperature.
 
   Never materialises the [N, R, V] logits at once (chunked over tokens).
-  group_size, with_routing: see `response_hidden`.
+  group_size, with_routing: see `response_hidden`. A batch holding `packed` tokens runs them
+  (`rl.packing`: each row's real tokens only, the same numbers; group_size is then unused).
   """
+  if batch.packed is not None:
+    log_probs, entropy, routing = packing.packed_log_probs(model, batch.packed, temperature, with_entropy, chunk_size)
+    if routing is not None:
+      routing = PassRouting(routing.stats, jnp.sum(batch.packed.segment_ids > 0), None)
+    return (log_probs, entropy, routing) if with_routing else (log_probs, entropy)
   hidden, routing = response_hidden(model, batch, group_size, with_routing=True)
   out = token_log_probs(hidden, model.lm_head_weight(), batch.responses, chunk_size=chunk_size,
                         temperature=temperature, with_entropy=with_entropy, softcap=model.cfg.final_logit_softcapping)

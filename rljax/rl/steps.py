@@ -18,7 +18,6 @@ scan their micro-batches inside one jit.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -33,7 +32,7 @@ from rljax.models import moe
 from rljax.sharding import rules as rules_lib
 from rljax.sharding.placement import Step, abstract, gradient_compiler_options, key_struct, shardings_of
 from rljax.training.updates import accumulate_gradients, apply_gradients, traced_in, training_model
-from rljax.rl import experience as experience_lib, streaming
+from rljax.rl import experience as experience_lib, packing, streaming
 from rljax.rl.experience import MODEL_FIELDS, Experience
 from rljax.rl.layout import Layout
 from rljax.rl.sequences import response_log_probs
@@ -73,6 +72,21 @@ def forward_fields(config: ConfigDict) -> tuple[str, ...]:
 
 
 CRITIC_UPDATE_FIELDS = MODEL_FIELDS + ("values", "returns")
+
+# What a packed pass's tokens (`rl.packing.PackedRows`) stand for in its batch.
+PACKED_FIELDS = ("input_ids", "attention_mask", "positions", "responses", "routed_experts")
+
+
+def packs_actor(config: ConfigDict) -> bool:
+  """Whether the actor's passes (old and reference log-probs, the update) are packed: verl's
+  actor.use_remove_padding (following actor_rollout_ref.model.use_remove_padding), except under router replay (its routing is laid out by row)."""
+  return bool(config.actor_rollout_ref.actor.use_remove_padding) and config.actor_rollout_ref.actor.router_replay.mode \
+      not in ("R2", "R3")
+
+
+def packs_critic(config: ConfigDict) -> bool:
+  """Whether the critic's passes (values, the update) are packed: critic.model.use_remove_padding."""
+  return bool(config.critic.model.use_remove_padding)
 
 
 # ----- RL steps ----------------------------------------------------------------------------------
@@ -280,30 +294,47 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
   """
   arr = config.actor_rollout_ref
   temperature = float(arr.rollout.temperature) or 1.0
-  micro_rows = functools.partial(experience_lib.spec, prompt_length=layout.prompt_length,
-                                 response_length=layout.response_length, mesh=mesh, rules=rules, routing=routing)
+  lengths = dict(prompt_length=layout.prompt_length, response_length=layout.response_length, mesh=mesh, rules=rules)
+
+  def batch_of(fields: tuple[str, ...], micro_batches: int, rows: int, packed: bool) -> Experience:
+    """The abstract [M, rows / M, ...] batch of `fields`, their tokens packed when `packed`."""
+    if not packed:
+      return experience_lib.spec(fields, micro_batches, rows, routing=routing, **lengths)
+    batch = experience_lib.spec([f for f in fields if f not in PACKED_FIELDS], micro_batches, rows, **lengths)
+    return batch.replace(packed=packing.spec(micro_batches, rows, **lengths))
+
   shuffled = bool(arr.actor.shuffle)
   off_policy = not on_policy(config, layout, lora_dropout)
-  actor_batch = micro_rows(actor_update_fields(config, not off_policy), layout.micro_batches, layout.mini_rows)
-  actor_group = 1 if lora_dropout else layout.update_group(shuffled)
+  actor_packed, critic_packed = packs_actor(config), packs_critic(config)
+  actor_batch = batch_of(actor_update_fields(config, not off_policy), layout.micro_batches, layout.mini_rows,
+                         actor_packed)
+  actor_group = 1 if lora_dropout or actor_packed else layout.update_group(shuffled)
   actor_update = make_update("actor_update", actor_loss(graphdef, arr.actor, temperature, actor_group), actor_tx,
                              mesh, rules, trainable, actor_opt_sh, actor_batch, frozen=frozen)
-  forward_rows = lambda phase, keys=forward_fields(config): micro_rows(keys, layout.forward_micros[phase], layout.rows)  # noqa: E731
+
+  def forward_rows(phase: str, packed: bool, keys: tuple[str, ...] = forward_fields(config)) -> Experience:
+    return batch_of(() if packed else keys, layout.forward_micros[phase], layout.rows, packed)
+
+  def group_of(phase: str, packed: bool) -> int:
+    return 1 if packed else layout.forward_group(phase)
+
   actor_params = nnx.merge_state(trainable, frozen) if frozen is not None else trainable
-  old = make_forward("old_log_prob", log_prob_fn(graphdef, temperature, False, layout.forward_group("old_log_prob"),
+  old = make_forward("old_log_prob", log_prob_fn(graphdef, temperature, False, group_of("old_log_prob", actor_packed),
                                                  record_routing=replays_routing(config, not off_policy)),
-                     mesh, rules, actor_params, forward_rows("old_log_prob"))
+                     mesh, rules, actor_params, forward_rows("old_log_prob", actor_packed))
   ref = None
   if reference is not None:
-    ref = make_forward("ref_log_prob", log_prob_fn(reference.graphdef, temperature, False, layout.forward_group("ref")),
-                       mesh, rules, reference.params, forward_rows("ref"))
+    ref = make_forward("ref_log_prob", log_prob_fn(reference.graphdef, temperature, False,
+                                                   group_of("ref", actor_packed)),
+                       mesh, rules, reference.params, forward_rows("ref", actor_packed))
   critic_update = values = None
   if critic is not None:
+    critic_group = 1 if critic_packed else layout.update_group(shuffled)
     critic_update = make_update(
-        "critic_update", critic_loss(critic.graphdef, config.critic, layout.update_group(shuffled)), critic.tx, mesh,
+        "critic_update", critic_loss(critic.graphdef, config.critic, critic_group), critic.tx, mesh,
         rules, critic.params, critic.opt_shardings,
-        micro_rows(CRITIC_UPDATE_FIELDS, layout.micro_batches, layout.mini_rows), metric_prefix="critic")
-    values = make_forward("values", value_fn(critic.graphdef, layout.forward_group("values")), mesh, rules,
-                          critic.params, forward_rows("values", MODEL_FIELDS))
+        batch_of(CRITIC_UPDATE_FIELDS, layout.micro_batches, layout.mini_rows, critic_packed), metric_prefix="critic")
+    values = make_forward("values", value_fn(critic.graphdef, group_of("values", critic_packed)), mesh, rules,
+                          critic.params, forward_rows("values", critic_packed, MODEL_FIELDS))
   return RLSteps(actor_update=actor_update, old_log_prob=old, ref_log_prob=ref, critic_update=critic_update,
                  values=values)

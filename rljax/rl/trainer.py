@@ -64,7 +64,7 @@ from rljax import models, rewards, sharding
 from rljax.algos import advantages as adv_lib
 from rljax.rewards import managers
 from rljax.rl import advantage_stage, assembly, dynamic_sampling, experience as experience_lib, metrics as metrics_lib, profiling
-from rljax.rl import remote, separate, streaming
+from rljax.rl import packing, remote, separate, streaming
 from rljax.rl import steps as steps_lib
 from rljax.rl.experience import Experience
 from rljax.rl.layout import balance_order
@@ -307,10 +307,29 @@ class RLTrainer:
     """The actor's whole state: what trains and, under LoRA, the frozen base (one view, no copy)."""
     return self.run.actor_params(self.state)
 
-  def forward(self, step: Step, params: Any, rows: Experience) -> Any:
-    """A forward Step over this host's `rows` in its micro-batches, this host's rows of it merged on the host."""
-    out = step(params, experience_lib.place(rows, step.args[1]))
+  def forward(self, step: Step, params: Any, rows: Experience, packer: packing.Packer | None = None) -> Any:
+    """A forward Step over this host's `rows` in its micro-batches, this host's rows of it merged on the host
+    (a packed Step's tokens from `packer`)."""
+    abstract = step.args[1]
+    batch = experience_lib.place(rows, abstract.replace(packed=None))
+    if abstract.packed is not None:
+      packer = packer or self._packer(rows)
+      arrangement = packing.forward_arrangement(len(rows.response_mask), hosts.count(),
+                                                abstract.packed.out_index.shape[0])
+      batch = batch.replace(packed=packer.batch(abstract.packed, arrangement))
+    out = step(params, batch)
     return jax.tree.map(lambda x: merge_micro_batches(hosts.process_rows(x, axis=1)), out)
+
+  def _packer(self, rows: Experience) -> packing.Packer | None:
+    """The step's packer when any of its passes is packed: this host's tokens placed once, every row's span
+    (the hosts exchange [N, 2] integers)."""
+    if not any(packing_of(step) for step in self.run.steps.all()):
+      return None
+    layout = self.run.layout
+    spans = hosts.process_concat(np.stack(packing.row_spans(rows.attention_mask), axis=1))
+    tokens = experience_lib.spec(packing.TOKEN_FIELDS, 1, layout.rows, layout.prompt_length, layout.response_length,
+                                 self.mesh, sharding.rules_from_config(self.config))
+    return packing.Packer.of(rows, (spans[:, 0], spans[:, 1]), tokens, layout.prompt_length, layout.response_length)
 
   @staticmethod
   def _first_request(prompts: int, n: int) -> int:
@@ -456,24 +475,26 @@ class RLTrainer:
                          "train/filtered_groups": float(dropped)})
     return dynamic_sampling.join_rounds(generated, keeps, wanted, n)
 
-  def _experience(self, rows: Experience, timing: dict[str, float], step_metrics: dict) -> Experience:
-    """`rows` with the old and reference log-probs, values, rewards, advantages and returns the run uses."""
+  def _experience(self, rows: Experience, timing: dict[str, float], step_metrics: dict,
+                  packer: packing.Packer | None = None) -> Experience:
+    """`rows` with the old and reference log-probs, values, rewards, advantages and returns the run uses
+    (`packer`: the step's, for its packed passes)."""
     steps, group = self.run.steps, self.run.layout.group
     if not prompts_shared(rows, group):
       raise RuntimeError(f"rows are not in groups of {group} sharing a prompt; set "
                          "actor_rollout_ref.model.share_prompt_forward=false and report this")
     if not self.run.on_policy:
       with timed(timing, "old_log_prob"):
-        old = self.forward(steps.old_log_prob, self.actor_params, rows)
+        old = self.forward(steps.old_log_prob, self.actor_params, rows, packer)
         rows = rows.replace(old_log_probs=old[0])
         if steps_lib.replays_routing(self.config, self.run.on_policy):
           rows = rows.replace(routed_experts=old[2])
     if steps.ref_log_prob is not None:
       with timed(timing, "ref"):
-        rows = rows.replace(ref_log_prob=self.forward(steps.ref_log_prob, self.run.reference.params, rows)[0])
+        rows = rows.replace(ref_log_prob=self.forward(steps.ref_log_prob, self.run.reference.params, rows, packer)[0])
     if steps.values is not None:
       with timed(timing, "values"):
-        rows = rows.replace(values=self.forward(steps.values, self.state.critic, rows))
+        rows = rows.replace(values=self.forward(steps.values, self.state.critic, rows, packer))
     with timed(timing, "adv"):
       return self._advantages(rows, step_metrics)
 
@@ -497,16 +518,16 @@ class RLTrainer:
     """`advantage_stage.stage` under this run's config."""
     return advantage_stage.stage(self.config, rows, kl_ctrl)
 
-  def _minibatches(self, rows: Experience, step: Step, epochs: int,
-                   order: np.ndarray) -> Iterator[tuple[int, int, Experience]]:
+  def _minibatches(self, rows: Experience, step: Step, epochs: int, order: np.ndarray,
+                   packer: packing.Packer | None) -> Iterator[tuple[int, int, Experience]]:
     """(epoch, index, mini-batch) over `epochs` epochs of `rows`, each mini-batch as `step` takes it (its batch
     argument's fields and shardings).
 
     The step's rows (this host's) are placed once; each mini-batch is gathered on device from the global row
     numbers of `order` (permuted per epoch under actor.shuffle), so it holds the same rows whatever the number
-    of hosts.
+    of hosts; a packed step's tokens are packed from those rows by `packer`.
     """
-    layout, spec = self.run.layout, step.args[2]
+    layout, spec = self.run.layout, step.args[2].replace(packed=None)
     if step.name not in self._row_gathers:
       self._row_gathers[step.name] = experience_lib.row_gather(spec)
     gather, size = self._row_gathers[step.name], layout.mini_rows
@@ -516,7 +537,12 @@ class RLTrainer:
       if self.config.actor_rollout_ref.actor.shuffle:
         epoch_order = order[np.asarray(jax.random.permutation(self._key(Stream.SHUFFLE, epoch), layout.rows))]
       for m in range(layout.minis):
-        yield epoch, m, gather(whole, epoch_order[m * size:(m + 1) * size])
+        index = epoch_order[m * size:(m + 1) * size]
+        mini = gather(whole, index)
+        if step.args[2].packed is not None:
+          abstract = step.args[2].packed
+          mini = mini.replace(packed=packer.batch(abstract, index.reshape(abstract.out_index.shape[0], -1)))
+        yield epoch, m, mini
 
   def _balanced_order(self, rows: Experience) -> np.ndarray:
     """The step's global row numbers in update order: trainer.balance_batch deals the prompts' groups to the
@@ -527,14 +553,16 @@ class RLTrainer:
     lengths = hosts.process_concat(rows.attention_mask.sum(-1).astype(np.int32))
     return balance_order(lengths, data_parallel, self.run.layout.group)
 
-  def _update(self, rows: Experience, timing: dict[str, float], step_metrics: dict) -> None:
-    """The critic's and then the actor's epochs over the mini-batches of `rows` (the state moves on)."""
+  def _update(self, rows: Experience, timing: dict[str, float], step_metrics: dict,
+              packer: packing.Packer | None = None) -> None:
+    """The critic's and then the actor's epochs over the mini-batches of `rows` (the state moves on; `packer`
+    for the packed ones)."""
     actor, steps, layout = self.config.actor_rollout_ref.actor, self.run.steps, self.run.layout
     collected: list[dict] = []
     order = self._balanced_order(rows)
     if steps.critic_update is not None:
       with timed(timing, "update_critic"):
-        for epoch, i, mini in self._minibatches(rows, steps.critic_update, self.config.critic.ppo_epochs, order):
+        for epoch, i, mini in self._minibatches(rows, steps.critic_update, self.config.critic.ppo_epochs, order, packer):
           critic, critic_opt, m = steps.critic_update(self.state.critic, self.state.critic_opt, mini,
                                                       self._key(Stream.CRITIC_UPDATE, epoch, i))
           self.state = self.state.replace(critic=critic, critic_opt=critic_opt)
@@ -542,7 +570,7 @@ class RLTrainer:
         jax.block_until_ready(self.state.critic)
     if self.step >= self.config.trainer.critic_warmup:
       with timed(timing, "update_actor"):
-        for epoch, i, mini in self._minibatches(rows, steps.actor_update, actor.ppo_epochs, order):
+        for epoch, i, mini in self._minibatches(rows, steps.actor_update, actor.ppo_epochs, order, packer):
           trained, actor_opt, m = steps.actor_update(self.state.actor, self.state.actor_opt, mini,
                                                      self._key(Stream.ACTOR_UPDATE, epoch, i), self.run.frozen)
           self.state = self.state.replace(actor=trained, actor_opt=actor_opt)
@@ -567,12 +595,15 @@ class RLTrainer:
         rows = self._kept_groups(batch, timing, step_metrics)
       else:
         rows = self._rollout(batch, timing)
-      rows = self._experience(rows, timing, step_metrics)
-      self._update(rows, timing, step_metrics)
+      packer = self._packer(rows)
+      rows = self._experience(rows, timing, step_metrics, packer)
+      self._update(rows, timing, step_metrics, packer)
       if self.driver is not None:  # the weights this update made, to the rollout if it decodes under them
         self._publish(self.step + 1, timing, step_metrics)
     step_metrics.update(metrics_lib.data_metrics(rows, self.run.layout.response_length, self.run.layout.prompt_length))
     step_metrics.update(timing)
+    if packer is not None:  # the packed passes' token positions over the real tokens they hold (1: no padding)
+      step_metrics["perf/packed_compute_ratio"] = packer.computed / max(packer.real, 1)
     tokens = int(hosts.process_total(rows.attention_mask.sum()))
     step_metrics.update(training_metrics.throughput_metrics(timing, tokens, self.mesh.size))
     step_metrics["training/global_step"] = float(self.step + 1)
@@ -689,6 +720,12 @@ class RLTrainer:
       self.checkpointer.close()
     self.reward_manager.close()
     self.tracker.close()
+
+
+def packing_of(step: Step) -> Any:
+  """A pass's abstract PackedRows (None when it runs padded rows): its batch argument's `packed`."""
+  batch = step.args[2] if step.name.endswith("update") else step.args[1]
+  return batch.packed
 
 
 def _rollout_devices(config: ConfigDict, mesh: jax.sharding.Mesh) -> list[jax.Device]:

@@ -25,6 +25,8 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from rljax.training.packing import first_fit_decreasing
+
 ROW_KEYS = ("input_ids", "positions", "segment_ids", "targets", "loss_mask")
 Example = tuple[np.ndarray, np.ndarray]
 
@@ -32,32 +34,6 @@ Example = tuple[np.ndarray, np.ndarray]
 def one_per_row(lengths: Sequence[int]) -> list[list[int]]:
   """[[0], [1], ...]: example i alone in row i."""
   return [[i] for i in range(len(lengths))]
-
-
-def first_fit_decreasing(lengths: Sequence[int], row_length: int) -> list[list[int]]:
-  """Example indices per row: longest first, each into the first row with room.
-
-  Args:
-    lengths: N example lengths, each <= row_length.
-    row_length: L.
-
-  Returns:
-    Rows of example indices whose lengths sum to <= L; every index once.
-  """
-  rows: list[list[int]] = []
-  room: list[int] = []
-  for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
-    n = int(lengths[i])
-    if n > row_length:
-      raise ValueError(f"example {i} has {n} tokens, more than the row length {row_length}")
-    slot = next((r for r, free in enumerate(room) if free >= n), None)
-    if slot is None:
-      rows.append([i])
-      room.append(row_length - n)
-    else:
-      rows[slot].append(i)
-      room[slot] -= n
-  return rows
 
 
 def group_examples(lengths: Sequence[int], row_length: int, packed: bool) -> list[list[int]]:

@@ -1,0 +1,295 @@
+"""Packed training passes (verl's `use_remove_padding`): the rows' real tokens in fixed-length buffers.
+
+The padded layout (`rl/sequences.py`) gives every row P + R tokens. A packed
+pass lays each row's real tokens (the one run of its attention mask: the
+left-padded prompt's tokens, then the response's attended ones) one after
+another into buffers of L = P + R tokens, each row its own segment (attention
+stays inside it, its RoPE positions are its own), and reads every row's
+per-token outputs back into the [rows, R] response layout. The model computes
+about the rows' real tokens, and everything downstream (losses, metrics,
+advantages) reads the same numbers as from the padded pass.
+
+One micro-batch of `rows` rows over D data-parallel shards (its rows split in
+D equal blocks, block d on shard d, as the padded layout splits them), r =
+rows / D rows per shard, B buffers per shard:
+
+  PackedRows.input_ids, positions  [D, B, L] int32, 0 on padding
+  PackedRows.segment_ids           [D, B, L] int32: the row's step-wide number + 1, 0 on padding
+  PackedRows.out_index             [D, r, R] int32: where, among its shard's B * L tokens, the
+                                   position predicting row token t sits; -1 where none
+
+A batch of M micro-batches stacks them ([M, D, ...]). Every micro-batch and
+shard of a pass has the same B: the most any of them needs (rows placed
+first-fit decreasing), rounded up to the quarter-octave grid 1, 2, ..., 8,
+10, 12, 14, 16, 20, 24, ... and never above r (one row per buffer always
+fits). So a pass compiles at most one program per grid value <= r, however
+the lengths move from step to step, and computes at most a quarter more
+buffers than it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh, NamedSharding
+
+from rljax.models import token_log_probs
+from rljax.rl import experience as experience_lib
+from rljax.sharding import rules as rules_lib
+from rljax.training.packing import first_fit_decreasing
+
+
+@struct.dataclass
+class PackedRows:
+  """One pass's packed tokens (see the module docstring for the shapes)."""
+
+  input_ids: Any
+  positions: Any
+  segment_ids: Any
+  out_index: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class PackPlan:
+  """Where a batch's rows go, this process's shards of it.
+
+  Attributes:
+    buffers: B, buffers per shard and micro-batch.
+    src: [M, D_local, B, L] int32, each buffer token's place in the step's
+      [N * (P + R)] padded tokens, -1 on padding.
+    out_index: [M, D_local, r, R] int32 (PackedRows.out_index).
+    real_tokens: the batch's real tokens (every shard's).
+  """
+
+  buffers: int
+  src: np.ndarray
+  out_index: np.ndarray
+  real_tokens: int
+
+
+def grid_ceil(n: int, cap: int) -> int:
+  """The smallest value >= n of the quarter-octave grid 1..8, 10, 12, 14, 16, 20, ..., at most `cap`."""
+  if n > 8:
+    step = 1 << (n.bit_length() - 3)
+    n = -(-n // step) * step
+  return max(1, min(n, cap))
+
+
+def row_spans(attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(start [N], end [N]): row i's real tokens are columns start[i]..end[i] - 1 of its attention mask [N, P + R].
+
+  Raises:
+    ValueError: naming the first row whose mask is not one run of ones (a packed pass keeps a row's tokens
+      together; `use_remove_padding=false` reads any mask).
+  """
+  mask = np.asarray(attention_mask) != 0
+  width = mask.shape[1]
+  start = np.argmax(mask, axis=1)
+  end = width - np.argmax(mask[:, ::-1], axis=1)
+  empty = ~mask.any(axis=1)
+  start[empty], end[empty] = 0, 0
+  holes = np.flatnonzero(mask.sum(axis=1) != end - start)
+  if holes.size:
+    raise ValueError(f"row {holes[0]}'s attention mask has gaps between its tokens: a packed pass needs each row "
+                     "as one run (a left-padded prompt, then its response); set "
+                     "actor_rollout_ref.model.use_remove_padding=false (and critic.model.use_remove_padding) "
+                     "to read it padded")
+  return start.astype(np.int64), end.astype(np.int64)
+
+
+def make_plan(starts: np.ndarray, ends: np.ndarray, arrangement: np.ndarray, shards: int, prompt_length: int,
+              response_length: int, local_shards: slice) -> PackPlan:
+  """The packing of a batch of rows into buffers of L = P + R tokens.
+
+  Args:
+    starts, ends: [N] every row's span (`row_spans`, all processes' rows in their global order).
+    arrangement: [M, rows] the global row numbers of each micro-batch in its order; block d of rows / D
+      sits on shard d.
+    shards: D.
+    prompt_length, response_length: P, R.
+    local_shards: the shards this process places (its block of D).
+
+  Returns:
+    The plan, laid out for `local_shards` only, with B from every shard (the same on every process).
+  """
+  micro, rows = arrangement.shape
+  per_shard, width = rows // shards, prompt_length + response_length
+  blocks = arrangement.reshape(micro, shards, per_shard)
+  lengths = ends - starts
+  fits = [[first_fit_decreasing(lengths[block], width) for block in blocks[m]] for m in range(micro)]
+  buffers = grid_ceil(max(len(fit) for per_micro in fits for fit in per_micro), per_shard)
+  local = range(shards)[local_shards]
+  src = np.full((micro, len(local), buffers, width), -1, np.int32)
+  out_index = np.full((micro, len(local), per_shard, response_length), -1, np.int32)
+  predicting = prompt_length - 1 + np.arange(response_length)  # the column predicting response token t
+  for m in range(micro):
+    for i, d in enumerate(local):
+      for buffer, members in enumerate(fits[m][d]):
+        offset = 0
+        for k in members:
+          row = blocks[m, d, k]
+          start, end = starts[row], ends[row]
+          src[m, i, buffer, offset:offset + end - start] = row * width + np.arange(start, end)
+          valid = (predicting >= start) & (predicting + 1 < end)
+          out_index[m, i, k, valid] = buffer * width + offset + predicting[valid] - start
+          offset += end - start
+  return PackPlan(buffers=buffers, src=src, out_index=out_index, real_tokens=int(lengths[arrangement].sum()))
+
+
+def shard_count(mesh: Mesh, rules: Any, micro_batches: int, rows: int) -> int:
+  """D: how many shards the rows of one micro-batch ([M, rows / M] over the batch rule) are split in."""
+  per = rows // micro_batches
+  sharding = NamedSharding(mesh, rules_lib.logical_to_spec((None, "batch"), (micro_batches, per), mesh, rules))
+  return per // sharding.shard_shape((micro_batches, per))[1]
+
+
+def spec(micro_batches: int, rows: int, prompt_length: int, response_length: int, mesh: Mesh,
+         rules: Any) -> PackedRows:
+  """The abstract PackedRows of a pass over `rows` rows in `micro_batches` micro-batches, at its largest
+  (one row per buffer); a run calls the pass with fewer buffers, laid out alike."""
+  shards = shard_count(mesh, rules, micro_batches, rows)
+  per_shard, width = rows // micro_batches // shards, prompt_length + response_length
+
+  def struct_of(shape):
+    partition = rules_lib.logical_to_spec((None, "batch") + (None,) * (len(shape) - 2), shape, mesh, rules)
+    return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=NamedSharding(mesh, partition))
+
+  tokens = struct_of((micro_batches, shards, per_shard, width))
+  return PackedRows(input_ids=tokens, positions=tokens, segment_ids=tokens,
+                    out_index=struct_of((micro_batches, shards, per_shard, response_length)))
+
+
+def local_shards(abstract: PackedRows) -> slice:
+  """The shards (axis 1) of `abstract`'s arrays this process places."""
+  s = abstract.out_index
+  axis = [index[1] for index in s.sharding.addressable_devices_indices_map(s.shape).values()]
+  return slice(min(i.start or 0 for i in axis), max(s.shape[1] if i.stop is None else i.stop for i in axis))
+
+
+@functools.lru_cache(maxsize=None)
+def _gather(token_sharding: NamedSharding, index_sharding: NamedSharding) -> Any:
+  """The jitted (input_ids, positions [1, N, P + R], src, out_index) -> PackedRows, laid out by the shardings."""
+  def gather(input_ids, positions, src, out_index):
+    width = input_ids.shape[-1]
+    real = src >= 0
+    safe = jnp.maximum(src, 0)
+    take = lambda x: jnp.where(real, x.reshape(-1)[safe], 0)  # noqa: E731
+    return PackedRows(input_ids=take(input_ids), positions=take(positions),
+                      segment_ids=jnp.where(real, safe // width + 1, 0), out_index=out_index)
+
+  out = PackedRows(input_ids=token_sharding, positions=token_sharding, segment_ids=token_sharding,
+                   out_index=index_sharding)
+  return jax.jit(gather, out_shardings=out)
+
+
+def pack(input_ids: jax.Array, positions: jax.Array, plan: PackPlan, abstract: PackedRows) -> PackedRows:
+  """The packed batch on device, from the step's placed tokens ([1, N, P + R], each host's rows where
+  `experience.place` put them) and this process's part of `plan`, laid out as `abstract`."""
+  micro, shards, _, width = abstract.input_ids.shape
+  shape = (micro, shards, plan.buffers, width)
+
+  def put(local, like, global_shape):
+    return jax.make_array_from_process_local_data(like.sharding, local, global_shape)
+
+  src = put(plan.src, abstract.input_ids, shape)
+  out_index = put(plan.out_index, abstract.out_index, abstract.out_index.shape)
+  return _gather(abstract.input_ids.sharding, abstract.out_index.sharding)(input_ids, positions, src, out_index)
+
+
+# ----- the model side ------------------------------------------------------------------------------
+
+
+def packed_hidden(model: Any, packed: PackedRows, with_routing: bool = False) -> Any:
+  """[D, B * L, H] final hidden states of every buffer token (and the model's Routing, None when dense)."""
+  shards, buffers, width = packed.input_ids.shape
+  flat = lambda x: x.reshape(shards * buffers, width)  # noqa: E731
+  segments = flat(packed.segment_ids)
+  hidden, routing = model.hidden_states(flat(packed.input_ids), (segments > 0).astype(jnp.int32),
+                                        flat(packed.positions), segment_ids=segments, with_routing=True)
+  hidden = hidden.reshape(shards, buffers * width, hidden.shape[-1])
+  return (hidden, routing) if with_routing else hidden
+
+
+def to_rows(x: jax.Array, out_index: jax.Array) -> jax.Array:
+  """Per-token outputs [D, B * L] -> the rows' [D * r, R] (0 where a row has no such token).
+
+  The gather stays within each shard (its leading axis), so it moves nothing between devices.
+  """
+  shards, per_shard, length = out_index.shape
+  taken = jnp.take_along_axis(x, jnp.maximum(out_index, 0).reshape(shards, -1), axis=1)
+  return jnp.where(out_index >= 0, taken.reshape(out_index.shape), 0).reshape(shards * per_shard, length)
+
+
+def next_tokens(packed: PackedRows) -> jax.Array:
+  """[D, B * L] the token after each buffer token (what its hidden state predicts; any id where it is the
+  last of its row, which no row reads)."""
+  ids = packed.input_ids.reshape(packed.input_ids.shape[0], -1)
+  return jnp.concatenate([ids[:, 1:], ids[:, :1]], axis=1)
+
+
+def packed_log_probs(model: Any, packed: PackedRows, temperature: float, with_entropy: bool = True,
+                     chunk_size: int = 1024) -> tuple[jax.Array, jax.Array, Any]:
+  """(log-probs [rows, R], entropy [rows, R], the model's Routing or None) of the rows' response tokens."""
+  hidden, routing = packed_hidden(model, packed, with_routing=True)
+  log_probs, entropy = token_log_probs(hidden, model.lm_head_weight(), next_tokens(packed), chunk_size=chunk_size,
+                                       temperature=temperature, with_entropy=with_entropy,
+                                       softcap=model.cfg.final_logit_softcapping)
+  return to_rows(log_probs, packed.out_index), to_rows(entropy, packed.out_index), routing
+
+
+
+# ----- a step's packer ------------------------------------------------------------------------------
+
+
+TOKEN_FIELDS = ("input_ids", "positions")
+
+
+def forward_arrangement(local_rows: int, processes: int, micro_batches: int) -> np.ndarray:
+  """[M, rows / M] the global row numbers of a forward pass's micro-batches as `experience.place` lays a
+  host's rows: micro-batch m holds every process's m-th block of its own rows, in process order."""
+  per = local_rows // micro_batches
+  return np.concatenate([h * local_rows + np.arange(local_rows).reshape(micro_batches, per)
+                         for h in range(processes)], axis=1)
+
+
+@dataclasses.dataclass
+class Packer:
+  """Packs one step's rows for its packed passes: their tokens placed on device once, every row's span known
+  to every process.
+
+  Attributes:
+    starts, ends: [N] every row's span (`row_spans`), in global row order.
+    input_ids, positions: [1, N, P + R] the step's tokens on device.
+    prompt_length, response_length: P, R.
+    computed, real: token positions the passes packed so far compute, and the real tokens they hold.
+  """
+
+  starts: np.ndarray
+  ends: np.ndarray
+  input_ids: jax.Array
+  positions: jax.Array
+  prompt_length: int
+  response_length: int
+  computed: int = 0
+  real: int = 0
+
+  @classmethod
+  def of(cls, rows: Any, spans: tuple[np.ndarray, np.ndarray], tokens: Any, prompt_length: int,
+         response_length: int) -> "Packer":
+    """From this process's rows (an `Experience`), every row's spans and the abstract [1, N, P + R] tokens."""
+    placed = experience_lib.place(rows, tokens)
+    return cls(spans[0], spans[1], placed.input_ids, placed.positions, prompt_length, response_length)
+
+  def batch(self, abstract: PackedRows, arrangement: np.ndarray) -> PackedRows:
+    """The rows `arrangement` ([M, rows] global row numbers) packed as `abstract` lays them out."""
+    plan = make_plan(self.starts, self.ends, arrangement, abstract.out_index.shape[1], self.prompt_length,
+                     self.response_length, local_shards(abstract))
+    self.computed += plan.buffers * arrangement.shape[0] * abstract.out_index.shape[1] * abstract.input_ids.shape[-1]
+    self.real += plan.real_tokens
+    return pack(self.input_ids, self.positions, plan, abstract)

@@ -1,0 +1,193 @@
+"""Packed training passes: every row's real tokens once, in buffers, and the padded pass's numbers."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+import rljax.models as M
+from rljax import rl, sharding
+from rljax.rl import packing
+from rljax.training.packing import first_fit_decreasing
+from rljax.rl.critic import ValueModel
+from rljax.rl.experience import Experience
+from rljax.rl.sequences import make_sequences, response_log_probs
+from tests.models import helpers
+from tests.rl import tiny_run
+
+P, R = 7, 6
+
+
+def ragged_rows(vocab: int, rows: int, seed: int = 0) -> Experience:
+  """Left-padded prompts and right-padded responses of different lengths (one response of one token, one full)."""
+  rng = np.random.default_rng(seed)
+  prompt_len = rng.integers(1, P + 1, rows)
+  prompt_len[0] = P
+  prompt_mask = (np.arange(P)[None] >= P - prompt_len[:, None]).astype(np.int32)
+  response_len = rng.integers(1, R + 1, rows)
+  response_len[:2] = (1, R)
+  response_mask = (np.arange(R)[None] < response_len[:, None]).astype(np.int32)
+  prompts = rng.integers(3, vocab, (rows, P)) * prompt_mask
+  responses = rng.integers(3, vocab, (rows, R)) * response_mask
+  return make_sequences(prompts, prompt_mask, responses, response_mask)
+
+
+def whole_plan(rows: Experience, micro: int, shards: int) -> packing.PackPlan:
+  starts, ends = packing.row_spans(rows.attention_mask)
+  order = np.arange(len(starts)).reshape(micro, -1)
+  return packing.make_plan(starts, ends, order, shards, P, R, slice(0, shards))
+
+
+def test_a_plan_holds_every_real_token_once_and_points_each_response_token_at_its_predictor():
+  rows = ragged_rows(100, 12)
+  plan = whole_plan(rows, micro=2, shards=3)
+  flat = rows.input_ids.reshape(-1)
+  src = plan.src
+  assert plan.real_tokens == rows.attention_mask.sum()
+  held = np.sort(src[src >= 0])
+  assert held.tolist() == np.flatnonzero(rows.attention_mask.reshape(-1)).tolist()
+  assert plan.buffers == max(len(first_fit_decreasing(  # the fullest shard's, 1 or 2 (2 rows a shard)
+      (rows.attention_mask[b * 2:b * 2 + 2]).sum(1), P + R)) for b in range(6))
+  for m in range(2):
+    for d in range(3):
+      tokens = np.where(src[m, d] >= 0, flat[np.maximum(src[m, d], 0)], -1).reshape(-1)
+      for k in range(2):
+        row = m * 6 + d * 2 + k
+        for t in range(R):
+          at = plan.out_index[m, d, k, t]
+          if rows.response_mask[row, t]:
+            assert tokens[at + 1] == rows.responses[row, t]  # the next buffer token is the predicted one
+          else:
+            assert at == -1
+
+
+def test_buffers_follow_the_longest_shard_on_a_quarter_octave_grid():
+  assert [packing.grid_ceil(n, 100) for n in (1, 7, 8, 9, 11, 16, 17, 33)] == [1, 7, 8, 10, 12, 16, 20, 40]
+  assert packing.grid_ceil(17, 18) == 18 and packing.grid_ceil(0, 4) == 1
+  starts, ends = np.zeros(16, np.int64), np.full(16, 1)
+  ends[5] = P + R  # one full row: its shard needs a buffer of its own
+  plan = packing.make_plan(starts, ends, np.arange(16).reshape(1, 16), 2, P, R, slice(1, 2))
+  assert plan.buffers == 2 and plan.src.shape == (1, 1, 2, P + R)
+
+
+def test_a_row_with_gaps_between_its_tokens_is_refused_by_number():
+  mask = np.array([[0, 1, 1, 0], [1, 1, 0, 1]])
+  with pytest.raises(ValueError, match="row 1's attention mask has gaps.*use_remove_padding=false"):
+    packing.row_spans(mask)
+
+
+def packed_batch(rows: Experience, micro: int, shards: int) -> Experience:
+  """`rows` packed as one process places them ([M, D, ...] arrays on the default device)."""
+  plan = whole_plan(rows, micro, shards)
+  ids, pos = (jnp.asarray(x)[None] for x in (rows.input_ids, rows.positions))
+  src = jnp.asarray(plan.src)
+  real = src >= 0
+  take = lambda x: jnp.where(real, x.reshape(-1)[jnp.maximum(src, 0)], 0)  # noqa: E731
+  packed = packing.PackedRows(input_ids=take(ids), positions=take(pos),
+                              segment_ids=jnp.where(real, jnp.maximum(src, 0) // (P + R) + 1, 0),
+                              out_index=jnp.asarray(plan.out_index))
+  return Experience(response_mask=rows.response_mask.reshape(micro, -1, R), packed=packed)
+
+
+def loss_of(model, batch):
+  log_probs, entropy = response_log_probs(model, batch, 0.7)
+  mask = batch.response_mask
+  return jnp.sum((log_probs + 0.1 * entropy) * mask), (log_probs * mask, entropy * mask)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+  """family -> a directory holding a tiny random HF model of that family."""
+  return {family: helpers.saved_family(tmp_path_factory, family)[1] for family in ("mistral", "gemma3", "qwen3",
+                                                                                   "qwen3_moe_all")}
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3", "qwen3_moe_all"])
+def test_packed_log_probs_entropy_and_gradients_equal_the_padded_ones(saved, family):
+  model = M.from_pretrained(saved[family])
+  graphdef, state = nnx.split(model)
+  rows = ragged_rows(model.cfg.vocab_size, 8)
+  micro, shards = 2, 2
+  packed = packed_batch(rows, micro, shards)
+
+  def padded(s):
+    return loss_of(nnx.merge(graphdef, s), rows)
+
+  def packed_loss(s):
+    per_micro = [loss_of(nnx.merge(graphdef, s), jax.tree.map(lambda x, m=m: x[m], packed)) for m in range(micro)]
+    return sum(p[0] for p in per_micro), tuple(jnp.concatenate(x) for x in zip(*(p[1] for p in per_micro)))
+
+  (loss1, (lp1, ent1)), grad1 = jax.jit(jax.value_and_grad(padded, has_aux=True))(state)
+  (loss2, (lp2, ent2)), grad2 = jax.jit(jax.value_and_grad(packed_loss, has_aux=True))(state)
+  np.testing.assert_allclose(lp2, lp1, atol=2e-5)
+  np.testing.assert_allclose(ent2, ent1, atol=2e-5)
+  np.testing.assert_allclose(loss2, loss1, rtol=1e-5)
+  for (path, g1), g2 in zip(jax.tree_util.tree_leaves_with_path(grad1), jax.tree.leaves(grad2)):
+    scale = float(jnp.max(jnp.abs(g1))) + 1e-6
+    np.testing.assert_allclose(g2, g1, atol=2e-5 * scale, err_msg=jax.tree_util.keystr(path))
+
+
+def test_packed_values_over_eight_shards_equal_the_padded_ones(saved):
+  model = M.from_pretrained(saved["qwen3"], scan_layers=True, remat=True)
+  graphdef, state = nnx.split(ValueModel(model, nnx.Rngs(1)))
+  rows = ragged_rows(model.cfg.vocab_size, 16, seed=3)
+  packed = jax.tree.map(lambda x: x[0], packed_batch(rows, 1, 8))
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  packed = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, PartitionSpec("data"))), packed)
+  values = jax.jit(lambda s, b: nnx.merge(graphdef, s).response_values(b))
+  mask = rows.response_mask > 0
+  np.testing.assert_allclose(np.asarray(values(state, packed))[mask], np.asarray(values(state, rows))[mask],
+                             atol=2e-5)
+
+
+def run_metrics(model_dir, data_dir, run_dir, name, *extra):
+  config = tiny_run.run_config(name, model_dir, data_dir, str(run_dir), "trainer.total_training_steps=2",
+                               "trainer.save_freq=-1", tiny_run.text_scorer(run_dir.parent), *extra)
+  trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
+  try:
+    trainer.fit()
+  finally:
+    trainer.close()
+  return [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
+
+
+def same_metrics(packed, padded, row_cap):
+  for a, b in zip(packed, padded, strict=True):
+    padded_ratio = row_cap / (a["prompt_length/mean"] + a["response_length/mean"])
+    assert a.pop("perf/packed_compute_ratio") < 0.6 * padded_ratio  # rows really shared buffers
+    drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/", "actor/ppo_kl"))}  # noqa: E731
+    assert drop(a) == pytest.approx(drop(b), rel=1e-4, abs=1e-5)
+    assert a["actor/ppo_kl"] == pytest.approx(b["actor/ppo_kl"], abs=2e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, extra", [
+    ("grpo", ("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")),
+    ("ppo", ("critic.model.use_remove_padding=true", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum")),
+])
+def test_a_packed_run_gives_the_padded_runs_metrics(model_dir, data_dir, tmp_path, name, extra):
+  extra += ("data.max_prompt_length=200",)  # buffers of 208 tokens hold several rows of the synthetic prompts
+  flags = {True: ("actor_rollout_ref.model.use_remove_padding=true",),
+           False: ("actor_rollout_ref.model.use_remove_padding=false", "critic.model.use_remove_padding=false")}
+  packed = run_metrics(model_dir, data_dir, tmp_path / "packed", name, *extra, *flags[True])
+  padded = run_metrics(model_dir, data_dir, tmp_path / "padded", name, *extra, *flags[False])
+  same_metrics(packed, padded, 208)
+
+
+def test_steps_pack_by_the_verl_keys(model_dir, data_dir, tmp_path):
+  from rljax.rl import steps as steps_lib  # pylint: disable=import-outside-toplevel
+  config = tiny_run.run_config("ppo", model_dir, data_dir, str(tmp_path))
+  assert steps_lib.packs_actor(config) and not steps_lib.packs_critic(config)  # verl's defaults
+  config.actor_rollout_ref.model.use_remove_padding = False
+  assert not steps_lib.packs_actor(config)
+  config.actor_rollout_ref.model.use_remove_padding = True
+  config.actor_rollout_ref.actor.router_replay.mode = "R3"
+  assert not steps_lib.packs_actor(config)
+  mesh = sharding.build_mesh({"data": 2, "fsdp": 4, "tensor": 1, "sequence": 1}, jax.devices()[:8])
+  spec = packing.spec(2, 32, P, R, mesh, sharding.rules_from_config(config))
+  assert spec.input_ids.shape == (2, 8, 2, P + R) and spec.out_index.shape == (2, 8, 2, R)
