@@ -580,8 +580,9 @@ KEYS = {
         "Run the decoder layers as one scanned layer.",
         added="scan over decoder layers: compile time flat in depth"),
     "actor_rollout_ref.model.share_prompt_forward": Key(
-        "Run each prompt's tokens once for its rollout.n responses when computing log-probs, values and updates.",
-        added="run each prompt once for its rollout.n responses in the log-prob, value and update passes (same numbers, less work)"),
+        "Run each prompt's tokens once for its rollout.n responses when computing log-probs, values and updates "
+        "that run padded rows (a packed pass, use_remove_padding, runs each row's own tokens).",
+        added="run each prompt once for its rollout.n responses in the padded log-prob, value and update passes (same numbers, less work)"),
     **described(("actor_rollout_ref.model", "critic.model"), "tiled_mlp", _TILED_MLP),
     "actor_rollout_ref.model.tokenizer_path": Key(
         "Directory of a tokenizer to use instead of the model's.",

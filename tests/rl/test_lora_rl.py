@@ -96,7 +96,8 @@ def _hf_logits(model, ids):
 @pytest.mark.slow
 def test_checkpoint_holds_the_adapters_resumes_and_exports(model_dir, data_dir, tmp_path):
   run_dir = tmp_path / "run"
-  overrides = (*LORA, "actor_rollout_ref.actor.optim.lr=0.05")  # big enough steps that the adapters move the logits
+  # scores by text (a real policy gradient) and big enough steps that the adapters move the logits
+  overrides = (*LORA, "actor_rollout_ref.actor.optim.lr=0.05", tiny_run.text_scorer(tmp_path))
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(run_dir), *overrides)
   trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
   try:

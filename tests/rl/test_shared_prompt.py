@@ -142,7 +142,8 @@ def test_trainer_numbers_do_not_depend_on_sharing(model_dir, data_dir, tmp_path)
   def run(flag):
     config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / flag), "trainer.total_training_steps=1",
                                  "actor_rollout_ref.actor.ppo_epochs=2",
-                                 f"actor_rollout_ref.model.share_prompt_forward={flag}")
+                                 f"actor_rollout_ref.model.share_prompt_forward={flag}",
+                                 "actor_rollout_ref.model.use_remove_padding=false")  # packed passes do not share
     trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
     try:
       trainer.fit()
