@@ -163,18 +163,23 @@ def regrouped(abstract: Experience, micro_batches: int, rows: int) -> Experience
 
 def row_gather(abstract: Experience) -> Callable[[Experience, np.ndarray], Experience]:
   """A jitted `(whole, index) -> batch`: rows `index` ([B] global row numbers, the same on every host) of `whole`
-  ([1, N, ...], each host's rows where `place` put them), as `abstract`'s [M, B / M, ...] batch.
+  ([1, N, ...], each host's rows where `place` put them), as `abstract`'s [M, B / M, ...] batch (or an index
+  [M', B / M'] as that batch of M' micro-batches, laid out alike).
 
   The rows move between devices (and hosts) on device: a mini-batch holds the same rows in the same order
   however many processes hold the step.
   """
   shardings = jax.tree.map(lambda s: s.sharding, abstract)
-  micro, per = next(iter(jax.tree.leaves(abstract))).shape[:2]
+  micro = next(iter(jax.tree.leaves(abstract))).shape[0]
   replicated = NamedSharding(next(iter(jax.tree.leaves(shardings))).mesh, PartitionSpec())
-  gather = jax.jit(lambda whole, index: jax.tree.map(lambda x: x[0][index].reshape(micro, per, *x.shape[2:]), whole),
-                   out_shardings=shardings)
-  return lambda whole, index: gather(whole, jax.make_array_from_process_local_data(
-      replicated, np.asarray(index, np.int32)))
+  gather = jax.jit(lambda whole, index: jax.tree.map(lambda x: x[0][index], whole), out_shardings=shardings)
+
+  def rows(whole: Experience, index: np.ndarray) -> Experience:
+    index = np.asarray(index, np.int32)
+    index = index.reshape(micro, -1) if index.ndim == 1 else index
+    return gather(whole, jax.make_array_from_process_local_data(replicated, index))
+
+  return rows
 
 
 def concatenate(parts: list[Experience]) -> Experience:

@@ -31,6 +31,9 @@ class Layout:
     response_length: R, tokens of a right-padded response.
     forward_micros: micro-batches of each forward pass over a step's rows (FORWARD_PASSES).
     group: rows per shared prompt in the trainer's passes (1: no sharing).
+    token_budgets: real tokens per data-parallel shard of one micro-batch of each pass under verl's
+      use_dynamic_bsz (`TOKEN_BUDGET_PASSES`; None: its micro-batches count rows), which a packed pass
+      forms its micro-batches by (`rl.packing.budget_arrangement`).
   """
 
   n: int
@@ -42,6 +45,7 @@ class Layout:
   response_length: int
   forward_micros: dict[str, int]
   group: int
+  token_budgets: dict[str, int | None] = dataclasses.field(default_factory=dict)
 
   @property
   def minis(self) -> int:
@@ -114,6 +118,30 @@ def _forward_micros(config: ConfigDict, rows: int, data_parallel: int, row_token
   }
 
 
+TOKEN_BUDGET_PASSES = ("actor_update", "critic_update") + FORWARD_PASSES
+
+
+def _token_budgets(config: ConfigDict) -> dict[str, int | None]:
+  """Each pass's use_dynamic_bsz budget per data-parallel shard: verl's per-GPU key times the Ulysses size (the
+  shard's devices split its tokens), or None without use_dynamic_bsz."""
+  arr, critic, rm = config.actor_rollout_ref, config.critic, config.reward_model
+  actor_sp = arr.actor.ulysses_sequence_parallel_size
+  critic_sp = critic.get("ulysses_sequence_parallel_size", 1) or 1
+
+  def budget(dynamic: bool, per_gpu: int | None, sp: int) -> int | None:
+    return int(per_gpu) * sp if dynamic and per_gpu else None
+
+  return {
+      "actor_update": budget(arr.actor.use_dynamic_bsz, arr.actor.ppo_max_token_len_per_gpu, actor_sp),
+      "critic_update": budget(critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu, critic_sp),
+      "old_log_prob": budget(arr.rollout.log_prob_use_dynamic_bsz, arr.rollout.log_prob_max_token_len_per_gpu,
+                             actor_sp),
+      "ref": budget(arr.ref.log_prob_use_dynamic_bsz, arr.ref.log_prob_max_token_len_per_gpu, actor_sp),
+      "values": budget(critic.use_dynamic_bsz, critic.forward_max_token_len_per_gpu, critic_sp),
+      "reward_model": budget(rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu, 1),
+  }
+
+
 def prompt_group_size(config: ConfigDict, n: int, rows: int, data_parallel: int) -> int:
   """Rows per shared prompt in the trainer's forward and update passes (1: no sharing).
 
@@ -146,7 +174,7 @@ def make_layout(config: ConfigDict, batches_per_epoch: int, data_parallel: int) 
                 micro_batches=micro_batch_count(config, mini_rows, data_parallel, row_tokens),
                 total_steps=int(total), prompt_length=prompt, response_length=response,
                 forward_micros=_forward_micros(config, rows, data_parallel, row_tokens),
-                group=prompt_group_size(config, n, rows, data_parallel))
+                group=prompt_group_size(config, n, rows, data_parallel), token_budgets=_token_budgets(config))
 
 
 def balance_order(lengths: np.ndarray, parts: int, group: int = 1) -> np.ndarray:

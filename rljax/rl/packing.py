@@ -142,6 +142,48 @@ def make_plan(starts: np.ndarray, ends: np.ndarray, arrangement: np.ndarray, sha
   return PackPlan(buffers=buffers, src=src, out_index=out_index, real_tokens=int(lengths[arrangement].sum()))
 
 
+def budget_arrangement(lengths: np.ndarray, order: np.ndarray, shards: int, budget: int, width: int) -> np.ndarray:
+  """[M, rows / M] micro-batches of the rows `order` ([rows] global row numbers), as few as fit verl's token budget.
+
+  Shard d holds the rows order[d * r:(d + 1) * r] (r = rows / D). M is the smallest divisor of r for which
+  dealing each shard's rows, longest first and snake-wise, into M groups of r / M gives every group packed
+  buffers of no more than `budget` tokens (at least one buffer of `width`); M = r (a row a micro-batch)
+  when none does. Rows keep their shard, so a process's rows stay on its devices.
+
+  Args:
+    lengths: [N] every row's real tokens.
+    order: [rows] the pass's rows.
+    shards: D.
+    budget: real tokens a shard may hold in one micro-batch.
+    width: L, the buffer length.
+  """
+  per_shard = len(order) // shards
+  blocks = [order[d * per_shard:(d + 1) * per_shard] for d in range(shards)]
+  for micro in (m for m in range(1, per_shard + 1) if per_shard % m == 0):
+    dealt = [deal(block, lengths[block], micro) for block in blocks]
+    if micro == per_shard or all(len(first_fit_decreasing(lengths[group], width)) * width <= max(budget, width)
+                                 for per in dealt for group in per):
+      break
+  return np.stack([np.concatenate([per[m] for per in dealt]) for m in range(micro)])
+
+
+def deal(rows: np.ndarray, lengths: np.ndarray, groups: int) -> list[np.ndarray]:
+  """`rows` in `groups` equal groups of similar token totals: longest first, dealt 0..k-1, k-1..0, ..."""
+  out: list[list[int]] = [[] for _ in range(groups)]
+  for i, k in enumerate(np.argsort(-lengths, kind="stable")):
+    lap, pos = divmod(i, groups)
+    out[pos if lap % 2 == 0 else groups - 1 - pos].append(int(rows[k]))
+  return [np.asarray(group, np.int64) for group in out]
+
+
+def rows_in_place(x: np.ndarray, arrangement: np.ndarray, first_row: int) -> np.ndarray:
+  """A pass's outputs [M, k, ...] for this process's columns of `arrangement` ([M, k] global row numbers, its
+  rows first_row..first_row + M * k - 1) -> [M * k, ...] in row order."""
+  out = np.empty((x.shape[0] * x.shape[1], *x.shape[2:]), x.dtype)
+  out[arrangement.reshape(-1) - first_row] = x.reshape(out.shape)
+  return out
+
+
 def shard_count(mesh: Mesh, rules: Any, micro_batches: int, rows: int) -> int:
   """D: how many shards the rows of one micro-batch ([M, rows / M] over the batch rule) are split in."""
   per = rows // micro_batches
@@ -191,14 +233,14 @@ def _gather(token_sharding: NamedSharding, index_sharding: NamedSharding) -> Any
 def pack(input_ids: jax.Array, positions: jax.Array, plan: PackPlan, abstract: PackedRows) -> PackedRows:
   """The packed batch on device, from the step's placed tokens ([1, N, P + R], each host's rows where
   `experience.place` put them) and this process's part of `plan`, laid out as `abstract`."""
-  micro, shards, _, width = abstract.input_ids.shape
-  shape = (micro, shards, plan.buffers, width)
+  micro, _, per_shard, length = plan.out_index.shape
+  shards = abstract.out_index.shape[1]
 
   def put(local, like, global_shape):
     return jax.make_array_from_process_local_data(like.sharding, local, global_shape)
 
-  src = put(plan.src, abstract.input_ids, shape)
-  out_index = put(plan.out_index, abstract.out_index, abstract.out_index.shape)
+  src = put(plan.src, abstract.input_ids, (micro, shards, plan.buffers, plan.src.shape[-1]))
+  out_index = put(plan.out_index, abstract.out_index, (micro, shards, per_shard, length))
   return _gather(abstract.input_ids.sharding, abstract.out_index.sharding)(input_ids, positions, src, out_index)
 
 
@@ -285,6 +327,14 @@ class Packer:
     """From this process's rows (an `Experience`), every row's spans and the abstract [1, N, P + R] tokens."""
     placed = experience_lib.place(rows, tokens)
     return cls(spans[0], spans[1], placed.input_ids, placed.positions, prompt_length, response_length)
+
+  def arrangement(self, abstract: PackedRows, order: np.ndarray, budget: int | None) -> np.ndarray:
+    """[M, rows / M] the micro-batches of the rows `order`: by the token budget when there is one, else
+    `abstract`'s M consecutive blocks."""
+    if budget is None:
+      return order.reshape(abstract.out_index.shape[0], -1)
+    return budget_arrangement(self.ends - self.starts, order, abstract.out_index.shape[1], budget,
+                              abstract.input_ids.shape[-1])
 
   def batch(self, abstract: PackedRows, arrangement: np.ndarray) -> PackedRows:
     """The rows `arrangement` ([M, rows] global row numbers) packed as `abstract` lays them out."""

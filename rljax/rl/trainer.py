@@ -312,13 +312,21 @@ class RLTrainer:
     (a packed Step's tokens from `packer`)."""
     abstract = step.args[1]
     batch = experience_lib.place(rows, abstract.replace(packed=None))
+    budget, local = None, len(rows.response_mask)
     if abstract.packed is not None:
       packer = packer or self._packer(rows)
-      arrangement = packing.forward_arrangement(len(rows.response_mask), hosts.count(),
-                                                abstract.packed.out_index.shape[0])
+      budget = self.run.layout.token_budgets.get({"ref_log_prob": "ref"}.get(step.name, step.name))
+      if budget is None:
+        arrangement = packing.forward_arrangement(local, hosts.count(), abstract.packed.out_index.shape[0])
+      else:
+        arrangement = packer.arrangement(abstract.packed, np.arange(local * hosts.count()), budget)
       batch = batch.replace(packed=packer.batch(abstract.packed, arrangement))
     out = step(params, batch)
-    return jax.tree.map(lambda x: merge_micro_batches(hosts.process_rows(x, axis=1)), out)
+    if budget is None:
+      return jax.tree.map(lambda x: merge_micro_batches(hosts.process_rows(x, axis=1)), out)
+    columns = arrangement[:, hosts.index() * (local // len(arrangement)):][:, :local // len(arrangement)]
+    return jax.tree.map(lambda x: packing.rows_in_place(hosts.process_rows(x, axis=1), columns,
+                                                        hosts.index() * local), out)
 
   def _packer(self, rows: Experience) -> packing.Packer | None:
     """The step's packer when any of its passes is packed: this host's tokens placed once, every row's span
@@ -538,11 +546,12 @@ class RLTrainer:
         epoch_order = order[np.asarray(jax.random.permutation(self._key(Stream.SHUFFLE, epoch), layout.rows))]
       for m in range(layout.minis):
         index = epoch_order[m * size:(m + 1) * size]
-        mini = gather(whole, index)
-        if step.args[2].packed is not None:
-          abstract = step.args[2].packed
-          mini = mini.replace(packed=packer.batch(abstract, index.reshape(abstract.out_index.shape[0], -1)))
-        yield epoch, m, mini
+        abstract = step.args[2].packed
+        if abstract is None:
+          yield epoch, m, gather(whole, index)
+          continue
+        arrangement = packer.arrangement(abstract, index, layout.token_budgets.get(step.name))
+        yield epoch, m, gather(whole, arrangement).replace(packed=packer.batch(abstract, arrangement))
 
   def _balanced_order(self, rows: Experience) -> np.ndarray:
     """The step's global row numbers in update order: trainer.balance_batch deals the prompts' groups to the

@@ -14,7 +14,8 @@ from tests.rl.test_trainer import train
 def test_expert_parallel_grpo_equals_one_device(moe_dir, data_dir, tmp_path):
   # the load-balancing loss is a product of sums over a micro-batch: both runs take the 8 rows as one micro-batch
   one = train(tiny_run.run_config("grpo", moe_dir, data_dir, str(tmp_path / "one"), "trainer.total_training_steps=1",
-                                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"))
+                                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                                  "actor_rollout_ref.model.use_remove_padding=false"))  # the other run packs
   config = tiny_run.run_config("grpo", moe_dir, data_dir, str(tmp_path / "ep"), "trainer.total_training_steps=1",
                                "trainer.n_gpus_per_node=auto", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
                                "actor_rollout_ref.actor.megatron.expert_model_parallel_size=4")

@@ -16,6 +16,9 @@ from tests import processes
 from tests.rl import tiny_run
 
 
+PADDED = "actor_rollout_ref.model.use_remove_padding=false"
+
+
 def job(config, model_dir, data_dir, tmp_path, *extra):
   """`python -m rljax.train` of 8 prompts x 2 responses over 8 devices in 2 mini-batches of 4 prompts, scored by
   the response's text, with `extra` overrides."""
@@ -34,7 +37,8 @@ def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_
   argv = job("grpo", model_dir, data_dir, tmp_path, "actor_rollout_ref.actor.shuffle=true", "trainer.balance_batch=true",
              "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.v1.trainer_mode=colocate_async",
              "actor_rollout_ref.rollout.max_num_seqs=8")
-  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
+  # the one process reads padded rows, the two pack their passes' tokens (`rl.packing`): the same numbers
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one", PADDED], 1, f"{tmp_path}/one")
   two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two", "trainer.save_freq=1"], 2,
                               f"{tmp_path}/two")
   trained = [m for m in one if m["step"] > 0]
@@ -84,8 +88,10 @@ def test_ppo_with_dynamic_sampling_as_four_processes_logs_the_metrics_of_one(mod
              "trainer.total_training_steps=1", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
              "algorithm.rollout_correction.rollout_is=token", "algorithm.filter_groups.enable=true",
              "algorithm.filter_groups.metric=seq_reward")
-  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
-  four = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/four"], 4, f"{tmp_path}/four")
+  # padded in one process; the actor's and the critic's passes packed in four
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one", PADDED], 1, f"{tmp_path}/one")
+  four = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/four",
+                                "critic.model.use_remove_padding=true"], 4, f"{tmp_path}/four")
   assert one[0]["train/num_gen_batches"] >= 2 and one[0]["critic/vf_loss"] > 0
   assert one[0]["actor/reward_kl_penalty_coeff"] > 0 and "rollout_corr/rollout_is_mean" in one[0]
   # one step: the critic's forward and the gradients' all-reduce differ in their last bit between in-process
@@ -284,8 +290,10 @@ def test_separate_async_with_trainer_and_rollout_on_two_processes_each_logs_the_
   argv = separate_job(model_dir, data_dir, tmp_path, "algorithm.filter_groups.enable=false", "data.gen_batch_size=8",
                       "trainer.save_freq=1",
                       "actor_rollout_ref.rollout.nnodes=2", "actor_rollout_ref.rollout.n_gpus_per_node=2")
-  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
-  four = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/four"], 4, f"{tmp_path}/four")
+  # padded in one process; the actor's and the critic's passes packed in four
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one", PADDED], 1, f"{tmp_path}/one")
+  four = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/four",
+                                "critic.model.use_remove_padding=true"], 4, f"{tmp_path}/four")
   assert [m["step"] for m in one] == [0, 1, 2, 3] and one[3]["off_policy/staleness/max"] == 3
   assert "val-core/rljax/arithmetic/reward/mean@1" in one[2] and one[1]["perf/weight_sync_bytes"] > 0
   for metrics in (one, four):

@@ -191,3 +191,36 @@ def test_steps_pack_by_the_verl_keys(model_dir, data_dir, tmp_path):
   mesh = sharding.build_mesh({"data": 2, "fsdp": 4, "tensor": 1, "sequence": 1}, jax.devices()[:8])
   spec = packing.spec(2, 32, P, R, mesh, sharding.rules_from_config(config))
   assert spec.input_ids.shape == (2, 8, 2, P + R) and spec.out_index.shape == (2, 8, 2, R)
+
+
+def test_a_token_budget_takes_the_fewest_micro_batches_that_fit_and_keeps_each_row_on_its_shard():
+  lengths = np.array([10, 2, 3, 9, 1, 1, 8, 2, 10, 3, 3, 3, 2, 2, 1, 1])
+  order = np.arange(16)[::-1].copy()  # shard 0 holds rows 15..8 (25 tokens), shard 1 rows 7..0 (36)
+  for budget, micro in ((40, 1), (20, 2), (10, 8)):
+    arrangement = packing.budget_arrangement(lengths, order, 2, budget, width=10)
+    assert arrangement.shape == (micro, 16 // micro)
+    assert sorted(arrangement.reshape(-1).tolist()) == list(range(16))
+    for d, shard_rows in enumerate((set(order[:8].tolist()), set(order[8:].tolist()))):
+      block = arrangement[:, d * (8 // micro):(d + 1) * (8 // micro)]
+      assert set(block.reshape(-1).tolist()) == shard_rows  # a row stays on its shard
+      assert all(len(first_fit_decreasing(lengths[g], 10)) * 10 <= budget for g in block)
+  # a pass's outputs come back in row order from any arrangement of a process's rows
+  arrangement = packing.budget_arrangement(lengths, np.arange(16), 2, 20, width=10)
+  out = packing.rows_in_place(arrangement[..., None] * 10, arrangement, 0)
+  assert out[:, 0].tolist() == [10 * i for i in range(16)]
+
+
+@pytest.mark.slow
+def test_a_token_budget_counts_real_tokens_and_trains_as_the_padded_budget_does(model_dir, data_dir, tmp_path):
+  # 208-token rows of about 60 real tokens; a budget of 416 tokens a device: 2 padded rows, or about 6 packed
+  budget = ("data.max_prompt_length=200", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=416", "actor_rollout_ref.actor.ppo_epochs=2")
+  packed = run_metrics(model_dir, data_dir, tmp_path / "packed", "grpo", *budget)
+  padded = run_metrics(model_dir, data_dir, tmp_path / "padded", "grpo", *budget,
+                       "actor_rollout_ref.model.use_remove_padding=false")
+  # the losses are each micro-batch's share of the mini-batch's, so the gradients do not depend on the
+  # micro-batches; metrics averaged over micro-batches (entropy, clip fractions) do, in verl too
+  for a, b in zip(packed, padded, strict=True):
+    assert a["perf/packed_compute_ratio"] < 2.0
+    for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+      assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
