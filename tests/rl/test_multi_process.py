@@ -320,7 +320,9 @@ def test_separate_async_with_one_trainer_process_and_two_rollout_processes_logs_
   assert one[0]["perf/weight_sync_bytes"] > 0 and all(0 < m["critic/score/mean"] < 1 for m in one)
   for metrics in (one, three):
     pop_is_noise(metrics[:1])
-  processes.assert_same_metrics(one, three, atol=1e-6)
+  # the trainer packs its rows per host, into other buffers in each layout: their log-probs differ in the last
+  # bits, and rollout_corr/chi2_seq (a statistic of their differences with the decode's, about -0.014) by 1e-6
+  processes.assert_same_metrics(one, three, atol=3e-6)
 
 
 @pytest.mark.slow  # four runs of 3 steps or 1: two of 1 process, two of 3 (about 3 minutes)
