@@ -81,7 +81,9 @@ def main() -> None:
                         "response_length_mean": float(rows.response_mask.sum(-1).mean()),
                         "response_length_max": int(rows.response_mask.sum(-1).max()),
                         "padded_compute_ratio": rows.attention_mask.size / real,
-                        "packed_compute_ratio": packer.computed / packer.real}), flush=True)
+                        # None: every pass found its padded twin cheaper (shared prompts, short responses)
+                        "packed_compute_ratio": packer.computed / packer.real if packer.real else None}),
+            flush=True)
       for rep in range(args.reps):
         t_packed, m_packed, _ = training_passes(packed, rows)
         t_padded, m_padded, _ = training_passes(padded, rows)

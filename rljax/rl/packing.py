@@ -277,13 +277,26 @@ def next_tokens(packed: PackedRows) -> jax.Array:
 
 def packed_log_probs(model: Any, packed: PackedRows, temperature: float, with_entropy: bool = True,
                      chunk_size: int = 1024) -> tuple[jax.Array, jax.Array, Any]:
-  """(log-probs [rows, R], entropy [rows, R], the model's Routing or None) of the rows' response tokens."""
-  hidden, routing = packed_hidden(model, packed, with_routing=True)
-  log_probs, entropy = token_log_probs(hidden, model.lm_head_weight(), next_tokens(packed), chunk_size=chunk_size,
-                                       temperature=temperature, with_entropy=with_entropy,
-                                       softcap=model.cfg.final_logit_softcapping)
-  return to_rows(log_probs, packed.out_index), to_rows(entropy, packed.out_index), routing
+  """(log-probs [rows, R], entropy [rows, R], the model's Routing or None) of the rows' response tokens.
 
+  The LM head runs on whichever is fewer: every buffer position (D * B * L), or the positions predicting
+  the rows' response tokens gathered within each shard ([rows, R], as a padded pass does); 0 where a row has
+  no such token.
+  """
+  hidden, routing = packed_hidden(model, packed, with_routing=True)
+  shards, per_shard, length = packed.out_index.shape
+  head = functools.partial(token_log_probs, weight=model.lm_head_weight(), chunk_size=chunk_size,
+                           temperature=temperature, with_entropy=with_entropy,
+                           softcap=model.cfg.final_logit_softcapping)
+  if hidden.shape[1] <= per_shard * length:
+    log_probs, entropy = head(hidden, targets=next_tokens(packed))
+    return to_rows(log_probs, packed.out_index), to_rows(entropy, packed.out_index), routing
+  index = jnp.maximum(packed.out_index, 0).reshape(shards, -1)
+  hidden = jnp.take_along_axis(hidden, index[..., None], axis=1).reshape(shards * per_shard, length, -1)
+  targets = jnp.take_along_axis(next_tokens(packed), index, axis=1).reshape(shards * per_shard, length)
+  log_probs, entropy = head(hidden, targets=targets)
+  valid = (packed.out_index >= 0).reshape(shards * per_shard, length)
+  return jnp.where(valid, log_probs, 0), jnp.where(valid, entropy, 0), routing
 
 
 # ----- a step's packer ------------------------------------------------------------------------------
@@ -336,10 +349,26 @@ class Packer:
     return budget_arrangement(self.ends - self.starts, order, abstract.out_index.shape[1], budget,
                               abstract.input_ids.shape[-1])
 
-  def batch(self, abstract: PackedRows, arrangement: np.ndarray) -> PackedRows:
-    """The rows `arrangement` ([M, rows] global row numbers) packed as `abstract` lays them out."""
-    plan = make_plan(self.starts, self.ends, arrangement, abstract.out_index.shape[1], self.prompt_length,
+  def plan(self, abstract: PackedRows, arrangement: np.ndarray) -> PackPlan:
+    """Where the rows `arrangement` ([M, rows] global row numbers) go, laid out as `abstract`."""
+    return make_plan(self.starts, self.ends, arrangement, abstract.out_index.shape[1], self.prompt_length,
                      self.response_length, local_shards(abstract))
-    self.computed += plan.buffers * arrangement.shape[0] * abstract.out_index.shape[1] * abstract.input_ids.shape[-1]
+
+  def pack(self, plan: PackPlan, abstract: PackedRows) -> PackedRows:
+    """The packed batch of `plan` on device (and its tokens counted)."""
+    self.computed += plan_tokens(plan, abstract)
     self.real += plan.real_tokens
     return pack(self.input_ids, self.positions, plan, abstract)
+
+
+def plan_tokens(plan: PackPlan, abstract: PackedRows) -> int:
+  """Token positions a packed pass of `plan` computes over every shard: M * D * B * L."""
+  return plan.src.shape[0] * abstract.out_index.shape[1] * plan.buffers * plan.src.shape[-1]
+
+
+def padded_pays(packed_tokens: int, rows: int, prompt_length: int, response_length: int, group: int) -> bool:
+  """Whether a padded pass over `rows` rows computes fewer token positions than the packed one's
+  `packed_tokens`: it runs each group's prompt once (`group` rows share it) and every response in full.
+  Short responses under long shared prompts can cost less padded, since every packed row holds its own
+  prompt. (The LM head is left out: a packed pass runs it on no more positions than a padded one.)"""
+  return rows * response_length + rows // max(group, 1) * prompt_length < packed_tokens

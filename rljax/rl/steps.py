@@ -241,13 +241,22 @@ class CriticParts(NamedTuple):
 
 @dataclasses.dataclass
 class RLSteps:
-  """The jitted steps of an RL run (None where the run has no such step)."""
+  """The jitted steps of an RL run (None where the run has no such step).
+
+  Attributes:
+    groups: rows per shared prompt of each padded step, by its name.
+    padded: where any step packs, every step reading padded rows (each step runs whichever of the two
+      computes fewer tokens for the step's rows, `rl.packing.padded_pays`; `rljax.compile` lowers the
+      packed ones, at their largest).
+  """
 
   actor_update: Step
   old_log_prob: Step
   ref_log_prob: Step | None
   critic_update: Step | None
   values: Step | None
+  groups: dict[str, int] = dataclasses.field(default_factory=dict)
+  padded: "RLSteps | None" = None
 
   def all(self) -> list[Step]:
     return [s for s in (self.actor_update, self.critic_update, self.old_log_prob, self.ref_log_prob, self.values)
@@ -278,7 +287,7 @@ def needs_reference(config: ConfigDict) -> bool:
 def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *, graphdef: nnx.GraphDef,
                    trainable: Any, frozen: Any, actor_tx: optax.GradientTransformation, actor_opt_sh: Any,
                    lora_dropout: bool, reference: SplitModel | None = None, critic: CriticParts | None = None,
-                   routing: tuple[int, int] | None = None) -> RLSteps:
+                   routing: tuple[int, int] | None = None, packing_allowed: bool = True) -> RLSteps:
   """Every jitted step of an RL run.
 
   Args:
@@ -291,6 +300,7 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
     reference: the reference policy, when the run needs one.
     critic: the critic, when the run has one.
     routing: (L_sparse, k) of a mixture-of-experts actor (None for a dense one).
+    packing_allowed: False builds every step over padded rows.
   """
   arr = config.actor_rollout_ref
   temperature = float(arr.rollout.temperature) or 1.0
@@ -305,7 +315,8 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
 
   shuffled = bool(arr.actor.shuffle)
   off_policy = not on_policy(config, layout, lora_dropout)
-  actor_packed, critic_packed = packs_actor(config), packs_critic(config)
+  actor_packed = packing_allowed and packs_actor(config)
+  critic_packed = packing_allowed and packs_critic(config)
   actor_batch = batch_of(actor_update_fields(config, not off_policy), layout.micro_batches, layout.mini_rows,
                          actor_packed)
   actor_group = 1 if lora_dropout or actor_packed else layout.update_group(shuffled)
@@ -329,12 +340,20 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
                        mesh, rules, reference.params, forward_rows("ref", actor_packed))
   critic_update = values = None
   if critic is not None:
-    critic_group = 1 if critic_packed else layout.update_group(shuffled)
     critic_update = make_update(
-        "critic_update", critic_loss(critic.graphdef, config.critic, critic_group), critic.tx, mesh,
+        "critic_update", critic_loss(critic.graphdef, config.critic, 1 if critic_packed else
+                                     layout.update_group(shuffled)), critic.tx, mesh,
         rules, critic.params, critic.opt_shardings,
         batch_of(CRITIC_UPDATE_FIELDS, layout.micro_batches, layout.mini_rows, critic_packed), metric_prefix="critic")
     values = make_forward("values", value_fn(critic.graphdef, group_of("values", critic_packed)), mesh, rules,
                           critic.params, forward_rows("values", critic_packed, MODEL_FIELDS))
+  groups = {"actor_update": actor_group, "old_log_prob": group_of("old_log_prob", actor_packed),
+            "ref_log_prob": group_of("ref", actor_packed), "values": group_of("values", critic_packed),
+            "critic_update": 1 if critic_packed else layout.update_group(shuffled)}
+  padded = None
+  if actor_packed or critic_packed:
+    padded = build_rl_steps(config, layout, mesh, rules, graphdef=graphdef, trainable=trainable, frozen=frozen,
+                            actor_tx=actor_tx, actor_opt_sh=actor_opt_sh, lora_dropout=lora_dropout,
+                            reference=reference, critic=critic, routing=routing, packing_allowed=False)
   return RLSteps(actor_update=actor_update, old_log_prob=old, ref_log_prob=ref, critic_update=critic_update,
-                 values=values)
+                 values=values, groups=groups, padded=padded)

@@ -320,7 +320,10 @@ class RLTrainer:
         arrangement = packing.forward_arrangement(local, hosts.count(), abstract.packed.out_index.shape[0])
       else:
         arrangement = packer.arrangement(abstract.packed, np.arange(local * hosts.count()), budget)
-      batch = batch.replace(packed=packer.batch(abstract.packed, arrangement))
+      plan = packer.plan(abstract.packed, arrangement)
+      if self._padded_pays(step, plan, abstract.packed, arrangement.size):
+        return self.forward(getattr(self.run.steps.padded, step.name), params, rows)
+      batch = batch.replace(packed=packer.pack(plan, abstract.packed))
     out = step(params, batch)
     if budget is None:
       return jax.tree.map(lambda x: merge_micro_batches(hosts.process_rows(x, axis=1)), out)
@@ -536,9 +539,10 @@ class RLTrainer:
     of hosts; a packed step's tokens are packed from those rows by `packer`.
     """
     layout, spec = self.run.layout, step.args[2].replace(packed=None)
-    if step.name not in self._row_gathers:
-      self._row_gathers[step.name] = experience_lib.row_gather(spec)
-    gather, size = self._row_gathers[step.name], layout.mini_rows
+    cached = (step.name, step.args[2].packed is None)
+    if cached not in self._row_gathers:
+      self._row_gathers[cached] = experience_lib.row_gather(spec)
+    gather, size = self._row_gathers[cached], layout.mini_rows
     whole = experience_lib.place(rows, experience_lib.regrouped(spec, 1, layout.rows))
     for epoch in range(epochs):
       epoch_order = order
@@ -551,7 +555,23 @@ class RLTrainer:
           yield epoch, m, gather(whole, index)
           continue
         arrangement = packer.arrangement(abstract, index, layout.token_budgets.get(step.name))
-        yield epoch, m, gather(whole, arrangement).replace(packed=packer.batch(abstract, arrangement))
+        yield epoch, m, gather(whole, arrangement).replace(packed=packer.pack(packer.plan(abstract, arrangement),
+                                                                                 abstract))
+
+  def _update_step(self, step: Step, order: np.ndarray, packer: packing.Packer | None) -> Step:
+    """`step`, or its padded twin when the step's first mini-batch costs less padded (`packing.padded_pays`)."""
+    abstract = step.args[2].packed
+    if abstract is None:
+      return step
+    index = order[:self.run.layout.mini_rows]
+    plan = packer.plan(abstract, packer.arrangement(abstract, index, self.run.layout.token_budgets.get(step.name)))
+    return getattr(self.run.steps.padded, step.name) if self._padded_pays(step, plan, abstract, len(index)) else step
+
+  def _padded_pays(self, step: Step, plan: packing.PackPlan, abstract: packing.PackedRows, rows: int) -> bool:
+    """Whether `step`'s padded twin computes less than its packed pass of `plan` over `rows` rows."""
+    layout = self.run.layout
+    return packing.padded_pays(packing.plan_tokens(plan, abstract), rows, layout.prompt_length,
+                               layout.response_length, self.run.steps.padded.groups[step.name])
 
   def _balanced_order(self, rows: Experience) -> np.ndarray:
     """The step's global row numbers in update order: trainer.balance_batch deals the prompts' groups to the
@@ -571,17 +591,19 @@ class RLTrainer:
     order = self._balanced_order(rows)
     if steps.critic_update is not None:
       with timed(timing, "update_critic"):
-        for epoch, i, mini in self._minibatches(rows, steps.critic_update, self.config.critic.ppo_epochs, order, packer):
-          critic, critic_opt, m = steps.critic_update(self.state.critic, self.state.critic_opt, mini,
-                                                      self._key(Stream.CRITIC_UPDATE, epoch, i))
+        update = self._update_step(steps.critic_update, order, packer)
+        for epoch, i, mini in self._minibatches(rows, update, self.config.critic.ppo_epochs, order, packer):
+          critic, critic_opt, m = update(self.state.critic, self.state.critic_opt, mini,
+                                         self._key(Stream.CRITIC_UPDATE, epoch, i))
           self.state = self.state.replace(critic=critic, critic_opt=critic_opt)
           collected.append(m)
         jax.block_until_ready(self.state.critic)
     if self.step >= self.config.trainer.critic_warmup:
       with timed(timing, "update_actor"):
-        for epoch, i, mini in self._minibatches(rows, steps.actor_update, actor.ppo_epochs, order, packer):
-          trained, actor_opt, m = steps.actor_update(self.state.actor, self.state.actor_opt, mini,
-                                                     self._key(Stream.ACTOR_UPDATE, epoch, i), self.run.frozen)
+        update = self._update_step(steps.actor_update, order, packer)
+        for epoch, i, mini in self._minibatches(rows, update, actor.ppo_epochs, order, packer):
+          trained, actor_opt, m = update(self.state.actor, self.state.actor_opt, mini,
+                                         self._key(Stream.ACTOR_UPDATE, epoch, i), self.run.frozen)
           self.state = self.state.replace(actor=trained, actor_opt=actor_opt)
           collected.append(m)
         jax.block_until_ready(self.state.actor)
@@ -611,8 +633,8 @@ class RLTrainer:
         self._publish(self.step + 1, timing, step_metrics)
     step_metrics.update(metrics_lib.data_metrics(rows, self.run.layout.response_length, self.run.layout.prompt_length))
     step_metrics.update(timing)
-    if packer is not None:  # the packed passes' token positions over the real tokens they hold (1: no padding)
-      step_metrics["perf/packed_compute_ratio"] = packer.computed / max(packer.real, 1)
+    if packer is not None and packer.real:  # the packed passes' token positions over their real tokens
+      step_metrics["perf/packed_compute_ratio"] = packer.computed / packer.real
     tokens = int(hosts.process_total(rows.attention_mask.sum()))
     step_metrics.update(training_metrics.throughput_metrics(timing, tokens, self.mesh.size))
     step_metrics["training/global_step"] = float(self.step + 1)

@@ -22,14 +22,15 @@ from tests.rl import tiny_run
 P, R = 7, 6
 
 
-def ragged_rows(vocab: int, rows: int, seed: int = 0) -> Experience:
-  """Left-padded prompts and right-padded responses of different lengths (one response of one token, one full)."""
+def ragged_rows(vocab: int, rows: int, seed: int = 0, longest: int = P + R) -> Experience:
+  """Left-padded prompts and right-padded responses of different lengths (one response of one token, one full),
+  rows of at most `longest` tokens (2 or more)."""
   rng = np.random.default_rng(seed)
-  prompt_len = rng.integers(1, P + 1, rows)
-  prompt_len[0] = P
+  prompt_len = rng.integers(1, min(P, longest - 1) + 1, rows)
+  prompt_len[0] = min(P, longest - 1)
   prompt_mask = (np.arange(P)[None] >= P - prompt_len[:, None]).astype(np.int32)
-  response_len = rng.integers(1, R + 1, rows)
-  response_len[:2] = (1, R)
+  response_len = np.minimum(rng.integers(1, R + 1, rows), longest - prompt_len)
+  response_len[:2] = (1, min(R, longest - prompt_len[1]))
   response_mask = (np.arange(R)[None] < response_len[:, None]).astype(np.int32)
   prompts = rng.integers(3, vocab, (rows, P)) * prompt_mask
   responses = rng.integers(3, vocab, (rows, R)) * response_mask
@@ -106,12 +107,17 @@ def saved(tmp_path_factory):
                                                                                    "qwen3_moe_all")}
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma3", "qwen3_moe_all"])
-def test_packed_log_probs_entropy_and_gradients_equal_the_padded_ones(saved, family):
+# rows of at most 4 tokens in one micro-batch on one shard: 3 buffers hold 8 rows, and the LM head runs on
+# their 39 positions rather than the rows' 8 x 6 response positions
+@pytest.mark.parametrize("family, longest, micro, shards", [
+    ("mistral", P + R, 2, 2), ("gemma3", P + R, 2, 2), ("qwen3_moe_all", P + R, 2, 2), ("qwen3", 4, 1, 1)])
+def test_packed_log_probs_entropy_and_gradients_equal_the_padded_ones(saved, family, longest, micro, shards):
   model = M.from_pretrained(saved[family])
   graphdef, state = nnx.split(model)
-  rows = ragged_rows(model.cfg.vocab_size, 8)
-  micro, shards = 2, 2
+  rows = ragged_rows(model.cfg.vocab_size, 8, longest=longest)
+  plan = whole_plan(rows, micro, shards)
+  head_on_buffers = plan.buffers * (P + R) <= 8 // micro // shards * R
+  assert head_on_buffers == (longest == 4)
   packed = packed_batch(rows, micro, shards)
 
   def padded(s):
@@ -224,3 +230,11 @@ def test_a_token_budget_counts_real_tokens_and_trains_as_the_padded_budget_does(
     assert a["perf/packed_compute_ratio"] < 2.0
     for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
       assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
+
+
+def test_shared_prompts_over_short_responses_run_padded_and_long_tails_packed():
+  # the default job: 16 rows, groups of 4 sharing a 64-token prompt, 32-token responses; 16 buffers of 96
+  assert packing.padded_pays(16 * 96, 16, 64, 32, group=4)
+  # responses of up to 512 tokens averaging 110: 6 buffers of 576 against 4 prompts and 16 full responses
+  assert not packing.padded_pays(6 * 576, 16, 64, 512, group=4)
+  assert not packing.padded_pays(16 * 96, 16, 64, 32, group=1)  # no sharing: packing never costs more
