@@ -123,6 +123,13 @@ def hf_logits(model: transformers.PreTrainedModel, ids: np.ndarray, mask: np.nda
   return out.logits.float().numpy()
 
 
+def assert_gradients_close(got: Any, want: Any, rel: float = 2e-5) -> None:
+  """Every leaf of `got` within `rel` times its `want` leaf's largest magnitude, naming the first that is not."""
+  for (path, w), g in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
+    scale = float(np.max(np.abs(np.asarray(w)))) + 1e-6
+    np.testing.assert_allclose(g, w, atol=rel * scale, err_msg=jax.tree_util.keystr(path))
+
+
 def max_diff_on_mask(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
   return float(np.abs(np.asarray(a) - np.asarray(b))[mask.astype(bool)].max())
 

@@ -1,14 +1,12 @@
 """DAPO's dynamic sampling (algorithm.filter_groups): which groups are kept, how rounds join, and the trainer's
 generation rounds on the tiny model."""
 
-import json
 import logging
 
 import numpy as np
 import pytest
 
 from rljax import config as config_lib
-from rljax import rl
 from rljax.rl import dynamic_sampling
 from rljax.rl.experience import Experience
 from tests.rl import tiny_run
@@ -67,13 +65,7 @@ def test_bad_dynamic_sampling_settings_name_their_key(overrides, match):
 
 
 def run(model_dir, data_dir, run_dir, *extra):
-  config = tiny_run.run_config("dapo", model_dir, data_dir, run_dir, *extra)
-  trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
-  try:
-    trainer.fit()
-  finally:
-    trainer.close()
-  return [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
+  return tiny_run.fit_metrics(tiny_run.run_config("dapo", model_dir, data_dir, run_dir, *extra))
 
 
 SCORE_BY_TEXT = """

@@ -1,7 +1,5 @@
 """Packed training passes: every row's real tokens once, in buffers, and the padded pass's numbers."""
 
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +8,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 import rljax.models as M
-from rljax import rl, sharding
+from rljax import sharding
 from rljax.rl import packing
 from rljax.training.packing import first_fit_decreasing
 from rljax.rl.critic import ValueModel
@@ -132,9 +130,7 @@ def test_packed_log_probs_entropy_and_gradients_equal_the_padded_ones(saved, fam
   np.testing.assert_allclose(lp2, lp1, atol=2e-5)
   np.testing.assert_allclose(ent2, ent1, atol=2e-5)
   np.testing.assert_allclose(loss2, loss1, rtol=1e-5)
-  for (path, g1), g2 in zip(jax.tree_util.tree_leaves_with_path(grad1), jax.tree.leaves(grad2)):
-    scale = float(jnp.max(jnp.abs(g1))) + 1e-6
-    np.testing.assert_allclose(g2, g1, atol=2e-5 * scale, err_msg=jax.tree_util.keystr(path))
+  helpers.assert_gradients_close(grad2, grad1)
 
 
 def test_packed_values_over_eight_shards_equal_the_padded_ones(saved):
@@ -153,12 +149,7 @@ def test_packed_values_over_eight_shards_equal_the_padded_ones(saved):
 def run_metrics(model_dir, data_dir, run_dir, name, *extra):
   config = tiny_run.run_config(name, model_dir, data_dir, str(run_dir), "trainer.total_training_steps=2",
                                "trainer.save_freq=-1", tiny_run.text_scorer(run_dir.parent), *extra)
-  trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
-  try:
-    trainer.fit()
-  finally:
-    trainer.close()
-  return [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
+  return tiny_run.fit_metrics(config)
 
 
 def same_metrics(packed, padded, row_cap):

@@ -68,6 +68,18 @@ def run_config(name: str, model_dir: str, data_dir: str, run_dir: str, *extra: s
   return config_lib.validate(config)
 
 
+def fit_metrics(config, mesh=None) -> list[dict]:
+  """Trains `config` to the end (on `mesh`, default the first device alone) and returns its metrics.jsonl records."""
+  import json  # pylint: disable=import-outside-toplevel
+  from rljax import rl  # pylint: disable=import-outside-toplevel
+  trainer = rl.RLTrainer(config, mesh=mesh or one_device())
+  try:
+    trainer.fit()
+  finally:
+    trainer.close()
+  return [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
+
+
 def one_device():
   """A mesh of the first device alone (data = fsdp = tensor = sequence = 1)."""
   return sharding.build_mesh({"data": 1, "fsdp": 1, "tensor": 1, "sequence": 1}, jax.devices()[:1])
