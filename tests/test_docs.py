@@ -55,7 +55,8 @@ def test_reference_rows_say_what_rljax_does():
   text = docs_reference.render_config_reference()
   rows = {line.split(" | ")[0].strip("| `"): line for line in text.splitlines() if line.startswith("| `")}
   assert len(rows) == len(docs_reference.reference_paths(C.get_base_config()))
-  assert "accepted, ignored: PyTorch FSDP CPU offload" in rows["actor_rollout_ref.actor.fsdp_config.param_offload"]
+  assert "accepted, ignored: the actor's weights stay in device memory" in rows["actor_rollout_ref.actor.fsdp_config.param_offload"]
+  assert "mapped: the optimizer state stays in host memory" in rows["actor_rollout_ref.actor.fsdp_config.optimizer_offload"]
   assert "accepted, ignored: vLLM/SGLang/TensorRT-LLM engine arguments" in rows["actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space"]
   assert "mapped: size of the mesh's fsdp axis times ulysses" in rows["actor_rollout_ref.actor.fsdp_config.fsdp_size"]
   assert "deprecated: read as `actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu`" in rows["actor_rollout_ref.actor.ppo_micro_batch_size"]

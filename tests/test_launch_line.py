@@ -254,23 +254,26 @@ def test_override_optimizer_config_maps_lr_and_weight_decay_and_names_the_rest()
                             "optimizer argument rljax does not implement")
 
 
-def test_optimizer_offload_fraction_is_a_memory_hint_listed_in_the_one_warning(caplog):
+def test_megatrons_optimizer_offload_entries_land_on_the_optim_node_and_only_the_overlap_is_listed(caplog):
   overrides = ["+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1.0",
-               "+critic.optim.override_optimizer_config.optimizer_offload_fraction=0.5"]
+               "+critic.optim.override_optimizer_config.optimizer_offload_fraction=0.5",
+               "+actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=true"]
   with caplog.at_level(logging.WARNING, logger="rljax.train"):
     config = resolved(experiment("grpo"), overrides)
-  assert config.actor_rollout_ref.actor.optim.optimizer_offload_fraction == 1.0
+  assert config.actor_rollout_ref.actor.optim.optimizer_offload_fraction == 1.0  # rljax.sharding.offload reads it
   assert config.critic.optim.optimizer_offload_fraction == 0.5
   warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-  assert len(warnings) == 1 and "2 override(s) set verl keys that change nothing" in warnings[0]
-  assert all(text.lstrip("+") in warnings[0] for text in overrides)
-  assert "memory hint" in C.ignored_reason("critic.optim.optimizer_offload_fraction")
+  assert len(warnings) == 1 and "1 override(s) set verl keys that change nothing" in warnings[0]
+  assert "override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=True" in warnings[0]
+  assert "offload_fraction" not in warnings[0]
+  assert C.ignored_reason("critic.optim.optimizer_offload_fraction") is None
+  assert "XLA schedules" in C.ignored_reason("actor_rollout_ref.actor.optim.overlap_cpu_optimizer_d2h_h2d")
   # a verl YAML file's entry is listed the same way
   with caplog.at_level(logging.WARNING, logger="rljax.config.verl_yaml"):
     caplog.clear()
     verl_yaml.load_text("actor_rollout_ref:\n  actor:\n    optim:\n      override_optimizer_config:\n"
-                        "        optimizer_offload_fraction: 1.0\n")
-  assert "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1.0" in caplog.text
+                        "        overlap_cpu_optimizer_d2h_h2d: true\n")
+  assert "actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=true" in caplog.text
   # Megatron's other optimizer switches are not harmless by rule: still errors naming the key
   message = error_of(C.apply_overrides, experiment("grpo"),
                      ["+actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=true"])

@@ -25,7 +25,7 @@ from ml_collections import ConfigDict
 from rljax.compile import report, topology
 from rljax.rl import assembly, policy, streaming
 from rljax.rollout.sampler import RolloutSampler
-from rljax.sharding import hosts
+from rljax.sharding import hosts, offload
 from rljax.sharding.placement import Step
 
 
@@ -122,12 +122,13 @@ def weights_sent(planned: list[PlannedStep]) -> tuple[int, int]:
 def _trainer_arrays(config: ConfigDict, run: assembly.RLRun, state: assembly.RunState) -> list[Any]:
   """The trainer's arrays, which stay on the devices through every step: the trained state and its
   optimizer's, frozen weights, the reward model's and the reference's (a copy of the actor's weights, or under
-  LoRA the actor's own frozen arrays), each array once."""
+  LoRA the actor's own frozen arrays), each array once; not those offloaded to host memory."""
   kept = {id(leaf): leaf for leaf in jax.tree.leaves([state, run.frozen, None if run.reward_model is None
                                                       else run.reward_model.params])}
   reference = jax.tree.leaves(None if run.reference is None else run.reference.params)
-  return list(kept.values()) + (reference if policy.lora_config(config) is None
-                                else [x for x in reference if id(x) not in kept])
+  arrays = list(kept.values()) + (reference if policy.lora_config(config) is None
+                                  else [x for x in reference if id(x) not in kept])
+  return [x for x in arrays if not offload.in_host(x)]
 
 
 def _beside(trainer: list[Any], args: Any) -> int:

@@ -80,6 +80,7 @@ def optim(lr: float, weight_decay: float) -> ConfigDict:
       "clip_grad": 1.0,
       # verl passes it to Megatron's optimizer in override_optimizer_config (no default there: unset)
       "optimizer_offload_fraction": null(float),
+      "overlap_cpu_optimizer_d2h_h2d": null(bool),
       **_megatron_optim(),
   })
 

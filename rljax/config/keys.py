@@ -111,13 +111,18 @@ def _optim_status(role: str) -> dict[str, dict[str, Any]]:
                                  f"drop {optim}.{key}; {schedule_fix}"))
          for key in MEGATRON_SCHEDULE_KEYS},
       "use_checkpoint_opt_param_scheduler": dict(ignored="a resume always restores the schedule's step"),
-      "optimizer_offload_fraction": dict(ignored="a memory hint rljax does not implement: the optimizer state stays "
-                                                 "in device memory"),
+      "optimizer_offload_fraction": dict(mapped="that fraction of the optimizer state's bytes stays in host memory "
+                                                "between updates; the update itself runs on the devices"),
+      "overlap_cpu_optimizer_d2h_h2d": dict(ignored="how Megatron's CPU optimizer overlaps its copies; XLA schedules "
+                                                    "an offloaded state's copies within the update"),
   }
 
 
 # Reasons many keys share.
 _MEGATRON_LM_SETTING = "a Megatron-LM setting (offload, pipelining, checkpoint format, kernels)"
+ACTOR_WEIGHTS_STAY = ("the actor's weights stay in device memory: every step of a run reads them (the rollout in "
+                      "place), so there is no step outside which they could leave")
+GRADIENTS_STAY = "gradients exist only inside an update step, in device memory"
 _FSDP_ENGINE_SETTING = "a PyTorch FSDP engine setting; the mesh and the actor's keys set rljax's sharding"
 
 # The text introducing each group of keys in the reference.
@@ -191,6 +196,8 @@ _OPTIM = {
     "use_checkpoint_opt_param_scheduler": "Megatron: take the schedule's settings from the checkpoint on resume.",
     "optimizer_offload_fraction": "Megatron: fraction of the optimizer state kept in host memory and updated on the CPU "
                                   "(verl's override_optimizer_config.optimizer_offload_fraction lands here).",
+    "overlap_cpu_optimizer_d2h_h2d": "Megatron: overlap the offloaded optimizer's device-host copies with compute "
+                                     "(verl's override_optimizer_config entry lands here).",
 }
 _CHECKPOINT = {
     "contents": "Old name of save_contents: what a checkpoint holds.",
@@ -362,10 +369,11 @@ KEYS = {
         ignored="PyTorch FSDP2 offload"),
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload": Key(
         "FSDP: keep optimizer state in host memory.",
-        ignored="PyTorch FSDP CPU offload"),
+        mapped="the optimizer state stays in host memory (JAX's pinned_host) between updates, brought in once each "
+               "update's gradients exist"),
     "actor_rollout_ref.actor.fsdp_config.param_offload": Key(
         "FSDP: keep parameters in host memory between uses.",
-        ignored="PyTorch FSDP CPU offload"),
+        ignored=ACTOR_WEIGHTS_STAY),
     "actor_rollout_ref.actor.fsdp_config.reshard_after_forward": Key(
         "FSDP: free gathered parameters after the forward pass.",
         ignored="XLA schedules all-gathers"),
@@ -382,9 +390,9 @@ KEYS = {
         "How token losses become one number: token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm."),
     "actor_rollout_ref.actor.loss_scale_factor": Key("Divisor of seq-mean-token-sum-norm; null uses the response length."),
     **described(("actor_rollout_ref.actor",), "megatron", _MEGATRON, {
-        "param_offload": dict(ignored=_MEGATRON_LM_SETTING),
-        "grad_offload": dict(ignored=_MEGATRON_LM_SETTING),
-        "optimizer_offload": dict(ignored=_MEGATRON_LM_SETTING),
+        "param_offload": dict(ignored=ACTOR_WEIGHTS_STAY),
+        "grad_offload": dict(ignored=GRADIENTS_STAY),
+        "optimizer_offload": dict(mapped="as actor_rollout_ref.actor.fsdp_config.optimizer_offload"),
         "tensor_model_parallel_size": dict(
             mapped="a value other than 1 sets actor_rollout_ref.actor.tensor_model_parallel_size (the training mesh's tensor axis; both set, differently: an error)"),
         "expert_model_parallel_size": dict(
@@ -970,10 +978,10 @@ KEYS = {
         ignored="PyTorch FSDP2 offload"),
     "critic.model.fsdp_config.optimizer_offload": Key(
         "FSDP: keep the critic's optimizer state in host memory.",
-        ignored="PyTorch FSDP CPU offload"),
+        mapped="the critic's optimizer state stays in host memory between its updates"),
     "critic.model.fsdp_config.param_offload": Key(
         "FSDP: keep the critic's parameters in host memory.",
-        ignored="PyTorch FSDP CPU offload"),
+        mapped="the critic's parameters stay in host memory outside its values pass and its update"),
     "critic.model.fsdp_config.reshard_after_forward": Key(
         "FSDP: free the critic's gathered parameters after the forward pass.",
         ignored="XLA schedules all-gathers"),
@@ -1515,6 +1523,10 @@ DEPRECATED_KEYS = view(KEYS, "deprecated")
 # section is ignored
 ENGINE_KV_CACHE_KEYS = ("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype",
                         "actor_rollout_ref.rollout.engine_kwargs.sglang.kv_cache_dtype")
+# keys of ignored sections that rljax honours (`rljax.sharding.offload`)
+OFFLOAD_KEYS = ("actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref.ref.megatron.param_offload",
+                "critic.megatron.param_offload", "critic.megatron.optimizer_offload",
+                "reward_model.model.fsdp_config.param_offload", "reward_model.megatron.param_offload")
 
 
 def ignored_reason(path: str, ignored: dict[str, str] = IGNORED_KEYS) -> str | None:
@@ -1527,7 +1539,7 @@ def ignored_reason(path: str, ignored: dict[str, str] = IGNORED_KEYS) -> str | N
     path: a key of the tree `ignored` belongs to.
     ignored: the tree's `IGNORED_KEYS` (default: the RL tree's).
   """
-  if path in ENGINE_KV_CACHE_KEYS:
+  if path in ENGINE_KV_CACHE_KEYS + OFFLOAD_KEYS:
     return None
   for key, reason in ignored.items():
     below = key[:-1] if key.endswith(".*") else key + "."

@@ -33,7 +33,7 @@ from rljax.rl import policy, reward_model as reward_model_lib, steps as steps_li
 from rljax.rl.layout import Layout, make_layout
 from rljax.rollout import factory as rollout_factory
 from rljax.rollout.engine import Engine
-from rljax.sharding import hosts
+from rljax.sharding import hosts, offload
 from rljax.sharding.placement import Step, abstract as abstract_arrays, shardings_of
 from rljax.training.optim import make_optimizer, make_schedule
 
@@ -145,29 +145,44 @@ def _checked_routing(config: ConfigDict, model_config: models.ModelConfig) -> No
 
 
 def _trainable_with_optimizer(tx: optax.GradientTransformation, params: Any, mesh: Mesh,
-                              abstract: bool) -> tuple[Any, Any]:
-  """(optimizer state, its shardings) for `params`: created on device, or abstract."""
-  shardings = sharding.optimizer_shardings(tx, params, shardings_of(params), mesh)
+                              abstract: bool, offloaded: float = 0.0) -> tuple[Any, Any]:
+  """(optimizer state, its shardings) for `params`: created in place, or abstract; the `offloaded` fraction of
+  its bytes in host memory (`rljax.sharding.offload`)."""
+  shape = jax.eval_shape(tx.init, params)
+  shardings = offload.to_host(sharding.optimizer_shardings(tx, params, offload.device_shardings(shardings_of(params)),
+                                                           mesh), shape, offloaded)
   if abstract:
-    return abstract_arrays(jax.eval_shape(tx.init, params), shardings), shardings
-  return sharding.init_optimizer(tx, params, shardings_of(params), mesh)
+    return abstract_arrays(shape, shardings), shardings
+  return jax.jit(tx.init, out_shardings=shardings)(params), shardings
 
 
-def _critic(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout,
-            abstract: bool) -> tuple[steps_lib.CriticParts, Any]:
+def _critic(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, abstract: bool,
+            offloads: offload.Offload) -> tuple[steps_lib.CriticParts, Any]:
   """The critic's parts and its optimizer state."""
   value_model = (policy.abstract_critic if abstract else policy.load_critic)(config, mesh, rules)
   graphdef, params = nnx.split(value_model)
   tx = make_optimizer(config.critic.optim, config.critic.grad_clip, layout.total_steps,
                       config.critic.ppo_epochs * layout.minis)
-  opt_state, opt_sh = _trainable_with_optimizer(tx, params, mesh, abstract)
+  opt_state, opt_sh = _trainable_with_optimizer(tx, params, mesh, abstract, offloads.critic_optimizer)
+  params = offload.placed(params, offloads.critic)
   return steps_lib.CriticParts(graphdef, params, tx, opt_sh), opt_state
 
 
-def _reward_model(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, abstract: bool) -> ScoringModel:
+def _offloaded_reference(params: Any, trainable: Any, frozen: Any, offloaded: bool, lora: bool) -> Any:
+  """The reference's parameters, in host memory when `offloaded`: its own copies only (under LoRA it reads the
+  actor's frozen base in place, which the rollout reads too, so that stays in device memory)."""
+  if not offloaded:
+    return params
+  shared = {id(x) for x in jax.tree.leaves([trainable, frozen])} if lora else set()
+  return jax.tree.map(lambda x: x if id(x) in shared else offload.placed(x, True), params)
+
+
+def _reward_model(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, abstract: bool,
+                  offloaded: bool) -> ScoringModel:
   """`reward_model.model.path` and its scoring pass."""
   model = (policy.abstract_reward_model if abstract else policy.load_reward_model)(config, mesh, rules)
   graphdef, params = nnx.split(model)
+  params = offload.placed(params, offloaded)
   return ScoringModel(params, reward_model_lib.scoring_step(config, graphdef, params, layout, mesh, rules))
 
 
@@ -225,17 +240,23 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
   graphdef, trainable, frozen = lora_lib.split_trainable(model)
   updates_per_step = arr.actor.ppo_epochs * layout.minis
   actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, layout.total_steps, updates_per_step)
-  actor_opt, actor_opt_sh = _trainable_with_optimizer(actor_tx, trainable, mesh, abstract)
+  offloads = offload.Offload.of(config, list(mesh.devices.flat))
+  actor_opt, actor_opt_sh = _trainable_with_optimizer(actor_tx, trainable, mesh, abstract, offloads.actor_optimizer)
   reference = (policy.reference(model, graphdef, nnx.merge_state(trainable, frozen), lora)
                if steps_lib.needs_reference(config) else None)
-  critic, critic_opt = _critic(config, mesh, rules, layout, abstract) if steps_lib.uses_critic(config) else (None, None)
+  if reference is not None:
+    reference = reference._replace(params=_offloaded_reference(reference.params, trainable, frozen,
+                                                               offloads.reference, lora is not None))
+  critic, critic_opt = (_critic(config, mesh, rules, layout, abstract, offloads) if steps_lib.uses_critic(config)
+                        else (None, None))
   lora_dropout = lora is not None and lora.dropout > 0
   steps = steps_lib.build_rl_steps(
       config, layout, mesh, rules, graphdef=graphdef, trainable=trainable, frozen=frozen, actor_tx=actor_tx,
       actor_opt_sh=actor_opt_sh, lora_dropout=lora_dropout, reference=reference,
       critic=critic, routing=model.cfg.routing_shape)
   run = RLRun(layout=layout, model_config=model.cfg, graphdef=graphdef, frozen=frozen, reference=reference,
-              reward_model=_reward_model(config, mesh, rules, layout, abstract) if config.reward_model.enable else None,
+              reward_model=(_reward_model(config, mesh, rules, layout, abstract, offloads.reward_model)
+                            if config.reward_model.enable else None),
               steps=steps, engine=_engine(config, model, layout, mesh, rules, tokenizer,
                                           () if remote_rollout else rollout_devices),
               on_policy=steps_lib.on_policy(config, layout, lora_dropout),

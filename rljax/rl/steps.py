@@ -29,7 +29,7 @@ from ml_collections import ConfigDict
 
 from rljax.algos import agg, policy_loss, value_loss
 from rljax.models import moe
-from rljax.sharding import rules as rules_lib
+from rljax.sharding import offload, rules as rules_lib
 from rljax.sharding.placement import Step, abstract, gradient_compiler_options, key_struct, shardings_of
 from rljax.training.updates import accumulate_gradients, apply_gradients, traced_in, training_model
 from rljax.rl import experience as experience_lib, packing, streaming
@@ -160,17 +160,25 @@ def critic_loss(graphdef: nnx.GraphDef, critic_config: Any, group_size: int) -> 
   return loss_fn
 
 
-def update_step(loss_fn: Callable, tx: optax.GradientTransformation, shardings: Any, metric_prefix: str) -> Callable:
+def update_step(loss_fn: Callable, tx: optax.GradientTransformation, shardings: Any, metric_prefix: str,
+                homes: tuple[Any, Any] | None = None) -> Callable:
   """(params, opt_state, mini, rng, *extra) -> (params, opt_state, metrics): accumulate, then one update.
 
   `loss_fn(params, micro, info, key, *extra)`; info is verl's global batch
   info of the whole mini-batch, so every micro-batch's loss is its share.
+  `shardings`: the parameters' in device memory. `homes`: the abstract params and optimizer state as the step
+  takes them; those in host memory are brought in, the optimizer state once the gradients exist
+  (`rljax.sharding.offload`).
   """
   def step(params, opt_state, mini: Experience, rng, *extra):
+    if homes is not None:
+      params = offload.brought_in(params, homes[0])
     info = _global_info(mini.response_mask)
     keys = jax.random.split(rng, mini.response_mask.shape[0])
     grads, metrics = accumulate_gradients(lambda p, micro, key: loss_fn(p, micro, info, key, *extra), params, mini,
                                           keys, shardings)
+    if homes is not None:
+      opt_state = offload.after(grads, opt_state, homes[1])
     params, opt_state, grad_norm = apply_gradients(tx, params, opt_state, grads)
     return params, opt_state, {**_reduce_metrics(metrics), f"{metric_prefix}/grad_norm": grad_norm}
 
@@ -180,10 +188,12 @@ def update_step(loss_fn: Callable, tx: optax.GradientTransformation, shardings: 
 def make_update(name: str, loss_fn: Callable, tx: optax.GradientTransformation, mesh: Mesh, rules: Any,
                 params: Any, opt_shardings: Any, batch: Experience, frozen: Any = None,
                 metric_prefix: str = "actor") -> Step:
-  """The jitted update Step: params and optimizer state donated, laid out as they came."""
+  """The jitted update Step: params and optimizer state donated, laid out as they came (in host memory where
+  offloaded: brought in for the step and back out after it)."""
   param_sh = shardings_of(params)
-  step = traced_in(mesh, rules, update_step(loss_fn, tx, param_sh, metric_prefix))
   args = (abstract(params), abstract(jax.eval_shape(tx.init, params), opt_shardings), batch, key_struct(mesh))
+  step = traced_in(mesh, rules, update_step(loss_fn, tx, offload.device_shardings(param_sh), metric_prefix,
+                                            homes=args[:2]))
   if frozen is not None:
     args += (abstract(frozen),)
   fn = jax.jit(step, in_shardings=jax.tree.map(lambda x: x.sharding, args),
@@ -195,12 +205,14 @@ def make_update(name: str, loss_fn: Callable, tx: optax.GradientTransformation, 
 def make_forward(name: str, fn: Callable, mesh: Mesh, rules: Any, params: Any, batch: Any) -> Step:
   """A jitted forward pass `fn(params, micro)` over every micro-batch of `batch` (a pytree of abstract
   [M, rows, ...] arrays), one at a time; its [M, rows, ...] outputs keep the rows where the batch put them
-  (each host's rows on its own devices)."""
+  (each host's rows on its own devices). Parameters in host memory are brought in for the pass."""
+  args = (abstract(params), batch)
+
   def forward(params, batch):
+    params = offload.brought_in(params, args[0])
     out = jax.lax.map(lambda micro: fn(params, micro), batch)
     return jax.tree.map(lambda x: rules_lib.constrain(x, (None, "batch") + (None,) * (x.ndim - 2)), out)
 
-  args = (abstract(params), batch)
   return Step(name, jax.jit(traced_in(mesh, rules, forward), in_shardings=jax.tree.map(lambda x: x.sharding, args)),
               args)
 

@@ -22,7 +22,7 @@ from rljax.compile import hlo, plan, report, topology
 from rljax.models import weight_quant
 from rljax.models.layers import PerLayer
 from rljax.rl import remote
-from rljax.sharding import hosts
+from rljax.sharding import hosts, offload
 from rljax.train import resolve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -128,6 +128,28 @@ def test_update_gathers_weights_and_reduce_scatters_gradients(model_dir, name):
   assert summary.by_kind["all-reduce"] < 0.01 * params, summary.largest("all-reduce")
   assert result.activation_all_reduce == 0
   assert result.ratio <= 1.3, (result.collectives, result.bound)
+
+
+@pytest.mark.slow
+@jax.default_matmul_precision("default")
+def test_an_offloaded_optimizer_state_and_reference_hold_no_device_memory_between_their_steps(model_dir):
+  offloaded = ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+               "actor_rollout_ref.ref.fsdp_config.param_offload=true")
+  (plain, target), (moved, _) = (planned(model_dir, "v5e:2x2", *extra) for extra in ((), offloaded))
+  in_host = lambda tree: [x for x in jax.tree.leaves(tree) if offload.in_host(x)]  # noqa: E731
+  moments = report.shard_bytes(in_host(moved["actor_update"].step.args[1]))
+  reference = report.shard_bytes(in_host(moved["ref_log_prob"].step.args[0]))
+  assert moments == report.shard_bytes(plain["actor_update"].step.args[1]) > 0
+  assert reference == report.shard_bytes(plain["ref_log_prob"].step.args[0]) > 0
+  (before, _), (after, compiled) = (plan.compile_step(p["actor_update"], target.hbm_bytes) for p in (plain, moved))
+  # the moments are no argument in device memory, and the reference's copy stays in host memory beside the update
+  assert before.arguments - after.arguments == pytest.approx(moments, abs=4096)  # the step counts: padded scalars
+  assert plain["actor_update"].resident == reference and moved["actor_update"].resident == 0
+  assert after.required + after.resident < before.required + before.resident
+  assert after.activation_all_reduce == 0 and after.ratio <= 1.3
+  # the reference's pass brings its weights in: arguments of a few bytes in device memory, the weights in its peak
+  ref, _ = plan.compile_step(moved["ref_log_prob"], target.hbm_bytes)
+  assert ref.arguments < reference / 100 and ref.required > reference
 
 
 @pytest.mark.slow

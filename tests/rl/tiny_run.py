@@ -70,14 +70,19 @@ def run_config(name: str, model_dir: str, data_dir: str, run_dir: str, *extra: s
 
 def fit_metrics(config, mesh=None) -> list[dict]:
   """Trains `config` to the end (on `mesh`, default the first device alone) and returns its metrics.jsonl records."""
-  import json  # pylint: disable=import-outside-toplevel
   from rljax import rl  # pylint: disable=import-outside-toplevel
   trainer = rl.RLTrainer(config, mesh=mesh or one_device())
   try:
     trainer.fit()
   finally:
     trainer.close()
-  return [json.loads(line) for line in open(f"{trainer.run_dir}/metrics.jsonl")]
+  return read_metrics(trainer.run_dir)
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+  """The metrics.jsonl records of the run in `run_dir`, in the order they were logged."""
+  import json  # pylint: disable=import-outside-toplevel
+  return [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
 
 
 def one_device():
