@@ -167,8 +167,8 @@ def update_step(loss_fn: Callable, tx: optax.GradientTransformation, shardings: 
   `loss_fn(params, micro, info, key, *extra)`; info is verl's global batch
   info of the whole mini-batch, so every micro-batch's loss is its share.
   `shardings`: the parameters' in device memory. `homes`: the abstract params and optimizer state as the step
-  takes them; those in host memory are brought in, the optimizer state once the gradients exist
-  (`rljax.sharding.offload`).
+  takes them; those in host memory are brought in (the optimizer state for the optimizer step,
+  `rljax.sharding.offload`).
   """
   def step(params, opt_state, mini: Experience, rng, *extra):
     if homes is not None:
@@ -178,7 +178,7 @@ def update_step(loss_fn: Callable, tx: optax.GradientTransformation, shardings: 
     grads, metrics = accumulate_gradients(lambda p, micro, key: loss_fn(p, micro, info, key, *extra), params, mini,
                                           keys, shardings)
     if homes is not None:
-      opt_state = offload.after(grads, opt_state, homes[1])
+      opt_state = offload.brought_in(opt_state, homes[1])
     params, opt_state, grad_norm = apply_gradients(tx, params, opt_state, grads)
     return params, opt_state, {**_reduce_metrics(metrics), f"{metric_prefix}/grad_norm": grad_norm}
 

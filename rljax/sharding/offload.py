@@ -2,9 +2,9 @@
 
 An offloaded array lives in the devices' host memory (JAX's `pinned_host` memory kind), laid out as it would be
 in device memory. A step that takes it brings it in (`brought_in`) and its outputs go back out (the step's output
-shardings keep the host memory kind), so between steps it holds no device memory. An update brings its optimizer
-state in only once the gradients exist (`after`): the state and the activations are never in device memory at
-once.
+shardings keep the host memory kind), so between steps it holds no device memory. As in verl's FSDP offload,
+an update brings its whole optimizer state in for the optimizer step: offloading it frees device memory for the
+rollout and the forward passes, not within the update (XLA starts the copies in as the update starts).
 
 What is offloaded (`Offload.of`): the optimizer state of the actor and of the critic, and the parameters of the
 reference, the critic and the reward model. The actor's parameters stay in device memory: every step of a run
@@ -64,15 +64,6 @@ def brought_in(tree: Any, like: Any) -> Any:
                       tree, like)
 
 
-def after(ready: Any, tree: Any, like: Any) -> Any:
-  """`brought_in(tree, like)`, scheduled after `ready` is computed (an optimization barrier ties them): an
-  update's optimizer state comes in once its gradients exist, not beside the activations."""
-  if not any(in_host(a) for a in jax.tree.leaves(like)):
-    return tree
-  _, tree = jax.lax.optimization_barrier((ready, tree))
-  return brought_in(tree, like)
-
-
 def placed(tree: Any, offloaded: bool) -> Any:
   """`tree`'s arrays moved to host memory when `offloaded` (ShapeDtypeStructs take the host sharding), else as
   they are."""
@@ -128,5 +119,5 @@ class Offload:
     return cls()
 
 
-__all__ = ["DEVICE", "HOST", "Offload", "after", "brought_in", "device_shardings", "host_memory", "in_host",
-           "placed", "to_host"]
+__all__ = ["DEVICE", "HOST", "Offload", "brought_in", "device_shardings", "host_memory", "in_host", "placed",
+           "to_host"]

@@ -145,6 +145,9 @@ def test_an_offloaded_optimizer_state_and_reference_hold_no_device_memory_betwee
   # the moments are no argument in device memory, and the reference's copy stays in host memory beside the update
   assert before.arguments - after.arguments == pytest.approx(moments, abs=4096)  # the step counts: padded scalars
   assert plain["actor_update"].resident == reference and moved["actor_update"].resident == 0
+  # beside the other steps neither stays in device memory (the update brings its state in: on this tiny model its
+  # optimizer step is its peak, so only the reference's copy lowers the update's own need)
+  assert plain["old_log_prob"].resident == reference + moments and moved["old_log_prob"].resident == 0
   assert after.required + after.resident < before.required + before.resident
   assert after.activation_all_reduce == 0 and after.ratio <= 1.3
   # the reference's pass brings its weights in: arguments of a few bytes in device memory, the weights in its peak

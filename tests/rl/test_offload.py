@@ -35,6 +35,21 @@ def test_an_offload_fraction_outside_0_1_names_its_key(model_dir, data_dir, tmp_
     offload.Offload.of(config, jax.devices()[:1])
 
 
+class NoHostMemory:
+  """A device whose client offers no host memory kind (some plugins)."""
+  platform = "cpu"
+
+  def addressable_memories(self):
+    return []
+
+
+def test_offload_on_devices_without_host_memory_warns_and_keeps_everything_on_them(model_dir, data_dir, tmp_path):
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), *OFFLOADED)
+  assert offload.Offload.of(config, jax.devices()[:1]).reference  # this CPU client has pinned_host
+  with pytest.warns(UserWarning, match="have no pinned_host memory: every array stays in device memory"):
+    assert offload.Offload.of(config, [NoHostMemory()]) == offload.Offload()
+
+
 def in_host(tree):
   return {offload.in_host(x) for x in jax.tree.leaves(tree)}
 
