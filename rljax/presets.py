@@ -136,12 +136,45 @@ QWEN3_30B_A3B_GSM8K = {**_gsm8k_7b("Qwen3-30B-A3B"),
                        "actor_rollout_ref.actor.megatron.expert_model_parallel_size": 8,
                        "actor_rollout_ref.rollout.tensor_model_parallel_size": 2}
 
+# verl's DAPO recipe (recipe/dapo: DAPO-Math-17k, AIME 2024) on Qwen3-8B, with its long-reasoning lengths: prompts of
+# 2,048 tokens, responses of 20,480, 16 responses per prompt, batches of 512 prompts in mini-batches of 32, token
+# budgets of one whole row (prompt + response) per chip, and the actor's and the reference's state offloaded as the
+# recipe sets it. Use it with configs/dapo.py (clip-higher, token-mean, the overlong penalty, dynamic sampling).
+QWEN3_8B_DAPO_MATH: dict[str, Any] = {
+    **_gsm8k_7b("Qwen3-8B"),
+    "data.train_files": "~/data/dapo-math/dapo-math-17k.parquet",
+    "data.val_files": "~/data/dapo-math/aime-2024.parquet",
+    "data.truncation": "left",
+    "data.max_prompt_length": 2048,
+    "data.max_response_length": 20480,
+    "data.train_batch_size": 512,
+    "data.filter_overlong_prompts": False,
+    "actor_rollout_ref.rollout.n": 16,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 32,
+    "actor_rollout_ref.actor.optim.lr": 1e-6,
+    "actor_rollout_ref.actor.optim.lr_warmup_steps": 10,
+    "actor_rollout_ref.actor.optim.weight_decay": 0.1,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 2048 + 20480,
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 2048 + 20480,
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": 2048 + 20480,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": True,
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
+    "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+    "actor_rollout_ref.model.enable_activation_offload": True,
+    "actor_rollout_ref.rollout.prefill_length_buckets": [512, 1024, 2048],
+    "actor_rollout_ref.rollout.max_num_seqs": 32,
+    "trainer.project_name": "rljax_dapo",
+    "trainer.total_epochs": 1,
+    "trainer.save_freq": 10,
+}
+
 PRESETS = {
     "smollm2_arithmetic": SMOLLM2_ARITHMETIC,
     "qwen2_5_0_5b_gsm8k": QWEN2_5_0_5B_GSM8K,
     "qwen2_5_7b_gsm8k": QWEN2_5_7B_GSM8K,
     "llama3_1_8b_gsm8k": LLAMA3_1_8B_GSM8K,
     "qwen3_30b_a3b_gsm8k": QWEN3_30B_A3B_GSM8K,
+    "qwen3_8b_dapo_math": QWEN3_8B_DAPO_MATH,
 }
 DEFAULT_PRESET = "smollm2_arithmetic"
 

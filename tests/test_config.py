@@ -761,3 +761,16 @@ def test_a_token_budget_per_device_holds_a_sequence_over_its_ulysses_group():
   text = error_text([*lengths, ulysses, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=11000"], devices=8)
   assert "ppo_max_token_len_per_gpu=11000: must hold a device's share of one whole sequence" in text
   assert ">= 11264" in text
+
+
+def test_activation_offload_keeps_layer_inputs_so_it_needs_full_remat():
+  config = experiment("grpo")
+  for key, value in (("actor_rollout_ref.model.enable_activation_offload", True),
+                     ("actor_rollout_ref.model.enable_gradient_checkpointing", True),
+                     ("actor_rollout_ref.model.remat_policy", "dots")):
+    C.set_value(config, key, value)
+  with pytest.raises(C.ConfigError, match=r"actor_rollout_ref\.model\.enable_activation_offload=True: keeps each "
+                                          r"layer's input alone in host memory, which needs remat_policy=full"):
+    resolved(config)
+  C.set_value(config, "actor_rollout_ref.model.remat_policy", "full")
+  assert C.ignored_reason("actor_rollout_ref.model.enable_activation_offload") is None

@@ -128,6 +128,9 @@ def main(argv: Sequence[str]) -> int:
   once = report.once_counted(reports)
   if once:
     print(once)
+  packed = plan.packing_line([item for item in planned if any(r.name == item.step.name for r in reports)])
+  if packed:
+    print(packed)
   if sent is not None:
     print(report.sent_line(sent, len(rollout_devices), config.trainer.v1.separate_async.parameter_sync_step, chip,
                            len(hosts.processes(rollout_devices)) if remote else 1))

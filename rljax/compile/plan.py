@@ -111,6 +111,31 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   return planned
 
 
+def packed_buffers(step: Step) -> tuple[int, int, int, int] | None:
+  """(micro-batches, data shards, buffers per shard, tokens per buffer) of a packed pass as `rljax.compile` lowers
+  it (at its largest: one row per buffer); None for a step over padded rows."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(step.args):
+    names = [getattr(k, "name", None) for k in path]
+    if "packed" in names and names[-1] == "input_ids":
+      micro, shards, buffers, tokens = leaf.shape
+      return micro, shards, buffers, tokens
+  return None
+
+
+def packing_line(planned: list[PlannedStep]) -> str | None:
+  """A line naming, for each packed pass of `planned`, its buffers per step and tokens per buffer (compiled at
+  the largest, one row per buffer: a step of shorter rows runs fewer, `rljax.rl.packing.grid_ceil`)."""
+  parts = []
+  for item in planned:
+    shape = packed_buffers(item.step)
+    if shape is not None:
+      micro, shards, buffers, tokens = shape
+      parts.append(f"{item.step.name} {micro * shards * buffers} buffers of {tokens} tokens ({micro} micro-batches x "
+                   f"{shards} data shards x {buffers})")
+  return ("packed passes, compiled at their largest (one row per buffer; shorter rows share buffers and run fewer): "
+          + "; ".join(parts)) if parts else None
+
+
 def weights_sent(planned: list[PlannedStep]) -> tuple[int, int]:
   """separate_async: (bytes the trainer sends at each weight sync, the most one rollout device receives): the
   weights the decode step of `planned` (`rl_steps`') computes with, in the engine's dtype and layout."""

@@ -524,7 +524,8 @@ KEYS = {
         default_only=("a custom chat template is not applied: the tokenizer's own would be used", "drop it, or put the template in the tokenizer_config.json of actor_rollout_ref.model.path")),
     "actor_rollout_ref.model.enable_activation_offload": Key(
         "Move activations to host memory during training.",
-        ignored="PyTorch activation offload"),
+        mapped="with enable_gradient_checkpointing (remat_policy=full), each layer keeps its input in host memory "
+               "between the forward and the backward pass; without checkpointing it changes nothing"),
     "actor_rollout_ref.model.enable_gradient_checkpointing": Key(
         "Recompute activations in the backward pass instead of storing them.",
         mapped="jax.checkpoint (remat) per decoder layer"),
@@ -956,7 +957,7 @@ KEYS = {
     "critic.loss_agg_mode": Key("Aggregation of the value loss; follows the actor's loss_agg_mode."),
     "critic.model.enable_activation_offload": Key(
         "Move the critic's activations to host memory.",
-        ignored="PyTorch activation offload"),
+        mapped="as actor_rollout_ref.model.enable_activation_offload, for the critic"),
     "critic.model.enable_gradient_checkpointing": Key("Recompute the critic's activations in the backward pass; follows the policy's."),
     "critic.model.external_lib": Key(
         "Package imported to register the critic's classes; follows the policy's.",

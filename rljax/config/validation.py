@@ -90,6 +90,13 @@ def _check_sampling(config: ConfigDict) -> None:
   if config.actor_rollout_ref.rollout.quantization is not None:
     check_enum(config, "actor_rollout_ref.rollout.quantization", tuple(QUANTIZATIONS))
   check_enum(config, "actor_rollout_ref.model.remat_policy", remat.POLICIES)
+  policy = config.actor_rollout_ref.model.remat_policy
+  for node in ("actor_rollout_ref.model", "critic.model"):
+    offloaded = get_node(config, node)
+    check(not (offloaded.enable_activation_offload and offloaded.enable_gradient_checkpointing and policy != "full"),
+          f"{node}.enable_activation_offload", True,
+          f"keeps each layer's input alone in host memory, which needs remat_policy=full (it is {policy})",
+          "set actor_rollout_ref.model.remat_policy=full, or drop the offload")
   check_enum(config, "actor_rollout_ref.model.attention_kernel", ("auto",) + attention.KERNELS)
 
 

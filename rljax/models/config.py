@@ -100,6 +100,7 @@ class ModelConfig:
     remat: rematerialise each layer in the backward pass (gradient
       checkpointing).
     remat_policy: what a rematerialised layer saves (``rljax.models.remat``).
+    offload_activations: a rematerialised layer keeps its input in host memory (``rljax.models.remat``).
     attention_kernel: ``xla`` or ``pallas`` (``rljax.models.attention``).
     hf_extra: the remaining HF config fields, written back unchanged.
   """
@@ -146,6 +147,7 @@ class ModelConfig:
   scan_layers: bool = False
   remat: bool = False
   remat_policy: str = "full"
+  offload_activations: bool = False
   attention_kernel: str = "xla"
   hf_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -30,6 +30,12 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
                          "original_max_position_embeddings": 8192},
         "max_position_embeddings": 131072, "tie_word_embeddings": False, "attention_bias": False,
         "mlp_bias": False, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]},
+    "Qwen3-8B": {
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_act": "silu", "vocab_size": 151936,
+        "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960, "tie_word_embeddings": False, "attention_bias": False,
+        "use_sliding_window": False, "bos_token_id": 151643, "eos_token_id": 151645},
     "Qwen3-30B-A3B": {
         "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_act": "silu",
         "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,

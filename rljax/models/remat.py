@@ -20,8 +20,20 @@ import jax
 POLICIES = ("full", "attention", "dots")
 
 
-def remat_policy(name: str):
-  """The `jax.checkpoint` policy of `name` (one of POLICIES)."""
+# the name of each layer's input (`layer_input`): with activation offload it is what a layer keeps, in host memory
+LAYER_INPUT = "layer_input"
+
+
+def remat_policy(name: str, offload: bool = False):
+  """The `jax.checkpoint` policy of `name` (one of POLICIES); with `offload` (verl's
+  `model.enable_activation_offload`, for `full`), each layer's input (`LAYER_INPUT`) is kept in host memory
+  between the forward and the backward pass instead of in device memory."""
+  if offload:
+    if name != "full":
+      raise ValueError(f"remat_policy={name!r}: activation offload keeps each layer's input alone (remat_policy=full)")
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=(), names_which_can_be_offloaded=(LAYER_INPUT,), offload_src="device",
+        offload_dst="pinned_host")
   if name == "full":
     return None
   if name == "attention":

@@ -21,13 +21,14 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from rljax.models import kv_quant, rope, weight_quant
 from rljax.models.attention import AttentionMask
 from rljax.models.config import ModelConfig
 from rljax.models.layers import Block, PerLayer, RMSNorm, gather_layer, layer_of, make_param
 from rljax.models import moe
-from rljax.models.remat import remat_policy
+from rljax.models.remat import LAYER_INPUT, remat_policy
 from rljax.sharding.rules import constrain
 
 _RESIDUAL = ("batch", "activation_length", "embed")  # the residual stream: see rljax.sharding.rules
@@ -223,11 +224,14 @@ class CausalLM(nnx.Module):
       """apply(graphdef, state, x, kv, experts) of one layer of kind `local`."""
       def apply(graphdef, state, x, kv, layer_experts):
         cos, sin = tables[local]
+        if cfg.offload_activations:
+          x = checkpoint_name(x, LAYER_INPUT)
         return nnx.merge(graphdef, gather_layer(state, cfg.dtype))(x, cos, sin, masks[local], kv, write_index,
                                                                    layer_experts)
 
       if cfg.remat:
-        return jax.checkpoint(apply, static_argnums=(0,), policy=remat_policy(cfg.remat_policy))
+        return jax.checkpoint(apply, static_argnums=(0,),
+                              policy=remat_policy(cfg.remat_policy, cfg.offload_activations))
       return apply
 
     split = cfg.scan_layers and any(isinstance(p, PerLayer) for p in jax.tree.leaves(

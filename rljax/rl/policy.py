@@ -37,7 +37,8 @@ def model_options(config: ConfigDict, mesh: Mesh, critic: bool = False) -> dict[
   fsdp = config.critic.model.fsdp_config if critic else arr.actor.fsdp_config
   return dict(dtype=dtype_of(fsdp.dtype), param_dtype=dtype_of(fsdp.model_dtype),
               override_config=arr.model.override_config.model_config.to_dict(), scan_layers=arr.model.scan_layers, remat=bool(node.enable_gradient_checkpointing),
-              remat_policy=arr.model.remat_policy, attention_kernel=attention_kernel(arr.model.attention_kernel, mesh))
+              remat_policy=arr.model.remat_policy, attention_kernel=attention_kernel(arr.model.attention_kernel, mesh),
+              offload_activations=bool(node.enable_activation_offload and node.enable_gradient_checkpointing))
 
 
 def lora_config(config: ConfigDict) -> lora_lib.LoRAConfig | None:

@@ -49,11 +49,12 @@ def test_save_pretrained_opens_in_transformers(saved, family, tmp_path):
 
 
 @pytest.mark.slow
-def test_scan_and_remat_match_unrolled(saved):
+@pytest.mark.parametrize("offload", [False, True])  # True: each layer's input kept in host memory
+def test_scan_and_remat_match_unrolled(saved, offload):
   _, path = saved["qwen3"]
   ids, mask = helpers.batch()
   plain = M.from_pretrained(path)
-  scanned = M.from_pretrained(path, scan_layers=True, remat=True)
+  scanned = M.from_pretrained(path, scan_layers=True, remat=True, offload_activations=offload)
   assert scanned.layers.attn.q.shape[0] == plain.cfg.num_layers
 
   (l1, _, g1), (l2, _, g2) = (helpers.loss_and_grad(m, ids, mask) for m in (plain, scanned))
