@@ -731,7 +731,10 @@ class RLTrainer:
       if trainer.val_only:
         return last
     test_freq = trainer.test_freq if self.config.data.val_files else 0
-    return training_loop.train_loop(self, self.run.layout.total_steps, _every(test_freq), _every(trainer.save_freq)) or last
+    # verl: save_freq > 0 saves every save_freq steps and the last one; -1 (its default) saves none (a SIGTERM
+    # still saves: a preempted VM resumes)
+    return training_loop.train_loop(self, self.run.layout.total_steps, _every(test_freq), _every(trainer.save_freq),
+                                    save_last=trainer.save_freq > 0) or last
 
   def _close_rollout(self) -> None:
     """Stops the rollout (its thread under separate_async) and cancels what it generates."""

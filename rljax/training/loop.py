@@ -94,7 +94,7 @@ class PreemptionGuard:
 
 
 def train_loop(job: Any, total_steps: int, validation_due: Callable[[int], bool],
-               save_due: Callable[[int], bool]) -> dict[str, float]:
+               save_due: Callable[[int], bool], save_last: bool = True) -> dict[str, float]:
   """The training loop both trainers (RL and SFT) run, with its fault handling.
 
   Steps `job` until `job.step == total_steps`, the data ends (also inside a
@@ -102,8 +102,9 @@ def train_loop(job: Any, total_steps: int, validation_due: Callable[[int], bool]
   checked for NaN/Inf (`check_finite`), joined by validation metrics when
   `validation_due(step)`, and logged;
   a checkpoint is saved when `save_due(step)`, on SIGTERM (then the loop
-  stops), and after the last step if that one was not saved. Waits for
-  asynchronous saves and closes the tracker before it returns.
+  stops), and after the last step if that one was not saved and `save_last`
+  (verl's save_freq <= 0 saves no last step). Waits for asynchronous saves
+  and closes the tracker before it returns.
 
   Args:
     job: a trainer with `step`, `saved_step`, `train_iter`, `train_step(batch)`,
@@ -138,7 +139,7 @@ def train_loop(job: Any, total_steps: int, validation_due: Callable[[int], bool]
       if guard.should_stop:
         _LOG.warning("SIGTERM: saved step %d, stopping", job.step)
         break
-  if job.saved_step != job.step:
+  if save_last and job.saved_step != job.step:
     job.save()
   job.checkpointer.wait()
   job.tracker.close()

@@ -275,3 +275,10 @@ def test_trainer_unsupported_settings_are_config_errors(model_dir, data_dir, tmp
                      ("actor_rollout_ref.rollout.max_model_len=50", "actor_rollout_ref.rollout.max_model_len")):
     with pytest.raises(ConfigError, match=key):
       tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), extra)
+
+
+def test_save_freq_minus_one_saves_no_checkpoint_as_in_verl(model_dir, data_dir, tmp_path):
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "trainer.total_training_steps=1",
+                               "trainer.save_freq=-1")
+  assert [m["step"] for m in tiny_run.fit_metrics(config)] == [1]
+  assert not list(tmp_path.glob("global_step_*"))
