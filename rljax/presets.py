@@ -93,7 +93,9 @@ def _gsm8k_7b(model: str) -> dict[str, Any]:
   rljax.compile` fits every step in HBM on v5p-8 and v6e-8, and Qwen2.5-7B
   on v5e-16 with actor_rollout_ref.rollout.max_num_seqs=128 (each of its 4
   hosts decodes on its own 4 chips beside the trainer's state); Llama-3.1-8B's
-  update does not fit v5e-16 beside the reference's copy (BENCHMARKS.md).
+  update fits v5e-16 only with offload: the reference's copy or the
+  optimizer state in host memory (ref.fsdp_config.param_offload,
+  actor.fsdp_config.optimizer_offload; BENCHMARKS.md).
   The rollout decodes on a tensor axis of 4 (verl's
   rollout.tensor_model_parallel_size; its 7B example uses 2), which keeps
   a decode step's HBM traffic within 1.16x of its parameter and KV-cache
