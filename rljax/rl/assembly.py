@@ -149,8 +149,7 @@ def _trainable_with_optimizer(tx: optax.GradientTransformation, params: Any, mes
   """(optimizer state, its shardings) for `params`: created in place, or abstract; the `offloaded` fraction of
   its bytes in host memory (`rljax.sharding.offload`)."""
   shape = jax.eval_shape(tx.init, params)
-  shardings = offload.to_host(sharding.optimizer_shardings(tx, params, offload.device_shardings(shardings_of(params)),
-                                                           mesh), shape, offloaded)
+  shardings = offload.to_host(sharding.optimizer_shardings(tx, params, shardings_of(params), mesh), shape, offloaded)
   if abstract:
     return abstract_arrays(shape, shardings), shardings
   return jax.jit(tx.init, out_shardings=shardings)(params), shardings

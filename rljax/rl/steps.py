@@ -351,17 +351,17 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
                                                    group_of("ref", actor_packed)),
                        mesh, rules, reference.params, forward_rows("ref", actor_packed))
   critic_update = values = None
+  critic_group = 1 if critic_packed else layout.update_group(shuffled)
   if critic is not None:
     critic_update = make_update(
-        "critic_update", critic_loss(critic.graphdef, config.critic, 1 if critic_packed else
-                                     layout.update_group(shuffled)), critic.tx, mesh,
+        "critic_update", critic_loss(critic.graphdef, config.critic, critic_group), critic.tx, mesh,
         rules, critic.params, critic.opt_shardings,
         batch_of(CRITIC_UPDATE_FIELDS, layout.micro_batches, layout.mini_rows, critic_packed), metric_prefix="critic")
     values = make_forward("values", value_fn(critic.graphdef, group_of("values", critic_packed)), mesh, rules,
                           critic.params, forward_rows("values", critic_packed, MODEL_FIELDS))
   groups = {"actor_update": actor_group, "old_log_prob": group_of("old_log_prob", actor_packed),
             "ref_log_prob": group_of("ref", actor_packed), "values": group_of("values", critic_packed),
-            "critic_update": 1 if critic_packed else layout.update_group(shuffled)}
+            "critic_update": critic_group}
   padded = None
   if actor_packed or critic_packed:
     padded = build_rl_steps(config, layout, mesh, rules, graphdef=graphdef, trainable=trainable, frozen=frozen,
