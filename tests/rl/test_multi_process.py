@@ -28,6 +28,11 @@ def job(config, model_dir, data_dir, tmp_path, *extra):
           "trainer.n_gpus_per_node=auto", tiny_run.text_scorer(tmp_path), *extra]
 
 
+OFFLOADED = ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+             "actor_rollout_ref.ref.fsdp_config.param_offload=true", "critic.model.fsdp_config.param_offload=true",
+             "critic.model.fsdp_config.optimizer_offload=true")
+
+
 @pytest.mark.slow  # three trainer runs: one of 1 process, two of 2 (about 2 minutes)
 def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
   # 8 prompts x 2 responses over 8 devices; 2 shuffled mini-batches and balance_batch, so each update's rows
@@ -88,10 +93,11 @@ def test_ppo_with_dynamic_sampling_as_four_processes_logs_the_metrics_of_one(mod
              "trainer.total_training_steps=1", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
              "algorithm.rollout_correction.rollout_is=token", "algorithm.filter_groups.enable=true",
              "algorithm.filter_groups.metric=seq_reward")
-  # padded in one process; the actor's and the critic's passes packed in four
+  # padded in one process; the actor's and the critic's passes packed in four, with the optimizers' state and the
+  # reference's and the critic's weights in host memory between the steps that use them (`sharding.offload`)
   one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one", PADDED], 1, f"{tmp_path}/one")
   four = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/four",
-                                "critic.model.use_remove_padding=true"], 4, f"{tmp_path}/four")
+                                "critic.model.use_remove_padding=true", *OFFLOADED], 4, f"{tmp_path}/four")
   assert one[0]["train/num_gen_batches"] >= 2 and one[0]["critic/vf_loss"] > 0
   assert one[0]["actor/reward_kl_penalty_coeff"] > 0 and "rollout_corr/rollout_is_mean" in one[0]
   # one step: the critic's forward and the gradients' all-reduce differ in their last bit between in-process
@@ -290,10 +296,11 @@ def test_separate_async_with_trainer_and_rollout_on_two_processes_each_logs_the_
   argv = separate_job(model_dir, data_dir, tmp_path, "algorithm.filter_groups.enable=false", "data.gen_batch_size=8",
                       "trainer.save_freq=1",
                       "actor_rollout_ref.rollout.nnodes=2", "actor_rollout_ref.rollout.n_gpus_per_node=2")
-  # padded in one process; the actor's and the critic's passes packed in four
+  # padded in one process; the actor's and the critic's passes packed in four, with the optimizers' state and the
+  # reference's and the critic's weights in host memory between the steps that use them (`sharding.offload`)
   one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one", PADDED], 1, f"{tmp_path}/one")
   four = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/four",
-                                "critic.model.use_remove_padding=true"], 4, f"{tmp_path}/four")
+                                "critic.model.use_remove_padding=true", *OFFLOADED], 4, f"{tmp_path}/four")
   assert [m["step"] for m in one] == [0, 1, 2, 3] and one[3]["off_policy/staleness/max"] == 3
   assert "val-core/rljax/arithmetic/reward/mean@1" in one[2] and one[1]["perf/weight_sync_bytes"] > 0
   for metrics in (one, four):
