@@ -33,6 +33,7 @@ import numpy as np
 
 from rljax import config as config_lib
 from rljax import rl, train
+from rljax.rl import stages
 
 # the metrics that do not depend on how a mini-batch splits into micro-batches (each micro-batch's loss is
 # its share of the mini-batch's); under use_dynamic_bsz the two modes split it differently
@@ -54,9 +55,9 @@ def training_passes(trainer: rl.RLTrainer, rows) -> tuple[float, dict[str, float
   log-probs, advantages, update."""
   metrics, timing = {}, {}
   start = time.perf_counter()
-  packer = trainer._packer(rows)  # pylint: disable=protected-access
-  rows = trainer._experience(rows, timing, metrics, packer)  # pylint: disable=protected-access
-  trainer._update(rows, timing, metrics, packer)  # pylint: disable=protected-access
+  packer = stages.make_packer(trainer.parts, rows)
+  rows, state = stages.experience(trainer.parts, trainer.state, rows, timing, metrics, packer)
+  trainer.state = stages.update(trainer.parts, state, rows, timing, metrics, packer)
   return time.perf_counter() - start, {**metrics, **timing}, packer
 
 
@@ -71,8 +72,7 @@ def main() -> None:
   ratios, worst = [], 0.0
   try:
     for r in range(args.rollouts):
-      batch, _ = packed._read_batch()  # pylint: disable=protected-access
-      rows = packed._rollout(batch, {})  # pylint: disable=protected-access
+      rows = packed.source.rows(next(packed.train_iter), packed.step, {}, {})
       real = int(rows.attention_mask.sum())
       _, _, packer = training_passes(packed, rows)  # compiles, and counts the packed passes' tokens
       training_passes(padded, rows)

@@ -105,7 +105,7 @@ def join_rounds(rounds: Sequence[Experience], keeps: Sequence[np.ndarray], group
   Returns:
     groups_wanted / hosts groups (block p of the kept groups in generation order on host p), `group`
     renumbered 0, 1, ... in order; the fields every round has (a reward-function component that some round
-    did not return is left out; the hosts agree on each round's, `rl.trainer.reward_components`).
+    did not return is left out; the hosts agree on each round's, `rl.scoring.reward_components`).
   """
   rows = concatenate(list(rounds))
   keeps = hosts.process_concat(np.concatenate(keeps)).reshape(hosts.count(), len(rounds), -1)

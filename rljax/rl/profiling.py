@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import ContextManager
+import time
+from typing import ContextManager, Iterator
 
 import jax
 from ml_collections import ConfigDict
@@ -36,3 +37,11 @@ def step_trace(config: ConfigDict, step: int) -> ContextManager[None]:
   if step not in traced_steps(config):
     return contextlib.nullcontext()
   return jax.profiler.trace(trace_directory(config, step), create_perfetto_trace=True)
+
+
+@contextlib.contextmanager
+def timed(timing: dict[str, float], name: str) -> Iterator[None]:
+  """Adds the block's seconds to timing["timing_s/<name>"]."""
+  start = time.perf_counter()
+  yield
+  timing[f"timing_s/{name}"] = timing.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start

@@ -180,6 +180,10 @@ class SFTTrainer:
     self.step = 0
     self.saved_step = -1
 
+  def count_step(self) -> None:
+    """Counts a step trained."""
+    self.step += 1
+
   # ----- batches -----------------------------------------------------------------------
 
   def rows(self, examples: Sequence[packing.Example]) -> dict[str, np.ndarray]:

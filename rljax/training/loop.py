@@ -107,8 +107,8 @@ def train_loop(job: Any, total_steps: int, validation_due: Callable[[int], bool]
   and closes the tracker before it returns.
 
   Args:
-    job: a trainer with `step`, `saved_step`, `train_iter`, `train_step(batch)`,
-      `validate()`, `save()`, `tracker` and `checkpointer`.
+    job: a trainer with `step`, `count_step()` (one more step trained), `saved_step`, `train_iter`,
+      `train_step(batch)`, `validate()`, `save()`, `tracker` and `checkpointer`.
     total_steps: the step to stop at.
     validation_due, save_due: whether step N (just finished) validates / saves.
 
@@ -129,7 +129,7 @@ def train_loop(job: Any, total_steps: int, validation_due: Callable[[int], bool]
                      job.step + 1)
         break
       check_finite(metrics, job.step + 1)
-      job.step += 1
+      job.count_step()
       if validation_due(job.step):
         metrics.update(job.validate())
       job.tracker.log(metrics, job.step)

@@ -25,7 +25,16 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
-  path = tmp_path_factory.mktemp("tiny_moe")
+  return tiny_moe_dir(tmp_path_factory.mktemp("tiny_moe"))
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory, model_dir):
+  return tiny_reward_model_dir(tmp_path_factory.mktemp("reward_model"), model_dir)
+
+
+def tiny_moe_dir(path) -> str:
+  """Saves a 2-layer qwen3_moe (4 experts, 2 per token) with SmolLM2's vocabulary and tokenizer in `path`."""
   cfg = ModelConfig(model_type="qwen3_moe", vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=100000.0, tie_word_embeddings=True,
                     qk_norm=True, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
@@ -34,9 +43,8 @@ def moe_dir(tmp_path_factory):
   return str(path)
 
 
-@pytest.fixture(scope="module")
-def reward_model_dir(tmp_path_factory, model_dir):
-  """A random transformers LlamaForSequenceClassification (num_labels=1) with SmolLM2's tokenizer."""
+def tiny_reward_model_dir(path, model_dir: str) -> str:
+  """Saves a random transformers LlamaForSequenceClassification (num_labels=1) with SmolLM2's tokenizer."""
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   torch.manual_seed(0)
@@ -46,7 +54,6 @@ def reward_model_dir(tmp_path_factory, model_dir):
   model = transformers.LlamaForSequenceClassification(cfg).eval()
   with torch.no_grad():
     model.score.weight.normal_(0.0, 1.0)
-  path = tmp_path_factory.mktemp("reward_model")
   model.save_pretrained(path, safe_serialization=True)
   for name in TOKENIZER_FILES:
     if os.path.exists(os.path.join(model_dir, name)):

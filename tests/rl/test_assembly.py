@@ -59,8 +59,8 @@ def test_one_build_for_the_trainer_and_compile_and_a_checkpoint_is_the_state_tre
     initial = trainer.train_iter.get_state()
     next(trainer.train_iter)
     moved = jax.tree.map(lambda x: x + 1 if x.dtype.kind == "f" else x, state)
-    trainer.state = moved.replace(kl_ctrl=dataclasses.replace(state.kl_ctrl, value=0.25))
-    trainer.step = 3  # counting a step records the data position
+    trainer.state = moved.replace(kl_ctrl=dataclasses.replace(state.kl_ctrl, value=0.25), step=2)
+    trainer.count_step()  # counting a step records the data position
     trainer.tracker.log({"critic/score/mean": 0.5, "response_length/mean": 4.0}, 3)  # the curves save() draws
     trainer.save()
     trainer.checkpointer.wait()

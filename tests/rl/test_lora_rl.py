@@ -12,7 +12,7 @@ from rljax import export, models, sharding
 from rljax.models import lora
 from rljax import rl
 from rljax.training import checkpointing
-from rljax.rl import steps
+from rljax.rl import stages, steps
 from rljax.rl.experience import MODEL_FIELDS
 from tests.rl import tiny_run
 
@@ -68,15 +68,15 @@ def test_reference_log_probs_are_the_base_models(model_dir, data_dir, tmp_path):
     leaves, treedef = jax.tree.flatten(trainer.state.actor)
     trainer.state = trainer.state.replace(actor=jax.tree.unflatten(
         treedef, [x + 0.3 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]))
-    rows = trainer._rollout(next(trainer.train_iter), {})  # pylint: disable=protected-access
+    rows = trainer.source.rows(next(trainer.train_iter), trainer.step, {}, {})
     model_rows = rows.select(MODEL_FIELDS)
-    ref = trainer.forward(trainer.run.steps.ref_log_prob, trainer.run.reference[1], model_rows)[0]
+    ref = stages.forward(trainer.parts, trainer.run.steps.ref_log_prob, trainer.run.reference[1], model_rows)[0]
     graphdef, base = nnx.split(models.from_pretrained(model_dir))
     log_probs = jax.jit(steps.log_prob_fn(graphdef, 1.0, with_entropy=False))
     expected = np.asarray(log_probs(base, jax.tree.map(jnp.asarray, model_rows))[0])
     # float32 sums of the same terms in another order: agree to a few units in the last place of ~10.
     np.testing.assert_allclose(ref, expected, rtol=1e-6, atol=1e-6)
-    actor = trainer.forward(trainer.run.steps.old_log_prob, trainer.actor_params, model_rows)[0]
+    actor = stages.forward(trainer.parts, trainer.run.steps.old_log_prob, trainer.actor_params, model_rows)[0]
     assert np.abs(actor - expected)[rows.response_mask > 0].max() > 1e-3
     frozen = {p: v[...] for p, v in nnx.to_flat_state(trainer.run.frozen)}
     assert all(v[...] is frozen[p] for p, v in nnx.to_flat_state(trainer.run.reference[1]))

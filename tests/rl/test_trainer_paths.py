@@ -31,7 +31,7 @@ def first_rollout(config):
   trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
   try:
     batch = next(trainer.train_iter)
-    return trainer, batch, trainer._rollout(batch, {})  # pylint: disable=protected-access
+    return trainer, batch, trainer.source.rows(batch, trainer.step, {}, {})
   finally:
     trainer.close()
 
@@ -51,7 +51,7 @@ def test_reward_model_scores_match_transformers(model_dir, data_dir, reward_mode
   assert_scores_on_last_token(rows.token_level_scores, rows.response_mask, hf_scores(reward_model_dir, sequences))
   # other row counts than a step's (remax's baselines, dynamic sampling's rounds): 3 rows, and 11 in 2 pieces
   for index in (np.arange(3), np.arange(11) % 8):
-    np.testing.assert_allclose(trainer.model_reward(rows.take(index)), rows.token_level_scores[index], atol=1e-5)
+    np.testing.assert_allclose(trainer.scorer.model_reward(rows.take(index)), rows.token_level_scores[index], atol=1e-5)
 
 
 def test_reward_model_with_its_own_tokenizer_rerenders_the_chat(model_dir, data_dir, reward_model_dir, tmp_path):
@@ -224,7 +224,7 @@ def test_remax_streams_with_baselines_from_the_updates_weights(model_dir, data_d
                                          "actor_rollout_ref.rollout.free_cache_engine=false")))]
   trainer, runs = runs[2][0], [metrics for _, metrics in runs]
   # the baselines' cache is freed after each call (the stream keeps the engine's), and so are the stream's weights
-  assert trainer.sampler._state is None and trainer.streaming.stream.params is None  # pylint: disable=protected-access
+  assert trainer.sampler._state is None and trainer.source.stream.stream.params is None  # pylint: disable=protected-access
   drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/", "off_policy/"))}
   assert [drop(m) for m in runs[0]] == [drop(m) for m in runs[1]] and len(runs[0]) == 2
   ahead = runs[2][1]

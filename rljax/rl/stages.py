@@ -1,0 +1,229 @@
+"""A step's stages after its rollout, as free functions of the run's parts, its state and the step's rows:
+
+    experience   forward passes (old and reference log-probs, values) and advantages  -> rows, state
+    update       the critic's and then the actor's epochs over the mini-batches        -> state
+
+Forward passes run this host's rows in their micro-batches (packed where the run packs, `rljax.rl.packing`, or
+as their padded twins where those compute less); updates gather each mini-batch on device from the step's rows,
+placed once per update kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Iterator
+
+import jax
+import numpy as np
+from ml_collections import ConfigDict
+
+from rljax import sharding
+from rljax.rl import advantage_stage, experience as experience_lib, packing
+from rljax.rl import steps as steps_lib
+from rljax.rl.experience import Experience
+from rljax.rl.layout import balance_order
+from rljax.rl.profiling import timed
+from rljax.rl.sequences import merge_micro_batches, prompts_shared
+from rljax.rl.sources import Draw, Keys
+from rljax.sharding import hosts
+from rljax.sharding.placement import Step
+
+
+@dataclasses.dataclass
+class StepParts:
+  """What the stages read besides the state: the config, the assembled run (`assembly.RLRun`), the training mesh,
+  the run's keys, and the mini-batch gathers compiled so far (by step name and whether it packs)."""
+
+  config: ConfigDict
+  run: Any
+  mesh: jax.sharding.Mesh
+  keys: Keys
+  row_gathers: dict[tuple[str, bool], Any] = dataclasses.field(default_factory=dict)
+
+
+def packing_of(step: Step) -> Any:
+  """A pass's abstract PackedRows (None when it runs padded rows): its batch argument's `packed`."""
+  batch = step.args[2] if step.name.endswith("update") else step.args[1]
+  return batch.packed
+
+
+def make_packer(parts: StepParts, rows: Experience) -> packing.Packer | None:
+  """The step's packer when any of its passes is packed: this host's tokens placed once, every row's span
+  (the hosts exchange [N, 2] integers)."""
+  if not any(packing_of(step) for step in parts.run.steps.all()):
+    return None
+  layout = parts.run.layout
+  spans = hosts.process_concat(np.stack(packing.row_spans(rows.attention_mask), axis=1))
+  tokens = experience_lib.spec(packing.TOKEN_FIELDS, 1, layout.rows, layout.prompt_length, layout.response_length,
+                               parts.mesh, sharding.rules_from_config(parts.config))
+  return packing.Packer.of(rows, (spans[:, 0], spans[:, 1]), tokens, layout.prompt_length, layout.response_length)
+
+
+def padded_pays(parts: StepParts, step: Step, plan: packing.PackPlan, abstract: packing.PackedRows,
+                rows: int) -> bool:
+  """Whether `step`'s padded twin computes less than its packed pass of `plan` over `rows` rows."""
+  layout = parts.run.layout
+  return packing.padded_pays(packing.plan_tokens(plan, abstract), rows, layout.prompt_length,
+                             layout.response_length, parts.run.steps.padded.groups[step.name])
+
+
+def forward(parts: StepParts, step: Step, params: Any, rows: Experience,
+            packer: packing.Packer | None = None) -> Any:
+  """A forward Step over this host's `rows` [N, ...] in its micro-batches, this host's rows of its outputs merged
+  on the host ([N, ...]; a packed Step's tokens from `packer`)."""
+  abstract = step.args[1]
+  batch = experience_lib.place(rows, abstract.replace(packed=None))
+  budget, local = None, len(rows.response_mask)
+  if abstract.packed is not None:
+    packer = packer or make_packer(parts, rows)
+    budget = parts.run.layout.token_budgets.get({"ref_log_prob": "ref"}.get(step.name, step.name))
+    if budget is None:
+      arrangement = packing.forward_arrangement(local, hosts.count(), abstract.packed.out_index.shape[0])
+    else:
+      arrangement = packer.arrangement(abstract.packed, np.arange(local * hosts.count()), budget)
+    plan = packer.plan(abstract.packed, arrangement)
+    if padded_pays(parts, step, plan, abstract.packed, arrangement.size):
+      return forward(parts, getattr(parts.run.steps.padded, step.name), params, rows)
+    batch = batch.replace(packed=packer.pack(plan, abstract.packed))
+  out = step(params, batch)
+  if budget is None:
+    return jax.tree.map(lambda x: merge_micro_batches(hosts.process_rows(x, axis=1)), out)
+  columns = arrangement[:, hosts.index() * (local // len(arrangement)):][:, :local // len(arrangement)]
+  return jax.tree.map(lambda x: packing.rows_in_place(hosts.process_rows(x, axis=1), columns,
+                                                      hosts.index() * local), out)
+
+
+def experience(parts: StepParts, state: Any, rows: Experience, timing: dict[str, float], step_metrics: dict,
+               packer: packing.Packer | None = None) -> tuple[Experience, Any]:
+  """`rows` with the old and reference log-probs, values, rewards, advantages and returns the run uses
+  (`packer`: the step's, for its packed passes), and the state (its KL controller moved on)."""
+  run, config = parts.run, parts.config
+  steps, group = run.steps, run.layout.group
+  if not prompts_shared(rows, group):
+    raise RuntimeError(f"rows are not in groups of {group} sharing a prompt; set "
+                       "actor_rollout_ref.model.share_prompt_forward=false and report this")
+  if not run.on_policy:
+    with timed(timing, "old_log_prob"):
+      old = forward(parts, steps.old_log_prob, run.actor_params(state), rows, packer)
+      rows = rows.replace(old_log_probs=old[0])
+      if steps_lib.replays_routing(config, run.on_policy):
+        rows = rows.replace(routed_experts=old[2])
+  if steps.ref_log_prob is not None:
+    with timed(timing, "ref"):
+      rows = rows.replace(ref_log_prob=forward(parts, steps.ref_log_prob, run.reference.params, rows, packer)[0])
+  if steps.values is not None:
+    with timed(timing, "values"):
+      rows = rows.replace(values=forward(parts, steps.values, state.critic, rows, packer))
+  with timed(timing, "adv"):
+    return advantages(parts, state, rows, step_metrics)
+
+
+def advantages(parts: StepParts, state: Any, rows: Experience, step_metrics: dict) -> tuple[Experience, Any]:
+  """`rows` with the token-level rewards (KL in the reward), rollout correction, advantages and returns
+  (`advantage_stage`: each host's own rows, or every host's where a statistic is over the whole batch), and the
+  state with its KL controller moved on."""
+  config = parts.config
+  stage = functools.partial(advantage_stage.stage, config)
+  inputs = rows.select(advantage_stage.inputs(config))
+  if advantage_stage.reads_every_row(config):
+    inputs = inputs.replace(group=inputs.group + hosts.index() * (len(inputs.group) // parts.run.layout.n))
+    out, (kl_ctrl, metrics) = hosts.gathered_rows(stage, inputs, state.kl_ctrl)
+  else:
+    out, (kl_ctrl, metrics) = stage(inputs, state.kl_ctrl)
+  step_metrics.update({k: float(v) for k, v in metrics.items()})
+  rows = rows.replace(**{k: np.asarray(getattr(out, k), experience_lib.FIELDS[k][1]) for k in out.present()})
+  if config.actor_rollout_ref.actor.positive_nll_coef:
+    rows = rows.replace(positive=rows.token_level_scores.sum(-1) > 0)
+  return rows, state.replace(kl_ctrl=kl_ctrl)
+
+
+def balanced_order(parts: StepParts, rows: Experience) -> np.ndarray:
+  """[rows] the step's global row numbers in update order: trainer.balance_batch deals the prompts' groups to the
+  data-parallel ranks by token totals (the hosts exchange their rows' lengths, [N] integers)."""
+  data_parallel = sharding.data_parallel_size(parts.mesh)
+  if not (parts.config.trainer.balance_batch and data_parallel > 1):
+    return np.arange(parts.run.layout.rows)
+  lengths = hosts.process_concat(rows.attention_mask.sum(-1).astype(np.int32))
+  return balance_order(lengths, data_parallel, parts.run.layout.group)
+
+
+def minibatches(parts: StepParts, state: Any, rows: Experience, step: Step, epochs: int, order: np.ndarray,
+                packer: packing.Packer | None) -> Iterator[tuple[int, int, Experience]]:
+  """(epoch, index, mini-batch) over `epochs` epochs of `rows`, each mini-batch as `step` takes it (its batch
+  argument's fields and shardings).
+
+  The step's rows (this host's) are placed once; each mini-batch is gathered on device from the global row
+  numbers of `order` (permuted per epoch under actor.shuffle), so it holds the same rows whatever the number
+  of hosts; a packed step's tokens are packed from those rows by `packer`.
+  """
+  layout, spec = parts.run.layout, step.args[2].replace(packed=None)
+  cached = (step.name, step.args[2].packed is None)
+  if cached not in parts.row_gathers:
+    parts.row_gathers[cached] = experience_lib.row_gather(spec)
+  gather, size = parts.row_gathers[cached], layout.mini_rows
+  whole = experience_lib.place(rows, experience_lib.regrouped(spec, 1, layout.rows))
+  for epoch in range(epochs):
+    epoch_order = order
+    if parts.config.actor_rollout_ref.actor.shuffle:
+      permutation = jax.random.permutation(parts.keys.at(state.step, Draw.SHUFFLE, epoch), layout.rows)
+      epoch_order = order[np.asarray(permutation)]
+    for m in range(layout.minis):
+      index = epoch_order[m * size:(m + 1) * size]
+      abstract = step.args[2].packed
+      if abstract is None:
+        yield epoch, m, gather(whole, index)
+        continue
+      arrangement = packer.arrangement(abstract, index, layout.token_budgets.get(step.name))
+      yield epoch, m, gather(whole, arrangement).replace(packed=packer.pack(packer.plan(abstract, arrangement),
+                                                                               abstract))
+
+
+def update_step(parts: StepParts, step: Step, order: np.ndarray, packer: packing.Packer | None) -> Step:
+  """`step`, or its padded twin when the step's first mini-batch costs less padded (`packing.padded_pays`)."""
+  abstract = step.args[2].packed
+  if abstract is None:
+    return step
+  layout = parts.run.layout
+  index = order[:layout.mini_rows]
+  plan = packer.plan(abstract, packer.arrangement(abstract, index, layout.token_budgets.get(step.name)))
+  return getattr(parts.run.steps.padded, step.name) if padded_pays(parts, step, plan, abstract, len(index)) else step
+
+
+def update(parts: StepParts, state: Any, rows: Experience, timing: dict[str, float], step_metrics: dict,
+           packer: packing.Packer | None = None) -> Any:
+  """The critic's and then the actor's epochs over the mini-batches of `rows` (`packer` for the packed ones);
+  the state they leave. Their metrics, averaged over the mini-batches, go into `step_metrics`."""
+  config, run = parts.config, parts.run
+  actor, steps, layout = config.actor_rollout_ref.actor, run.steps, run.layout
+  collected: list[dict] = []
+  order = balanced_order(parts, rows)
+  if steps.critic_update is not None:
+    with timed(timing, "update_critic"):
+      step = update_step(parts, steps.critic_update, order, packer)
+      for epoch, i, mini in minibatches(parts, state, rows, step, config.critic.ppo_epochs, order, packer):
+        critic, critic_opt, m = step(state.critic, state.critic_opt, mini,
+                                     parts.keys.at(state.step, Draw.CRITIC_UPDATE, epoch, i))
+        state = state.replace(critic=critic, critic_opt=critic_opt)
+        collected.append(m)
+      jax.block_until_ready(state.critic)
+  if state.step >= config.trainer.critic_warmup:
+    with timed(timing, "update_actor"):
+      step = update_step(parts, steps.actor_update, order, packer)
+      for epoch, i, mini in minibatches(parts, state, rows, step, actor.ppo_epochs, order, packer):
+        trained, actor_opt, m = step(state.actor, state.actor_opt, mini,
+                                     parts.keys.at(state.step, Draw.ACTOR_UPDATE, epoch, i), run.frozen)
+        state = state.replace(actor=trained, actor_opt=actor_opt)
+        collected.append(m)
+      jax.block_until_ready(state.actor)
+    step_metrics["actor/lr"] = float(run.actor_lr(state.step * actor.ppo_epochs * layout.minis))
+  for m in jax.device_get(collected):
+    for k, v in m.items():
+      step_metrics.setdefault(k, []).append(float(v))
+  for k, v in list(step_metrics.items()):
+    if isinstance(v, list):
+      step_metrics[k] = float(np.mean(v))
+  return state
+
+
+__all__ = ["StepParts", "advantages", "experience", "forward", "make_packer", "packing_of", "update"]

@@ -1,0 +1,39 @@
+"""The trainer's numbers across restructurings: each variant of `tests/rl/golden.py` logs the per-step metrics
+recorded in tests/rl/golden_metrics.json (timings and throughputs aside).
+
+The JSON was written by `python -m tests.rl.golden tests/rl/golden_metrics.json` before the trainer was split
+into rollout sources, scoring and stages, and that split reproduced it bit for bit on the machine that wrote it.
+Here the values compare at rtol 1e-4: another CPU may round a float32 sum in another order.
+"""
+
+import json
+import pathlib
+
+import pytest
+
+from tests.rl import golden
+
+
+@pytest.fixture(scope="module")
+def expected():
+  return json.loads(golden.GOLDEN.read_text())
+
+
+@pytest.fixture(scope="module")
+def model_dirs(model_dir, moe_dir, reward_model_dir):
+  return {"model": model_dir, "moe": moe_dir, "reward_model": reward_model_dir}
+
+
+# each variant is 2-3 tiny steps (about 5 s); together they are what a restructuring of the trainer must keep
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(golden.VARIANTS))
+def test_each_trainer_variant_logs_its_golden_metrics(name, expected, model_dirs, data_dir, tmp_path):
+  got = golden.variant_metrics(name, model_dirs, data_dir, tmp_path / "run")
+  want = expected[name]
+  assert [sorted(m) for m in got] == [sorted(m) for m in want]
+  for step, (a, b) in enumerate(zip(got, want, strict=True)):
+    assert a == pytest.approx(b, rel=1e-4, abs=1e-6), (name, step)
+
+
+def test_the_golden_file_holds_every_variant():
+  assert sorted(json.loads(pathlib.Path(golden.GOLDEN).read_text())) == sorted(golden.VARIANTS)
