@@ -14,7 +14,7 @@ from rljax.evaluation import cli
 from rljax.evaluation import config as eval_config
 from rljax.sft import __main__ as sft_main
 from rljax.sft import config as sft_config
-from rljax.rl import policy
+from rljax.rl import run_models
 from tests.data.conftest import make_tokenizer, prompt_row, write_rows
 from tests.test_config import ROOT, experiment, resolved, run_cli
 
@@ -216,7 +216,7 @@ def built_actor(model_dir, *overrides):
   """The actor's ModelConfig as the trainer builds it (abstract weights, one device)."""
   config = resolved(experiment("grpo"), [f"actor_rollout_ref.model.path={model_dir}", *overrides])
   mesh = sharding.make_mesh(config, devices=jax.devices()[:1])
-  return policy.abstract_actor(config, mesh, sharding.rules_from_config(config)).cfg
+  return run_models.abstract_actor(config, mesh, sharding.rules_from_config(config)).cfg
 
 
 @pytest.fixture(name="model_dir")

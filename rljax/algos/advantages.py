@@ -1023,6 +1023,12 @@ def estimator_inputs(name: str) -> EstimatorInputs:
   return _ESTIMATOR_INPUTS[name]
 
 
+def needs_greedy_baselines(name: str) -> bool:
+  """Whether the estimator registered as `name` needs each prompt's greedy response's reward (remax's
+  `reward_baselines`): a rollout then decodes greedily too."""
+  return "reward_baselines" in estimator_inputs(name).needs
+
+
 def compute_advantage(adv_estimator: str, inputs: AdvantageInputs, config: Any = None
                       ) -> tuple[jax.Array, jax.Array]:
   """Runs the estimator named `adv_estimator` on `inputs`, as verl's trainer does.

@@ -22,8 +22,8 @@ import jax
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from rljax.compile import report, topology
-from rljax.rl import assembly, policy, streaming
+from rljax.compile import engine_steps, report, topology
+from rljax.rl import assembly, run_models, streaming
 from rljax.rollout.sampler import RolloutSampler
 from rljax.sharding import hosts, offload
 from rljax.sharding.placement import Step
@@ -50,7 +50,7 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   state too, which lives across updates, and for the engine's own steps a second one where validation or remax's
   baselines decode beside the stream's). `host_devices`: where `mesh` spans several hosts, one host's slice (as many devices as a
   host of the mesh has) to compile the host-local rollout on. `appending`: the multi-turn append over that many
-  appending slots (`Engine.lowering_steps`). `rollout_devices`: separate_async's own, where the engine's steps
+  appending slots (`engine_steps.engine_steps`). `rollout_devices`: separate_async's own, where the engine's steps
   run beside the weight versions its schedule holds (`Schedule.weight_versions`) and its cache, not the trainer's
   arrays, and `rollout_weights` is the cast before the weights are sent (`weights_sent`). `remote`: those devices
   are another process's (`rljax.rl.remote`): validation and remax's baselines decode on the trainer's devices
@@ -70,7 +70,7 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   planned += [PlannedStep(s) for s in run.compiled_steps() if not any(s is b for b in bounded)]
   sampler_steps = RolloutSampler(engine, pad_id=0).steps_per_sync
   rollout_params = engine.compute_params(actor_params)
-  weight_sync = engine.weight_sync_steps(actor_params)
+  weight_sync = engine.weights.sync_steps(actor_params)
   if weight_sync:
     fed = [False] + [feeds for _, feeds in weight_sync[:-1]]
     share = _host_share([s.args for (s, _), by_previous in zip(weight_sync, fed) if not by_previous])
@@ -80,7 +80,8 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
     engine = engine.on_devices(host_devices)
     rollout_params = engine.compute_params(actor_params)
   rollout = []
-  for step in engine.lowering_steps(actor_params, sampler_steps, samples_per_prompt=layout.n, appending=appending):
+  for step in engine_steps.engine_steps(engine, actor_params, sampler_steps, samples_per_prompt=layout.n,
+                                        appending=appending):
     bound = None
     if step.name.startswith("decode_step"):
       bound = ("param+cache", report.decode_minimum(rollout_params, engine.abstract_decode_state()))
@@ -91,7 +92,8 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   if remote and beside_stream:
     planned += [PlannedStep(dataclasses.replace(step, name=f"validation_{step.name}"), ("param+cache", report.decode_minimum(
         run.engine.compute_params(actor_params), run.engine.abstract_decode_state())))
-                for step in run.engine.lowering_steps(actor_params, sampler_steps, samples_per_prompt=layout.n)
+                for step in engine_steps.engine_steps(run.engine, actor_params, sampler_steps,
+                                                      samples_per_prompt=layout.n)
                 if step.name.startswith("decode_step")]
   if streaming.policy_of(config, 1) is not None:  # colocate_async: the KV cache stays allocated across updates
     cache = [x for x in jax.tree.leaves(engine.abstract_decode_state())
@@ -151,7 +153,7 @@ def _trainer_arrays(config: ConfigDict, run: assembly.RLRun, state: assembly.Run
   kept = {id(leaf): leaf for leaf in jax.tree.leaves([state, run.frozen, None if run.reward_model is None
                                                       else run.reward_model.params])}
   reference = jax.tree.leaves(None if run.reference is None else run.reference.params)
-  arrays = list(kept.values()) + (reference if policy.lora_config(config) is None
+  arrays = list(kept.values()) + (reference if run_models.lora_config(config) is None
                                   else [x for x in reference if id(x) not in kept])
   return [x for x in arrays if not offload.in_host(x)]
 

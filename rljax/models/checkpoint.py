@@ -35,7 +35,7 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class TensorLayout:
   """How an HF tensor becomes a Flax parameter: split each axis, then transpose."""
 
   groups: tuple[tuple[int, ...], ...]
@@ -72,29 +72,29 @@ class Layout:
     return block.transpose(self.perm)
 
 
-def _block_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, Layout]]:
+def _block_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLayout]]:
   """Flax path inside a block -> (HF name inside ``model.layers.{i}.``, layout)."""
   d, h, k, hd, f = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                     cfg.intermediate_size)
-  vec = lambda n: Layout(((n,),), (0,))  # noqa: E731
+  vec = lambda n: TensorLayout(((n,),), (0,))  # noqa: E731
   t = {
       ("input_norm", "scale"): ("input_layernorm.weight", vec(d)),
       ("post_attn_norm", "scale"): ("post_attention_layernorm.weight", vec(d)),
       ("pre_mlp_norm", "scale"): ("pre_feedforward_layernorm.weight", vec(d)),
       ("post_mlp_norm", "scale"): ("post_feedforward_layernorm.weight", vec(d)),
-      ("attn", "q"): ("self_attn.q_proj.weight", Layout(((h, hd), (d,)), (2, 0, 1))),
-      ("attn", "k"): ("self_attn.k_proj.weight", Layout(((k, hd), (d,)), (2, 0, 1))),
-      ("attn", "v"): ("self_attn.v_proj.weight", Layout(((k, hd), (d,)), (2, 0, 1))),
-      ("attn", "o"): ("self_attn.o_proj.weight", Layout(((d,), (h, hd)), (1, 2, 0))),
-      ("attn", "q_bias"): ("self_attn.q_proj.bias", Layout(((h, hd),), (0, 1))),
-      ("attn", "k_bias"): ("self_attn.k_proj.bias", Layout(((k, hd),), (0, 1))),
-      ("attn", "v_bias"): ("self_attn.v_proj.bias", Layout(((k, hd),), (0, 1))),
+      ("attn", "q"): ("self_attn.q_proj.weight", TensorLayout(((h, hd), (d,)), (2, 0, 1))),
+      ("attn", "k"): ("self_attn.k_proj.weight", TensorLayout(((k, hd), (d,)), (2, 0, 1))),
+      ("attn", "v"): ("self_attn.v_proj.weight", TensorLayout(((k, hd), (d,)), (2, 0, 1))),
+      ("attn", "o"): ("self_attn.o_proj.weight", TensorLayout(((d,), (h, hd)), (1, 2, 0))),
+      ("attn", "q_bias"): ("self_attn.q_proj.bias", TensorLayout(((h, hd),), (0, 1))),
+      ("attn", "k_bias"): ("self_attn.k_proj.bias", TensorLayout(((k, hd),), (0, 1))),
+      ("attn", "v_bias"): ("self_attn.v_proj.bias", TensorLayout(((k, hd),), (0, 1))),
       ("attn", "o_bias"): ("self_attn.o_proj.bias", vec(d)),
       ("attn", "q_norm", "scale"): ("self_attn.q_norm.weight", vec(hd)),
       ("attn", "k_norm", "scale"): ("self_attn.k_norm.weight", vec(hd)),
-      ("mlp", "gate"): ("mlp.gate_proj.weight", Layout(((f,), (d,)), (1, 0))),
-      ("mlp", "up"): ("mlp.up_proj.weight", Layout(((f,), (d,)), (1, 0))),
-      ("mlp", "down"): ("mlp.down_proj.weight", Layout(((d,), (f,)), (1, 0))),
+      ("mlp", "gate"): ("mlp.gate_proj.weight", TensorLayout(((f,), (d,)), (1, 0))),
+      ("mlp", "up"): ("mlp.up_proj.weight", TensorLayout(((f,), (d,)), (1, 0))),
+      ("mlp", "down"): ("mlp.down_proj.weight", TensorLayout(((d,), (f,)), (1, 0))),
       ("mlp", "gate_bias"): ("mlp.gate_proj.bias", vec(f)),
       ("mlp", "up_bias"): ("mlp.up_proj.bias", vec(f)),
       ("mlp", "down_bias"): ("mlp.down_proj.bias", vec(d)),
@@ -102,7 +102,7 @@ def _block_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, Layout]]:
   return t
 
 
-def _expert_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, Layout]]:
+def _expert_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLayout]]:
   """Flax path of a mixture-of-experts parameter inside a block -> (HF name with ``{e}`` for the expert, layout).
 
   The router is one tensor; each expert's projections are HF tensors of
@@ -111,10 +111,10 @@ def _expert_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, Layout]]
   """
   d, f = cfg.hidden_size, cfg.moe_intermediate_size
   return {
-      ("mlp", "router"): ("mlp.gate.weight", Layout(((cfg.num_experts,), (d,)), (1, 0))),
-      ("mlp", "gate"): ("mlp.experts.{e}.gate_proj.weight", Layout(((f,), (d,)), (1, 0))),
-      ("mlp", "up"): ("mlp.experts.{e}.up_proj.weight", Layout(((f,), (d,)), (1, 0))),
-      ("mlp", "down"): ("mlp.experts.{e}.down_proj.weight", Layout(((d,), (f,)), (1, 0))),
+      ("mlp", "router"): ("mlp.gate.weight", TensorLayout(((cfg.num_experts,), (d,)), (1, 0))),
+      ("mlp", "gate"): ("mlp.experts.{e}.gate_proj.weight", TensorLayout(((f,), (d,)), (1, 0))),
+      ("mlp", "up"): ("mlp.experts.{e}.up_proj.weight", TensorLayout(((f,), (d,)), (1, 0))),
+      ("mlp", "down"): ("mlp.experts.{e}.down_proj.weight", TensorLayout(((d,), (f,)), (1, 0))),
   }
 
 
@@ -130,7 +130,7 @@ class Source:
   """
 
   names: tuple[str, ...]
-  layout: Layout
+  layout: TensorLayout
   stack: tuple[int, ...] = ()
 
   def to_hf(self, value: np.ndarray) -> dict[str, np.ndarray]:
@@ -158,13 +158,13 @@ def _layer_source(cfg: ModelConfig, inner: tuple[Any, ...], layers: tuple[int, .
 
 def hf_sources(cfg: ModelConfig, path: tuple[Any, ...]) -> Source:
   """The HF tensor(s) and layout for the Flax parameter at ``path``."""
-  top = Layout(((cfg.vocab_size,), (cfg.hidden_size,)), (0, 1))
+  top = TensorLayout(((cfg.vocab_size,), (cfg.hidden_size,)), (0, 1))
   if path == ("embed",):
     return Source(("model.embed_tokens.weight",), top)
   if path == ("lm_head",):
     return Source(("lm_head.weight",), top)
   if path == ("final_norm", "scale"):
-    return Source(("model.norm.weight",), Layout(((cfg.hidden_size,),), (0,)))
+    return Source(("model.norm.weight",), TensorLayout(((cfg.hidden_size,),), (0,)))
   source = None
   if path[0] == "layers" and cfg.scan_layers:
     source = _layer_source(cfg, path[1:], tuple(range(cfg.num_layers)), True)
@@ -274,11 +274,6 @@ def abstract_state(model: nnx.Module, mesh: Mesh, rules: Rules | None) -> nnx.Mo
     return var.replace(jax.ShapeDtypeStruct(var.shape, var.dtype, sharding=sharding))
 
   return nnx.merge(graphdef, jax.tree.map(leaf, state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
-
-
-def abstract_model(cfg: ModelConfig, mesh: Mesh, rules: Rules | None) -> CausalLM:
-  """The model of `cfg` with abstract, sharded parameters: its shapes and layout, no memory."""
-  return abstract_state(nnx.eval_shape(lambda: CausalLM(cfg, nnx.Rngs(0))), mesh, rules)
 
 
 def hf_tensors(model: CausalLM) -> dict[str, np.ndarray]:

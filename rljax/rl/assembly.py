@@ -29,7 +29,7 @@ from rljax import models, sharding
 from rljax.algos import kl as kl_lib
 from rljax.config.errors import ConfigError
 from rljax.models import lora as lora_lib
-from rljax.rl import policy, reward_model as reward_model_lib, steps as steps_lib, streaming
+from rljax.rl import reward_model as reward_model_lib, run_models, steps as steps_lib, streaming
 from rljax.rl.layout import Layout, make_layout
 from rljax.rollout import factory as rollout_factory
 from rljax.rollout.engine import Engine
@@ -158,7 +158,7 @@ def _trainable_with_optimizer(tx: optax.GradientTransformation, params: Any, mes
 def _critic(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, abstract: bool,
             offloads: offload.Offload) -> tuple[steps_lib.CriticParts, Any]:
   """The critic's parts and its optimizer state."""
-  value_model = (policy.abstract_critic if abstract else policy.load_critic)(config, mesh, rules)
+  value_model = (run_models.abstract_critic if abstract else run_models.load_critic)(config, mesh, rules)
   graphdef, params = nnx.split(value_model)
   tx = make_optimizer(config.critic.optim, config.critic.grad_clip, layout.total_steps,
                       config.critic.ppo_epochs * layout.minis)
@@ -179,7 +179,7 @@ def _offloaded_reference(params: Any, trainable: Any, frozen: Any, offloaded: bo
 def _reward_model(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, abstract: bool,
                   offloaded: bool) -> ScoringModel:
   """`reward_model.model.path` and its scoring pass."""
-  model = (policy.abstract_reward_model if abstract else policy.load_reward_model)(config, mesh, rules)
+  model = (run_models.abstract_reward_model if abstract else run_models.load_reward_model)(config, mesh, rules)
   graphdef, params = nnx.split(model)
   params = offload.placed(params, offloaded)
   return ScoringModel(params, reward_model_lib.scoring_step(config, graphdef, params, layout, mesh, rules))
@@ -231,17 +231,17 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
   arr = config.actor_rollout_ref
   rules = sharding.rules_from_config(config)
   layout = make_layout(config, batches_per_epoch, sharding.data_parallel_size(mesh))
-  model = (policy.abstract_actor(config, mesh, rules) if abstract
-           else policy.load_actor(config, mesh, rules, jax.random.key(config.trainer.seed)))
+  model = (run_models.abstract_actor(config, mesh, rules) if abstract
+           else run_models.load_actor(config, mesh, rules, jax.random.key(config.trainer.seed)))
   sharding.check_model_fits(mesh, model.cfg.num_heads, model.cfg.num_kv_heads, num_experts=model.cfg.num_experts)
   _checked_routing(config, model.cfg)
-  lora = policy.lora_config(config)
+  lora = run_models.lora_config(config)
   graphdef, trainable, frozen = lora_lib.split_trainable(model)
   updates_per_step = arr.actor.ppo_epochs * layout.minis
   actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, layout.total_steps, updates_per_step)
   offloads = offload.Offload.of(config, list(mesh.devices.flat))
   actor_opt, actor_opt_sh = _trainable_with_optimizer(actor_tx, trainable, mesh, abstract, offloads.actor_optimizer)
-  reference = (policy.reference(model, graphdef, nnx.merge_state(trainable, frozen), lora)
+  reference = (run_models.reference(model, graphdef, nnx.merge_state(trainable, frozen), lora)
                if steps_lib.needs_reference(config) else None)
   if reference is not None:
     reference = reference._replace(params=_offloaded_reference(reference.params, trainable, frozen,

@@ -206,7 +206,7 @@ class CrossHostSend:
     """
     sent = engine.compute_params(abstract(params))
     self._layouts = [_layouts(sent, devices, run) for run in batches(devices, rollout_devices)]
-    self._cast = jax.jit(engine.cast_impl)
+    self._cast = jax.jit(engine.weights.cast_impl)
     self._whole = NamedSharding(Mesh(np.array(devices), ("devices",)), jax.sharding.PartitionSpec())
     self._direct = len(hosts.processes(devices)) == 1  # a device_put onto some of the devices works in one process
 

@@ -11,7 +11,7 @@ updates on batch b, the rollout decodes the next ones.
 Weights go to the rollout devices after every
 `trainer.v1.separate_async.parameter_sync_step`-th update, device to
 device: cast to rollout.dtype where they lie, then `jax.device_put` into the
-engine's layout (`rljax.rollout.engine.SendCopy`). Which weights decode a
+engine's layout (`rljax.rollout.weights.SendCopy`). Which weights decode a
 batch is fixed by `streaming.Schedule`, not by timing: the rollout waits for
 the version batch b is due to decode under (`WeightBox.take`), so a run is
 the same whatever the speeds of the two sides, and equal to colocate_async

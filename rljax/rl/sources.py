@@ -97,7 +97,7 @@ class Rollouts:
     dumped under trainer.rollout_data_dir."""
     timing.update(rollout.metrics)
     rows = self.scorer.scored_rows(batch, rollout, timing, scores)
-    if "reward_baselines" in adv_lib.estimator_inputs(self.config.algorithm.adv_estimator).needs:
+    if adv_lib.needs_greedy_baselines(self.config.algorithm.adv_estimator):
       rows = rows.replace(reward_baselines=self.greedy_baselines(batch, rollout.prompt_index, step, timing, turn))
     self.scorer.dump_rollout(step + 1, batch, rollout, rows.token_level_scores.sum(-1), append=round_index > 0)
     return rows

@@ -64,6 +64,7 @@ from typing import Any, Callable, ContextManager, Iterable, Sequence
 import jax
 import numpy as np
 
+from rljax.algos import advantages as adv_lib
 from rljax.config import errors as config_errors
 from rljax.config import trainer as config_trainer
 from rljax.data import dataset
@@ -76,7 +77,7 @@ STRATEGIES = ("drop", "wait")
 
 
 @dataclasses.dataclass(frozen=True)
-class Policy:
+class StalenessPolicy:
   """How far generation runs ahead of training, and what happens to samples that fall too far behind.
 
   Attributes:
@@ -145,7 +146,7 @@ def schedule_of(config: Any) -> Schedule:
   return Schedule(int(v1.separate_async.parameter_sync_step), int(v1.separate_async.num_warmup_batches))
 
 
-def policy_of(config: Any, groups: int) -> Policy | None:
+def policy_of(config: Any, groups: int) -> StalenessPolicy | None:
   """The asynchronous modes' policy under `config` for `groups` prompts per update on this host (None in sync
   mode)."""
   v1 = config.trainer.v1
@@ -155,7 +156,7 @@ def policy_of(config: Any, groups: int) -> Policy | None:
     ahead = float(config_trainer.recipe_setting(config, "staleness_threshold"))
   else:
     ahead = int(v1[v1.trainer_mode].num_warmup_batches)
-  return Policy(groups=groups, threshold=int(v1.sampler.max_off_policy_threshold),
+  return StalenessPolicy(groups=groups, threshold=int(v1.sampler.max_off_policy_threshold),
                 strategy=v1.sampler.max_off_policy_strategy, ahead=ahead)
 
 
@@ -176,10 +177,10 @@ def streams_off_policy(config: Any) -> bool:
 
 def decodes_beside_the_stream(config: Any) -> bool:
   """Whether a colocate_async run of `config` also decodes while its stream's KV cache is allocated, in a cache of
-  its own: validation (data.val_files, with trainer.test_freq > 0 or val_before_train) or remax's greedy
-  baselines."""
+  its own: validation (data.val_files, with trainer.test_freq > 0 or val_before_train) or an estimator's greedy
+  baselines (remax's)."""
   validates = bool(config.data.val_files) and (config.trainer.test_freq > 0 or config.trainer.val_before_train)
-  return validates or config.algorithm.adv_estimator == "remax"
+  return validates or adv_lib.needs_greedy_baselines(config.algorithm.adv_estimator)
 
 
 def check_resumable(position: dict[str, Any] | None, streamed: bool, path: str) -> None:
@@ -274,7 +275,7 @@ class Group:
 class AsyncRollout:
   """colocate_async's generation on this host (see the module docstring)."""
 
-  def __init__(self, sampler: sampler_lib.RolloutSampler, policy: Policy, n: int, first_request: int,
+  def __init__(self, sampler: sampler_lib.RolloutSampler, policy: StalenessPolicy, n: int, first_request: int,
                batch_key: Callable[[int], jax.Array], read_batch: Callable[[], tuple[dict[str, Any], Any] | None],
                data_position: Callable[[], Any], first_batch: int = 0,
                consumed: Iterable[Sequence[int]] = (), keep: Callable[["Group"], bool] | None = None,
@@ -623,6 +624,6 @@ def off_policy_metrics(picked: Picked, threshold: int) -> dict[str, float]:
           "off_policy/evicted_samples": hosts.process_total(float(picked.evicted))}
 
 
-__all__ = ["AsyncRollout", "Group", "Picked", "Policy", "STRATEGIES", "Schedule", "Stopped",
+__all__ = ["AsyncRollout", "Group", "Picked", "STRATEGIES", "Schedule", "StalenessPolicy", "Stopped",
            "decodes_beside_the_stream", "host_position", "merged", "off_policy_metrics", "policy_of", "schedule_of",
            "spans", "split", "staleness_histogram", "stored_position", "streams_off_policy"]

@@ -50,7 +50,7 @@ import numpy as np
 from rljax.agents import interactions as interactions_lib
 from rljax.agents import parsing, render, runner, tools as tools_lib
 from rljax.config.choices import AGENT_LOOPS
-from rljax.rollout import engine as engine_lib
+from rljax.rollout import decode_state, engine as engine_lib
 from rljax.rollout import sampling
 from rljax.rollout import stream as stream_lib
 from rljax.rollout.sampler import Rollout, RolloutSampler
@@ -365,7 +365,7 @@ class AgentSampler(RolloutSampler):
 
   # ----- the rollout ----------------------------------------------------------------------
 
-  def append(self, params, state: engine_lib.DecodeState, pending: dict[int, list[int]]) -> engine_lib.DecodeState:
+  def append(self, params, state: decode_state.DecodeState, pending: dict[int, list[int]]) -> decode_state.DecodeState:
     """Appends each slot's ids, in chunks of the largest append bucket."""
     width = self.engine.append_buckets[-1]
     while pending:
@@ -381,7 +381,7 @@ class AgentSampler(RolloutSampler):
     for start in starts:
       start.result()
 
-  def open_stream(self, state: engine_lib.DecodeState | None = None,
+  def open_stream(self, state: decode_state.DecodeState | None = None,
                   sampling_params: sampling.SamplingParams | None = None) -> "ConversationStream":
     return ConversationStream(self, state, sampling_params)
 
@@ -448,7 +448,7 @@ class ConversationStream(stream_lib.DecodeStream):
   records that version.
   """
 
-  def __init__(self, agent: AgentSampler, state: engine_lib.DecodeState | None = None,
+  def __init__(self, agent: AgentSampler, state: decode_state.DecodeState | None = None,
                sampling_params: sampling.SamplingParams | None = None):
     super().__init__(agent.engine, agent.pad_id, agent.steps_per_sync, state, sampling_params)
     self.agent = agent

@@ -4,7 +4,7 @@
 (google-jetstream 0.2.2): `prefill` computes a request's KV cache, `insert`
 places it into one of `max_concurrent_decodes` decode slots, `generate` runs
 one decode step for every slot, returning a `ResultTokens` of JetStream's
-layout. This module never imports JetStream: its `engine_api` pulls in
+layout (`rljax.rollout.jetstream_adapter`). This module never imports JetStream: its `engine_api` pulls in
 TensorFlow (through seqio), seconds of start-up and CUDA-driver noise for
 every trainer and `rljax.compile` run that never serves. `serving.make_driver`
 imports it when JetStream's orchestrator is used and registers `Engine` and
@@ -17,7 +17,7 @@ Layout. The decode state holds a KV cache of L arrays `[slots, K, S, head_dim]`
 by the `cache_batch` rule: data x fsdp; KV heads over tensor; with
 `kv_cache_dtype` int8 or float8, 8-bit arrays with a scale per token and
 head, `rljax.models.kv_quant`), the next-token logits of every slot, and
-per-slot counters. Prefill traces the model under the job's rules (rows over data x fsdp, weights gathered, like a
+per-slot counters (`rljax.rollout.decode_state`). Prefill traces the model under the job's rules (rows over data x fsdp, weights gathered, like a
 training forward pass); decode under `rljax.sharding.decode_rules`, where
 each device multiplies by the weight shard it holds and no weight moves. Prompts arrive right-padded to a length bucket (one
 compilation per bucket, not per prompt length), as JetStream pads them; the
@@ -30,7 +30,7 @@ updated in place.
 
 Parameters are an argument of every call: the engine reads whatever
 parameter pytree it is given (the trainer's own arrays), never a host copy.
-The sampler passes them through `compute_params`, which leaves them as they
+The sampler passes them through `compute_params` (`rljax.rollout.weights`), which leaves them as they
 are when they already are in the compute dtype (read in place) and
 otherwise casts them once per rollout (float32 master weights decoded in
 bfloat16: one device copy, not a cast per decode step). With `quantization`
@@ -42,7 +42,7 @@ kernels per layer (`rljax.models.layers.PerLayer`): a decode step runs its
 layers on static slices, and a slice of a stacked kernel that feeds a grouped
 matmul would be copied out every step.
 
-Continuation. A conversation goes on after a slot's turn has ended (a
+Continuation (`rljax.rollout.continuation`). A conversation goes on after a slot's turn has ended (a
 multi-turn rollout appending a tool's answer): `append` writes each chosen
 slot's new tokens into its cache after what it holds, in place, in one
 call, and leaves each slot's logits after its last new token, so the next
@@ -70,136 +70,21 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import importlib.util
-import math
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from flax import nnx
+from jax.sharding import Mesh
 
-from rljax.models import CausalLM, KVCache, ModelConfig, init_cache, kv_quant, weight_quant
-from rljax.models.kv_quant import QuantizedKV
-from rljax.models.layers import PerLayer, split_layers
+from rljax.models import CausalLM, KVCache, ModelConfig, init_cache
 from rljax.models.transformer import CACHE_AXES
-from rljax.rollout import jetstream_compat, sampling
-from rljax.sharding import hosts, rules as rules_lib
-from rljax.sharding.placement import Step, abstract
-
-
-# Whether google-jetstream is installed (found, not imported: see the module docstring).
-HAS_JETSTREAM = importlib.util.find_spec("jetstream") is not None
-
-
-class SlotData(NamedTuple):
-  """One slot's rows of a ResultTokens (JetStream's `SlotData`)."""
-
-  tokens: Any
-  valid: Any
-  lengths: Any
-
-
-@struct.dataclass
-class ResultTokens:
-  """JetStream's ResultTokens layout: data [slots, 3] = token | valid | length.
-
-  The same fields and methods as `jetstream.engine.engine_api.ResultTokens`;
-  `serving.make_driver` registers it as a subclass of that class.
-  """
-
-  data: Any
-  tokens_idx: tuple[int, int] = struct.field(pytree_node=False)
-  valid_idx: tuple[int, int] = struct.field(pytree_node=False)
-  length_idx: tuple[int, int] = struct.field(pytree_node=False)
-  samples_per_slot: int = struct.field(pytree_node=False)
-
-  def copy_to_host_async(self) -> None:
-    if not isinstance(self.data, np.ndarray):
-      self.data.copy_to_host_async()
-
-  def convert_to_numpy(self) -> "ResultTokens":
-    return dataclasses.replace(self, data=np.asarray(self.data))
-
-  def get_result_at_slot(self, slot: int) -> SlotData:
-    """The `samples_per_slot` rows of one slot (lengths 1-D), as JetStream's."""
-    rows = self.data[slot * self.samples_per_slot:(slot + 1) * self.samples_per_slot]
-    return SlotData(tokens=rows[:, self.tokens_idx[0]:self.tokens_idx[1]],
-                    valid=rows[:, self.valid_idx[0]:self.valid_idx[1]],
-                    lengths=rows[:, self.length_idx[0]:self.length_idx[1]][:, 0])
-
-
-class Prefix(NamedTuple):
-  """A prefilled request (or N of them).
-
-  Attributes:
-    cache: KVCache with N rows of `bucket` slots (left-padded; `index` = bucket).
-    logits: [N, V] float32 next-token logits after the prompt.
-    experts: with record_routing, [N, bucket, L_sparse, k] int32 experts of
-      each (left-padded) prompt position; else None.
-  """
-
-  cache: KVCache
-  logits: jax.Array
-  experts: jax.Array | None = None
-
-
-class DecodeState(NamedTuple):
-  """Everything `generate` transforms.
-
-  Attributes:
-    cache: KVCache, L arrays [slots, K, S, head_dim] (+ mask [slots, S], index [slots]).
-    logits: [slots, V] float32 next-token logits per slot.
-    generated: [slots] int32, tokens generated so far.
-    done: [slots] bool, True for empty or finished slots.
-    key: the rollout's PRNG key; request r samples from its own stream `fold_in(key, r)`, so a response does
-      not depend on which slot, batch or host decodes it.
-    slot_keys: [slots] PRNG keys, each slot's request's stream (advanced once per token it samples).
-    requests: int32, requests inserted so far (the id of a request inserted without one).
-  """
-
-  cache: KVCache
-  logits: jax.Array
-  generated: jax.Array
-  done: jax.Array
-  key: jax.Array
-  slot_keys: jax.Array
-  requests: jax.Array
-
-
-class StepOutput(NamedTuple):
-  """One decode step for every slot: token, validity, log-prob, count (and with record_routing the experts
-  [slots, L_sparse, k] the token went to when it was fed)."""
-
-  tokens: jax.Array
-  valid: jax.Array
-  log_probs: jax.Array
-  generated: jax.Array
-  experts: jax.Array | None = None
-
-
-def bucket_for(length: int, buckets: Sequence[int]) -> int:
-  """The smallest bucket >= length."""
-  for bucket in buckets:
-    if bucket >= length:
-      return bucket
-  raise ValueError(f"a prompt of {length} tokens exceeds the largest prefill bucket {buckets[-1]} "
-                   "(actor_rollout_ref.rollout.prefill_length_buckets / data.max_prompt_length)")
-
-
-class SendCopy:
-  """`tree -> cast(tree)` laid out by `shardings` on devices `tree` does not lie on (separate_async's rollout
-  devices): the cast runs where the weights lie (so rollout.dtype's bytes travel, not the master weights'), then
-  `jax.device_put` copies each array device to device into its layout there."""
-
-  def __init__(self, shardings: Any, cast: Callable[[Any], Any]):
-    self.shardings = shardings
-    self.cast = jax.jit(cast)
-
-  def __call__(self, tree: Any) -> Any:
-    cast = self.cast(tree)
-    return jax.device_put(cast, jax.tree.unflatten(jax.tree.structure(cast), jax.tree.leaves(self.shardings)))
+from rljax.rollout import continuation, jetstream_adapter, sampling
+from rljax.rollout.decode_state import CacheLayout, DecodeState, Prefix, StepOutput, cache_length, rows_by_shard
+from rljax.rollout.weights import RolloutWeights
+from rljax.sharding import rules as rules_lib
+from rljax.sharding.placement import abstract
 
 
 class Engine:
@@ -280,34 +165,31 @@ class Engine:
     headroom = self.append_buckets[-1] if self.append_buckets else 0
     self.cache_length = cache_length(self.buckets[-1] + self.max_decode_length + headroom, cfg.attention_kernel)
     self.decode_compiler_options = dict(decode_compiler_options or {})
-    self.quantization = None if quantization is None else jnp.dtype(quantization)
-    cast = (functools.partial(_cast_floats, dtype=jnp.dtype(cfg.dtype)) if quantization is None else
-            functools.partial(weight_quant.quantize_params, dtype=self.quantization,
-                              compute_dtype=jnp.dtype(cfg.dtype)))
-    # a scanned mixture-of-experts model's expert kernels are held per layer (`rljax.models.layers.PerLayer`)
-    self.split_experts = bool(cfg.scan_layers and cfg.routing_shape)
-    self.cast_impl = (lambda params: _split_experts(cast(params))) if self.split_experts else cast
-    self._cast = jax.jit(self.cast_impl)
+    self.quantization = quantization
     self._jit_on_mesh()
 
   def _jit_on_mesh(self) -> None:
     """The jitted calls over `self._mesh` (prefills and reshards are made when first needed)."""
     step_rules = rules_lib.decode_rules(self.rules)
-    spec = self._sharding(("cache_batch",), (self._slots,)).spec
-    # how many `cache_batch` shards the slots are split into (each holds slots / slot_shards of them)
-    self.slot_shards = math.prod(self._mesh.shape[a] for a in rules_lib.spec_axes(spec[0] if spec else None))
+    self.layout = CacheLayout(self.cfg, self._mesh, self.rules, self._slots, self.cache_length, self.kv_cache_dtype,
+                              self.record_routing, self.seed)
+    self.slot_shards = self.layout.slot_shards
+    self.weights = RolloutWeights(self.cfg, self._mesh, self.rules, self.quantization)
     self._prefills: dict[tuple[int, int], Any] = {}
     self._continue_prefills: dict[tuple[int, int, int], Any] = {}
-    self._reshards: dict[Any, Any] = {}
-    self._insert = jax.jit(_traced(self._mesh, self.rules, self._insert_impl, gather_weights=False),
-                           donate_argnums=(1,), out_shardings=self.decode_state_shardings())
-    self._generate = jax.jit(_traced(self._mesh, step_rules, self._generate_impl, gather_weights=False),
-                             static_argnums=(2, 3),
-                             donate_argnums=(1,), compiler_options=self.decode_compiler_options)
-    self._append = jax.jit(_traced(self._mesh, step_rules, self._append_impl, gather_weights=False),
-                           donate_argnums=(1,), out_shardings=self.decode_state_shardings())
-    self._append_rows = jax.jit(_traced(self._mesh, step_rules, self._append_rows_impl, gather_weights=False),
-                                donate_argnums=(1,), out_shardings=self.decode_state_shardings())
+    decode_shardings = self.decode_state_shardings()
+    self.insert_program = jax.jit(_traced(self._mesh, self.rules, self._insert_impl, gather_weights=False),
+                                  donate_argnums=(1,), out_shardings=decode_shardings)
+    self.generate_program = jax.jit(_traced(self._mesh, step_rules, self._generate_impl, gather_weights=False),
+                                    static_argnums=(2, 3), donate_argnums=(1,),
+                                    compiler_options=self.decode_compiler_options)
+    append_all = functools.partial(continuation.append_all, self.graphdef, self.max_decode_length)
+    self.append_program = jax.jit(_traced(self._mesh, step_rules, append_all, gather_weights=False),
+                                  donate_argnums=(1,), out_shardings=decode_shardings)
+    append_rows = functools.partial(continuation.append_rows, self.graphdef, self.max_decode_length, self._mesh,
+                                    decode_shardings)
+    self.append_rows_program = jax.jit(_traced(self._mesh, step_rules, append_rows, gather_weights=False),
+                                       donate_argnums=(1,), out_shardings=decode_shardings)
 
   def on_devices(self, devices: Sequence[jax.Device]) -> "Engine":
     """This engine with its mesh laid over `devices` instead (as many, same axes): `rljax.compile` compiles
@@ -351,147 +233,33 @@ class Engine:
   def get_prefix_destination_sharding(self) -> Any:
     return None
 
-  # ----- shardings ------------------------------------------------------------
-
-  def _sharding(self, names: tuple[str | None, ...], shape: tuple[int, ...]) -> NamedSharding:
-    rules = rules_lib.with_cache_batch(self.rules)
-    return NamedSharding(self._mesh, rules_lib.logical_to_spec(names, shape, self._mesh, rules))
-
-  def _kv_shardings(self, rows: int, length: int) -> tuple[Any, ...]:
-    """NamedShardings of a cache's L layers of keys (or values) for `rows` rows of `length` slots (the values'
-    and the scales' of an 8-bit cache)."""
-    cfg = self.cfg
-    shape = (rows, cfg.num_kv_heads, length, cfg.head_dim)
-    layer = self._sharding(CACHE_AXES, shape)
-    if kv_quant.is_quantized(self.kv_cache_dtype):
-      layer = QuantizedKV(values=layer, scale=self._sharding(CACHE_AXES[:3], shape[:3]))
-    return (layer,) * cfg.num_layers
+  # ----- layout and weights ------------------------------------------------------
 
   def decode_state_shardings(self) -> DecodeState:
-    """NamedShardings of the decode state: slots over the `cache_batch` rule, KV heads over tensor."""
-    cfg, slots, length = self.cfg, self._slots, self.cache_length
-    kv = self._kv_shardings(slots, length)
-    per_slot = self._sharding(("cache_batch",), (slots,))
-    return DecodeState(
-        cache=KVCache(k=kv, v=kv, mask=self._sharding(("cache_batch", "length"), (slots, length)), index=per_slot),
-        logits=self._sharding(("cache_batch", "vocab"), (slots, cfg.vocab_size)),
-        generated=per_slot, done=per_slot, key=NamedSharding(self._mesh, PartitionSpec()),
-        slot_keys=NamedSharding(self._mesh, PartitionSpec()), requests=NamedSharding(self._mesh, PartitionSpec()))
+    """NamedShardings of the decode state (`CacheLayout`)."""
+    return self.layout.decode_state_shardings()
 
   def compute_params(self, params: Any) -> Any:
-    """`params` in the engine's compute dtype (`rollout.dtype`), quantized with `quantization`, and laid out on
-    the engine's mesh.
-
-    The same arrays when they already are all three (the trainer's arrays,
-    read in place); else one copy, cast (and quantized) and resharded, made
-    once per rollout rather than once per decode call, so every decode step
-    reads compute-dtype (or 8-bit) weights (float32 master weights would
-    double a step's bytes) in the rollout's layout
-    (`rljax.rollout.factory.rollout_mesh`).
-    """
-    copier = self._copier(params)
-    if copier is None:
-      return params
-    if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
-      return abstract(jax.eval_shape(self.cast_impl, params), self._compute_shardings(params))
-    return copier(params)
-
-  def _compute_shardings(self, params: Any) -> Any:
-    """The NamedShardings of `params` as the engine computes with them (its mesh and rules; a quantized
-    weight's values and scales laid out by its axis names)."""
-    return rules_lib.param_shardings(jax.eval_shape(self.cast_impl, params), self._mesh, self.rules)
-
-  def _copier(self, params: Any) -> Callable[[Any], Any] | None:
-    """The jitted cast (and quantization) `params` need, or None when the engine computes with them as they are:
-    laid out and typed as it needs (quantized when it quantizes: what `compute_params` returned). The cast runs
-    in place on their devices when they already lie as the engine's rules lay them out and nothing is quantized,
-    else it reshards (`_resharder`)."""
-    dtype = jnp.dtype(self.cfg.dtype)
-    target = rules_lib.param_shardings(params, self._mesh, self.rules)
-    same_layout = all(x.sharding == s for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
-    leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    values = [v.get_value() if isinstance(v, nnx.Variable) else v for v in leaves]
-    quantized = [w for w in values if isinstance(w, weight_quant.QuantizedWeight)]
-    plain = [x for w in values if not isinstance(w, weight_quant.QuantizedWeight) for x in jax.tree.leaves(w)]
-    typed = (all(not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype) == dtype for x in plain)
-             and all(w.values.dtype == self.quantization and w.scale.dtype == dtype for w in quantized))
-    split = all(isinstance(w, PerLayer) for v, w in zip(leaves, values) if _is_expert_kernel(v))
-    if same_layout and typed and bool(quantized) == (self.quantization is not None) and split:
-      return None
-    if same_layout and self.quantization is None and not self.split_experts:
-      return self._cast
-    return self._resharder(params)
-
-  def _resharder(self, params: Any) -> Callable[[Any], Any]:
-    """The jitted cast-and-reshard of `params` (arrays or ShapeDtypeStructs) to the engine's layout
-    (`_compute_shardings`), made once per tree."""
-    key = jax.tree.structure(params)
-    if key not in self._reshards:
-      target = self._compute_shardings(params)
-      source = sorted(jax.tree.leaves(params)[0].sharding.device_set, key=lambda d: d.id)
-      if not set(source) & set(self._mesh.devices.flat):  # separate_async: the rollout's devices are its own
-        self._reshards[key] = SendCopy(target, self.cast_impl)
-      elif len(hosts.processes(source)) > 1 and len(hosts.processes(self._mesh.devices.flat)) == 1:
-        # a multi-process job's weights reach this host's engine mesh across the hosts, one array at a time
-        self._reshards[key] = hosts.HostLocalCopy(target, self.cast_impl, source)
-      else:
-        self._reshards[key] = jax.jit(self.cast_impl, out_shardings=target)
-    return self._reshards[key]
-
-  def weight_sync_steps(self, params: Any) -> list[tuple[Step, bool]]:
-    """The jitted copies that bring the trainer's weights (`params`: arrays or ShapeDtypeStructs with their
-    shardings) to the engine's dtype and layout once per rollout, in the order they run, each with whether its
-    output only feeds the next; none when the engine reads them in place. One for the whole tree (on devices of
-    the engine's own, the cast that precedes the device-to-device copy, `SendCopy`); on a host-local engine of a
-    multi-process job, two per array (`rljax.sharding.hosts.HostLocalCopy`)."""
-    params = abstract(params)
-    copier = self._copier(params)
-    if copier is None:
-      return []
-    if isinstance(copier, hosts.HostLocalCopy):
-      return [(Step("rollout_weights", fn, args), feeds) for fn, args, feeds in copier.programs(params)]
-    if isinstance(copier, SendCopy):  # the cast where the weights lie; the copy to the rollout's devices is no program
-      return [(Step("rollout_weights", copier.cast, (params,)), False)]
-    return [(Step("rollout_weights", copier, (params,)), False)]
-
-  def prefix_shardings(self, rows: int, bucket: int) -> Prefix:
-    """NamedShardings of a prefill's output for `rows` prompts of `bucket` tokens."""
-    cfg = self.cfg
-    kv = self._kv_shardings(rows, bucket)
-    per_row = self._sharding(("cache_batch",), (rows,))
-    experts = (self._sharding(("cache_batch", None, None, None), (rows, bucket, *cfg.routing_shape))
-               if self.record_routing else None)
-    return Prefix(cache=KVCache(k=kv, v=kv, mask=self._sharding(("cache_batch", "length"), (rows, bucket)),
-                                index=per_row),
-                  logits=self._sharding(("cache_batch", "vocab"), (rows, cfg.vocab_size)), experts=experts)
+    """`params` as decode calls read them: in place, or one cast (and quantized, resharded) copy
+    (`RolloutWeights.compute`)."""
+    return self.weights.compute(params)
 
   def prefill_fn(self, rows: int, bucket: int) -> Any:
     """The jitted prefill of `rows` prompts padded to `bucket`: (params, tokens, lengths) -> Prefix."""
     key = (rows, bucket)
     if key not in self._prefills:
       self._prefills[key] = jax.jit(_traced(self._mesh, self.rules, self._prefill_impl),
-                                    out_shardings=self.prefix_shardings(rows, bucket))
+                                    out_shardings=self.layout.prefix_shardings(rows, bucket))
     return self._prefills[key]
 
   def abstract_decode_state(self) -> DecodeState:
     """The decode state as ShapeDtypeStructs with its shardings (for lowering without allocating it)."""
-    return abstract(jax.eval_shape(self._empty_state), self.decode_state_shardings())
-
-  def _empty_state(self) -> DecodeState:
-    cfg, slots, length = self.cfg, self._slots, self.cache_length
-    return DecodeState(
-        cache=init_cache(cfg, slots, length, self.kv_cache_dtype),
-        logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
-        generated=jnp.zeros((slots,), jnp.int32),
-        done=jnp.ones((slots,), bool),
-        key=jax.random.key(self.seed),
-        slot_keys=jax.random.split(jax.random.key(self.seed), slots),
-        requests=jnp.zeros((), jnp.int32))
+    return abstract(jax.eval_shape(self.layout.empty_state), self.decode_state_shardings())
 
   def init_decode_state(self, *args, **kwargs) -> DecodeState:
     """Empty slots, all marked done; the cache is created on its devices."""
     del args, kwargs
-    return jax.jit(self._empty_state, out_shardings=self.decode_state_shardings())()
+    return jax.jit(self.layout.empty_state, out_shardings=self.decode_state_shardings())()
 
   # ----- prefill / insert / generate -----------------------------------------
 
@@ -502,7 +270,7 @@ class Engine:
     prompt's last token and only its logits are computed (no [N, bucket, V]).
     """
     n, bucket = tokens.shape
-    left, mask = _to_the_end(tokens, true_lengths)
+    left, mask = continuation.to_the_end(tokens, true_lengths)
     model = nnx.merge(self.graphdef, params)
     logits, cache, routing = model.step(left, init_cache(self.cfg, n, bucket, self.kv_cache_dtype),
                                         attention_mask=mask.astype(jnp.int32),
@@ -536,28 +304,10 @@ class Engine:
     """The jitted continuation of a `held`-slot prefix by `length` new tokens: (params, prefix, tokens, lengths) -> Prefix."""
     key = (rows, length, held)
     if key not in self._continue_prefills:
-      self._continue_prefills[key] = jax.jit(_traced(self._mesh, self.rules, self._continue_impl),
-                                             out_shardings=self.prefix_shardings(rows, held + length))
+      grow = functools.partial(continuation.continue_prefix, self.graphdef, self.record_routing)
+      self._continue_prefills[key] = jax.jit(_traced(self._mesh, self.rules, grow),
+                                             out_shardings=self.layout.prefix_shardings(rows, held + length))
     return self._continue_prefills[key]
-
-  def _continue_impl(self, params, prefix: Prefix, tokens: jax.Array, true_lengths: jax.Array) -> Prefix:
-    """prefix of N rows x H slots, tokens [N, T] right-padded, true_lengths [N] -> Prefix of N rows x (H + T).
-
-    The new tokens are rolled to the end of their chunk, so each row's last
-    position holds its last token and only its logits are computed; the
-    chunk's padding sits masked between the held tokens and the new ones.
-    """
-    length = tokens.shape[1]
-    left, mask = _to_the_end(tokens, true_lengths)
-    grow = lambda x: jnp.pad(x, [(0, length if axis == 2 else 0) for axis in range(x.ndim)])
-    held = prefix.cache
-    cache = KVCache(k=jax.tree.map(grow, held.k), v=jax.tree.map(grow, held.v),
-                    mask=jnp.pad(held.mask, ((0, 0), (0, length))), index=held.index)
-    model = nnx.merge(self.graphdef, params)
-    logits, cache, routing = model.step(left, cache, attention_mask=mask.astype(jnp.int32), last_only=True,
-                                        with_routing=True)
-    experts = (jnp.concatenate([prefix.experts, routing.experts], axis=1) if self.record_routing else None)
-    return Prefix(cache=cache, logits=logits[:, -1].astype(jnp.float32), experts=experts)
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, source: jax.Array, request_ids: jax.Array
                    ) -> DecodeState:
@@ -616,7 +366,7 @@ class Engine:
       ids = jnp.asarray(ids) + decode_state.requests
     else:
       ids[np.asarray(slots, np.int64)] = np.asarray(request_ids, np.int64)
-    return self._insert(prefix, decode_state, jnp.asarray(source), jnp.asarray(ids))
+    return self.insert_program(prefix, decode_state, jnp.asarray(source), jnp.asarray(ids))
 
   def _step(self, params, state: DecodeState, how: sampling.SamplingParams) -> tuple[DecodeState, StepOutput]:
     """Sample every active slot from its logits, then feed the sampled token."""
@@ -638,70 +388,9 @@ class Engine:
     return new_state, StepOutput(tokens=tokens, valid=active, log_probs=log_probs, generated=generated,
                                  experts=experts)
 
-  def _append_impl(self, params, state: DecodeState, tokens: jax.Array, lengths: jax.Array) -> DecodeState:
-    """Slot s takes tokens[s, :lengths[s]] after what its cache holds; slots with lengths[s] = 0 keep their state.
-
-    tokens [slots, T] right-padded, lengths [slots]. One model call over all
-    slots (the chunk's padding is written masked, and the write index then
-    moves past the real tokens only, so later tokens overwrite it); logits
-    come from each row's last new token only.
-    """
-    logits, cache, generated = self._continue_rows(params, state.cache, state.generated, tokens, lengths)
-    active = lengths > 0
-    return state._replace(cache=cache, logits=jnp.where(active[:, None], logits, state.logits), generated=generated,
-                          done=jnp.where(active, generated >= self.max_decode_length, state.done))
-
-  def _append_rows_impl(self, params, state: DecodeState, rows: jax.Array, tokens: jax.Array,
-                        lengths: jax.Array) -> DecodeState:
-    """The appending slots only: row r is slot rows[r] of its `cache_batch` shard (an index within the shard;
-    the shard's slot count for a padding row) and takes tokens[r, :lengths[r]].
-
-    rows [R], tokens [R, T], lengths [R], R split over the shards as the slots
-    are. Each shard copies its R / shards appending rows out of its cache (no
-    collective: indices are local), the model runs on those rows only, and
-    the rows go back in place (padding rows are dropped), so the cost scales
-    with the appending rows, not the slots.
-    """
-    specs = self.decode_state_shardings()
-    take = lambda x, sh: _take_rows(self._mesh, x, rows, sh.spec)
-    put = lambda x, new, sh: _put_rows(self._mesh, x, rows, new, sh.spec)
-    c, cs = state.cache, specs.cache
-    held = KVCache(k=jax.tree.map(take, c.k, cs.k), v=jax.tree.map(take, c.v, cs.v), mask=take(c.mask, cs.mask),
-                   index=take(c.index, cs.index))
-    logits, cache, generated = self._continue_rows(params, held, take(state.generated, specs.generated), tokens,
-                                                   lengths)
-    return state._replace(
-        cache=KVCache(k=jax.tree.map(put, c.k, cache.k, cs.k), v=jax.tree.map(put, c.v, cache.v, cs.v),
-                      mask=put(c.mask, cache.mask, cs.mask), index=put(c.index, cache.index, cs.index)),
-        logits=put(state.logits, logits, specs.logits), generated=put(state.generated, generated, specs.generated),
-        done=put(state.done, generated >= self.max_decode_length, specs.done))
-
-  def _continue_rows(self, params, cache: KVCache, generated: jax.Array, tokens: jax.Array, lengths: jax.Array
-                     ) -> tuple[jax.Array, KVCache, jax.Array]:
-    """Rows of `cache` continued by tokens[r, :lengths[r]] ([R, T] right-padded, lengths [R]) -> (logits [R, V]
-    after each row's last new token, the cache with them written and its write index past the real ones,
-    generated + lengths)."""
-    mask = jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]
-    model = nnx.merge(self.graphdef, params)
-    hidden, written = model.step_hidden(tokens, cache, attention_mask=mask.astype(jnp.int32))
-    last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)
-    logits = model.logits(last)[:, 0].astype(jnp.float32)
-    return logits, written._replace(index=cache.index + lengths), generated + lengths
-
-  def _most_rows_per_shard(self) -> int:
-    """The most rows per shard an append runs over alone (the largest power of two up to a quarter of a shard's
-    slots; 0: none): more run over all slots in place (about as cheap as copying that many rows out and back),
-    and no copy of the cache is made."""
-    quarter = (self._slots // self.slot_shards) // 4
-    return 1 << (quarter.bit_length() - 1) if quarter else 0
-
   def append_rows_per_shard(self, slots: Sequence[int]) -> int | None:
-    """Rows per shard an append of `slots` runs over (the smallest power of two holding the most appending slots
-    of one shard), or None when that is more than `_most_rows_per_shard`: the append then runs over all slots."""
-    local = self._slots // self.slot_shards
-    most = max(np.bincount(np.asarray(slots, np.int64) // local, minlength=self.slot_shards), default=0)
-    rows = 1 << max(0, int(most) - 1).bit_length()
-    return rows if rows <= self._most_rows_per_shard() else None
+    """Rows per shard an append of `slots` runs over, or None: over all slots (`CacheLayout`)."""
+    return self.layout.append_rows_per_shard(slots)
 
   def append(self, params: Any, decode_state: DecodeState, tokens: dict[int, Sequence[int]]) -> DecodeState:
     """Continues slots: slot s takes the ids tokens[s] after its cache's contents (the state is donated).
@@ -729,7 +418,7 @@ class Engine:
     if per_shard is None:
       rows, order = None, np.arange(self._slots)
     else:
-      rows, order = _rows_by_shard(sorted(tokens), self._slots // self.slot_shards, self.slot_shards, per_shard)
+      rows, order = rows_by_shard(sorted(tokens), self._slots // self.slot_shards, self.slot_shards, per_shard)
     chunk = np.zeros((len(order), width), np.int32)
     lengths = np.zeros((len(order),), np.int32)
     for r, slot in enumerate(order):
@@ -737,8 +426,8 @@ class Engine:
       chunk[r, :len(ids)] = ids
       lengths[r] = len(ids)
     if rows is None:
-      return self._append(params, decode_state, jnp.asarray(chunk), jnp.asarray(lengths))
-    return self._append_rows(params, decode_state, jnp.asarray(rows), jnp.asarray(chunk), jnp.asarray(lengths))
+      return self.append_program(params, decode_state, jnp.asarray(chunk), jnp.asarray(lengths))
+    return self.append_rows_program(params, decode_state, jnp.asarray(rows), jnp.asarray(chunk), jnp.asarray(lengths))
 
   def _generate_impl(self, params, state: DecodeState, steps: int,
                      how: sampling.SamplingParams) -> tuple[DecodeState, StepOutput]:
@@ -752,195 +441,26 @@ class Engine:
 
     `sampling_params` overrides the engine's (e.g. validation's val_kwargs).
     """
-    return self._generate(params, decode_state, steps, sampling_params or self.sampling_params)
+    return self.generate_program(params, decode_state, steps, sampling_params or self.sampling_params)
 
   def generate(self, params: Any, decode_state: DecodeState) -> tuple[DecodeState, Any]:
     """One decode step; returns JetStream `ResultTokens` (token, valid, length)."""
-    state, out = self._generate(params, decode_state, 1, self.sampling_params)
+    state, out = self.generate_program(params, decode_state, 1, self.sampling_params)
     data = jnp.stack([out.tokens[:, 0], out.valid[:, 0].astype(jnp.int32), out.generated[:, 0]], axis=1)
-    return state, ResultTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
+    return state, jetstream_adapter.ResultTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
                                samples_per_slot=1)
-
-  def lowering_steps(self, params: Any, steps_per_call: int = 1, how: sampling.SamplingParams | None = None,
-                     samples_per_prompt: int = 1, appending: int | None = None) -> list[Step]:
-    """The engine's jitted calls on abstract arguments, at the shapes a rollout uses.
-
-    Prefill at every bucket for a full refill (the prompts of
-    `max_concurrent_decodes` requests of `samples_per_prompt` samples each,
-    padded to a power of two rows as the sampler pads them), insertion
-    into every slot, the decode loop of
-    `steps_per_call` steps (what a rollout calls), and one decode step
-    (its HBM traffic is a step's), and an append at each of
-    `append_buckets` over all slots and over the rows of `appending` slots
-    spread over the shards (default: the most rows an append runs over
-    without running over all slots). `params` are arrays or ShapeDtypeStructs
-    with shardings, taken in the compute dtype as the sampler passes them
-    (`compute_params`).
-    """
-    how = how or self.sampling_params
-    # a full refill's requests span at most slots / n + 1 prompts
-    rows = 1 << max(0, (min(self._slots, -(-self._slots // samples_per_prompt) + 1) - 1).bit_length())
-    replicated = NamedSharding(self._mesh, PartitionSpec())
-    rows_sh = self._sharding(("batch",), (rows,))
-    params = self.compute_params(abstract(params))
-    state = self.abstract_decode_state()
-    out = []
-    for bucket in self.buckets:
-      tokens = jax.ShapeDtypeStruct((rows, bucket), jnp.int32, sharding=self._sharding(("batch", None), (rows, bucket)))
-      lengths = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=rows_sh)
-      out.append(Step(f"prefill[{rows}x{bucket}]", self.prefill_fn(rows, bucket), (params, tokens, lengths)))
-    prefix = abstract(jax.eval_shape(self._prefill_impl, params, tokens, lengths),
-                      self.prefix_shardings(rows, self.buckets[-1]))
-    source = jax.ShapeDtypeStruct((self._slots,), jnp.int32, sharding=replicated)
-    slots = self._slots
-    out.append(Step(f"insert[{rows} into {slots}]", self._insert, (prefix, state, source, source)))
-    out.append(Step(f"decode[{slots} slots x {steps_per_call}]", self._generate, (params, state, steps_per_call, how)))
-    if steps_per_call > 1:
-      out.append(Step(f"decode_step[{slots} slots]", self._generate, (params, state, 1, how)))
-    if appending is None:
-      per_shard = self._most_rows_per_shard() or None
-    else:
-      if appending < 1:
-        raise ValueError(f"appending={appending}: the appending slots must be 1 or more")
-      per_shard = self.append_rows_per_shard(range(0, slots, max(1, slots // appending))[:appending])
-    for width in self.append_buckets:
-      out.append(self.append_lowering(params, width))
-      if per_shard:
-        out.append(self.append_lowering(params, width, per_shard))
-    return out
-
-  def append_lowering(self, params: Any, width: int, per_shard: int | None = None) -> Step:
-    """The jitted append of a `width`-token chunk on abstract arguments (`params` as `lowering_steps` takes
-    them): over all slots, or over `per_shard` appending rows of each `cache_batch` shard."""
-    params, state = self.compute_params(abstract(params)), self.abstract_decode_state()
-    if per_shard is None:
-      rows, fn, args, name = self._slots, self._append, (), f"append[{self._slots} slots x {width}]"
-    else:
-      rows, fn = per_shard * self.slot_shards, self._append_rows
-      index = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=self._sharding(("cache_batch",), (rows,)))
-      args, name = (index,), f"append[{rows} of {self._slots} slots x {width}]"
-    chunk = jax.ShapeDtypeStruct((rows, width), jnp.int32, sharding=self._sharding(("cache_batch", None), (rows, width)))
-    lengths = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=self._sharding(("cache_batch",), (rows,)))
-    return Step(name, fn, (params, state, *args, chunk, lengths))
 
   # ----- tokenizer hooks --------------------------------------------------------
 
   def get_tokenizer(self) -> Any:
     """JetStream tokenizer metadata (the tokenizer object itself is `build_tokenizer`'s)."""
-    tokenizer_pb2 = jetstream_compat.import_quietly("jetstream.engine.tokenizer_pb2") if HAS_JETSTREAM else None
-    return {"path": "rljax"} if tokenizer_pb2 is None else tokenizer_pb2.TokenizerParameters(path="rljax")
+    return jetstream_adapter.tokenizer_metadata()
 
-  def build_tokenizer(self, metadata: Any = None) -> "JetStreamTokenizer":
+  def build_tokenizer(self, metadata: Any = None) -> jetstream_adapter.JetStreamTokenizer:
     del metadata
     if self.tokenizer is None:
       raise ValueError("this engine was built without a tokenizer; pass tokenizer= to Engine")
-    return JetStreamTokenizer(self.tokenizer, self.buckets, self.eos_ids)
-
-
-class JetStreamTokenizer:
-  """JetStream's tokenizer API over an rljax tokenizer (encode pads to a bucket)."""
-
-  def __init__(self, tokenizer: Any, buckets: Sequence[int], eos_ids: Sequence[int]):
-    self.tokenizer, self.buckets, self.eos_ids = tokenizer, tuple(buckets), tuple(eos_ids)
-
-  def encode(self, s: str, **kwargs) -> tuple[np.ndarray, int]:
-    """Token ids right-padded to the nearest bucket, and the true length."""
-    del kwargs
-    ids = list(self.tokenizer.encode(s))
-    return pad_to_bucket(ids, self.buckets, self.pad_id), len(ids)
-
-  def decode(self, token_ids: list[int], **kwargs) -> str:
-    del kwargs
-    return self.tokenizer.decode(token_ids)
-
-  @property
-  def pad_id(self) -> int:
-    pad = getattr(self.tokenizer, "pad_token_id", None)
-    return int(pad if pad is not None else self.eos_id)
-
-  @property
-  def eos_id(self) -> int:
-    return int(self.eos_ids[0]) if self.eos_ids else 0
-
-  @property
-  def bos_id(self) -> int:
-    bos = getattr(self.tokenizer, "bos_token_id", None)
-    return int(bos if bos is not None else self.pad_id)
-
-  @property
-  def stop_tokens(self) -> set[int]:
-    return set(self.eos_ids)
-
-
-def pad_to_bucket(ids: Sequence[int], buckets: Sequence[int], pad_id: int) -> np.ndarray:
-  """[len(ids)] -> [bucket] right-padded with pad_id."""
-  bucket = bucket_for(len(ids), buckets)
-  out = np.full((bucket,), pad_id, np.int32)
-  out[:len(ids)] = ids
-  return out
-
-
-def _to_the_end(tokens: jax.Array, true_lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """tokens [N, T] right-padded, true_lengths [N] -> (each row rolled so its tokens end at T, [N, T] bool mask of
-  them)."""
-  shift = tokens.shape[1] - true_lengths
-  rolled = jax.vmap(lambda row, k: jnp.roll(row, k))(tokens, shift)
-  return rolled, jnp.arange(tokens.shape[1])[None, :] >= shift[:, None]
-
-
-def _is_expert_kernel(var: Any) -> bool:
-  """Whether a state leaf is a stacked expert parameter (axis names `layers` first and `exp`)."""
-  return (isinstance(var, nnx.Variable) and rules_lib.param_names(var)[:1] == ("layers",)
-          and "exp" in rules_lib.param_names(var))
-
-
-def _split_experts(params: Any) -> Any:
-  """A parameter state with each stacked expert parameter held per layer (`PerLayer`; the rest as it is)."""
-
-  def one(var: Any) -> Any:
-    if not _is_expert_kernel(var) or isinstance(var.get_value(), PerLayer):
-      return var
-    return var.replace(split_layers(var.get_value()))
-
-  return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
-
-
-def _cast_floats(tree: Any, dtype: Any) -> Any:
-  """Every floating leaf of `tree` in `dtype` (elementwise: each keeps its sharding)."""
-  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
-
-
-def cache_length(length: int, attention_kernel: str) -> int:
-  """KV-cache slots for prompts and responses of `length` tokens: whole decode-kernel blocks under `pallas`."""
-  return -(-length // 128) * 128 if attention_kernel == "pallas" else length
-
-
-def _rows_by_shard(slots: Sequence[int], local: int, shards: int, per_shard: int) -> tuple[np.ndarray, np.ndarray]:
-  """(rows [shards * per_shard]: each appending slot's index within its shard of `local` slots, `local` for
-  padding; order: the slot each row is, -1 for padding), shard by shard as the slots are split."""
-  rows = np.full((shards, per_shard), local, np.int32)
-  order = np.full((shards, per_shard), -1, np.int64)
-  for shard in range(shards):
-    mine = [s for s in slots if s // local == shard]
-    rows[shard, :len(mine)] = np.asarray(mine, np.int64) - shard * local
-    order[shard, :len(mine)] = mine
-  return rows.reshape(-1), order.reshape(-1)
-
-
-def _take_rows(mesh: Mesh, x: jax.Array, rows: jax.Array, spec: PartitionSpec) -> jax.Array:
-  """x's rows `rows` [R] (indices within each shard of x's first axis; R split as that axis is) -> [R, ...] laid
-  out as x, gathered on each device from its own shard."""
-  lead = PartitionSpec(spec[0] if spec else None)
-  return jax.shard_map(lambda a, r: jnp.take(a, r, axis=0, mode="clip"), mesh=mesh, in_specs=(spec, lead),
-                       out_specs=spec, check_vma=False)(x, rows)
-
-
-def _put_rows(mesh: Mesh, x: jax.Array, rows: jax.Array, new: jax.Array, spec: PartitionSpec) -> jax.Array:
-  """x with its rows `rows` (indices within each shard, as `_take_rows` reads them) set to `new` [R, ...] in
-  place on each device; rows past a shard's end (padding) are dropped."""
-  lead = PartitionSpec(spec[0] if spec else None)
-  return jax.shard_map(lambda a, r, b: a.at[r].set(b, mode="drop"), mesh=mesh, in_specs=(spec, lead, spec),
-                       out_specs=spec, check_vma=False)(x, rows, new)
+    return jetstream_adapter.JetStreamTokenizer(self.tokenizer, self.buckets, self.eos_ids)
 
 
 def _traced(mesh: Mesh, rules: Any, fn, gather_weights: bool = True):

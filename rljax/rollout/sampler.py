@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from rljax.rollout import engine as engine_lib
+from rljax.rollout import decode_state, engine as engine_lib
 from rljax.rollout import sampling
 from rljax.rollout import stream as stream_lib
 
@@ -88,20 +88,17 @@ class RolloutSampler:
     self.pad_id = int(pad_id)
     self.steps_per_sync = max(1, min(int(steps_per_sync), engine.max_decode_length))
     self.free_cache = free_cache
-    self._state: engine_lib.DecodeState | None = None
+    self._state: decode_state.DecodeState | None = None
 
-  def _decode_state(self, key: jax.Array) -> engine_lib.DecodeState:
+  def _decode_state(self, key: jax.Array) -> decode_state.DecodeState:
     state = self._state if self._state is not None else self.engine.init_decode_state()
     self._state = None
     return state._replace(key=key)
 
-  def _prefill(self, params, prompts: Sequence[np.ndarray]) -> engine_lib.Prefix:
-    return stream_lib.prefill(self.engine, params, prompts, self.pad_id)
-
   def close(self) -> None:
     """Nothing to release (the multi-turn sampler stops its tool threads)."""
 
-  def open_stream(self, state: engine_lib.DecodeState | None = None,
+  def open_stream(self, state: decode_state.DecodeState | None = None,
                   sampling_params: sampling.SamplingParams | None = None) -> stream_lib.DecodeStream:
     """A decode stream over the engine's slots (in `state`, default the engine's empty one)."""
     return stream_lib.DecodeStream(self.engine, self.pad_id, self.steps_per_sync, state, sampling_params)

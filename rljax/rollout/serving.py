@@ -20,7 +20,8 @@ import threading
 from typing import Any
 
 from rljax.rollout import jetstream_compat
-from rljax.rollout.engine import Engine, ResultTokens
+from rljax.rollout.engine import Engine
+from rljax.rollout.jetstream_adapter import ResultTokens
 
 _CONSTRUCTION = threading.Lock()  # the driver's thread class is swapped in JetStream's module while one is built
 

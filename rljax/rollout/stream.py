@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.rollout import engine as engine_lib
+from rljax.rollout import decode_state, engine as engine_lib
 from rljax.rollout import sampling
 
 
@@ -68,10 +68,10 @@ def _power_of_two_at_least(n: int) -> int:
   return 1 << max(0, (n - 1).bit_length())
 
 
-def prefill(engine: engine_lib.Engine, params: Any, prompts: Sequence[np.ndarray], pad_id: int) -> engine_lib.Prefix:
+def prefill(engine: engine_lib.Engine, params: Any, prompts: Sequence[np.ndarray], pad_id: int) -> decode_state.Prefix:
   """The prefix of `prompts`, padded to a power of two rows and a length bucket (few compilations)."""
   rows = _power_of_two_at_least(len(prompts))
-  bucket = engine_lib.bucket_for(max(len(p) for p in prompts), engine.buckets)
+  bucket = decode_state.bucket_for(max(len(p) for p in prompts), engine.buckets)
   tokens = np.full((rows, bucket), pad_id, np.int32)
   lengths = np.ones((rows,), np.int32)
   for i, ids in enumerate(prompts):
@@ -84,7 +84,7 @@ class DecodeStream:
   """Requests through an engine's slots across calls (see the module docstring)."""
 
   def __init__(self, engine: engine_lib.Engine, pad_id: int, steps_per_sync: int,
-               state: engine_lib.DecodeState | None = None,
+               state: decode_state.DecodeState | None = None,
                sampling_params: sampling.SamplingParams | None = None):
     """Args:
       engine: the JetStream engine.

@@ -18,7 +18,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rljax import config as config_lib, sharding
-from rljax.compile import hlo, plan, report, topology
+from rljax.compile import engine_steps, hlo, plan, report, topology
 from rljax.models import weight_quant
 from rljax.models.layers import PerLayer
 from rljax.rl import remote
@@ -444,8 +444,8 @@ def test_an_append_of_8_of_256_slots_computes_and_reads_their_rows_only(model_di
   engine, params = run.engine, run.actor_params(state)
   assert (engine.max_concurrent_decodes, engine.slot_shards) == (256, 4)
   assert engine.append_rows_per_shard(range(0, 256, 32)) == 2
-  every, _ = plan.compile_step(plan.PlannedStep(engine.append_lowering(params, 16)), target.hbm_bytes)
-  planned = plan.PlannedStep(engine.append_lowering(params, 16, 2))
+  every, _ = plan.compile_step(plan.PlannedStep(engine_steps.append_step(engine, params, 16)), target.hbm_bytes)
+  planned = plan.PlannedStep(engine_steps.append_step(engine, params, 16, 2))
   few, compiled = plan.compile_step(planned, target.hbm_bytes)
   assert planned.step.name == "append[8 of 256 slots x 16]" and every.fits and few.fits
   assert few.loop_flops == pytest.approx(every.loop_flops * 8 / 256, rel=0.02)

@@ -205,7 +205,7 @@ def test_alias_resolution_names_the_package(monkeypatch):
 
 
 def test_layout_read_matches_full_transform():
-  layout = checkpoint.Layout(((3, 4), (5,)), (2, 0, 1))
+  layout = checkpoint.TensorLayout(((3, 4), (5,)), (2, 0, 1))
   hf = np.arange(60, dtype=np.float32).reshape(12, 5)
   full = hf.reshape(3, 4, 5).transpose(2, 0, 1)
   for index in [(slice(1, 3), slice(0, 2), slice(None)), (slice(None), slice(2, 3),

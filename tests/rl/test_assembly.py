@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rljax import rl, sharding
-from rljax.compile import plan
+from rljax.compile import engine_steps as engine_programs, plan
 from rljax.rl import assembly
 from rljax.rollout.sampler import RolloutSampler
 from tests.rl import tiny_run
@@ -23,12 +23,12 @@ def signatures(steps):
   return {s.name: (jax.tree.structure(s.args), [leaf(x) for x in jax.tree.leaves(s.args)]) for s in steps}
 
 
-def engine_steps(run, state):
+def rollout_steps(run, state):
   """The rollout's steps: its copy of the weights (here a cast and reshard to the tensor axis), then the engine's."""
-  copies = [step for step, _ in run.engine.weight_sync_steps(run.actor_params(state))]
-  return copies + run.engine.lowering_steps(run.actor_params(state),
-                                            RolloutSampler(run.engine, pad_id=0).steps_per_sync,
-                                            samples_per_prompt=run.layout.n)
+  copies = [step for step, _ in run.engine.weights.sync_steps(run.actor_params(state))]
+  return copies + engine_programs.engine_steps(run.engine, run.actor_params(state),
+                                                RolloutSampler(run.engine, pad_id=0).steps_per_sync,
+                                                samples_per_prompt=run.layout.n)
 
 
 @pytest.mark.slow
@@ -47,8 +47,8 @@ def test_one_build_for_the_trainer_and_compile_and_a_checkpoint_is_the_state_tre
     compiled, compiled_state = assembly.build_run(config, mesh, abstract=True, tokenizer=trainer.tokenizer,
                                                   batches_per_epoch=trainer.train_iter.batches_per_epoch)
     assert compiled.layout == run.layout and compiled.engine.eos_ids == run.engine.eos_ids
-    trained = signatures(run.compiled_steps() + list(engine_steps(run, state)))
-    assert trained == signatures(compiled.compiled_steps() + list(engine_steps(compiled, compiled_state)))
+    trained = signatures(run.compiled_steps() + list(rollout_steps(run, state)))
+    assert trained == signatures(compiled.compiled_steps() + list(rollout_steps(compiled, compiled_state)))
     assert signatures(item.step for item in plan.rl_steps(config, mesh)) == trained
     assert {"actor_update", "critic_update", "old_log_prob", "ref_log_prob", "values", "reward_model"} <= set(trained)
     assert any(name.startswith("decode_step") for name in trained) and "rollout_weights" in trained

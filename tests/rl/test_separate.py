@@ -133,7 +133,7 @@ def picked_tags(driver, steps):
 
 def test_a_threaded_driver_picks_what_an_inline_one_does_and_resumes_losing_and_repeating_nothing(scripted):
   engine, params = scripted
-  policy = streaming.Policy(groups=1, threshold=8, strategy="drop", ahead=2)
+  policy = streaming.StalenessPolicy(groups=1, threshold=8, strategy="drop", ahead=2)
   data = ("LS", "SS", "SL", "SS")
   every = sorted(f"{b}{letter}{r}" for b, kind in enumerate(data) for r, letter in enumerate(kind))
 

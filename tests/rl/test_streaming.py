@@ -65,7 +65,7 @@ def rollout(engine, policy, data, consumed=(), first_batch=0):
 
 def test_a_response_spanning_two_versions_records_each_tokens_version_and_log_prob(scripted):
   engine, params = scripted
-  stream = rollout(engine, streaming.Policy(groups=1, threshold=2, strategy="drop", ahead=1), batches("LS", "LS"))
+  stream = rollout(engine, streaming.StalenessPolicy(groups=1, threshold=2, strategy="drop", ahead=1), batches("LS", "LS"))
   picked = stream.next_groups(params[0], 0)
   assert list(picked.columns["tag"]) == ["0S1"] and picked.spans.tolist() == [1]  # the short one ends first
   assert picked.columns["raw_prompt_ids"].dtype == object and picked.columns["raw_prompt_ids"][0].tolist() == [0, 1]
@@ -130,7 +130,7 @@ def test_the_staleness_histogram_has_a_share_per_span_up_to_the_threshold():
 
 def test_drop_evicts_groups_past_the_threshold_and_wait_trains_them(scripted):
   engine, params = scripted
-  dropped = rollout(engine, streaming.Policy(groups=1, threshold=1, strategy="drop", ahead=1),
+  dropped = rollout(engine, streaming.StalenessPolicy(groups=1, threshold=1, strategy="drop", ahead=1),
                     batches("LS", "SS", "SS"))
   trained, evicted = [], 0
   for version in range(3):
@@ -142,7 +142,7 @@ def test_drop_evicts_groups_past_the_threshold_and_wait_trains_them(scripted):
   # at version 1, 0L0 (first sampled at 0) would span 2; at version 2, 1S1 (finished at 1, untrained)
   assert trained == ["0S1", "1S0", "2S0"] and evicted == 2
 
-  waited = rollout(engine, streaming.Policy(groups=1, threshold=2, strategy="wait", ahead=3), batches("LS", "SS"))
+  waited = rollout(engine, streaming.StalenessPolicy(groups=1, threshold=2, strategy="wait", ahead=3), batches("LS", "SS"))
   assert waited.policy.capacity == 2  # at most threshold batches untrained
   # version 1 waits for 0L0 (it would span 3 versions at version 2) although 1S0 finished first
   assert trained_until_the_end(waited, params, 0) == [["0S1"], ["0L0"], ["1S0"], ["1S1"]]
@@ -150,7 +150,7 @@ def test_drop_evicts_groups_past_the_threshold_and_wait_trains_them(scripted):
 
 def test_resuming_from_the_position_loses_and_repeats_no_prompt(scripted):
   engine, params = scripted
-  policy = streaming.Policy(groups=1, threshold=4, strategy="drop", ahead=1)
+  policy = streaming.StalenessPolicy(groups=1, threshold=4, strategy="drop", ahead=1)
   data = ("LS", "SS", "SL")
   whole = rollout(engine, policy, batches(*data))
   first = [list(whole.next_groups(params[v], v).columns["tag"]) for v in range(2)]
@@ -210,7 +210,7 @@ def test_dynamic_sampling_judges_each_group_as_it_ends_and_its_slots_go_to_the_n
     group.scores = f"scores of {judged[-1]}"  # what the trainer's judge leaves for the update
     return "L" in judged[-1]
 
-  policy = streaming.Policy(groups=1, threshold=8, strategy="drop", ahead=1)
+  policy = streaming.StalenessPolicy(groups=1, threshold=8, strategy="drop", ahead=1)
   data = ("SL", "SSL")
   stream = rollout(engine, policy, batches(*data))
   stream.keep = keep
@@ -250,7 +250,7 @@ def test_a_conversation_continues_across_an_update_and_its_tool_turn_is_masked(t
   ids, mask, columns = agent_tests.prompts(tok, 2, agents=["single_turn_agent", "tool_agent"])
   batch = {"input_ids": ids, "attention_mask": mask, **{k: np.asarray(v, object) for k, v in columns.items()}}
   pending = [batch]
-  stream = streaming.AsyncRollout(agent, streaming.Policy(groups=1, threshold=2, strategy="drop", ahead=1), 1, 0,
+  stream = streaming.AsyncRollout(agent, streaming.StalenessPolicy(groups=1, threshold=2, strategy="drop", ahead=1), 1, 0,
                                   batch_key=jax.random.key, data_position=lambda: "end",
                                   read_batch=lambda: (pending.pop(), "before0") if pending else None)
   try:

@@ -91,7 +91,7 @@ def test_a_few_appending_slots_are_continued_over_their_own_rows(family):
   tool = {1: np.array([9, 10, 11, 12, 13], np.int32), 6: np.array([40, 41], np.int32), 14: np.array([7, 8, 9], np.int32)}
   index = np.asarray(state.cache.index)
   state = engine.append(params, state, tool)
-  assert engine._append_rows._cache_size() == 1 and engine._append._cache_size() == 0  # pylint: disable=protected-access
+  assert engine.append_rows_program._cache_size() == 1 and engine.append_program._cache_size() == 0  # pylint: disable=protected-access
   np.testing.assert_array_equal(np.asarray(state.cache.index), index + [len(tool.get(s, ())) for s in range(16)])
   state, second = engine.generate_steps(params, state, 4)
   whole = [np.concatenate([rows[s], np.asarray(first.tokens[s]), tool[s]]) if s in tool else rows[s]
@@ -120,7 +120,7 @@ def test_an_int8_cache_decodes_appends_and_continues_as_the_full_precision_one(f
     state, second = engine.generate_steps(params, state, 3)
     state = engine.append(params, state, {s: [20 + s, 5] for s in range(12)})
     state, third = engine.generate_steps(params, state, 3)
-    assert engine._append_rows._cache_size() == engine._append._cache_size() == 1  # pylint: disable=protected-access
+    assert engine.append_rows_program._cache_size() == engine.append_program._cache_size() == 1  # pylint: disable=protected-access
     prefix = engine.prefill(params=params, padded_tokens=np.arange(3, 19, dtype=np.int32).reshape(2, 8),
                             true_length=np.array([5, 8], np.int32))
     prefix = engine.prefill(params=params, existing_prefix=prefix, padded_tokens=np.full((2, 8), 30, np.int32),

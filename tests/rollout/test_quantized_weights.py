@@ -108,7 +108,7 @@ def test_compute_params_reads_its_own_output_in_place(family):
                        rules=RULES, quantization=jnp.int8)
   compute = engine.compute_params(params)
   assert compute is not params and engine.compute_params(compute) is compute
-  assert engine.weight_sync_steps(compute) == [] and len(engine.weight_sync_steps(params)) == 1
+  assert engine.weights.sync_steps(compute) == [] and len(engine.weights.sync_steps(params)) == 1
   plain = make_engine(model, max_concurrent_decodes=4, prefill_buckets=(8,), max_decode_length=8, mesh=mesh,
                       rules=RULES)
   assert plain.compute_params(params) is params

@@ -233,8 +233,8 @@ def test_no_recompilation_within_a_bucket():
   # prompt lengths 1..8 and slot choices never add one; decode compiles once
   assert sorted(engine._prefills) == [(1, 8), (2, 8), (4, 8)]  # pylint: disable=protected-access
   assert all(fn._cache_size() == 1 for fn in engine._prefills.values())  # pylint: disable=protected-access
-  assert engine._insert._cache_size() == 3
-  assert engine._generate._cache_size() == 1
+  assert engine.insert_program._cache_size() == 3
+  assert engine.generate_program._cache_size() == 1
 
 
 def test_parameters_are_read_in_place_and_updates_are_seen():
@@ -275,7 +275,7 @@ def test_cpu_dot_library_rule():
 
 def decode_hlo(engine, params):
   """The compiled text of the engine's decode loop (one step)."""
-  return engine._generate.lower(params, engine.init_decode_state(), 1, engine.sampling_params).compile().as_text()  # pylint: disable=protected-access
+  return engine.generate_program.lower(params, engine.init_decode_state(), 1, engine.sampling_params).compile().as_text()  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize("slots,data,library,ynn", [
