@@ -39,9 +39,10 @@ pairs whose ends lie on different hosts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
-from typing import Iterator, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -98,9 +99,13 @@ class Computation:
   name: str
   instructions: list[Instruction]
   is_entry: bool = False
+  _table: dict[str, Instruction] | None = dataclasses.field(default=None, repr=False, compare=False)
 
   def by_name(self) -> dict[str, Instruction]:
-    return {i.name: i for i in self.instructions}
+    """name -> instruction (built once)."""
+    if self._table is None:
+      self._table = {i.name: i for i in self.instructions}
+    return self._table
 
 
 def shape_bytes(shape: str) -> int:
@@ -229,6 +234,50 @@ def _loop(inst: Instruction, computation: Computation,
     known = _KNOWN_TRIPS.search(inst.attributes)
     trips = int(known.group(1)) if known else None
   return (body.group(1) if body else None), trips
+
+
+# what one instruction contributes to a reading of the program: (instruction, its computation, how many times one
+# run of the program executes it, the enclosing loop bodies "/"-joined) -> a number
+Own = Callable[[Instruction, Computation, int, str], float]
+
+
+def fold(text_or_computations: str | dict[str, Computation], own: Own, enters: Callable[[Instruction], bool]) -> float:
+  """The one walk of a compiled program's call graph, from its entry, with loop trip counts: the sum of `own` over
+  every instruction it reaches.
+
+  A `while` enters its body, run its trip count times the loop (once when the
+  count is not read); a `conditional` enters every branch and counts the
+  costliest; any other instruction enters the computations it calls where
+  `enters(instruction)` (a fusion's body, a call, an async computation...).
+  The collective, HBM-traffic and FLOP readers are this walk with their own
+  `own` and `enters`.
+  """
+  computations = (parse(text_or_computations) if isinstance(text_or_computations, str)
+                  else text_or_computations)
+  entry = next((c.name for c in computations.values() if c.is_entry), None)
+  return _fold(computations, entry, own, enters, 1, (), "") if entry else 0.0
+
+
+def _fold(computations: dict[str, Computation], name: str, own: Own, enters: Callable[[Instruction], bool],
+          count: int, seen: tuple[str, ...], loops: str) -> float:
+  """`fold` from computation `name`, which one run executes `count` times inside `loops`."""
+  computation = computations.get(name)
+  if computation is None or name in seen:
+    return 0.0
+  seen = seen + (name,)
+  total = 0.0
+  for inst in computation.instructions:
+    total += own(inst, computation, count, loops)
+    if inst.opcode == "while":
+      body, trips = _loop(inst, computation, computations)
+      if body:
+        total += _fold(computations, body, own, enters, count * (1 if trips is None else trips), seen,
+                       f"{loops}/{body}")
+    elif inst.opcode == "conditional":  # one branch runs: the costliest
+      total += max([_fold(computations, c, own, enters, count, seen, loops) for c in inst.called()], default=0.0)
+    elif enters(inst):
+      total += sum(_fold(computations, c, own, enters, count, seen, loops) for c in inst.called())
+  return total
 
 
 @dataclasses.dataclass
@@ -372,34 +421,6 @@ def _collective_bytes(kind: str, inst: Instruction, computation: Computation) ->
   return inst.bytes * (n - 1) // n
 
 
-def _walk(computations: dict[str, Computation], name: str, count: int, seen: tuple[str, ...],
-          unknown_loops: list[str], loops: str = "") -> Iterator[Collective]:
-  """The collectives reachable from computation `name`; `loops` names the enclosing loop bodies."""
-  computation = computations.get(name)
-  if computation is None or name in seen:
-    return
-  seen = seen + (name,)
-  for inst in computation.instructions:
-    kind = _kind(inst, computation)
-    if kind is not None:
-      channel = re.search(r"channel_id=(\d+)", inst.attributes)
-      groups = re.search(r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\S+)", inst.attributes)
-      yield Collective(kind, _collective_bytes(kind, inst, computation), count, inst.op_name, inst.shape,
-                       f"{loops} {channel.group(1)} {groups.group(1) if groups else ''}" if channel else "",
-                       replica_groups(_start(inst, computation).attributes), _unit_bytes(kind, inst, computation))
-    called = inst.called()
-    if inst.opcode == "while":
-      body, trips = _loop(inst, computation, computations)
-      if trips is None:
-        unknown_loops.append(inst.name)
-      if body:
-        yield from _walk(computations, body, count * (1 if trips is None else trips), seen, unknown_loops,
-                         f"{loops}/{body}")
-      continue
-    for callee in called:
-      yield from _walk(computations, callee, count, seen, unknown_loops, loops)
-
-
 @dataclasses.dataclass
 class CollectiveSummary:
   """Bytes moved per device by each collective kind in one run of a program."""
@@ -413,16 +434,30 @@ class CollectiveSummary:
 
 
 def collectives(text: str) -> CollectiveSummary:
-  """Collectives of a compiled program's HLO text, loop iterations counted."""
+  """Collectives of a compiled program's HLO text, loop iterations counted (every branch of a conditional), each
+  channel once."""
   computations = parse(text)
-  entry = next((c.name for c in computations.values() if c.is_entry), None)
   unknown: list[str] = []
   found, channels = [], set()
-  for collective in (_walk(computations, entry, 1, (), unknown) if entry else ()):
-    if collective.channel and collective.channel in channels:
-      continue
-    channels.add(collective.channel)
-    found.append(collective)
+
+  def own(inst: Instruction, computation: Computation, count: int, loops: str) -> float:
+    if inst.opcode == "while" and _loop(inst, computation, computations)[1] is None:
+      unknown.append(inst.name)
+    kind = _kind(inst, computation)
+    if kind is None:
+      return 0.0
+    channel = re.search(r"channel_id=(\d+)", inst.attributes)
+    groups = re.search(r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\S+)", inst.attributes)
+    key = f"{loops} {channel.group(1)} {groups.group(1) if groups else ''}" if channel else ""
+    if key and key in channels:
+      return 0.0
+    channels.add(key)
+    found.append(Collective(kind, _collective_bytes(kind, inst, computation), count, inst.op_name, inst.shape, key,
+                            replica_groups(_start(inst, computation).attributes),
+                            _unit_bytes(kind, inst, computation)))
+    return 0.0
+
+  fold(computations, own, enters=lambda inst: True)
   by_kind = {k: 0 for k in KINDS}
   for c in found:
     by_kind[c.kind] += c.total
@@ -524,51 +559,34 @@ def _read_bytes(fused: Computation, index: int, full: int, computations: dict[st
   return min(taken, full)
 
 
-def _hbm_walk(computations: dict[str, Computation], name: str, count: int, seen: tuple[str, ...]) -> float:
-  computation = computations.get(name)
-  if computation is None or name in seen:
+def _traffic(computations: dict[str, Computation], inst: Instruction, computation: Computation, count: int,
+             loops: str = "") -> float:
+  """HBM bytes `inst` reads and writes, `count` times (`hbm_bytes`' rules; loops, calls and conditionals move
+  nothing themselves: the walk enters them)."""
+  del loops
+  if inst.opcode in _NO_TRAFFIC or inst.opcode.endswith("-done"):
     return 0.0
-  seen = seen + (name,)
   table = computation.by_name()
-  total = 0.0
-  for inst in computation.instructions:
-    if inst.opcode == "while":
-      body, trips = _loop(inst, computation, computations)
-      if body:
-        total += _hbm_walk(computations, body, count * (1 if trips is None else trips), seen)
+  if inst.opcode in _IN_PLACE:
+    return count * 2 * sum(hbm_shape_bytes(table[u].shape) for u in _updates(inst) if u in table)
+  if inst.opcode == "slice-start":  # an asynchronous slice reads its slice, not the whole operand
+    source = table.get(inst.operands[0]) if inst.operands else None
+    return count * max(0, shape_bytes(inst.shape) - (shape_bytes(source.shape) if source is not None else 0))
+  if inst.opcode in ("slice", "dynamic-slice", "gather"):  # reads what it takes, writes it
+    return count * 2 * hbm_shape_bytes(inst.shape)
+  fused = computations.get(inst.called()[0]) if inst.opcode == "fusion" and inst.called() else None
+  reads = 0
+  for index, operand in enumerate(inst.operands):
+    source = table.get(operand)
+    if source is None:
       continue
-    if inst.opcode == "call":
-      total += sum(_hbm_walk(computations, callee, count, seen) for callee in inst.called())
-      continue
-    if inst.opcode == "conditional":  # one branch runs: the costliest
-      total += max((_hbm_walk(computations, callee, count, seen) for callee in inst.called()), default=0.0)
-      continue
-    if inst.opcode in _NO_TRAFFIC or inst.opcode.endswith("-done"):
-      continue
-    if inst.opcode in _IN_PLACE:
-      total += count * 2 * sum(hbm_shape_bytes(table[u].shape) for u in _updates(inst) if u in table)
-      continue
-    if inst.opcode == "slice-start":  # an asynchronous slice reads its slice, not the whole operand
-      source = table.get(inst.operands[0]) if inst.operands else None
-      total += count * max(0, shape_bytes(inst.shape) - (shape_bytes(source.shape) if source is not None else 0))
-      continue
-    if inst.opcode in ("slice", "dynamic-slice", "gather"):  # reads what it takes, writes it
-      total += count * 2 * hbm_shape_bytes(inst.shape)
-      continue
-    fused = computations.get(inst.called()[0]) if inst.opcode == "fusion" and inst.called() else None
-    reads = 0
-    for index, operand in enumerate(inst.operands):
-      source = table.get(operand)
-      if source is None:
-        continue
-      full = hbm_shape_bytes(source.shape)
-      reads += _read_bytes(fused, index, full, computations) if fused is not None else full
-    writes = 0 if inst.opcode.endswith("-start") else hbm_shape_bytes(inst.shape)  # a -start's tuple aliases
-    if fused is not None and fused.instructions and _updates_a_parameter(fused.instructions[-1], fused):
-      inner = fused.by_name()
-      writes = sum(hbm_shape_bytes(inner[u].shape) for u in _updates(fused.instructions[-1]) if u in inner)
-    total += count * (reads + writes)
-  return total
+    full = hbm_shape_bytes(source.shape)
+    reads += _read_bytes(fused, index, full, computations) if fused is not None else full
+  writes = 0 if inst.opcode.endswith("-start") else hbm_shape_bytes(inst.shape)  # a -start's tuple aliases
+  if fused is not None and fused.instructions and _updates_a_parameter(fused.instructions[-1], fused):
+    inner = fused.by_name()
+    writes = sum(hbm_shape_bytes(inner[u].shape) for u in _updates(fused.instructions[-1]) if u in inner)
+  return count * (reads + writes)
 
 
 def hbm_bytes(text: str) -> float:
@@ -584,8 +602,7 @@ def hbm_bytes(text: str) -> float:
   a simulation.
   """
   computations = parse(text)
-  entry = next((c.name for c in computations.values() if c.is_entry), None)
-  return _hbm_walk(computations, entry, 1, ()) if entry else 0.0
+  return fold(computations, functools.partial(_traffic, computations), enters=lambda inst: inst.opcode == "call")
 
 
 
@@ -703,28 +720,14 @@ def instruction_flops(inst: Instruction, table: dict[str, Instruction]) -> int:
   return 0
 
 
-def _flops_of(computations: dict[str, Computation], name: str, memo: dict[str, float]) -> float:
-  """FLOPs of one run of computation `name` and what it calls, loop iterations counted (memoised by name)."""
-  if name in memo:
-    return memo[name]
-  memo[name] = 0.0
-  computation = computations.get(name)
-  if computation is None:
-    return 0.0
-  table = computation.by_name()
-  total = 0.0
-  for inst in computation.instructions:
-    if inst.opcode == "while":
-      body, trips = _loop(inst, computation, computations)
-      total += (1 if trips is None else trips) * (_flops_of(computations, body, memo) if body else 0.0)
-    elif inst.opcode == "conditional":  # one branch runs: the costliest
-      total += max((_flops_of(computations, c, memo) for c in inst.called()), default=0.0)
-    elif inst.opcode.endswith("-done") or inst.opcode == "async-update":  # their -start ran the computation
-      continue
-    else:
-      total += instruction_flops(inst, table) + sum(_flops_of(computations, c, memo) for c in inst.called())
-  memo[name] = total
-  return total
+def _instruction_flops(inst: Instruction, computation: Computation, count: int, loops: str = "") -> float:
+  """`instruction_flops` of `inst`, `count` times (an async op's -done and update run nothing: its -start did)."""
+  del loops
+  return 0.0 if _runs_nothing(inst) else count * instruction_flops(inst, computation.by_name())
+
+
+def _runs_nothing(inst: Instruction) -> bool:
+  return inst.opcode.endswith("-done") or inst.opcode == "async-update"
 
 
 def loop_flops(text: str) -> float:
@@ -743,6 +746,4 @@ def loop_flops(text: str) -> float:
   matmuls dominate a transformer step. Unlike `cost_analysis()["flops"]`,
   which counts a loop body once.
   """
-  computations = parse(text)
-  entry = next((c.name for c in computations.values() if c.is_entry), None)
-  return _flops_of(computations, entry, {}) if entry else 0.0
+  return fold(text, _instruction_flops, enters=lambda inst: not _runs_nothing(inst))
