@@ -13,7 +13,7 @@ from rljax import config as C
 from rljax import presets, sharding
 from rljax import train
 from rljax.config import mapping
-from rljax.rl import streaming
+from rljax.rl import staleness
 from rljax.config import mapping as config_mapping
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -533,13 +533,13 @@ def test_a_fully_async_recipe_launch_line_runs_as_colocate_async(caplog):
   assert (v1.trainer_mode, config.data.train_batch_size, config.trainer.total_training_steps) == ("colocate_async", 8, 8)
   assert v1.sampler.max_off_policy_threshold == mapping.UNBOUNDED_VERSIONS and config.trainer.test_freq == 3
   assert config.algorithm.rollout_correction.bypass_mode
-  policy = streaming.policy_of(config, 8)
-  assert (policy.capacity, policy.on_policy, streaming.streams_off_policy(config)) == (12, False, True)
+  policy = staleness.policy_of(config, 8)
+  assert (policy.capacity, policy.on_policy, staleness.streams_off_policy(config)) == (12, False, True)
   kept = resolved(experiment("grpo"), [*recipe, "algorithm.rollout_correction.bypass_mode=false"])
   assert not kept.algorithm.rollout_correction.bypass_mode
   on_policy = resolved(experiment("grpo"), ["async_training.staleness_threshold=0"])
   assert on_policy.data.train_batch_size == 4 * on_policy.actor_rollout_ref.actor.ppo_mini_batch_size
-  assert streaming.policy_of(on_policy, 4).on_policy and not streaming.streams_off_policy(on_policy)
+  assert staleness.policy_of(on_policy, 4).on_policy and not staleness.streams_off_policy(on_policy)
   assert resolved(experiment("grpo")).trainer.v1.trainer_mode == "sync"
   for overrides, match in (
       (["async_training.partial_rollout=false"], "partial_rollout=False: rljax continues in-flight responses"),

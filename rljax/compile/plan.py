@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from rljax.compile import engine_steps, report, topology
-from rljax.rl import assembly, run_models, streaming
+from rljax.rl import assembly, run_models, staleness
 from rljax.rollout.sampler import RolloutSampler
 from rljax.sharding import hosts, offload
 from rljax.sharding.placement import Step
@@ -88,14 +88,14 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
     rollout.append(PlannedStep(step, bound))
   planned += rollout
   trainer, second = _trainer_arrays(config, run, state), []
-  beside_stream = streaming.decodes_beside_the_stream(config)
+  beside_stream = staleness.decodes_beside_the_stream(config)
   if remote and beside_stream:
     planned += [PlannedStep(dataclasses.replace(step, name=f"validation_{step.name}"), ("param+cache", report.decode_minimum(
         run.engine.compute_params(actor_params), run.engine.abstract_decode_state())))
                 for step in engine_steps.engine_steps(run.engine, actor_params, sampler_steps,
                                                       samples_per_prompt=layout.n)
                 if step.name.startswith("decode_step")]
-  if streaming.policy_of(config, 1) is not None:  # colocate_async: the KV cache stays allocated across updates
+  if staleness.policy_of(config, 1) is not None:  # colocate_async: the KV cache stays allocated across updates
     cache = [x for x in jax.tree.leaves(engine.abstract_decode_state())
              if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)]  # its key: a few bytes
     trainer += cache
@@ -103,7 +103,7 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   if rollout_devices:
     # the rollout's devices hold no trainer array: the weight versions its schedule keeps (and, in one process,
     # the copy a validation or remax decode makes beside the stream), its cache (and that decode's)
-    copies = streaming.schedule_of(config).weight_versions + int(beside_stream and not remote)
+    copies = staleness.schedule_of(config).weight_versions + int(beside_stream and not remote)
     on_rollout = copies * jax.tree.leaves(rollout_params) + cache + second
     trainer = _trainer_arrays(config, run, state)
   for item in planned:

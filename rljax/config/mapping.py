@@ -224,7 +224,7 @@ def _map_fully_async(config: ConfigDict, explicit: set[str]) -> None:
   per sync. rljax's colocate_async step is one sync: data.train_batch_size = k x r x ppo_mini_batch_size
   prompts (the recipe reads no data.train_batch_size, and its data.gen_batch_size=1 is the prompt-by-prompt
   streaming colocate_async does: set to the step's prompts without dynamic sampling), generation runs
-  staleness_threshold of a step ahead (`rljax.rl.streaming.policy_of`), no version bound (`UNBOUNDED_VERSIONS`, unless
+  staleness_threshold of a step ahead (`rljax.rl.staleness.policy_of`), no version bound (`UNBOUNDED_VERSIONS`, unless
   trainer.v1.sampler.max_off_policy_threshold is set), and the recipe's own default
   algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs as the old ones) unless the line
   sets it.

@@ -29,7 +29,7 @@ from rljax import models, sharding
 from rljax.algos import kl as kl_lib
 from rljax.config.errors import ConfigError
 from rljax.models import lora as lora_lib
-from rljax.rl import reward_model as reward_model_lib, run_models, steps as steps_lib, streaming
+from rljax.rl import reward_model as reward_model_lib, run_models, staleness, steps as steps_lib
 from rljax.rl.layout import Layout, make_layout
 from rljax.rollout import factory as rollout_factory
 from rljax.rollout.engine import Engine
@@ -189,7 +189,7 @@ def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Me
             tokenizer: Any, rollout_devices: Sequence[jax.Device] = ()) -> Engine:
   """The rollout engine on the rollout's mesh (`rollout.tensor_model_parallel_size`) over the training mesh's
   devices, or `rollout_devices` (separate_async's own), with a slot for each response in flight at once on a host
-  (`streaming.rows_in_flight` of its share of the rows: a mesh over several hosts rolls out on each host's own
+  (`staleness.rows_in_flight` of its share of the rows: a mesh over several hosts rolls out on each host's own
   devices), at most rollout.max_num_seqs. A process that holds none of `rollout_devices` (a trainer process of
   `rljax.rl.remote`) gets the engine of the first process that does: every one's is alike."""
   arr = config.actor_rollout_ref
@@ -203,7 +203,7 @@ def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Me
   sharding.check_model_fits(rollout_mesh, model.cfg.num_heads, model.cfg.num_kv_heads,
                             "actor_rollout_ref.rollout.tensor_model_parallel_size", model.cfg.num_experts)
   host_rows = layout.rows // len(rolling)
-  slots = min(arr.rollout.max_num_seqs, streaming.rows_in_flight(config, host_rows, layout.n))
+  slots = min(arr.rollout.max_num_seqs, staleness.rows_in_flight(config, host_rows, layout.n))
   return rollout_factory.build_engine(
       model, arr.rollout, prompt_length=config.data.max_prompt_length, slots=slots,
       mesh=rollout_mesh, rules=rules, stop=rollout_factory.stop_ids(tokenizer, model.cfg),

@@ -15,14 +15,14 @@ process i // k's groups) exchange their messages alone:
   data on an engine over its own devices (`rljax.rl.separate`: the data, the
   engine, dynamic sampling's judge), as each host of a one-role job rolls
   out its own share, and sends each step's picked groups to its trainer
-  process through JAX's coordination service (`put`, `take`: a few MB of
-  tokens and scores per step), which trains them one rollout process's
-  after the other (`streaming.merged`); or, to k trainer processes, in k
-  equal parts (`streaming.split`);
+  process through JAX's coordination service (`rljax.rl.transport`: a few MB
+  of tokens and scores per step), which trains them one rollout process's
+  after the other (`merged`); or, to k trainer processes, in k
+  equal parts (`split`);
 * the trainer's processes update, validate and compute remax's baselines on
   an engine over their own mesh, checkpoint, log, and send the weights the
   schedule says to every rollout process device to device
-  (`CrossHostSend`): cast to rollout.dtype and laid out as each rollout
+  (`rljax.rl.cross_host_weights`): cast to rollout.dtype and laid out as each rollout
   process's engine lays them out (rollout processes' engine meshes stacked
   on a process axis, as many at a time as the trainer has devices for,
   `batches`), on as many of the trainer's devices, then `jax.device_put`
@@ -39,32 +39,28 @@ stops every other (`rljax.sharding.failures`; a rollout process's watchdog
 also closes what its rollout waits on). Each weight send is announced first,
 so each rollout process's receiving thread takes every version in order,
 between its decode chunks, whatever it decodes. Which weights decode which
-batch is `streaming.Schedule`'s, as in one process, so the run's metrics
+batch is `staleness.Schedule`'s, as in one process, so the run's metrics
 equal the one-process run's.
 """
 
 from __future__ import annotations
 
-import pickle
+import dataclasses
 import threading
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
 from ml_collections import ConfigDict
 
 from rljax import sharding
 from rljax.config.errors import ConfigError
-from rljax.rl import separate, streaming
-from rljax.rollout.engine import Engine
+from rljax.data import dataset
+from rljax.rl import separate, staleness, streaming
+from rljax.rl.cross_host_weights import CrossHostReceive
+from rljax.rl.transport import put, take
 from rljax.sharding import failures, hosts
-from rljax.sharding.placement import abstract
-
-_PREFIX = "rljax/separate"
-_CHUNK_BYTES = 16 << 20
-
 
 def roles(config: ConfigDict, devices: list[Any] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
   """(the trainer's processes, the rollout's) of a separate_async job on several processes; None otherwise.
@@ -111,26 +107,6 @@ def roles(config: ConfigDict, devices: list[Any] | None = None) -> tuple[tuple[i
   return tuple(trainer), tuple(rollout)
 
 
-# ----- messages through the coordination service ---------------------------------------------
-
-def _blocking_get(key: str) -> bytes:
-  """The value of `key` once set (waits as long as it takes: a lost process stops the job through JAX's
-  heartbeats, a failed one through `abort`).
-
-  Raises:
-    failures.PeerFailed: another process aborted.
-  """
-  while True:
-    try:
-      return failures.client().blocking_key_value_get_bytes(key, failures.WAIT_MS)
-    except Exception as error:  # pylint: disable=broad-except
-      if "DEADLINE_EXCEEDED" not in str(error):
-        raise
-    failed = failures.aborted()
-    if failed is not None:
-      raise failures.PeerFailed(failed)
-
-
 def served(trainers: int, rollouts: int) -> tuple[range, int, int]:
   """(the rollout processes, by their places in the rollout's role, whose groups this trainer process trains;
   its part of each one's groups; the parts each one's split into), of `rollouts` for `trainers` trainer
@@ -144,131 +120,74 @@ def served(trainers: int, rollouts: int) -> tuple[range, int, int]:
   return range(hosts.index() * per, (hosts.index() + 1) * per), 0, 1
 
 
-def _key(name: str, rollout: int | None) -> str:
-  """Message `name`'s key: a rollout process's (its place in its role; None: this process's own) and its
-  trainer process's."""
-  return f"{_PREFIX}/{hosts.index() if rollout is None else rollout}/{name}"
+# ----- one rollout process's picks to its trainer processes ------------------------------------
+
+def merged(picks: Sequence[streaming.Picked]) -> streaming.Picked:
+  """The groups of several `picks` (several rollout processes', for one trainer process) as one, in order:
+  columns, rows and spans concatenated, each row's group offset by the groups before it, the counts summed, the
+  samplers' measurements averaged, the latest epoch."""
+  if len(picks) == 1:
+    return picks[0]
+  first = picks[0]
+  offsets = np.cumsum([0] + [len(p.spans) for p in picks[:-1]])
+  columns = {k: _joined([p.columns[k] for p in picks]) for k in first.columns}
+  fields = {f.name: _joined([getattr(p.rollout, f.name) for p in picks]) for f in dataclasses.fields(first.rollout)}
+  fields["prompt_index"] = np.concatenate([p.rollout.prompt_index + o for p, o in zip(picks, offsets)])
+  rollout = dataclasses.replace(first.rollout, **fields)
+  epochs = [p.epoch for p in picks if p.epoch is not None]
+  return streaming.Picked(columns, rollout, np.concatenate([p.spans for p in picks]), first.version,
+                          sum(p.evicted for p in picks), sum(p.filtered for p in picks),
+                          None if any(p.scores is None for p in picks) else [s for p in picks for s in p.scores],
+                          max(epochs) if epochs else None)
 
 
-def put(name: str, value: Any, rollout: int | None = None) -> None:
-  """Sends `value` (picklable) as message `name` between rollout process `rollout` (None: this one) and its
-  trainer process."""
-  data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-  pieces = [data[i:i + _CHUNK_BYTES] for i in range(0, len(data), _CHUNK_BYTES)] or [b""]
-  for i, piece in enumerate(pieces):
-    failures.client().key_value_set_bytes(f"{_key(name, rollout)}/{i}", piece)
-  failures.client().key_value_set_bytes(f"{_key(name, rollout)}/pieces", str(len(pieces)).encode())
+def split(picked: streaming.Picked, parts: int) -> list[streaming.Picked]:
+  """`picked` (one rollout process's groups) as `parts` runs of as many groups, in order (one per trainer process
+  it serves; `merged` undoes it): columns, rows, spans and scores sliced, each row's group counted from its
+  run's first, the counts on the first run (each is summed over the hosts), the samplers' measurements on each.
+
+  Raises:
+    ValueError: its groups do not split into `parts` runs of as many.
+  """
+  groups = len(picked.spans)
+  if groups % parts:
+    raise ValueError(f"{groups} groups do not split into {parts} equal parts")
+  size, rows = groups // parts, len(picked.rollout.prompt_index) // max(groups, 1)
+  return [_part(picked, range(p * size, (p + 1) * size), rows, first=p == 0) for p in range(parts)]
 
 
-def take(name: str, rollout: int | None = None) -> Any:
-  """Message `name` between rollout process `rollout` (None: this one) and its trainer process, once the other
-  side sent it (and removes it)."""
-  pieces = int(_blocking_get(f"{_key(name, rollout)}/pieces").decode())
-  data = b"".join(_blocking_get(f"{_key(name, rollout)}/{i}") for i in range(pieces))
-  failures.client().key_value_delete(_key(name, rollout))  # and the keys under it
-  return pickle.loads(data)
+def _part(picked: streaming.Picked, groups: range, rows: int, first: bool) -> streaming.Picked:
+  """The groups `groups` of `picked` (each of `rows` rows) as a Picked of their own; `first`: it keeps the
+  counts."""
+  rollout = picked.rollout
+  fields = {f.name: _sliced(getattr(rollout, f.name), slice(groups.start * rows, groups.stop * rows))
+            for f in dataclasses.fields(rollout)}
+  fields["prompt_index"] = fields["prompt_index"] - groups.start
+  at = slice(groups.start, groups.stop)
+  columns = {k: _sliced(v, at) for k, v in picked.columns.items()}
+  return streaming.Picked(columns, dataclasses.replace(rollout, **fields), picked.spans[at], picked.version,
+                          picked.evicted if first else 0, picked.filtered if first else 0,
+                          None if picked.scores is None else picked.scores[at], picked.epoch)
 
 
-# ----- the weights, device to device --------------------------------------------------------
-
-def _layouts(sent: Any, trainer_devices: list[jax.Device], rollout_devices: list[jax.Device]) -> tuple[Any, Any]:
-  """(mirror, target) NamedShardings of `sent` (the weights as a rollout process's engine lays them out over its
-  own devices): the engine meshes of the rollout processes of `rollout_devices` stacked on a leading process
-  axis, each holding all of them (target), and the same layout over as many of the trainer's devices (mirror),
-  which a cross-host `jax.device_put` needs."""
-  engine_mesh = jax.tree.leaves(sent)[0].sharding.mesh
-  stacked = hosts.stacked_mesh(dict(engine_mesh.shape), rollout_devices)
-  mirror = Mesh(np.array(trainer_devices[:stacked.size]).reshape(stacked.devices.shape), stacked.axis_names)
-  return tuple(jax.tree.map(lambda x, m=m: NamedSharding(m, x.sharding.spec), sent) for m in (mirror, stacked))
+def _sliced(value: Any, at: slice) -> Any:
+  """Rows `at` of one host's field (arrays and lists sliced; measurements and None kept)."""
+  return value if value is None or isinstance(value, dict) else value[at]
 
 
-def batches(trainer_devices: list[jax.Device], rollout_devices: list[jax.Device]) -> list[list[jax.Device]]:
-  """The rollout's devices in runs of whole processes, in process order, each of as many devices as the trainer
-  has at most: a weight sync sends to one run after another (all at once where the trainer has as many
-  devices as the rollout)."""
-  owners = hosts.processes(rollout_devices)
-  fit = max(1, len(trainer_devices) // len(hosts.process_devices(owners[0], rollout_devices)))
-  return [[d for p in owners[i:i + fit] for d in hosts.process_devices(p, rollout_devices)]
-          for i in range(0, len(owners), fit)]
+def _joined(values: list[Any]) -> Any:
+  """Several hosts' values of one field, as one host's: arrays and lists concatenated (object arrays kept object
+  arrays), measurements (dicts of numbers) averaged, None kept."""
+  if values[0] is None:
+    return None
+  if isinstance(values[0], dict):
+    return {k: float(np.mean([v[k] for v in values])) for k in values[0]}
+  if isinstance(values[0], list):
+    return [x for v in values for x in v]
+  if values[0].dtype == object:
+    return dataset.object_array([x for v in values for x in v])
+  return np.concatenate(values)
 
-
-class CrossHostSend:
-  """The trainer's side of a weight sync: its weights -> cast and laid out as every rollout process's engine
-  computes with them, on as many of the trainer's devices, then sent to the rollout's devices (a run of
-  rollout processes at a time, `batches`)."""
-
-  def __init__(self, engine: Engine, params: Any, devices: list[jax.Device], rollout_devices: list[jax.Device]):
-    """Args:
-      engine: the engine of a rollout process (its mesh on that process's devices; every one's is alike).
-      params: the trainer's weights (arrays or ShapeDtypeStructs).
-      devices: the trainer's devices.
-      rollout_devices: the rollout's devices.
-    """
-    sent = engine.compute_params(abstract(params))
-    self._layouts = [_layouts(sent, devices, run) for run in batches(devices, rollout_devices)]
-    self._cast = jax.jit(engine.weights.cast_impl)
-    self._whole = NamedSharding(Mesh(np.array(devices), ("devices",)), jax.sharding.PartitionSpec())
-    self._direct = len(hosts.processes(devices)) == 1  # a device_put onto some of the devices works in one process
-
-  def _mirrored(self, x: jax.Array, mirror: NamedSharding) -> jax.Array:
-    """`x` (on the trainer's devices) laid out by `mirror` (on some of them). Where the trainer spans several
-    processes and the mirror only some of its devices, JAX refuses a `jax.device_put` between the two (a
-    multi-controller reshard keeps the device set): `x` is replicated over the trainer's devices instead (their
-    collectives, finished on every process before the next array's start) and each of the mirror's devices cuts
-    its shard from its own copy."""
-    if self._direct or mirror.mesh.devices.size == self._whole.mesh.devices.size:
-      return jax.device_put(x, mirror)
-    copies = jax.block_until_ready(jax.device_put(x, self._whole))
-    whole = {shard.device: shard.data for shard in copies.addressable_shards}
-    pieces = [whole[d][index] for d, index in mirror.addressable_devices_indices_map(x.shape).items()]
-    return jax.make_array_from_single_device_arrays(x.shape, mirror, pieces, dtype=x.dtype)
-
-  def __call__(self, params: Any) -> int:
-    """Sends `params` (the trainer's weights); the bytes sent (to each rollout process)."""
-    cast, local, laid_out = self._cast(params), None, None
-    for mirror, target in self._layouts:
-      if jax.tree.leaves(mirror) != laid_out:  # runs of as many processes share one copy
-        # one array at a time onto the mirror: on several trainer processes two reshards in flight can take
-        # their collectives in different orders on different hosts (`hosts.HostLocalCopy`)
-        local = jax.tree.map(lambda x, s: jax.block_until_ready(self._mirrored(x, s)), cast, mirror)
-        local = separate.copied(local, params)  # the next update donates what the send may still read
-        laid_out = jax.tree.leaves(mirror)
-      jax.device_put(local, target)
-    return sum(x.nbytes for x in jax.tree.leaves(local))
-
-
-class CrossHostReceive:
-  """A rollout process's side of a weight sync: its engine's weights, as the trainer's `CrossHostSend` sends them."""
-
-  def __init__(self, engine: Engine, params: Any, trainer_devices: list[jax.Device],
-               rollout_devices: list[jax.Device]):
-    """Args:
-      engine: this process's engine.
-      params: the trainer's weights, abstract (ShapeDtypeStructs on the trainer's devices).
-      trainer_devices, rollout_devices: the trainer's devices, the rollout's.
-    """
-    sent = engine.compute_params(params)
-    runs = batches(trainer_devices, rollout_devices)
-    self._mine = next(i for i, r in enumerate(runs) if jax.process_index() in hosts.processes(r))
-    self._transfers = []
-    for run in runs:
-      mirror, stacked = _layouts(sent, trainer_devices, run)
-      sources = jax.tree.map(lambda x, s: jax.make_array_from_single_device_arrays(x.shape, s, [], dtype=x.dtype),
-                             sent, mirror)
-      self._transfers.append((sources, stacked))
-    self._target = jax.tree.map(lambda x: x.sharding, sent)
-
-  def __call__(self) -> Any:
-    """The next weights the trainer sends (on this process's devices, once they arrive). Every rollout process
-    takes part in every run's transfer, as the trainer's processes do, so that each process numbers the
-    transfers alike (JAX pairs a cross-host transfer's two sides by their order)."""
-    arrived = [jax.device_put(sources, stacked) for sources, stacked in self._transfers][self._mine]
-    arrived = jax.block_until_ready(arrived)
-    return jax.tree.map(lambda x, s: jax.make_array_from_single_device_arrays(
-        x.shape, s, [shard.data for shard in x.addressable_shards]), arrived, self._target)
-
-
-# ----- the trainer's side ----------------------------------------------------------------------
 
 class RemoteRollout:
   """A trainer process's view of its rollout processes: a `separate.RolloutDriver`'s interface (weights out, each
@@ -276,14 +195,14 @@ class RemoteRollout:
   more processes than the rollout, each rollout process's first trainer process (part 0) starts, feeds and ends
   it, and every one takes its part of its groups."""
 
-  def __init__(self, send: Callable[[Any], int], schedule: streaming.Schedule, first_step: int, last_step: int,
+  def __init__(self, send: Callable[[Any], int], schedule: staleness.Schedule, first_step: int, last_step: int,
                starts: dict[int, dict[str, Any] | None], part: int = 0, parts: int = 1):
     """Args:
       send: the trainer's weights -> on the rollout's devices (`CrossHostSend`); the bytes sent.
       schedule: which weights each step's batch decodes under.
       first_step, last_step: the steps the rollout picks, first_step..last_step - 1.
       starts: the rollout processes this one trains the groups of (`served`), each with its stream's position at
-        first_step (`streaming.host_position`: a checkpoint's), or None from the data's start.
+        first_step (`positions.host_position`: a checkpoint's), or None from the data's start.
       part, parts: this process's part of each one's groups, split into `parts` (`served`).
     """
     self.send, self.schedule, self.first_step, self.last_step = send, schedule, first_step, last_step
@@ -332,7 +251,7 @@ class RemoteRollout:
     self._next_step += 1
     self._positions[self._next_step] = [position for _, _, position in messages]
     self._positions.pop(self._next_step - 2, None)
-    return streaming.merged([picked for _, picked, _ in messages])
+    return merged([picked for _, picked, _ in messages])
 
   def position(self, trained: int) -> list[dict[str, Any]]:
     """Each rollout process's stream position once `trained` steps are trained (sent with step trained - 1's
@@ -404,7 +323,7 @@ def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Calla
   try:
     with failures.Watchdog(stop):
       while step < driver.last_step:
-        picked, after = streaming.split(driver.pick(), len(parts)), position(step + 1)
+        picked, after = split(driver.pick(), len(parts)), position(step + 1)
         for part in parts:
           put(f"picked/{step}/{part}", ("picked", picked[part], after))
         step += 1
@@ -422,4 +341,4 @@ def serve(start: dict[str, Any], driver: separate.RolloutDriver, position: Calla
     raise RuntimeError(f"the rollout stopped:\n{failed[0]}")
 
 
-__all__ = ["CrossHostReceive", "CrossHostSend", "RemoteRollout", "batches", "put", "roles", "serve", "served", "take"]
+__all__ = ["RemoteRollout", "merged", "roles", "serve", "served", "split"]

@@ -12,7 +12,7 @@ Weights go to the rollout devices after every
 `trainer.v1.separate_async.parameter_sync_step`-th update, device to
 device: cast to rollout.dtype where they lie, then `jax.device_put` into the
 engine's layout (`rljax.rollout.weights.SendCopy`). Which weights decode a
-batch is fixed by `streaming.Schedule`, not by timing: the rollout waits for
+batch is fixed by `staleness.Schedule`, not by timing: the rollout waits for
 the version batch b is due to decode under (`WeightBox.take`), so a run is
 the same whatever the speeds of the two sides, and equal to colocate_async
 run with the same schedule (tests/rl/test_separate.py).
@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 import jax
 import jax.numpy as jnp
 
-from rljax.rl import streaming
+from rljax.rl import staleness, streaming
 
 
 class Closed(Exception):
@@ -148,7 +148,7 @@ def copied(sent: Any, params: Any) -> Any:
   return jax.tree.map(lambda x: jnp.copy(x) if id(x) in own else x, sent)
 
 
-def sends(schedule: streaming.Schedule, first_step: int, last_step: int, version: int) -> bool:
+def sends(schedule: staleness.Schedule, first_step: int, last_step: int, version: int) -> bool:
   """Whether the weights of policy `version` go to a rollout that picks steps first_step..last_step - 1 on
   `schedule`: those of the first step, and each later version some step decodes under."""
   due = version == first_step or (version > first_step and schedule.publishes(version))
@@ -163,7 +163,7 @@ class RolloutDriver:
   `next` picks its batch on the caller's thread. Either way the weights come from `publish`.
   """
 
-  def __init__(self, rollout: streaming.AsyncRollout, schedule: streaming.Schedule, first_step: int,
+  def __init__(self, rollout: streaming.AsyncRollout, schedule: staleness.Schedule, first_step: int,
                last_step: int, send: Callable[[Any], Any] | None, threaded: bool, epoch: Callable[[], int] = lambda: 0):
     """Args:
       rollout: the stream of groups (it must hold its weights between picks).

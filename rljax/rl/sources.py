@@ -27,7 +27,8 @@ from ml_collections import ConfigDict
 
 from rljax.algos import advantages as adv_lib
 from rljax.rewards import managers
-from rljax.rl import dynamic_sampling, remote, separate, streaming
+from rljax.rl import cross_host_weights, dynamic_sampling, positions, remote, separate, staleness, streaming
+from rljax.rl import transport
 from rljax.rl.experience import Experience
 from rljax.rl.profiling import timed
 from rljax.rl.scoring import Scorer, numeric_components
@@ -144,7 +145,7 @@ class SyncRollout:
 
   def resumed(self, state: Any, path: str) -> "SyncRollout":
     """This source from checkpoint `path`'s `state`: the data where it was."""
-    streaming.check_resumable(state.stream_position, False, path)
+    positions.check_resumable(state.stream_position, False, path)
     self.data.set_state(state.data_position)
     return self
 
@@ -209,14 +210,15 @@ class StreamedRollout:
     `DecodeStream` whose KV cache it reuses) or a new one; `state`: the run's (its step and data position)."""
     self.rollouts, self.data, self.parts = rollouts, data, parts
     config = rollouts.config
-    self.schedule = streaming.schedule_of(config)
+    self.schedule = staleness.schedule_of(config)
     self.separate = bool(parts.rollout_devices)
     self.batches = separate.StepTickets() if self.separate else data  # separate_async's rollout reads the data
     self._batch_state = data.get_state()
     if parts.roles is not None:  # a trainer process: the stream is its rollout processes'
-      send = remote.CrossHostSend(parts.rollout_engine, rollouts.params(), parts.mesh_devices, parts.rollout_devices)
+      send = cross_host_weights.CrossHostSend(parts.rollout_engine, rollouts.params(), parts.mesh_devices,
+                                              parts.rollout_devices)
       served, part, count = remote.served(*map(len, parts.roles))
-      starts = {j: streaming.host_position(position, state.data_position, j, len(parts.roles[1])) for j in served}
+      starts = {j: positions.host_position(position, state.data_position, j, len(parts.roles[1])) for j in served}
       self.stream = self.driver = remote.RemoteRollout(send, self.schedule, state.step, parts.total_steps, starts,
                                                        part, count)
       return
@@ -249,7 +251,7 @@ class StreamedRollout:
     if hosts.process_total(ended):  # every host stops where one's data ends (none waits for the others)
       raise training_loop.DataExhausted()
     config = self.rollouts.config
-    step_metrics.update(streaming.off_policy_metrics(picked, int(config.trainer.v1.sampler.max_off_policy_threshold)))
+    step_metrics.update(staleness.off_policy_metrics(picked, int(config.trainer.v1.sampler.max_off_policy_threshold)))
     if picked.epoch is not None:  # the rollout thread's, when it picked them
       step_metrics["training/epoch"] = float(picked.epoch)
     if config.algorithm.filter_groups.enable:
@@ -273,18 +275,18 @@ class StreamedRollout:
     position is where a resumed run finds its first untrained prompt)."""
     mine = self.stream.position(step)  # this host's, or (on a trainer process) the rollout processes' it leads'
     every = [p for host in hosts.process_objects(mine if isinstance(mine, list) else [mine]) for p in host]
-    data_position, stream_position = streaming.stored_position(every)
+    data_position, stream_position = positions.stored_position(every)
     return {"data_position": data_position, "stream_position": stream_position}
 
   def resumed(self, state: Any, path: str) -> "StreamedRollout":
     """The stream from checkpoint `path`'s `state`: what this one generated is cancelled and generated again
     from the checkpoint's position."""
-    streaming.check_resumable(state.stream_position, True, path)
+    positions.check_resumable(state.stream_position, True, path)
     self._stop()
     if self.parts.roles is not None:
       self.data.set_state(state.data_position)
       return StreamedRollout(self.rollouts, self.data, self.parts, state, state.stream_position)
-    position = streaming.host_position(state.stream_position, state.data_position, hosts.index(), hosts.count())
+    position = positions.host_position(state.stream_position, state.data_position, hosts.index(), hosts.count())
     self.data.set_state(position["data_state"] if position else state.data_position)
     return StreamedRollout(self.rollouts, self.data, self.parts, state, position, self.stream.stream)
 
@@ -323,7 +325,7 @@ def local_stream(rollouts: Rollouts, data: Any, step: int, position: dict[str, A
       return None
 
   return streaming.AsyncRollout(
-      rollouts.sampler, streaming.policy_of(config, groups), rollouts.n, first_request(groups, rollouts.n),
+      rollouts.sampler, staleness.policy_of(config, groups), rollouts.n, first_request(groups, rollouts.n),
       batch_key=lambda index: rollouts.keys.at(index, Draw.ROLLOUT), read_batch=read_batch,
       data_position=data.get_state, first_batch=position.get("batch", step), consumed=position.get("consumed", ()),
       keep=functools.partial(keeps, rollouts) if filtering.enable else None, most_judged=max(most_judged, 0),
@@ -347,7 +349,7 @@ def make_source(rollouts: Rollouts, data: Any, parts: StreamParts, state: Any) -
   """The config's rollout mode's source: streamed under colocate_async and separate_async, else sync (in rounds
   under dynamic sampling)."""
   config = rollouts.config
-  if streaming.policy_of(config, config.data.train_batch_size // hosts.count()) is not None:
+  if staleness.policy_of(config, config.data.train_batch_size // hosts.count()) is not None:
     rollouts.sampler.free_cache = True  # the stream holds the engine's cache; validation and remax free theirs
     return StreamedRollout(rollouts, data, parts, state)
   if config.algorithm.filter_groups.enable:
@@ -358,18 +360,18 @@ def make_source(rollouts: Rollouts, data: Any, parts: StreamParts, state: Any) -
 def serve_rollout(rollouts: Rollouts, data: Any, parts: StreamParts, state: Any, engine: Any) -> None:
   """A rollout process's run (`remote.serve`): the stream from where its (first) trainer process starts it, its
   picks sent to its trainer processes, until the trainer ends it; `engine`: the one its weights arrive in."""
-  start = remote.take("start")
+  start = transport.take("start")
   if start is None:  # the trainer trains no step
     return
   position = start["position"]  # this process's own (its data position under "data_state")
   if position is not None and position["data_state"] is not None:
     data.set_state(position["data_state"])
   step = start["first_step"]
-  schedule = streaming.schedule_of(rollouts.config)
+  schedule = staleness.schedule_of(rollouts.config)
   stream = local_stream(rollouts, data, step, position, holds_weights=True)
   driver = separate.RolloutDriver(stream, schedule, step, parts.total_steps, None, threaded=False,
                                   epoch=lambda: data.epoch)
-  receive = remote.CrossHostReceive(engine, rollouts.params(), parts.mesh_devices, parts.rollout_devices)
+  receive = cross_host_weights.CrossHostReceive(engine, rollouts.params(), parts.mesh_devices, parts.rollout_devices)
   with training_loop.PreemptionGuard():  # preempted, the trainer saves after its step, then ends the rollout
     remote.serve(start, driver, stream.position, receive)
 

@@ -32,7 +32,7 @@ from rljax.models import moe
 from rljax.sharding import offload, rules as rules_lib
 from rljax.sharding.placement import Step, abstract, gradient_compiler_options, key_struct, shardings_of
 from rljax.training.updates import accumulate_gradients, apply_gradients, traced_in, training_model
-from rljax.rl import experience as experience_lib, packing, streaming
+from rljax.rl import experience as experience_lib, packing, staleness
 from rljax.rl.experience import MODEL_FIELDS, Experience
 from rljax.rl.layout import Layout
 from rljax.rl.sequences import response_log_probs
@@ -283,7 +283,7 @@ def on_policy(config: ConfigDict, layout: Layout, lora_dropout: bool) -> bool:
   corr = alg.rollout_correction
   return (arr.actor.ppo_epochs == 1 and layout.minis == 1 and not alg.use_kl_in_reward
           and not (corr.rollout_is or corr.rollout_rs) and not corr.bypass_mode and not lora_dropout
-          and not streaming.streams_off_policy(config) and not arr.rollout.get("quantization"))
+          and not staleness.streams_off_policy(config) and not arr.rollout.get("quantization"))
 
 
 def uses_critic(config: ConfigDict) -> bool:

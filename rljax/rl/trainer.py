@@ -55,7 +55,7 @@ from ml_collections import ConfigDict
 from rljax import config as config_lib
 from rljax import data as data_lib
 from rljax import models, rewards, sharding
-from rljax.rl import assembly, metrics as metrics_lib, profiling, remote, scoring, sources, stages, streaming
+from rljax.rl import assembly, metrics as metrics_lib, profiling, remote, scoring, sources, stages, staleness
 from rljax.rl.profiling import timed
 from rljax.rl.scoring import Scorer
 from rljax.rollout import SamplingParams, factory as rollout_factory
@@ -86,7 +86,7 @@ def check_job(config: ConfigDict) -> None:
         "trainer's devices beside its update", "set trainer.v1.trainer_mode=colocate_async, or score with a reward "
         "function (custom_reward_function.path)")
   if (processes > 1 and config.algorithm.filter_groups.enable and config.reward_model.enable
-      and streaming.policy_of(config, 1) is not None):
+      and staleness.policy_of(config, 1) is not None):
     raise config_lib.ConfigError(
         "algorithm.filter_groups.enable", True, f"with a reward model under trainer.v1.trainer_mode=colocate_async "
         f"on {processes} processes: each host judges its groups as they finish, and the reward model's forward "

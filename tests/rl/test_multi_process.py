@@ -419,8 +419,8 @@ def failing(call):
   return fails
 
 
-remote.CrossHostSend.__call__ = failing(remote.CrossHostSend.__call__)
-remote.CrossHostReceive.__call__ = failing(remote.CrossHostReceive.__call__)
+cross_host_weights.CrossHostSend.__call__ = failing(cross_host_weights.CrossHostSend.__call__)
+cross_host_weights.CrossHostReceive.__call__ = failing(cross_host_weights.CrossHostReceive.__call__)
 sys.argv[0] = "rljax.train"
 runpy.run_module("rljax.train", run_name="__main__", alter_sys=True)
 """

@@ -11,12 +11,12 @@ import pytest
 
 from rljax import rl, sharding
 from rljax.config import ConfigError
-from rljax.rl import remote, separate, streaming
+from rljax.rl import cross_host_weights, remote, separate, staleness, streaming
 from tests.rl import tiny_run
 from tests.rl.test_dynamic_sampling import SCORE_BY_TEXT
 from tests.rl.test_streaming import batches, rollout, scripted, tok  # noqa: F401  (fixtures)
 
-SCHEDULE = streaming.Schedule(sync_every=2, lag=1)
+SCHEDULE = staleness.Schedule(sync_every=2, lag=1)
 
 
 def trained(config, mesh):
@@ -44,13 +44,13 @@ def test_separate_async_on_four_devices_equals_colocate_async_on_the_same_schedu
   config = tiny_run.run_config("dapo", model_dir, data_dir, str(tmp_path / "separate"), *common,
                                "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
                                "actor_rollout_ref.rollout.n_gpus_per_node=4")
-  assert streaming.schedule_of(config) == SCHEDULE
+  assert staleness.schedule_of(config) == SCHEDULE
   mesh = sharding.make_mesh(config)
   assert list(mesh.devices.flat) == jax.devices()[:4]
   apart = trained(config, mesh)
   config = tiny_run.run_config("dapo", model_dir, data_dir, str(tmp_path / "colocated"), *common,
                                "trainer.v1.trainer_mode=colocate_async")
-  monkeypatch.setattr(streaming, "schedule_of", lambda config: SCHEDULE)  # the same schedule, on one mesh
+  monkeypatch.setattr(staleness, "schedule_of", lambda config: SCHEDULE)  # the same schedule, on one mesh
   together = trained(config, sharding.make_mesh(config, jax.devices()[:4]))
   drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/"))}
   assert [drop(m) for m in apart] == [drop(m) for m in together] and len(apart) == 4
@@ -113,9 +113,9 @@ def test_a_weight_sync_sends_to_as_many_rollout_processes_at_once_as_the_trainer
   device = collections.namedtuple("Device", "id process_index")
   rollout = [device(i, 1 + i // 2) for i in range(6)]  # 3 processes of 2 devices
   ids = lambda runs: [[d.id for d in run] for run in runs]  # noqa: E731
-  assert ids(remote.batches([device(10 + i, 0) for i in range(2)], rollout)) == [[0, 1], [2, 3], [4, 5]]
-  assert ids(remote.batches([device(10 + i, 0) for i in range(5)], rollout)) == [[0, 1, 2, 3], [4, 5]]
-  assert ids(remote.batches([device(10 + i, 0) for i in range(6)], rollout)) == [[0, 1, 2, 3, 4, 5]]
+  assert ids(cross_host_weights.batches([device(10 + i, 0) for i in range(2)], rollout)) == [[0, 1], [2, 3], [4, 5]]
+  assert ids(cross_host_weights.batches([device(10 + i, 0) for i in range(5)], rollout)) == [[0, 1, 2, 3], [4, 5]]
+  assert ids(cross_host_weights.batches([device(10 + i, 0) for i in range(6)], rollout)) == [[0, 1, 2, 3, 4, 5]]
 
 
 @pytest.mark.parametrize("trainers, rollouts, index, expected", [
@@ -133,7 +133,7 @@ def picked_tags(driver, steps):
 
 def test_a_threaded_driver_picks_what_an_inline_one_does_and_resumes_losing_and_repeating_nothing(scripted):
   engine, params = scripted
-  policy = streaming.StalenessPolicy(groups=1, threshold=8, strategy="drop", ahead=2)
+  policy = staleness.StalenessPolicy(groups=1, threshold=8, strategy="drop", ahead=2)
   data = ("LS", "SS", "SL", "SS")
   every = sorted(f"{b}{letter}{r}" for b, kind in enumerate(data) for r, letter in enumerate(kind))
 

@@ -8,7 +8,7 @@ from flax import nnx
 
 from rljax.config import ConfigError
 from rljax.data.dataset import object_array
-from rljax.rl import streaming
+from rljax.rl import positions, remote, staleness, streaming
 from rljax.rollout import SamplingParams, make_engine
 from rljax.rollout import Rollout, RolloutSampler
 from tests.rl import tiny_run
@@ -65,13 +65,13 @@ def rollout(engine, policy, data, consumed=(), first_batch=0):
 
 def test_a_response_spanning_two_versions_records_each_tokens_version_and_log_prob(scripted):
   engine, params = scripted
-  stream = rollout(engine, streaming.StalenessPolicy(groups=1, threshold=2, strategy="drop", ahead=1), batches("LS", "LS"))
+  stream = rollout(engine, staleness.StalenessPolicy(groups=1, threshold=2, strategy="drop", ahead=1), batches("LS", "LS"))
   picked = stream.next_groups(params[0], 0)
   assert list(picked.columns["tag"]) == ["0S1"] and picked.spans.tolist() == [1]  # the short one ends first
   assert picked.columns["raw_prompt_ids"].dtype == object and picked.columns["raw_prompt_ids"][0].tolist() == [0, 1]
   assert picked.scores is None  # no judge: the update scores its groups
   picked = stream.next_groups(params[1], 1)
-  second, metrics = picked.rollout, streaming.off_policy_metrics(picked, threshold=2)
+  second, metrics = picked.rollout, staleness.off_policy_metrics(picked, threshold=2)
   assert list(picked.columns["tag"]) == ["0L0"]
   # one chunk of 4 tokens under version 0, and the 5th from the logits version 0 left; then version 1's
   np.testing.assert_array_equal(second.versions, [[0] * 5 + [1] * 7] * 2)
@@ -120,17 +120,17 @@ def test_a_request_takes_the_lowest_free_slot_whatever_ended_first(scripted):
 def test_the_staleness_histogram_has_a_share_per_span_up_to_the_threshold():
   span = np.asarray([1, 1, 2, 3, 8, 12], np.float32)
   name = "off_policy/staleness/frac_{}".format
-  assert streaming.staleness_histogram(span[:4], 3) == {name(1): 0.5, name(2): 0.25, name("3_or_more"): 0.25}
-  assert streaming.staleness_histogram(span[:2], 1) == {name("1_or_more"): 1.0}
+  assert staleness.staleness_histogram(span[:4], 3) == {name(1): 0.5, name(2): 0.25, name("3_or_more"): 0.25}
+  assert staleness.staleness_histogram(span[:2], 1) == {name("1_or_more"): 1.0}
   for threshold in (8, 16):  # 8 shares at most: the names do not change past 8
-    wide = streaming.staleness_histogram(span, threshold)
+    wide = staleness.staleness_histogram(span, threshold)
     assert list(wide) == [name(s) for s in range(1, 8)] + [name("8_or_more")]
     assert wide[name("8_or_more")] == pytest.approx(2 / 6) and sum(wide.values()) == pytest.approx(1)
 
 
 def test_drop_evicts_groups_past_the_threshold_and_wait_trains_them(scripted):
   engine, params = scripted
-  dropped = rollout(engine, streaming.StalenessPolicy(groups=1, threshold=1, strategy="drop", ahead=1),
+  dropped = rollout(engine, staleness.StalenessPolicy(groups=1, threshold=1, strategy="drop", ahead=1),
                     batches("LS", "SS", "SS"))
   trained, evicted = [], 0
   for version in range(3):
@@ -142,7 +142,7 @@ def test_drop_evicts_groups_past_the_threshold_and_wait_trains_them(scripted):
   # at version 1, 0L0 (first sampled at 0) would span 2; at version 2, 1S1 (finished at 1, untrained)
   assert trained == ["0S1", "1S0", "2S0"] and evicted == 2
 
-  waited = rollout(engine, streaming.StalenessPolicy(groups=1, threshold=2, strategy="wait", ahead=3), batches("LS", "SS"))
+  waited = rollout(engine, staleness.StalenessPolicy(groups=1, threshold=2, strategy="wait", ahead=3), batches("LS", "SS"))
   assert waited.policy.capacity == 2  # at most threshold batches untrained
   # version 1 waits for 0L0 (it would span 3 versions at version 2) although 1S0 finished first
   assert trained_until_the_end(waited, params, 0) == [["0S1"], ["0L0"], ["1S0"], ["1S1"]]
@@ -150,7 +150,7 @@ def test_drop_evicts_groups_past_the_threshold_and_wait_trains_them(scripted):
 
 def test_resuming_from_the_position_loses_and_repeats_no_prompt(scripted):
   engine, params = scripted
-  policy = streaming.StalenessPolicy(groups=1, threshold=4, strategy="drop", ahead=1)
+  policy = staleness.StalenessPolicy(groups=1, threshold=4, strategy="drop", ahead=1)
   data = ("LS", "SS", "SL")
   whole = rollout(engine, policy, batches(*data))
   first = [list(whole.next_groups(params[v], v).columns["tag"]) for v in range(2)]
@@ -162,11 +162,11 @@ def test_resuming_from_the_position_loses_and_repeats_no_prompt(scripted):
                                 params, 2)
   every = sorted(f"{b}{letter}{r}" for b, kind in enumerate(data) for r, letter in enumerate(kind))
   assert sorted(sum(first + rest, [])) == every and sorted(sum(first + again, [])) == every
-  streaming.check_resumable(position, True, "ckpt")
-  streaming.check_resumable({"data_state": "before1", "batch": 1, "consumed": []}, False, "ckpt")
+  positions.check_resumable(position, True, "ckpt")
+  positions.check_resumable({"data_state": "before1", "batch": 1, "consumed": []}, False, "ckpt")
   with pytest.raises(ConfigError, match=r"trainer.v1.trainer_mode='sync': the checkpoint ckpt was written under "
                                         r"colocate_async, which had trained 2 prompt\(s\) past its data position"):
-    streaming.check_resumable(position, False, "ckpt")
+    positions.check_resumable(position, False, "ckpt")
 
 
 @pytest.mark.slow
@@ -210,7 +210,7 @@ def test_dynamic_sampling_judges_each_group_as_it_ends_and_its_slots_go_to_the_n
     group.scores = f"scores of {judged[-1]}"  # what the trainer's judge leaves for the update
     return "L" in judged[-1]
 
-  policy = streaming.StalenessPolicy(groups=1, threshold=8, strategy="drop", ahead=1)
+  policy = staleness.StalenessPolicy(groups=1, threshold=8, strategy="drop", ahead=1)
   data = ("SL", "SSL")
   stream = rollout(engine, policy, batches(*data))
   stream.keep = keep
@@ -250,7 +250,7 @@ def test_a_conversation_continues_across_an_update_and_its_tool_turn_is_masked(t
   ids, mask, columns = agent_tests.prompts(tok, 2, agents=["single_turn_agent", "tool_agent"])
   batch = {"input_ids": ids, "attention_mask": mask, **{k: np.asarray(v, object) for k, v in columns.items()}}
   pending = [batch]
-  stream = streaming.AsyncRollout(agent, streaming.StalenessPolicy(groups=1, threshold=2, strategy="drop", ahead=1), 1, 0,
+  stream = streaming.AsyncRollout(agent, staleness.StalenessPolicy(groups=1, threshold=2, strategy="drop", ahead=1), 1, 0,
                                   batch_key=jax.random.key, data_position=lambda: "end",
                                   read_batch=lambda: (pending.pop(), "before0") if pending else None)
   try:
@@ -268,7 +268,7 @@ def test_a_conversation_continues_across_an_update_and_its_tool_turn_is_masked(t
   np.testing.assert_allclose(out.log_probs[0, tail], np.log(0.8 if out.responses[0, tail] == call else 0.2), atol=1e-3)
   assert second.spans.tolist() == [2] and out.episodes[0].user_turns == 1 and out.episodes[0].assistant_turns == 2
   assert out.metrics["num_turns/mean"] == 4
-  assert streaming.off_policy_metrics(second, 2)["off_policy/mixed_version_frac"] == 1
+  assert staleness.off_policy_metrics(second, 2)["off_policy/mixed_version_frac"] == 1
 
 
 
@@ -288,7 +288,7 @@ def one_host_picked(groups, first, n=2, scores=True, epoch=0):
 
 def test_merged_picks_are_one_hosts_groups_in_order():
   a, b = one_host_picked(2, 0), one_host_picked(3, 2, epoch=1)
-  picked = streaming.merged([a, b])
+  picked = remote.merged([a, b])
   assert list(picked.columns["id"]) == [0, 1, 2, 3, 4] and picked.columns["tag"].dtype == object
   assert [list(t) for t in picked.columns["tag"]] == [["t0"], ["t1"] * 2, ["t2"], ["t3"] * 2, ["t4"] * 3]
   assert list(picked.rollout.prompt_index) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
@@ -296,48 +296,48 @@ def test_merged_picks_are_one_hosts_groups_in_order():
   assert list(picked.spans) == [0, 0, 2, 2, 2] and picked.version == 4 and picked.epoch == 1
   assert (picked.evicted, picked.filtered, picked.scores) == (2, 2, [0, 1, 2, 3, 4])
   assert picked.rollout.stats == {"perf/slot_occupancy": pytest.approx(0.6)}
-  assert streaming.merged([a, one_host_picked(1, 2, scores=False)]).scores is None
-  assert streaming.merged([a]) is a
+  assert remote.merged([a, one_host_picked(1, 2, scores=False)]).scores is None
+  assert remote.merged([a]) is a
 
 
 def test_split_picks_are_equal_runs_of_one_hosts_groups_that_merge_back():
-  picked = streaming.merged([one_host_picked(2, 0), one_host_picked(2, 2, epoch=1)])
-  first, second = streaming.split(picked, 2)
+  picked = remote.merged([one_host_picked(2, 0), one_host_picked(2, 2, epoch=1)])
+  first, second = remote.split(picked, 2)
   assert [list(t) for t in second.columns["tag"]] == [["t2"], ["t3"] * 2] and second.columns["tag"].dtype == object
   assert list(second.rollout.prompt_index) == [0, 0, 1, 1] and list(second.rollout.responses[:, 0]) == [2] * 4
   assert list(second.spans) == [2, 2] and (second.version, second.epoch, second.scores) == (4, 1, [2, 3])
   assert (first.evicted, first.filtered, second.evicted, second.filtered) == (2, 2, 0, 0)  # summed over the hosts
   assert second.rollout.stats == picked.rollout.stats and second.rollout.routed_experts is None
-  again = streaming.merged([first, second])
+  again = remote.merged([first, second])
   assert [list(t) for t in again.columns["tag"]] == [list(t) for t in picked.columns["tag"]]
   for field in ("responses", "prompt_index", "log_probs", "response_mask"):
     np.testing.assert_array_equal(getattr(again.rollout, field), getattr(picked.rollout, field))
   assert (list(again.spans), again.scores, again.evicted) == (list(picked.spans), picked.scores, picked.evicted)
-  assert streaming.split(picked, 1)[0].scores == picked.scores
+  assert remote.split(picked, 1)[0].scores == picked.scores
   with pytest.raises(ValueError, match="4 groups do not split into 3 equal parts"):
-    streaming.split(picked, 3)
+    remote.split(picked, 3)
 
 
 def test_a_checkpoint_keeps_each_hosts_stream_position_where_the_hosts_trained_different_prompts():
   alike = [{"data_state": {"i": 3}, "batch": 3, "consumed": []}] * 2
-  assert streaming.stored_position(alike) == ({"i": 3}, {"batch": 3, "consumed": []})
-  assert streaming.host_position({"batch": 3, "consumed": []}, {"i": 3}, 1, 2) == alike[1]
+  assert positions.stored_position(alike) == ({"i": 3}, {"batch": 3, "consumed": []})
+  assert positions.host_position({"batch": 3, "consumed": []}, {"i": 3}, 1, 2) == alike[1]
   apart = [{"data_state": {"i": 2}, "batch": 2, "consumed": [[2, 1]]}, {"data_state": {"i": 2}, "batch": 2,
                                                                         "consumed": [[2, 0]]}]
-  data, stream = streaming.stored_position(apart)
-  assert data == {"i": 2} and [streaming.host_position(stream, data, i, 2) for i in range(2)] == apart
+  data, stream = positions.stored_position(apart)
+  assert data == {"i": 2} and [positions.host_position(stream, data, i, 2) for i in range(2)] == apart
   with pytest.raises(ValueError, match="rollout was 2 hosts.*this run's is 4: resume it on 2"):
-    streaming.host_position(stream, data, 0, 4)
-  assert streaming.host_position(None, {"i": 1}, 0, 2) == {"data_state": {"i": 1}}
-  assert streaming.host_position(None, None, 0, 2) is None
+    positions.host_position(stream, data, 0, 4)
+  assert positions.host_position(None, {"i": 1}, 0, 2) == {"data_state": {"i": 1}}
+  assert positions.host_position(None, None, 0, 2) is None
   with pytest.raises(ConfigError, match="had trained 2 prompt"):  # a sync run would train both hosts' again
-    streaming.check_resumable(stream, False, "ckpt")
+    positions.check_resumable(stream, False, "ckpt")
   # one host's prompts trained past its position are rows of its share: they hold on one host only
-  data, alone = streaming.stored_position(apart[:1])
-  assert streaming.host_position(alone, data, 0, 1) == apart[0]
+  data, alone = positions.stored_position(apart[:1])
+  assert positions.host_position(alone, data, 0, 1) == apart[0]
   with pytest.raises(ValueError, match="rollout was 1 hosts"):
-    streaming.host_position(alone, data, 0, 2)
+    positions.host_position(alone, data, 0, 2)
   # hosts apart with nothing trained past their positions: a sync run would put both at the first's
   behind = [{"data_state": {"i": 2}, "batch": 2, "consumed": []}, {"data_state": {"i": 3}, "batch": 3, "consumed": []}]
   with pytest.raises(ConfigError, match="had trained 0 prompt.*each at a position of its own"):
-    streaming.check_resumable(streaming.stored_position(behind)[1], False, "ckpt")
+    positions.check_resumable(positions.stored_position(behind)[1], False, "ckpt")
