@@ -98,10 +98,13 @@ class EstimatorInputs:
     reads: its verl arguments, in `_ARGUMENT_SOURCES`' names; an argument
       whose source is None is left at the estimator's default.
     needs: the `AdvantageInputs` fields it cannot run without.
+    batch_wide: its statistics are over the whole batch (whitening, GPG's non-zero rate), not over one
+      group's rows: a multi-host step computes it over every host's rows.
   """
 
   reads: tuple[str, ...]
   needs: tuple[str, ...] = ()
+  batch_wide: bool = False
 
 
 # verl's argument -> the AdvantageInputs field it comes from (config-derived arguments: `_argument`).
@@ -125,8 +128,10 @@ _OTB_NEEDS = ("group_ids", "old_log_probs", "sum_pi_squared")
 _ESTIMATOR_INPUTS: dict[str, EstimatorInputs] = {}
 
 
-def estimator(*names: str, reads: tuple[str, ...], needs: tuple[str, ...] = ()) -> Callable:
-  """Registers an estimator under verl's `names`, with the arguments it reads and the inputs it needs."""
+def estimator(*names: str, reads: tuple[str, ...], needs: tuple[str, ...] = (), batch_wide: bool = False
+              ) -> Callable:
+  """Registers an estimator under verl's `names`, with the arguments it reads, the inputs it needs and whether
+  its statistics are over the whole batch (`EstimatorInputs`)."""
   unknown = sorted(set(needs) - set(_NEEDED))
   if unknown:
     raise ValueError(f"estimator {names[0]!r} needs {unknown}, which AdvantageInputs does not describe; "
@@ -135,7 +140,7 @@ def estimator(*names: str, reads: tuple[str, ...], needs: tuple[str, ...] = ()) 
   def register(fn: AdvantageFn) -> AdvantageFn:
     ADV_ESTIMATOR_REGISTRY.register(*names)(fn)
     for name in names:
-      _ESTIMATOR_INPUTS[name] = EstimatorInputs(reads, needs)
+      _ESTIMATOR_INPUTS[name] = EstimatorInputs(reads, needs, batch_wide)
     return fn
   return register
 
@@ -255,7 +260,7 @@ def _group_size(group_ids: jax.Array, num_groups: int | None) -> jax.Array:
 # ----------------------------------------------------------------------------
 
 
-@estimator("gae", reads=_GAE, needs=("values",))
+@estimator("gae", reads=_GAE, needs=("values",), batch_wide=True)
 def compute_gae_advantage_return(
     token_level_rewards: jax.Array,
     values: jax.Array,
@@ -310,7 +315,7 @@ def compute_gae_advantage_return(
   return _zero_padding(advantages, mask), _zero_padding(returns, mask)
 
 
-@estimator("reinforce_plus_plus", reads=_OUTCOME)
+@estimator("reinforce_plus_plus", reads=_OUTCOME, batch_wide=True)
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -466,7 +471,7 @@ def _gdpo_components(
   return components, [float(w) for w in weights]
 
 
-@estimator("gdpo", reads=_GDPO, needs=("group_ids",))
+@estimator("gdpo", reads=_GDPO, needs=("group_ids",), batch_wide=True)
 def compute_gdpo_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -595,7 +600,7 @@ def compute_grpo_passk_outcome_advantage(
   return advantages, advantages
 
 
-@estimator("reinforce_plus_plus_baseline", reads=_GROUP, needs=("group_ids",))
+@estimator("reinforce_plus_plus_baseline", reads=_GROUP, needs=("group_ids",), batch_wide=True)
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -754,7 +759,7 @@ def compute_opo_outcome_advantage(
   return advantages, advantages
 
 
-@estimator("gpg", reads=_GROUP, needs=("group_ids",))
+@estimator("gpg", reads=_GROUP, needs=("group_ids",), batch_wide=True)
 def compute_gpg_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -1021,6 +1026,13 @@ def estimator_inputs(name: str) -> EstimatorInputs:
     raise KeyError(f"advantage estimator {name!r} was registered without its inputs: register it with "
                    "rljax.algos.estimator(name, reads=..., needs=...)")
   return _ESTIMATOR_INPUTS[name]
+
+
+def needs_values(name: str) -> bool:
+  """Whether the estimator registered as `name` reads a critic's values (GAE); False for a name registered
+  without its inputs or not at all (config validation names those)."""
+  inputs = _ESTIMATOR_INPUTS.get(str(getattr(name, "value", name)))
+  return inputs is not None and "values" in inputs.needs
 
 
 def needs_greedy_baselines(name: str) -> bool:

@@ -22,10 +22,6 @@ from rljax.algos import kl as kl_lib
 from rljax.algos import rollout_corr
 from rljax.rl.experience import Experience
 
-# Estimators whose statistics are over the whole batch (whitening, GPG's non-zero rate); the others' are over
-# a group, and a group's rows are on one host.
-BATCH_WIDE_ESTIMATORS = ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gdpo", "gpg")
-
 # the record's field each estimator argument (verl's name) comes from
 _ESTIMATOR_FIELDS = {"index": "group", "values": "values", "reward_baselines": "reward_baselines",
                      "non_tensor_batch": "reward_components", "old_log_probs": "old_log_probs"}
@@ -54,7 +50,7 @@ def reads_every_row(config: ConfigDict) -> bool:
   """Whether a statistic of `stage` is over the whole batch (not over one group's rows): a batch-wide
   estimator, the KL controller's mean KL, rollout correction's batch statistics (or its mismatch metrics)."""
   alg, corr = config.algorithm, config.algorithm.rollout_correction
-  return bool(alg.adv_estimator in BATCH_WIDE_ESTIMATORS or alg.use_kl_in_reward or corr.rollout_is
+  return bool(adv_lib.estimator_inputs(alg.adv_estimator).batch_wide or alg.use_kl_in_reward or corr.rollout_is
               or corr.rollout_rs or reports_mismatch(config))
 
 

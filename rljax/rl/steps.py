@@ -27,7 +27,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from rljax.algos import agg, policy_loss, value_loss
+from rljax.algos import advantages as adv_lib, agg, policy_loss, value_loss
 from rljax.models import moe
 from rljax.sharding import offload, rules as rules_lib
 from rljax.sharding.placement import Step, abstract, gradient_compiler_options, key_struct, shardings_of
@@ -287,9 +287,9 @@ def on_policy(config: ConfigDict, layout: Layout, lora_dropout: bool) -> bool:
 
 
 def uses_critic(config: ConfigDict) -> bool:
-  """critic.enable, or by default whether the estimator is GAE."""
+  """critic.enable, or by default whether the estimator needs values (GAE)."""
   enable = config.critic.enable
-  return bool(enable) if enable is not None else config.algorithm.adv_estimator == "gae"
+  return bool(enable) if enable is not None else adv_lib.needs_values(config.algorithm.adv_estimator)
 
 
 def needs_reference(config: ConfigDict) -> bool:

@@ -42,7 +42,7 @@ def test_only_the_batch_wide_estimators_depend_on_other_hosts_rows(name):
   halves = [adv_lib.compute_advantage(name, adv_lib.AdvantageInputs(**{
       k: (v // 2 if k == "num_groups" else half(v, h, 16)) for k, v in fields.items()}))[0] for h in (0, 1)]
   local = np.allclose(np.concatenate(halves), one, rtol=1e-6, atol=1e-6)
-  assert local != (name in advantage_stage.BATCH_WIDE_ESTIMATORS)
+  assert local != adv_lib.estimator_inputs(name).batch_wide
 
 
 def test_a_quantized_rollout_reports_its_log_prob_mismatch_over_the_whole_batch():
