@@ -408,7 +408,7 @@ import sys
 
 import jax
 
-from rljax.rl import remote
+from rljax.rl import cross_host_weights
 
 
 def failing(call):
