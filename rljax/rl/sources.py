@@ -27,7 +27,8 @@ from ml_collections import ConfigDict
 
 from rljax.algos import advantages as adv_lib
 from rljax.rewards import managers
-from rljax.rl import cross_host_weights, dynamic_sampling, positions, remote, separate, staleness, streaming
+from rljax.rl import cross_host_weights, dynamic_sampling, remote, separate, staleness, streaming
+from rljax.rl import positions as checkpoint_positions
 from rljax.rl import transport
 from rljax.rl.experience import Experience
 from rljax.rl.profiling import timed
@@ -116,8 +117,6 @@ class Rollouts:
 class SyncRollout:
   """trainer.v1.trainer_mode=sync: each step answers its batch under the step's own weights."""
 
-  streams = False
-
   def __init__(self, rollouts: Rollouts, data: Any):
     self.rollouts = rollouts
     self.data = data
@@ -145,7 +144,7 @@ class SyncRollout:
 
   def resumed(self, state: Any, path: str) -> "SyncRollout":
     """This source from checkpoint `path`'s `state`: the data where it was."""
-    positions.check_resumable(state.stream_position, False, path)
+    checkpoint_positions.check_resumable(state.stream_position, False, path)
     self.data.set_state(state.data_position)
     return self
 
@@ -162,6 +161,7 @@ class DynamicSampling(SyncRollout):
   data.gen_batch_size prompts, until data.train_batch_size groups whose filter metric varies are kept."""
 
   def rows(self, batch: dict[str, Any], step: int, timing: dict[str, float], step_metrics: dict) -> Experience:
+    """The kept groups' rows step `step` + 1 trains, from `batch` and the data's next batches."""
     config = self.rollouts.config
     groups = config.algorithm.filter_groups
     wanted, n = config.data.train_batch_size, self.rollouts.n
@@ -202,8 +202,6 @@ class StreamedRollout:
   """colocate_async and separate_async: the step's rows are the first batch of groups the stream picks at the
   step's policy version (`rljax.rl.streaming`), generated ahead of the updates."""
 
-  streams = True
-
   def __init__(self, rollouts: Rollouts, data: Any, parts: StreamParts, state: Any,
                position: dict[str, Any] | None = None, stream: Any = None):
     """From `position` (a checkpoint's stream position, this host's) or the data's start, on `stream` (an idle
@@ -218,7 +216,9 @@ class StreamedRollout:
       send = cross_host_weights.CrossHostSend(parts.rollout_engine, rollouts.params(), parts.mesh_devices,
                                               parts.rollout_devices)
       served, part, count = remote.served(*map(len, parts.roles))
-      starts = {j: positions.host_position(position, state.data_position, j, len(parts.roles[1])) for j in served}
+      rollouts_count = len(parts.roles[1])
+      starts = {j: checkpoint_positions.host_position(position, state.data_position, j, rollouts_count)
+                for j in served}
       self.stream = self.driver = remote.RemoteRollout(send, self.schedule, state.step, parts.total_steps, starts,
                                                        part, count)
       return
@@ -275,18 +275,19 @@ class StreamedRollout:
     position is where a resumed run finds its first untrained prompt)."""
     mine = self.stream.position(step)  # this host's, or (on a trainer process) the rollout processes' it leads'
     every = [p for host in hosts.process_objects(mine if isinstance(mine, list) else [mine]) for p in host]
-    data_position, stream_position = positions.stored_position(every)
+    data_position, stream_position = checkpoint_positions.stored_position(every)
     return {"data_position": data_position, "stream_position": stream_position}
 
   def resumed(self, state: Any, path: str) -> "StreamedRollout":
     """The stream from checkpoint `path`'s `state`: what this one generated is cancelled and generated again
     from the checkpoint's position."""
-    positions.check_resumable(state.stream_position, True, path)
+    checkpoint_positions.check_resumable(state.stream_position, True, path)
     self._stop()
     if self.parts.roles is not None:
       self.data.set_state(state.data_position)
       return StreamedRollout(self.rollouts, self.data, self.parts, state, state.stream_position)
-    position = positions.host_position(state.stream_position, state.data_position, hosts.index(), hosts.count())
+    position = checkpoint_positions.host_position(state.stream_position, state.data_position, hosts.index(),
+                                                  hosts.count())
     self.data.set_state(position["data_state"] if position else state.data_position)
     return StreamedRollout(self.rollouts, self.data, self.parts, state, position, self.stream.stream)
 

@@ -169,9 +169,9 @@ def staleness_histogram(span: np.ndarray, threshold: int) -> dict[str, float]:
 
 def off_policy_metrics(picked: Any, threshold: int) -> dict[str, float]:
   """off_policy/* over every host's trained groups (`picked`: a `streaming.Picked`; every host calls it): versions
-  spanned (verl's staleness: 1 is on-policy; mean, max and their histogram up to `threshold`, trainer.v1.sampler.max_off_policy_threshold), the
-  share of responses sampled by more than one policy version, the mean lag of a trained token, the groups
-  evicted."""
+  spanned (verl's staleness: 1 is on-policy; mean, max and their histogram up to `threshold`,
+  trainer.v1.sampler.max_off_policy_threshold), the share of responses sampled by more than one policy version,
+  the mean lag of a trained token, the groups evicted."""
   rollout, version = picked.rollout, picked.version
   span = hosts.process_concat(picked.spans)
   mask = rollout.response_mask > 0
