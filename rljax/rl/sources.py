@@ -195,7 +195,8 @@ class StreamParts:
   rollout_devices: list[jax.Device]
   roles: tuple[list[int], list[int]] | None
   rollout_engine: Any  # the engine the weights go to (`RLRun.rollout_engine`)
-  engine: Any  # the trainer's engine (`RLRun.engine`): its weight conversion for a lagged schedule
+  engine: Any  # this process's engine (`RLRun.engine`): its weight conversion for a lagged schedule, and on a
+  #   rollout process the engine its weights arrive in
 
 
 class StreamedRollout:
@@ -358,9 +359,9 @@ def make_source(rollouts: Rollouts, data: Any, parts: StreamParts, state: Any) -
   return SyncRollout(rollouts, data)
 
 
-def serve_rollout(rollouts: Rollouts, data: Any, parts: StreamParts, state: Any, engine: Any) -> None:
+def serve_rollout(rollouts: Rollouts, data: Any, parts: StreamParts) -> None:
   """A rollout process's run (`remote.serve`): the stream from where its (first) trainer process starts it, its
-  picks sent to its trainer processes, until the trainer ends it; `engine`: the one its weights arrive in."""
+  picks sent to its trainer processes (its weights arriving in `parts.engine`), until the trainer ends it."""
   start = transport.take("start")
   if start is None:  # the trainer trains no step
     return
@@ -372,7 +373,8 @@ def serve_rollout(rollouts: Rollouts, data: Any, parts: StreamParts, state: Any,
   stream = local_stream(rollouts, data, step, position, holds_weights=True)
   driver = separate.RolloutDriver(stream, schedule, step, parts.total_steps, None, threaded=False,
                                   epoch=lambda: data.epoch)
-  receive = cross_host_weights.CrossHostReceive(engine, rollouts.params(), parts.mesh_devices, parts.rollout_devices)
+  receive = cross_host_weights.CrossHostReceive(parts.engine, rollouts.params(), parts.mesh_devices,
+                                                parts.rollout_devices)
   with training_loop.PreemptionGuard():  # preempted, the trainer saves after its step, then ends the rollout
     remote.serve(start, driver, stream.position, receive)
 

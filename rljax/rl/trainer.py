@@ -111,7 +111,7 @@ class RLTrainer:
       hosts.set_group(self.roles[1] if self.rollout_process else self.roles[0])
     check_job(config)
     arr = config.actor_rollout_ref
-    self.rollout_devices = rollout_devices = _rollout_devices(config, self.mesh)
+    rollout_devices = _rollout_devices(config, self.mesh)
     self.tokenizer = models.load_tokenizer(config.data.tokenizer or arr.model.path)
     self.data = data_lib.make_train_iterator(config, self.tokenizer, hosts.index(), hosts.count())
     # a rollout process holds no trainer array: the trainer's parts are abstract there
@@ -226,7 +226,7 @@ class RLTrainer:
 
   def serve_rollout(self) -> None:
     """A rollout process's run: the stream its trainer processes train from (`sources.serve_rollout`)."""
-    sources.serve_rollout(self.rollouts, self.data, self.stream_parts, self.state, self.run.engine)
+    sources.serve_rollout(self.rollouts, self.data, self.stream_parts)
 
   def fit(self) -> dict[str, float]:
     """Trains until trainer.total_training_steps / total_epochs; returns the last metrics."""
