@@ -14,6 +14,7 @@ service when it goes aborts). A killed process stops the others through JAX's he
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -35,6 +36,7 @@ _LEAVING_S = 15  # how long process 0 of a failed job waits for each other to kn
 _LEFT_S = 1  # how long process 0 waits after the others said they left (their last instructions before exiting)
 _LEAVING = threading.Lock()  # one thread of a failed process exits it
 _exiting = threading.Event()  # this process ends itself (`fail`, `exit_failed`): its watchdogs stand down
+_STOPPING_S = 5  # how long a process at its normal exit waits for each watchdog's last look at the service
 
 Built = TypeVar("Built")
 Result = TypeVar("Result")
@@ -186,7 +188,13 @@ class Watchdog:
     return self
 
   def __exit__(self, *exc: Any) -> None:
+    self.join()
+
+  def join(self) -> None:
+    """Stops the watching and waits (at most `_STOPPING_S`) for the thread's last look at the service to end."""
     self._done.set()
+    if self._thread is not threading.current_thread():
+      self._thread.join(_STOPPING_S)
 
   def _watch(self) -> None:
     while not self._done.wait(WAIT_MS / 1000):
@@ -202,8 +210,17 @@ class Watchdog:
 def watch() -> None:
   """Watches this process of a job of several for another's abort until it exits (`Watchdog`, over a block that
   never ends): wherever it is (building, running, closing, in JAX's shutdown barrier), it ends within `_GRACE_S` of
-  the news unless it is exiting already."""
-  Watchdog().__enter__()  # pylint: disable=unnecessary-dunder-call
+  the news unless it is exiting already. At a normal exit, `_leave` ends the watching."""
+  atexit.register(_leave, Watchdog().__enter__())  # pylint: disable=unnecessary-dunder-call
+
+
+def _leave(watchdog: Watchdog) -> None:
+  """A normal exit's end of the job (at exit, before JAX's own teardown, which then finds it done): JAX's shutdown
+  barrier, still watched, then the watching stopped. A daemon thread still inside a call to the service's client as
+  the interpreter finalizes is ended there by the interpreter, and that aborts the process (`terminate called after
+  throwing an instance of ''`)."""
+  jax_distributed.shutdown()
+  watchdog.join()
 
 
 __all__ = ["PeerFailed", "Watchdog", "WAIT_MS", "abort", "aborted", "client", "exit_failed", "fail", "joined",
