@@ -6,7 +6,8 @@ to the end of its line; both it and the ground truth go through Minerva's
 normalisation (`normalize_final_answer`: the part after the last `=`, units
 and filler words such as "dollars", "degrees", `\text{}` wrappers, spaces
 and `$` dropped, `\fracab` -> `\frac{a}{b}`, `1,000` -> `1000`) and must then
-be equal strings. A `\boxed{}` answer without an `Answer:` line is not read.
+be equal strings. A response without an `Answer:` line is read as under
+`strict_box_verify` below when it has a `\boxed{}` (as verl 0.9.1 does).
 
 The score is a dict, as in verl: {"score": 1.0 or -1.0, "acc": bool,
 "pred": the normalised answer}. With `strict_box_verify=True` the answer is
@@ -89,10 +90,13 @@ def last_braced_box(text: str) -> str | None:
 def verify(solution_str: str, ground_truth: str,
            strict_box_verify: bool = False) -> tuple[bool, str | None]:
   """(correct, the answer as compared) for a (clipped) response."""
+  boxed = last_braced_box(solution_str[-STRICT_CLIP_CHARS:])
   if strict_box_verify:
-    pred = last_braced_box(solution_str[-STRICT_CLIP_CHARS:])
-    return pred == ground_truth, pred
-  pred = normalize_final_answer(last_answer_line(solution_str))
+    return boxed == ground_truth, boxed
+  line = last_answer_line(solution_str)
+  if line == NO_ANSWER and boxed is not None:
+    return boxed == ground_truth, boxed
+  pred = normalize_final_answer(line)
   return pred == normalize_final_answer(ground_truth), pred
 
 

@@ -68,7 +68,13 @@ DAPO_CASES = [
     ("math_dapo", "Answer: 12", "12", (1.0, True, "12")),
     ("math_dapo", "answer : 12\n", "12", (1.0, True, "12")),
     ("math_dapo", "Answer: $12$", "12", (1.0, True, "12")),
-    ("math_dapo", r"So \boxed{12}", "12", (-1.0, False, "[INVALID]")),
+    # no `Answer:` line: the last box in the last 100 characters, verbatim (verl 0.9.1's fallback)
+    ("math_dapo", r"So \boxed{12}", "12", (1.0, True, "12")),
+    ("math_dapo", r"\boxed{ 12}", "12", (-1.0, False, " 12")),
+    ("math_dapo", r"\boxed{\frac{1}{2}}", r"\frac12", (-1.0, False, r"\frac{1}{2}")),
+    ("math_dapo", r"\boxed{12}" + "x" * 100, "12", (-1.0, False, "[INVALID]")),
+    ("math_dapo", r"\boxed{12", "12", (-1.0, False, "[INVALID]")),
+    ("math_dapo", r"\boxed{13} Answer: 12", "12", (1.0, True, "12")),  # an `Answer:` line wins
     ("math_dapo", "Answer: 1,000", "1000", (1.0, True, "1000")),
     ("math_dapo", "Answer: 5 dollars", "5", (1.0, True, "5")),
     ("math_dapo", "Answer: x = 5", "5", (1.0, True, "5")),
@@ -85,6 +91,7 @@ DAPO_CASES = [
     ("math_dapo_reasoning", "Answer: 7", "7", (1.0, True, "7")),
     ("aime2024", "Answer: 204", "204", (1.0, True, "204")),
     ("aime_2025", "Answer: 204", "205", (-1.0, False, "204")),
+    ("aime2024", r"So we get \boxed{204}", "204", (1.0, True, "204")),
 ]
 
 # (data_source, response, ground truth, verl's score): verl's prime_math.
