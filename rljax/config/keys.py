@@ -1054,8 +1054,15 @@ KEYS = {
     "data.filter_overlong_prompts": Key("Drop prompts longer than max_prompt_length before training."),
     "data.filter_overlong_prompts_workers": Key("Processes that filter overlong prompts."),
     "data.gen_batch_size": Key(
-        "Prompts per generation round when algorithm.filter_groups is on (follows train_batch_size).",
-        added="DAPO recipe: prompts per generation round of dynamic sampling (algorithm.filter_groups)"),
+        "Prompts per data-loader fetch (follows train_batch_size): with algorithm.filter_groups on, per generation "
+        "round; else a step's train_batch_size prompts come in whole chunks of it (trainer.use_v1=false: a step "
+        "trains gen_batch_size prompts).",
+        added="DAPO's prompts per generation round of dynamic sampling (algorithm.filter_groups); without it, as "
+              "verl 0.9.1 reads it: in sync mode a divisor of data.train_batch_size that changes nothing (rljax "
+              "reads the same prompts, but drops an epoch's last partial train batch where verl's step may join "
+              "the last chunks of one epoch to the first of the next), in the async modes nothing (verl sets it "
+              "to 1); under trainer.use_v1=false, data.train_batch_size = gen_batch_size, as in verl's legacy "
+              "trainer"),
     "data.image_key": Key(
         "Column holding images in multimodal data.",
         ignored="multimodal data is not supported yet (data with that column filled is an error)"),

@@ -3,9 +3,10 @@
 Deprecated keys (`DEPRECATED_KEYS`, with one warning each), global
 micro-batch sizes onto per-device ones, the documented `rollout_is*` keys,
 cosmos-rl's Dr.GRPO keys, `optim.clip_grad`, `reward_manager.name`,
-Megatron's parallel sizes onto the mesh (`_map_megatron_mesh`), and verl's
+Megatron's parallel sizes onto the mesh (`_map_megatron_mesh`), verl's
 fully-async recipe (`async_training.*`, its top-level `rollout.*`) onto
-`trainer.v1.trainer_mode=colocate_async` (`_map_fully_async`).
+`trainer.v1.trainer_mode=colocate_async` (`_map_fully_async`), and the legacy
+trainer's prompts per step (`_map_legacy_gen_batch`).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def finalize(config: ConfigDict, device_count: int | None = None, explicit: Iter
   from rljax.sharding.mesh import resolve_world_size  # pylint: disable=import-outside-toplevel
   _map_megatron_mesh(config)  # before the data-parallel size, which the mesh sizes set
   _map_fully_async(config, set(explicit))  # before the micro-batch mappings, which read rollout.n
+  _map_legacy_gen_batch(config)
   _map_engine_kv_cache_dtype(config, set(explicit))
   world = resolve_world_size(config, device_count)
   dp = data_parallel_size(config, world)
@@ -129,6 +131,18 @@ def finalize(config: ConfigDict, device_count: int | None = None, explicit: Iter
     _map_clip_grad(config, section)
   _map_reward_manager_name(config)
   return config
+
+
+def _map_legacy_gen_batch(config: ConfigDict) -> None:
+  """verl's legacy trainer (trainer.use_v1=false) loads data.gen_batch_size prompts per step and, without dynamic
+  sampling, trains on all of them: rljax's step then trains data.train_batch_size = gen_batch_size prompts. (verl
+  0.9.1's V1 trainer, its default, fetches a step's train_batch_size prompts in whole gen_batch_size chunks;
+  `rljax.config.validation` holds it to a divisor.)"""
+  data, legacy = config.data, not (config.trainer.use_v1 or config.algorithm.filter_groups.enable)
+  if legacy and data.gen_batch_size != data.train_batch_size:
+    _LOG.info("trainer.use_v1=false: each step trains data.gen_batch_size=%s prompts (data.train_batch_size=%s is "
+              "not read, as in verl's legacy trainer)", data.gen_batch_size, data.train_batch_size)
+    data.train_batch_size = data.gen_batch_size
 
 
 def _map_engine_kv_cache_dtype(config: ConfigDict, explicit: set[str]) -> None:

@@ -159,13 +159,18 @@ def _check_multi_turn(config: ConfigDict) -> None:
 
 
 def _check_dynamic_sampling(config: ConfigDict) -> None:
-  """DAPO's dynamic sampling: a metric to filter on, and data.gen_batch_size only where it is used."""
+  """DAPO's dynamic sampling: a metric to filter on. Without it, data.gen_batch_size as verl 0.9.1's V1 trainer
+  reads it: in sync mode, the chunks a step's train_batch_size prompts are fetched in (a divisor; the same prompts
+  whatever its value), in the async modes nothing (verl sets it to 1: prompt by prompt, as rljax streams)."""
   groups, data = config.algorithm.filter_groups, config.data
   check_positive(config, "data.gen_batch_size")
   if not groups.enable:
-    check(data.gen_batch_size == data.train_batch_size, "data.gen_batch_size", data.gen_batch_size,
-          f"differs from data.train_batch_size ({data.train_batch_size}) but only dynamic sampling uses it",
-          "set algorithm.filter_groups.enable=true (and its metric), or drop data.gen_batch_size")
+    check(config.trainer.v1.trainer_mode != "sync" or data.train_batch_size % data.gen_batch_size == 0,
+          "data.gen_batch_size", data.gen_batch_size,
+          f"does not divide data.train_batch_size ({data.train_batch_size}): without dynamic sampling, verl 0.9.1's "
+          "V1 trainer fetches a step's prompts in whole gen_batch_size chunks",
+          "set it to a divisor of data.train_batch_size; trainer.use_v1=false to train on gen_batch_size prompts "
+          "per step (verl's legacy trainer); or algorithm.filter_groups.enable=true (and its metric)")
     return
   check(isinstance(groups.metric, str) and bool(groups.metric), "algorithm.filter_groups.metric", groups.metric,
         "dynamic sampling needs the per-response value whose spread decides which groups to keep",

@@ -53,7 +53,8 @@ def test_kept_rows_of_several_hosts_are_ordered_as_one_process_generates_them():
 
 @pytest.mark.parametrize("overrides,match", [
     (["algorithm.filter_groups.enable=true"], "algorithm.filter_groups.metric=None"),
-    (["data.gen_batch_size=8"], "data.gen_batch_size=8: differs from data.train_batch_size"),
+    (["data.gen_batch_size=3"], r"data.gen_batch_size=3: does not divide data.train_batch_size \(4\).*"
+                                "trainer.use_v1=false to train on gen_batch_size prompts"),
     (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_final_reward",
       "algorithm.use_kl_in_reward=true"], "metric='seq_final_reward': the final reward with use_kl_in_reward"),
 ])
@@ -62,6 +63,21 @@ def test_bad_dynamic_sampling_settings_name_their_key(overrides, match):
   config_lib.apply_overrides(config, overrides)
   with pytest.raises(config_lib.ConfigError, match=match):
     config_lib.validate(config_lib.finalize(config, device_count=1), 1)
+
+
+@pytest.mark.parametrize("overrides,prompts", [
+    (["data.gen_batch_size=2"], 4),  # V1 sync: a step's 4 prompts come in chunks of 2
+    (["data.gen_batch_size=8", "trainer.v1.trainer_mode=colocate_async"], 4),  # verl streams prompt by prompt
+    (["data.gen_batch_size=8", "trainer.use_v1=false"], 8),  # the legacy trainer trains every loaded prompt
+    (["data.gen_batch_size=8", "trainer.use_v1=false", "algorithm.filter_groups.enable=true",
+      "algorithm.filter_groups.metric=acc"], 4),  # dynamic sampling: rounds of 8 prompts, 4 groups kept
+])
+def test_gen_batch_size_without_dynamic_sampling_is_read_as_verl_0_9_1_reads_it(overrides, prompts):
+  config = config_lib.load_config_file(str(tiny_run.ROOT / "configs" / "grpo.py"))
+  config_lib.apply_overrides(config, ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                                      *overrides])
+  config = config_lib.validate(config_lib.finalize(config, device_count=1), 1)
+  assert config.data.train_batch_size == prompts
 
 
 def run(model_dir, data_dir, run_dir, *extra):
