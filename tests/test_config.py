@@ -620,7 +620,6 @@ def test_reward_manager_name_is_verls_newer_name_of_reward_models_reward_manager
     ("actor_rollout_ref.model.exclude_modules=[o_proj]", "exclude_modules is not implemented"),
     ("actor_rollout_ref.actor.optim.optimizer=SGD", "rljax's optimizer is optax's AdamW"),
     ("actor_rollout_ref.actor.optim.lr_decay_style=cosine", "Megatron's learning-rate schedule is not implemented"),
-    ("+data.apply_chat_template_kwargs.enable_thinking=false", "extra chat-template arguments are not passed"),
     # verl 0.6-0.7's rollout-correction keys, removed in verl 0.9: never silently dropped
     ("algorithm.rollout_correction.rollout_rs_threshold_lower=0.5",
      "rollout_rs_threshold_lower=0.5: verl 0.9 removed it with the token, sequence and geometric rejection modes"),

@@ -1039,7 +1039,9 @@ KEYS = {
     # data
     "data.apply_chat_template_kwargs": Key(
         "Extra arguments of the tokenizer's apply_chat_template (e.g. enable_thinking).",
-        default_only=("extra chat-template arguments are not passed to the tokenizer", "drop data.apply_chat_template_kwargs")),
+        mapped="the chat template's own variables (enable_thinking, reasoning_effort) on every rendering of a "
+               "prompt, a multi-turn turn and validation; transformers' call arguments (tokenize, "
+               "continue_final_message, ...) are an error"),
     "data.custom_cls.name": Key("Name of the dataset class in that file."),
     "data.custom_cls.path": Key("Python file defining your own dataset class; null uses the built-in one."),
     "data.datagen.name": Key(

@@ -71,6 +71,22 @@ def _check_lengths(config: ConfigDict) -> None:
         key, buckets, "must be a non-empty increasing list of positive lengths", f"e.g. {key}=[64,128,256,512]")
 
 
+# transformers' own arguments of apply_chat_template, which a template never reads: rljax sets the rendering's
+# (the messages, the generation prompt, the tools, text out) and implements none of the others
+CHAT_TEMPLATE_CALL_ARGUMENTS = ("conversation", "messages", "add_generation_prompt", "tools", "tokenize",
+                                "chat_template", "continue_final_message", "padding", "truncation", "max_length",
+                                "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
+
+
+def _check_chat_template_kwargs(config: ConfigDict) -> None:
+  """data.apply_chat_template_kwargs holds the template's own variables (enable_thinking, reasoning_effort)."""
+  for name in config.data.apply_chat_template_kwargs:
+    check(name not in CHAT_TEMPLATE_CALL_ARGUMENTS, f"data.apply_chat_template_kwargs.{name}",
+          config.data.apply_chat_template_kwargs[name], "is an argument of transformers' apply_chat_template, "
+          "not a variable of the chat template: rljax renders every prompt and turn itself",
+          "drop it (the template's own variables, such as enable_thinking, are passed as given)")
+
+
 def _check_sampling(config: ConfigDict) -> None:
   for prefix in ("actor_rollout_ref.rollout", "actor_rollout_ref.rollout.val_kwargs"):
     check_range(config, f"{prefix}.top_p", 0.0, 1.0, lo_open=True)
@@ -410,6 +426,7 @@ def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
   """
   _check_mesh(config, world_size)
   _check_lengths(config)
+  _check_chat_template_kwargs(config)
   _check_batches(config, world_size)
   _check_sampling(config)
   _check_algorithm(config)

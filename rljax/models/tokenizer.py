@@ -8,6 +8,7 @@ adding special tokens. No torch, no transformers.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
@@ -69,6 +70,8 @@ class Tokenizer:
     eos_token_ids: every id that ends a response (eos plus e.g. <|im_end|>
       and <|endoftext|> from generation_config.json).
     chat_template: jinja2 source or None.
+    template_kwargs: the template's extra arguments on every rendering (`with_template_kwargs`; an argument a
+      call passes wins).
   """
 
   def __init__(
@@ -93,6 +96,14 @@ class Tokenizer:
     self.eos_token_ids = list(dict.fromkeys(ids))
     self._config = dict(config or {})
     self._template = _compile_template(chat_template) if chat_template else None
+    self.template_kwargs: dict[str, Any] = {}
+
+  def with_template_kwargs(self, kwargs: Mapping[str, Any]) -> "Tokenizer":
+    """A copy whose chat template renders with `kwargs` besides each call's own (verl's
+    data.apply_chat_template_kwargs, e.g. enable_thinking=False or reasoning_effort="medium")."""
+    tokenizer = copy.copy(self)
+    tokenizer.template_kwargs = {**self.template_kwargs, **kwargs}
+    return tokenizer
 
   def _id(self, token: str | None) -> int | None:
     if token is None:
@@ -145,7 +156,7 @@ class Tokenizer:
     text = self._template.render(
         messages=list(messages), tools=tools, add_generation_prompt=add_generation_prompt,
         bos_token=self.bos_token or "", eos_token=self.eos_token or "",
-        pad_token=self.pad_token or "", **kwargs,
+        pad_token=self.pad_token or "", **{**self.template_kwargs, **kwargs},
     )
     return self.encode(text, add_special_tokens=False) if tokenize else text
 

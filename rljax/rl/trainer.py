@@ -112,7 +112,7 @@ class RLTrainer:
     check_job(config)
     arr = config.actor_rollout_ref
     rollout_devices = _rollout_devices(config, self.mesh)
-    self.tokenizer = models.load_tokenizer(config.data.tokenizer or arr.model.path)
+    self.tokenizer = load_tokenizer(config)
     self.data = data_lib.make_train_iterator(config, self.tokenizer, hosts.index(), hosts.count())
     # a rollout process holds no trainer array: the trainer's parts are abstract there
     self.run, self.state = assembly.build_run(config, self.mesh, abstract=self.rollout_process,
@@ -257,6 +257,15 @@ class RLTrainer:
       self.checkpointer.close()
     self.scorer.close()
     self.tracker.close()
+
+
+def load_tokenizer(config: ConfigDict) -> models.Tokenizer:
+  """data.tokenizer's, else the actor model's tokenizer, its chat template rendering every prompt and turn with
+  data.apply_chat_template_kwargs."""
+  kwargs = config.data.apply_chat_template_kwargs
+  kwargs = kwargs.to_dict() if isinstance(kwargs, ConfigDict) else dict(kwargs)
+  return models.load_tokenizer(config.data.tokenizer or config.actor_rollout_ref.model.path).with_template_kwargs(
+      kwargs)
 
 
 def validation_samples(tokenizer: Any, batch: dict[str, Any], rollout: Any, scores: np.ndarray,

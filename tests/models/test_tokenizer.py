@@ -9,6 +9,7 @@ import pytest
 import transformers
 
 import rljax.models as M
+from tests import processes
 from tests.models import helpers
 
 TOOL_TEMPLATE = (
@@ -76,3 +77,39 @@ def test_chat_template_sources(tok_dir, tmp_path):
 def test_missing_tokenizer_json_is_named(tmp_path):
   with pytest.raises(FileNotFoundError, match="tokenizer.json"):
     M.load_tokenizer(str(tmp_path))
+
+
+EFFORT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'effort=' + (reasoning_effort | default('low')) }}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ ' no-think' }}{% endif %}{% endif %}"
+)
+
+
+def test_the_rl_tokenizer_renders_with_data_apply_chat_template_kwargs_as_transformers_does(tok_dir, tmp_path):
+  from rljax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from rljax.rl import trainer  # pylint: disable=import-outside-toplevel
+  path = str(tmp_path / "t")
+  shutil.copytree(tok_dir, path)
+  _set_template(path, EFFORT_TEMPLATE)
+  if os.path.exists(os.path.join(path, "chat_template.jinja")):  # transformers would read this one first
+    os.remove(os.path.join(path, "chat_template.jinja"))
+  config = config_lib.load_config_file(os.path.join(processes.ROOT, "configs", "grpo.py"))
+  config_lib.apply_overrides(config, [f"data.tokenizer={path}",
+                                      "+data.apply_chat_template_kwargs.reasoning_effort=medium",
+                                      "+data.apply_chat_template_kwargs.enable_thinking=false"])
+  ours, ref = trainer.load_tokenizer(config), transformers.AutoTokenizer.from_pretrained(path)
+  msgs = [{"role": "user", "content": "sum 1 2"}]
+  text = ours.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+  assert text.endswith("effort=medium no-think")
+  assert text == ref.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, reasoning_effort="medium",
+                                         enable_thinking=False)
+  # a call's own argument wins; the tokenizer it came from renders as before
+  assert ours.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False,
+                                  reasoning_effort="high").endswith("effort=high no-think")
+  assert M.load_tokenizer(path).apply_chat_template(msgs, add_generation_prompt=True, tokenize=False).endswith(
+      "effort=low")
+  config_lib.apply_overrides(config, ["+data.apply_chat_template_kwargs.tokenize=true"])
+  with pytest.raises(config_lib.ConfigError, match="data.apply_chat_template_kwargs.tokenize=True: is an argument of "
+                                                   "transformers' apply_chat_template"):
+    config_lib.validate(config)
