@@ -74,6 +74,14 @@ def _load(example: str, reads_verl_yaml: bool) -> ConfigDict:
   return config_lib.load_config_file(CONFIG.value)
 
 
+def quiet_by_default() -> None:
+  """Library INFO logs (orbax's checkpointing, JAX's start-up) behind absl's verbosity: `app.run` turns INFO on
+  when the command line does not set it, and this turns it back to WARNING, so that the console holds the progress
+  bar, the step lines and the warnings. `--verbosity=0` (or `-v 0`) shows INFO again."""
+  if not flags.FLAGS["verbosity"].present:
+    flags.FLAGS.verbosity = -1
+
+
 def main(argv: Sequence[str], resolve: Resolve, train: Callable[[ConfigDict], object], example: str,
          reads_verl_yaml: bool = True) -> int:
   """Resolves the config from the flags, then prints it (--dry_run) or trains; returns the exit status.
@@ -81,6 +89,7 @@ def main(argv: Sequence[str], resolve: Resolve, train: Callable[[ConfigDict], ob
   A ConfigError, from resolving or from `train` (a model path that is not
   there), is printed as one line with exit status 2.
   """
+  quiet_by_default()
   if len(argv) > 1:
     print(f"unexpected arguments {argv[1:]}: overrides are KEY=VALUE or --config.KEY=VALUE", file=sys.stderr)
     return 2

@@ -189,9 +189,10 @@ class RLHFDataset:
           int(config_get(config, "filter_overlong_prompts_workers", 1)), self.tool_schemas)
       keep = lengths <= self.max_prompt_length
       self.num_filtered = int(np.sum(~keep))
-      logger.info("filter_overlong_prompts dropped %d of %d prompts longer "
-                  "than %d tokens in %s", self.num_filtered, len(rows),
-                  self.max_prompt_length, self.data_files)
+      if self.num_filtered:
+        logger.warning("filter_overlong_prompts dropped %d of %d prompts longer "
+                       "than %d tokens in %s", self.num_filtered, len(rows),
+                       self.max_prompt_length, self.data_files)
       rows = rows[keep]
       if not len(rows):
         raise ValueError(

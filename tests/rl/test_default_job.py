@@ -23,7 +23,7 @@ def test_default_job_trains_on_eight_devices(model_dir, data_dir, tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "rljax.train", "--config=configs/grpo.py", f"actor_rollout_ref.model.path={model_dir}",
        f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
-       "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
+       "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.logger=[console,jsonl]",
        f"trainer.default_local_dir={run_dir}"],
       cwd=tiny_run.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stdout[-3000:]
@@ -32,3 +32,9 @@ def test_default_job_trains_on_eight_devices(model_dir, data_dir, tmp_path):
   assert config["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] == 4 * 4 // 8
   steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
   assert [s["step"] for s in steps] == [1, 2] and all(s["actor/grad_norm"] > 0 for s in steps)
+  # the console: the bar, the step lines and what rljax says where the run went, none of the libraries' INFO logs
+  # (orbax's checkpointing printed 64 lines before and between them); a checkpoint was written
+  assert (run_dir / "global_step_2").is_dir()
+  lines = [line for line in result.stdout.replace("\r", "\n").splitlines() if line.strip()]
+  assert [line for line in lines if line.startswith("step ")][:1] and not [
+      line for line in lines if line[:1] == "I" and line[1:5].isdigit()], "\n".join(lines)
