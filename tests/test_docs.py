@@ -10,7 +10,7 @@ import pytest
 from rljax import algos, docs_reference, sharding
 from rljax import config as C
 from rljax.config import keys as config_keys
-from rljax.data import parquet
+from rljax.data import preflight
 from rljax.models import api
 from rljax.rewards import default
 from rljax.sharding import distributed
@@ -196,7 +196,7 @@ def test_troubleshooting_quotes_mesh_and_file_errors_exactly():
       _raised(C.ConfigError, sharding.make_mesh, mismatch),
       _raised(C.ConfigError, sharding.check_model_fits, mesh, 9, 3),
       _raised(FileNotFoundError, api.resolve_path, "/models/Qwen2.5-0.5B-Instruct"),
-      _raised(FileNotFoundError, parquet.read_parquet, "/data/gsm8k/train.parquet"),
+      _raised(C.ConfigError, preflight.file_columns, "data.train_files", "/data/gsm8k/train.parquet"),
   ]
   for message in messages:
     assert message in text, f"quote this message in docs/troubleshooting.md:\n{message}"

@@ -54,6 +54,7 @@ from ml_collections import ConfigDict
 
 from rljax import config as config_lib
 from rljax import data as data_lib
+from rljax.data import preflight
 from rljax import models, rewards, sharding
 from rljax.rl import assembly, metrics as metrics_lib, profiling, remote, scoring, sources, stages, staleness
 from rljax.rl.profiling import timed
@@ -93,6 +94,7 @@ def check_job(config: ConfigDict) -> None:
         "pass runs over every host's devices at once", "set trainer.v1.trainer_mode=sync (dynamic sampling by "
         "rounds), or score with a reward function (custom_reward_function.path)")
   data_lib.ensure_config_data(config)
+  preflight.check_rl_data(config)
   if not (config.reward_model.enable or config.custom_reward_function.path):
     rewards.check_data_sources(data_lib.as_file_list(config.data.train_files)
                                + data_lib.as_file_list(config.data.val_files))
@@ -264,8 +266,14 @@ def load_tokenizer(config: ConfigDict) -> models.Tokenizer:
   data.apply_chat_template_kwargs."""
   kwargs = config.data.apply_chat_template_kwargs
   kwargs = kwargs.to_dict() if isinstance(kwargs, ConfigDict) else dict(kwargs)
-  return models.load_tokenizer(config.data.tokenizer or config.actor_rollout_ref.model.path).with_template_kwargs(
-      kwargs)
+  key = "data.tokenizer" if config.data.tokenizer else "actor_rollout_ref.model.path"
+  try:
+    tokenizer = models.load_tokenizer(config_lib.get_node(config, key))
+  except (FileNotFoundError, ValueError) as error:
+    raise config_lib.ConfigError(key, config_lib.get_node(config, key), f"its tokenizer does not load: {str(error).rstrip('.')}",
+                                 "point it at a Hugging Face model directory with tokenizer.json (a fast "
+                                 "tokenizer), or a .gguf file") from None
+  return tokenizer.with_template_kwargs(kwargs)
 
 
 def validation_samples(tokenizer: Any, batch: dict[str, Any], rollout: Any, scores: np.ndarray,

@@ -46,7 +46,7 @@ from ml_collections import ConfigDict
 from rljax import config as config_lib
 from rljax import models, sharding
 from rljax.models import lora
-from rljax.data import pipeline, tokenization
+from rljax.data import pipeline, preflight, tokenization
 from rljax.sft import config as sft_config
 from rljax.sft import packing
 from rljax.sft import step as step_lib
@@ -96,6 +96,7 @@ def make_train_iterator(config: ConfigDict, tokenizer: tokenization.Tokenizer, p
   [n] int32 arrays, index [B / process_count] int64.
   """
   pipeline.ensure_config_data(config)
+  preflight.check_sft_data(config)
   data, trainer = config.data, config.trainer
   dataset = SFTDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples, seed=trainer.seed)
   batches = pipeline.batch_dataset(dataset, data.train_batch_size, num_epochs=trainer.total_epochs, shuffle=True,
