@@ -10,10 +10,14 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+def reserved_port() -> socket.socket:
+  """A socket holding a port the OS handed out, for a job's coordinator: bound with SO_REUSEPORT and left open
+  until the job ends, so that JAX's coordination service (gRPC, which binds with SO_REUSEPORT) binds it, while
+  nothing else (another suite's server, another job) can take it between choosing and binding."""
+  reservation = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+  reservation.bind(("127.0.0.1", 0))
+  return reservation
 
 
 # what `rljax.compile.topology.devices` sets in this process to compile for a TPU slice: a child process is no TPU VM
@@ -29,8 +33,9 @@ def xla_flags(devices: int = 1) -> str:
 
 def start(argv: list[str], processes: int, devices: int = 8, **env_vars: str) -> list[subprocess.Popen]:
   """`python argv...` as `processes` processes sharing `devices` CPU devices (one process: no coordinator), with
-  `env_vars` set in each."""
-  port, procs = free_port(), []
+  `env_vars` set in each. The coordinator's port stays reserved (`reserved_port`) until `finish`."""
+  reservation, procs = reserved_port(), []
+  port = reservation.getsockname()[1]
   for rank in range(processes):
     env = dict({k: v for k, v in os.environ.items() if k not in COMPILER_ENV}, JAX_PLATFORMS="cpu",
                XLA_FLAGS=xla_flags(devices // processes), **env_vars)
@@ -39,6 +44,7 @@ def start(argv: list[str], processes: int, devices: int = 8, **env_vars: str) ->
                  JAX_PROCESS_ID=str(rank))
     procs.append(subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True))
+    procs[-1].port_reservation = reservation
   return procs
 
 
@@ -51,6 +57,7 @@ def finish(procs: list[subprocess.Popen], timeout: float = 400) -> list[str]:
       if p.poll() is None:
         p.kill()
         p.wait()
+      p.port_reservation.close()
 
 
 def run_metrics(argv: list[str], processes: int, run_dir: str, devices: int = 8) -> list[dict]:

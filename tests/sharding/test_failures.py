@@ -1,6 +1,7 @@
 """A job of several processes (`jax.distributed` over gloo) whose run fails in one process ends in every process
 within seconds, each printing the failed one's error (`rljax.sharding.failures`)."""
 
+import socket
 import time
 
 import pytest
@@ -92,3 +93,13 @@ def test_processes_of_a_job_that_ends_well_exit_cleanly_while_their_watchdogs_lo
   logs = processes.finish(procs, timeout=120)
   assert [p.returncode for p in procs] == [0] * 4, logs
   assert all("ended" in log for log in logs)
+
+
+def test_a_jobs_coordinator_port_is_reserved_for_it_alone():
+  # the test that a job's processes exit cleanly runs its coordinator on such a port; before, the port was chosen,
+  # released, and bound by the coordinator later, and another suite's server took it once ("bind: Address already
+  # in use")
+  reservation = processes.reserved_port()
+  with reservation, socket.socket() as other:
+    with pytest.raises(OSError, match="Address already in use"):
+      other.bind(("127.0.0.1", reservation.getsockname()[1]))

@@ -2,9 +2,6 @@
 
 import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -155,30 +152,11 @@ def test_a_lost_process_is_declared_after_the_heartbeat_timeout_the_environment_
       distributed.heartbeat_timeout_s()
 
 
-def free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
-  port = free_port()
   out = tmp_path / "result.npz"
-  procs = []
-  for rank in range(2):
-    env = dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-               JAX_PROCESS_ID=str(rank), JAX_PLATFORMS="cpu",
-               XLA_FLAGS=processes.xla_flags(4))
-    procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests/sharding/multihost_worker.py"), str(out)],
-                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-  try:
-    logs = [p.communicate(timeout=240)[0] for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
+  procs = processes.start([str(ROOT / "tests/sharding/multihost_worker.py"), str(out)], 2)
+  logs = processes.finish(procs, timeout=240)
   assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
   result = np.load(out)
   mesh = sharding.build_mesh({"data": 2, "fsdp": 2, "tensor": 2, "sequence": 1})
