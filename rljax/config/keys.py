@@ -930,7 +930,12 @@ KEYS = {
         "Dr.GRPO's unbiased advantage: subtract the group mean, do not divide by the std.",
         added="cosmos-rl (Dr.GRPO): sets algorithm.norm_adv_by_std_in_grpo=false (group mean removed, no std division)"),
     "algorithm.use_kl_in_reward": Key("Subtract a KL(policy ‖ reference) penalty from the token rewards (PPO's choice)."),
-    "algorithm.use_pf_ppo": Key("Preference-feedback PPO: reweight samples by their reward before the update."),
+    "algorithm.use_pf_ppo": Key(
+        "Preference-feedback PPO: reweight samples by their reward before the update.",
+        mapped="as verl 0.9.1's legacy trainer draws it under adv_estimator=gae (rljax.algos.pf_ppo): the update "
+               "trains on the step's rows drawn again with replacement, weighted by their sequence scores (the "
+               "step's metrics stay those of the generated rows); with another estimator it changes nothing, as "
+               "in verl, and is listed in the warning of keys that change nothing"),
     # critic
     "critic.checkpoint.async_save": Key(
         "Write checkpoints in the background.",
@@ -1471,7 +1476,6 @@ IGNORED_SECTIONS = {
     "ray_init": "no Ray: one JAX program per host",
     "trainer.controller_nsight_options": "Nsight profiling",
     "trainer.worker_nsight_options": "Nsight profiling",
-    "algorithm.pf_ppo": "read only with algorithm.use_pf_ppo, which rljax does not implement (an error when true)",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision": "PyTorch FSDP's dtypes; fsdp_config.model_dtype and dtype set rljax's",
     "actor_rollout_ref.ref.fsdp_config.mixed_precision": "PyTorch FSDP's dtypes; fsdp_config.model_dtype and dtype set rljax's",
     "critic.model.fsdp_config.mixed_precision": "PyTorch FSDP's dtypes; fsdp_config.model_dtype and dtype set rljax's",

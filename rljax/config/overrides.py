@@ -423,12 +423,14 @@ def ignored_overrides(overrides: Iterable[str], config: ConfigDict | None = None
   An entry of a verl free-form dictionary counts where the key it lands on is ignored
   (`+...optim.override_optimizer_config.optimizer_offload_fraction=1`); it is listed as written.
   With the overridden `config`, so do the keys of trainer.v1 modes other than the one it trains in (`MODE_KEYS`;
-  verl's fully-async recipe trains in colocate_async).
+  verl's fully-async recipe trains in colocate_async), and PF-PPO's under an estimator other than gae.
   """
   inert = set()
   if config is not None:
     mode = "colocate_async" if fully_async_recipe(config) else config.trainer.v1.trainer_mode
     inert = {key for key, modes in MODE_KEYS.items() if mode not in modes}
+    if config.algorithm.adv_estimator != "gae":  # verl reweights (PF-PPO) under gae alone
+      inert |= {"algorithm.use_pf_ppo", "algorithm.pf_ppo.reweight_method", "algorithm.pf_ppo.weight_pow"}
   found = []
   for text in overrides:
     operation, path, value = parse_override(text)

@@ -14,7 +14,8 @@ D equal blocks, block d on shard d, as the padded layout splits them), r =
 rows / D rows per shard, B buffers per shard:
 
   PackedRows.input_ids, positions  [D, B, L] int32, 0 on padding
-  PackedRows.segment_ids           [D, B, L] int32: the row's step-wide number + 1, 0 on padding
+  PackedRows.segment_ids           [D, B, L] int32: 1, 2, ... for the rows of a buffer in their order
+                                   (two copies of a row, as PF-PPO draws them, are two), 0 on padding
   PackedRows.out_index             [D, r, R] int32: where, among its shard's B * L tokens, the
                                    position predicting row token t sits; -1 where none
 
@@ -214,16 +215,25 @@ def local_shards(abstract: PackedRows) -> slice:
   return slice(min(i.start or 0 for i in axis), max(s.shape[1] if i.stop is None else i.stop for i in axis))
 
 
+def member_numbers(src: jax.Array, width: int) -> jax.Array:
+  """[..., L] int32 the number (1, 2, ...) of the buffer member each token of `src` ([..., L], places in the
+  step's [N * width] tokens) belongs to: a member starts where the place does not follow the previous token's
+  in the same row (another row, or a row again)."""
+  row = src // width
+  follows = (src[..., 1:] == src[..., :-1] + 1) & (row[..., 1:] == row[..., :-1])
+  starts = jnp.concatenate([jnp.ones_like(follows[..., :1]), ~follows], axis=-1)
+  return jnp.cumsum(starts.astype(jnp.int32), axis=-1)
+
+
 @functools.lru_cache(maxsize=None)
 def _gather(token_sharding: NamedSharding, index_sharding: NamedSharding) -> Any:
   """The jitted (input_ids, positions [1, N, P + R], src, out_index) -> PackedRows, laid out by the shardings."""
   def gather(input_ids, positions, src, out_index):
-    width = input_ids.shape[-1]
     real = src >= 0
     safe = jnp.maximum(src, 0)
     take = lambda x: jnp.where(real, x.reshape(-1)[safe], 0)  # noqa: E731
     return PackedRows(input_ids=take(input_ids), positions=take(positions),
-                      segment_ids=jnp.where(real, safe // width + 1, 0), out_index=out_index)
+                      segment_ids=jnp.where(real, member_numbers(src, input_ids.shape[-1]), 0), out_index=out_index)
 
   out = PackedRows(input_ids=token_sharding, positions=token_sharding, segment_ids=token_sharding,
                    out_index=index_sharding)

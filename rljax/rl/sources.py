@@ -47,6 +47,7 @@ class Draw(enum.IntEnum):
   CRITIC_UPDATE = 4
   ACTOR_UPDATE = 5
   VALIDATION = 6
+  PF_PPO = 7
 
 
 @dataclasses.dataclass(frozen=True)

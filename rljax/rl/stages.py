@@ -19,6 +19,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from rljax import sharding
+from rljax.algos import pf_ppo
 from rljax.rl import advantage_stage, experience as experience_lib, packing
 from rljax.rl import steps as steps_lib
 from rljax.rl.experience import Experience
@@ -148,6 +149,17 @@ def balanced_order(parts: StepParts, rows: Experience) -> np.ndarray:
   return balance_order(lengths, data_parallel, parts.run.layout.group)
 
 
+def resampled(parts: StepParts, state: Any, rows: Experience, order: np.ndarray) -> np.ndarray:
+  """[rows] `order`, or under algorithm.use_pf_ppo its rows drawn again by their sequence scores
+  (`rljax.algos.pf_ppo`; the hosts exchange their rows' scores, [N] floats)."""
+  algorithm = parts.config.algorithm
+  if not algorithm.use_pf_ppo:
+    return order
+  scores = hosts.process_concat(rows.token_level_scores.sum(-1).astype(np.float32))
+  return pf_ppo.resampled_order(parts.keys.at(state.step, Draw.PF_PPO), order, scores,
+                                algorithm.pf_ppo.reweight_method, algorithm.pf_ppo.weight_pow)
+
+
 def minibatches(parts: StepParts, state: Any, rows: Experience, step: Step, epochs: int, order: np.ndarray,
                 packer: packing.Packer | None) -> Iterator[tuple[int, int, Experience]]:
   """(epoch, index, mini-batch) over `epochs` epochs of `rows`, each mini-batch as `step` takes it (its batch
@@ -197,7 +209,7 @@ def update(parts: StepParts, state: Any, rows: Experience, timing: dict[str, flo
   config, run = parts.config, parts.run
   actor, steps, layout = config.actor_rollout_ref.actor, run.steps, run.layout
   collected: list[dict] = []
-  order = balanced_order(parts, rows)
+  order = resampled(parts, state, rows, balanced_order(parts, rows))
   if steps.critic_update is not None:
     with timed(timing, "update_critic"):
       step = update_step(parts, steps.critic_update, order, packer)

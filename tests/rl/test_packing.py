@@ -166,6 +166,9 @@ def same_metrics(packed, padded, row_cap):
     ("grpo", ("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")),
     ("ppo", ("critic.model.use_remove_padding=true", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum")),
+    # PF-PPO: mini-batches of rows drawn again with replacement (a row packed twice into one buffer)
+    ("ppo", ("critic.model.use_remove_padding=true", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum",
+             "algorithm.use_pf_ppo=true", "algorithm.pf_ppo.weight_pow=1")),
 ])
 def test_a_packed_run_gives_the_padded_runs_metrics(model_dir, data_dir, tmp_path, name, extra):
   extra += ("data.max_prompt_length=200",)  # buffers of 208 tokens hold several rows of the synthetic prompts
@@ -229,3 +232,9 @@ def test_shared_prompts_over_short_responses_run_padded_and_long_tails_packed():
   # responses of up to 512 tokens averaging 110: 6 buffers of 576 against 4 prompts and 16 full responses
   assert not packing.padded_pays(6 * 576, 16, 64, 512, group=4)
   assert not packing.padded_pays(16 * 96, 16, 64, 32, group=1)  # no sharing: packing never costs more
+
+
+def test_each_member_of_a_buffer_has_its_own_segment_even_a_row_twice():
+  # width 4: row 3's tokens 1..3 twice, then row 0's last token and row 1's first (consecutive places, two rows)
+  src = jnp.array([[13, 14, 15, 13, 14, 15, 3, 4, -1]])
+  np.testing.assert_array_equal(packing.member_numbers(src, 4), [[1, 1, 1, 2, 2, 2, 3, 4, 5]])

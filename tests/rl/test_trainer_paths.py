@@ -271,10 +271,12 @@ def test_rollout_and_validation_dumps(model_dir, data_dir, tmp_path):
 def test_trainer_unsupported_settings_are_config_errors(model_dir, data_dir, tmp_path):
   from rljax.config import ConfigError  # pylint: disable=import-outside-toplevel
   for extra, key in (("algorithm.adv_estimator=optimal_token_baseline", "algorithm.adv_estimator"),
-                     ("algorithm.use_pf_ppo=true", "algorithm.use_pf_ppo"),
+                     ("algorithm.adv_estimator=gae algorithm.use_pf_ppo=true algorithm.pf_ppo.reweight_method=maxmin",
+                      "algorithm.pf_ppo.reweight_method='maxmin': must be one of pow, max_min, max_random. Fix: did "
+                      "you mean max_min"),
                      ("actor_rollout_ref.rollout.max_model_len=50", "actor_rollout_ref.rollout.max_model_len")):
     with pytest.raises(ConfigError, match=key):
-      tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), extra)
+      tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), *extra.split())
 
 
 def test_save_freq_minus_one_saves_no_checkpoint_as_in_verl(model_dir, data_dir, tmp_path):
@@ -282,3 +284,17 @@ def test_save_freq_minus_one_saves_no_checkpoint_as_in_verl(model_dir, data_dir,
                                "trainer.save_freq=-1")
   assert [m["step"] for m in tiny_run.fit_metrics(config)] == [1]
   assert not list(tmp_path.glob("global_step_*"))
+
+
+def test_pf_ppo_trains_gae_on_the_rows_drawn_again_by_their_scores(model_dir, data_dir, tmp_path):
+  # pow with weight_pow=50: a row scoring 1 weighs 1, one scoring 0.5 or 0 about 1e-8, so the critic's and the
+  # actor's update train on the rows that scored 1 alone (drawn again, with replacement; test_packing holds the
+  # packed passes of drawn rows to the padded ones)
+  base = ("trainer.total_training_steps=1", tiny_run.text_scorer(tmp_path))
+  plain = tiny_run.fit_metrics(tiny_run.run_config("ppo", model_dir, data_dir, str(tmp_path / "plain"), *base))
+  drawn = tiny_run.fit_metrics(tiny_run.run_config("ppo", model_dir, data_dir, str(tmp_path / "pf"), *base,
+                                                   "algorithm.use_pf_ppo=true", "algorithm.pf_ppo.weight_pow=50"))
+  assert drawn[0]["critic/score/mean"] == plain[0]["critic/score/mean"]  # the same rollout and its metrics
+  assert 0 < plain[0]["critic/score/max"] == 1.0 and plain[0]["critic/score/min"] < 1.0
+  for name in ("actor/pg_loss", "critic/vf_loss"):
+    assert np.isfinite(drawn[0][name]) and drawn[0][name] != plain[0][name], name
