@@ -61,7 +61,7 @@ def test_reference_rows_say_what_rljax_does():
   assert "mapped: size of the mesh's fsdp axis times ulysses" in rows["actor_rollout_ref.actor.fsdp_config.fsdp_size"]
   assert "deprecated: read as `actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu`" in rows["actor_rollout_ref.actor.ppo_micro_batch_size"]
   assert "rljax key:" in rows["trainer.logical_axis_rules"]
-  assert "verl's default only: starting from saved LoRA adapters is not implemented" in rows[
+  assert "mapped: a PEFT adapter directory the actor's adapters start from" in rows[
       "actor_rollout_ref.model.lora_adapter_path"]
   assert "mapped: null (rollout.dtype), fp8 (e4m3) or int8" in rows["actor_rollout_ref.rollout.quantization"]
   assert "mapped: a value other than 1 sets actor_rollout_ref.actor.tensor_model_parallel_size" in rows[

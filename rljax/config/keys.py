@@ -566,7 +566,10 @@ KEYS = {
     }),
     "actor_rollout_ref.model.lora_adapter_path": Key(
         "Saved LoRA adapters to start from.",
-        default_only=("starting from saved LoRA adapters is not implemented: the adapters would start fresh", "drop actor_rollout_ref.model.lora_adapter_path (merge the adapters into the model first)")),
+        mapped="a PEFT adapter directory the actor's adapters start from, with its settings (r, lora_alpha, "
+               "target_modules, use_rslora, rank_pattern, alpha_pattern), which replace the line's LoRA keys as in "
+               "verl (rljax.models.lora.read_peft_config); DoRA, biases, exclusions and modules_to_save are an "
+               "error"),
     **described(("actor_rollout_ref.model",), "mtp", _MTP, {
         "enable": dict(
             default_only=("multi-token prediction is not implemented", "set actor_rollout_ref.model.mtp.enable=false")),

@@ -6,7 +6,8 @@ cosmos-rl's Dr.GRPO keys, `optim.clip_grad`, `reward_manager.name`,
 Megatron's parallel sizes onto the mesh (`_map_megatron_mesh`), verl's
 fully-async recipe (`async_training.*`, its top-level `rollout.*`) onto
 `trainer.v1.trainer_mode=colocate_async` (`_map_fully_async`), and the legacy
-trainer's prompts per step (`_map_legacy_gen_batch`).
+trainer's prompts per step (`_map_legacy_gen_batch`), and a saved LoRA
+adapter's settings (`_map_lora_adapter`).
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def finalize(config: ConfigDict, device_count: int | None = None, explicit: Iter
   _map_megatron_mesh(config)  # before the data-parallel size, which the mesh sizes set
   _map_fully_async(config, set(explicit))  # before the micro-batch mappings, which read rollout.n
   _map_legacy_gen_batch(config)
+  _map_lora_adapter(config, set(explicit))
   _map_engine_kv_cache_dtype(config, set(explicit))
   world = resolve_world_size(config, device_count)
   dp = data_parallel_size(config, world)
@@ -131,6 +133,24 @@ def finalize(config: ConfigDict, device_count: int | None = None, explicit: Iter
     _map_clip_grad(config, section)
   _map_reward_manager_name(config)
   return config
+
+
+def _map_lora_adapter(config: ConfigDict, explicit: set[str]) -> None:
+  """actor_rollout_ref.model.lora_adapter_path: verl starts the actor's adapters from the saved PEFT adapter with
+  its own settings (PeftModel.from_pretrained), whatever the line's LoRA keys say; here they take the adapter's
+  (`rljax.models.lora.read_peft_config`), and a line setting one of them otherwise is named in a warning."""
+  model = config.actor_rollout_ref.model
+  if not model.lora_adapter_path:
+    return
+  from rljax.models import lora  # pylint: disable=import-outside-toplevel
+  adapter = lora.read_peft_config(model.lora_adapter_path)
+  differing = [f"actor_rollout_ref.model.{name}" for name, value in adapter.items()
+               if f"actor_rollout_ref.model.{name}" in explicit and model[name] != value]
+  if differing:
+    _warn_once("lora_adapter_path", f"actor_rollout_ref.model.lora_adapter_path: the adapter's own settings "
+               f"replace {', '.join(differing)} (as verl's PeftModel.from_pretrained reads them)")
+  for name, value in adapter.items():
+    set_value(config, f"actor_rollout_ref.model.{name}", value)
 
 
 def _map_legacy_gen_batch(config: ConfigDict) -> None:

@@ -645,8 +645,84 @@ def save_peft(model: CausalLM, config: LoRAConfig, path: str, base_model_name_or
   os.rmdir(tmp)
 
 
+# adapter_config.json fields a LoRA adapter may set only to these values: rljax's adapters implement no other
+PEFT_FIXED = {"peft_type": ("LORA",), "bias": ("none",), "fan_in_fan_out": (False,), "use_dora": (False, None),
+              "layers_to_transform": (None,), "layers_pattern": (None,), "exclude_modules": (None, [], ""),
+              "target_parameters": (None, []), "modules_to_save": (None, [])}
+
+
+def read_peft_config(path: str, key: str = "actor_rollout_ref.model.lora_adapter_path") -> dict[str, Any]:
+  """verl's LoRA keys (lora_rank, lora_alpha, target_modules, lora_dropout, use_rslora, r_pattern, alpha_pattern)
+  of PEFT's adapter directory `path`, as verl starts from it (PeftModel.from_pretrained: the adapter's settings,
+  not the launch line's).
+
+  Raises:
+    ConfigError: naming `key` and the file, where the directory is not a LoRA adapter rljax's adapters hold.
+  """
+  file = os.path.join(os.path.expanduser(path), ADAPTER_CONFIG)
+  try:
+    with open(file) as f:
+      peft = json.load(f)
+  except FileNotFoundError:
+    raise ConfigError(key, path, f"holds no {ADAPTER_CONFIG}",
+                      f"point it at a PEFT adapter directory ({ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})") from None
+  except json.JSONDecodeError as error:
+    raise ConfigError(key, path, f"{file} is not JSON ({error})", "point it at a PEFT adapter directory") from None
+  for name, allowed in PEFT_FIXED.items():
+    check(peft.get(name) in allowed, key, path, f"{file} sets {name}={peft.get(name)!r}, which rljax's LoRA "
+          f"adapters do not implement (they take {allowed[0]!r})", "start from an adapter without it")
+  targets = peft.get("target_modules")
+  names = sorted(targets) if isinstance(targets, (list, tuple, set)) else targets
+  try:
+    lora_targets(names, key)
+  except ConfigError:
+    raise ConfigError(key, path, f"{file} targets {targets!r}; rljax's adapters sit on "
+                      f"{', '.join(PROJECTIONS)} ('all-linear')", "start from an adapter of those modules") from None
+  return {"lora_rank": peft["r"], "lora_alpha": peft["lora_alpha"], "target_modules": names,
+          "lora_dropout": peft.get("lora_dropout", 0.0) or 0.0, "use_rslora": bool(peft.get("use_rslora", False)),
+          "r_pattern": dict(peft.get("rank_pattern") or {}), "alpha_pattern": dict(peft.get("alpha_pattern") or {})}
+
+
+def load_peft_weights(model: CausalLM, path: str, key: str = "actor_rollout_ref.model.lora_adapter_path") -> None:
+  """Sets `model`'s adapters (applied from `read_peft_config(path)`) to the A and B of PEFT's adapter directory
+  `path`, in place (placed as the adapters are), as `peft_tensors` writes them.
+
+  Raises:
+    ConfigError: naming `key`, where a tensor is missing, of another shape, or left over.
+  """
+  reader = safetensors_io.SafetensorsReader(os.path.join(os.path.expanduser(path), ADAPTER_WEIGHTS))
+  file, left = os.path.join(path, ADAPTER_WEIGHTS), set(reader.names())
+
+  def read(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    check(name in left, key, path, f"{file} has no tensor {name}", "start from the adapter of this model")
+    left.discard(name)
+    tensor = np.asarray(reader.tensor(name))
+    check(tensor.shape == shape, key, path, f"{file}: {name} is {list(tensor.shape)}, the model's is {list(shape)}",
+          "start from the adapter of this model (its rank_pattern included)")
+    return tensor
+
+  for _, layers, parent_name, adapters in _adapted(model):
+    for attr, adapter in adapters.items():
+      proj = _BY_KERNEL[(parent_name, attr)]
+      a, b = np.array(_host(adapter.a[...])), np.array(_host(adapter.b[...]))
+      for j, layer in enumerate(layers):
+        a_l, b_l = (a[j], b[j]) if model.cfg.scan_layers else (a, b)
+        rank = a_l.shape[-1]
+        experts = a_l.shape[0] if isinstance(adapter, ExpertLoRA) else 0
+        pairs = ([(expert_module_name(layer, e, proj), a_l[e], b_l[e]) for e in range(experts)] if experts else
+                 [(module_name(layer, proj), a_l, b_l)])
+        for module, a_m, b_m in pairs:
+          a_m[...] = read(f"{PEFT_PREFIX}{module}.lora_A.weight", (rank, a_m.size // rank)).T.reshape(a_m.shape)
+          b_m[...] = read(f"{PEFT_PREFIX}{module}.lora_B.weight", (b_m.size // rank, rank)).T.reshape(b_m.shape)
+      adapter.a.value = jax.device_put(a.astype(adapter.a.value.dtype), adapter.a.value.sharding)
+      adapter.b.value = jax.device_put(b.astype(adapter.b.value.dtype), adapter.b.value.sharding)
+  check(not left, key, path, f"{file} holds tensors the model's adapters do not: {sorted(left)[:3]}",
+        "start from the adapter of this model")
+
+
 __all__ = [
     "ExpertLoRA", "LoRA", "LoRAConfig", "LoRADropoutKey", "LoRAParam", "LoRAScale", "PROJECTIONS", "TRAINABLE",
-    "TrainedParam", "adapter_delta", "apply_lora", "has_lora", "lora_scale", "merge_lora", "pattern_value", "peft_adapter_config",
+    "TrainedParam", "adapter_delta", "apply_lora", "has_lora", "load_peft_weights", "lora_scale", "merge_lora",
+    "pattern_value", "peft_adapter_config", "read_peft_config",
     "peft_tensors", "reference_split", "save_peft", "seed_dropout", "split_trainable", "trainable_filter",
 ]

@@ -47,12 +47,15 @@ def lora_config(config: ConfigDict) -> lora_lib.LoRAConfig | None:
 
 
 def load_actor(config: ConfigDict, mesh: Mesh, rules: Any, key: jax.Array) -> models.CausalLM:
-  """The actor from `actor_rollout_ref.model.path`, placed on `mesh`, with LoRA adapters when configured."""
+  """The actor from `actor_rollout_ref.model.path`, placed on `mesh`, with LoRA adapters when configured (those of
+  actor_rollout_ref.model.lora_adapter_path, where it is set)."""
   arr = config.actor_rollout_ref
   model = models.from_pretrained(arr.model.path, mesh=mesh, rules=rules, **model_options(config, mesh))
   lora = lora_config(config)
   if lora is not None:
     lora_lib.apply_lora(model, lora, jax.random.fold_in(key, 7), mesh, rules)
+    if arr.model.lora_adapter_path:
+      lora_lib.load_peft_weights(model, arr.model.lora_adapter_path)
   return model
 
 

@@ -283,3 +283,47 @@ def test_peft_loads_the_adapter_export_with_the_same_logits(hf_bases, family, tm
   merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), dtype=torch.float32,
                                                              attn_implementation="eager")
   assert helpers.max_diff_on_mask(ours, helpers.hf_logits(merged, IDS, MASK), MASK) <= 1e-4
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_an_adapter_peft_saved_loads_with_peft_s_logits(tmp_path, scan):
+  # verl's actor_rollout_ref.model.lora_adapter_path: PEFT's own adapter (per-module rank and alpha, rank-stabilised
+  # scale, B trained away from zero) gives rljax's model the logits PeftModel gives
+  hf = helpers.hf_model("llama_linear")
+  hf.save_pretrained(str(tmp_path / "base"))
+  peft_model = peft.get_peft_model(hf, peft.LoraConfig(
+      r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"], use_rslora=True,
+      rank_pattern={r"layers\.1\.self_attn\.q_proj": 2}, alpha_pattern={"down_proj": 3}))
+  with torch.no_grad():
+    for name, param in peft_model.named_parameters():
+      if "lora_B" in name:
+        param.copy_(0.2 * torch.randn_like(param))
+  peft_model.save_pretrained(str(tmp_path / "adapter"))
+  keys = lora.read_peft_config(str(tmp_path / "adapter"))
+  assert (keys["lora_rank"], keys["lora_alpha"], keys["use_rslora"]) == (4, 8, True)
+  config = lora.LoRAConfig(rank=keys["lora_rank"], alpha=keys["lora_alpha"], target_modules=keys["target_modules"],
+                           use_rslora=keys["use_rslora"], r_pattern=keys["r_pattern"],
+                           alpha_pattern=keys["alpha_pattern"])
+  if scan:  # one stacked adapter per projection: one rank in every layer
+    config = dataclasses.replace(config, r_pattern={})
+    with pytest.raises(config_lib.ConfigError, match="lora_A.weight is \\[2, 32\\], the model's is \\[4, 32\\]"):
+      lora.load_peft_weights(lora.apply_lora(M.from_pretrained(str(tmp_path / "base"), scan_layers=True), config),
+                             str(tmp_path / "adapter"))
+    return
+  model = lora.apply_lora(M.from_pretrained(str(tmp_path / "base")), config)
+  lora.load_peft_weights(model, str(tmp_path / "adapter"))
+  expected = helpers.hf_logits(peft_model.eval(), IDS, MASK)
+  assert helpers.max_diff_on_mask(logits(model, IDS, MASK), expected, MASK) <= 1e-4
+  base = logits(M.from_pretrained(str(tmp_path / "base")), IDS, MASK)
+  assert helpers.max_diff_on_mask(logits(model, IDS, MASK), base, MASK) > 1e-2  # the adapter's B counts
+
+
+def test_an_adapter_rljax_cannot_hold_is_named(tmp_path):
+  hf = helpers.hf_model("llama_linear")
+  peft.get_peft_model(hf, peft.LoraConfig(r=2, target_modules=["q_proj"], use_dora=True)).save_pretrained(
+      str(tmp_path / "dora"))
+  with pytest.raises(config_lib.ConfigError, match="adapter_config.json sets use_dora=True, which rljax's LoRA "
+                                                   "adapters do not implement"):
+    lora.read_peft_config(str(tmp_path / "dora"))
+  with pytest.raises(config_lib.ConfigError, match="lora_adapter_path='.*missing': holds no adapter_config.json"):
+    lora.read_peft_config(str(tmp_path / "missing"))

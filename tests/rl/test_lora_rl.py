@@ -135,3 +135,25 @@ def test_checkpoint_holds_the_adapters_resumes_and_exports(model_dir, data_dir, 
   adapted = peft.PeftModel.from_pretrained(base, str(tmp_path / "peft")).eval()
   np.testing.assert_allclose(_hf_logits(adapted, ids), ours, atol=1e-4)
   assert np.abs(_logits(models.from_pretrained(model_dir), ids) - ours).max() > 1e-2
+
+
+def test_the_actor_starts_from_a_saved_adapter_with_its_settings(model_dir, data_dir, tmp_path):
+  # verl's actor_rollout_ref.model.lora_adapter_path alone (no lora_rank on the line): the adapter's rank, alpha and
+  # targets replace the line's LoRA keys, and the actor's adapters hold its tensors
+  from rljax.rl import run_models  # pylint: disable=import-outside-toplevel
+  saved_config = lora.LoRAConfig(rank=2, alpha=6, target_modules=["q_proj", "v_proj", "down_proj"])
+  saved = lora.apply_lora(models.from_pretrained(model_dir), saved_config, jax.random.key(3))
+  for _, _, _, adapters in lora._adapted(saved):  # pylint: disable=protected-access
+    for adapter in adapters.values():
+      adapter.b.value = 0.1 * jax.random.normal(jax.random.key(4), adapter.b.value.shape, adapter.b.value.dtype)
+  lora.save_peft(saved, saved_config, str(tmp_path / "adapter"), model_dir)
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"),
+                               f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'adapter'}")
+  model = config.actor_rollout_ref.model
+  assert (model.lora_rank, model.lora_alpha, list(model.target_modules)) == (2, 6, ["down_proj", "q_proj", "v_proj"])
+  mesh = tiny_run.one_device()
+  actor = run_models.load_actor(config, mesh, sharding.rules_from_config(config), jax.random.key(0))
+  expected = lora.peft_tensors(saved)
+  assert lora.peft_tensors(actor).keys() == expected.keys()
+  for name, value in lora.peft_tensors(actor).items():
+    np.testing.assert_array_equal(value, expected[name], err_msg=name)
