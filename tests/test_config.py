@@ -616,7 +616,6 @@ def test_reward_manager_name_is_verls_newer_name_of_reward_models_reward_manager
 
 @pytest.mark.parametrize("override,problem", [
     ("global_profiler.steps=[0]", "must be a list of step numbers"),
-    ("actor_rollout_ref.model.exclude_modules=[o_proj]", "exclude_modules is not implemented"),
     ("actor_rollout_ref.actor.optim.optimizer=SGD", "rljax's optimizer is optax's AdamW"),
     ("actor_rollout_ref.actor.optim.lr_decay_style=cosine", "Megatron's learning-rate schedule is not implemented"),
     # verl 0.6-0.7's rollout-correction keys, removed in verl 0.9: never silently dropped

@@ -531,7 +531,10 @@ KEYS = {
         mapped="jax.checkpoint (remat) per decoder layer"),
     "actor_rollout_ref.model.exclude_modules": Key(
         "LoRA: modules left without adapters.",
-        default_only=("LoRA's exclude_modules is not implemented: the adapters would cover the excluded modules", "list the modules to adapt in actor_rollout_ref.model.target_modules instead"),
+        mapped="PEFT's rule (rljax.models.lora.excluded): a regex matching the whole HF module name "
+               "(model.layers.0.self_attn.q_proj), or a list of names each matching the name or its end after a "
+               "dot; under scan_layers an excluded layer's slice of the stacked adapter adds nothing and never "
+               "trains (scale 0), and it is left out of PEFT exports",
         type_note="str, list or null"),
     "actor_rollout_ref.model.external_lib": Key(
         "Python package imported first to register extra model or tokenizer classes.",
@@ -568,8 +571,7 @@ KEYS = {
         "Saved LoRA adapters to start from.",
         mapped="a PEFT adapter directory the actor's adapters start from, with its settings (r, lora_alpha, "
                "target_modules, use_rslora, rank_pattern, alpha_pattern), which replace the line's LoRA keys as in "
-               "verl (rljax.models.lora.read_peft_config); DoRA, biases, exclusions and modules_to_save are an "
-               "error"),
+               "verl (rljax.models.lora.read_peft_config); DoRA, biases and modules_to_save are an error"),
     **described(("actor_rollout_ref.model",), "mtp", _MTP, {
         "enable": dict(
             default_only=("multi-token prediction is not implemented", "set actor_rollout_ref.model.mtp.enable=false")),

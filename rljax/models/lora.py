@@ -132,6 +132,37 @@ def lora_targets(value: Any, key: str = "actor_rollout_ref.model.target_modules"
   return tuple(dict.fromkeys(names))
 
 
+def _plain(value: Any) -> Any:
+  """A config value as plain Python (a list for a list-like)."""
+  return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _check_exclusions(value: Any, key: str) -> None:
+  """exclude_modules: null, a regex (matched against whole HF module names) or a list of module names."""
+  if value is None or value == []:
+    return
+  if isinstance(value, str):
+    try:
+      re.compile(value)
+    except re.error as error:
+      raise ConfigError(key, value, f"is not a regex ({error})",
+                        "write a Python regex matched against whole names like model.layers.0.self_attn.q_proj") from None
+    return
+  check(isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value), key, value,
+        "must be null, a regex or a list of module names", f"e.g. {key}=[o_proj]")
+
+
+def excluded(config: "LoRAConfig", name: str) -> bool:
+  """Whether exclude_modules keeps HF module `name` out of LoRA, PEFT's rule: a regex matches the whole name; a
+  list names it, or ends it after a dot."""
+  exclude = config.exclude_modules
+  if not exclude:
+    return False
+  if isinstance(exclude, str):
+    return re.fullmatch(exclude, name) is not None
+  return name in exclude or any(name.endswith(f".{entry}") for entry in exclude)
+
+
 def _check_patterns(values: Any, key: str, value_ok, kind: str) -> None:
   values = values.to_dict() if isinstance(values, ConfigDict) else values
   check(isinstance(values, dict), key, values, "must be a mapping {regex: value}",
@@ -164,6 +195,7 @@ def check_lora_keys(values: Any, prefix: str = "actor_rollout_ref.model") -> Non
   check(isinstance(values["use_rslora"], bool), key("use_rslora"), values["use_rslora"], "must be true or false",
         f"set {key('use_rslora')}=false")
   lora_targets(values["target_modules"], key("target_modules"))
+  _check_exclusions(values.get("exclude_modules"), key("exclude_modules"))
   saved = values["modules_to_save"]
   ok = saved is None or (isinstance(saved, (list, tuple)) and all(isinstance(n, str) for n in saved))
   check(ok, key("modules_to_save"), saved, "must be null or a list of module names",
@@ -205,6 +237,7 @@ class LoRAConfig:
   alpha_pattern: Mapping[str, float] = dataclasses.field(default_factory=dict)
   r_pattern: Mapping[str, int] = dataclasses.field(default_factory=dict)
   init_lora_weights: bool | str = True
+  exclude_modules: Any = None
   key_prefix: str = "actor_rollout_ref.model"
 
   def __post_init__(self):
@@ -225,14 +258,16 @@ class LoRAConfig:
         dropout=node.lora_dropout, use_rslora=node.use_rslora,
         modules_to_save=tuple(node.modules_to_save or ()),
         alpha_pattern=as_dict(node.alpha_pattern), r_pattern=as_dict(node.r_pattern),
-        init_lora_weights=node.init_lora_weights, key_prefix=key_prefix)
+        init_lora_weights=node.init_lora_weights, exclude_modules=_plain(node.get("exclude_modules")),
+        key_prefix=key_prefix)
 
   def as_keys(self) -> dict[str, Any]:
     """The values under verl's key names."""
     return {"lora_rank": self.rank, "lora_alpha": self.alpha, "target_modules": self.target_modules,
             "lora_dropout": self.dropout, "use_rslora": self.use_rslora,
             "modules_to_save": list(self.modules_to_save), "alpha_pattern": dict(self.alpha_pattern),
-            "r_pattern": dict(self.r_pattern), "init_lora_weights": self.init_lora_weights}
+            "r_pattern": dict(self.r_pattern), "init_lora_weights": self.init_lora_weights,
+            "exclude_modules": self.exclude_modules}
 
   @property
   def targets(self) -> tuple[str, ...]:
@@ -355,7 +390,7 @@ def _place(value: jax.Array, names: tuple, mesh: Mesh | None, rules: Rules | Non
 
 
 def _layer_rank(config: LoRAConfig, names: list[str], experts: bool) -> int:
-  ranks = {pattern_value(config.r_pattern, n, config.rank) for n in names}
+  ranks = {pattern_value(config.r_pattern, n, config.rank) for n in names if not excluded(config, n)}
   if len(ranks) > 1:
     stacked = "the experts of a layer share one stacked adapter" if experts else "scan_layers stacks them into one adapter"
     fix = "use one rank per projection" + ("" if experts else f", or set {config.key_prefix}.scan_layers=false")
@@ -366,14 +401,17 @@ def _layer_rank(config: LoRAConfig, names: list[str], experts: bool) -> int:
 
 
 def _layer_scales(config: LoRAConfig, names: list[str], rank: int, experts: int) -> list[float]:
-  """One scale per layer of `names` (each layer's `experts` names in a row, or one name per layer)."""
-  scales = [lora_scale(rank, pattern_value(config.alpha_pattern, n, config.alpha), config.use_rslora) for n in names]
+  """One scale per layer of `names` (each layer's `experts` names in a row, or one name per layer); 0 for a layer
+  exclude_modules keeps out (its stacked adapter then adds nothing, and neither of its matrices trains)."""
+  scales = [0.0 if excluded(config, n) else
+            lora_scale(rank, pattern_value(config.alpha_pattern, n, config.alpha), config.use_rslora) for n in names]
   per_layer = [scales[i:i + max(experts, 1)] for i in range(0, len(scales), max(experts, 1))]
   for layer in per_layer:
     if len(set(layer)) > 1:
-      raise ConfigError(f"{config.key_prefix}.alpha_pattern", dict(config.alpha_pattern),
-                                   "gives the experts of a layer different alphas, but they share one stacked "
-                                   "adapter", "use one alpha per projection and layer")
+      key = "exclude_modules" if 0.0 in layer else "alpha_pattern"
+      raise ConfigError(f"{config.key_prefix}.{key}", config.as_keys()[key],
+                        f"gives the experts of a layer different {'adapters' if 0.0 in layer else 'alphas'}, but "
+                        "they share one stacked adapter", "treat every expert of a layer alike")
   return [layer[0] for layer in per_layer]
 
 
@@ -436,6 +474,8 @@ def apply_lora(model: CausalLM, config: LoRAConfig, key: jax.Array | None = None
       experts = parent.gate.shape[-3] if isinstance(parent, moe.MoE) else 0
       names = ([expert_module_name(i, e, proj) for i in layers for e in range(experts)] if experts
                else [module_name(i, proj) for i in layers])
+      if all(excluded(config, name) for name in names):
+        continue
       adapter = _new_adapter(getattr(parent, attr), n_in, names, stacked, config,
                              jax.random.fold_in(key, layers[0] * len(PROJECTIONS) + p), mesh, rules, experts)
       if getattr(parent, "adapters", None) is None:
@@ -581,6 +621,26 @@ def _host(x: jax.Array) -> np.ndarray:
   return np.asarray(jax.device_get(x))
 
 
+def _adapter_modules(model: CausalLM) -> Iterator[tuple[LoRA, tuple[np.ndarray, np.ndarray], list]]:
+  """(adapter, its (A, B) as writable host copies, [(HF module name, A view [*in, r], B view [r, *out])] of every
+  module it adapts): a layer exclude_modules keeps out (scale 0) has none."""
+  for _, layers, parent_name, adapters in _adapted(model):
+    for attr, adapter in adapters.items():
+      proj = _BY_KERNEL[(parent_name, attr)]
+      a, b = np.array(_host(adapter.a[...])), np.array(_host(adapter.b[...]))
+      scales = np.atleast_1d(_host(adapter.scale[...]))
+      modules = []
+      for j, layer in enumerate(layers):
+        if scales[j if model.cfg.scan_layers else 0] == 0:
+          continue
+        a_l, b_l = (a[j], b[j]) if model.cfg.scan_layers else (a, b)
+        if isinstance(adapter, ExpertLoRA):
+          modules += [(expert_module_name(layer, e, proj), a_l[e], b_l[e]) for e in range(a_l.shape[0])]
+        else:
+          modules.append((module_name(layer, proj), a_l, b_l))
+      yield adapter, (a, b), modules
+
+
 def peft_tensors(model: CausalLM) -> dict[str, np.ndarray]:
   """PEFT's adapter_model tensors.
 
@@ -589,20 +649,11 @@ def peft_tensors(model: CausalLM) -> dict[str, np.ndarray]:
   modules_to_save parameter: `base_model.model.<HF tensor name>`.
   """
   out: dict[str, np.ndarray] = {}
-  for _, layers, parent_name, adapters in _adapted(model):
-    for attr, adapter in adapters.items():
-      proj = _BY_KERNEL[(parent_name, attr)]
-      a, b = _host(adapter.a[...]), _host(adapter.b[...])
-      for j, layer in enumerate(layers):
-        a_l, b_l = (a[j], b[j]) if model.cfg.scan_layers else (a, b)
-        rank = a_l.shape[-1]
-        if isinstance(adapter, ExpertLoRA):
-          modules = [(expert_module_name(layer, e, proj), a_l[e], b_l[e]) for e in range(a_l.shape[0])]
-        else:
-          modules = [(module_name(layer, proj), a_l, b_l)]
-        for module, a_m, b_m in modules:
-          out[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a_m.reshape(-1, rank).T
-          out[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b_m.reshape(rank, -1).T
+  for _, _, modules in _adapter_modules(model):
+    for module, a_m, b_m in modules:
+      rank = a_m.shape[-1]
+      out[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a_m.reshape(-1, rank).T
+      out[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b_m.reshape(rank, -1).T
   for path, var in nnx.to_flat_state(nnx.state(model, TrainedParam)):
     for name, v in checkpoint.hf_sources(model.cfg, path).to_hf(_host(var[...])).items():
       out[PEFT_PREFIX + name] = v
@@ -617,7 +668,8 @@ def peft_adapter_config(config: LoRAConfig, base_model_name_or_path: str | None)
       "target_modules": list(config.targets), "use_rslora": config.use_rslora,
       "modules_to_save": list(config.modules_to_save) or None,
       "rank_pattern": dict(config.r_pattern), "alpha_pattern": dict(config.alpha_pattern),
-      "init_lora_weights": config.init_lora_weights, "bias": "none", "fan_in_fan_out": False,
+      "init_lora_weights": config.init_lora_weights, "exclude_modules": config.exclude_modules or None,
+      "bias": "none", "fan_in_fan_out": False,
       "inference_mode": True,
   }
 
@@ -647,8 +699,8 @@ def save_peft(model: CausalLM, config: LoRAConfig, path: str, base_model_name_or
 
 # adapter_config.json fields a LoRA adapter may set only to these values: rljax's adapters implement no other
 PEFT_FIXED = {"peft_type": ("LORA",), "bias": ("none",), "fan_in_fan_out": (False,), "use_dora": (False, None),
-              "layers_to_transform": (None,), "layers_pattern": (None,), "exclude_modules": (None, [], ""),
-              "target_parameters": (None, []), "modules_to_save": (None, [])}
+              "layers_to_transform": (None,), "layers_pattern": (None,), "target_parameters": (None, []),
+              "modules_to_save": (None, [])}
 
 
 def read_peft_config(path: str, key: str = "actor_rollout_ref.model.lora_adapter_path") -> dict[str, Any]:
@@ -680,7 +732,8 @@ def read_peft_config(path: str, key: str = "actor_rollout_ref.model.lora_adapter
                       f"{', '.join(PROJECTIONS)} ('all-linear')", "start from an adapter of those modules") from None
   return {"lora_rank": peft["r"], "lora_alpha": peft["lora_alpha"], "target_modules": names,
           "lora_dropout": peft.get("lora_dropout", 0.0) or 0.0, "use_rslora": bool(peft.get("use_rslora", False)),
-          "r_pattern": dict(peft.get("rank_pattern") or {}), "alpha_pattern": dict(peft.get("alpha_pattern") or {})}
+          "r_pattern": dict(peft.get("rank_pattern") or {}), "alpha_pattern": dict(peft.get("alpha_pattern") or {}),
+          "exclude_modules": _plain(peft.get("exclude_modules")) or None}
 
 
 def load_peft_weights(model: CausalLM, path: str, key: str = "actor_rollout_ref.model.lora_adapter_path") -> None:
@@ -701,28 +754,20 @@ def load_peft_weights(model: CausalLM, path: str, key: str = "actor_rollout_ref.
           "start from the adapter of this model (its rank_pattern included)")
     return tensor
 
-  for _, layers, parent_name, adapters in _adapted(model):
-    for attr, adapter in adapters.items():
-      proj = _BY_KERNEL[(parent_name, attr)]
-      a, b = np.array(_host(adapter.a[...])), np.array(_host(adapter.b[...]))
-      for j, layer in enumerate(layers):
-        a_l, b_l = (a[j], b[j]) if model.cfg.scan_layers else (a, b)
-        rank = a_l.shape[-1]
-        experts = a_l.shape[0] if isinstance(adapter, ExpertLoRA) else 0
-        pairs = ([(expert_module_name(layer, e, proj), a_l[e], b_l[e]) for e in range(experts)] if experts else
-                 [(module_name(layer, proj), a_l, b_l)])
-        for module, a_m, b_m in pairs:
-          a_m[...] = read(f"{PEFT_PREFIX}{module}.lora_A.weight", (rank, a_m.size // rank)).T.reshape(a_m.shape)
-          b_m[...] = read(f"{PEFT_PREFIX}{module}.lora_B.weight", (b_m.size // rank, rank)).T.reshape(b_m.shape)
-      adapter.a.value = jax.device_put(a.astype(adapter.a.value.dtype), adapter.a.value.sharding)
-      adapter.b.value = jax.device_put(b.astype(adapter.b.value.dtype), adapter.b.value.sharding)
+  for adapter, (a, b), modules in _adapter_modules(model):
+    for module, a_m, b_m in modules:
+      rank = a_m.shape[-1]
+      a_m[...] = read(f"{PEFT_PREFIX}{module}.lora_A.weight", (rank, a_m.size // rank)).T.reshape(a_m.shape)
+      b_m[...] = read(f"{PEFT_PREFIX}{module}.lora_B.weight", (b_m.size // rank, rank)).T.reshape(b_m.shape)
+    adapter.a.value = jax.device_put(a.astype(adapter.a.value.dtype), adapter.a.value.sharding)
+    adapter.b.value = jax.device_put(b.astype(adapter.b.value.dtype), adapter.b.value.sharding)
   check(not left, key, path, f"{file} holds tensors the model's adapters do not: {sorted(left)[:3]}",
         "start from the adapter of this model")
 
 
 __all__ = [
     "ExpertLoRA", "LoRA", "LoRAConfig", "LoRADropoutKey", "LoRAParam", "LoRAScale", "PROJECTIONS", "TRAINABLE",
-    "TrainedParam", "adapter_delta", "apply_lora", "has_lora", "load_peft_weights", "lora_scale", "merge_lora",
+    "TrainedParam", "adapter_delta", "apply_lora", "excluded", "has_lora", "load_peft_weights", "lora_scale", "merge_lora",
     "pattern_value", "peft_adapter_config", "read_peft_config",
     "peft_tensors", "reference_split", "save_peft", "seed_dropout", "split_trainable", "trainable_filter",
 ]

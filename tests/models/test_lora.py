@@ -327,3 +327,33 @@ def test_an_adapter_rljax_cannot_hold_is_named(tmp_path):
     lora.read_peft_config(str(tmp_path / "dora"))
   with pytest.raises(config_lib.ConfigError, match="lora_adapter_path='.*missing': holds no adapter_config.json"):
     lora.read_peft_config(str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("scan,exclude", [
+    (False, r"model\.layers\.1\.self_attn\.q_proj"),  # a regex: one layer's q_proj
+    (True, r"model\.layers\.0\..*"),  # every module of layer 0: its slices of the stacked adapters add nothing
+    (True, ["o_proj", "model.layers.1.mlp.down_proj"]),  # every o_proj (no adapter at all), one down_proj
+])
+def test_exclude_modules_keeps_the_modules_peft_keeps_out(tmp_path, scan, exclude):
+  hf = helpers.hf_model("llama_linear")
+  hf.save_pretrained(str(tmp_path / "base"))
+  peft_model = peft.get_peft_model(hf, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj",
+                                                                                          "down_proj"],
+                                                       exclude_modules=exclude))
+  with torch.no_grad():
+    for name, param in peft_model.named_parameters():
+      if "lora_B" in name:
+        param.copy_(0.2 * torch.randn_like(param))
+  peft_model.save_pretrained(str(tmp_path / "adapter"))
+  keys = lora.read_peft_config(str(tmp_path / "adapter"))
+  config = lora.LoRAConfig(rank=4, alpha=8, target_modules=keys["target_modules"],
+                           exclude_modules=keys["exclude_modules"])
+  model = lora.apply_lora(M.from_pretrained(str(tmp_path / "base"), scan_layers=scan), config)
+  lora.load_peft_weights(model, str(tmp_path / "adapter"))  # every tensor PEFT wrote, and no other, is read
+  expected = helpers.hf_logits(peft_model.eval(), IDS, MASK)
+  assert helpers.max_diff_on_mask(logits(model, IDS, MASK), expected, MASK) <= 1e-4
+  lora.save_peft(perturb(model, scale=0.1), config, str(tmp_path / "ours"), str(tmp_path / "base"))
+  ours = peft.PeftModel.from_pretrained(helpers.hf_model("llama_linear"), str(tmp_path / "ours")).eval()
+  assert sorted(ours.state_dict()) == sorted(peft_model.state_dict())  # the same modules adapted
+  assert helpers.max_diff_on_mask(logits(perturb(model, scale=0.1), IDS, MASK), helpers.hf_logits(ours, IDS, MASK),
+                                  MASK) <= 1e-4
