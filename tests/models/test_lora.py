@@ -285,20 +285,27 @@ def test_peft_loads_the_adapter_export_with_the_same_logits(hf_bases, family, tm
   assert helpers.max_diff_on_mask(ours, helpers.hf_logits(merged, IDS, MASK), MASK) <= 1e-4
 
 
-@pytest.mark.parametrize("scan", [False, True])
-def test_an_adapter_peft_saved_loads_with_peft_s_logits(tmp_path, scan):
-  # verl's actor_rollout_ref.model.lora_adapter_path: PEFT's own adapter (per-module rank and alpha, rank-stabilised
-  # scale, B trained away from zero) gives rljax's model the logits PeftModel gives
+def peft_adapter(tmp_path, config):
+  """The PEFT model of `config` over the llama_linear base (saved to tmp_path/base), its B matrices trained away
+  from zero, saved by PEFT to tmp_path/adapter."""
   hf = helpers.hf_model("llama_linear")
   hf.save_pretrained(str(tmp_path / "base"))
-  peft_model = peft.get_peft_model(hf, peft.LoraConfig(
-      r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"], use_rslora=True,
-      rank_pattern={r"layers\.1\.self_attn\.q_proj": 2}, alpha_pattern={"down_proj": 3}))
+  peft_model = peft.get_peft_model(hf, config)
   with torch.no_grad():
     for name, param in peft_model.named_parameters():
       if "lora_B" in name:
         param.copy_(0.2 * torch.randn_like(param))
   peft_model.save_pretrained(str(tmp_path / "adapter"))
+  return peft_model
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_an_adapter_peft_saved_loads_with_peft_s_logits(tmp_path, scan):
+  # verl's actor_rollout_ref.model.lora_adapter_path: PEFT's own adapter (per-module rank and alpha, rank-stabilised
+  # scale, B trained away from zero) gives rljax's model the logits PeftModel gives
+  peft_model = peft_adapter(tmp_path, peft.LoraConfig(
+      r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"], use_rslora=True,
+      rank_pattern={r"layers\.1\.self_attn\.q_proj": 2}, alpha_pattern={"down_proj": 3}))
   keys = lora.read_peft_config(str(tmp_path / "adapter"))
   assert (keys["lora_rank"], keys["lora_alpha"], keys["use_rslora"]) == (4, 8, True)
   config = lora.LoRAConfig(rank=keys["lora_rank"], alpha=keys["lora_alpha"], target_modules=keys["target_modules"],
@@ -335,16 +342,9 @@ def test_an_adapter_rljax_cannot_hold_is_named(tmp_path):
     (True, ["o_proj", "model.layers.1.mlp.down_proj"]),  # every o_proj (no adapter at all), one down_proj
 ])
 def test_exclude_modules_keeps_the_modules_peft_keeps_out(tmp_path, scan, exclude):
-  hf = helpers.hf_model("llama_linear")
-  hf.save_pretrained(str(tmp_path / "base"))
-  peft_model = peft.get_peft_model(hf, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj",
-                                                                                          "down_proj"],
+  peft_model = peft_adapter(tmp_path, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj",
+                                                                                      "down_proj"],
                                                        exclude_modules=exclude))
-  with torch.no_grad():
-    for name, param in peft_model.named_parameters():
-      if "lora_B" in name:
-        param.copy_(0.2 * torch.randn_like(param))
-  peft_model.save_pretrained(str(tmp_path / "adapter"))
   keys = lora.read_peft_config(str(tmp_path / "adapter"))
   config = lora.LoRAConfig(rank=4, alpha=8, target_modules=keys["target_modules"],
                            exclude_modules=keys["exclude_modules"])
