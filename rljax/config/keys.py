@@ -453,7 +453,10 @@ KEYS = {
         deprecated=("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "global, in prompts: x rollout.n / data-parallel devices")),
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": Key(
         "Responses per forward/backward pass on each device; gradients accumulate over micro-batches. null: the device's whole mini-batch in one pass (verl requires a value).",
-        mapped="micro-batch rows per data-parallel device; the global micro-batch is this times the data*fsdp axis size; null (an error in verl): the device's whole mini-batch in one pass, so a job runs on any device count"),
+        mapped="micro-batch rows per data-parallel device, at most (the most that divide the device's mini-batch "
+               "rows evenly: verl runs a larger value as one micro-batch and one that does not divide as a shorter "
+               "last one, with the same loss); the global micro-batch is this times the data*fsdp axis size; null "
+               "(an error in verl): the device's whole mini-batch in one pass, so a job runs on any device count"),
     "actor_rollout_ref.actor.ppo_mini_batch_size": Key("Prompts per optimizer step; each step updates on this many prompts times rollout.n responses."),
     **described(PROFILED_SECTIONS, "profiler", _PROFILER, {
         "discrete": dict(

@@ -53,10 +53,6 @@ def _check_batches(config: ConfigDict, world_size: int | None) -> None:
   check(isinstance(micro, int) and not isinstance(micro, bool) and micro > 0, micro_key, micro,
         "must be a positive integer, or null for the whole per-device mini-batch (or set use_dynamic_bsz=true)",
         f"set {micro_key}=8")
-  per_device = mini_rows // dp
-  check(per_device % micro == 0, micro_key, micro,
-        f"the mini-batch per device ({per_device} rows = ppo_mini_batch_size {actor.ppo_mini_batch_size} x rollout.n {n} / {dp} devices) is not divisible by it",
-        f"set {micro_key} to a divisor of {per_device}")
 
 
 def _check_lengths(config: ConfigDict) -> None:

@@ -70,7 +70,10 @@ def largest_divisor(n: int, cap: int) -> int:
 
 
 def micro_batch_count(config: ConfigDict, mini_rows: int, data_parallel: int, row_tokens: int) -> int:
-  """Micro-batches per mini-batch from the per-device micro size or token budget.
+  """Micro-batches per mini-batch from the per-device micro size or token budget, each a cap: a device's
+  micro-batch holds the most rows that divide its mini-batch evenly within it (verl runs a micro size above a
+  device's rows as one micro-batch, and one that does not divide them as a shorter last one; the loss is
+  normalized over the mini-batch either way, so only the peak memory differs).
 
   With use_dynamic_bsz, rows are padded to P + R tokens (static shapes), a
   device holding `row_tokens` of each (P + R over the sequence axis), so
@@ -79,11 +82,8 @@ def micro_batch_count(config: ConfigDict, mini_rows: int, data_parallel: int, ro
   """
   actor = config.actor_rollout_ref.actor
   per_device = mini_rows // data_parallel
-  if actor.use_dynamic_bsz:
-    micro = largest_divisor(per_device, actor.ppo_max_token_len_per_gpu // row_tokens)
-  else:
-    micro = actor.ppo_micro_batch_size_per_gpu
-  return per_device // micro
+  cap = actor.ppo_max_token_len_per_gpu // row_tokens if actor.use_dynamic_bsz else actor.ppo_micro_batch_size_per_gpu
+  return per_device // largest_divisor(per_device, cap)
 
 
 def forward_micro_batches(rows: int, data_parallel: int, row_tokens: int, micro_per_device: int | None,

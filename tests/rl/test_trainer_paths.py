@@ -298,3 +298,16 @@ def test_pf_ppo_trains_gae_on_the_rows_drawn_again_by_their_scores(model_dir, da
   assert 0 < plain[0]["critic/score/max"] == 1.0 and plain[0]["critic/score/min"] < 1.0
   for name in ("actor/pg_loss", "critic/vf_loss"):
     assert np.isfinite(drawn[0][name]) and drawn[0][name] != plain[0][name], name
+
+
+@pytest.mark.slow  # two 1-step runs (about 30 s)
+def test_a_micro_batch_size_is_a_cap_and_the_update_does_not_depend_on_it(model_dir, data_dir, tmp_path):
+  # 8 rows a mini-batch on one device: ppo_micro_batch_size_per_gpu=100 runs them as one micro-batch (verl does;
+  # rljax refused it), =3 as four of 2 (the most rows within 3 that split 8 evenly); the update is the same
+  runs = {micro: tiny_run.fit_metrics(tiny_run.run_config(
+      "grpo", model_dir, data_dir, str(tmp_path / str(micro)), "trainer.total_training_steps=1",
+      f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}", tiny_run.text_scorer(tmp_path)))[0]
+          for micro in (100, 3)}
+  assert runs[100]["actor/pg_loss"] != 0
+  for name in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+    assert runs[100][name] == pytest.approx(runs[3][name], rel=1e-5, abs=1e-7), name
