@@ -87,7 +87,7 @@ def packed_batch(rows: Experience, micro: int, shards: int) -> Experience:
   real = src >= 0
   take = lambda x: jnp.where(real, x.reshape(-1)[jnp.maximum(src, 0)], 0)  # noqa: E731
   packed = packing.PackedRows(input_ids=take(ids), positions=take(pos),
-                              segment_ids=jnp.where(real, jnp.maximum(src, 0) // (P + R) + 1, 0),
+                              segment_ids=jnp.where(real, packing.member_numbers(src, P + R), 0),
                               out_index=jnp.asarray(plan.out_index))
   return Experience(response_mask=rows.response_mask.reshape(micro, -1, R), packed=packed)
 
@@ -161,11 +161,15 @@ def same_metrics(packed, padded, row_cap):
     assert a["actor/ppo_kl"] == pytest.approx(b["actor/ppo_kl"], abs=2e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # two 2-step runs each (about 40 s)
 @pytest.mark.parametrize("name, extra", [
     ("grpo", ("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")),
     ("ppo", ("critic.model.use_remove_padding=true", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum")),
+    # the loss aggregations the two above leave out (token-mean is grpo's)
+    ("grpo", ("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",)),
+    ("grpo", ("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",)),
+    ("grpo", ("actor_rollout_ref.actor.loss_agg_mode=token-sum",)),
     # PF-PPO: mini-batches of rows drawn again with replacement (a row packed twice into one buffer)
     ("ppo", ("critic.model.use_remove_padding=true", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum",
              "algorithm.use_pf_ppo=true", "algorithm.pf_ppo.weight_pow=1")),
