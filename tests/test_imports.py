@@ -30,7 +30,7 @@ ALLOWED = {
     "sharding": {"config.errors"},
     "models": {"sharding", "kernels", "config.errors"},
     "rewards": {"utils"},
-    "data": {"agents", "utils"},
+    "data": {"agents", "utils", "config.errors"},  # data.preflight: a bad data file is a config error
     "rollout": {"models", "sharding", "agents", "data", "config.errors", "config.choices"},
     "config": {"algos", "models", "sharding", *LEAVES},
     "training": {"models", "sharding", "config", *LEAVES},

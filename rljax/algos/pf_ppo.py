@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from rljax.config.choices import PF_PPO_METHODS as METHODS
+METHODS = ("pow", "max_min", "max_random")  # algorithm.pf_ppo.reweight_method
 
 
 def weights(scores: np.ndarray, method: str, weight_pow: float) -> np.ndarray:

@@ -6,7 +6,6 @@ OFF_POLICY_STRATEGIES = ("drop", "wait")
 RESUME_MODES = ("auto", "disable", "resume_path")
 LR_SCHEDULERS = ("constant", "cosine")
 KL_CONTROLLERS = ("fixed", "adaptive")
-PF_PPO_METHODS = ("pow", "max_min", "max_random")  # algorithm.pf_ppo.reweight_method (rljax.algos.pf_ppo)
 REWARD_MANAGERS = ("naive", "prime", "dapo", "batch")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 # verl's inference servers (vllm, sglang, trtllm, hf) all select rljax's JetStream-style engine, as jetstream does.

@@ -11,7 +11,7 @@ from rljax.config.checks import check_data_files, check_enum, check_model_path, 
 from rljax.config.errors import check, is_int, is_number
 from rljax.config.choices import (
     ADAM_NAMES, AGENT_LOOPS, CHECKPOINT_CONTENTS, CPU_DOT_LIBRARIES, DEVICES, DTYPES, KL_CONTROLLERS, LOGGERS,
-    LR_SCHEDULERS, PF_PPO_METHODS, RESUME_MODES, REWARD_MANAGERS, ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, ROLLOUT_NAMES,
+    LR_SCHEDULERS, RESUME_MODES, REWARD_MANAGERS, ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, ROLLOUT_NAMES,
     OFF_POLICY_STRATEGIES, SANITY_CHECK_MODES, TOOL_CALL_FORMATS, TRAINER_MODES, TRUNCATE_SIDES, TRUNCATIONS,
 )
 from rljax.config.fields import get_node
@@ -208,7 +208,8 @@ def _check_algorithm(config: ConfigDict) -> None:
         "needs sum_pi_squared (the sum of squared token probabilities), which the RL trainer does not compute",
         "use the kernel from rljax.algos directly, or choose grpo, rloo, reinforce_plus_plus or gae")
   if alg.use_pf_ppo and alg.adv_estimator == "gae":
-    check_enum(config, "algorithm.pf_ppo.reweight_method", PF_PPO_METHODS)
+    from rljax.algos import pf_ppo  # pylint: disable=import-outside-toplevel
+    check_enum(config, "algorithm.pf_ppo.reweight_method", pf_ppo.METHODS)
     check(is_number(alg.pf_ppo.weight_pow), "algorithm.pf_ppo.weight_pow", alg.pf_ppo.weight_pow,
           "must be a number (the exponent of the pow weighting)", "e.g. algorithm.pf_ppo.weight_pow=2.0")
   for key in ("algorithm.gamma", "algorithm.lam"):
