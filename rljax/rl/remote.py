@@ -244,7 +244,9 @@ class RemoteRollout:
     for rollout in self.rollouts:
       messages.append(take(f"picked/{self._next_step}/{self.part}", rollout))
       if messages[-1][0] == "error":
-        raise RuntimeError(f"the rollout process failed at step {self._next_step + 1}:\n{messages[-1][1]}")
+        # named as a peer's failure whichever process tells the job first: the rollout process aborts right after
+        raise RuntimeError(f"another process of this job failed: the rollout process, at step "
+                           f"{self._next_step + 1}:\n{messages[-1][1]}")
     for kind, *body in messages:
       if kind == "stop":
         raise StopIteration(body[0])
