@@ -17,6 +17,12 @@ import jax
 import numpy as np
 
 METHODS = ("pow", "max_min", "max_random")  # algorithm.pf_ppo.reweight_method
+ESTIMATOR = "gae"  # the one advantage estimator verl reweights under; with another the keys change nothing
+
+
+def applies(use_pf_ppo: bool, adv_estimator: str) -> bool:
+  """Whether a run's update trains on the rows drawn again (algorithm.use_pf_ppo under `ESTIMATOR`)."""
+  return bool(use_pf_ppo) and adv_estimator == ESTIMATOR
 
 
 def weights(scores: np.ndarray, method: str, weight_pow: float) -> np.ndarray:
@@ -43,4 +49,4 @@ def resampled_order(key: jax.Array, order: np.ndarray, scores: np.ndarray, metho
   return np.asarray(order)[np.asarray(picks)]
 
 
-__all__ = ["METHODS", "resampled_order", "weights"]
+__all__ = ["ESTIMATOR", "METHODS", "applies", "resampled_order", "weights"]

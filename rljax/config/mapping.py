@@ -5,7 +5,7 @@ micro-batch sizes onto per-device ones, the documented `rollout_is*` keys,
 cosmos-rl's Dr.GRPO keys, `optim.clip_grad`, `reward_manager.name`,
 Megatron's parallel sizes onto the mesh (`_map_megatron_mesh`), verl's
 fully-async recipe (`async_training.*`, its top-level `rollout.*`) onto
-`trainer.v1.trainer_mode=colocate_async` (`_map_fully_async`), and the legacy
+`trainer.v1.trainer_mode=colocate_async` (`_map_fully_async`), the legacy
 trainer's prompts per step (`_map_legacy_gen_batch`), and a saved LoRA
 adapter's settings (`_map_lora_adapter`).
 """

@@ -429,7 +429,8 @@ def ignored_overrides(overrides: Iterable[str], config: ConfigDict | None = None
   if config is not None:
     mode = "colocate_async" if fully_async_recipe(config) else config.trainer.v1.trainer_mode
     inert = {key for key, modes in MODE_KEYS.items() if mode not in modes}
-    if config.algorithm.adv_estimator != "gae":  # verl reweights (PF-PPO) under gae alone
+    from rljax.algos import pf_ppo  # pylint: disable=import-outside-toplevel
+    if config.algorithm.adv_estimator != pf_ppo.ESTIMATOR:  # verl reweights (PF-PPO) under gae alone
       inert |= {"algorithm.use_pf_ppo", "algorithm.pf_ppo.reweight_method", "algorithm.pf_ppo.weight_pow"}
   found = []
   for text in overrides:

@@ -207,8 +207,8 @@ def _check_algorithm(config: ConfigDict) -> None:
   check(alg.adv_estimator not in kernel_names.trainer_unsupported_estimators(), "algorithm.adv_estimator", alg.adv_estimator,
         "needs sum_pi_squared (the sum of squared token probabilities), which the RL trainer does not compute",
         "use the kernel from rljax.algos directly, or choose grpo, rloo, reinforce_plus_plus or gae")
-  if alg.use_pf_ppo and alg.adv_estimator == "gae":
-    from rljax.algos import pf_ppo  # pylint: disable=import-outside-toplevel
+  from rljax.algos import pf_ppo  # pylint: disable=import-outside-toplevel
+  if pf_ppo.applies(alg.use_pf_ppo, alg.adv_estimator):
     check_enum(config, "algorithm.pf_ppo.reweight_method", pf_ppo.METHODS)
     check(is_number(alg.pf_ppo.weight_pow), "algorithm.pf_ppo.weight_pow", alg.pf_ppo.weight_pow,
           "must be a number (the exponent of the pow weighting)", "e.g. algorithm.pf_ppo.weight_pow=2.0")

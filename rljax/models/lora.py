@@ -145,8 +145,8 @@ def _check_exclusions(value: Any, key: str) -> None:
     try:
       re.compile(value)
     except re.error as error:
-      raise ConfigError(key, value, f"is not a regex ({error})",
-                        "write a Python regex matched against whole names like model.layers.0.self_attn.q_proj") from None
+      raise ConfigError(key, value, f"is not a regex ({error})", "write a Python regex matched against whole "
+                        "names like model.layers.0.self_attn.q_proj") from None
     return
   check(isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value), key, value,
         "must be null, a regex or a list of module names", f"e.g. {key}=[o_proj]")
@@ -767,7 +767,7 @@ def load_peft_weights(model: CausalLM, path: str, key: str = "actor_rollout_ref.
 
 __all__ = [
     "ExpertLoRA", "LoRA", "LoRAConfig", "LoRADropoutKey", "LoRAParam", "LoRAScale", "PROJECTIONS", "TRAINABLE",
-    "TrainedParam", "adapter_delta", "apply_lora", "excluded", "has_lora", "load_peft_weights", "lora_scale", "merge_lora",
-    "pattern_value", "peft_adapter_config", "read_peft_config",
-    "peft_tensors", "reference_split", "save_peft", "seed_dropout", "split_trainable", "trainable_filter",
+    "TrainedParam", "adapter_delta", "apply_lora", "excluded", "has_lora", "load_peft_weights", "lora_scale",
+    "merge_lora", "pattern_value", "peft_adapter_config", "peft_tensors", "read_peft_config", "reference_split",
+    "save_peft", "seed_dropout", "split_trainable", "trainable_filter",
 ]

@@ -150,10 +150,10 @@ def balanced_order(parts: StepParts, rows: Experience) -> np.ndarray:
 
 
 def resampled(parts: StepParts, state: Any, rows: Experience, order: np.ndarray) -> np.ndarray:
-  """[rows] `order`, or under algorithm.use_pf_ppo its rows drawn again by their sequence scores
+  """[rows] `order`, or under algorithm.use_pf_ppo (with gae) its rows drawn again by their sequence scores
   (`rljax.algos.pf_ppo`; the hosts exchange their rows' scores, [N] floats)."""
   algorithm = parts.config.algorithm
-  if not algorithm.use_pf_ppo:
+  if not pf_ppo.applies(algorithm.use_pf_ppo, algorithm.adv_estimator):
     return order
   scores = hosts.process_concat(rows.token_level_scores.sum(-1).astype(np.float32))
   return pf_ppo.resampled_order(parts.keys.at(state.step, Draw.PF_PPO), order, scores,

@@ -267,10 +267,11 @@ def load_tokenizer(config: ConfigDict) -> models.Tokenizer:
   kwargs = config.data.apply_chat_template_kwargs
   kwargs = kwargs.to_dict() if isinstance(kwargs, ConfigDict) else dict(kwargs)
   key = "data.tokenizer" if config.data.tokenizer else "actor_rollout_ref.model.path"
+  path = config_lib.get_node(config, key)
   try:
-    tokenizer = models.load_tokenizer(config_lib.get_node(config, key))
+    tokenizer = models.load_tokenizer(path)
   except (FileNotFoundError, ValueError) as error:
-    raise config_lib.ConfigError(key, config_lib.get_node(config, key), f"its tokenizer does not load: {str(error).rstrip('.')}",
+    raise config_lib.ConfigError(key, path, f"its tokenizer does not load: {str(error).rstrip('.')}",
                                  "point it at a Hugging Face model directory with tokenizer.json (a fast "
                                  "tokenizer), or a .gguf file") from None
   return tokenizer.with_template_kwargs(kwargs)

@@ -54,3 +54,5 @@ def test_the_update_order_is_drawn_again_only_under_use_pf_ppo():
   drawn = stages.resampled(parts, state, rows, order)
   key = sources.Keys.of(7).at(3, sources.Draw.PF_PPO)
   assert np.array_equal(drawn, pf_ppo.resampled_order(key, order, token_scores.sum(-1), "max_random", 2.0))
+  config.algorithm.adv_estimator = "grpo"  # verl reweights under gae alone: the keys change nothing
+  assert np.array_equal(stages.resampled(parts, state, rows, order), order)
