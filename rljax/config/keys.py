@@ -616,7 +616,7 @@ KEYS = {
     "actor_rollout_ref.model.use_remove_padding": Key(
         "Pack the rows' real tokens into fixed-length buffers (segment ids keep each row to itself) in the "
         "actor's training passes: old and reference log-probs and the update. The same numbers as padded rows, "
-        "for the real tokens' cost (not under router replay, whose routing is kept by row)."),
+        "for the real tokens' cost (under router replay too: the replayed experts are packed with the tokens)."),
     "actor_rollout_ref.model.use_shm": Key(
         "Load the model through shared memory.",
         ignored="shared-memory model loading for Ray workers"),

@@ -18,6 +18,11 @@ rows / D rows per shard, B buffers per shard:
                                    (two copies of a row, as PF-PPO draws them, are two), 0 on padding
   PackedRows.out_index             [D, r, R] int32: where, among its shard's B * L tokens, the
                                    position predicting row token t sits; -1 where none
+  PackedRows.experts               [D, B, L, L_sparse, k] int32, the experts each token is routed to
+                                   (router replay R2/R3; None otherwise), 0 on padding
+  PackedRows.row_index             [D, r, P + R] int32: where, among its shard's B * L tokens, row
+                                   column c sits, -1 where none (a pass recording its routing for
+                                   R2 reads it back into rows; None otherwise)
 
 A batch of M micro-batches stacks them ([M, D, ...]). Every micro-batch and
 shard of a pass has the same B: the most any of them needs (rows placed
@@ -54,6 +59,8 @@ class PackedRows:
   positions: Any
   segment_ids: Any
   out_index: Any
+  experts: Any = None
+  row_index: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +72,14 @@ class PackPlan:
     src: [M, D_local, B, L] int32, each buffer token's place in the step's
       [N * (P + R)] padded tokens, -1 on padding.
     out_index: [M, D_local, r, R] int32 (PackedRows.out_index).
+    row_index: [M, D_local, r, P + R] int32 (PackedRows.row_index).
     real_tokens: the batch's real tokens (every shard's).
   """
 
   buffers: int
   src: np.ndarray
   out_index: np.ndarray
+  row_index: np.ndarray
   real_tokens: int
 
 
@@ -128,6 +137,7 @@ def make_plan(starts: np.ndarray, ends: np.ndarray, arrangement: np.ndarray, sha
   local = range(shards)[local_shards]
   src = np.full((micro, len(local), buffers, width), -1, np.int32)
   out_index = np.full((micro, len(local), per_shard, response_length), -1, np.int32)
+  row_index = np.full((micro, len(local), per_shard, width), -1, np.int32)
   predicting = prompt_length - 1 + np.arange(response_length)  # the column predicting response token t
   for m in range(micro):
     for i, d in enumerate(local):
@@ -139,8 +149,10 @@ def make_plan(starts: np.ndarray, ends: np.ndarray, arrangement: np.ndarray, sha
           src[m, i, buffer, offset:offset + end - start] = row * width + np.arange(start, end)
           valid = (predicting >= start) & (predicting + 1 < end)
           out_index[m, i, k, valid] = buffer * width + offset + predicting[valid] - start
+          row_index[m, i, k, start:end] = buffer * width + offset + np.arange(end - start)
           offset += end - start
-  return PackPlan(buffers=buffers, src=src, out_index=out_index, real_tokens=int(lengths[arrangement].sum()))
+  return PackPlan(buffers=buffers, src=src, out_index=out_index, row_index=row_index,
+                  real_tokens=int(lengths[arrangement].sum()))
 
 
 def budget_arrangement(lengths: np.ndarray, order: np.ndarray, shards: int, budget: int, width: int) -> np.ndarray:
@@ -193,9 +205,13 @@ def shard_count(mesh: Mesh, rules: Any, micro_batches: int, rows: int) -> int:
 
 
 def spec(micro_batches: int, rows: int, prompt_length: int, response_length: int, mesh: Mesh,
-         rules: Any) -> PackedRows:
+         rules: Any, replayed: tuple[int, int] | None = None, recorded: bool = False) -> PackedRows:
   """The abstract PackedRows of a pass over `rows` rows in `micro_batches` micro-batches, at its largest
-  (one row per buffer); a run calls the pass with fewer buffers, laid out alike."""
+  (one row per buffer); a run calls the pass with fewer buffers, laid out alike.
+
+  replayed: (L_sparse, k) when the pass replays its rows' experts (router replay); recorded: whether it reads
+  its routing back into rows (`row_index`).
+  """
   shards = shard_count(mesh, rules, micro_batches, rows)
   per_shard, width = rows // micro_batches // shards, prompt_length + response_length
 
@@ -205,7 +221,9 @@ def spec(micro_batches: int, rows: int, prompt_length: int, response_length: int
 
   tokens = struct_of((micro_batches, shards, per_shard, width))
   return PackedRows(input_ids=tokens, positions=tokens, segment_ids=tokens,
-                    out_index=struct_of((micro_batches, shards, per_shard, response_length)))
+                    out_index=struct_of((micro_batches, shards, per_shard, response_length)),
+                    experts=None if replayed is None else struct_of((*tokens.shape, *replayed)),
+                    row_index=struct_of((micro_batches, shards, per_shard, width)) if recorded else None)
 
 
 def local_shards(abstract: PackedRows) -> slice:
@@ -226,32 +244,45 @@ def member_numbers(src: jax.Array, width: int) -> jax.Array:
 
 
 @functools.lru_cache(maxsize=None)
-def _gather(token_sharding: NamedSharding, index_sharding: NamedSharding) -> Any:
-  """The jitted (input_ids, positions [1, N, P + R], src, out_index) -> PackedRows, laid out by the shardings."""
-  def gather(input_ids, positions, src, out_index):
+def _gather(shardings: PackedRows) -> Any:
+  """The jitted (input_ids, positions [1, N, P + R], experts [1, N, P + R, L_sparse, k] or None, src, out_index,
+  row_index or None) -> PackedRows, laid out by `shardings` (a PackedRows of shardings; experts and row_index
+  None where the pass has none)."""
+  def gather(input_ids, positions, experts, src, out_index, row_index):
     real = src >= 0
     safe = jnp.maximum(src, 0)
-    take = lambda x: jnp.where(real, x.reshape(-1)[safe], 0)  # noqa: E731
+
+    def take(x):
+      flat = x.reshape(-1, *x.shape[3:])[safe]
+      return jnp.where(real.reshape(real.shape + (1,) * (flat.ndim - real.ndim)), flat, 0)
+
     return PackedRows(input_ids=take(input_ids), positions=take(positions),
-                      segment_ids=jnp.where(real, member_numbers(src, input_ids.shape[-1]), 0), out_index=out_index)
+                      segment_ids=jnp.where(real, member_numbers(src, input_ids.shape[-1]), 0), out_index=out_index,
+                      experts=None if experts is None else take(experts), row_index=row_index)
 
-  out = PackedRows(input_ids=token_sharding, positions=token_sharding, segment_ids=token_sharding,
-                   out_index=index_sharding)
-  return jax.jit(gather, out_shardings=out)
+  return jax.jit(gather, out_shardings=shardings)
 
 
-def pack(input_ids: jax.Array, positions: jax.Array, plan: PackPlan, abstract: PackedRows) -> PackedRows:
+def pack(input_ids: jax.Array, positions: jax.Array, plan: PackPlan, abstract: PackedRows,
+         experts: jax.Array | None = None) -> PackedRows:
   """The packed batch on device, from the step's placed tokens ([1, N, P + R], each host's rows where
-  `experience.place` put them) and this process's part of `plan`, laid out as `abstract`."""
+  `experience.place` put them; experts [1, N, P + R, L_sparse, k] when `abstract` replays routing) and this
+  process's part of `plan`, laid out as `abstract`."""
   micro, _, per_shard, length = plan.out_index.shape
   shards = abstract.out_index.shape[1]
+  if (abstract.experts is None) != (experts is None):
+    raise ValueError("a pass replaying router choices packs its rows' experts, and only such a pass does")
 
   def put(local, like, global_shape):
     return jax.make_array_from_process_local_data(like.sharding, local, global_shape)
 
   src = put(plan.src, abstract.input_ids, (micro, shards, plan.buffers, plan.src.shape[-1]))
   out_index = put(plan.out_index, abstract.out_index, (micro, shards, per_shard, length))
-  return _gather(abstract.input_ids.sharding, abstract.out_index.sharding)(input_ids, positions, src, out_index)
+  row_index = None
+  if abstract.row_index is not None:
+    row_index = put(plan.row_index, abstract.row_index, (micro, shards, per_shard, plan.row_index.shape[-1]))
+  shardings = jax.tree.map(lambda s: s.sharding, abstract)
+  return _gather(shardings)(input_ids, positions, experts, src, out_index, row_index)
 
 
 # ----- the model side ------------------------------------------------------------------------------
@@ -260,10 +291,12 @@ def pack(input_ids: jax.Array, positions: jax.Array, plan: PackPlan, abstract: P
 def packed_hidden(model: Any, packed: PackedRows, with_routing: bool = False) -> Any:
   """[D, B * L, H] final hidden states of every buffer token (and the model's Routing, None when dense)."""
   shards, buffers, width = packed.input_ids.shape
-  flat = lambda x: x.reshape(shards * buffers, width)  # noqa: E731
+  flat = lambda x: x.reshape(shards * buffers, width, *x.shape[3:])  # noqa: E731
   segments = flat(packed.segment_ids)
+  experts = None if packed.experts is None else flat(packed.experts)
   hidden, routing = model.hidden_states(flat(packed.input_ids), (segments > 0).astype(jnp.int32),
-                                        flat(packed.positions), segment_ids=segments, with_routing=True)
+                                        flat(packed.positions), segment_ids=segments, with_routing=True,
+                                        experts=experts)
   hidden = hidden.reshape(shards, buffers * width, hidden.shape[-1])
   return (hidden, routing) if with_routing else hidden
 
@@ -276,6 +309,17 @@ def to_rows(x: jax.Array, out_index: jax.Array) -> jax.Array:
   shards, per_shard, length = out_index.shape
   taken = jnp.take_along_axis(x, jnp.maximum(out_index, 0).reshape(shards, -1), axis=1)
   return jnp.where(out_index >= 0, taken.reshape(out_index.shape), 0).reshape(shards * per_shard, length)
+
+
+def routing_to_rows(experts: jax.Array, row_index: jax.Array) -> jax.Array:
+  """A packed pass's experts [D * B, L, L_sparse, k] -> the rows' [D * r, P + R, L_sparse, k] (`row_index`
+  [D, r, P + R]; 0 on a row's padding). The gather stays within each shard."""
+  shards, per_shard, width = row_index.shape
+  flat = experts.reshape(shards, -1, *experts.shape[2:])
+  index = jnp.maximum(row_index, 0).reshape(shards, -1)
+  taken = jnp.take_along_axis(flat, index[..., None, None], axis=1).reshape(shards * per_shard, width,
+                                                                           *experts.shape[2:])
+  return jnp.where((row_index >= 0).reshape(shards * per_shard, width, 1, 1), taken, 0)
 
 
 def next_tokens(packed: PackedRows) -> jax.Array:
@@ -333,6 +377,7 @@ class Packer:
     input_ids, positions: [1, N, P + R] the step's tokens on device.
     prompt_length, response_length: P, R.
     computed, real: token positions the passes packed so far compute, and the real tokens they hold.
+    experts: [1, N, P + R, L_sparse, k] the experts the passes replaying routing route to (`replay`), or None.
   """
 
   starts: np.ndarray
@@ -343,6 +388,7 @@ class Packer:
   response_length: int
   computed: int = 0
   real: int = 0
+  experts: jax.Array | None = None
 
   @classmethod
   def of(cls, rows: Any, spans: tuple[np.ndarray, np.ndarray], tokens: Any, prompt_length: int,
@@ -350,6 +396,12 @@ class Packer:
     """From this process's rows (an `Experience`), every row's spans and the abstract [1, N, P + R] tokens."""
     placed = experience_lib.place(rows, tokens)
     return cls(spans[0], spans[1], placed.input_ids, placed.positions, prompt_length, response_length)
+
+  def replay(self, experts: np.ndarray, abstract: Any) -> None:
+    """Places this process's rows' experts ([N_local, P + R, L_sparse, k]) for the passes that replay them,
+    laid out as `abstract` (the [1, N, P + R, L_sparse, k] routed_experts)."""
+    self.experts = experience_lib.place(experience_lib.Experience(routed_experts=experts),
+                                        experience_lib.Experience(routed_experts=abstract)).routed_experts
 
   def arrangement(self, abstract: PackedRows, order: np.ndarray, budget: int | None) -> np.ndarray:
     """[M, rows / M] the micro-batches of the rows `order`: by the token budget when there is one, else
@@ -368,7 +420,8 @@ class Packer:
     """The packed batch of `plan` on device (and its tokens counted)."""
     self.computed += plan_tokens(plan, abstract)
     self.real += plan.real_tokens
-    return pack(self.input_ids, self.positions, plan, abstract)
+    return pack(self.input_ids, self.positions, plan, abstract,
+                None if abstract.experts is None else self.experts)
 
 
 def plan_tokens(plan: PackPlan, abstract: PackedRows) -> int:

@@ -50,7 +50,8 @@ class PassRouting(NamedTuple):
     stats: [L_sparse, 2, E] router stats over the token positions computed.
     tokens: how many real token positions that is.
     experts: [N, P + R, L_sparse, k] int32, each token's experts (what router
-      replay feeds back as the batch's `routed_experts`); None from a packed pass.
+      replay feeds back as the batch's `routed_experts`); from a packed pass, only where it holds a
+      `row_index` (else None).
   """
 
   stats: jax.Array
@@ -123,7 +124,9 @@ def response_log_probs(model: Any, batch: Experience, temperature: float,
   if batch.packed is not None:
     log_probs, entropy, routing = packing.packed_log_probs(model, batch.packed, temperature, with_entropy, chunk_size)
     if routing is not None:
-      routing = PassRouting(routing.stats, jnp.sum(batch.packed.segment_ids > 0), None)
+      experts = None if batch.packed.row_index is None else packing.routing_to_rows(routing.experts,
+                                                                                  batch.packed.row_index)
+      routing = PassRouting(routing.stats, jnp.sum(batch.packed.segment_ids > 0), experts)
     return (log_probs, entropy, routing) if with_routing else (log_probs, entropy)
   hidden, routing = response_hidden(model, batch, group_size, with_routing=True)
   out = token_log_probs(hidden, model.lm_head_weight(), batch.responses, chunk_size=chunk_size,

@@ -58,7 +58,24 @@ def make_packer(parts: StepParts, rows: Experience) -> packing.Packer | None:
   spans = hosts.process_concat(np.stack(packing.row_spans(rows.attention_mask), axis=1))
   tokens = experience_lib.spec(packing.TOKEN_FIELDS, 1, layout.rows, layout.prompt_length, layout.response_length,
                                parts.mesh, sharding.rules_from_config(parts.config))
-  return packing.Packer.of(rows, (spans[:, 0], spans[:, 1]), tokens, layout.prompt_length, layout.response_length)
+  packer = packing.Packer.of(rows, (spans[:, 0], spans[:, 1]), tokens, layout.prompt_length, layout.response_length)
+  if rows.routed_experts is not None:
+    replay(parts, packer, rows.routed_experts)
+  return packer
+
+
+def replay(parts: StepParts, packer: packing.Packer | None, experts: np.ndarray) -> None:
+  """Gives `packer` this host's rows' experts ([N, P + R, L_sparse, k]) for the packed passes that replay them
+  (router replay: the rollout's under R3, the old-log-prob pass's under R2)."""
+  replaying = [packing_of(step).experts for step in parts.run.steps.all()
+               if packing_of(step) is not None and packing_of(step).experts is not None]
+  if packer is None or not replaying:
+    return
+  layout = parts.run.layout
+  abstract = experience_lib.spec(("routed_experts",), 1, layout.rows, layout.prompt_length, layout.response_length,
+                                 parts.mesh, sharding.rules_from_config(parts.config),
+                                 routing=replaying[0].shape[-2:]).routed_experts
+  packer.replay(experts, abstract)
 
 
 def padded_pays(parts: StepParts, step: Step, plan: packing.PackPlan, abstract: packing.PackedRows,
@@ -110,6 +127,7 @@ def experience(parts: StepParts, state: Any, rows: Experience, timing: dict[str,
       rows = rows.replace(old_log_probs=old[0])
       if steps_lib.replays_routing(config, run.on_policy):
         rows = rows.replace(routed_experts=old[2])
+        replay(parts, packer, rows.routed_experts)
   if steps.ref_log_prob is not None:
     with timed(timing, "ref"):
       rows = rows.replace(ref_log_prob=forward(parts, steps.ref_log_prob, run.reference.params, rows, packer)[0])

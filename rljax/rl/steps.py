@@ -79,9 +79,8 @@ PACKED_FIELDS = ("input_ids", "attention_mask", "positions", "responses", "route
 
 def packs_actor(config: ConfigDict) -> bool:
   """Whether the actor's passes (old and reference log-probs, the update) are packed: verl's
-  actor.use_remove_padding (following actor_rollout_ref.model.use_remove_padding), except under router replay (its routing is laid out by row)."""
-  return bool(config.actor_rollout_ref.actor.use_remove_padding) and config.actor_rollout_ref.actor.router_replay.mode \
-      not in ("R2", "R3")
+  actor.use_remove_padding (following actor_rollout_ref.model.use_remove_padding)."""
+  return bool(config.actor_rollout_ref.actor.use_remove_padding)
 
 
 def packs_critic(config: ConfigDict) -> bool:
@@ -318,12 +317,15 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
   temperature = float(arr.rollout.temperature) or 1.0
   lengths = dict(prompt_length=layout.prompt_length, response_length=layout.response_length, mesh=mesh, rules=rules)
 
-  def batch_of(fields: tuple[str, ...], micro_batches: int, rows: int, packed: bool) -> Experience:
-    """The abstract [M, rows / M, ...] batch of `fields`, their tokens packed when `packed`."""
+  def batch_of(fields: tuple[str, ...], micro_batches: int, rows: int, packed: bool,
+               recorded: bool = False) -> Experience:
+    """The abstract [M, rows / M, ...] batch of `fields`, their tokens packed when `packed` (with the experts
+    they replay, and where `recorded` the index reading the pass's routing back into rows)."""
     if not packed:
       return experience_lib.spec(fields, micro_batches, rows, routing=routing, **lengths)
     batch = experience_lib.spec([f for f in fields if f not in PACKED_FIELDS], micro_batches, rows, **lengths)
-    return batch.replace(packed=packing.spec(micro_batches, rows, **lengths))
+    replayed = routing if "routed_experts" in fields else None
+    return batch.replace(packed=packing.spec(micro_batches, rows, replayed=replayed, recorded=recorded, **lengths))
 
   shuffled = bool(arr.actor.shuffle)
   off_policy = not on_policy(config, layout, lora_dropout)
@@ -335,16 +337,20 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
   actor_update = make_update("actor_update", actor_loss(graphdef, arr.actor, temperature, actor_group), actor_tx,
                              mesh, rules, trainable, actor_opt_sh, actor_batch, frozen=frozen)
 
-  def forward_rows(phase: str, packed: bool, keys: tuple[str, ...] = forward_fields(config)) -> Experience:
-    return batch_of(() if packed else keys, layout.forward_micros[phase], layout.rows, packed)
+  def forward_rows(phase: str, packed: bool, keys: tuple[str, ...] = forward_fields(config),
+                   recorded: bool = False) -> Experience:
+    if packed:  # the packed tokens stand for the rows; the experts they replay go into them too
+      keys = tuple(k for k in keys if k in PACKED_FIELDS)
+    return batch_of(keys, layout.forward_micros[phase], layout.rows, packed, recorded)
 
   def group_of(phase: str, packed: bool) -> int:
     return 1 if packed else layout.forward_group(phase)
 
   actor_params = nnx.merge_state(trainable, frozen) if frozen is not None else trainable
+  records = replays_routing(config, not off_policy)
   old = make_forward("old_log_prob", log_prob_fn(graphdef, temperature, False, group_of("old_log_prob", actor_packed),
-                                                 record_routing=replays_routing(config, not off_policy)),
-                     mesh, rules, actor_params, forward_rows("old_log_prob", actor_packed))
+                                                 record_routing=records),
+                     mesh, rules, actor_params, forward_rows("old_log_prob", actor_packed, recorded=records))
   ref = None
   if reference is not None:
     ref = make_forward("ref_log_prob", log_prob_fn(reference.graphdef, temperature, False,

@@ -59,7 +59,8 @@ def test_rollout_router_replay_feeds_the_rollouts_experts_to_every_actor_pass(mo
   try:
     steps = trainer.run.steps
     for step, batch in ((steps.old_log_prob, 1), (steps.ref_log_prob, 1), (steps.actor_update, 2)):
-      assert step.args[batch].routed_experts is not None, step.name
+      assert step.args[batch].packed.experts is not None, step.name  # packed with the tokens (verl's default)
+      assert getattr(steps.padded, step.name).args[batch].routed_experts is not None, step.name
     trainer.fit()
   finally:
     trainer.close()
@@ -72,3 +73,23 @@ def test_router_replay_on_a_dense_model_is_a_config_error(model_dir, data_dir, t
                                "actor_rollout_ref.actor.router_replay.mode=R2")
   with pytest.raises(config_lib.ConfigError, match="router_replay.mode='R2': router replay needs a mixture-of-experts"):
     train(config)
+
+
+@pytest.mark.slow  # two 1-step runs of the tiny MoE per mode (about 40 s)
+@pytest.mark.parametrize("mode, extra", [
+    # two mini-batches, two epochs: the update replays the old pass's routing, recorded from packed buffers
+    ("R2", ("actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_epochs=2",
+            "actor_rollout_ref.actor.optim.lr=3e-2")),
+    # every actor pass replays the rollout's routing, packed with its tokens
+    ("R3", ("actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.enable_rollout_routing_replay=true",
+            "actor_rollout_ref.actor.use_kl_loss=true")),
+])
+def test_a_packed_run_under_router_replay_gives_the_padded_runs_metrics(moe_dir, data_dir, tmp_path, mode, extra):
+  from tests.rl.test_packing import run_metrics, same_metrics  # pylint: disable=import-outside-toplevel
+  extra += (f"actor_rollout_ref.actor.router_replay.mode={mode}", "trainer.total_training_steps=1",
+            "data.max_prompt_length=200")  # buffers of 208 tokens hold several rows of the synthetic prompts
+  packed = run_metrics(moe_dir, data_dir, tmp_path / "packed", "grpo", *extra,
+                       "actor_rollout_ref.model.use_remove_padding=true")
+  padded = run_metrics(moe_dir, data_dir, tmp_path / "padded", "grpo", *extra,
+                       "actor_rollout_ref.model.use_remove_padding=false")
+  same_metrics(packed, padded, 208)

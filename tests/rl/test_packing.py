@@ -190,8 +190,6 @@ def test_steps_pack_by_the_verl_keys(model_dir, data_dir, tmp_path):
   config.actor_rollout_ref.model.use_remove_padding = False
   assert not steps_lib.packs_actor(config)
   config.actor_rollout_ref.model.use_remove_padding = True
-  config.actor_rollout_ref.actor.router_replay.mode = "R3"
-  assert not steps_lib.packs_actor(config)
   mesh = sharding.build_mesh({"data": 2, "fsdp": 4, "tensor": 1, "sequence": 1}, jax.devices()[:8])
   spec = packing.spec(2, 32, P, R, mesh, sharding.rules_from_config(config))
   assert spec.input_ids.shape == (2, 8, 2, P + R) and spec.out_index.shape == (2, 8, 2, R)
