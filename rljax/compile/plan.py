@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from rljax.compile import engine_steps, report, topology
-from rljax.rl import assembly, run_models, staleness
+from rljax.rl import assembly, packing, run_models, staleness
 from rljax.rollout.sampler import RolloutSampler
 from rljax.sharding import hosts, offload
 from rljax.sharding.placement import Step
@@ -116,10 +116,10 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
 def packed_buffers(step: Step) -> tuple[int, int, int, int] | None:
   """(micro-batches, data shards, buffers per shard, tokens per buffer) of a packed pass as `rljax.compile` lowers
   it (at its largest: one row per buffer); None for a step over padded rows."""
-  for path, leaf in jax.tree_util.tree_leaves_with_path(step.args):
-    names = [getattr(k, "name", None) for k in path]
-    if "packed" in names and names[-1] == "input_ids":
-      micro, shards, buffers, tokens = leaf.shape
+  for arg in step.args:
+    packed = arg if isinstance(arg, packing.PackedRows) else getattr(arg, "packed", None)
+    if isinstance(packed, packing.PackedRows):
+      micro, shards, buffers, tokens = packed.input_ids.shape
       return micro, shards, buffers, tokens
   return None
 

@@ -1211,8 +1211,8 @@ KEYS = {
         "Use fused kernels in the reward model.",
         ignored="XLA fuses on its own"),
     "reward_model.model.use_remove_padding": Key(
-        "Pack the reward model's sequences without padding.",
-        ignored="XLA needs static shapes"),
+        "Pack the reward model's rows' real tokens into fixed-length buffers (segment ids keep each row to "
+        "itself), each score read at its row's last token: the same scores for the real tokens' cost."),
     "reward_model.model.use_shm": Key(
         "Load the reward model through shared memory.",
         ignored="shared-memory loading for Ray workers"),

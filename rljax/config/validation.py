@@ -32,16 +32,8 @@ def _check_batches(config: ConfigDict, world_size: int | None) -> None:
   check((data.train_batch_size * n) % (actor.ppo_mini_batch_size * n) == 0, mini_key, actor.ppo_mini_batch_size,
         f"data.train_batch_size * rollout.n ({data.train_batch_size * n}) is not divisible by ppo_mini_batch_size * rollout.n ({actor.ppo_mini_batch_size * n})",
         f"set {mini_key} to a divisor of {data.train_batch_size}")
+  _check_token_budgets(config)
   if actor.use_dynamic_bsz:
-    key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
-    from rljax.sharding.mesh import device_tokens  # pylint: disable=import-outside-toplevel  (no jax at import)
-    sequence = actor.ulysses_sequence_parallel_size
-    need = device_tokens(data.max_prompt_length + data.max_response_length, sequence)
-    whole = data.max_prompt_length + data.max_response_length
-    check(actor.ppo_max_token_len_per_gpu >= need, key, actor.ppo_max_token_len_per_gpu,
-          f"must hold one whole sequence (max_prompt_length + max_response_length = {whole})" if sequence == 1 else
-          f"must hold a device's share of one whole sequence (max_prompt_length + max_response_length = {whole} "
-          f"over ulysses_sequence_parallel_size={sequence} devices: {need})", f"set {key} >= {need}")
     return
   mini_rows = actor.ppo_mini_batch_size * n
   dp = data_parallel_size(config, world_size) if world_size else 1
@@ -53,6 +45,42 @@ def _check_batches(config: ConfigDict, world_size: int | None) -> None:
   check(isinstance(micro, int) and not isinstance(micro, bool) and micro > 0, micro_key, micro,
         "must be a positive integer, or null for the whole per-device mini-batch (or set use_dynamic_bsz=true)",
         f"set {micro_key}=8")
+
+
+def _token_budgets(config: ConfigDict) -> list[tuple[str, int, int]]:
+  """(key, longest row in tokens, what sets it, sequence-parallel size) of every use_dynamic_bsz budget of a pass
+  the run has."""
+  from rljax.algos import advantages  # pylint: disable=import-outside-toplevel
+  data, arr, critic, rm = config.data, config.actor_rollout_ref, config.critic, config.reward_model
+  row = (data.max_prompt_length + data.max_response_length, "max_prompt_length + max_response_length")
+  actor_sp = arr.actor.ulysses_sequence_parallel_size
+  critic_sp = critic.get("ulysses_sequence_parallel_size", 1) or 1
+  reference = arr.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+  has_critic = critic.enable if critic.enable is not None else advantages.needs_values(config.algorithm.adv_estimator)
+  rm_row = row if rm.model.input_tokenizer in (None, arr.model.path) or not rm.max_length else (
+      rm.max_length, "reward_model.max_length")
+  budgets = [("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", arr.actor.use_dynamic_bsz, row, actor_sp),
+             ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", arr.rollout.log_prob_use_dynamic_bsz, row,
+              actor_sp),
+             ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", reference and arr.ref.log_prob_use_dynamic_bsz,
+              row, actor_sp),
+             ("critic.ppo_max_token_len_per_gpu", has_critic and critic.use_dynamic_bsz, row, critic_sp),
+             ("critic.forward_max_token_len_per_gpu", has_critic and critic.use_dynamic_bsz, row, critic_sp),
+             ("reward_model.forward_max_token_len_per_gpu", rm.enable and rm.use_dynamic_bsz,
+              rm_row, 1)]
+  return [(key, *longest, sp) for key, dynamic, longest, sp in budgets if dynamic and get_node(config, key) is not None]
+
+
+def _check_token_budgets(config: ConfigDict) -> None:
+  """A use_dynamic_bsz budget holds a device's share of the longest possible row (verl's rule: a row is never
+  split across micro-batches)."""
+  from rljax.sharding.mesh import device_tokens  # pylint: disable=import-outside-toplevel  (no jax at import)
+  for key, longest, what, sequence in _token_budgets(config):
+    need, value = device_tokens(longest, sequence), get_node(config, key)
+    check(value >= need, key, value,
+          f"must hold one whole sequence ({what} = {longest})" if sequence == 1 else
+          f"must hold a device's share of one whole sequence ({what} = {longest} "
+          f"over ulysses_sequence_parallel_size={sequence} devices: {need})", f"set {key} >= {need}")
 
 
 def _check_lengths(config: ConfigDict) -> None:

@@ -121,7 +121,7 @@ def _forward_micros(config: ConfigDict, rows: int, data_parallel: int, row_token
 TOKEN_BUDGET_PASSES = ("actor_update", "critic_update") + FORWARD_PASSES
 
 
-def _token_budgets(config: ConfigDict) -> dict[str, int | None]:
+def token_budgets(config: ConfigDict) -> dict[str, int | None]:
   """Each pass's use_dynamic_bsz budget per data-parallel shard: verl's per-GPU key times the Ulysses size (the
   shard's devices split its tokens), or None without use_dynamic_bsz."""
   arr, critic, rm = config.actor_rollout_ref, config.critic, config.reward_model
@@ -174,7 +174,7 @@ def make_layout(config: ConfigDict, batches_per_epoch: int, data_parallel: int) 
                 micro_batches=micro_batch_count(config, mini_rows, data_parallel, row_tokens),
                 total_steps=int(total), prompt_length=prompt, response_length=response,
                 forward_micros=_forward_micros(config, rows, data_parallel, row_tokens),
-                group=prompt_group_size(config, n, rows, data_parallel), token_budgets=_token_budgets(config))
+                group=prompt_group_size(config, n, rows, data_parallel), token_budgets=token_budgets(config))
 
 
 def balance_order(lengths: np.ndarray, parts: int, group: int = 1) -> np.ndarray:

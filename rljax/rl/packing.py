@@ -47,7 +47,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rljax.models import token_log_probs
 from rljax.rl import experience as experience_lib
-from rljax.sharding import rules as rules_lib
+from rljax.sharding import hosts, rules as rules_lib
 from rljax.training.packing import first_fit_decreasing
 
 
@@ -197,6 +197,14 @@ def rows_in_place(x: np.ndarray, arrangement: np.ndarray, first_row: int) -> np.
   return out
 
 
+def process_rows(x: jax.Array, arrangement: np.ndarray, local: int) -> np.ndarray:
+  """This process's `local` rows, in row order, of a packed pass's outputs [M, rows / M, ...] over the micro-batches
+  `arrangement` ([M, rows / M] global row numbers; each process's rows are its own columns)."""
+  per = local // len(arrangement)
+  columns = arrangement[:, hosts.index() * per:][:, :per]
+  return rows_in_place(hosts.process_rows(x, axis=1), columns, hosts.index() * local)
+
+
 def shard_count(mesh: Mesh, rules: Any, micro_batches: int, rows: int) -> int:
   """D: how many shards the rows of one micro-batch ([M, rows / M] over the batch rule) are split in."""
   per = rows // micro_batches
@@ -210,7 +218,8 @@ def spec(micro_batches: int, rows: int, prompt_length: int, response_length: int
   (one row per buffer); a run calls the pass with fewer buffers, laid out alike.
 
   replayed: (L_sparse, k) when the pass replays its rows' experts (router replay); recorded: whether it reads
-  its routing back into rows (`row_index`).
+  its routing (or a row's last token) back into rows (`row_index`). A pass of whole sequences (response_length
+  0, the reward model's) has no `out_index`.
   """
   shards = shard_count(mesh, rules, micro_batches, rows)
   per_shard, width = rows // micro_batches // shards, prompt_length + response_length
@@ -221,14 +230,15 @@ def spec(micro_batches: int, rows: int, prompt_length: int, response_length: int
 
   tokens = struct_of((micro_batches, shards, per_shard, width))
   return PackedRows(input_ids=tokens, positions=tokens, segment_ids=tokens,
-                    out_index=struct_of((micro_batches, shards, per_shard, response_length)),
+                    out_index=struct_of((micro_batches, shards, per_shard, response_length)) if response_length
+                    else None,
                     experts=None if replayed is None else struct_of((*tokens.shape, *replayed)),
                     row_index=struct_of((micro_batches, shards, per_shard, width)) if recorded else None)
 
 
 def local_shards(abstract: PackedRows) -> slice:
   """The shards (axis 1) of `abstract`'s arrays this process places."""
-  s = abstract.out_index
+  s = abstract.input_ids
   axis = [index[1] for index in s.sharding.addressable_devices_indices_map(s.shape).values()]
   return slice(min(i.start or 0 for i in axis), max(s.shape[1] if i.stop is None else i.stop for i in axis))
 
@@ -269,7 +279,7 @@ def pack(input_ids: jax.Array, positions: jax.Array, plan: PackPlan, abstract: P
   `experience.place` put them; experts [1, N, P + R, L_sparse, k] when `abstract` replays routing) and this
   process's part of `plan`, laid out as `abstract`."""
   micro, _, per_shard, length = plan.out_index.shape
-  shards = abstract.out_index.shape[1]
+  shards = abstract.input_ids.shape[1]
   if (abstract.experts is None) != (experts is None):
     raise ValueError("a pass replaying router choices packs its rows' experts, and only such a pass does")
 
@@ -277,8 +287,9 @@ def pack(input_ids: jax.Array, positions: jax.Array, plan: PackPlan, abstract: P
     return jax.make_array_from_process_local_data(like.sharding, local, global_shape)
 
   src = put(plan.src, abstract.input_ids, (micro, shards, plan.buffers, plan.src.shape[-1]))
-  out_index = put(plan.out_index, abstract.out_index, (micro, shards, per_shard, length))
-  row_index = None
+  out_index = row_index = None
+  if abstract.out_index is not None:
+    out_index = put(plan.out_index, abstract.out_index, (micro, shards, per_shard, length))
   if abstract.row_index is not None:
     row_index = put(plan.row_index, abstract.row_index, (micro, shards, per_shard, plan.row_index.shape[-1]))
   shardings = jax.tree.map(lambda s: s.sharding, abstract)
@@ -367,6 +378,15 @@ def forward_arrangement(local_rows: int, processes: int, micro_batches: int) -> 
                          for h in range(processes)], axis=1)
 
 
+def pass_arrangement(lengths: np.ndarray, local: int, abstract: PackedRows, budget: int | None) -> np.ndarray:
+  """[M, rows / M] the micro-batches of a forward pass over every process's `local` rows ([N] real tokens
+  `lengths`): as `experience.place` lays them (`forward_arrangement`, `abstract`'s M), or by the token budget."""
+  micro, shards = abstract.input_ids.shape[:2]
+  if budget is None:
+    return forward_arrangement(local, hosts.count(), micro)
+  return budget_arrangement(lengths, np.arange(local * hosts.count()), shards, budget, abstract.input_ids.shape[-1])
+
+
 @dataclasses.dataclass
 class Packer:
   """Packs one step's rows for its packed passes: their tokens placed on device once, every row's span known
@@ -407,13 +427,13 @@ class Packer:
     """[M, rows / M] the micro-batches of the rows `order`: by the token budget when there is one, else
     `abstract`'s M consecutive blocks."""
     if budget is None:
-      return order.reshape(abstract.out_index.shape[0], -1)
-    return budget_arrangement(self.ends - self.starts, order, abstract.out_index.shape[1], budget,
+      return order.reshape(abstract.input_ids.shape[0], -1)
+    return budget_arrangement(self.ends - self.starts, order, abstract.input_ids.shape[1], budget,
                               abstract.input_ids.shape[-1])
 
   def plan(self, abstract: PackedRows, arrangement: np.ndarray) -> PackPlan:
     """Where the rows `arrangement` ([M, rows] global row numbers) go, laid out as `abstract`."""
-    return make_plan(self.starts, self.ends, arrangement, abstract.out_index.shape[1], self.prompt_length,
+    return make_plan(self.starts, self.ends, arrangement, abstract.input_ids.shape[1], self.prompt_length,
                      self.response_length, local_shards(abstract))
 
   def pack(self, plan: PackPlan, abstract: PackedRows) -> PackedRows:
@@ -426,7 +446,7 @@ class Packer:
 
 def plan_tokens(plan: PackPlan, abstract: PackedRows) -> int:
   """Token positions a packed pass of `plan` computes over every shard: M * D * B * L."""
-  return plan.src.shape[0] * abstract.out_index.shape[1] * plan.buffers * plan.src.shape[-1]
+  return plan.src.shape[0] * abstract.input_ids.shape[1] * plan.buffers * plan.src.shape[-1]
 
 
 def padded_pays(packed_tokens: int, rows: int, prompt_length: int, response_length: int, group: int) -> bool:

@@ -92,24 +92,19 @@ def forward(parts: StepParts, step: Step, params: Any, rows: Experience,
   on the host ([N, ...]; a packed Step's tokens from `packer`)."""
   abstract = step.args[1]
   batch = experience_lib.place(rows, abstract.replace(packed=None))
-  budget, local = None, len(rows.response_mask)
+  local = len(rows.response_mask)
   if abstract.packed is not None:
     packer = packer or make_packer(parts, rows)
     budget = parts.run.layout.token_budgets.get({"ref_log_prob": "ref"}.get(step.name, step.name))
-    if budget is None:
-      arrangement = packing.forward_arrangement(local, hosts.count(), abstract.packed.out_index.shape[0])
-    else:
-      arrangement = packer.arrangement(abstract.packed, np.arange(local * hosts.count()), budget)
+    arrangement = packing.pass_arrangement(packer.ends - packer.starts, local, abstract.packed, budget)
     plan = packer.plan(abstract.packed, arrangement)
     if padded_pays(parts, step, plan, abstract.packed, arrangement.size):
       return forward(parts, getattr(parts.run.steps.padded, step.name), params, rows)
     batch = batch.replace(packed=packer.pack(plan, abstract.packed))
   out = step(params, batch)
-  if budget is None:
+  if abstract.packed is None:
     return jax.tree.map(lambda x: merge_micro_batches(hosts.process_rows(x, axis=1)), out)
-  columns = arrangement[:, hosts.index() * (local // len(arrangement)):][:, :local // len(arrangement)]
-  return jax.tree.map(lambda x: packing.rows_in_place(hosts.process_rows(x, axis=1), columns,
-                                                      hosts.index() * local), out)
+  return jax.tree.map(lambda x: packing.process_rows(x, arrangement, local), out)
 
 
 def experience(parts: StepParts, state: Any, rows: Experience, timing: dict[str, float], step_metrics: dict,

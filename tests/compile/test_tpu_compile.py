@@ -94,11 +94,13 @@ def test_two_slices_span_the_outermost_axes_that_they_divide(model_dir):
 
 
 def test_the_report_names_each_packed_pass_buffers_and_tokens_per_buffer(model_dir):
-  steps, _ = planned(model_dir, "v5e:2x2")
-  # 8 prompts x 2 responses over 4 chips: the update's 2 micro-batches of 2 rows per chip, the log-prob passes' one
-  # of 4, each row in a buffer of prompt + response (128 + 128) at the largest
+  steps, _ = planned(model_dir, "v5e:2x2", "reward_model.enable=true", f"reward_model.model.path={model_dir}",
+                     "reward_model.model.use_remove_padding=true")
+  # 8 prompts x 2 responses over 4 chips: the update's 2 micro-batches of 2 rows per chip, the log-prob and reward
+  # passes' one of 4, each row in a buffer of prompt + response (128 + 128) at the largest
   assert plan.packed_buffers(steps["actor_update"].step) == (2, 4, 2, 256)
   assert plan.packed_buffers(steps["old_log_prob"].step) == (1, 4, 4, 256)
+  assert plan.packed_buffers(steps["reward_model"].step) == (1, 4, 4, 256)
   assert plan.packed_buffers(steps["decode_step"].step) is None
   line = plan.packing_line(list(steps.values()))
   assert "actor_update 16 buffers of 256 tokens (2 micro-batches x 4 data shards x 2)" in line

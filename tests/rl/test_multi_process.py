@@ -119,10 +119,19 @@ def test_lora_moe_router_replay_and_a_reward_model_as_two_processes_log_the_metr
   argv = job("grpo", moe_dir, data_dir, tmp_path, "actor_rollout_ref.model.lora_rank=4",
              "actor_rollout_ref.model.lora_alpha=8", "actor_rollout_ref.actor.router_replay.mode=R3",
              "actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "reward_model.enable=true",
-             f"reward_model.model.path={reward_model_dir}")
-  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
-  two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two"], 2, f"{tmp_path}/two")
+             f"reward_model.model.path={reward_model_dir}",
+             "data.max_prompt_length=200")  # buffers of 208 tokens hold several rows of the synthetic prompts
+  # the one process runs padded rows, the two pack the actor's passes (with the replayed experts) and the reward
+  # model's
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one",
+                               "actor_rollout_ref.model.use_remove_padding=false"], 1, f"{tmp_path}/one")
+  two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two",
+                               "reward_model.model.use_remove_padding=true"], 2, f"{tmp_path}/two")
   assert len(one) == 2 and one[0]["actor/grad_norm"] > 0 and "actor/moe_aux_loss" in one[0]
+  assert "perf/packed_compute_ratio" not in one[0]
+  padded_ratio = 208 / (two[0]["prompt_length/mean"] + two[0]["response_length/mean"])
+  assert two[0].pop("perf/packed_compute_ratio") < 0.6 * padded_ratio  # rows really shared buffers
+  two[1].pop("perf/packed_compute_ratio")
   # step 2's actor/ppo_kl (about -5e-5) is a mean of differences of log-probs of magnitude 1-10, whose float32
   # rounding (1e-7 to 1e-6) follows the gradients' summation order: in-process or across processes. On an AMD
   # EPYC host the two runs' values differ by 1.04e-7

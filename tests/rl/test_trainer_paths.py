@@ -43,10 +43,18 @@ def assert_scores_on_last_token(scores, response_mask, expected):
 
 
 @pytest.mark.slow
-def test_reward_model_scores_match_transformers(model_dir, data_dir, reward_model_dir, tmp_path):
+@pytest.mark.parametrize("extra", [
+    (),  # padded rows (verl's default for the reward model)
+    ("reward_model.model.use_remove_padding=true",),  # packed: each row's real tokens, scored at the last
+    # packed micro-batches of at most two buffers of P + R = 104 tokens: rows dealt out of order
+    ("reward_model.model.use_remove_padding=true", "reward_model.use_dynamic_bsz=true",
+     "reward_model.forward_max_token_len_per_gpu=208"),
+], ids=["padded", "packed", "packed_by_budget"])
+def test_reward_model_scores_match_transformers(model_dir, data_dir, reward_model_dir, tmp_path, extra):
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "reward_model.enable=true",
-                               f"reward_model.model.path={reward_model_dir}")
+                               f"reward_model.model.path={reward_model_dir}", *extra)
   trainer, _, rows = first_rollout(config)
+  assert (trainer.run.reward_model.step.args[1].__class__.__name__ == "PackedRows") == bool(extra)
   sequences = [ids[mask > 0] for ids, mask in zip(rows.input_ids, rows.attention_mask)]
   assert_scores_on_last_token(rows.token_level_scores, rows.response_mask, hf_scores(reward_model_dir, sequences))
   # other row counts than a step's (remax's baselines, dynamic sampling's rounds): 3 rows, and 11 in 2 pieces
@@ -54,11 +62,14 @@ def test_reward_model_scores_match_transformers(model_dir, data_dir, reward_mode
     np.testing.assert_allclose(trainer.scorer.model_reward(rows.take(index)), rows.token_level_scores[index], atol=1e-5)
 
 
-def test_reward_model_with_its_own_tokenizer_rerenders_the_chat(model_dir, data_dir, reward_model_dir, tmp_path):
+@pytest.mark.parametrize("packed", [False, True])  # right-padded chats, packed or not
+def test_reward_model_with_its_own_tokenizer_rerenders_the_chat(model_dir, data_dir, reward_model_dir, tmp_path,
+                                                                packed):
   import transformers  # pylint: disable=import-outside-toplevel
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path), "reward_model.enable=true",
                                f"reward_model.model.path={reward_model_dir}", "data.return_raw_chat=true",
-                               f"reward_model.model.input_tokenizer={reward_model_dir}")
+                               f"reward_model.model.input_tokenizer={reward_model_dir}",
+                               f"reward_model.model.use_remove_padding={str(packed).lower()}")
   trainer, batch, rows = first_rollout(config)
   tok = transformers.AutoTokenizer.from_pretrained(reward_model_dir)
   idx = rows.group
