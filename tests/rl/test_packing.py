@@ -240,3 +240,62 @@ def test_each_member_of_a_buffer_has_its_own_segment_even_a_row_twice():
   # width 4: row 3's tokens 1..3 twice, then row 0's last token and row 1's first (consecutive places, two rows)
   src = jnp.array([[13, 14, 15, 13, 14, 15, 3, 4, -1]])
   np.testing.assert_array_equal(packing.member_numbers(src, 4), [[1, 1, 1, 2, 2, 2, 3, 4, 5]])
+
+
+def prompts_of_many_lengths(data_dir: str, path, rows: int = 128, seed: int = 0) -> None:
+  """Writes the first `rows` synthetic prompts, each lengthened by 0-69 words, as a parquet file at `path`."""
+  import pyarrow as pa  # pylint: disable=import-outside-toplevel
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  table = pq.read_table(f"{data_dir}/train.parquet").slice(0, rows).to_pylist()
+  rng = np.random.default_rng(seed)
+  for row in table:
+    row["prompt"][0]["content"] += " Think." * int(rng.integers(0, 70))
+  pq.write_table(pa.Table.from_pylist(table), path)
+
+
+@pytest.mark.slow  # a 12-step run of the tiny model that compiles about 6 buffer counts (about 60 s)
+def test_a_run_whose_lengths_change_every_step_compiles_one_program_per_grid_buffer_count(
+    model_dir, data_dir, tmp_path, monkeypatch):
+  from rljax import rl  # pylint: disable=import-outside-toplevel
+  tiny_run.ensure_synthetic_data(data_dir)
+  prompts_of_many_lengths(data_dir, tmp_path / "varied.parquet")
+  # 32 rows a step in one micro-batch of a device, each step's prompts 46-186 tokens in buffers of 208: 32 rows
+  # could need any of 1..32 buffers, the quarter-octave grid allows 16 counts
+  steps = 12
+  config = tiny_run.run_config(
+      "grpo", model_dir, data_dir, str(tmp_path / "run"), f"data.train_files={tmp_path}/varied.parquet",
+      "data.max_prompt_length=200", "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "actor_rollout_ref.actor.use_kl_loss=true",
+      "actor_rollout_ref.model.share_prompt_forward=false",  # so the padded twins never pay
+      f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", tiny_run.text_scorer(tmp_path))
+  planned = []  # (micro-batches, buffers) of every plan
+  make_plan = packing.make_plan
+
+  def recorded(starts, ends, arrangement, *args):
+    plan = make_plan(starts, ends, arrangement, *args)
+    planned.append((len(arrangement), plan.buffers))
+    return plan
+
+  monkeypatch.setattr(packing, "make_plan", recorded)
+  trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
+  try:
+    passes = (trainer.run.steps.actor_update, trainer.run.steps.ref_log_prob)
+    micro = [passes[0].args[2].packed.input_ids.shape[0], passes[1].args[1].packed.input_ids.shape[0]]
+    lengths, programs = [], []
+    for _ in range(steps):
+      metrics = trainer.train_step(next(trainer.train_iter))
+      trainer.count_step()
+      lengths.append(metrics["prompt_length/mean"])
+      programs.append([step.fn._cache_size() for step in passes])  # pylint: disable=protected-access
+  finally:
+    trainer.close()
+  grid = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32}  # the quarter-octave grid up to 32
+  assert len(set(lengths)) >= steps - 2  # the length mix moved from step to step
+  assert micro == [1, 2]  # the update's one micro-batch of 32 rows, the reference pass's two of 16
+  counts = [{b for m, b in planned if m == k} for k in micro]
+  assert counts[0] | counts[1] <= grid and all(len(c) >= 3 for c in counts)  # ... and with it the buffers
+  # one program per buffer count a pass ran, whatever the lengths (at most the grid's 16), none per step after
+  # the first few
+  assert programs[-1] == [len(c) for c in counts] and programs[-4:] == [programs[-1]] * 4
+  assert not any(getattr(trainer.run.steps.padded, step.name).fn._cache_size()  # pylint: disable=protected-access
+                 for step in passes)
