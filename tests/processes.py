@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,9 +50,25 @@ def start(argv: list[str], processes: int, devices: int = 8, **env_vars: str) ->
 
 
 def finish(procs: list[subprocess.Popen], timeout: float = 400) -> list[str]:
-  """Each process's output; kills what is still running after `timeout` seconds."""
+  """Each process's output. Whatever still runs `timeout` seconds after the call (all processes together) is
+  killed, and the call fails with the end of every process's output: a slow job and a hung one show where each
+  process was."""
+  deadline, outputs = time.monotonic() + timeout, []
   try:
-    return [p.communicate(timeout=timeout)[0] for p in procs]
+    for p in procs:
+      try:
+        outputs.append(p.communicate(timeout=max(deadline - time.monotonic(), 1.0))[0])
+      except subprocess.TimeoutExpired:
+        running = [i for i, q in enumerate(procs) if q.poll() is None]
+        for q in procs:
+          if q.poll() is None:
+            q.kill()
+        outputs += [q.communicate()[0] or "" for q in procs[len(outputs):]]
+        tails = "\n".join(f"--- process {i} ({'killed' if i in running else f'exit {q.returncode}'}), its last "
+                          f"output:\n{out[-3000:]}" for i, (q, out) in enumerate(zip(procs, outputs)))
+        raise AssertionError(f"processes {running} still ran {timeout:.0f} s after the job was awaited; killed "
+                             f"them\n{tails}") from None
+    return outputs
   finally:
     for p in procs:
       if p.poll() is None:

@@ -61,6 +61,11 @@ _APPENDING = flags.DEFINE_integer("appending", None, "A multi-turn run: compile 
                                   "the most that run over their own rows; none when this many run over all slots).",
                                   lower_bound=1)
 
+_ROW_TOKENS = flags.DEFINE_integer("row_tokens", None, "Compile the packed passes as a step whose rows hold this many "
+                                   "real tokens each runs them (the micro-batches their token budgets then take, "
+                                   "the buffers each needs), not at their largest (one row per buffer).",
+                                   lower_bound=1)
+
 FIXES = ("to fit, try: a larger fsdp axis (actor_rollout_ref.actor.fsdp_config.fsdp_size=-1 over more chips), "
          "fewer rows per micro-batch (actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, or "
          "use_dynamic_bsz with a smaller ppo_max_token_len_per_gpu; log_prob_micro_batch_size_per_gpu for the "
@@ -110,7 +115,8 @@ def main(argv: Sequence[str]) -> int:
     mesh = sharding.make_mesh(config, devices=devices)
     several_hosts = _TOPOLOGY.value and len({d.process_index for d in mesh.devices.flat}) > 1
     planned = plan.rl_steps(config, mesh, topology_lib.devices(topology_lib.one_host(target)) if several_hosts else None,
-                            appending=_APPENDING.value, rollout_devices=rollout_devices, remote=remote)
+                            appending=_APPENDING.value, rollout_devices=rollout_devices, remote=remote,
+                            row_tokens=_ROW_TOKENS.value)
     sent = plan.weights_sent(planned) if rollout_devices else None
   except (config_lib.ConfigError, ValueError) as error:
     print(f"config error: {error}", file=sys.stderr)
@@ -128,7 +134,8 @@ def main(argv: Sequence[str]) -> int:
   once = report.once_counted(reports)
   if once:
     print(once)
-  packed = plan.packing_line([item for item in planned if any(r.name == item.step.name for r in reports)])
+  packed = plan.packing_line([item for item in planned if any(r.name == item.step.name for r in reports)],
+                             _ROW_TOKENS.value)
   if packed:
     print(packed)
   if sent is not None:

@@ -19,6 +19,7 @@ import time
 from typing import Any, Sequence
 
 import jax
+import numpy as np
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
@@ -44,7 +45,7 @@ class PlannedStep:
 
 def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] | None = None,
              appending: int | None = None, rollout_devices: Sequence[jax.Device] = (),
-             remote: bool = False) -> list[PlannedStep]:
+             remote: bool = False, row_tokens: int | None = None) -> list[PlannedStep]:
   """The steps of an RL run of `config` on `mesh`: updates, forward passes, the rollout's weight copy, prefill,
   insert and decode, each with the trainer's arrays it runs beside (under colocate_async the engine's decode
   state too, which lives across updates, and for the engine's own steps a second one where validation or remax's
@@ -54,20 +55,26 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   run beside the weight versions its schedule holds (`Schedule.weight_versions`) and its cache, not the trainer's
   arrays, and `rollout_weights` is the cast before the weights are sent (`weights_sent`). `remote`: those devices
   are another process's (`rljax.rl.remote`): validation and remax's baselines decode on the trainer's devices
-  instead (`validation_decode_step`, beside the trainer's arrays)."""
+  instead (`validation_decode_step`, beside the trainer's arrays). `row_tokens`: the packed passes as a step of
+  rows holding that many real tokens each runs them (`at_row_tokens`), not at their largest."""
   run, state = assembly.build_run(config, mesh, abstract=True, tokenizer=None, batches_per_epoch=1,
                                   rollout_devices=rollout_devices, remote_rollout=remote)
   layout, steps = run.layout, run.steps
   engine = run.rollout_engine if remote else run.engine
   actor_params = run.actor_params(state)
   compute = run.model_config.dtype
-  planned = [PlannedStep(steps.actor_update, ("FSDP min", report.fsdp_minimum(
-      actor_params, state.actor, layout.micro_batches, compute, mesh.shape["data"])))]
+  def sized(step: Step) -> Step:
+    return step if row_tokens is None or packed_buffers(step) is None else at_row_tokens(step, layout, row_tokens)
+
+  actor_update = sized(steps.actor_update)
+  planned = [PlannedStep(actor_update, ("FSDP min", report.fsdp_minimum(
+      actor_params, state.actor, update_micro_batches(actor_update, layout), compute, mesh.shape["data"])))]
   if steps.critic_update is not None:
-    planned.append(PlannedStep(steps.critic_update, ("FSDP min", report.fsdp_minimum(
-        state.critic, state.critic, layout.micro_batches, compute, mesh.shape["data"]))))
+    critic_update = sized(steps.critic_update)
+    planned.append(PlannedStep(critic_update, ("FSDP min", report.fsdp_minimum(
+        state.critic, state.critic, update_micro_batches(critic_update, layout), compute, mesh.shape["data"]))))
   bounded = (steps.actor_update, steps.critic_update)
-  planned += [PlannedStep(s) for s in run.compiled_steps() if not any(s is b for b in bounded)]
+  planned += [PlannedStep(sized(s)) for s in run.compiled_steps() if not any(s is b for b in bounded)]
   sampler_steps = RolloutSampler(engine, pad_id=0).steps_per_sync
   rollout_params = engine.compute_params(actor_params)
   weight_sync = engine.weights.sync_steps(actor_params)
@@ -116,17 +123,71 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
 def packed_buffers(step: Step) -> tuple[int, int, int, int] | None:
   """(micro-batches, data shards, buffers per shard, tokens per buffer) of a packed pass as `rljax.compile` lowers
   it (at its largest: one row per buffer); None for a step over padded rows."""
-  for arg in step.args:
-    packed = arg if isinstance(arg, packing.PackedRows) else getattr(arg, "packed", None)
-    if isinstance(packed, packing.PackedRows):
-      micro, shards, buffers, tokens = packed.input_ids.shape
-      return micro, shards, buffers, tokens
-  return None
+  index = _packed_arg(step)
+  if index is None:
+    return None
+  micro, shards, buffers, tokens = _packed_of(step.args[index]).input_ids.shape
+  return micro, shards, buffers, tokens
 
 
-def packing_line(planned: list[PlannedStep]) -> str | None:
+def _packed_of(arg: Any) -> Any:
+  """The PackedRows an argument is or holds (None for padded rows and other arguments)."""
+  packed = arg if isinstance(arg, packing.PackedRows) else getattr(arg, "packed", None)
+  return packed if isinstance(packed, packing.PackedRows) else None
+
+
+def _packed_arg(step: Step) -> int | None:
+  """Which of `step`'s arguments holds its packed rows (None: a step over padded rows)."""
+  return next((i for i, arg in enumerate(step.args) if _packed_of(arg) is not None), None)
+
+
+def update_micro_batches(step: Step, layout: Any) -> int:
+  """The micro-batches an update Step runs: its packed batch's, else the layout's."""
+  shape = packed_buffers(step)
+  return layout.micro_batches if shape is None else shape[0]
+
+
+def at_row_tokens(step: Step, layout: Any, row_tokens: int) -> Step:
+  """A packed pass `step` (lowered at its largest, one row per buffer) as a run packs rows of `row_tokens` real
+  tokens each (at most a buffer's): the micro-batches its token budget then takes (`packing.budget_arrangement`;
+  the layout's count without one) and the buffers each needs (`packing.make_plan`, on the grid)."""
+  index = _packed_arg(step)
+  batch = step.args[index]
+  abstract = _packed_of(batch)
+  micro, shards, per_shard, width = abstract.input_ids.shape
+  rows = micro * shards * per_shard
+  lengths = np.full(rows, min(row_tokens, width))
+  budget = layout.token_budgets.get({"ref_log_prob": "ref"}.get(step.name, step.name))
+  order = np.arange(rows)
+  arrangement = (order.reshape(micro, -1) if budget is None
+                 else packing.budget_arrangement(lengths, order, shards, budget, width))
+  response = 0 if abstract.out_index is None else abstract.out_index.shape[-1]
+  plan = packing.make_plan(np.zeros(rows, np.int64), lengths, arrangement, shards, width - response, response,
+                           slice(0, shards))
+  new_micro = len(arrangement)
+
+  def resized(s: Any, buffers: bool) -> Any:
+    if s is None:
+      return None
+    middle = (shards, plan.buffers) if buffers else (shards, rows // new_micro // shards)
+    return jax.ShapeDtypeStruct((new_micro, *middle, *s.shape[3:]), s.dtype, sharding=s.sharding)
+
+  packed = packing.PackedRows(
+      input_ids=resized(abstract.input_ids, True), positions=resized(abstract.positions, True),
+      segment_ids=resized(abstract.segment_ids, True), out_index=resized(abstract.out_index, False),
+      experts=resized(abstract.experts, True), row_index=resized(abstract.row_index, False))
+  if batch is not abstract:
+    fields = jax.tree.map(lambda s: jax.ShapeDtypeStruct((new_micro, rows // new_micro, *s.shape[2:]), s.dtype,
+                                                         sharding=s.sharding), batch.replace(packed=None))
+    packed = fields.replace(packed=packed)
+  args = (*step.args[:index], packed, *step.args[index + 1:])
+  return Step(step.name, step.fn, args)
+
+
+def packing_line(planned: list[PlannedStep], row_tokens: int | None = None) -> str | None:
   """A line naming, for each packed pass of `planned`, its buffers per step and tokens per buffer (compiled at
-  the largest, one row per buffer: a step of shorter rows runs fewer, `rljax.rl.packing.grid_ceil`)."""
+  the largest, one row per buffer: a step of shorter rows runs fewer, `rljax.rl.packing.grid_ceil`; or for rows
+  of `row_tokens` tokens, `at_row_tokens`)."""
   parts = []
   for item in planned:
     shape = packed_buffers(item.step)
@@ -134,8 +195,9 @@ def packing_line(planned: list[PlannedStep]) -> str | None:
       micro, shards, buffers, tokens = shape
       parts.append(f"{item.step.name} {micro * shards * buffers} buffers of {tokens} tokens ({micro} micro-batches x "
                    f"{shards} data shards x {buffers})")
-  return ("packed passes, compiled at their largest (one row per buffer; shorter rows share buffers and run fewer): "
-          + "; ".join(parts)) if parts else None
+  how = ("compiled at their largest (one row per buffer; shorter rows share buffers and run fewer)" if row_tokens is None
+         else f"compiled for rows of {row_tokens} real tokens each")
+  return f"packed passes, {how}: " + "; ".join(parts) if parts else None
 
 
 def weights_sent(planned: list[PlannedStep]) -> tuple[int, int]:

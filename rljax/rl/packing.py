@@ -21,8 +21,9 @@ rows / D rows per shard, B buffers per shard:
   PackedRows.experts               [D, B, L, L_sparse, k] int32, the experts each token is routed to
                                    (router replay R2/R3; None otherwise), 0 on padding
   PackedRows.row_index             [D, r, P + R] int32: where, among its shard's B * L tokens, row
-                                   column c sits, -1 where none (a pass recording its routing for
-                                   R2 reads it back into rows; None otherwise)
+                                   column c sits, -1 where none (what an R2 old-log-prob pass reads
+                                   its routing back into rows by, and the reward model finds each
+                                   row's last token by; None otherwise)
 
 A batch of M micro-batches stacks them ([M, D, ...]). Every micro-batch and
 shard of a pass has the same B: the most any of them needs (rows placed

@@ -49,13 +49,13 @@ def model_dir(tmp_path_factory):
   return str(path)
 
 
-def planned(model_dir, name, *extra):
+def planned(model_dir, name, *extra, row_tokens=None):
   target = topology.parse(name)
   devices = topology.devices(target)
   config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),
                    [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES, *extra], device_count=len(devices))
   mesh = sharding.make_mesh(config, devices=devices)
-  return {p.step.name.split("[")[0]: p for p in plan.rl_steps(config, mesh)}, target
+  return {p.step.name.split("[")[0]: p for p in plan.rl_steps(config, mesh, row_tokens=row_tokens)}, target
 
 
 def test_topologies_parse_to_their_slices():
@@ -106,6 +106,27 @@ def test_the_report_names_each_packed_pass_buffers_and_tokens_per_buffer(model_d
   assert "actor_update 16 buffers of 256 tokens (2 micro-batches x 4 data shards x 2)" in line
   padded, _ = planned(model_dir, "v5e:2x2", "actor_rollout_ref.model.use_remove_padding=false")
   assert plan.packing_line(list(padded.values())) is None
+
+
+@pytest.mark.slow  # two update compiles (about 30 s)
+@jax.default_matmul_precision("default")
+def test_packed_passes_compile_as_a_step_of_shorter_rows_runs_them(model_dir):
+  # rows of 64 real tokens, four to a buffer of 256. Without a budget the update keeps its 2 micro-batches of 2
+  # rows per chip, each now in one buffer; under a budget of 2 buffers a chip the update takes its 4 rows in one
+  # micro-batch (the padded update takes 2), and the FSDP bound counts one weight gather
+  steps, target = planned(model_dir, "v5e:2x2", row_tokens=64)
+  assert plan.packed_buffers(steps["actor_update"].step) == (2, 4, 1, 256)
+  assert plan.packed_buffers(steps["old_log_prob"].step) == (1, 4, 1, 256)
+  assert "compiled for rows of 64 real tokens each: actor_update 8 buffers" in plan.packing_line(
+      list(steps.values()), 64)
+  budget = ("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512")
+  largest, _ = planned(model_dir, "v5e:2x2", *budget)
+  short, _ = planned(model_dir, "v5e:2x2", *budget, row_tokens=64)
+  assert plan.packed_buffers(largest["actor_update"].step) == (2, 4, 2, 256)
+  assert plan.packed_buffers(short["actor_update"].step) == (1, 4, 1, 256)
+  assert short["actor_update"].bound[1] == pytest.approx(largest["actor_update"].bound[1] / 2, rel=0.05)
+  flops = [plan.compile_step(s["actor_update"], target.hbm_bytes)[0].loop_flops for s in (largest, short)]
+  assert flops[1] < 0.3 * flops[0]  # a quarter of the buffers
 
 
 def scattered_bytes(mesh, shape, dim, options):

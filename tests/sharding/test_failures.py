@@ -103,3 +103,14 @@ def test_a_jobs_coordinator_port_is_reserved_for_it_alone():
   with reservation, socket.socket() as other:
     with pytest.raises(OSError, match="Address already in use"):
       other.bind(("127.0.0.1", reservation.getsockname()[1]))
+
+
+def test_a_job_past_its_time_is_killed_and_its_processes_outputs_shown():
+  # a hung (or slow) job's processes: the wait fails at its time with where each one was, and none outlives it
+  procs = processes.start(["-c", "import os, time; print('process', os.environ['JAX_PROCESS_ID'], 'waiting', "
+                           "flush=True); time.sleep(600)"], 2, devices=2)
+  start = time.monotonic()
+  with pytest.raises(AssertionError, match=r"(?s)processes \[0, 1\] still ran 3 s.*process 0 \(killed\).*"
+                                           r"process 0 waiting.*process 1 \(killed\).*process 1 waiting"):
+    processes.finish(procs, timeout=3)
+  assert time.monotonic() - start < 10 and all(p.poll() is not None for p in procs)
