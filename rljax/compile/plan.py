@@ -157,7 +157,7 @@ def at_row_tokens(step: Step, layout: Any, row_tokens: int) -> Step:
   micro, shards, per_shard, width = abstract.input_ids.shape
   rows = micro * shards * per_shard
   lengths = np.full(rows, min(row_tokens, width))
-  budget = layout.token_budgets.get({"ref_log_prob": "ref"}.get(step.name, step.name))
+  budget = layout.budget_of(step.name)
   order = np.arange(rows)
   arrangement = (order.reshape(micro, -1) if budget is None
                  else packing.budget_arrangement(lengths, order, shards, budget, width))

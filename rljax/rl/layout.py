@@ -55,6 +55,10 @@ class Layout:
   def row_tokens(self) -> int:
     return self.prompt_length + self.response_length
 
+  def budget_of(self, step_name: str) -> int | None:
+    """The token budget of the Step named `step_name` (its pass's; ref_log_prob is the "ref" pass)."""
+    return self.token_budgets.get({"ref_log_prob": "ref"}.get(step_name, step_name))
+
   def forward_group(self, phase: str) -> int:
     """Rows per shared prompt in the forward pass `phase`."""
     return pass_group_size(self.group, self.rows, self.forward_micros[phase])

@@ -95,7 +95,7 @@ def forward(parts: StepParts, step: Step, params: Any, rows: Experience,
   local = len(rows.response_mask)
   if abstract.packed is not None:
     packer = packer or make_packer(parts, rows)
-    budget = parts.run.layout.token_budgets.get({"ref_log_prob": "ref"}.get(step.name, step.name))
+    budget = parts.run.layout.budget_of(step.name)
     arrangement = packing.pass_arrangement(packer.ends - packer.starts, local, abstract.packed, budget)
     plan = packer.plan(abstract.packed, arrangement)
     if padded_pays(parts, step, plan, abstract.packed, arrangement.size):
@@ -199,7 +199,7 @@ def minibatches(parts: StepParts, state: Any, rows: Experience, step: Step, epoc
       if abstract is None:
         yield epoch, m, gather(whole, index)
         continue
-      arrangement = packer.arrangement(abstract, index, layout.token_budgets.get(step.name))
+      arrangement = packer.arrangement(abstract, index, layout.budget_of(step.name))
       yield epoch, m, gather(whole, arrangement).replace(packed=packer.pack(packer.plan(abstract, arrangement),
                                                                                abstract))
 
@@ -211,7 +211,7 @@ def update_step(parts: StepParts, step: Step, order: np.ndarray, packer: packing
     return step
   layout = parts.run.layout
   index = order[:layout.mini_rows]
-  plan = packer.plan(abstract, packer.arrangement(abstract, index, layout.token_budgets.get(step.name)))
+  plan = packer.plan(abstract, packer.arrangement(abstract, index, layout.budget_of(step.name)))
   return getattr(parts.run.steps.padded, step.name) if padded_pays(parts, step, plan, abstract, len(index)) else step
 
 
