@@ -163,13 +163,13 @@ def at_row_tokens(step: Step, layout: Any, row_tokens: int) -> Step:
                  else packing.budget_arrangement(lengths, order, shards, budget, width))
   response = 0 if abstract.out_index is None else abstract.out_index.shape[-1]
   plan = packing.make_plan(np.zeros(rows, np.int64), lengths, arrangement, shards, width - response, response,
-                           slice(0, shards))
-  new_micro = len(arrangement)
+                           slice(0, shards), budget)
+  new_micro, slots = arrangement.shape
 
   def resized(s: Any, buffers: bool) -> Any:
     if s is None:
       return None
-    middle = (shards, plan.buffers) if buffers else (shards, rows // new_micro // shards)
+    middle = (shards, plan.buffers) if buffers else (shards, slots // shards)
     return jax.ShapeDtypeStruct((new_micro, *middle, *s.shape[3:]), s.dtype, sharding=s.sharding)
 
   packed = packing.PackedRows(
@@ -177,7 +177,7 @@ def at_row_tokens(step: Step, layout: Any, row_tokens: int) -> Step:
       segment_ids=resized(abstract.segment_ids, True), out_index=resized(abstract.out_index, False),
       experts=resized(abstract.experts, True), row_index=resized(abstract.row_index, False))
   if batch is not abstract:
-    fields = jax.tree.map(lambda s: jax.ShapeDtypeStruct((new_micro, rows // new_micro, *s.shape[2:]), s.dtype,
+    fields = jax.tree.map(lambda s: jax.ShapeDtypeStruct((new_micro, slots, *s.shape[2:]), s.dtype,
                                                          sharding=s.sharding), batch.replace(packed=None))
     packed = fields.replace(packed=packed)
   args = (*step.args[:index], packed, *step.args[index + 1:])

@@ -164,7 +164,7 @@ def regrouped(abstract: Experience, micro_batches: int, rows: int) -> Experience
 def row_gather(abstract: Experience) -> Callable[[Experience, np.ndarray], Experience]:
   """A jitted `(whole, index) -> batch`: rows `index` ([B] global row numbers, the same on every host) of `whole`
   ([1, N, ...], each host's rows where `place` put them), as `abstract`'s [M, B / M, ...] batch (or an index
-  [M', B / M'] as that batch of M' micro-batches, laid out alike).
+  [M', S] as that batch of M' micro-batches of S rows, laid out alike; an index of -1 gives a row of zeros).
 
   The rows move between devices (and hosts) on device: a mini-batch holds the same rows in the same order
   however many processes hold the step.
@@ -172,7 +172,11 @@ def row_gather(abstract: Experience) -> Callable[[Experience, np.ndarray], Exper
   shardings = jax.tree.map(lambda s: s.sharding, abstract)
   micro = next(iter(jax.tree.leaves(abstract))).shape[0]
   replicated = NamedSharding(next(iter(jax.tree.leaves(shardings))).mesh, PartitionSpec())
-  gather = jax.jit(lambda whole, index: jax.tree.map(lambda x: x[0][index], whole), out_shardings=shardings)
+  def take(x: jax.Array, index: jax.Array) -> jax.Array:
+    rows = x[0][jnp.maximum(index, 0)]
+    return jnp.where((index >= 0).reshape(index.shape + (1,) * (rows.ndim - index.ndim)), rows, 0)
+
+  gather = jax.jit(lambda whole, index: jax.tree.map(lambda x: take(x, index), whole), out_shardings=shardings)
 
   def rows(whole: Experience, index: np.ndarray) -> Experience:
     index = np.asarray(index, np.int32)

@@ -29,9 +29,21 @@ A batch of M micro-batches stacks them ([M, D, ...]). Every micro-batch and
 shard of a pass has the same B: the most any of them needs (rows placed
 first-fit decreasing), rounded up to the quarter-octave grid 1, 2, ..., 8,
 10, 12, 14, 16, 20, 24, ... and never above r (one row per buffer always
-fits). So a pass compiles at most one program per grid value <= r, however
-the lengths move from step to step, and computes at most a quarter more
-buffers than it needs.
+fits). So a pass with the layout's M compiles at most one program per grid
+value <= r, however the lengths move from step to step, and computes at most
+a quarter more buffers than it needs.
+
+Under verl's token budget (`use_dynamic_bsz`, `budget_arrangement`) the
+step's lengths choose M too: each shard's rows are packed into the fewest
+buffers, and micro-batches of B of them (B * L within the budget) take them
+in the fewest micro-batches that compute no more than an eighth more buffers
+than the fewest. A micro-batch
+then holds however many rows its buffers do: r becomes S row slots, the most
+any micro-batch's shard holds (on the grid), the empty ones rows of nothing
+(no tokens, no mask; the losses count the mini-batch's real rows), rounded
+up to a power of two. Such a pass compiles at most one program per
+(M, B, S): M <= r, B on the grid (or the budget's most buffers), S a power
+of two <= r.
 """
 
 from __future__ import annotations
@@ -115,16 +127,17 @@ def row_spans(attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def make_plan(starts: np.ndarray, ends: np.ndarray, arrangement: np.ndarray, shards: int, prompt_length: int,
-              response_length: int, local_shards: slice) -> PackPlan:
+              response_length: int, local_shards: slice, budget: int | None = None) -> PackPlan:
   """The packing of a batch of rows into buffers of L = P + R tokens.
 
   Args:
     starts, ends: [N] every row's span (`row_spans`, all processes' rows in their global order).
-    arrangement: [M, rows] the global row numbers of each micro-batch in its order; block d of rows / D
-      sits on shard d.
+    arrangement: [M, rows] the global row numbers of each micro-batch in its order, -1 in empty slots (after
+      a block's rows); block d of rows / D sits on shard d.
     shards: D.
     prompt_length, response_length: P, R.
     local_shards: the shards this process places (its block of D).
+    budget: the pass's token budget, which B * (P + R) keeps within (B off the grid where the grid would pass it).
 
   Returns:
     The plan, laid out for `local_shards` only, with B from every shard (the same on every process).
@@ -133,8 +146,9 @@ def make_plan(starts: np.ndarray, ends: np.ndarray, arrangement: np.ndarray, sha
   per_shard, width = rows // shards, prompt_length + response_length
   blocks = arrangement.reshape(micro, shards, per_shard)
   lengths = ends - starts
-  fits = [[first_fit_decreasing(lengths[block], width) for block in blocks[m]] for m in range(micro)]
-  buffers = grid_ceil(max(len(fit) for per_micro in fits for fit in per_micro), per_shard)
+  fits = [[first_fit_decreasing(lengths[block[block >= 0]], width) for block in blocks[m]] for m in range(micro)]
+  most = per_shard if budget is None else min(per_shard, max(budget, width) // width)
+  buffers = grid_ceil(max(len(fit) for per_micro in fits for fit in per_micro), most)
   local = range(shards)[local_shards]
   src = np.full((micro, len(local), buffers, width), -1, np.int32)
   out_index = np.full((micro, len(local), per_shard, response_length), -1, np.int32)
@@ -153,16 +167,21 @@ def make_plan(starts: np.ndarray, ends: np.ndarray, arrangement: np.ndarray, sha
           row_index[m, i, k, start:end] = buffer * width + offset + np.arange(end - start)
           offset += end - start
   return PackPlan(buffers=buffers, src=src, out_index=out_index, row_index=row_index,
-                  real_tokens=int(lengths[arrangement].sum()))
+                  real_tokens=int(lengths[arrangement[arrangement >= 0]].sum()))
 
 
 def budget_arrangement(lengths: np.ndarray, order: np.ndarray, shards: int, budget: int, width: int) -> np.ndarray:
-  """[M, rows / M] micro-batches of the rows `order` ([rows] global row numbers), as few as fit verl's token budget.
+  """[M, D * S] micro-batches of the rows `order` ([rows] global row numbers) under verl's token budget, -1 in
+  the slots no row fills.
 
-  Shard d holds the rows order[d * r:(d + 1) * r] (r = rows / D). M is the smallest divisor of r for which
-  dealing each shard's rows, longest first and snake-wise, into M groups of r / M gives every group packed
-  buffers of no more than `budget` tokens (at least one buffer of `width`); M = r (a row a micro-batch)
-  when none does. Rows keep their shard, so a process's rows stay on its devices.
+  Shard d holds the rows order[d * r:(d + 1) * r] (r = rows / D): a process's rows stay on its devices. Each
+  shard's rows are packed first-fit decreasing into n_d buffers of `width`; n = max n_d. A micro-batch takes
+  B of a shard's buffers (B on the quarter-octave grid, B * width within the budget, at least one buffer), so
+  M = ceil(n / B), as `budget_grid` picks them (about the fewest buffers M * B in the fewest micro-batches). The
+  micro-batches of a shard share its buffers out evenly (none is empty while another holds two more). Block d
+  of S columns holds shard d's rows of the micro-batch, in their order in `order` (so packing them again,
+  `make_plan`, finds the same buffers), then -1; S is the most any block holds rounded up to a power of two
+  (empty slots cost no tokens, only their [S, R] rows of zeros), at most r.
 
   Args:
     lengths: [N] every row's real tokens.
@@ -173,37 +192,42 @@ def budget_arrangement(lengths: np.ndarray, order: np.ndarray, shards: int, budg
   """
   per_shard = len(order) // shards
   blocks = [order[d * per_shard:(d + 1) * per_shard] for d in range(shards)]
-  for micro in (m for m in range(1, per_shard + 1) if per_shard % m == 0):
-    dealt = [deal(block, lengths[block], micro) for block in blocks]
-    if micro == per_shard or all(len(first_fit_decreasing(lengths[group], width)) * width <= max(budget, width)
-                                 for per in dealt for group in per):
-      break
-  return np.stack([np.concatenate([per[m] for per in dealt]) for m in range(micro)])
+  fits = [first_fit_decreasing(lengths[block], width) for block in blocks]
+  micro, _ = budget_grid(max(len(fit) for fit in fits), max(budget, width) // width)
+  groups = [[np.sort(np.asarray([i for b in range(m, len(fit), micro) for i in fit[b]], np.int64))
+             for m in range(micro)] for fit in fits]
+  slots = min(1 << (max(len(g) for per in groups for g in per) - 1).bit_length(), per_shard)
+  out = np.full((micro, shards, slots), -1, np.int64)
+  for d, per in enumerate(groups):
+    for m, group in enumerate(per):
+      out[m, d, :len(group)] = blocks[d][group]
+  return out.reshape(micro, shards * slots)
 
 
-def deal(rows: np.ndarray, lengths: np.ndarray, groups: int) -> list[np.ndarray]:
-  """`rows` in `groups` equal groups of similar token totals: longest first, dealt 0..k-1, k-1..0, ..."""
-  out: list[list[int]] = [[] for _ in range(groups)]
-  for i, k in enumerate(np.argsort(-lengths, kind="stable")):
-    lap, pos = divmod(i, groups)
-    out[pos if lap % 2 == 0 else groups - 1 - pos].append(int(rows[k]))
-  return [np.asarray(group, np.int64) for group in out]
+def budget_grid(needed: int, most: int) -> tuple[int, int]:
+  """(M, B): micro-batches of B buffers (B on the grid, at most `most`) holding `needed` buffers: the fewest
+  micro-batches of those computing at most an eighth more buffers than the fewest (a micro-batch a buffer
+  always computes the fewest)."""
+  options = [(-(-needed // b), b) for b in sorted({grid_ceil(b, most) for b in range(1, max(needed, 1) + 1)})]
+  fewest = min(m * b for m, b in options)
+  return min((mb for mb in options if 8 * mb[0] * mb[1] <= 9 * fewest), key=lambda mb: (mb[0], mb[0] * mb[1]))
 
 
-def rows_in_place(x: np.ndarray, arrangement: np.ndarray, first_row: int) -> np.ndarray:
-  """A pass's outputs [M, k, ...] for this process's columns of `arrangement` ([M, k] global row numbers, its
-  rows first_row..first_row + M * k - 1) -> [M * k, ...] in row order."""
-  out = np.empty((x.shape[0] * x.shape[1], *x.shape[2:]), x.dtype)
-  out[arrangement.reshape(-1) - first_row] = x.reshape(out.shape)
+def rows_in_place(x: np.ndarray, arrangement: np.ndarray, first_row: int, rows: int) -> np.ndarray:
+  """A pass's outputs [M, k, ...] for this process's columns of `arrangement` ([M, k] global row numbers, -1 in
+  empty slots; its rows first_row..first_row + rows - 1) -> [rows, ...] in row order."""
+  out = np.empty((rows, *x.shape[2:]), x.dtype)
+  filled = arrangement >= 0
+  out[arrangement[filled] - first_row] = x[filled]
   return out
 
 
 def process_rows(x: jax.Array, arrangement: np.ndarray, local: int) -> np.ndarray:
-  """This process's `local` rows, in row order, of a packed pass's outputs [M, rows / M, ...] over the micro-batches
-  `arrangement` ([M, rows / M] global row numbers; each process's rows are its own columns)."""
-  per = local // len(arrangement)
+  """This process's `local` rows, in row order, of a packed pass's outputs [M, k, ...] over the micro-batches
+  `arrangement` ([M, k] global row numbers, -1 in empty slots; each process's rows are its own columns)."""
+  per = arrangement.shape[1] // hosts.count()
   columns = arrangement[:, hosts.index() * per:][:, :per]
-  return rows_in_place(hosts.process_rows(x, axis=1), columns, hosts.index() * local)
+  return rows_in_place(hosts.process_rows(x, axis=1), columns, hosts.index() * local, local)
 
 
 def shard_count(mesh: Mesh, rules: Any, micro_batches: int, rows: int) -> int:
@@ -432,10 +456,11 @@ class Packer:
     return budget_arrangement(self.ends - self.starts, order, abstract.input_ids.shape[1], budget,
                               abstract.input_ids.shape[-1])
 
-  def plan(self, abstract: PackedRows, arrangement: np.ndarray) -> PackPlan:
-    """Where the rows `arrangement` ([M, rows] global row numbers) go, laid out as `abstract`."""
+  def plan(self, abstract: PackedRows, arrangement: np.ndarray, budget: int | None) -> PackPlan:
+    """Where the rows `arrangement` ([M, rows] global row numbers) go, laid out as `abstract` (within the
+    pass's token `budget`, when it has one)."""
     return make_plan(self.starts, self.ends, arrangement, abstract.input_ids.shape[1], self.prompt_length,
-                     self.response_length, local_shards(abstract))
+                     self.response_length, local_shards(abstract), budget)
 
   def pack(self, plan: PackPlan, abstract: PackedRows) -> PackedRows:
     """The packed batch of `plan` on device (and its tokens counted)."""

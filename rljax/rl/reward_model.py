@@ -171,7 +171,8 @@ class ModelReward:
     tokens = experience_lib.spec(packing.TOKEN_FIELDS, 1, rows, width, 0, spec.input_ids.sharding.mesh, self.rules)
     placed = experience_lib.place(Experience(input_ids=inputs["input_ids"], positions=inputs["positions"]), tokens)
     arrangement = packing.pass_arrangement(spans[:, 1] - spans[:, 0], local, spec, self.budget)
-    plan = packing.make_plan(spans[:, 0], spans[:, 1], arrangement, shards, width, 0, packing.local_shards(spec))
+    plan = packing.make_plan(spans[:, 0], spans[:, 1], arrangement, shards, width, 0, packing.local_shards(spec),
+                             self.budget)
     return packing.process_rows(self.step(self.params, packing.pack(placed.input_ids, placed.positions, plan, spec)),
                                 arrangement, local)
 

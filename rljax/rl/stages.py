@@ -97,8 +97,8 @@ def forward(parts: StepParts, step: Step, params: Any, rows: Experience,
     packer = packer or make_packer(parts, rows)
     budget = parts.run.layout.budget_of(step.name)
     arrangement = packing.pass_arrangement(packer.ends - packer.starts, local, abstract.packed, budget)
-    plan = packer.plan(abstract.packed, arrangement)
-    if padded_pays(parts, step, plan, abstract.packed, arrangement.size):
+    plan = packer.plan(abstract.packed, arrangement, budget)
+    if padded_pays(parts, step, plan, abstract.packed, int(np.count_nonzero(arrangement >= 0))):
       return forward(parts, getattr(parts.run.steps.padded, step.name), params, rows)
     batch = batch.replace(packed=packer.pack(plan, abstract.packed))
   out = step(params, batch)
@@ -199,8 +199,9 @@ def minibatches(parts: StepParts, state: Any, rows: Experience, step: Step, epoc
       if abstract is None:
         yield epoch, m, gather(whole, index)
         continue
-      arrangement = packer.arrangement(abstract, index, layout.budget_of(step.name))
-      yield epoch, m, gather(whole, arrangement).replace(packed=packer.pack(packer.plan(abstract, arrangement),
+      budget = layout.budget_of(step.name)
+      arrangement = packer.arrangement(abstract, index, budget)
+      yield epoch, m, gather(whole, arrangement).replace(packed=packer.pack(packer.plan(abstract, arrangement, budget),
                                                                                abstract))
 
 
@@ -211,7 +212,8 @@ def update_step(parts: StepParts, step: Step, order: np.ndarray, packer: packing
     return step
   layout = parts.run.layout
   index = order[:layout.mini_rows]
-  plan = packer.plan(abstract, packer.arrangement(abstract, index, layout.budget_of(step.name)))
+  budget = layout.budget_of(step.name)
+  plan = packer.plan(abstract, packer.arrangement(abstract, index, budget), budget)
   return getattr(parts.run.steps.padded, step.name) if padded_pays(parts, step, plan, abstract, len(index)) else step
 
 

@@ -18,6 +18,7 @@ scan their micro-batches inside one jit.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -91,9 +92,17 @@ def packs_critic(config: ConfigDict) -> bool:
 # ----- RL steps ----------------------------------------------------------------------------------
 
 
-def _global_info(mask: jax.Array) -> dict[str, Any]:
-  """verl's global_batch_info for a mini-batch mask [micro_batches, rows, R]."""
-  return {"dp_size": 1, "batch_num_tokens": jnp.sum(mask), "global_batch_size": mask.shape[0] * mask.shape[1]}
+def _global_info(mask: jax.Array, rows: int) -> dict[str, Any]:
+  """verl's global_batch_info for a mini-batch mask [micro_batches, slots, R] of `rows` rows (the slots past
+  them, where a token budget forms the micro-batches, are empty: no mask)."""
+  return {"dp_size": 1, "batch_num_tokens": jnp.sum(mask), "global_batch_size": rows}
+
+
+def micro_rows(micro: Experience) -> jax.Array | int:
+  """The rows one micro-batch holds: a packed one's segments (empty slots have none), else its slots."""
+  if micro.packed is None:
+    return micro.response_mask.shape[0]
+  return jnp.sum(jnp.max(micro.packed.segment_ids, axis=-1))
 
 
 def _reduce_metrics(metrics: Metrics) -> Metrics:
@@ -118,7 +127,7 @@ def actor_loss(graphdef: nnx.GraphDef, actor_config: Any, temperature: float, gr
     mask = micro.response_mask.astype(jnp.float32)
     metrics["actor/entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     if routing is not None:
-      share = micro.response_mask.shape[0] / info["global_batch_size"]
+      share = micro_rows(micro) / info["global_batch_size"]
       aux, moe_metrics = router_loss(model.cfg, routing.stats, routing.tokens)
       loss = loss + model.cfg.router_aux_loss_coef * share * aux
       metrics = {**metrics, **moe_metrics, "actor/moe_aux_loss": share * aux}
@@ -160,11 +169,11 @@ def critic_loss(graphdef: nnx.GraphDef, critic_config: Any, group_size: int) -> 
 
 
 def update_step(loss_fn: Callable, tx: optax.GradientTransformation, shardings: Any, metric_prefix: str,
-                homes: tuple[Any, Any] | None = None) -> Callable:
+                rows: int, homes: tuple[Any, Any] | None = None) -> Callable:
   """(params, opt_state, mini, rng, *extra) -> (params, opt_state, metrics): accumulate, then one update.
 
   `loss_fn(params, micro, info, key, *extra)`; info is verl's global batch
-  info of the whole mini-batch, so every micro-batch's loss is its share.
+  info of the whole mini-batch (`rows` rows), so every micro-batch's loss is its share.
   `shardings`: the parameters' in device memory. `homes`: the abstract params and optimizer state as the step
   takes them; those in host memory are brought in (the optimizer state for the optimizer step,
   `rljax.sharding.offload`).
@@ -172,7 +181,7 @@ def update_step(loss_fn: Callable, tx: optax.GradientTransformation, shardings: 
   def step(params, opt_state, mini: Experience, rng, *extra):
     if homes is not None:
       params = offload.brought_in(params, homes[0])
-    info = _global_info(mini.response_mask)
+    info = _global_info(mini.response_mask, rows)
     keys = jax.random.split(rng, mini.response_mask.shape[0])
     grads, metrics = accumulate_gradients(lambda p, micro, key: loss_fn(p, micro, info, key, *extra), params, mini,
                                           keys, shardings)
@@ -192,7 +201,7 @@ def make_update(name: str, loss_fn: Callable, tx: optax.GradientTransformation, 
   param_sh = shardings_of(params)
   args = (abstract(params), abstract(jax.eval_shape(tx.init, params), opt_shardings), batch, key_struct(mesh))
   step = traced_in(mesh, rules, update_step(loss_fn, tx, offload.device_shardings(param_sh), metric_prefix,
-                                            homes=args[:2]))
+                                            rows=math.prod(batch.response_mask.shape[:2]), homes=args[:2]))
   if frozen is not None:
     args += (abstract(frozen),)
   fn = jax.jit(step, in_shardings=jax.tree.map(lambda x: x.sharding, args),

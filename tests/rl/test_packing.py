@@ -195,36 +195,73 @@ def test_steps_pack_by_the_verl_keys(model_dir, data_dir, tmp_path):
   assert spec.input_ids.shape == (2, 8, 2, P + R) and spec.out_index.shape == (2, 8, 2, R)
 
 
-def test_a_token_budget_takes_the_fewest_micro_batches_that_fit_and_keeps_each_row_on_its_shard():
+def test_a_token_budget_packs_each_shard_into_the_fewest_buffers_and_keeps_each_row_on_its_shard():
   lengths = np.array([10, 2, 3, 9, 1, 1, 8, 2, 10, 3, 3, 3, 2, 2, 1, 1])
-  order = np.arange(16)[::-1].copy()  # shard 0 holds rows 15..8 (25 tokens), shard 1 rows 7..0 (36)
-  for budget, micro in ((40, 1), (20, 2), (10, 8)):
+  order = np.arange(16)[::-1].copy()  # shard 0 holds rows 15..8 (25 tokens, 3 buffers), shard 1 rows 7..0 (36, 4)
+  # budget -> micro-batches of slots a shard: 4 buffers fit one micro-batch, 2 take two, 1 four
+  for budget, micro, slots in ((40, 1, 8), (20, 2, 8), (10, 4, 4)):  # slots: a power of two
     arrangement = packing.budget_arrangement(lengths, order, 2, budget, width=10)
-    assert arrangement.shape == (micro, 16 // micro)
-    assert sorted(arrangement.reshape(-1).tolist()) == list(range(16))
+    assert arrangement.shape == (micro, 2 * slots)
+    placed = arrangement[arrangement >= 0]
+    assert sorted(placed.tolist()) == list(range(16))  # every row once
     for d, shard_rows in enumerate((set(order[:8].tolist()), set(order[8:].tolist()))):
-      block = arrangement[:, d * (8 // micro):(d + 1) * (8 // micro)]
-      assert set(block.reshape(-1).tolist()) == shard_rows  # a row stays on its shard
-      assert all(len(first_fit_decreasing(lengths[g], 10)) * 10 <= budget for g in block)
-  # a pass's outputs come back in row order from any arrangement of a process's rows
+      block = arrangement[:, d * slots:(d + 1) * slots]
+      assert set(block[block >= 0].tolist()) == shard_rows  # a row stays on its shard
+      for group in block:
+        real = group[group >= 0]
+        assert (group[len(real):] == -1).all()  # a block's rows, then its empty slots
+        assert len(first_fit_decreasing(lengths[real], 10)) * 10 <= budget
+    plan = packing.make_plan(np.zeros(16, np.int64), lengths, arrangement, 2, 10, 0, slice(0, 2))
+    assert plan.buffers * micro == 4  # the fullest shard's 4 buffers, no more
+    assert plan.real_tokens == lengths.sum()
+  # a pass's outputs come back in row order from any arrangement of a process's rows, empty slots left out
   arrangement = packing.budget_arrangement(lengths, np.arange(16), 2, 20, width=10)
-  out = packing.rows_in_place(arrangement[..., None] * 10, arrangement, 0)
+  out = packing.rows_in_place(np.where(arrangement >= 0, arrangement, 99)[..., None] * 10, arrangement, 0, 16)
   assert out[:, 0].tolist() == [10 * i for i in range(16)]
 
 
-@pytest.mark.slow
-def test_a_token_budget_counts_real_tokens_and_trains_as_the_padded_budget_does(model_dir, data_dir, tmp_path):
-  # 208-token rows of about 60 real tokens; a budget of 416 tokens a device: 2 padded rows, or about 6 packed
-  budget = ("data.max_prompt_length=200", "actor_rollout_ref.actor.use_dynamic_bsz=true",
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=416", "actor_rollout_ref.actor.ppo_epochs=2")
-  packed = run_metrics(model_dir, data_dir, tmp_path / "packed", "grpo", *budget)
-  padded = run_metrics(model_dir, data_dir, tmp_path / "padded", "grpo", *budget,
-                       "actor_rollout_ref.model.use_remove_padding=false")
+@pytest.mark.parametrize("needed, most, chosen", [
+    (5, 4, (5, 1)),  # five micro-batches of a buffer: no two-buffer split computes as few
+    (9, 4, (3, 3)),
+    (11, 12, (1, 12)),  # an eighth more buffers buys one micro-batch for eleven
+    (40, 8, (5, 8)),
+])
+def test_budget_micro_batches_compute_about_the_fewest_buffers_in_the_fewest_micro_batches(needed, most, chosen):
+  assert packing.budget_grid(needed, most) == chosen
+
+
+@pytest.mark.slow  # two 2-step runs each (about 40 s)
+@pytest.mark.parametrize("name, extra", [
+    ("grpo", ()),
+    # the critic's passes by their own budgets, and a loss counting the mini-batch's rows (not the slots)
+    ("ppo", ("critic.model.use_remove_padding=true", "critic.use_dynamic_bsz=true",
+             "critic.ppo_max_token_len_per_gpu=416", "critic.forward_max_token_len_per_gpu=416",
+             "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")),
+])
+def test_a_token_budget_counts_real_tokens_and_trains_as_the_padded_budget_does(model_dir, data_dir, tmp_path,
+                                                                                monkeypatch, name, extra):
+  # 208-token rows of 46-186 real tokens; a budget of 416 tokens a device: 2 padded rows, or more packed
+  tiny_run.ensure_synthetic_data(data_dir)
+  prompts_of_many_lengths(data_dir, tmp_path / "varied.parquet")
+  budget = ("data.max_prompt_length=200", f"data.train_files={tmp_path}/varied.parquet",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=416",
+            "actor_rollout_ref.actor.ppo_epochs=2",
+            "actor_rollout_ref.model.share_prompt_forward=false", *extra)  # so the padded twins never pay
+  arrangements = []
+  arrange = packing.budget_arrangement
+  monkeypatch.setattr(packing, "budget_arrangement", lambda *a, **k: arrangements.append(arrange(*a, **k))
+                      or arrangements[-1])
+  packed = run_metrics(model_dir, data_dir, tmp_path / "packed", name, *budget)
+  assert any((a < 0).any() for a in arrangements)  # micro-batches of as many rows as their buffers hold
+  padded = run_metrics(model_dir, data_dir, tmp_path / "padded", name, *budget,
+                       "actor_rollout_ref.model.use_remove_padding=false", "critic.model.use_remove_padding=false")
   # the losses are each micro-batch's share of the mini-batch's, so the gradients do not depend on the
   # micro-batches; metrics averaged over micro-batches (entropy, clip fractions) do, in verl too
+  keys = ["critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm"]
+  keys += ["critic/vf_loss", "critic/grad_norm"] if name == "ppo" else ["actor/kl_loss"]
   for a, b in zip(packed, padded, strict=True):
     assert a["perf/packed_compute_ratio"] < 2.0
-    for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+    for key in keys:
       assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
 
 
@@ -253,49 +290,71 @@ def prompts_of_many_lengths(data_dir: str, path, rows: int = 128, seed: int = 0)
   pq.write_table(pa.Table.from_pylist(table), path)
 
 
-@pytest.mark.slow  # a 12-step run of the tiny model that compiles about 6 buffer counts (about 60 s)
-def test_a_run_whose_lengths_change_every_step_compiles_one_program_per_grid_buffer_count(
-    model_dir, data_dir, tmp_path, monkeypatch):
+def varied_run(model_dir, data_dir, tmp_path, monkeypatch, steps, *extra):
+  """A `steps`-step run of 32 rows a step whose prompts are 46-186 tokens (buffers of 208): the (pass, M, B, S)
+  of every plan (pass 0 the update, 1 the reference's), the two passes' M in the layout, and after each step
+  the programs they hold."""
   from rljax import rl  # pylint: disable=import-outside-toplevel
   tiny_run.ensure_synthetic_data(data_dir)
   prompts_of_many_lengths(data_dir, tmp_path / "varied.parquet")
-  # 32 rows a step in one micro-batch of a device, each step's prompts 46-186 tokens in buffers of 208: 32 rows
-  # could need any of 1..32 buffers, the quarter-octave grid allows 16 counts
-  steps = 12
   config = tiny_run.run_config(
       "grpo", model_dir, data_dir, str(tmp_path / "run"), f"data.train_files={tmp_path}/varied.parquet",
       "data.max_prompt_length=200", "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "actor_rollout_ref.actor.use_kl_loss=true",
       "actor_rollout_ref.model.share_prompt_forward=false",  # so the padded twins never pay
-      f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", tiny_run.text_scorer(tmp_path))
-  planned = []  # (micro-batches, buffers) of every plan
-  make_plan = packing.make_plan
+      f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", tiny_run.text_scorer(tmp_path), *extra)
+  planned = []
+  pack = packing.Packer.pack
 
-  def recorded(starts, ends, arrangement, *args):
-    plan = make_plan(starts, ends, arrangement, *args)
-    planned.append((len(arrangement), plan.buffers))
-    return plan
+  def recorded(self, plan, abstract):
+    planned.append((abstract, plan.out_index.shape[0], plan.buffers, plan.out_index.shape[2]))
+    return pack(self, plan, abstract)
 
-  monkeypatch.setattr(packing, "make_plan", recorded)
+  monkeypatch.setattr(packing.Packer, "pack", recorded)
   trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
   try:
     passes = (trainer.run.steps.actor_update, trainer.run.steps.ref_log_prob)
-    micro = [passes[0].args[2].packed.input_ids.shape[0], passes[1].args[1].packed.input_ids.shape[0]]
     lengths, programs = [], []
     for _ in range(steps):
       metrics = trainer.train_step(next(trainer.train_iter))
       trainer.count_step()
       lengths.append(metrics["prompt_length/mean"])
       programs.append([step.fn._cache_size() for step in passes])  # pylint: disable=protected-access
+    assert not any(getattr(trainer.run.steps.padded, step.name).fn._cache_size()  # pylint: disable=protected-access
+                   for step in passes)
+    abstracts = [passes[0].args[2].packed, passes[1].args[1].packed]
   finally:
     trainer.close()
-  grid = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32}  # the quarter-octave grid up to 32
   assert len(set(lengths)) >= steps - 2  # the length mix moved from step to step
+  planned = [(next(i for i, a in enumerate(abstracts) if a is abstract), *shape) for abstract, *shape in planned]
+  return planned, [a.input_ids.shape[0] for a in abstracts], programs
+
+
+@pytest.mark.slow  # a 12-step run of the tiny model that compiles about 6 buffer counts (about 40 s)
+def test_a_run_whose_lengths_change_every_step_compiles_one_program_per_grid_buffer_count(
+    model_dir, data_dir, tmp_path, monkeypatch):
+  # 32 rows a step in one micro-batch of a device: 32 rows could need any of 1..32 buffers, the quarter-octave
+  # grid allows 16 counts
+  planned, micro, programs = varied_run(model_dir, data_dir, tmp_path, monkeypatch, 12)
+  grid = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32}  # the quarter-octave grid up to 32
   assert micro == [1, 2]  # the update's one micro-batch of 32 rows, the reference pass's two of 16
-  counts = [{b for m, b in planned if m == k} for k in micro]
+  counts = [{b for k, m, b, _ in planned if k == i and m == micro[i]} for i in range(2)]
   assert counts[0] | counts[1] <= grid and all(len(c) >= 3 for c in counts)  # ... and with it the buffers
   # one program per buffer count a pass ran, whatever the lengths (at most the grid's 16), none per step after
   # the first few
   assert programs[-1] == [len(c) for c in counts] and programs[-4:] == [programs[-1]] * 4
-  assert not any(getattr(trainer.run.steps.padded, step.name).fn._cache_size()  # pylint: disable=protected-access
-                 for step in passes)
+
+
+@pytest.mark.slow  # a 12-step run of the tiny model (about 40 s)
+def test_under_a_token_budget_a_run_compiles_one_program_per_micro_batch_shape_it_meets(
+    model_dir, data_dir, tmp_path, monkeypatch):
+  # a budget of 832 tokens a device: micro-batches of up to 4 buffers of 208, however many rows they hold
+  planned, micro, programs = varied_run(model_dir, data_dir, tmp_path, monkeypatch, 12,
+                                        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=832")
+  shapes = [{(m, b, s) for k, m, b, s in planned if k == i} for i in range(2)]
+  assert all(len(s) >= 2 for s in shapes)  # the lengths moved the micro-batches
+  for m, b, s in shapes[0] | shapes[1]:  # every row a slot, B within the budget, S a power of two
+    assert m * s >= 32 and b <= 4 and s <= 32 and s & (s - 1) == 0
+  # one program per (M, B, S) a pass ran, none per step after the first few
+  assert programs[-1] == [len(s) for s in shapes] and programs[-4:] == [programs[-1]] * 4
