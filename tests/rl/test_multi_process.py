@@ -58,6 +58,25 @@ def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_
   processes.assert_same_metrics(two[-1:], again[-1:])
 
 
+@pytest.mark.slow  # a 1-process and a 2-process run of one step (about 70 s)
+def test_packed_passes_under_a_token_budget_as_two_processes_log_the_metrics_of_one(model_dir, data_dir, tmp_path):
+  # 16 prompts x 4 responses, 8 rows a device, prompts of 46-186 tokens in buffers of 208 and a budget of one
+  # buffer a micro-batch: each device's micro-batches hold 1-3 of its rows, the rest of their slots empty, and a
+  # host reads its own rows back from its own devices' slots
+  tiny_run.ensure_synthetic_data(data_dir)
+  tiny_run.prompts_of_many_lengths(data_dir, tmp_path / "varied.parquet")
+  argv = job("grpo", model_dir, data_dir, tmp_path, f"data.train_files={tmp_path}/varied.parquet",
+             "data.max_prompt_length=200", "data.train_batch_size=16", "actor_rollout_ref.rollout.n=4",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.use_kl_loss=true",
+             "actor_rollout_ref.model.share_prompt_forward=false", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=208", "trainer.total_training_steps=1")
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one")
+  two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two"], 2, f"{tmp_path}/two")
+  padded_ratio = 208 / (one[0]["prompt_length/mean"] + one[0]["response_length/mean"])
+  assert one[0]["perf/packed_compute_ratio"] < 0.9 * padded_ratio  # rows shared buffers (rows of 100+ cannot)
+  processes.assert_same_metrics(one, two, atol=1e-6)
+
+
 @pytest.mark.slow  # a 2-process run of 3 steps, then step 3 again after a restart (about 50 s)
 def test_hosts_that_streamed_apart_resume_each_from_its_own_position(model_dir, data_dir, tmp_path):
   # colocate_async with dynamic sampling: each host judges the groups of its own share of the data and reads on

@@ -242,7 +242,7 @@ def test_a_token_budget_counts_real_tokens_and_trains_as_the_padded_budget_does(
                                                                                 monkeypatch, name, extra):
   # 208-token rows of 46-186 real tokens; a budget of 416 tokens a device: 2 padded rows, or more packed
   tiny_run.ensure_synthetic_data(data_dir)
-  prompts_of_many_lengths(data_dir, tmp_path / "varied.parquet")
+  tiny_run.prompts_of_many_lengths(data_dir, tmp_path / "varied.parquet")
   budget = ("data.max_prompt_length=200", f"data.train_files={tmp_path}/varied.parquet",
             "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=416",
             "actor_rollout_ref.actor.ppo_epochs=2",
@@ -279,24 +279,13 @@ def test_each_member_of_a_buffer_has_its_own_segment_even_a_row_twice():
   np.testing.assert_array_equal(packing.member_numbers(src, 4), [[1, 1, 1, 2, 2, 2, 3, 4, 5]])
 
 
-def prompts_of_many_lengths(data_dir: str, path, rows: int = 128, seed: int = 0) -> None:
-  """Writes the first `rows` synthetic prompts, each lengthened by 0-69 words, as a parquet file at `path`."""
-  import pyarrow as pa  # pylint: disable=import-outside-toplevel
-  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
-  table = pq.read_table(f"{data_dir}/train.parquet").slice(0, rows).to_pylist()
-  rng = np.random.default_rng(seed)
-  for row in table:
-    row["prompt"][0]["content"] += " Think." * int(rng.integers(0, 70))
-  pq.write_table(pa.Table.from_pylist(table), path)
-
-
 def varied_run(model_dir, data_dir, tmp_path, monkeypatch, steps, *extra):
   """A `steps`-step run of 32 rows a step whose prompts are 46-186 tokens (buffers of 208): the (pass, M, B, S)
   of every plan (pass 0 the update, 1 the reference's), the two passes' M in the layout, and after each step
   the programs they hold."""
   from rljax import rl  # pylint: disable=import-outside-toplevel
   tiny_run.ensure_synthetic_data(data_dir)
-  prompts_of_many_lengths(data_dir, tmp_path / "varied.parquet")
+  tiny_run.prompts_of_many_lengths(data_dir, tmp_path / "varied.parquet")
   config = tiny_run.run_config(
       "grpo", model_dir, data_dir, str(tmp_path / "run"), f"data.train_files={tmp_path}/varied.parquet",
       "data.max_prompt_length=200", "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16",

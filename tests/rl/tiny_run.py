@@ -3,6 +3,9 @@
 import pathlib
 
 import jax
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from flax import nnx
 
 from rljax import config as config_lib
@@ -88,3 +91,13 @@ def read_metrics(run_dir: str) -> list[dict]:
 def one_device():
   """A mesh of the first device alone (data = fsdp = tensor = sequence = 1)."""
   return sharding.build_mesh({"data": 1, "fsdp": 1, "tensor": 1, "sequence": 1}, jax.devices()[:1])
+
+
+def prompts_of_many_lengths(data_dir: str, path, rows: int = 128, seed: int = 0) -> None:
+  """Writes the first `rows` synthetic prompts of `data_dir`, each lengthened by 0-69 words, as a parquet file at
+  `path`."""
+  table = pq.read_table(f"{data_dir}/train.parquet").slice(0, rows).to_pylist()
+  rng = np.random.default_rng(seed)
+  for row in table:
+    row["prompt"][0]["content"] += " Think." * int(rng.integers(0, 70))
+  pq.write_table(pa.Table.from_pylist(table), path)
