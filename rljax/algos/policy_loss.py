@@ -900,6 +900,8 @@ class PolicyInputs:
     ref_log_prob: float `[B, T]`, required when `use_kl_loss`.
     rollout_is_weights: optional `[B, T]` rollout-correction weights.
     positive: optional bool `[B]` marking positive examples.
+    rows: the rows the batch holds when some of its B are empty slots (a packed micro-batch under a token
+      budget); a loss that is a plain mean over rows (GMPO's, as verl's) divides by these. None: all B.
   """
 
   log_prob: jax.Array
@@ -910,6 +912,11 @@ class PolicyInputs:
   ref_log_prob: jax.Array | None = None
   rollout_is_weights: jax.Array | None = None
   positive: jax.Array | None = None
+  rows: jax.Array | int | None = None
+
+
+# Losses that average over the batch's rows with no regard to the mask (verl's `torch.mean`).
+ROW_MEAN_LOSSES = ("geo_mean",)
 
 
 def ppo_loss(
@@ -966,6 +973,8 @@ def ppo_loss(
       global_batch_info=info,
       rng=rng,
   )
+  if inputs.rows is not None and loss_mode in ROW_MEAN_LOSSES:
+    pg_loss = pg_loss * response_mask.shape[0] / inputs.rows  # the mean over the real rows, not the slots
   metrics = {**pg_metrics, "actor/pg_loss": pg_loss}
   loss = pg_loss
   if entropy is not None:

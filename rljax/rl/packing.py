@@ -34,16 +34,16 @@ value <= r, however the lengths move from step to step, and computes at most
 a quarter more buffers than it needs.
 
 Under verl's token budget (`use_dynamic_bsz`, `budget_arrangement`) the
-step's lengths choose M too: each shard's rows are packed into the fewest
-buffers, and micro-batches of B of them (B * L within the budget) take them
-in the fewest micro-batches that compute no more than an eighth more buffers
-than the fewest. A micro-batch
-then holds however many rows its buffers do: r becomes S row slots, the most
-any micro-batch's shard holds (on the grid), the empty ones rows of nothing
-(no tokens, no mask; the losses count the mini-batch's real rows), rounded
-up to a power of two. Such a pass compiles at most one program per
-(M, B, S): M <= r, B on the grid (or the budget's most buffers), S a power
-of two <= r.
+step's lengths choose M too: each shard's rows are packed first-fit
+decreasing into buffers, and micro-batches of B of them (B * L within the
+budget) take them in the fewest micro-batches that compute no more than an
+eighth more buffers than the fewest. A micro-batch then holds however many
+rows its buffers do: r (in the shapes above) becomes S row slots, the most
+any micro-batch's shard holds rounded up to a power of two (r itself when
+that is less); the empty slots are rows of nothing (no tokens, no mask; the
+losses count the mini-batch's real rows). Such a pass compiles at most one
+program per (M, B, S): M <= r, B on the grid or the budget's most buffers
+(and at most S), S a power of two or r.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class PackPlan:
     buffers: B, buffers per shard and micro-batch.
     src: [M, D_local, B, L] int32, each buffer token's place in the step's
       [N * (P + R)] padded tokens, -1 on padding.
-    out_index: [M, D_local, r, R] int32 (PackedRows.out_index).
+    out_index: [M, D_local, r, R] int32 (PackedRows.out_index; r the row slots S under a token budget).
     row_index: [M, D_local, r, P + R] int32 (PackedRows.row_index).
     real_tokens: the batch's real tokens (every shard's).
   """
@@ -405,7 +405,8 @@ def forward_arrangement(local_rows: int, processes: int, micro_batches: int) -> 
 
 def pass_arrangement(lengths: np.ndarray, local: int, abstract: PackedRows, budget: int | None) -> np.ndarray:
   """[M, rows / M] the micro-batches of a forward pass over every process's `local` rows ([N] real tokens
-  `lengths`): as `experience.place` lays them (`forward_arrangement`, `abstract`'s M), or by the token budget."""
+  `lengths`): as `experience.place` lays them (`forward_arrangement`, `abstract`'s M), or by the token budget
+  ([M, D * S], -1 in empty slots, `budget_arrangement`)."""
   micro, shards = abstract.input_ids.shape[:2]
   if budget is None:
     return forward_arrangement(local, hosts.count(), micro)
@@ -449,8 +450,8 @@ class Packer:
                                         experience_lib.Experience(routed_experts=abstract)).routed_experts
 
   def arrangement(self, abstract: PackedRows, order: np.ndarray, budget: int | None) -> np.ndarray:
-    """[M, rows / M] the micro-batches of the rows `order`: by the token budget when there is one, else
-    `abstract`'s M consecutive blocks."""
+    """[M, rows / M] the micro-batches of the rows `order`: `abstract`'s M consecutive blocks, or by the token
+    budget when there is one ([M, D * S], -1 in empty slots, `budget_arrangement`)."""
     if budget is None:
       return order.reshape(abstract.input_ids.shape[0], -1)
     return budget_arrangement(self.ends - self.starts, order, abstract.input_ids.shape[1], budget,

@@ -80,7 +80,7 @@ def packs(config: ConfigDict) -> bool:
 
 
 def packed_scores(model: Any, packed: packing.PackedRows) -> jax.Array:
-  """[D * r] the score of each row of a packed micro-batch ([D, B, L] tokens, `row_index` [D, r, L]) at its
+  """[D * r] the score of each row slot of a packed micro-batch ([D, B, L] tokens, `row_index` [D, r, L]) at its
   last real token (the last of its places in the buffers: a row's tokens lie in order)."""
   hidden = packing.packed_hidden(model.backbone, packed).astype(jnp.float32)
   last = jnp.maximum(jnp.max(packed.row_index, axis=-1), 0)

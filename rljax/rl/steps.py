@@ -122,7 +122,8 @@ def actor_loss(graphdef: nnx.GraphDef, actor_config: Any, temperature: float, gr
     loss, metrics = policy_loss.ppo_loss(
         actor_config, policy_loss.PolicyInputs(
             log_prob, old, micro.advantages, micro.response_mask, entropy=entropy if entropy_in_loss else None,
-            ref_log_prob=micro.ref_log_prob, rollout_is_weights=micro.rollout_is_weights, positive=micro.positive),
+            ref_log_prob=micro.ref_log_prob, rollout_is_weights=micro.rollout_is_weights, positive=micro.positive,
+            rows=None if micro.packed is None else micro_rows(micro)),
         global_batch_info=info, rng=key)
     mask = micro.response_mask.astype(jnp.float32)
     metrics["actor/entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * mask) / jnp.maximum(jnp.sum(mask), 1.0)

@@ -669,6 +669,20 @@ def test_ppo_loss_composition():
   assert "actor/pg_clipfrac" in met
 
 
+@pytest.mark.parametrize("loss_mode", ["geo_mean", "vanilla"])
+def test_empty_row_slots_do_not_dilute_a_loss_averaged_over_rows(loss_mode):
+  # a packed micro-batch under a token budget: 5 real rows (the batch's first, non-empty ones), 3 empty slots
+  old, lp, adv, mask, _ = make_batch(10)
+  keep = np.flatnonzero(mask.sum(-1) > 0)[:5]
+  real = [x[keep] for x in (lp, old, adv, mask)]
+  slotted = [np.concatenate([x, np.zeros((3, x.shape[1]), x.dtype)]) for x in real]
+  cfg = make_config(**{"policy_loss.loss_mode": loss_mode})
+  gbi = {"dp_size": 1, "batch_num_tokens": float(real[3].sum()), "global_batch_size": 5}
+  alone, _ = pl.ppo_loss(cfg, pl.PolicyInputs(*real), global_batch_info=gbi)
+  in_slots, _ = pl.ppo_loss(cfg, pl.PolicyInputs(*slotted, rows=5), global_batch_info=gbi)
+  close(in_slots, float(alone))
+
+
 def test_ppo_loss_defaults_are_plain_policy_loss():
   old, lp, adv, mask, _ = make_batch(9)
   cfg = make_config()
