@@ -188,6 +188,7 @@ def minibatches(parts: StepParts, state: Any, rows: Experience, step: Step, epoc
     parts.row_gathers[cached] = experience_lib.row_gather(spec)
   gather, size = parts.row_gathers[cached], layout.mini_rows
   whole = experience_lib.place(rows, experience_lib.regrouped(spec, 1, layout.rows))
+  abstract, budget = step.args[2].packed, layout.budget_of(step.name)
   for epoch in range(epochs):
     epoch_order = order
     if parts.config.actor_rollout_ref.actor.shuffle:
@@ -195,11 +196,9 @@ def minibatches(parts: StepParts, state: Any, rows: Experience, step: Step, epoc
       epoch_order = order[np.asarray(permutation)]
     for m in range(layout.minis):
       index = epoch_order[m * size:(m + 1) * size]
-      abstract = step.args[2].packed
       if abstract is None:
         yield epoch, m, gather(whole, index)
         continue
-      budget = layout.budget_of(step.name)
       arrangement = packer.arrangement(abstract, index, budget)
       yield epoch, m, gather(whole, arrangement).replace(packed=packer.pack(packer.plan(abstract, arrangement, budget),
                                                                                abstract))
