@@ -55,10 +55,10 @@ def training_passes(trainer: rl.RLTrainer, rows) -> tuple[float, dict[str, float
   log-probs, advantages, update."""
   metrics, timing = {}, {}
   start = time.perf_counter()
-  packer = stages.make_packer(trainer.parts, rows)
-  rows, state = stages.experience(trainer.parts, trainer.state, rows, timing, metrics, packer)
-  trainer.state = stages.update(trainer.parts, state, rows, timing, metrics, packer)
-  return time.perf_counter() - start, {**metrics, **timing}, packer
+  data = stages.place_step(trainer.parts, rows)
+  rows, state = stages.experience(trainer.parts, trainer.state, rows, timing, metrics, data)
+  trainer.state = stages.update(trainer.parts, state, rows, timing, metrics, data)
+  return time.perf_counter() - start, {**metrics, **timing}, data.packer
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""A step's rewards, rollout correction, advantages and returns: one pure function of the step's rows.
+"""A step's rewards, rollout correction, advantages and returns: one pure function of the step's rows,
+compiled as one program (`program`).
 
 verl computes them on one driver over the whole batch; the statistics some
 of them take (a whitening mean and variance, the mean KL the controller
@@ -12,8 +13,10 @@ host runs it on its own rows (group statistics: a group is on one host).
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 from ml_collections import ConfigDict
 
@@ -64,8 +67,8 @@ def stage(config: ConfigDict, rows: Experience, kl_ctrl: Any) -> tuple[Experienc
     kl_ctrl: the KL-in-reward controller.
 
   Returns:
-    (rows' token_level_rewards, response_mask (narrowed by rejection sampling), rollout_is_weights,
-    advantages, returns), and (the controller after this step, metrics {name: scalar}).
+    (rows' token_level_rewards, response_mask (under rollout correction: narrowed by rejection sampling),
+    rollout_is_weights, advantages, returns), and (the controller after this step, metrics {name: scalar}).
   """
   alg, metrics = config.algorithm, {}
   token_rewards = jnp.asarray(rows.token_level_scores, jnp.float32)
@@ -88,6 +91,19 @@ def stage(config: ConfigDict, rows: Experience, kl_ctrl: Any) -> tuple[Experienc
       token_rewards, mask, group_ids=rows.group, num_groups=config.data.train_batch_size, values=rows.values,
       reward_baselines=rows.reward_baselines, reward_components=rows.reward_components,
       old_log_probs=rows.old_log_probs), alg)
-  out = Experience(token_level_rewards=token_rewards, response_mask=mask, rollout_is_weights=weights,
+  out = Experience(token_level_rewards=token_rewards, response_mask=mask if corr.rollout_is or corr.rollout_rs else None,
+                   rollout_is_weights=weights,
                    advantages=jnp.asarray(adv, jnp.float32), returns=jnp.asarray(ret, jnp.float32))
   return out, (kl_ctrl, metrics)
+
+
+def program(config: ConfigDict) -> Callable[[Experience, Any], tuple[Experience, tuple[Any, dict[str, Any]]]]:
+  """`stage` under `config` as one jitted program, `(rows, kl_ctrl) -> stage's outputs` (compiled once per
+  row count and set of reward components). The controller's coefficient enters as a float32 array, so its first
+  step (a Python float) and the later ones (arrays) run the same program."""
+  jitted = jax.jit(functools.partial(stage, config))
+
+  def run(rows: Experience, kl_ctrl: Any) -> tuple[Experience, tuple[Any, dict[str, Any]]]:
+    return jitted(rows, jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), kl_ctrl))
+
+  return run

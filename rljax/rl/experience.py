@@ -30,6 +30,7 @@ arrays and ShapeDtypeStructs all travel in it: a jitted step takes an
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Iterable, Mapping
 
 import jax
@@ -184,6 +185,61 @@ def row_gather(abstract: Experience) -> Callable[[Experience, np.ndarray], Exper
     return gather(whole, jax.make_array_from_process_local_data(replicated, index))
 
   return rows
+
+
+@functools.lru_cache(maxsize=None)
+def _unarrange_program(sharding: NamedSharding, dtype: jnp.dtype) -> Callable[[jax.Array, jax.Array], jax.Array]:
+  """The jitted (outputs [M, k, ...], slots [N]) -> [1, N, ...]: row r is flat slot slots[r] of the outputs."""
+  return jax.jit(lambda x, slots: x.reshape(1, -1, *x.shape[2:])[:, slots].astype(dtype), out_shardings=sharding)
+
+
+def unarrange(outputs: jax.Array, arrangement: np.ndarray, abstract: jax.ShapeDtypeStruct) -> jax.Array:
+  """A pass's outputs [M, k, ...] over the micro-batches `arrangement` ([M, k] global row numbers, -1 in empty
+  slots, every row once) as the step's rows [1, N, ...] on device, laid out as `abstract` (moved on device)."""
+  filled = arrangement >= 0
+  slots = np.empty(abstract.shape[1], np.int32)
+  slots[arrangement[filled]] = np.flatnonzero(filled)
+  replicated = NamedSharding(abstract.sharding.mesh, PartitionSpec())
+  return _unarrange_program(abstract.sharding, abstract.dtype)(
+      outputs, jax.make_array_from_process_local_data(replicated, slots))
+
+
+class OnDevice:
+  """One step's rows on device, each field placed once: [1, N, ...] over the batch rule, every host's rows at
+  their global row numbers (as `place` lays [1, N] rows: a host's after those of the hosts before it).
+
+  The forward passes, the packer and the updates' mini-batches gather from here. A field is placed when first
+  asked for; one a pass computed on device is kept there (`adopt`); a field whose host array the step's record
+  replaced (a new array) is placed again, the same array never.
+  """
+
+  def __init__(self, rows: int, prompt_length: int, response_length: int, mesh: Mesh, rules: Any):
+    self.rows, self.prompt_length, self.response_length, self.mesh, self.rules = (
+        rows, prompt_length, response_length, mesh, rules)
+    self._fields: dict[str, tuple[Any, Any]] = {}  # name -> (its host array, its device array or a thunk)
+
+  def spec(self, names: Iterable[str], routing: tuple[int, int] | None = None) -> Experience:
+    """The abstract [1, N, ...] fields `names` (routing: (L_sparse, k) of routed_experts)."""
+    return spec(names, 1, self.rows, self.prompt_length, self.response_length, self.mesh, self.rules, routing)
+
+  def of(self, rows: Experience, names: Iterable[str]) -> Experience:
+    """The fields `names` of `rows` (this host's [N_h, ...]) on device, [1, N, ...] each."""
+    names = tuple(names)
+    stale = [n for n in names if n not in self._fields or self._fields[n][0] is not getattr(rows, n)]
+    if stale:
+      routing = tuple(rows.routed_experts.shape[-2:]) if "routed_experts" in stale else None
+      placed = place(rows.select(stale), self.spec(stale, routing))
+      self._fields.update({n: (getattr(rows, n), getattr(placed, n)) for n in stale})
+    for n in names:
+      host, held = self._fields[n]
+      if callable(held):
+        self._fields[n] = (host, held())
+    return Experience(**{n: self._fields[n][1] for n in names})
+
+  def adopt(self, name: str, host: Any, whole: Callable[[], jax.Array]) -> None:
+    """Keeps field `name`, whose host rows are `host`, as `whole()` gives it on device (called when first
+    asked for)."""
+    self._fields[name] = (host, whole)
 
 
 def concatenate(parts: list[Experience]) -> Experience:

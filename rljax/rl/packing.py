@@ -423,7 +423,7 @@ class Packer:
     input_ids, positions: [1, N, P + R] the step's tokens on device.
     prompt_length, response_length: P, R.
     computed, real: token positions the passes packed so far compute, and the real tokens they hold.
-    experts: [1, N, P + R, L_sparse, k] the experts the passes replaying routing route to (`replay`), or None.
+    experts: [1, N, P + R, L_sparse, k] the experts the passes replaying routing route to, or None.
   """
 
   starts: np.ndarray
@@ -437,17 +437,11 @@ class Packer:
   experts: jax.Array | None = None
 
   @classmethod
-  def of(cls, rows: Any, spans: tuple[np.ndarray, np.ndarray], tokens: Any, prompt_length: int,
+  def of(cls, tokens: Any, spans: tuple[np.ndarray, np.ndarray], prompt_length: int,
          response_length: int) -> "Packer":
-    """From this process's rows (an `Experience`), every row's spans and the abstract [1, N, P + R] tokens."""
-    placed = experience_lib.place(rows, tokens)
-    return cls(spans[0], spans[1], placed.input_ids, placed.positions, prompt_length, response_length)
-
-  def replay(self, experts: np.ndarray, abstract: Any) -> None:
-    """Places this process's rows' experts ([N_local, P + R, L_sparse, k]) for the passes that replay them,
-    laid out as `abstract` (the [1, N, P + R, L_sparse, k] routed_experts)."""
-    self.experts = experience_lib.place(experience_lib.Experience(routed_experts=experts),
-                                        experience_lib.Experience(routed_experts=abstract)).routed_experts
+    """From the step's tokens on device (an `Experience` of input_ids and positions, [1, N, P + R]) and every
+    row's spans."""
+    return cls(spans[0], spans[1], tokens.input_ids, tokens.positions, prompt_length, response_length)
 
   def arrangement(self, abstract: PackedRows, order: np.ndarray, budget: int | None) -> np.ndarray:
     """[M, rows / M] the micro-batches of the rows `order`: `abstract`'s M consecutive blocks, or by the token

@@ -3,9 +3,9 @@
     experience   forward passes (old and reference log-probs, values) and advantages  -> rows, state
     update       the critic's and then the actor's epochs over the mini-batches        -> state
 
-Forward passes run this host's rows in their micro-batches (packed where the run packs, `rljax.rl.packing`, or
-as their padded twins where those compute less); updates gather each mini-batch on device from the step's rows,
-placed once per update kind.
+A step's rows go to device once (`StepData`: each field placed when first needed, a pass's outputs kept where
+it computed them). Forward passes and updates gather their micro-batches and mini-batches on device from there
+(packed where the run packs, `rljax.rl.packing`, or as their padded twins where those compute less).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from rljax.rl import steps as steps_lib
 from rljax.rl.experience import Experience
 from rljax.rl.layout import balance_order
 from rljax.rl.profiling import timed
-from rljax.rl.sequences import merge_micro_batches, prompts_shared
+from rljax.rl.sequences import prompts_shared
 from rljax.rl.sources import Draw, Keys
 from rljax.sharding import hosts
 from rljax.sharding.placement import Step
@@ -34,13 +34,18 @@ from rljax.sharding.placement import Step
 @dataclasses.dataclass
 class StepParts:
   """What the stages read besides the state: the config, the assembled run (`assembly.RLRun`), the training mesh,
-  the run's keys, and the mini-batch gathers compiled so far (by step name and whether it packs)."""
+  the run's keys, the advantage stage's program (`advantage_stage.program`) and the mini-batch gathers compiled so
+  far (by step name and whether it packs)."""
 
   config: ConfigDict
   run: Any
   mesh: jax.sharding.Mesh
   keys: Keys
   row_gathers: dict[tuple[str, bool], Any] = dataclasses.field(default_factory=dict)
+  advantage: Any = None
+
+  def __post_init__(self):
+    self.advantage = advantage_stage.program(self.config)
 
 
 def packing_of(step: Step) -> Any:
@@ -49,33 +54,66 @@ def packing_of(step: Step) -> Any:
   return batch.packed
 
 
-def make_packer(parts: StepParts, rows: Experience) -> packing.Packer | None:
-  """The step's packer when any of its passes is packed: this host's tokens placed once, every row's span
-  (the hosts exchange [N, 2] integers)."""
-  if not any(packing_of(step) for step in parts.run.steps.all()):
-    return None
+@dataclasses.dataclass
+class StepData:
+  """One step's rows on device, each field placed once (`experience.OnDevice`), and the packer of its packed
+  passes (None when it has none)."""
+
+  device: experience_lib.OnDevice
+  packer: packing.Packer | None
+
+
+@dataclasses.dataclass(frozen=True)
+class PassOutputs:
+  """A forward pass's outputs on device ([M, k, ...] each) over the micro-batches `arrangement` ([M, k] global
+  row numbers, -1 in empty slots) of every host's `local` rows."""
+
+  out: Any
+  arrangement: np.ndarray
+  local: int
+
+  def host(self) -> Any:
+    """This host's rows of every output, in row order ([local, ...] each)."""
+    return jax.tree.map(lambda x: packing.process_rows(x, self.arrangement, self.local), self.out)
+
+
+def place_step(parts: StepParts, rows: Experience) -> StepData:
+  """The step's `StepData` for this host's `rows`: nothing placed yet but, when a pass packs, the tokens (and
+  every row's span: the hosts exchange [N, 2] integers)."""
   layout = parts.run.layout
-  spans = hosts.process_concat(np.stack(packing.row_spans(rows.attention_mask), axis=1))
-  tokens = experience_lib.spec(packing.TOKEN_FIELDS, 1, layout.rows, layout.prompt_length, layout.response_length,
-                               parts.mesh, sharding.rules_from_config(parts.config))
-  packer = packing.Packer.of(rows, (spans[:, 0], spans[:, 1]), tokens, layout.prompt_length, layout.response_length)
-  if rows.routed_experts is not None:
-    replay(parts, packer, rows.routed_experts)
-  return packer
+  device = experience_lib.OnDevice(layout.rows, layout.prompt_length, layout.response_length, parts.mesh,
+                                   sharding.rules_from_config(parts.config))
+  data = StepData(device, None)
+  if any(packing_of(step) for step in parts.run.steps.all()):
+    spans = hosts.process_concat(np.stack(packing.row_spans(rows.attention_mask), axis=1))
+    data.packer = packing.Packer.of(device.of(rows, packing.TOKEN_FIELDS), (spans[:, 0], spans[:, 1]),
+                                    layout.prompt_length, layout.response_length)
+    replay(parts, data, rows)
+  return data
 
 
-def replay(parts: StepParts, packer: packing.Packer | None, experts: np.ndarray) -> None:
-  """Gives `packer` this host's rows' experts ([N, P + R, L_sparse, k]) for the packed passes that replay them
-  (router replay: the rollout's under R3, the old-log-prob pass's under R2)."""
-  replaying = [packing_of(step).experts for step in parts.run.steps.all()
-               if packing_of(step) is not None and packing_of(step).experts is not None]
-  if packer is None or not replaying:
+def replay(parts: StepParts, data: StepData, rows: Experience) -> None:
+  """Gives the step's packer the experts of `rows` (routed_experts [N, P + R, L_sparse, k]) where a packed pass
+  replays them (router replay: the rollout's under R3, the old-log-prob pass's under R2)."""
+  if data.packer is None or rows.routed_experts is None or not any(
+      packing_of(step) is not None and packing_of(step).experts is not None for step in parts.run.steps.all()):
     return
-  layout = parts.run.layout
-  abstract = experience_lib.spec(("routed_experts",), 1, layout.rows, layout.prompt_length, layout.response_length,
-                                 parts.mesh, sharding.rules_from_config(parts.config),
-                                 routing=replaying[0].shape[-2:]).routed_experts
-  packer.replay(experts, abstract)
+  data.packer.experts = data.device.of(rows, ("routed_experts",)).routed_experts
+
+
+def adopted(data: StepData, rows: Experience, outputs: PassOutputs, **fields: int | None) -> Experience:
+  """`rows` with the pass's `outputs` as the fields named (name -> which output, None for the only one): this
+  host's rows of them, and the step's rows on device gathered from them there when first asked for."""
+  host = outputs.host()
+  out = {}
+  for name, i in fields.items():
+    out[name] = host if i is None else host[i]
+    result = outputs.out if i is None else outputs.out[i]
+    routing = tuple(out[name].shape[-2:]) if name == "routed_experts" else None
+    abstract = getattr(data.device.spec((name,), routing), name)
+    data.device.adopt(name, out[name], functools.partial(experience_lib.unarrange, result, outputs.arrangement,
+                                                         abstract))
+  return rows.replace(**out)
 
 
 def padded_pays(parts: StepParts, step: Step, plan: packing.PackPlan, abstract: packing.PackedRows,
@@ -86,31 +124,44 @@ def padded_pays(parts: StepParts, step: Step, plan: packing.PackPlan, abstract: 
                              layout.response_length, parts.run.steps.padded.groups[step.name])
 
 
-def forward(parts: StepParts, step: Step, params: Any, rows: Experience,
-            packer: packing.Packer | None = None) -> Any:
-  """A forward Step over this host's `rows` [N, ...] in its micro-batches, this host's rows of its outputs merged
-  on the host ([N, ...]; a packed Step's tokens from `packer`)."""
-  abstract = step.args[1]
-  batch = experience_lib.place(rows, abstract.replace(packed=None))
-  local = len(rows.response_mask)
-  if abstract.packed is not None:
-    packer = packer or make_packer(parts, rows)
-    budget = parts.run.layout.budget_of(step.name)
-    arrangement = packing.pass_arrangement(packer.ends - packer.starts, local, abstract.packed, budget)
-    plan = packer.plan(abstract.packed, arrangement, budget)
-    if padded_pays(parts, step, plan, abstract.packed, int(np.count_nonzero(arrangement >= 0))):
-      return forward(parts, getattr(parts.run.steps.padded, step.name), params, rows)
-    batch = batch.replace(packed=packer.pack(plan, abstract.packed))
-  out = step(params, batch)
+def gathered(parts: StepParts, step: Step, batch: Experience, data: StepData, rows: Experience,
+             index: np.ndarray) -> Experience:
+  """`step`'s batch fields (`batch`, abstract [M, k, ...]) of the rows `index` (global row numbers: [k * M], or
+  [M', S] with -1 in empty slots), gathered on device from the step's rows (`row_gather`, one per step)."""
+  if not batch.present():
+    return batch
+  cached = (step.name, packing_of(step) is None)
+  if cached not in parts.row_gathers:
+    parts.row_gathers[cached] = experience_lib.row_gather(batch)
+  return parts.row_gathers[cached](data.device.of(rows, batch.present()), index)
+
+
+def forward_pass(parts: StepParts, step: Step, params: Any, rows: Experience, data: StepData) -> PassOutputs:
+  """A forward Step over the step's rows (this host's `rows` [N, ...]) in its micro-batches: its outputs on
+  device (a packed Step's tokens from the step's packer, or its padded twin where that computes less)."""
+  abstract, local = step.args[1], len(rows.response_mask)
   if abstract.packed is None:
-    return jax.tree.map(lambda x: merge_micro_batches(hosts.process_rows(x, axis=1)), out)
-  return jax.tree.map(lambda x: packing.process_rows(x, arrangement, local), out)
+    arrangement = packing.forward_arrangement(local, hosts.count(), abstract.response_mask.shape[0])
+    return PassOutputs(step(params, gathered(parts, step, abstract, data, rows, arrangement)), arrangement, local)
+  packer, budget = data.packer, parts.run.layout.budget_of(step.name)
+  arrangement = packing.pass_arrangement(packer.ends - packer.starts, local, abstract.packed, budget)
+  plan = packer.plan(abstract.packed, arrangement, budget)
+  if padded_pays(parts, step, plan, abstract.packed, int(np.count_nonzero(arrangement >= 0))):
+    return forward_pass(parts, getattr(parts.run.steps.padded, step.name), params, rows, data)
+  batch = gathered(parts, step, abstract.replace(packed=None), data, rows, arrangement)
+  return PassOutputs(step(params, batch.replace(packed=packer.pack(plan, abstract.packed))), arrangement, local)
+
+
+def forward(parts: StepParts, step: Step, params: Any, rows: Experience, data: StepData | None = None) -> Any:
+  """A forward Step's outputs for this host's `rows` ([N, ...] each, on the host; `data`: the step's, else
+  placed for this pass)."""
+  return forward_pass(parts, step, params, rows, data or place_step(parts, rows)).host()
 
 
 def experience(parts: StepParts, state: Any, rows: Experience, timing: dict[str, float], step_metrics: dict,
-               packer: packing.Packer | None = None) -> tuple[Experience, Any]:
+               data: StepData) -> tuple[Experience, Any]:
   """`rows` with the old and reference log-probs, values, rewards, advantages and returns the run uses
-  (`packer`: the step's, for its packed passes), and the state (its KL controller moved on)."""
+  (`data`: the step's on device), and the state (its KL controller moved on)."""
   run, config = parts.run, parts.config
   steps, group = run.steps, run.layout.group
   if not prompts_shared(rows, group):
@@ -118,17 +169,19 @@ def experience(parts: StepParts, state: Any, rows: Experience, timing: dict[str,
                        "actor_rollout_ref.model.share_prompt_forward=false and report this")
   if not run.on_policy:
     with timed(timing, "old_log_prob"):
-      old = forward(parts, steps.old_log_prob, run.actor_params(state), rows, packer)
-      rows = rows.replace(old_log_probs=old[0])
+      old = forward_pass(parts, steps.old_log_prob, run.actor_params(state), rows, data)
       if steps_lib.replays_routing(config, run.on_policy):
-        rows = rows.replace(routed_experts=old[2])
-        replay(parts, packer, rows.routed_experts)
+        rows = adopted(data, rows, old, old_log_probs=0, routed_experts=2)
+        replay(parts, data, rows)
+      else:
+        rows = adopted(data, rows, old, old_log_probs=0)
   if steps.ref_log_prob is not None:
     with timed(timing, "ref"):
-      rows = rows.replace(ref_log_prob=forward(parts, steps.ref_log_prob, run.reference.params, rows, packer)[0])
+      rows = adopted(data, rows, forward_pass(parts, steps.ref_log_prob, run.reference.params, rows, data),
+                     ref_log_prob=0)
   if steps.values is not None:
     with timed(timing, "values"):
-      rows = rows.replace(values=forward(parts, steps.values, state.critic, rows, packer))
+      rows = adopted(data, rows, forward_pass(parts, steps.values, state.critic, rows, data), values=None)
   with timed(timing, "adv"):
     return advantages(parts, state, rows, step_metrics)
 
@@ -137,8 +190,7 @@ def advantages(parts: StepParts, state: Any, rows: Experience, step_metrics: dic
   """`rows` with the token-level rewards (KL in the reward), rollout correction, advantages and returns
   (`advantage_stage`: each host's own rows, or every host's where a statistic is over the whole batch), and the
   state with its KL controller moved on."""
-  config = parts.config
-  stage = functools.partial(advantage_stage.stage, config)
+  config, stage = parts.config, parts.advantage
   inputs = rows.select(advantage_stage.inputs(config))
   if advantage_stage.reads_every_row(config):
     inputs = inputs.replace(group=inputs.group + hosts.index() * (len(inputs.group) // parts.run.layout.n))
@@ -174,21 +226,16 @@ def resampled(parts: StepParts, state: Any, rows: Experience, order: np.ndarray)
 
 
 def minibatches(parts: StepParts, state: Any, rows: Experience, step: Step, epochs: int, order: np.ndarray,
-                packer: packing.Packer | None) -> Iterator[tuple[int, int, Experience]]:
+                data: StepData) -> Iterator[tuple[int, int, Experience]]:
   """(epoch, index, mini-batch) over `epochs` epochs of `rows`, each mini-batch as `step` takes it (its batch
   argument's fields and shardings).
 
-  The step's rows (this host's) are placed once; each mini-batch is gathered on device from the global row
-  numbers of `order` (permuted per epoch under actor.shuffle), so it holds the same rows whatever the number
-  of hosts; a packed step's tokens are packed from those rows by `packer`.
+  Each mini-batch is gathered on device from the step's rows (`data`) by the global row numbers of `order`
+  (permuted per epoch under actor.shuffle), so it holds the same rows whatever the number of hosts; a packed
+  step's tokens are packed from those rows by the step's packer.
   """
-  layout, spec = parts.run.layout, step.args[2].replace(packed=None)
-  cached = (step.name, step.args[2].packed is None)
-  if cached not in parts.row_gathers:
-    parts.row_gathers[cached] = experience_lib.row_gather(spec)
-  gather, size = parts.row_gathers[cached], layout.mini_rows
-  whole = experience_lib.place(rows, experience_lib.regrouped(spec, 1, layout.rows))
-  abstract, budget = step.args[2].packed, layout.budget_of(step.name)
+  layout, batch = parts.run.layout, step.args[2].replace(packed=None)
+  size, abstract, budget = layout.mini_rows, step.args[2].packed, layout.budget_of(step.name)
   for epoch in range(epochs):
     epoch_order = order
     if parts.config.actor_rollout_ref.actor.shuffle:
@@ -197,11 +244,12 @@ def minibatches(parts: StepParts, state: Any, rows: Experience, step: Step, epoc
     for m in range(layout.minis):
       index = epoch_order[m * size:(m + 1) * size]
       if abstract is None:
-        yield epoch, m, gather(whole, index)
+        yield epoch, m, gathered(parts, step, batch, data, rows, index)
         continue
-      arrangement = packer.arrangement(abstract, index, budget)
-      yield epoch, m, gather(whole, arrangement).replace(packed=packer.pack(packer.plan(abstract, arrangement, budget),
-                                                                               abstract))
+      arrangement = data.packer.arrangement(abstract, index, budget)
+      plan = data.packer.plan(abstract, arrangement, budget)
+      yield epoch, m, gathered(parts, step, batch, data, rows, arrangement).replace(
+          packed=data.packer.pack(plan, abstract))
 
 
 def update_step(parts: StepParts, step: Step, order: np.ndarray, packer: packing.Packer | None) -> Step:
@@ -217,8 +265,8 @@ def update_step(parts: StepParts, step: Step, order: np.ndarray, packer: packing
 
 
 def update(parts: StepParts, state: Any, rows: Experience, timing: dict[str, float], step_metrics: dict,
-           packer: packing.Packer | None = None) -> Any:
-  """The critic's and then the actor's epochs over the mini-batches of `rows` (`packer` for the packed ones);
+           data: StepData) -> Any:
+  """The critic's and then the actor's epochs over the mini-batches of `rows` (`data`: the step's on device);
   the state they leave. Their metrics, averaged over the mini-batches, go into `step_metrics`."""
   config, run = parts.config, parts.run
   actor, steps, layout = config.actor_rollout_ref.actor, run.steps, run.layout
@@ -226,8 +274,8 @@ def update(parts: StepParts, state: Any, rows: Experience, timing: dict[str, flo
   order = resampled(parts, state, rows, balanced_order(parts, rows))
   if steps.critic_update is not None:
     with timed(timing, "update_critic"):
-      step = update_step(parts, steps.critic_update, order, packer)
-      for epoch, i, mini in minibatches(parts, state, rows, step, config.critic.ppo_epochs, order, packer):
+      step = update_step(parts, steps.critic_update, order, data.packer)
+      for epoch, i, mini in minibatches(parts, state, rows, step, config.critic.ppo_epochs, order, data):
         critic, critic_opt, m = step(state.critic, state.critic_opt, mini,
                                      parts.keys.at(state.step, Draw.CRITIC_UPDATE, epoch, i))
         state = state.replace(critic=critic, critic_opt=critic_opt)
@@ -235,8 +283,8 @@ def update(parts: StepParts, state: Any, rows: Experience, timing: dict[str, flo
       jax.block_until_ready(state.critic)
   if state.step >= config.trainer.critic_warmup:
     with timed(timing, "update_actor"):
-      step = update_step(parts, steps.actor_update, order, packer)
-      for epoch, i, mini in minibatches(parts, state, rows, step, actor.ppo_epochs, order, packer):
+      step = update_step(parts, steps.actor_update, order, data.packer)
+      for epoch, i, mini in minibatches(parts, state, rows, step, actor.ppo_epochs, order, data):
         trained, actor_opt, m = step(state.actor, state.actor_opt, mini,
                                      parts.keys.at(state.step, Draw.ACTOR_UPDATE, epoch, i), run.frozen)
         state = state.replace(actor=trained, actor_opt=actor_opt)
@@ -252,4 +300,5 @@ def update(parts: StepParts, state: Any, rows: Experience, timing: dict[str, flo
   return state
 
 
-__all__ = ["StepParts", "advantages", "experience", "forward", "make_packer", "packing_of", "update"]
+__all__ = ["PassOutputs", "StepData", "StepParts", "advantages", "experience", "forward", "forward_pass",
+           "packing_of", "place_step", "update"]

@@ -167,15 +167,15 @@ class RLTrainer:
     step_metrics: dict[str, Any] = {}
     with profiling.step_trace(self.config, self.step + 1), timed(timing, "step"):
       rows = self.source.rows(batch, self.step, timing, step_metrics)
-      packer = stages.make_packer(self.parts, rows)
-      rows, self.state = stages.experience(self.parts, self.state, rows, timing, step_metrics, packer)
-      self.state = stages.update(self.parts, self.state, rows, timing, step_metrics, packer)
+      data = stages.place_step(self.parts, rows)
+      rows, self.state = stages.experience(self.parts, self.state, rows, timing, step_metrics, data)
+      self.state = stages.update(self.parts, self.state, rows, timing, step_metrics, data)
       self.source.publish(self.step + 1, timing, step_metrics)  # to a rollout that decodes under these weights
     layout = self.run.layout
     step_metrics.update(metrics_lib.data_metrics(rows, layout.response_length, layout.prompt_length))
     step_metrics.update(timing)
-    if packer is not None and packer.real:  # the packed passes' token positions over their real tokens
-      step_metrics["perf/packed_compute_ratio"] = packer.computed / packer.real
+    if data.packer is not None and data.packer.real:  # the packed passes' token positions over their real tokens
+      step_metrics["perf/packed_compute_ratio"] = data.packer.computed / data.packer.real
     tokens = int(hosts.process_total(rows.attention_mask.sum()))
     step_metrics.update(training_metrics.throughput_metrics(timing, tokens, self.mesh.size))
     step_metrics["training/global_step"] = float(self.step + 1)
