@@ -137,6 +137,14 @@ def _check_scannable(cfg: ModelConfig) -> None:
         f"mlp_only_layers={list(cfg.mlp_only_layers)}); set actor_rollout_ref.model.scan_layers=false.")
 
 
+def _rope_tables(cfg: ModelConfig, positions: jax.Array, local: bool) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) [B, T, head_dim] of the rotary embedding at `positions` [B, T] for the layers of kind `local`
+  (sliding-window layers may have their own theta and scaling)."""
+  _, theta, scaling = cfg.attention_kind(local)
+  inv_freq, attention_factor = rope.inv_frequencies(cfg.head_dim, theta, scaling, cfg.max_position_embeddings)
+  return rope.cos_sin(positions, inv_freq, attention_factor)
+
+
 def _routing(routing: tuple[jax.Array, jax.Array] | None) -> moe.Routing | None:
   """Per-layer (stats [L, 2, E], experts [L, B, T, k]) as a Routing (experts [B, T, L, k]), or None."""
   if routing is None:
@@ -212,13 +220,7 @@ class CausalLM(nnx.Module):
     """
     cfg = self.cfg
     write_index = None if cache is None else cache.index
-
-    def rope_tables(local: bool) -> tuple[jax.Array, jax.Array]:
-      _, theta, scaling = cfg.attention_kind(local)
-      inv_freq, attention_factor = rope.inv_frequencies(cfg.head_dim, theta, scaling, cfg.max_position_embeddings)
-      return rope.cos_sin(positions, inv_freq, attention_factor)
-
-    tables = {local: rope_tables(local) for local in masks}
+    tables = {local: _rope_tables(cfg, positions, local) for local in masks}
 
     def layer_fn(local: bool):
       """apply(graphdef, state, x, kv, experts) of one layer of kind `local`."""

@@ -15,6 +15,7 @@ import sys
 import tempfile
 
 import jax
+import pytest
 
 from rljax import sharding
 from tests.rl import tiny_run
@@ -25,6 +26,11 @@ SEPARATE = ("trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ppo_micro_batc
             "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
             "actor_rollout_ref.rollout.n_gpus_per_node=4", "trainer.v1.separate_async.num_warmup_batches=1")
 EIGHT = ("trainer.n_gpus_per_node=auto", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+# tests/rl/test_multi_process.py's GRPO job as 2 processes must log this 1-process run's metrics: 8 prompts x 2
+# responses over 8 devices, 2 shuffled and balanced mini-batches, streamed, validated before step 1 and after 2
+TWO_PROCESS_JOB = (*EIGHT, "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                   "actor_rollout_ref.actor.shuffle=true", "trainer.balance_batch=true", "trainer.val_before_train=true",
+                   "trainer.test_freq=2", *STREAMED, "actor_rollout_ref.rollout.max_num_seqs=8")
 
 # name: (configs/<name>.py, model fixture, overrides); every variant scores by the response's text
 VARIANTS = {
@@ -60,6 +66,8 @@ VARIANTS = {
     "colocate_async_dapo_remax": ("dapo", "model", (*STREAMED, "data.gen_batch_size=2",
                                                     "algorithm.adv_estimator=remax")),
     "separate_async": ("grpo", "model", (*SEPARATE, "trainer.total_training_steps=3", "trainer.test_freq=2")),
+    "grpo_two_process_job_on_one": ("grpo", "model", (*TWO_PROCESS_JOB,
+                                                      "actor_rollout_ref.model.use_remove_padding=false")),
 }
 DROPPED = ("timing_s/", "perf/")
 
@@ -81,6 +89,16 @@ def variant_metrics(name: str, model_dirs: dict[str, str], data_dir: str, run_di
     count = config.trainer.n_gpus_per_node
     mesh = sharding.make_mesh(config, jax.devices()[:jax.device_count() if count == "auto" else int(count)])
   return [{k: v for k, v in m.items() if not k.startswith(DROPPED)} for m in tiny_run.fit_metrics(config, mesh)]
+
+
+def assert_golden(got: list[dict], want: list[dict], name: str) -> None:
+  """`got` (a run's metrics.jsonl records) logs the golden records `want`: the same steps and names, each value
+  within 1e-4 relative or 1e-6 (another CPU may round a float32 sum in another order); timings and throughputs
+  aside."""
+  got = [{k: v for k, v in m.items() if not k.startswith(DROPPED)} for m in got]
+  assert [sorted(m) for m in got] == [sorted(m) for m in want], name
+  for step, (a, b) in enumerate(zip(got, want, strict=True)):
+    assert a == pytest.approx(b, rel=1e-4, abs=1e-6), (name, step)
 
 
 def model_dirs(root: pathlib.Path) -> dict[str, str]:

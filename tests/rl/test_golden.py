@@ -31,11 +31,7 @@ def model_dirs(model_dir, moe_dir, reward_model_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(golden.VARIANTS))
 def test_each_trainer_variant_logs_its_golden_metrics(name, expected, model_dirs, data_dir, tmp_path):
-  got = golden.variant_metrics(name, model_dirs, data_dir, tmp_path / "run")
-  want = expected[name]
-  assert [sorted(m) for m in got] == [sorted(m) for m in want]
-  for step, (a, b) in enumerate(zip(got, want, strict=True)):
-    assert a == pytest.approx(b, rel=1e-4, abs=1e-6), (name, step)
+  golden.assert_golden(golden.variant_metrics(name, model_dirs, data_dir, tmp_path / "run"), expected[name], name)
 
 
 def test_the_golden_file_holds_every_variant():

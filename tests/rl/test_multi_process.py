@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests import processes
-from tests.rl import tiny_run
+from tests.rl import golden, tiny_run
 
 
 PADDED = "actor_rollout_ref.model.use_remove_padding=false"
@@ -33,23 +33,25 @@ OFFLOADED = ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
              "critic.model.fsdp_config.optimizer_offload=true")
 
 
-@pytest.mark.slow  # three trainer runs: one of 1 process, two of 2 (about 2 minutes)
+@pytest.mark.slow  # two 2-process trainer runs (about 80 s)
 def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
   # 8 prompts x 2 responses over 8 devices; 2 shuffled mini-batches and balance_batch, so each update's rows
   # come from both hosts' rollouts; validation before training and after step 2. The rollouts stream
   # (colocate_async, verl's defaults: threshold 8, one batch read ahead, so old log-probs are recomputed), each
-  # host over 8 decode slots, as many as its rows: the one process's 8 slots then decode the same waves
+  # host over 8 decode slots, as many as its rows: the one process's 8 slots then decode the same waves.
+  # The one process's metrics are the golden file's (tests/rl/golden.py: the same job on one process, padded);
+  # the two processes pack their passes' tokens (`rl.packing`): the same numbers
   argv = job("grpo", model_dir, data_dir, tmp_path, "actor_rollout_ref.actor.shuffle=true", "trainer.balance_batch=true",
              "trainer.val_before_train=true", "trainer.test_freq=2", "trainer.v1.trainer_mode=colocate_async",
              "actor_rollout_ref.rollout.max_num_seqs=8")
-  # the one process reads padded rows, the two pack their passes' tokens (`rl.packing`): the same numbers
-  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one", PADDED], 1, f"{tmp_path}/one")
+  assert set(golden.TWO_PROCESS_JOB) <= set(argv)
+  one = json.loads(golden.GOLDEN.read_text())["grpo_two_process_job_on_one"]
   two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two", "trainer.save_freq=1"], 2,
                               f"{tmp_path}/two")
-  trained = [m for m in one if m["step"] > 0]
+  trained = [m for m in two if m["step"] > 0]
   assert len(trained) == 2 and trained[0]["actor/grad_norm"] > 0 and 0 < trained[0]["critic/score/mean"] < 1
   assert any(k.startswith("val-core/") for k in trained[1]) and trained[1]["off_policy/staleness/max"] == 1
-  processes.assert_same_metrics(one, two)
+  golden.assert_golden(two, one, "grpo_two_process_job_on_one")
   # every host restarted after step 1's checkpoint: step 2 again, as the uninterrupted run logged it
   shutil.rmtree(tmp_path / "two" / "global_step_2")
   again = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two", "trainer.save_freq=1"], 2,
