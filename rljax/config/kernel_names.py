@@ -26,6 +26,12 @@ def group_estimators() -> tuple[str, ...]:
   return _adv_estimators_where(lambda inputs: "index" in inputs.reads)
 
 
+def needs_values(estimator: str) -> bool:
+  """Whether advantage estimator `estimator` reads a critic's values (GAE)."""
+  from rljax import algos  # pylint: disable=import-outside-toplevel
+  return algos.advantages.needs_values(estimator)
+
+
 def trainer_unsupported_estimators() -> tuple[str, ...]:
   """Estimators that need an input (sum_pi_squared) the RL loop does not produce."""
   return _adv_estimators_where(lambda inputs: "sum_pi_squared" in inputs.needs)

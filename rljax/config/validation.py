@@ -47,16 +47,21 @@ def _check_batches(config: ConfigDict, world_size: int | None) -> None:
         f"set {micro_key}=8")
 
 
+def has_a_critic(config: ConfigDict) -> bool:
+  """critic.enable, or by default (null) whether algorithm.adv_estimator reads a critic's values (GAE)."""
+  enable = config.critic.enable
+  return bool(enable) if enable is not None else kernel_names.needs_values(config.algorithm.adv_estimator)
+
+
 def _token_budgets(config: ConfigDict) -> list[tuple[str, int, int]]:
   """(key, longest row in tokens, what sets it, sequence-parallel size) of every use_dynamic_bsz budget of a pass
   the run has."""
-  from rljax.algos import advantages  # pylint: disable=import-outside-toplevel
   data, arr, critic, rm = config.data, config.actor_rollout_ref, config.critic, config.reward_model
   row = (data.max_prompt_length + data.max_response_length, "max_prompt_length + max_response_length")
   actor_sp = arr.actor.ulysses_sequence_parallel_size
   critic_sp = critic.get("ulysses_sequence_parallel_size", 1) or 1
   reference = arr.actor.use_kl_loss or config.algorithm.use_kl_in_reward
-  has_critic = critic.enable if critic.enable is not None else advantages.needs_values(config.algorithm.adv_estimator)
+  has_critic = has_a_critic(config)
   rm_row = row if rm.model.input_tokenizer in (None, arr.model.path) or not rm.max_length else (
       rm.max_length, "reward_model.max_length")
   budgets = [("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", arr.actor.use_dynamic_bsz, row, actor_sp),
@@ -254,8 +259,8 @@ def _check_algorithm(config: ConfigDict) -> None:
   check(alg.adv_estimator not in kernel_names.group_estimators() or n > 1, "actor_rollout_ref.rollout.n", n,
         f"algorithm.adv_estimator={alg.adv_estimator} compares several responses per prompt",
         "set actor_rollout_ref.rollout.n to 2 or more (e.g. 5)")
-  check(not (alg.adv_estimator == "gae" and config.critic.enable is False), "critic.enable", False,
-        "algorithm.adv_estimator=gae needs a critic for its values",
+  check(not (kernel_names.needs_values(alg.adv_estimator) and config.critic.enable is False), "critic.enable", False,
+        f"algorithm.adv_estimator={alg.adv_estimator} needs a critic for its values",
         "set critic.enable=null (auto) or choose a critic-free estimator such as grpo")
   for key in ("algorithm.rollout_is_level", "actor_rollout_ref.actor.rollout_is_level"):
     check_enum(config, key, ROLLOUT_IS_LEVELS)
@@ -390,8 +395,7 @@ def model_path_keys(config: ConfigDict) -> list[str]:
   algorithm.adv_estimator=gae); the reward model's where it is enabled.
   """
   keys = ["actor_rollout_ref.model.path"]
-  critic = config.critic.enable
-  if critic or (critic is None and config.algorithm.adv_estimator == "gae"):
+  if has_a_critic(config):
     keys.append("critic.model.path")
   if config.reward_model.enable:
     keys.append("reward_model.model.path")

@@ -28,7 +28,8 @@ from flax import nnx
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from rljax.algos import advantages as adv_lib, agg, policy_loss, value_loss
+from rljax.algos import agg, policy_loss, value_loss
+from rljax.config import validation
 from rljax.models import moe
 from rljax.sharding import offload, rules as rules_lib
 from rljax.sharding.placement import Step, abstract, gradient_compiler_options, key_struct, shardings_of
@@ -297,8 +298,7 @@ def on_policy(config: ConfigDict, layout: Layout, lora_dropout: bool) -> bool:
 
 def uses_critic(config: ConfigDict) -> bool:
   """critic.enable, or by default whether the estimator needs values (GAE)."""
-  enable = config.critic.enable
-  return bool(enable) if enable is not None else adv_lib.needs_values(config.algorithm.adv_estimator)
+  return validation.has_a_critic(config)
 
 
 def needs_reference(config: ConfigDict) -> bool:
