@@ -91,8 +91,8 @@ def stage(config: ConfigDict, rows: Experience, kl_ctrl: Any) -> tuple[Experienc
       token_rewards, mask, group_ids=rows.group, num_groups=config.data.train_batch_size, values=rows.values,
       reward_baselines=rows.reward_baselines, reward_components=rows.reward_components,
       old_log_probs=rows.old_log_probs), alg)
-  out = Experience(token_level_rewards=token_rewards, response_mask=mask if corr.rollout_is or corr.rollout_rs else None,
-                   rollout_is_weights=weights,
+  narrowed = mask if corr.rollout_is or corr.rollout_rs else None
+  out = Experience(token_level_rewards=token_rewards, response_mask=narrowed, rollout_is_weights=weights,
                    advantages=jnp.asarray(adv, jnp.float32), returns=jnp.asarray(ret, jnp.float32))
   return out, (kl_ctrl, metrics)
 
