@@ -232,7 +232,7 @@ BAD_INPUTS = [
     (["trainer.resume_mode=resume_path"], 1, "trainer.resume_from_path=None: trainer.resume_mode=resume_path needs a checkpoint path"),
     (["trainer.logger=[console,mlflow]"], 1, "'mlflow' is not a logger"),
     (["actor_rollout_ref.actor.clip_ratio_c=0.5"], 1, "dual-clip needs a lower bound > 1"),
-    (["actor_rollout_ref.actor.tensor_model_parallel_size=3"], 8, "tensor x sequence (3) does not divide the 8 devices"),
+    (["actor_rollout_ref.actor.tensor_model_parallel_size=3"], 8, "tensor (3) x sequence (actor_rollout_ref.actor.ulysses_sequence_parallel_size=1) does not divide the 8 devices"),
     (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=50"], 1, "must hold one whole sequence"),
     # every pass's budget (those of passes the run has): the smallest value that works is named
     (["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
@@ -608,6 +608,37 @@ def test_megatron_expert_parallel_size_is_the_meshs_expert_axis():
   text = error_text(["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
                      "actor_rollout_ref.actor.fsdp_config.fsdp_size=8"], devices=8)
   assert "fsdp_size=8: does not divide the 4 devices left after tensor x sequence x expert" in text
+
+
+MEGATRON_24 = ["trainer.nnodes=3", "trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+               "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=3",
+               "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1", "data.train_batch_size=12",
+               "actor_rollout_ref.actor.ppo_mini_batch_size=6"]
+
+
+@pytest.mark.parametrize("expert,axis", [(4, 1), (8, 2)])
+def test_megatron_expert_groups_only_tensor_x_data_holds_span_the_tensor_axis(expert, axis):
+  # Megatron carves expert 4 (or 8) out of tensor 4 x data; the 6 devices left after tensor hold neither
+  overrides = [*MEGATRON_24, f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={expert}"]
+  config = resolved(experiment("grpo"), overrides, devices=24)
+  assert ["exp", ["expert", "tensor"]] in [list(entry) for entry in config.trainer.logical_axis_rules]
+  assert sharding.mesh_shape(config, 24) == {"data": 1, "fsdp": 6 // axis, "tensor": 4, "sequence": 1, "expert": axis}
+  # a size the expert axis holds stays on it, and one neither holds is an error naming the key and the sizes
+  held = resolved(experiment("grpo"), [*MEGATRON_24, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"],
+                  devices=24)
+  assert ["exp", "expert"] in [list(entry) for entry in held.trainer.logical_axis_rules]
+  assert sharding.mesh_shape(held, 24)["expert"] == 2
+  text = error_text([*MEGATRON_24, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=5"], devices=24)
+  assert "expert_model_parallel_size=5: does not divide the 6 devices left after tensor x sequence" in text
+  assert "or a multiple of tensor (4) whose quotient divides 6" in text
+
+
+def test_megatron_expert_groups_leave_rules_a_launch_line_sets_alone():
+  rules = ('trainer.logical_axis_rules=[["batch",["data","fsdp","expert"]],["exp","expert"],'
+           '["embed",["fsdp","expert"]],["mlp","tensor"],["heads","tensor"],["kv_heads","tensor"],["vocab","tensor"]]')
+  text = error_text([*MEGATRON_24, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=4", rules],
+                    devices=24)
+  assert "expert_model_parallel_size=4: does not divide the 6 devices left after tensor x sequence" in text
 
 
 def test_reward_manager_name_is_verls_newer_name_of_reward_models_reward_manager():

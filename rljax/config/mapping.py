@@ -111,6 +111,7 @@ def finalize(config: ConfigDict, device_count: int | None = None, explicit: Iter
   _map_lora_adapter(config, set(explicit))
   _map_engine_kv_cache_dtype(config, set(explicit))
   world = resolve_world_size(config, device_count)
+  _map_megatron_experts(config, world, set(explicit))
   dp = data_parallel_size(config, world)
   for old, (new, how) in DEPRECATED_KEYS.items():
     value = get_node(config, old)
@@ -226,6 +227,28 @@ def _map_megatron_mesh(config: ConfigDict) -> None:
     check(current in (1, size), f"actor_rollout_ref.actor.megatron.{key}", size, f"conflicts with {target}={current}",
           f"set only one of actor_rollout_ref.actor.megatron.{key} and {target}")
     set_value(config, target, size)
+
+
+def _map_megatron_experts(config: ConfigDict, world: int, explicit: set[str]) -> None:
+  """A Megatron expert-parallel size that only tensor x data holds (`carves_experts_from_tensor`: expert 4 with
+  tensor 4 and pipeline 3 on 24 devices) splits the experts over the expert and tensor axes, as Megatron carves its
+  expert groups with expert_tensor_parallel_size=1: the `exp` rule of `trainer.logical_axis_rules` gains the tensor
+  axis (the dense layers keep theirs). Rules the launch line sets are left as they are."""
+  from rljax.sharding import mesh  # pylint: disable=import-outside-toplevel  (jax only when finalizing)
+  actor = config.actor_rollout_ref.actor
+  expert, tensor = actor.megatron.expert_model_parallel_size, actor.tensor_model_parallel_size
+  if ("trainer.logical_axis_rules" in explicit or mesh.expert_rule_axes(config) != ("expert",) or not is_int(expert)
+      or not is_int(tensor) or expert < 1 or tensor < 1):
+    return
+  left = world // (tensor * actor.ulysses_sequence_parallel_size)
+  if not mesh.carves_experts_from_tensor(expert, tensor, left):
+    return
+  rules = [list(entry) for entry in config.trainer.logical_axis_rules]
+  config.trainer.logical_axis_rules = [["exp", ["expert", "tensor"]] if logical == "exp" else [logical, axis]
+                                       for logical, axis in rules]
+  _LOG.info("actor_rollout_ref.actor.megatron.expert_model_parallel_size=%d: the %d devices left after tensor x "
+            "sequence cannot hold %d expert groups; the experts split over expert (%d) x tensor (%d), as Megatron "
+            "carves them out of tensor x data", expert, left, expert, expert // tensor, tensor)
 
 
 def _map_reward_manager_name(config: ConfigDict) -> None:

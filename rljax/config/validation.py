@@ -423,22 +423,8 @@ def _check_mesh(config: ConfigDict, world_size: int | None) -> None:
   check(fsdp == -1 or fsdp > 0, "actor_rollout_ref.actor.fsdp_config.fsdp_size", fsdp, "must be -1 (all remaining devices) or positive", "set it to -1")
   if world_size is None:
     return
-  model_axes = actor.tensor_model_parallel_size * actor.ulysses_sequence_parallel_size
-  check(world_size % model_axes == 0, "actor_rollout_ref.actor.tensor_model_parallel_size", actor.tensor_model_parallel_size,
-        f"tensor x sequence ({model_axes}) does not divide the {world_size} devices", f"choose sizes whose product divides {world_size}")
-  expert = actor.megatron.expert_model_parallel_size
-  check((world_size // model_axes) % expert == 0, "actor_rollout_ref.actor.megatron.expert_model_parallel_size",
-        expert, f"does not divide the {world_size // model_axes} devices left after tensor x sequence",
-        f"choose a divisor of {world_size // model_axes}")
-  if fsdp != -1:
-    from rljax.sharding.mesh import fsdp_axis  # pylint: disable=import-outside-toplevel  (no jax at import)
-    left, sequence = world_size // (model_axes * expert), actor.ulysses_sequence_parallel_size
-    axis = fsdp_axis(fsdp, sequence)
-    check(axis > 0 and left % axis == 0, "actor_rollout_ref.actor.fsdp_config.fsdp_size", fsdp,
-          f"does not divide the {left} devices left after tensor x sequence x expert"
-          + (f", as {fsdp} / ulysses_sequence_parallel_size ({sequence})" if sequence > 1 else ""),
-          "set it to -1 or a divisor" + (f" times {sequence} (verl's FSDP group holds the Ulysses groups)"
-                                         if sequence > 1 else ""))
+  from rljax.sharding.mesh import mesh_shape  # pylint: disable=import-outside-toplevel  (no jax at import)
+  mesh_shape(config, world_size)
   tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
   check(world_size % tp == 0, "actor_rollout_ref.rollout.tensor_model_parallel_size", tp,
         f"does not divide the {world_size} devices", f"set it to a divisor of {world_size}")

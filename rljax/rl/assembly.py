@@ -233,7 +233,8 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
   layout = make_layout(config, batches_per_epoch, sharding.data_parallel_size(mesh))
   model = (run_models.abstract_actor(config, mesh, rules) if abstract
            else run_models.load_actor(config, mesh, rules, jax.random.key(config.trainer.seed)))
-  sharding.check_model_fits(mesh, model.cfg.num_heads, model.cfg.num_kv_heads, num_experts=model.cfg.num_experts)
+  sharding.check_model_fits(mesh, model.cfg.num_heads, model.cfg.num_kv_heads, num_experts=model.cfg.num_experts,
+                            expert_axes=sharding.expert_rule_axes(config))
   _checked_routing(config, model.cfg)
   lora = run_models.lora_config(config)
   graphdef, trainable, frozen = lora_lib.split_trainable(model)

@@ -2,7 +2,7 @@
 
 from rljax.sharding.distributed import distributed_args, initialize, is_main_process
 from rljax.sharding.mesh import (
-    AXES, build_mesh, check_model_fits, data_parallel_size, job_devices, make_mesh, mesh_shape,
+    AXES, build_mesh, check_model_fits, data_parallel_size, expert_rule_axes, job_devices, make_mesh, mesh_shape,
     resolve_world_size, rollout_device_count, split_devices,
 )
 from rljax.sharding.placement import (
@@ -16,7 +16,7 @@ from rljax.sharding.rules import (
 
 __all__ = [
     "AXES", "activation_sharding", "addressable_bytes", "batch_sharding", "build_mesh", "check_model_fits", "data_parallel_size",
-    "constrain", "decode_rules", "distributed_args", "global_batch", "gradient_compiler_options", "init_optimizer",
+    "constrain", "expert_rule_axes", "decode_rules", "distributed_args", "global_batch", "gradient_compiler_options", "init_optimizer",
     "initialize", "is_main_process", "job_devices", "local_rows", "logical_to_spec", "make_mesh", "mesh_shape",
     "optimizer_shardings", "param_names", "param_shardings", "resolve_world_size", "rollout_device_count", "split_devices", "rules_from_config", "shard_like",
 ]

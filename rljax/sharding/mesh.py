@@ -20,7 +20,10 @@ more fsdp). Their sizes come from verl's keys:
   device when either says `auto`;
 * tensor: `actor_rollout_ref.actor.tensor_model_parallel_size`;
 * sequence: `actor_rollout_ref.actor.ulysses_sequence_parallel_size`;
-* expert: `actor_rollout_ref.actor.megatron.expert_model_parallel_size`;
+* expert: `actor_rollout_ref.actor.megatron.expert_model_parallel_size`, over
+  the `exp` rule's axes: where that rule spans the tensor axis too (the
+  config maps a Megatron size that only tensor x data can hold onto it, as
+  Megatron carves its expert groups), the expert axis is that size / tensor;
 * fsdp: `actor_rollout_ref.actor.fsdp_config.fsdp_size` (-1: every device
   left after tensor, sequence and expert, within one slice when the devices
   span several TPU slices); as in verl, its group holds the Ulysses groups,
@@ -70,11 +73,8 @@ def mesh_shape(config: ConfigDict, device_count: int, slices: int = 1) -> dict[s
         _TENSOR_KEY, tensor,
         f"tensor ({tensor}) x sequence ({_SEQUENCE_KEY}={sequence}) does not divide the {device_count} devices",
         f"choose sizes whose product divides {device_count}")
-  expert = actor.megatron.expert_model_parallel_size
-  if expert < 1 or (device_count // model) % expert:
-    raise ConfigError(
-        EXPERT_KEY, expert, f"does not divide the {device_count // model} devices left after tensor x sequence",
-        f"choose a divisor of {device_count // model}")
+  expert = expert_axis(actor.megatron.expert_model_parallel_size, tensor, device_count // model,
+                       expert_rule_axes(config))
   rest = device_count // (model * expert)
   if fsdp == -1:
     fsdp = rest // slices if rest % slices == 0 else rest
@@ -86,8 +86,44 @@ def mesh_shape(config: ConfigDict, device_count: int, slices: int = 1) -> dict[s
         f"does not divide the {rest} devices left after tensor x sequence x expert "
         f"({device_count} devices / {model * expert})" + (f", in groups of {_SEQUENCE_KEY}={sequence}"
                                                            if sequence > 1 else ""),
-        f"set {_FSDP_KEY}=-1 (all of them) or a divisor of {rest}" + (f" times {sequence}" if sequence > 1 else ""))
+        f"set {_FSDP_KEY}=-1 (all of them) or a divisor of {rest}"
+        + (f" times {sequence} (verl's FSDP group holds the Ulysses groups)" if sequence > 1 else ""))
   return {"data": rest // fsdp, "fsdp": fsdp, "tensor": tensor, "sequence": sequence, "expert": expert}
+
+
+def expert_rule_axes(config: ConfigDict) -> tuple[str, ...]:
+  """The mesh axes `trainer.logical_axis_rules` splits the experts (`exp`) over: ("expert",) by default,
+  ("expert", "tensor") where Megatron's expert groups span the tensor axis (`carves_experts_from_tensor`)."""
+  for logical, axis in config.trainer.logical_axis_rules:
+    if logical == "exp":
+      return () if axis is None else (tuple(axis) if isinstance(axis, (list, tuple)) else (axis,))
+  return ()
+
+
+def expert_axis(expert: int, tensor: int, left: int, rule_axes: Sequence[str]) -> int:
+  """The mesh's expert axis for verl's `expert_model_parallel_size` = `expert`: the experts split `expert` ways
+  over the `exp` rule's axes, so where that rule spans the tensor axis too, the expert axis holds expert / tensor
+  of the `left` devices after tensor x sequence (Megatron carves its expert groups out of tensor x data).
+
+  Raises:
+    ConfigError: naming the key, when the size does not factor the devices.
+  """
+  spans = tensor if "tensor" in rule_axes and tensor > 1 else 1
+  axis = expert // spans if expert % spans == 0 else 0
+  if expert < 1 or axis < 1 or left % axis:
+    fix = f"choose a divisor of {left}" + (f" times tensor ({tensor})" if spans > 1 else
+                                           f", or a multiple of tensor ({tensor}) whose quotient divides {left}"
+                                           if tensor > 1 else "")
+    raise ConfigError(EXPERT_KEY, expert, f"does not divide the {left} devices left after tensor x sequence"
+                      + (" (the exp rule spans the tensor axis)" if spans > 1 else ""), fix)
+  return axis
+
+
+def carves_experts_from_tensor(expert: int, tensor: int, left: int) -> bool:
+  """Whether Megatron's expert groups must span the tensor axis: `expert` does not divide the `left` devices after
+  tensor x sequence, but expert / tensor does (Megatron with expert_tensor_parallel_size=1 takes them from
+  tensor x data; e.g. expert 4 with tensor 4 on 24 devices, 6 left)."""
+  return tensor > 1 and left % expert != 0 and expert % tensor == 0 and left % (expert // tensor) == 0
 
 
 def fsdp_axis(fsdp_size: int, sequence: int) -> int:
@@ -234,9 +270,10 @@ def data_parallel_size(mesh: Mesh) -> int:
 
 
 def check_model_fits(mesh: Mesh, num_heads: int, num_kv_heads: int, key: str = _TENSOR_KEY,
-                     num_experts: int = 0) -> None:
-  """Tensor parallelism splits attention heads: it must divide both head counts; the expert axis the experts."""
-  expert = mesh.shape.get("expert", 1)
+                     num_experts: int = 0, expert_axes: Sequence[str] = ("expert",)) -> None:
+  """Tensor parallelism splits attention heads: it must divide both head counts; the experts' axes
+  (`expert_rule_axes`) the experts."""
+  expert = math.prod(mesh.shape.get(axis, 1) for axis in expert_axes)
   if expert > 1 and (num_experts == 0 or num_experts % expert):
     what = "a dense model has no experts" if num_experts == 0 else f"it must divide num_experts ({num_experts})"
     raise ConfigError(EXPERT_KEY, expert, f"the expert axis splits experts, but {what}",

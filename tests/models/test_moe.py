@@ -108,13 +108,25 @@ def ep_mesh():
   return sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 2, "sequence": 1, "expert": 2})
 
 
+def carved_experts():
+  """Megatron's expert groups out of tensor x data (`expert_model_parallel_size=4` with tensor 4, as the config maps
+  it where the devices after tensor cannot hold 4): the experts split over the tensor axis, each expert whole."""
+  config = config_lib.get_base_config()
+  config.trainer.logical_axis_rules = [["exp", ["expert", "tensor"]] if logical == "exp" else [logical, axis]
+                                       for logical, axis in config.trainer.logical_axis_rules]
+  mesh = sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 4, "sequence": 1, "expert": 1})
+  return mesh, sharding.rules_from_config(config)
+
+
 @pytest.mark.slow
-def test_expert_x_fsdp_x_tensor_sharding_equals_unsharded(all_sparse):
+@pytest.mark.parametrize("layout,gate_shard", [("expert axis", (2, 16, 8)), ("carved from tensor", (1, 16, 16))])
+def test_expert_x_fsdp_x_tensor_sharding_equals_unsharded(all_sparse, layout, gate_shard):
   _, path = all_sparse
   ids, mask = rows4()
-  mesh, rules = ep_mesh(), sharding.rules_from_config(config_lib.get_base_config())
+  mesh, rules = (ep_mesh(), sharding.rules_from_config(config_lib.get_base_config())) if layout == "expert axis" \
+      else carved_experts()
   model = M.from_pretrained(path, mesh=mesh, rules=rules)
-  assert model.layers[0].mlp.gate[...].sharding.shard_shape((4, 32, 16)) == (2, 16, 8)
+  assert model.layers[0].mlp.gate[...].sharding.shard_shape((4, 32, 16)) == gate_shard
   l1, o1, g1 = loss_and_grad(M.from_pretrained(path), ids, mask)
   l2, o2, g2 = loss_and_grad(model, ids, mask, mesh, rules)
   np.testing.assert_allclose(o1, o2, rtol=1e-4, atol=1e-5)
@@ -124,10 +136,11 @@ def test_expert_x_fsdp_x_tensor_sharding_equals_unsharded(all_sparse):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sharded", [False, True])
-def test_greedy_equals_transformers_generate(all_sparse, sharded):
+@pytest.mark.parametrize("layout", ["unsharded", "expert axis", "carved from tensor"])
+def test_greedy_equals_transformers_generate(all_sparse, layout):
   hf, path = all_sparse
-  mesh, rules = (ep_mesh(), sharding.rules_from_config(config_lib.get_base_config())) if sharded else (None, None)
+  mesh, rules = {"unsharded": lambda: (None, None), "carved from tensor": carved_experts,
+                 "expert axis": lambda: (ep_mesh(), sharding.rules_from_config(config_lib.get_base_config()))}[layout]()
   model = M.from_pretrained(path, mesh=mesh, rules=rules)
   ids, mask = left_padded([3, 8, 11, 16], 128)
   sampler = sampler_for(model, slots=4, eos=(), ignore_eos=True, response=32, mesh=mesh, rules=rules)
@@ -259,6 +272,11 @@ def test_expert_axis_must_divide_the_experts():
     sharding.check_model_fits(mesh, 4, 2, num_experts=4)
   with pytest.raises(config_lib.ConfigError, match="a dense model has no experts"):
     sharding.check_model_fits(mesh, 4, 2, num_experts=0)
+  # experts carved out of the tensor axis (expert 1 x tensor 4) split 4 ways too
+  carved, _ = carved_experts()
+  sharding.check_model_fits(carved, 4, 4, num_experts=8, expert_axes=("expert", "tensor"))
+  with pytest.raises(config_lib.ConfigError, match="expert_model_parallel_size=4.*num_experts \\(6\\)"):
+    sharding.check_model_fits(carved, 4, 4, num_experts=6, expert_axes=("expert", "tensor"))
 
 
 def with_random_adapters(model, targets="all-linear"):
