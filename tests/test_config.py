@@ -641,6 +641,49 @@ def test_megatron_expert_groups_leave_rules_a_launch_line_sets_alone():
   assert "expert_model_parallel_size=4: does not divide the 6 devices left after tensor x sequence" in text
 
 
+MEGATRON_LORA = ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.model.lora.rank=16",
+                 "actor_rollout_ref.model.lora.alpha=32"]
+
+
+def test_megatron_lora_block_trains_the_actors_adapters_as_megatron_bridge_does():
+  from rljax.models import lora  # pylint: disable=import-outside-toplevel
+  # verl's run_qwen2-7b_math_megatron_lora.sh: type lora (fused linear_qkv / linear_fc1), kaiming A
+  config = resolved(experiment("grpo"), [*MEGATRON_LORA, "actor_rollout_ref.model.lora.lora_A_init_method=kaiming"])
+  model = config.actor_rollout_ref.model
+  assert (model.lora_rank, model.lora_alpha) == (16, 32.0)
+  assert list(model.target_modules) == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+  fused = lora.LoRAConfig.from_model_config(model)
+  assert fused.shared_a == (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+  assert (fused.a_init, fused.megatron, fused.rank, fused.alpha) == ("kaiming", True, 16, 32.0)
+  canonical = resolved(experiment("grpo"), [
+      *MEGATRON_LORA, "actor_rollout_ref.model.lora.type=canonical_lora",
+      "actor_rollout_ref.model.lora.target_modules=[linear_q,linear_v,linear_fc1_up]"]).actor_rollout_ref.model
+  assert list(canonical.target_modules) == ["q_proj", "v_proj", "up_proj"]
+  assert lora.LoRAConfig.from_model_config(canonical).shared_a == ()
+  assert lora.LoRAConfig.from_model_config(canonical).a_init == "xavier"
+  assert "actor_rollout_ref.model.lora.merge=True" in C.ignored_overrides(
+      [*MEGATRON_LORA, "actor_rollout_ref.model.lora.merge=true"])
+  assert not any("lora.rank" in o or "lora.alpha" in o for o in C.ignored_overrides(MEGATRON_LORA))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["actor_rollout_ref.model.lora.rank=16"],
+     "lora.rank=16: is read only by verl's Megatron engine; with actor_rollout_ref.actor.strategy=fsdp"),
+    ([*MEGATRON_LORA, "actor_rollout_ref.model.lora.type=dora"], "lora.type='dora': is not implemented"),
+    ([*MEGATRON_LORA, "actor_rollout_ref.model.lora.type=canonical_lora"],
+     "canonical_lora adapts Megatron's linear_q, linear_k, linear_v"),
+    ([*MEGATRON_LORA, "actor_rollout_ref.model.lora.dropout_position=post"],
+     "lora.dropout_position='post': dropout after the adapter is not implemented"),
+    ([*MEGATRON_LORA, "actor_rollout_ref.model.lora.exclude_modules=[decoder.layers.0.self_attention.linear_qkv]"],
+     "exclusions by Megatron module name are not implemented"),
+    ([*MEGATRON_LORA, "actor_rollout_ref.model.lora_rank=8"], "conflicts with actor_rollout_ref.model.lora_rank=8"),
+    ([*MEGATRON_LORA, "actor_rollout_ref.model.use_rslora=true"],
+     "use_rslora=True: is a PEFT key that verl's Megatron LoRA does not read"),
+])
+def test_megatron_lora_block_names_what_rljax_does_not_do(overrides, message):
+  assert message in error_text(overrides)
+
+
 def test_reward_manager_name_is_verls_newer_name_of_reward_models_reward_manager():
   config = resolved(experiment("grpo"), ["reward_manager.name=dapo"])
   assert config.reward_model.reward_manager == "dapo"

@@ -97,6 +97,41 @@ def _router_replay_status(role: str) -> dict[str, dict[str, Any]]:
       f"set {role}.router_replay.mode=disabled and choose the replay with actor_rollout_ref.actor.router_replay.mode"))}
 
 
+_MEGATRON_LORA_READ = "with rank > 0 under actor_rollout_ref.actor.strategy=megatron (rljax.config.mapping)"
+
+
+def _megatron_lora_status(role: str) -> dict[str, dict[str, Any]]:
+  """What rljax does with `ROLE.lora.*` (verl's Megatron LoRA block): the actor's is read under the Megatron
+  strategy, onto the actor's LoRA keys; the critic trains in full."""
+  if role != "actor_rollout_ref.model":
+    return {"rank": dict(default_only=("the critic trains in full", f"set {role}.lora.rank=0"))}
+  unread = "a non-default value is an error " + _MEGATRON_LORA_READ
+  return {
+      "rank": dict(mapped="sets actor_rollout_ref.model.lora_rank (the actor's adapters) under "
+                          "actor_rollout_ref.actor.strategy=megatron; under fsdp, whose verl engine does not read it, "
+                          "an error"),
+      "type": dict(mapped="lora: Megatron's fused linear_qkv and linear_fc1 adapters, so q, k and v (gate and up) "
+                          "share one A (rljax.models.lora.LoRAConfig.shared_a); canonical_lora: an adapter per "
+                          "projection; dora and vlm_lora: an error"),
+      "alpha": dict(mapped="sets actor_rollout_ref.model.lora_alpha (scale alpha / rank) " + _MEGATRON_LORA_READ),
+      "dropout": dict(mapped="sets actor_rollout_ref.model.lora_dropout " + _MEGATRON_LORA_READ),
+      "target_modules": dict(mapped="Megatron's module names as HF projections (linear_qkv: q_proj, k_proj, v_proj; "
+                                    "linear_proj: o_proj; linear_fc1: gate_proj, up_proj; linear_fc2: down_proj) "
+                                    "onto actor_rollout_ref.model.target_modules; a mixture-of-experts model's "
+                                    "experts (one adapter shared by a layer's experts in Megatron-Bridge) are an "
+                                    "error"),
+      "lora_A_init_method": dict(mapped="A's initialisation: xavier (normal, std sqrt(2 / (in + r))), normal (std "
+                                        "0.2) or kaiming (uniform, bound 1 / sqrt(in))"),
+      **{key: dict(mapped=unread) for key in ("exclude_modules", "dropout_position", "lora_B_init_method",
+                                              "adapter_path")},
+      "merge": dict(ignored="the rollout reads the adapters in place: nothing is merged for it"),
+      "a2a_experimental": dict(ignored="a communication pattern of Megatron's expert adapters"),
+      "dtype": dict(ignored="the adapters take the dtype of the weights they adapt"),
+      **{key: dict(ignored="vision-language LoRA (type vlm_lora, an error)")
+         for key in ("freeze_vision_model", "freeze_vision_projection", "freeze_language_model")},
+  }
+
+
 def _optim_status(role: str) -> dict[str, dict[str, Any]]:
   """What rljax does with the keys of `ROLE.optim`."""
   optim = f"{role}.optim"
@@ -570,10 +605,7 @@ KEYS = {
                                      "k_proj v_proj o_proj gate_proj up_proj down_proj", type_note="str or list"),
         "use_rslora": dict(added="cosmos-rl: scale alpha / sqrt(r) instead of alpha / r"),
     }),
-    **described(("actor_rollout_ref.model", "critic.model"), "lora", _MEGATRON_LORA, {
-        "rank": dict(
-            default_only=("Megatron's LoRA config is not read", "set actor_rollout_ref.model.lora_rank (and lora_alpha, target_modules)")),
-    }),
+    **described(("actor_rollout_ref.model", "critic.model"), "lora", _MEGATRON_LORA, _megatron_lora_status),
     "actor_rollout_ref.model.lora_adapter_path": Key(
         "Saved LoRA adapters to start from.",
         mapped="a PEFT adapter directory the actor's adapters start from, with its settings (r, lora_alpha, "
@@ -1508,7 +1540,6 @@ IGNORED_SECTIONS = {
     "critic.model.tiled_mlp": "tiling the MLP to save GPU memory; it changes no result",
     "reward_model.rollout": "an inference server for generative reward models; rljax's reward model is a scorer",
     "actor_rollout_ref.rollout.layer_name_map": "Megatron-to-vLLM weight names; the engine reads the trainer's arrays in place",
-    "actor_rollout_ref.model.lora": "Megatron's LoRA config (lora.rank > 0 is an error: rljax's is model.lora_rank)",
     "critic.model.lora": "Megatron's LoRA config (lora.rank > 0 is an error: the critic trains in full)",
     "global_profiler.global_tool_config": "Nsight/torch profiler options; rljax records jax.profiler traces",
     "transfer_queue": "verl's Ray data-transfer queue",

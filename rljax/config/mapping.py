@@ -22,6 +22,7 @@ from rljax.config.engines import MEGATRON_MESH_KEYS, OPTIM_SECTIONS
 from rljax.config.errors import ConfigError, check, is_int
 from rljax.config.fields import get_node
 from rljax.config.keys import DEPRECATED_KEYS, ENGINE_KV_CACHE_KEYS
+from rljax.config.lora import MEGATRON_A_INITS, MEGATRON_LORA_TARGETS
 from rljax.config.overrides import set_value
 from rljax.config.trainer import V1_OFF_POLICY_THRESHOLD, V1_WARMUP_BATCHES, fully_async_recipe, recipe_setting
 
@@ -109,6 +110,7 @@ def finalize(config: ConfigDict, device_count: int | None = None, explicit: Iter
   _map_fully_async(config, set(explicit))  # before the micro-batch mappings, which read rollout.n
   _map_legacy_gen_batch(config)
   _map_lora_adapter(config, set(explicit))
+  _map_megatron_lora(config)
   _map_engine_kv_cache_dtype(config, set(explicit))
   world = resolve_world_size(config, device_count)
   _map_megatron_experts(config, world, set(explicit))
@@ -227,6 +229,60 @@ def _map_megatron_mesh(config: ConfigDict) -> None:
     check(current in (1, size), f"actor_rollout_ref.actor.megatron.{key}", size, f"conflicts with {target}={current}",
           f"set only one of actor_rollout_ref.actor.megatron.{key} and {target}")
     set_value(config, target, size)
+
+
+_MEGATRON_LORA = "actor_rollout_ref.model.lora"
+# PEFT-only LoRA keys verl's Megatron engine does not read, at their defaults.
+_PEFT_ONLY_LORA = {"use_rslora": False, "r_pattern": {}, "alpha_pattern": {}, "modules_to_save": None,
+                   "init_lora_weights": True, "exclude_modules": None, "lora_adapter_path": None}
+
+
+def _map_megatron_lora(config: ConfigDict) -> None:
+  """verl's Megatron LoRA block (`actor_rollout_ref.model.lora` with rank > 0, under actor.strategy=megatron) onto
+  rljax's LoRA keys: lora_rank, lora_alpha, lora_dropout and target_modules as HF projections
+  (`MEGATRON_LORA_TARGETS`); the adapters of one fused module share A (`rljax.models.lora.LoRAConfig.shared_a`).
+
+  Raises:
+    ConfigError: naming the key, for what Megatron-Bridge does that rljax does not (DoRA, post-dropout, a B that
+      does not start at 0, exclusions by Megatron module name, a Megatron adapter checkpoint), or a PEFT key set
+      beside the block.
+  """
+  model, block = config.actor_rollout_ref.model, config.actor_rollout_ref.model.lora
+  rank = block.rank
+  if not is_int(rank) or rank <= 0:
+    check(rank == 0, f"{_MEGATRON_LORA}.rank", rank, "must be an integer >= 0 (0 = no adapters)", "set it to 0 or 16")
+    return
+  strategy = config.actor_rollout_ref.actor.strategy
+  check(strategy == "megatron", f"{_MEGATRON_LORA}.rank", rank,
+        f"is read only by verl's Megatron engine; with actor_rollout_ref.actor.strategy={strategy} verl trains every "
+        "parameter", "set actor_rollout_ref.model.lora_rank for LoRA, or actor_rollout_ref.actor.strategy=megatron")
+  check(model.lora_rank in (0, rank), f"{_MEGATRON_LORA}.rank", rank,
+        f"conflicts with actor_rollout_ref.model.lora_rank={model.lora_rank}", "set only one of them")
+  check(block.type in MEGATRON_LORA_TARGETS, f"{_MEGATRON_LORA}.type", block.type,
+        "is not implemented (DoRA and vision-language LoRA)", "set it to lora or canonical_lora")
+  table = MEGATRON_LORA_TARGETS[block.type]
+  targets = list(block.target_modules) if isinstance(block.target_modules, (list, tuple)) else None
+  check(bool(targets) and all(t in table for t in targets), f"{_MEGATRON_LORA}.target_modules", block.target_modules,
+        f"{block.type} adapts Megatron's {', '.join(table)}",
+        f"choose from those names (type canonical_lora names linear_q, linear_k, linear_v, linear_fc1_gate and "
+        f"linear_fc1_up; type lora their fused linear_qkv and linear_fc1)")
+  for name, wanted, why in (("dropout_position", "pre", "dropout after the adapter"),
+                            ("lora_B_init_method", "zero", "a B that does not start at 0"),
+                            ("adapter_path", None, "starting from a Megatron adapter checkpoint")):
+    check(block[name] == wanted, f"{_MEGATRON_LORA}.{name}", block[name], f"{why} is not implemented",
+          f"set {_MEGATRON_LORA}.{name}={'null' if wanted is None else wanted}")
+  check(block.lora_A_init_method in MEGATRON_A_INITS, f"{_MEGATRON_LORA}.lora_A_init_method",
+        block.lora_A_init_method, f"must be one of {', '.join(MEGATRON_A_INITS)}", "set it to xavier")
+  check(not block.exclude_modules, f"{_MEGATRON_LORA}.exclude_modules", list(block.exclude_modules),
+        "exclusions by Megatron module name are not implemented", f"set {_MEGATRON_LORA}.exclude_modules=[]")
+  for key, default in _PEFT_ONLY_LORA.items():
+    value = model.get(key)
+    check(not value if default in (None, {}) else value == default, f"actor_rollout_ref.model.{key}", value,
+          "is a PEFT key that verl's Megatron LoRA does not read", f"leave it out beside {_MEGATRON_LORA}.rank")
+  set_value(config, "actor_rollout_ref.model.lora_rank", rank)
+  set_value(config, "actor_rollout_ref.model.lora_alpha", float(block.alpha))
+  set_value(config, "actor_rollout_ref.model.lora_dropout", float(block.dropout))
+  model.target_modules = [proj for name in targets for proj in table[name]]
 
 
 def _map_megatron_experts(config: ConfigDict, world: int, explicit: set[str]) -> None:

@@ -66,6 +66,7 @@ from jax.sharding import Mesh, NamedSharding
 from ml_collections import ConfigDict
 
 from rljax.config.errors import ConfigError, check, is_int, is_number
+from rljax.config.lora import megatron_shared_a
 from rljax.models import checkpoint, moe, safetensors_io
 from rljax.models.config import ModelConfig
 from rljax.models.transformer import CausalLM
@@ -226,6 +227,10 @@ class LoRAConfig:
     init_lora_weights: True (A uniform +-1/sqrt(in), B = 0) or "gaussian"
       (A normal with std 1/r, B = 0).
     key_prefix: where these keys live in the run config, for error messages.
+    shared_a: groups of HF projections whose adapters share one A in each layer (Megatron's fused linear_qkv and
+      linear_fc1 under verl's `model.lora.type=lora`): A's gradient is the sum of theirs.
+    a_init: Megatron-Bridge's lora_A_init_method (xavier, normal, kaiming) in place of init_lora_weights.
+    megatron: from verl's Megatron LoRA block (`model.lora`), whose keys the errors then name.
   """
 
   rank: int
@@ -239,6 +244,9 @@ class LoRAConfig:
   init_lora_weights: bool | str = True
   exclude_modules: Any = None
   key_prefix: str = "actor_rollout_ref.model"
+  shared_a: tuple[tuple[str, ...], ...] = ()
+  a_init: str | None = None
+  megatron: bool = False
 
   def __post_init__(self):
     check_lora_keys(self.as_keys(), self.key_prefix)
@@ -252,6 +260,8 @@ class LoRAConfig:
     """From a config node holding verl's names (lora_rank, lora_alpha, target_modules, ...)."""
     as_dict = lambda v: dict(v.to_dict() if hasattr(v, "to_dict") else v)  # noqa: E731
     target = node.target_modules
+    block = node.get("lora")
+    megatron = block is not None and is_int(block.rank) and block.rank > 0
     return cls(
         rank=node.lora_rank, alpha=node.lora_alpha,
         target_modules=tuple(target) if isinstance(target, (list, tuple)) else target,
@@ -259,7 +269,9 @@ class LoRAConfig:
         modules_to_save=tuple(node.modules_to_save or ()),
         alpha_pattern=as_dict(node.alpha_pattern), r_pattern=as_dict(node.r_pattern),
         init_lora_weights=node.init_lora_weights, exclude_modules=_plain(node.get("exclude_modules")),
-        key_prefix=key_prefix)
+        key_prefix=key_prefix,
+        shared_a=megatron_shared_a(block.type, list(block.target_modules)) if megatron else (),
+        a_init=block.lora_A_init_method if megatron else None, megatron=megatron)
 
   def as_keys(self) -> dict[str, Any]:
     """The values under verl's key names."""
@@ -302,11 +314,17 @@ def names_module(entry: str, name: str) -> bool:
 def init_a(key: jax.Array, shape: tuple[int, ...], fan_in: int, rank: int, how: bool | str) -> jax.Array:
   """A [..., *in, r] in float32.
 
-  True: uniform in +-1/sqrt(fan_in) (PEFT's kaiming-uniform with a=sqrt(5)).
+  True or "kaiming": uniform in +-1/sqrt(fan_in) (PEFT's and Megatron-Bridge's kaiming-uniform with a=sqrt(5)).
   "gaussian": normal with std 1/r.
+  "xavier": normal with std sqrt(2 / (fan_in + r)) (Megatron-Bridge's default, torch's xavier_normal_).
+  "normal": normal with std 0.2 (Megatron-Bridge's).
   """
   if how == "gaussian":
     return jax.random.normal(key, shape, jnp.float32) / rank
+  if how == "xavier":
+    return jax.random.normal(key, shape, jnp.float32) * math.sqrt(2.0 / (fan_in + rank))
+  if how == "normal":
+    return jax.random.normal(key, shape, jnp.float32) * 0.2
   bound = 1.0 / math.sqrt(fan_in)
   return jax.random.uniform(key, shape, jnp.float32, -bound, bound)
 
@@ -433,7 +451,8 @@ def _new_adapter(kernel: nnx.Variable, n_in: int, names: list[str], stacked: boo
   in_shape = shape[lead:lead + n_in]
   a_names = axes[:lead] + axes[lead:lead + n_in] + (RANK_AXIS,)
   b_names = axes[:lead] + (RANK_AXIS,) + axes[lead + n_in:]
-  a = init_a(key, shape[:lead] + in_shape + (rank,), math.prod(in_shape), rank, config.init_lora_weights)
+  a = init_a(key, shape[:lead] + in_shape + (rank,), math.prod(in_shape), rank,
+             config.a_init or config.init_lora_weights)
   b = jnp.zeros(shape[:lead] + (rank,) + shape[lead + n_in:], kernel.dtype)
   scales = _layer_scales(config, names, rank, experts)
   scale = jnp.asarray(scales if stacked else scales[0], jnp.float32)
@@ -476,13 +495,35 @@ def apply_lora(model: CausalLM, config: LoRAConfig, key: jax.Array | None = None
                else [module_name(i, proj) for i in layers])
       if all(excluded(config, name) for name in names):
         continue
+      if experts and config.megatron:
+        raise ConfigError(f"{config.key_prefix}.lora.target_modules", list(config.targets),
+                          "Megatron-Bridge gives a mixture-of-experts layer's experts one shared adapter, which is not "
+                          "implemented (rljax's expert adapters are per expert)",
+                          f"target only attention (linear_qkv, linear_proj), or use {config.key_prefix}.lora_rank")
       adapter = _new_adapter(getattr(parent, attr), n_in, names, stacked, config,
                              jax.random.fold_in(key, layers[0] * len(PROJECTIONS) + p), mesh, rules, experts)
       if getattr(parent, "adapters", None) is None:
         parent.adapters = nnx.Dict()
       parent.adapters[attr] = adapter
+    _share_a(block, config.shared_a)
   _train_modules(model, config)
   return model
+
+
+def _share_a(block: nnx.Module, groups: tuple[tuple[str, ...], ...]) -> None:
+  """Each group's adapters in `block` read the first one's A (and dropout seed): one variable, so the state, the
+  optimizer and the checkpoint hold it once and its gradient sums over the group (Megatron's fused adapters)."""
+  for group in groups:
+    adapters = []
+    for proj in group:
+      parent_name, attr, _ = PROJECTIONS[proj]
+      held = getattr(getattr(block, parent_name), "adapters", None)
+      if held is not None and attr in held:
+        adapters.append(held[attr])
+    for adapter in adapters[1:]:
+      adapter.a = adapters[0].a
+      if hasattr(adapters[0], "dropout_key"):
+        adapter.dropout_key = adapters[0].dropout_key
 
 
 def _node(model: nnx.Module, path: tuple) -> Any:

@@ -357,3 +357,49 @@ def test_exclude_modules_keeps_the_modules_peft_keeps_out(tmp_path, scan, exclud
   assert sorted(ours.state_dict()) == sorted(peft_model.state_dict())  # the same modules adapted
   assert helpers.max_diff_on_mask(logits(perturb(model, scale=0.1), IDS, MASK), helpers.hf_logits(ours, IDS, MASK),
                                   MASK) <= 1e-4
+
+
+MEGATRON_FUSED = dict(shared_a=(("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")), a_init="xavier",
+                      megatron=True)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_megatron_fused_adapters_share_one_a_per_fused_module(scan):
+  # verl's model.lora.type=lora adapts Megatron's fused linear_qkv and linear_fc1: x @ A feeds q, k and v (gate and
+  # up) through one A, so the state holds it once and its gradient is the sum of the projections'
+  model = perturb(lora.apply_lora(tiny(scan), lora.LoRAConfig(rank=4, alpha=8, **MEGATRON_FUSED), jax.random.key(3)))
+  block = model.layers if scan else model.layers[0]
+  attn, mlp = block.attn, block.mlp
+  assert attn.adapters["k"].a is attn.adapters["q"].a is attn.adapters["v"].a
+  assert mlp.adapters["up"].a is mlp.adapters["gate"].a
+  graphdef, trained, frozen = lora.split_trainable(model)
+  a_held = [p for p, _ in nnx.to_flat_state(trained) if p[-1] == "a" and (scan or p[1] == 0)]
+  assert len(a_held) == 4 and len([p for p, _ in nnx.to_flat_state(trained) if p[-1] == "b"]) == 7 * (1 if scan else 2)
+  # its gradient is the sum of what three separate adapters holding copies of it would get
+  untied = lora.apply_lora(tiny(scan), lora.LoRAConfig(rank=4, alpha=8), jax.random.key(3))
+  copies = dict(nnx.to_flat_state(trained))
+  groups = {"q": "qkv", "k": "qkv", "v": "qkv", "gate": ("gate", "up"), "up": ("gate", "up")}
+  for path, var in nnx.to_flat_state(nnx.state(untied, lora.LoRAParam)):
+    held = [(*path[:-2], name, path[-1]) for name in groups.get(path[-2], (path[-2],))]
+    var.set_value(copies[next(p for p in ([path] + held) if p in copies)][...])
+  loss = lambda g, t, f: jnp.sum(nnx.merge(g, t, f)(jnp.asarray(IDS), jnp.asarray(MASK)) ** 2)  # noqa: E731
+  grads = dict(nnx.to_flat_state(jax.grad(loss, argnums=1)(graphdef, trained, frozen)))
+  u_graphdef, u_trained, u_frozen = lora.split_trainable(untied)
+  u_grads = dict(nnx.to_flat_state(jax.grad(loss, argnums=1)(u_graphdef, u_trained, u_frozen)))
+  shared = [(path, grad) for path, grad in grads.items() if path[-1] == "a" and path[-2] in groups]
+  assert len(shared) == 2 * (1 if scan else 2)
+  for path, grad in shared:
+    summed = sum(u_grads[(*path[:-2], name, "a")][...] for name in groups[path[-2]])
+    np.testing.assert_allclose(grad[...], summed, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(logits(lora.merge_lora(model), IDS, MASK), logits(model, IDS, MASK), rtol=2e-4,
+                             atol=2e-4)
+
+
+def test_megatron_a_inits_are_megatron_bridges():
+  key, shape = jax.random.key(0), (4096, 8)
+  xavier = lora.init_a(key, shape, 4096, 8, "xavier")
+  np.testing.assert_allclose(float(jnp.std(xavier)), math.sqrt(2 / (4096 + 8)), rtol=0.02)
+  np.testing.assert_allclose(float(jnp.std(lora.init_a(key, shape, 4096, 8, "normal"))), 0.2, rtol=0.02)
+  kaiming = lora.init_a(key, shape, 4096, 8, "kaiming")
+  assert float(jnp.abs(kaiming).max()) <= 1 / math.sqrt(4096) and float(jnp.abs(kaiming).max()) > 0.9 / math.sqrt(
+      4096)

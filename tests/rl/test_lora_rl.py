@@ -93,11 +93,18 @@ def _hf_logits(model, ids):
     return model(torch.tensor(ids, dtype=torch.long)).logits.numpy()
 
 
+# verl's Megatron LoRA block (type lora: the fused linear_qkv and linear_fc1 adapters share A)
+MEGATRON_LORA = ("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.model.lora.rank=4",
+                 "actor_rollout_ref.model.lora.alpha=8")
+
+
 @pytest.mark.slow
-def test_checkpoint_holds_the_adapters_resumes_and_exports(model_dir, data_dir, tmp_path):
+@pytest.mark.parametrize("lora_keys,saved_per_layer", [(LORA, 2 * 7), (MEGATRON_LORA, 7 + 4)],
+                         ids=["peft keys", "megatron block"])
+def test_checkpoint_holds_the_adapters_resumes_and_exports(model_dir, data_dir, tmp_path, lora_keys, saved_per_layer):
   run_dir = tmp_path / "run"
   # scores by text (a real policy gradient) and big enough steps that the adapters move the logits
-  overrides = (*LORA, "actor_rollout_ref.actor.optim.lr=0.05", tiny_run.text_scorer(tmp_path))
+  overrides = (*lora_keys, "actor_rollout_ref.actor.optim.lr=0.05", tiny_run.text_scorer(tmp_path))
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(run_dir), *overrides)
   trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
   try:
@@ -108,7 +115,7 @@ def test_checkpoint_holds_the_adapters_resumes_and_exports(model_dir, data_dir, 
     trainer.close()
   with checkpointing.Checkpointer(str(run_dir), read_only=True) as ckpt:
     saved = export._names(ckpt.array_metadata(2)["actor"])
-  assert len(saved) == len(final) == 2 * 7 * 2 and all("/adapters/" in name for name in saved)
+  assert len(saved) == len(final) == 2 * saved_per_layer and all("/adapters/" in name for name in saved)
 
   config = tiny_run.run_config("grpo", model_dir, data_dir, str(run_dir), *overrides, "trainer.total_training_steps=3")
   resumed = rl.RLTrainer(config, mesh=tiny_run.one_device())
