@@ -22,7 +22,6 @@ from rljax.config.engines import MEGATRON_MESH_KEYS, OPTIM_SECTIONS
 from rljax.config.errors import ConfigError, check, is_int
 from rljax.config.fields import get_node
 from rljax.config.keys import DEPRECATED_KEYS, ENGINE_KV_CACHE_KEYS
-from rljax.config.lora import MEGATRON_A_INITS, MEGATRON_LORA_TARGETS
 from rljax.config.overrides import set_value
 from rljax.config.trainer import V1_OFF_POLICY_THRESHOLD, V1_WARMUP_BATCHES, fully_async_recipe, recipe_setting
 
@@ -247,6 +246,7 @@ def _map_megatron_lora(config: ConfigDict) -> None:
       does not start at 0, exclusions by Megatron module name, a Megatron adapter checkpoint), or a PEFT key set
       beside the block.
   """
+  from rljax.models.lora import MEGATRON_A_INITS, MEGATRON_LORA_TARGETS  # pylint: disable=import-outside-toplevel
   model, block = config.actor_rollout_ref.model, config.actor_rollout_ref.model.lora
   rank = block.rank
   if not is_int(rank) or rank <= 0:

@@ -66,7 +66,6 @@ from jax.sharding import Mesh, NamedSharding
 from ml_collections import ConfigDict
 
 from rljax.config.errors import ConfigError, check, is_int, is_number
-from rljax.config.lora import megatron_shared_a
 from rljax.models import checkpoint, moe, safetensors_io
 from rljax.models.config import ModelConfig
 from rljax.models.transformer import CausalLM
@@ -92,6 +91,28 @@ LORA_TARGET_MODULES = tuple(PROJECTIONS)
 LORA_SAVABLE_MODULES = LORA_TARGET_MODULES + (
     "embed_tokens", "lm_head", "norm", "input_layernorm", "post_attention_layernorm", "q_norm", "k_norm",
     "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+# verl's Megatron LoRA (`model.lora`, read by its Megatron engine through Megatron-Bridge): type -> {Megatron
+# module name -> the HF projections it adapts}. "lora" adapts Megatron's fused linears, so the projections of one
+# fused module share one A (x @ A feeds every slice of B); "canonical_lora" gives each projection its own adapter.
+MEGATRON_LORA_TARGETS = {
+    "lora": {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+             "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)},
+    "canonical_lora": {"linear_q": ("q_proj",), "linear_k": ("k_proj",), "linear_v": ("v_proj",),
+                       "linear_proj": ("o_proj",), "linear_fc1_gate": ("gate_proj",), "linear_fc1_up": ("up_proj",),
+                       "linear_fc2": ("down_proj",)},
+}
+# Megatron-Bridge's initialisations of A (lora_A_init_method): xavier normal, normal with std 0.2, kaiming uniform
+# with a = sqrt(5) (PEFT's default, the bound 1 / sqrt(fan_in)).
+MEGATRON_A_INITS = ("xavier", "normal", "kaiming")
+
+
+def megatron_shared_a(lora_type: str, megatron_targets: Any) -> tuple[tuple[str, ...], ...]:
+  """The HF projections that share one A under Megatron LoRA `lora_type` with `megatron_targets`: those of each
+  fused module targeted with more than one projection."""
+  table = MEGATRON_LORA_TARGETS.get(lora_type, {})
+  return tuple(table[name] for name in megatron_targets if len(table.get(name, ())) > 1)
 
 
 _HF_PARENT = {"attn": "self_attn", "mlp": "mlp"}
