@@ -12,9 +12,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def reserved_port() -> socket.socket:
-  """A socket holding a port the OS handed out, for a job's coordinator: bound with SO_REUSEPORT and left open
-  until the job ends, so that JAX's coordination service (gRPC, which binds with SO_REUSEPORT) binds it, while
-  nothing else (another suite's server, another job) can take it between choosing and binding."""
+  """A socket holding a port the OS handed out, for a job's coordinator or a process's cross-host transfer server:
+  bound with SO_REUSEPORT and left open until the job ends, so that JAX's coordination service (gRPC) and XLA's
+  transfer server (both bind with SO_REUSEPORT) bind it, while nothing else (another suite's server, another job)
+  can take it between choosing and binding."""
   reservation = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
   reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
   reservation.bind(("127.0.0.1", 0))
@@ -34,18 +35,21 @@ def xla_flags(devices: int = 1) -> str:
 
 def start(argv: list[str], processes: int, devices: int = 8, **env_vars: str) -> list[subprocess.Popen]:
   """`python argv...` as `processes` processes sharing `devices` CPU devices (one process: no coordinator), with
-  `env_vars` set in each. The coordinator's port stays reserved (`reserved_port`) until `finish`."""
-  reservation, procs = reserved_port(), []
-  port = reservation.getsockname()[1]
+  `env_vars` set in each. The coordinator's port and each process's transfer port (`RLJAX_TRANSFER_ADDRESS`, which
+  a separate_async job's cross-host copies serve on) stay reserved (`reserved_port`) until `finish`."""
+  coordinator, procs = reserved_port(), []
+  port = coordinator.getsockname()[1]
   for rank in range(processes):
     env = dict({k: v for k, v in os.environ.items() if k not in COMPILER_ENV}, JAX_PLATFORMS="cpu",
                XLA_FLAGS=xla_flags(devices // processes), **env_vars)
+    reservations = [coordinator]
     if processes > 1:
+      reservations.append(reserved_port())
       env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
-                 JAX_PROCESS_ID=str(rank))
+                 JAX_PROCESS_ID=str(rank), RLJAX_TRANSFER_ADDRESS=f"127.0.0.1:{reservations[-1].getsockname()[1]}")
     procs.append(subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True))
-    procs[-1].port_reservation = reservation
+    procs[-1].port_reservations = reservations
   return procs
 
 
@@ -74,7 +78,8 @@ def finish(procs: list[subprocess.Popen], timeout: float = 400) -> list[str]:
       if p.poll() is None:
         p.kill()
         p.wait()
-      p.port_reservation.close()
+      for reservation in p.port_reservations:
+        reservation.close()
 
 
 def run_metrics(argv: list[str], processes: int, run_dir: str, devices: int = 8) -> list[dict]:

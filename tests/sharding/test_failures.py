@@ -105,6 +105,20 @@ def test_a_jobs_coordinator_port_is_reserved_for_it_alone():
       other.bind(("127.0.0.1", reservation.getsockname()[1]))
 
 
+def test_each_process_serves_transfers_on_a_port_reserved_for_it():
+  # separate_async's cross-host copies: each process's transfer server binds the port its launch reserved (before,
+  # the coordinator's port + 1 + process id, which anything could hold)
+  procs = processes.start(["-c", "import os; print(os.environ['RLJAX_TRANSFER_ADDRESS'])"], 2, devices=2)
+  try:
+    ports = [int(p.port_reservations[-1].getsockname()[1]) for p in procs]
+    with socket.socket() as other:
+      with pytest.raises(OSError, match="Address already in use"):
+        other.bind(("127.0.0.1", ports[1]))
+  finally:
+    logs = processes.finish(procs, timeout=60)
+  assert [log.strip() for log in logs] == [f"127.0.0.1:{port}" for port in ports] and len(set(ports)) == 2
+
+
 def test_a_job_past_its_time_is_killed_and_its_processes_outputs_shown():
   # a hung (or slow) job's processes: the wait fails at its time with where each one was, and none outlives it
   procs = processes.start(["-c", "import os, time; print('process', os.environ['JAX_PROCESS_ID'], 'waiting', "
