@@ -274,11 +274,15 @@ def test_megatrons_optimizer_offload_entries_land_on_the_optim_node_and_only_the
     verl_yaml.load_text("actor_rollout_ref:\n  actor:\n    optim:\n      override_optimizer_config:\n"
                         "        overlap_cpu_optimizer_d2h_h2d: true\n")
   assert "actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=true" in caplog.text
-  # Megatron's other optimizer switches are not harmless by rule: still errors naming the key
+  # verl's Megatron lines (deepseek671b, qwen3-235b, qwen3moe-30b) switch on Megatron's CPU optimizer and its
+  # precision-aware optimizer at float32 dtypes: memory choices, listed; a lower-precision state is an error
+  megatron = ["+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=true",
+              "+actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=true"]
+  assert len(C.ignored_overrides(megatron, resolved(experiment("grpo"), megatron))) == 2
   message = error_of(C.apply_overrides, experiment("grpo"),
-                     ["+actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=true"])
-  assert message.startswith("actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer="
-                            "True: is an optimizer argument rljax does not implement")
+                     ["+actor_rollout_ref.actor.optim.override_optimizer_config.exp_avg_dtype=bf16"])
+  assert message.startswith("actor_rollout_ref.actor.optim.override_optimizer_config.exp_avg_dtype='bf16': is an "
+                            "optimizer argument rljax does not implement")
 
 
 def test_a_hub_id_model_path_fails_validation_with_how_to_download():

@@ -81,6 +81,8 @@ def optim(lr: float, weight_decay: float) -> ConfigDict:
       # verl passes it to Megatron's optimizer in override_optimizer_config (no default there: unset)
       "optimizer_offload_fraction": null(float),
       "overlap_cpu_optimizer_d2h_h2d": null(bool),
+      "optimizer_cpu_offload": null(bool),
+      "use_precision_aware_optimizer": null(bool),
       **_megatron_optim(),
   })
 

@@ -150,6 +150,12 @@ def _optim_status(role: str) -> dict[str, dict[str, Any]]:
                                                 "between updates; the update itself runs on the devices"),
       "overlap_cpu_optimizer_d2h_h2d": dict(ignored="how Megatron's CPU optimizer overlaps its copies; XLA schedules "
                                                     "an offloaded state's copies within the update"),
+      "optimizer_cpu_offload": dict(ignored="Megatron's switch for its CPU optimizer, which updates the offloaded "
+                                            "share on the CPU; rljax keeps optimizer_offload_fraction of the state in "
+                                            "host memory and updates on the devices, to the same numbers"),
+      "use_precision_aware_optimizer": dict(ignored="Megatron's optimizer that may hold its states in lower "
+                                                    "precision: at its default dtypes (float32) the update is the "
+                                                    "same; its dtype arguments (exp_avg_dtype, ...) are an error"),
   }
 
 
@@ -231,6 +237,10 @@ _OPTIM = {
     "use_checkpoint_opt_param_scheduler": "Megatron: take the schedule's settings from the checkpoint on resume.",
     "optimizer_offload_fraction": "Megatron: fraction of the optimizer state kept in host memory and updated on the CPU "
                                   "(verl's override_optimizer_config.optimizer_offload_fraction lands here).",
+    "optimizer_cpu_offload": "Megatron: run the offloaded share of the optimizer on the CPU (verl's "
+                             "override_optimizer_config entry lands here).",
+    "use_precision_aware_optimizer": "Megatron: an optimizer whose master weights, gradients and states may take "
+                                     "lower-precision dtypes (verl's override_optimizer_config entry lands here).",
     "overlap_cpu_optimizer_d2h_h2d": "Megatron: overlap the offloaded optimizer's device-host copies with compute "
                                      "(verl's override_optimizer_config entry lands here).",
 }

@@ -32,8 +32,8 @@ DICT_FIELDS = (
 )
 
 _OPTIMIZER_ARGUMENTS = ("optimizer arguments: lr and weight_decay, Megatron's optimizer_offload_fraction (the "
-                        "optimizer state's share in host memory) and overlap_cpu_optimizer_d2h_h2d (accepted and "
-                        "ignored)")
+                        "optimizer state's share in host memory), and overlap_cpu_optimizer_d2h_h2d, "
+                        "optimizer_cpu_offload and use_precision_aware_optimizer (accepted and ignored)")
 # verl's free-form dictionaries whose entries rljax holds under keys of its
 # own (verl launch lines fill them with `+KEY=VALUE`); `verl_free_form_path`
 # maps an entry onto its key, or names it when rljax has none.
@@ -50,7 +50,8 @@ _OVERLONG_BUFFER_KEYS = ("enable", "len", "penalty_factor", "log")
 # Optimizer arguments rljax's AdamW (rljax.training.optim) reads from an optim node.
 _OPTIMIZER_KWARGS = ("lr", "weight_decay")
 # Optimizer arguments that only place the optimizer's memory, held on the optim node (`rljax.sharding.offload`).
-_OPTIMIZER_MEMORY_HINTS = ("optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d")
+_OPTIMIZER_MEMORY_HINTS = ("optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d", "optimizer_cpu_offload",
+                           "use_precision_aware_optimizer")
 
 # A mapping key written against its value, as Hydra allows (`{a:1}`; YAML needs `{a: 1}`).
 _GLUED_KEY = re.compile(r"([{,]\s*[A-Za-z_][\w.\-]*):(?=\S)")
