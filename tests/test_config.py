@@ -633,6 +633,16 @@ def test_megatron_expert_groups_only_tensor_x_data_holds_span_the_tensor_axis(ex
   assert "or a multiple of tensor (4) whose quotient divides 6" in text
 
 
+def test_megatron_expert_groups_span_tensor_and_context_where_tensor_alone_is_too_few():
+  # verl's run_qwen3_vl-30b-megatron.sh: tensor 2, context 2, expert 8 on 8 devices (2 left after tensor x context)
+  config = resolved(experiment("grpo"), [
+      "trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+      "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+      "actor_rollout_ref.actor.megatron.expert_model_parallel_size=8"], devices=8)
+  assert ["exp", ["expert", "tensor", "sequence"]] in [list(entry) for entry in config.trainer.logical_axis_rules]
+  assert sharding.mesh_shape(config, 8) == {"data": 1, "fsdp": 1, "tensor": 2, "sequence": 2, "expert": 2}
+
+
 def test_megatron_expert_groups_leave_rules_a_launch_line_sets_alone():
   rules = ('trainer.logical_axis_rules=[["batch",["data","fsdp","expert"]],["exp","expert"],'
            '["embed",["fsdp","expert"]],["mlp","tensor"],["heads","tensor"],["kv_heads","tensor"],["vocab","tensor"]]')

@@ -442,10 +442,10 @@ KEYS = {
             mapped="a value other than 1 sets actor_rollout_ref.actor.tensor_model_parallel_size (the training mesh's tensor axis; both set, differently: an error)"),
         "expert_model_parallel_size": dict(
             mapped="the mesh's expert axis: a mixture-of-experts model's experts split over it (expert parallelism); other "
-                   "weights are sharded over it as over fsdp. A size that only tensor x data holds (a multiple of the "
-                   "tensor size that the devices left after tensor cannot hold, e.g. 4 with tensor 4 on 24 devices) "
-                   "splits the experts over expert x tensor, each expert whole, as Megatron carves its expert groups "
-                   "(the exp rule of trainer.logical_axis_rules gains tensor)"),
+                   "weights are sharded over it as over fsdp. A size that only tensor x context x data holds (one the "
+                   "devices left after tensor and context cannot hold, e.g. 4 with tensor 4 on 24 devices) splits the "
+                   "experts over expert x tensor (x sequence), each expert whole, as Megatron carves its expert "
+                   "groups (the exp rule of trainer.logical_axis_rules gains those axes)"),
         "expert_tensor_parallel_size": dict(ignored=_MEGATRON_LM_SETTING),
         "pipeline_model_parallel_size": dict(ignored=_MEGATRON_LM_SETTING),
         "virtual_pipeline_model_parallel_size": dict(ignored=_MEGATRON_LM_SETTING),

@@ -286,25 +286,26 @@ def _map_megatron_lora(config: ConfigDict) -> None:
 
 
 def _map_megatron_experts(config: ConfigDict, world: int, explicit: set[str]) -> None:
-  """A Megatron expert-parallel size that only tensor x data holds (`carves_experts_from_tensor`: expert 4 with
-  tensor 4 and pipeline 3 on 24 devices) splits the experts over the expert and tensor axes, as Megatron carves its
-  expert groups with expert_tensor_parallel_size=1: the `exp` rule of `trainer.logical_axis_rules` gains the tensor
-  axis (the dense layers keep theirs). Rules the launch line sets are left as they are."""
+  """A Megatron expert-parallel size that only tensor x context x data holds (`carved_expert_axes`: expert 4 with
+  tensor 4 and pipeline 3 on 24 devices) splits the experts over the expert axis and those model axes, as Megatron
+  carves its expert groups with expert_tensor_parallel_size=1: the `exp` rule of `trainer.logical_axis_rules`
+  gains them (the dense layers keep theirs). Rules the launch line sets are left as they are."""
   from rljax.sharding import mesh  # pylint: disable=import-outside-toplevel  (jax only when finalizing)
   actor = config.actor_rollout_ref.actor
   expert, tensor = actor.megatron.expert_model_parallel_size, actor.tensor_model_parallel_size
-  if ("trainer.logical_axis_rules" in explicit or mesh.expert_rule_axes(config) != ("expert",) or not is_int(expert)
-      or not is_int(tensor) or expert < 1 or tensor < 1):
+  sequence = actor.ulysses_sequence_parallel_size
+  if ("trainer.logical_axis_rules" in explicit or mesh.expert_rule_axes(config) != ("expert",)
+      or not all(is_int(v) and v >= 1 for v in (expert, tensor, sequence))):
     return
-  left = world // (tensor * actor.ulysses_sequence_parallel_size)
-  if not mesh.carves_experts_from_tensor(expert, tensor, left):
+  left = world // (tensor * sequence)
+  carved = mesh.carved_expert_axes(expert, tensor, sequence, left)
+  if not carved:
     return
-  rules = [list(entry) for entry in config.trainer.logical_axis_rules]
-  config.trainer.logical_axis_rules = [["exp", ["expert", "tensor"]] if logical == "exp" else [logical, axis]
-                                       for logical, axis in rules]
+  config.trainer.logical_axis_rules = [["exp", ["expert", *carved]] if logical == "exp" else [logical, axis]
+                                       for logical, axis in config.trainer.logical_axis_rules]
   _LOG.info("actor_rollout_ref.actor.megatron.expert_model_parallel_size=%d: the %d devices left after tensor x "
-            "sequence cannot hold %d expert groups; the experts split over expert (%d) x tensor (%d), as Megatron "
-            "carves them out of tensor x data", expert, left, expert, expert // tensor, tensor)
+            "sequence cannot hold %d expert groups; the experts split over expert x %s, as Megatron carves them "
+            "out of tensor x context x data", expert, left, expert, " x ".join(carved))
 
 
 def _map_reward_manager_name(config: ConfigDict) -> None:

@@ -21,9 +21,10 @@ more fsdp). Their sizes come from verl's keys:
 * tensor: `actor_rollout_ref.actor.tensor_model_parallel_size`;
 * sequence: `actor_rollout_ref.actor.ulysses_sequence_parallel_size`;
 * expert: `actor_rollout_ref.actor.megatron.expert_model_parallel_size`, over
-  the `exp` rule's axes: where that rule spans the tensor axis too (the
-  config maps a Megatron size that only tensor x data can hold onto it, as
-  Megatron carves its expert groups), the expert axis is that size / tensor;
+  the `exp` rule's axes: where that rule spans the tensor (and sequence) axis
+  too (the config maps a Megatron size that only tensor x context x data can
+  hold onto it, as Megatron carves its expert groups), the expert axis is
+  that size / their product;
 * fsdp: `actor_rollout_ref.actor.fsdp_config.fsdp_size` (-1: every device
   left after tensor, sequence and expert, within one slice when the devices
   span several TPU slices); as in verl, its group holds the Ulysses groups,
@@ -73,8 +74,8 @@ def mesh_shape(config: ConfigDict, device_count: int, slices: int = 1) -> dict[s
         _TENSOR_KEY, tensor,
         f"tensor ({tensor}) x sequence ({_SEQUENCE_KEY}={sequence}) does not divide the {device_count} devices",
         f"choose sizes whose product divides {device_count}")
-  expert = expert_axis(actor.megatron.expert_model_parallel_size, tensor, device_count // model,
-                       expert_rule_axes(config))
+  expert = expert_axis(actor.megatron.expert_model_parallel_size, {"tensor": tensor, "sequence": sequence},
+                       device_count // model, expert_rule_axes(config))
   rest = device_count // (model * expert)
   if fsdp == -1:
     fsdp = rest // slices if rest % slices == 0 else rest
@@ -92,38 +93,47 @@ def mesh_shape(config: ConfigDict, device_count: int, slices: int = 1) -> dict[s
 
 
 def expert_rule_axes(config: ConfigDict) -> tuple[str, ...]:
-  """The mesh axes `trainer.logical_axis_rules` splits the experts (`exp`) over: ("expert",) by default,
-  ("expert", "tensor") where Megatron's expert groups span the tensor axis (`carves_experts_from_tensor`)."""
+  """The mesh axes `trainer.logical_axis_rules` splits the experts (`exp`) over: ("expert",) by default; with the
+  tensor (and sequence) axis too where Megatron's expert groups span them (`carved_expert_axes`)."""
   for logical, axis in config.trainer.logical_axis_rules:
     if logical == "exp":
       return () if axis is None else (tuple(axis) if isinstance(axis, (list, tuple)) else (axis,))
   return ()
 
 
-def expert_axis(expert: int, tensor: int, left: int, rule_axes: Sequence[str]) -> int:
+def expert_axis(expert: int, model: dict[str, int], left: int, rule_axes: Sequence[str]) -> int:
   """The mesh's expert axis for verl's `expert_model_parallel_size` = `expert`: the experts split `expert` ways
-  over the `exp` rule's axes, so where that rule spans the tensor axis too, the expert axis holds expert / tensor
-  of the `left` devices after tensor x sequence (Megatron carves its expert groups out of tensor x data).
+  over the `exp` rule's axes, so where that rule spans model axes too (`model`: {tensor, sequence} sizes), the
+  expert axis holds expert / their product of the `left` devices after them (Megatron carves its expert groups out of
+  tensor x context x data).
 
   Raises:
     ConfigError: naming the key, when the size does not factor the devices.
   """
-  spans = tensor if "tensor" in rule_axes and tensor > 1 else 1
+  spans = math.prod(size for name, size in model.items() if name in rule_axes)
   axis = expert // spans if expert % spans == 0 else 0
   if expert < 1 or axis < 1 or left % axis:
-    fix = f"choose a divisor of {left}" + (f" times tensor ({tensor})" if spans > 1 else
-                                           f", or a multiple of tensor ({tensor}) whose quotient divides {left}"
-                                           if tensor > 1 else "")
+    spanned = " x ".join(name for name in model if name in rule_axes and model[name] > 1)
+    fix = (f"choose a divisor of {left} times {spanned} ({spans})" if spans > 1 else
+           f"choose a divisor of {left}, or a multiple of tensor ({model['tensor']}) whose quotient divides {left}"
+           if model["tensor"] > 1 else f"choose a divisor of {left}")
     raise ConfigError(EXPERT_KEY, expert, f"does not divide the {left} devices left after tensor x sequence"
-                      + (" (the exp rule spans the tensor axis)" if spans > 1 else ""), fix)
+                      + (f" (the exp rule spans {spanned})" if spans > 1 else ""), fix)
   return axis
 
 
-def carves_experts_from_tensor(expert: int, tensor: int, left: int) -> bool:
-  """Whether Megatron's expert groups must span the tensor axis: `expert` does not divide the `left` devices after
-  tensor x sequence, but expert / tensor does (Megatron with expert_tensor_parallel_size=1 takes them from
-  tensor x data; e.g. expert 4 with tensor 4 on 24 devices, 6 left)."""
-  return tensor > 1 and left % expert != 0 and expert % tensor == 0 and left % (expert // tensor) == 0
+def carved_expert_axes(expert: int, tensor: int, sequence: int, left: int) -> tuple[str, ...]:
+  """The model axes Megatron's expert groups must span: none where `expert` divides the `left` devices after
+  tensor x sequence; else tensor, or tensor and sequence (context), the fewest whose product `expert` is a multiple
+  of with the quotient dividing `left` (Megatron with expert_tensor_parallel_size=1 carves them out of tensor x
+  context x data: expert 4 with tensor 4 on 24 devices, 6 left; expert 8 with tensor 2 and context 2 on 8).
+  Empty too where no choice fits (the mesh then names the key)."""
+  if left % expert == 0:
+    return ()
+  for axes, span in ((("tensor",), tensor), (("tensor", "sequence"), tensor * sequence)):
+    if span > 1 and expert % span == 0 and left % (expert // span) == 0:
+      return tuple(a for a in axes if (tensor if a == "tensor" else sequence) > 1)
+  return ()
 
 
 def fsdp_axis(fsdp_size: int, sequence: int) -> int:

@@ -108,23 +108,27 @@ def ep_mesh():
   return sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 2, "sequence": 1, "expert": 2})
 
 
-def carved_experts():
-  """Megatron's expert groups out of tensor x data (`expert_model_parallel_size=4` with tensor 4, as the config maps
-  it where the devices after tensor cannot hold 4): the experts split over the tensor axis, each expert whole."""
+def carved_experts(sequence: int = 1):
+  """Megatron's expert groups out of tensor x context x data (`expert_model_parallel_size=4` with tensor 4, or with
+  tensor 2 and context 2, as the config maps it where the devices after those cannot hold 4): the experts split
+  over the tensor (and sequence) axis, each expert whole."""
   config = config_lib.get_base_config()
-  config.trainer.logical_axis_rules = [["exp", ["expert", "tensor"]] if logical == "exp" else [logical, axis]
+  axes = ["expert", "tensor"] + (["sequence"] if sequence > 1 else [])
+  config.trainer.logical_axis_rules = [["exp", axes] if logical == "exp" else [logical, axis]
                                        for logical, axis in config.trainer.logical_axis_rules]
-  mesh = sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 4, "sequence": 1, "expert": 1})
+  mesh = sharding.build_mesh({"data": 1, "fsdp": 2, "tensor": 4 // sequence, "sequence": sequence, "expert": 1})
   return mesh, sharding.rules_from_config(config)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout,gate_shard", [("expert axis", (2, 16, 8)), ("carved from tensor", (1, 16, 16))])
+@pytest.mark.parametrize("layout,gate_shard", [("expert axis", (2, 16, 8)), ("carved from tensor", (1, 16, 16)),
+                                                ("carved from tensor x sequence", (1, 16, 16))])
 def test_expert_x_fsdp_x_tensor_sharding_equals_unsharded(all_sparse, layout, gate_shard):
   _, path = all_sparse
   ids, mask = rows4()
-  mesh, rules = (ep_mesh(), sharding.rules_from_config(config_lib.get_base_config())) if layout == "expert axis" \
-      else carved_experts()
+  mesh, rules = {"expert axis": lambda: (ep_mesh(), sharding.rules_from_config(config_lib.get_base_config())),
+                 "carved from tensor": carved_experts,
+                 "carved from tensor x sequence": lambda: carved_experts(sequence=2)}[layout]()
   model = M.from_pretrained(path, mesh=mesh, rules=rules)
   assert model.layers[0].mlp.gate[...].sharding.shard_shape((4, 32, 16)) == gate_shard
   l1, o1, g1 = loss_and_grad(M.from_pretrained(path), ids, mask)
