@@ -224,7 +224,6 @@ BAD_INPUTS = [
     (["data.max_prompt_length=0"], 1, "data.max_prompt_length=0: must be positive"),
     (["actor_rollout_ref.rollout.top_p=1.5"], 1, "must lie in (0.0, 1.0]"),
     (["algorithm.gamma=2"], 1, "algorithm.gamma=2.0: must lie in [0.0, 1.0]"),
-    (["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"], 1, "algorithm.adv_estimator=grpo compares several responses"),
     (["algorithm.adv_estimator=gae", "critic.enable=false"], 1, "needs a critic"),
     (["data.train_batch_size=abc"], 1, "data.train_batch_size='abc': expects an integer"),
     (["trainer.val_before_train=maybe"], 1, "expects a boolean"),
@@ -692,6 +691,18 @@ def test_megatron_lora_block_trains_the_actors_adapters_as_megatron_bridge_does(
 ])
 def test_megatron_lora_block_names_what_rljax_does_not_do(overrides, message):
   assert message in error_text(overrides)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_a_group_estimator_with_one_response_per_prompt_runs_as_verl_runs_it_with_a_warning(estimator, caplog):
+  # verl's rollout_correction examples run rloo and grpo with rollout.n=1: each prompt is a singleton group
+  from rljax.config import validation  # pylint: disable=import-outside-toplevel
+  validation._warn_singletons.cache_clear()  # once per process: another test may have warned already
+  with caplog.at_level(logging.WARNING, logger="rljax.config"):
+    config = resolved(experiment("grpo"), [f"algorithm.adv_estimator={estimator}", "actor_rollout_ref.rollout.n=1",
+                                           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"])
+  assert config.actor_rollout_ref.rollout.n == 1
+  assert f"actor_rollout_ref.rollout.n=1: algorithm.adv_estimator={estimator} compares the responses" in caplog.text
 
 
 def test_reward_manager_name_is_verls_newer_name_of_reward_models_reward_manager():

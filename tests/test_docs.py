@@ -168,7 +168,6 @@ VALIDATE_ERRORS = [
     (["actor_rollout_ref.actor.tensor_model_parallel_size=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=3"], 8),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=3"], 8),
     ([], 1),
-    (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"], 8),
     (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512"], 8),
     (["actor_rollout_ref.rollout.prefill_length_buckets=[128,64]"], 8),
 ]

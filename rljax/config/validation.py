@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 
+import functools
+import logging
+
 from ml_collections import ConfigDict
 
 from rljax.config import kernel_names
@@ -17,6 +20,8 @@ from rljax.config.choices import (
 from rljax.config.fields import get_node
 from rljax.config.keys import UNIMPLEMENTED_VALUES
 from rljax.config.mapping import data_parallel_size
+
+_LOG = logging.getLogger("rljax.config")
 from rljax.config.tree import get_base_config
 
 
@@ -255,10 +260,7 @@ def _check_algorithm(config: ConfigDict) -> None:
   check(actor.clip_ratio_c > 1.0, "actor_rollout_ref.actor.clip_ratio_c", actor.clip_ratio_c,
         "dual-clip needs a lower bound > 1", "set actor_rollout_ref.actor.clip_ratio_c=3.0")
   check_positive(config, "actor_rollout_ref.actor.ppo_epochs")
-  n = config.actor_rollout_ref.rollout.n
-  check(alg.adv_estimator not in kernel_names.group_estimators() or n > 1, "actor_rollout_ref.rollout.n", n,
-        f"algorithm.adv_estimator={alg.adv_estimator} compares several responses per prompt",
-        "set actor_rollout_ref.rollout.n to 2 or more (e.g. 5)")
+  _warn_of_singleton_groups(alg.adv_estimator, config.actor_rollout_ref.rollout.n)
   check(not (kernel_names.needs_values(alg.adv_estimator) and config.critic.enable is False), "critic.enable", False,
         f"algorithm.adv_estimator={alg.adv_estimator} needs a critic for its values",
         "set critic.enable=null (auto) or choose a critic-free estimator such as grpo")
@@ -410,6 +412,22 @@ def _check_model_paths(config: ConfigDict) -> None:
 def _check_lora(config: ConfigDict) -> None:
   from rljax.models import lora  # pylint: disable=import-outside-toplevel
   lora.check_lora_keys(config.actor_rollout_ref.model)
+
+
+def _warn_of_singleton_groups(estimator: str, n: int) -> None:
+  """A group estimator with one response per prompt runs as verl runs it (each group a singleton: GRPO's mean 0 and
+  std 1, so the advantage is the score; RLOO's the score; see rljax.algos), with a warning: nothing is compared."""
+  if estimator in kernel_names.group_estimators() and n == 1:
+    _warn_singletons(estimator)
+
+
+@functools.cache
+def _warn_singletons(estimator: str) -> None:
+  """The warning of `_warn_of_singleton_groups`, once per estimator in a process (a run validates more than once)."""
+  _LOG.warning("actor_rollout_ref.rollout.n=1: algorithm.adv_estimator=%s compares the responses of a prompt, and "
+               "each prompt has one: as in verl, each is a group of its own (no baseline; GRPO's advantage is the "
+               "score over 1 + 1e-6). Set actor_rollout_ref.rollout.n to 2 or more (e.g. 5) to compare them",
+               estimator)
 
 
 def _check_mesh(config: ConfigDict, world_size: int | None) -> None:

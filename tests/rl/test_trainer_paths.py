@@ -94,6 +94,7 @@ def test_reward_model_config_errors_name_the_key(model_dir, data_dir, reward_mod
 
 
 def test_unknown_data_source_fails_before_training(model_dir, data_dir, tmp_path):
+  tiny_run.ensure_synthetic_data(data_dir)  # whichever test of the module this worker runs first
   table = pq.read_table(os.path.join(data_dir, "train.parquet"))
   sources = table.column("data_source").to_pylist()
   sources[3] = "my/new_task"
@@ -322,3 +323,16 @@ def test_a_micro_batch_size_is_a_cap_and_the_update_does_not_depend_on_it(model_
   assert runs[100]["actor/pg_loss"] != 0
   for name in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
     assert runs[100][name] == pytest.approx(runs[3][name], rel=1e-5, abs=1e-7), name
+
+
+def test_grpo_with_one_response_per_prompt_takes_the_score_as_the_advantage(model_dir, data_dir, tmp_path):
+  # verl's singleton group (mean 0, std 1): with rollout.n=1 each response's advantage is its score / (1 + 1e-6)
+  config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / "run"), "actor_rollout_ref.rollout.n=1",
+                               "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                               "trainer.total_training_steps=1", tiny_run.text_scorer(tmp_path))
+  metrics = tiny_run.fit_metrics(config, tiny_run.one_device())[-1]
+  assert metrics["critic/score/max"] > metrics["critic/score/min"]  # the text scorer gives different scores
+  for stat in ("max", "min"):
+    np.testing.assert_allclose(metrics[f"critic/advantages/{stat}"], metrics[f"critic/score/{stat}"] / (1 + 1e-6),
+                               rtol=1e-5, atol=1e-6)
+  assert np.isfinite(metrics["actor/pg_loss"])

@@ -96,6 +96,7 @@ def one_device():
 def prompts_of_many_lengths(data_dir: str, path, rows: int = 128, seed: int = 0) -> None:
   """Writes the first `rows` synthetic prompts of `data_dir`, each lengthened by 0-69 words, as a parquet file at
   `path`."""
+  ensure_synthetic_data(data_dir)
   table = pq.read_table(f"{data_dir}/train.parquet").slice(0, rows).to_pylist()
   rng = np.random.default_rng(seed)
   for row in table:
