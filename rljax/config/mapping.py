@@ -29,7 +29,8 @@ _LOG = logging.getLogger("rljax.config")
 _WARNED: set[str] = set()
 
 
-def _warn_once(key: str, message: str) -> None:
+def warn_once(key: str, message: str) -> None:
+  """Logs `message` as a warning the first time `key` is warned of in this process."""
   if key not in _WARNED:
     _WARNED.add(key)
     _LOG.warning(message)
@@ -118,7 +119,7 @@ def finalize(config: ConfigDict, device_count: int | None = None, explicit: Iter
     value = get_node(config, old)
     if value is None:
       continue
-    _warn_once(old, f"{old} is deprecated; {'use ' + new + ' ' if new else ''}({how})")
+    warn_once(old, f"{old} is deprecated; {'use ' + new + ' ' if new else ''}({how})")
     if new is None:
       continue
     if "micro_batch_size" in old:
@@ -149,7 +150,7 @@ def _map_lora_adapter(config: ConfigDict, explicit: set[str]) -> None:
   differing = [f"actor_rollout_ref.model.{name}" for name, value in adapter.items()
                if f"actor_rollout_ref.model.{name}" in explicit and model[name] != value]
   if differing:
-    _warn_once("lora_adapter_path", f"actor_rollout_ref.model.lora_adapter_path: the adapter's own settings "
+    warn_once("lora_adapter_path", f"actor_rollout_ref.model.lora_adapter_path: the adapter's own settings "
                f"replace {', '.join(differing)} (as verl's PeftModel.from_pretrained reads them)")
   for name, value in adapter.items():
     set_value(config, f"actor_rollout_ref.model.{name}", value)
@@ -375,7 +376,7 @@ def _map_fully_async(config: ConfigDict, explicit: set[str]) -> None:
         "trigger_parameter_sync_step=1 and require_batches to the mini-batches per sync")
   prompts = syncs * batches * actor.ppo_mini_batch_size
   if config.data.train_batch_size not in (0, prompts):
-    _warn_once("async_training", f"async_training: each weight sync trains trigger_parameter_sync_step x "
+    warn_once("async_training", f"async_training: each weight sync trains trigger_parameter_sync_step x "
                f"require_batches x ppo_mini_batch_size = {prompts} prompts; data.train_batch_size="
                f"{config.data.train_batch_size} is not read (as in verl's fully-async recipe)")
   config.data.train_batch_size = prompts

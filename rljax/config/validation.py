@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 
-import functools
-import logging
-
 from ml_collections import ConfigDict
 
 from rljax.config import kernel_names
@@ -19,9 +16,7 @@ from rljax.config.choices import (
 )
 from rljax.config.fields import get_node
 from rljax.config.keys import UNIMPLEMENTED_VALUES
-from rljax.config.mapping import data_parallel_size
-
-_LOG = logging.getLogger("rljax.config")
+from rljax.config.mapping import data_parallel_size, warn_once
 from rljax.config.tree import get_base_config
 
 
@@ -416,18 +411,14 @@ def _check_lora(config: ConfigDict) -> None:
 
 def _warn_of_singleton_groups(estimator: str, n: int) -> None:
   """A group estimator with one response per prompt runs as verl runs it (each group a singleton: GRPO's mean 0 and
-  std 1, so the advantage is the score; RLOO's the score; see rljax.algos), with a warning: nothing is compared."""
+  std 1, so the advantage is the score; RLOO's the score; see rljax.algos), with a warning (once: a run validates
+  more than once): nothing is compared."""
   if estimator in kernel_names.group_estimators() and n == 1:
-    _warn_singletons(estimator)
-
-
-@functools.cache
-def _warn_singletons(estimator: str) -> None:
-  """The warning of `_warn_of_singleton_groups`, once per estimator in a process (a run validates more than once)."""
-  _LOG.warning("actor_rollout_ref.rollout.n=1: algorithm.adv_estimator=%s compares the responses of a prompt, and "
-               "each prompt has one: as in verl, each is a group of its own (no baseline; GRPO's advantage is the "
-               "score over 1 + 1e-6). Set actor_rollout_ref.rollout.n to 2 or more (e.g. 5) to compare them",
-               estimator)
+    warn_once(f"singleton groups of {estimator}",
+              f"actor_rollout_ref.rollout.n=1: algorithm.adv_estimator={estimator} compares the responses of a "
+              "prompt, and each prompt has one: as in verl, each is a group of its own (no baseline; GRPO's "
+              "advantage is the score over 1 + 1e-6). Set actor_rollout_ref.rollout.n to 2 or more (e.g. 5) to "
+              "compare them")
 
 
 def _check_mesh(config: ConfigDict, world_size: int | None) -> None:

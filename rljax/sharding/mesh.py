@@ -44,6 +44,7 @@ from jax.sharding import AxisType, Mesh
 from ml_collections import ConfigDict
 
 from rljax.config.errors import ConfigError
+from rljax.sharding.rules import rule_axes, rules_from_config
 
 AXES = ("data", "fsdp", "tensor", "sequence", "expert")
 
@@ -95,10 +96,7 @@ def mesh_shape(config: ConfigDict, device_count: int, slices: int = 1) -> dict[s
 def expert_rule_axes(config: ConfigDict) -> tuple[str, ...]:
   """The mesh axes `trainer.logical_axis_rules` splits the experts (`exp`) over: ("expert",) by default; with the
   tensor (and sequence) axis too where Megatron's expert groups span them (`carved_expert_axes`)."""
-  for logical, axis in config.trainer.logical_axis_rules:
-    if logical == "exp":
-      return () if axis is None else (tuple(axis) if isinstance(axis, (list, tuple)) else (axis,))
-  return ()
+  return rule_axes(rules_from_config(config), "exp")
 
 
 def expert_axis(expert: int, model: dict[str, int], left: int, rule_axes: Sequence[str]) -> int:

@@ -84,7 +84,7 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mes
   return PartitionSpec(*spec)
 
 
-def _axes(rules: Rules | None, name: str) -> tuple[str, ...]:
+def rule_axes(rules: Rules | None, name: str) -> tuple[str, ...]:
   """The mesh axes the first rule for `name` maps to (empty: replicated or unlisted)."""
   for logical, axis in rules or ():
     if logical == name:
@@ -97,7 +97,7 @@ def with_cache_batch(rules: Rules | None) -> list[tuple[str, Any]]:
   rules = list(rules or ())
   if any(logical == "cache_batch" for logical, _ in rules):
     return rules
-  return [("cache_batch", _axes(rules, "batch") or None), *rules]
+  return [("cache_batch", rule_axes(rules, "batch") or None), *rules]
 
 
 def decode_rules(rules: Rules | None) -> list[tuple[str, Any]]:
@@ -108,8 +108,8 @@ def decode_rules(rules: Rules | None) -> list[tuple[str, Any]]:
   the weights that read it.
   """
   rules = with_cache_batch(rules)
-  embed = set(_axes(rules, "embed"))
-  batch = tuple(a for a in _axes(rules, "batch") if a not in embed)
+  embed = set(rule_axes(rules, "embed"))
+  batch = tuple(a for a in rule_axes(rules, "batch") if a not in embed)
   rest = [(logical, axis) for logical, axis in rules if logical != "batch"]
   return [("batch", batch or None), *rest]
 
@@ -122,11 +122,11 @@ def gathered_rules(rules: Rules | None) -> list[tuple[str, Any]]:
   once FSDP has gathered it (tensor-parallel axes and the experts' `exp` axis kept: an expert-parallel
   device computes with its own experts only)."""
   rules = list(rules or ())
-  batch = set(_axes(rules, "batch"))
+  batch = set(rule_axes(rules, "batch"))
   out = []
   for logical, axis in rules:
     if logical not in ("batch", "cache_batch", "length", "exp"):
-      axis = tuple(a for a in _axes([(logical, axis)], logical) if a not in batch) or None
+      axis = tuple(a for a in rule_axes([(logical, axis)], logical) if a not in batch) or None
     out.append((logical, axis))
   return out
 
