@@ -875,3 +875,15 @@ def test_a_micro_batch_size_caps_a_devices_micro_batch():
   # (mini-batch rows, data-parallel devices) -> micro-batches: 32 rows on a device take the most within 5 that
   # divide 32 (4): 8 micro-batches; 4 rows a device, fewer than 5, one
   assert [layout.micro_batch_count(config, rows, dp, 64) for rows, dp in ((32, 1), (32, 8), (30, 1))] == [8, 1, 6]
+
+
+def test_calculate_sum_pi_squared_is_read_by_the_optimal_token_baselines_alone():
+  """Under an optimal token baseline the switch is honoured (and required); under any other estimator nothing reads
+  the sum, so the key is listed as ignored."""
+  switch = "actor_rollout_ref.actor.calculate_sum_pi_squared=true"
+  for estimator, listed in (("grpo", [switch.replace("true", "True")]), ("optimal_token_baseline", []),
+                            ("tir_optimal_token_baseline", [])):
+    overrides = [f"algorithm.adv_estimator={estimator}", switch]
+    assert C.ignored_overrides(overrides, resolved(experiment("grpo"), overrides)) == listed
+  assert "set actor_rollout_ref.actor.calculate_sum_pi_squared=true" in error_text(
+      ["algorithm.adv_estimator=optimal_token_baseline"])

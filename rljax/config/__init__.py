@@ -62,7 +62,7 @@ _KERNEL_NAMES = {
     "ADV_ESTIMATORS": kernel_names.adv_estimators,
     "POLICY_LOSSES": kernel_names.policy_losses,
     "GROUP_ESTIMATORS": kernel_names.group_estimators,
-    "TRAINER_UNSUPPORTED_ESTIMATORS": kernel_names.trainer_unsupported_estimators,
+    "SUM_PI_SQUARED_ESTIMATORS": kernel_names.sum_pi_squared_estimators,
     "LOSS_AGG_MODES": kernel_names.loss_agg_modes,
     "KL_TYPES": kernel_names.kl_types,
 }

@@ -32,8 +32,8 @@ def needs_values(estimator: str) -> bool:
   return algos.advantages.needs_values(estimator)
 
 
-def trainer_unsupported_estimators() -> tuple[str, ...]:
-  """Estimators that need an input (sum_pi_squared) the RL loop does not produce."""
+def sum_pi_squared_estimators() -> tuple[str, ...]:
+  """Estimators that read Σ_v π_v² of the old-log-prob pass (the optimal token baselines)."""
   return _adv_estimators_where(lambda inputs: "sum_pi_squared" in inputs.needs)
 
 

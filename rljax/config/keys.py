@@ -357,7 +357,9 @@ KEYS = {
         ignored="verl's engine switch for the entropy metric; it changes no update"),
     "actor_rollout_ref.actor.calculate_sum_pi_squared": Key(
         "Compute the sum of squared token probabilities (optimal-token-baseline estimators).",
-        ignored="read by the optimal-token-baseline estimators, which the trainer rejects"),
+        mapped="the old-log-prob pass computes Σ_v π_v² per response token beside the log-probs "
+               "(rljax.models.token_log_probs); the optimal-token-baseline estimators need it true (an error "
+               "otherwise, as verl's step fails); under any other estimator nothing reads it (listed as ignored)"),
     "actor_rollout_ref.actor.checkpoint.async_save": Key(
         "Write checkpoints in the background.",
         ignored="orbax decides how a checkpoint is written; the saved state is the same"),
@@ -538,7 +540,7 @@ KEYS = {
         ignored="FSDP/Megatron choice; rljax shards with a device mesh"),
     "actor_rollout_ref.actor.sum_pi_squared_checkpointing": Key(
         "Recompute that sum in the backward pass to save memory.",
-        ignored="read by the optimal-token-baseline estimators, which the trainer rejects"),
+        ignored="rljax computes the sum in the old-log-prob pass, which takes no gradient: nothing to recompute"),
     "actor_rollout_ref.actor.tau_neg": Key("SAPO gate temperature for negative advantages."),
     "actor_rollout_ref.actor.tau_pos": Key("SAPO gate temperature for positive advantages."),
     "actor_rollout_ref.actor.tensor_model_parallel_size": Key(

@@ -16,6 +16,7 @@ import yaml
 from ml_collections import ConfigDict, FieldReference
 
 from rljax.config.errors import NO_VALUE, ConfigError
+from rljax.config import kernel_names
 from rljax.config.fields import follow
 from rljax.config.keys import MODE_KEYS, ignored_reason
 from rljax.config.trainer import fully_async_recipe
@@ -424,7 +425,8 @@ def ignored_overrides(overrides: Iterable[str], config: ConfigDict | None = None
   An entry of a verl free-form dictionary counts where the key it lands on is ignored
   (`+...optim.override_optimizer_config.optimizer_offload_fraction=1`); it is listed as written.
   With the overridden `config`, so do the keys of trainer.v1 modes other than the one it trains in (`MODE_KEYS`;
-  verl's fully-async recipe trains in colocate_async), and PF-PPO's under an estimator other than gae.
+  verl's fully-async recipe trains in colocate_async), PF-PPO's under an estimator other than gae, and
+  actor.calculate_sum_pi_squared under one that does not read the sum (not an optimal token baseline).
   """
   inert = set()
   if config is not None:
@@ -433,6 +435,8 @@ def ignored_overrides(overrides: Iterable[str], config: ConfigDict | None = None
     from rljax.algos import pf_ppo  # pylint: disable=import-outside-toplevel
     if config.algorithm.adv_estimator != pf_ppo.ESTIMATOR:  # verl reweights (PF-PPO) under gae alone
       inert |= {"algorithm.use_pf_ppo", "algorithm.pf_ppo.reweight_method", "algorithm.pf_ppo.weight_pow"}
+    if config.algorithm.adv_estimator not in kernel_names.sum_pi_squared_estimators():
+      inert.add("actor_rollout_ref.actor.calculate_sum_pi_squared")
   found = []
   for text in overrides:
     operation, path, value = parse_override(text)

@@ -228,6 +228,23 @@ def _check_dynamic_sampling(config: ConfigDict) -> None:
         groups.max_num_gen_batches, "must be an integer", "set it to 0 for no limit")
 
 
+def _check_sum_pi_squared(config: ConfigDict) -> None:
+  """The optimal-token-baseline estimators read Σ_v π_v² of the old-log-prob pass: verl computes it only with
+  actor.calculate_sum_pi_squared (and fails its step without it), and its bypass mode runs no such pass."""
+  alg, actor = config.algorithm, config.actor_rollout_ref.actor
+  if alg.adv_estimator not in kernel_names.sum_pi_squared_estimators():
+    return
+  check(actor.calculate_sum_pi_squared is True, "actor_rollout_ref.actor.calculate_sum_pi_squared",
+        actor.calculate_sum_pi_squared,
+        f"algorithm.adv_estimator={alg.adv_estimator} reads the sum of squared token probabilities, which the "
+        "old-log-prob pass computes only when asked", "set actor_rollout_ref.actor.calculate_sum_pi_squared=true")
+  check(not alg.rollout_correction.bypass_mode, "algorithm.rollout_correction.bypass_mode",
+        alg.rollout_correction.bypass_mode,
+        f"algorithm.adv_estimator={alg.adv_estimator} reads the sum of squared token probabilities of the "
+        "old-log-prob pass, which bypass mode skips (it takes the rollout's log-probs as the old ones)",
+        "set algorithm.rollout_correction.bypass_mode=false")
+
+
 def _check_algorithm(config: ConfigDict) -> None:
   alg, actor = config.algorithm, config.actor_rollout_ref.actor
   check_enum(config, "algorithm.adv_estimator", kernel_names.adv_estimators())
@@ -237,9 +254,7 @@ def _check_algorithm(config: ConfigDict) -> None:
   check_enum(config, "actor_rollout_ref.actor.loss_agg_mode", kernel_names.loss_agg_modes())
   check_enum(config, "critic.loss_agg_mode", kernel_names.loss_agg_modes())
   check_enum(config, "actor_rollout_ref.actor.policy_loss.loss_mode", kernel_names.policy_losses())
-  check(alg.adv_estimator not in kernel_names.trainer_unsupported_estimators(), "algorithm.adv_estimator", alg.adv_estimator,
-        "needs sum_pi_squared (the sum of squared token probabilities), which the RL trainer does not compute",
-        "use the kernel from rljax.algos directly, or choose grpo, rloo, reinforce_plus_plus or gae")
+  _check_sum_pi_squared(config)
   from rljax.algos import pf_ppo  # pylint: disable=import-outside-toplevel
   if pf_ppo.applies(alg.use_pf_ppo, alg.adv_estimator):
     check_enum(config, "algorithm.pf_ppo.reweight_method", pf_ppo.METHODS)

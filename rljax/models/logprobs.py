@@ -6,6 +6,12 @@ For tokens n with final hidden state h_n and LM-head weight W [V, D]:
   log p_n = z_n[y_n] - logsumexp(z_n)
   H_n = logsumexp(z_n) - sum_v softmax(z_n)_v z_n,v
 
+or in a forward pass that takes no gradient (``sum_pi_squared``), in the entropy's place,
+
+  S_n = sum_v softmax(z_n)_v^2 = exp(logsumexp(2 z_n) - 2 logsumexp(z_n))
+
+(verl's ``calculate_sum_pi_squared_from_logits``, read by the optimal-token-baseline estimators).
+
 The sequence axis is cut into equal chunks (``chunk_layout``) of about
 ``chunk_size`` tokens per device: every chunk keeps all B rows, so a batch
 sharded over devices stays sharded and each device computes the logits of
@@ -72,16 +78,31 @@ def _logits(h: jax.Array, weight: jax.Array, temperature: float, softcap: float 
   return constrain(_cap(z.astype(jnp.float32), softcap) / temperature, _LOGITS)
 
 
+# the second output of a pass: the entropy, Σ_v π_v² (forward passes only), or zeros
+ENTROPY, SUM_PI_SQUARED, NOTHING = "entropy", "sum_pi_squared", "nothing"
+
+
+def _expected_logit(z: jax.Array, lse: jax.Array, second: str) -> jax.Array:
+  """[B, C] sum_v softmax(z)_v z_v where the entropy is asked for (zeros otherwise: the backward pass reads it)."""
+  return jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1) if second == ENTROPY else jnp.zeros_like(lse)
+
+
+def _second(z: jax.Array, lse: jax.Array, mean: jax.Array, second: str) -> jax.Array:
+  """[B, C] the pass's second output from logits z [B, C, V], their logsumexp and expected logit."""
+  if second == ENTROPY:
+    return lse - mean
+  if second == SUM_PI_SQUARED:
+    return jnp.exp(jax.nn.logsumexp(2.0 * z, axis=-1) - 2.0 * lse)
+  return jnp.zeros_like(lse)
+
+
 def _chunk_stats(h: jax.Array, targets: jax.Array, weight: jax.Array, temperature: float,
-                 with_entropy: bool, softcap: float | None) -> tuple[jax.Array, jax.Array]:
-  """(log_probs [B, C], entropy [B, C]) for hidden [B, C, D], weight [V, D], targets [B, C]."""
+                 second: str, softcap: float | None) -> tuple[jax.Array, jax.Array]:
+  """(log_probs [B, C], second output [B, C]) for hidden [B, C, D], weight [V, D], targets [B, C]."""
   z = _logits(h, weight, temperature, softcap)
   lse = jax.nn.logsumexp(z, axis=-1)
   target = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
-  if not with_entropy:
-    return target - lse, jnp.zeros_like(lse)
-  probs = jnp.exp(z - lse[..., None])
-  return target - lse, lse - jnp.sum(probs * z, axis=-1)
+  return target - lse, _second(z, lse, _expected_logit(z, lse, second), second)
 
 
 def _split(x: jax.Array, chunks: int, width: int) -> jax.Array:
@@ -115,11 +136,11 @@ def _vocab_blocks(vocab: int, tokens: int, chunk_size: int) -> tuple[int, int]:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7, 8))
-def _chunked(hidden, weight, targets, chunks, width, temperature, with_entropy, chunk_size, softcap):
-  return _chunked_fwd(hidden, weight, targets, chunks, width, temperature, with_entropy, chunk_size, softcap)[0]
+def _chunked(hidden, weight, targets, chunks, width, temperature, second, chunk_size, softcap):
+  return _chunked_fwd(hidden, weight, targets, chunks, width, temperature, second, chunk_size, softcap)[0]
 
 
-def _chunked_fwd(hidden, weight, targets, chunks, width, temperature, with_entropy, chunk_size, softcap):
+def _chunked_fwd(hidden, weight, targets, chunks, width, temperature, second, chunk_size, softcap):
   """Token chunks: each keeps its logsumexp and expected logit for the backward pass."""
   del chunk_size
   gathered = _gathered(weight, hidden.dtype)
@@ -128,17 +149,15 @@ def _chunked_fwd(hidden, weight, targets, chunks, width, temperature, with_entro
     z = _logits(h, gathered, temperature, softcap)
     lse = jax.nn.logsumexp(z, axis=-1)
     target = jnp.take_along_axis(z, y[..., None], axis=-1)[..., 0]
-    mean = jnp.sum(jnp.exp(z - lse[..., None]) * z, axis=-1) if with_entropy else jnp.zeros_like(lse)
-    return target - lse, lse - mean, lse, mean
+    mean = _expected_logit(z, lse, second)
+    return target - lse, _second(z, lse, mean, second), lse, mean
 
   out = jax.lax.map(lambda xs: stats(*xs), (_split(hidden, chunks, width), _split(targets, chunks, width)))
-  logp, ent, lse, mean = (_join(x, hidden.shape[1]) for x in out)
-  if not with_entropy:
-    ent = jnp.zeros_like(ent)
-  return (logp, ent), (hidden, weight, gathered, targets, lse, mean)
+  logp, other, lse, mean = (_join(x, hidden.shape[1]) for x in out)
+  return (logp, other), (hidden, weight, gathered, targets, lse, mean)
 
 
-def _chunked_bwd(chunks, width, temperature, with_entropy, chunk_size, softcap, residuals, cotangents):
+def _chunked_bwd(chunks, width, temperature, second, chunk_size, softcap, residuals, cotangents):
   """Vocabulary blocks: each block's logits for every token of the micro-batch, the hidden gradient summed over
   blocks, and the block's weight gradient reduce-scattered as soon as it is complete (no [V, D] partial sum
   is ever held).
@@ -170,7 +189,7 @@ def _chunked_bwd(chunks, width, temperature, with_entropy, chunk_size, softcap, 
     z = constrain(capped / temperature, _SPLIT_LOGITS)
     p = jnp.exp(z - lse[..., None, None])
     dz = g_logp[..., None, None] * ((targets[..., None, None] == offsets + local_ids).astype(jnp.float32) - p)
-    if with_entropy:
+    if second == ENTROPY:  # Σπ² is a forward pass's alone (`token_log_probs` stops its gradient)
       dz = dz - g_ent[..., None, None] * p * (z - mean[..., None, None])
     if softcap is not None:
       dz = dz * (1.0 - jnp.square(capped / softcap))
@@ -201,8 +220,9 @@ def token_log_probs(
     temperature: float = 1.0,
     with_entropy: bool = True,
     softcap: float | None = None,
+    sum_pi_squared: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-  """Log-probs of ``targets`` and the entropy of each next-token distribution.
+  """Log-probs of ``targets`` and the entropy (or Σ_v π_v²) of each next-token distribution.
 
   Args:
     hidden: [B, T, D] final hidden states (after the final norm).
@@ -216,18 +236,26 @@ def token_log_probs(
     with_entropy: compute the entropy (zeros otherwise; skips a [.., V] pass).
     softcap: ``ModelConfig.final_logit_softcapping``: logits become
       softcap * tanh(logits / softcap) before the temperature.
+    sum_pi_squared: the second output is Σ_v π_v² of each distribution instead
+      of the entropy (with_entropy must be False), with no gradient: for the
+      forward passes that feed the optimal-token-baseline estimators.
 
   Returns:
-    (log_probs [B, T], entropy [B, T]), float32; differentiable in hidden and
-    weight.
+    (log_probs [B, T], entropy or Σπ² [B, T]), float32; the log-probs and the
+    entropy are differentiable in hidden and weight.
   """
+  if with_entropy and sum_pi_squared:
+    raise ValueError("token_log_probs: with_entropy and sum_pi_squared both ask for the second output; choose one")
+  second = ENTROPY if with_entropy else SUM_PI_SQUARED if sum_pi_squared else NOTHING
   b, t, _ = hidden.shape
   rows = max(1, b // batch_shards(b))
   chunks, width = chunk_layout(t, max(1, chunk_size // rows))
   if chunks == 1:
-    return _chunk_stats(hidden, targets, _gathered(weight, hidden.dtype), temperature, with_entropy, softcap)
-  return _chunked(hidden, weight, targets, chunks, width, float(temperature), bool(with_entropy), int(chunk_size),
-                  None if softcap is None else float(softcap))
+    out = _chunk_stats(hidden, targets, _gathered(weight, hidden.dtype), temperature, second, softcap)
+  else:
+    out = _chunked(hidden, weight, targets, chunks, width, float(temperature), second, int(chunk_size),
+                   None if softcap is None else float(softcap))
+  return (out[0], jax.lax.stop_gradient(out[1])) if second == SUM_PI_SQUARED else out
 
 
 def naive_token_log_probs(

@@ -27,7 +27,8 @@ from rljax.rl.experience import Experience
 
 # the record's field each estimator argument (verl's name) comes from
 _ESTIMATOR_FIELDS = {"index": "group", "values": "values", "reward_baselines": "reward_baselines",
-                     "non_tensor_batch": "reward_components", "old_log_probs": "old_log_probs"}
+                     "non_tensor_batch": "reward_components", "old_log_probs": "old_log_probs",
+                     "sum_pi_squared": "sum_pi_squared"}
 
 
 def inputs(config: ConfigDict) -> tuple[str, ...]:
@@ -90,7 +91,7 @@ def stage(config: ConfigDict, rows: Experience, kl_ctrl: Any) -> tuple[Experienc
   adv, ret = adv_lib.compute_advantage(alg.adv_estimator, adv_lib.AdvantageInputs(
       token_rewards, mask, group_ids=rows.group, num_groups=config.data.train_batch_size, values=rows.values,
       reward_baselines=rows.reward_baselines, reward_components=rows.reward_components,
-      old_log_probs=rows.old_log_probs), alg)
+      old_log_probs=rows.old_log_probs, sum_pi_squared=rows.sum_pi_squared, rollout_is_weights=weights), alg)
   narrowed = mask if corr.rollout_is or corr.rollout_rs else None
   out = Experience(token_level_rewards=token_rewards, response_mask=narrowed, rollout_is_weights=weights,
                    advantages=jnp.asarray(adv, jnp.float32), returns=jnp.asarray(ret, jnp.float32))

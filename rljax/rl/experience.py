@@ -69,6 +69,8 @@ class Experience:
       function's extra info (gdpo's components, dynamic sampling's metric).
     reward_baselines: [N] the greedy response's reward of each row's prompt (remax).
     old_log_probs, ref_log_prob, values: [N, R] the forward passes' outputs.
+    sum_pi_squared: [N, R] Σ_v π_v² of the old policy at each response token (the old-log-prob pass's, for the
+      optimal-token-baseline estimators).
     token_level_rewards: [N, R] scores with the KL penalty when in the reward.
     advantages, returns: [N, R].
     rollout_is_weights: [N, R] rollout-correction importance weights.
@@ -90,6 +92,7 @@ class Experience:
   reward_components: Mapping[str, Any] | None = struct.field(default=None)
   reward_baselines: Any = _field(_ROW, jnp.float32)
   old_log_probs: Any = _field(_RESPONSE, jnp.float32)
+  sum_pi_squared: Any = _field(_RESPONSE, jnp.float32)
   ref_log_prob: Any = _field(_RESPONSE, jnp.float32)
   values: Any = _field(_RESPONSE, jnp.float32)
   token_level_rewards: Any = _field(_RESPONSE, jnp.float32)

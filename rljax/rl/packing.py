@@ -366,8 +366,9 @@ def next_tokens(packed: PackedRows) -> jax.Array:
 
 
 def packed_log_probs(model: Any, packed: PackedRows, temperature: float, with_entropy: bool = True,
-                     chunk_size: int = 1024) -> tuple[jax.Array, jax.Array, Any]:
-  """(log-probs [rows, R], entropy [rows, R], the model's Routing or None) of the rows' response tokens.
+                     chunk_size: int = 1024, sum_pi_squared: bool = False) -> tuple[jax.Array, jax.Array, Any]:
+  """(log-probs [rows, R], entropy or Σπ² (`token_log_probs`) [rows, R], the model's Routing or None) of the
+  rows' response tokens.
 
   The LM head runs on whichever is fewer: every buffer position (D * B * L), or the positions predicting
   the rows' response tokens gathered within each shard ([rows, R], as a padded pass does); 0 where a row has
@@ -377,7 +378,7 @@ def packed_log_probs(model: Any, packed: PackedRows, temperature: float, with_en
   shards, per_shard, length = packed.out_index.shape
   head = functools.partial(token_log_probs, weight=model.lm_head_weight(), chunk_size=chunk_size,
                            temperature=temperature, with_entropy=with_entropy,
-                           softcap=model.cfg.final_logit_softcapping)
+                           softcap=model.cfg.final_logit_softcapping, sum_pi_squared=sum_pi_squared)
   if hidden.shape[1] <= per_shard * length:
     log_probs, entropy = head(hidden, targets=next_tokens(packed))
     return to_rows(log_probs, packed.out_index), to_rows(entropy, packed.out_index), routing

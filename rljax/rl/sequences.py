@@ -114,15 +114,18 @@ def prompts_shared(batch: Experience, group_size: int) -> bool:
 
 def response_log_probs(model: Any, batch: Experience, temperature: float,
                        with_entropy: bool = True, chunk_size: int = 1024,
-                       group_size: int = 1, with_routing: bool = False) -> tuple[Any, ...]:
+                       group_size: int = 1, with_routing: bool = False,
+                       sum_pi_squared: bool = False) -> tuple[Any, ...]:
   """(log-probs [N, R], entropy [N, R][, PassRouting or None]) of the response tokens, logits / temperature.
 
   Never materialises the [N, R, V] logits at once (chunked over tokens).
   group_size, with_routing: see `response_hidden`. A batch holding `packed` tokens runs them
   (`rl.packing`: each row's real tokens only, the same numbers; group_size is then unused).
+  sum_pi_squared: Σ_v π_v² in the entropy's place (`token_log_probs`).
   """
   if batch.packed is not None:
-    log_probs, entropy, routing = packing.packed_log_probs(model, batch.packed, temperature, with_entropy, chunk_size)
+    log_probs, entropy, routing = packing.packed_log_probs(model, batch.packed, temperature, with_entropy, chunk_size,
+                                                           sum_pi_squared)
     if routing is not None:
       experts = None if batch.packed.row_index is None else packing.routing_to_rows(routing.experts,
                                                                                   batch.packed.row_index)
@@ -130,7 +133,8 @@ def response_log_probs(model: Any, batch: Experience, temperature: float,
     return (log_probs, entropy, routing) if with_routing else (log_probs, entropy)
   hidden, routing = response_hidden(model, batch, group_size, with_routing=True)
   out = token_log_probs(hidden, model.lm_head_weight(), batch.responses, chunk_size=chunk_size,
-                        temperature=temperature, with_entropy=with_entropy, softcap=model.cfg.final_logit_softcapping)
+                        temperature=temperature, with_entropy=with_entropy, softcap=model.cfg.final_logit_softcapping,
+                        sum_pi_squared=sum_pi_squared)
   return (*out, routing) if with_routing else out
 
 

@@ -170,11 +170,13 @@ def experience(parts: StepParts, state: Any, rows: Experience, timing: dict[str,
   if not run.on_policy:
     with timed(timing, "old_log_prob"):
       old = forward_pass(parts, steps.old_log_prob, run.actor_params(state), rows, data)
+      fields = dict(old_log_probs=0, sum_pi_squared=1) if steps_lib.needs_sum_pi_squared(config) else dict(
+          old_log_probs=0)
       if steps_lib.replays_routing(config, run.on_policy):
-        rows = adopted(data, rows, old, old_log_probs=0, routed_experts=2)
+        rows = adopted(data, rows, old, **fields, routed_experts=2)
         replay(parts, data, rows)
       else:
-        rows = adopted(data, rows, old, old_log_probs=0)
+        rows = adopted(data, rows, old, **fields)
   if steps.ref_log_prob is not None:
     with timed(timing, "ref"):
       rows = adopted(data, rows, forward_pass(parts, steps.ref_log_prob, run.reference.params, rows, data),

@@ -97,6 +97,35 @@ def test_without_entropy():
   assert not np.asarray(ent).any()
 
 
+# 3 token chunks through the custom backward pass, one chunk, a softcap with a temperature
+@pytest.mark.parametrize("chunk_size,temperature,softcap", [(4, 1.0, None), (1024, 0.7, None), (5, 0.7, 2.0)])
+def test_sum_pi_squared_in_the_entropys_place_with_the_log_probs_gradient_unchanged(chunk_size, temperature,
+                                                                                     softcap):
+  """verl's calculate_sum_pi_squared_from_logits (Σ_v softmax(z)_v², written out in float64 here); the
+  log-probs and their gradient are those of a pass without it, and the sum takes none."""
+  hidden, weight, targets = _inputs(v=301)
+  kwargs = dict(chunk_size=chunk_size, temperature=temperature, softcap=softcap, with_entropy=False)
+  logp, sq = M.token_log_probs(hidden, weight, targets, sum_pi_squared=True, **kwargs)
+  z = np.asarray(hidden, np.float64) @ np.asarray(weight, np.float64).T
+  z = (z if softcap is None else softcap * np.tanh(z / softcap)) / temperature
+  p = np.exp(z - z.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  np.testing.assert_allclose(sq, (p ** 2).sum(-1), rtol=1e-5)
+  np.testing.assert_allclose(logp, M.token_log_probs(hidden, weight, targets, **kwargs)[0], atol=1e-6)
+  coef = jax.random.normal(jax.random.key(1), targets.shape)
+
+  def loss(h, w, **extra):
+    logp, second = M.token_log_probs(h, w, targets, **kwargs, **extra)
+    return jnp.sum(coef * logp) + jnp.sum(second)
+
+  with_sum = jax.grad(lambda h, w: loss(h, w, sum_pi_squared=True), argnums=(0, 1))(hidden, weight)
+  without = jax.grad(loss, argnums=(0, 1))(hidden, weight)
+  for a, b in zip(with_sum, without):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  with pytest.raises(ValueError, match="choose one"):
+    M.token_log_probs(hidden, weight, targets, sum_pi_squared=True)
+
+
 def _peak_bytes(fn, *shapes):
   compiled = jax.jit(fn).lower(*shapes).compile()
   m = compiled.memory_analysis()

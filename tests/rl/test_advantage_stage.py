@@ -11,7 +11,8 @@ from rljax.rl.experience import Experience
 
 
 def inputs(rows, group, seed):
-  """AdvantageInputs of `rows` rows in groups of `group`, 5 tokens, varied lengths, scores, values and components."""
+  """AdvantageInputs of `rows` rows in groups of `group`, 5 tokens, varied lengths, scores, values, components and
+  old-policy statistics."""
   rng = np.random.default_rng(seed)
   mask = (np.arange(5)[None, :] < rng.integers(1, 6, rows)[:, None]).astype(np.int32)
   rewards = np.where(np.arange(5)[None, :] == mask.sum(1, keepdims=True) - 1, rng.integers(0, 3, (rows, 1)), 0.0)
@@ -20,7 +21,7 @@ def inputs(rows, group, seed):
       num_groups=rows // group, values=rng.normal(size=(rows, 5)).astype(np.float32),
       reward_baselines=rng.normal(size=rows).astype(np.float32),
       reward_components={"acc": rng.integers(0, 2, rows).astype(np.float32)},
-      old_log_probs=-rng.random((rows, 5)).astype(np.float32))
+      old_log_probs=-rng.random((rows, 5)).astype(np.float32), sum_pi_squared=rng.random((rows, 5)).astype(np.float32))
 
 
 def half(x, which, rows):
@@ -33,8 +34,7 @@ def half(x, which, rows):
   return x
 
 
-@pytest.mark.parametrize("name", [n for n in adv_lib.adv_estimator_names()
-                                  if "sum_pi_squared" not in adv_lib.estimator_inputs(n).needs])
+@pytest.mark.parametrize("name", adv_lib.adv_estimator_names())
 def test_only_the_batch_wide_estimators_depend_on_other_hosts_rows(name):
   whole = inputs(16, 4, seed=1)
   one, _ = adv_lib.compute_advantage(name, whole)

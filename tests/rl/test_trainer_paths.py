@@ -282,7 +282,12 @@ def test_rollout_and_validation_dumps(model_dir, data_dir, tmp_path):
 
 def test_trainer_unsupported_settings_are_config_errors(model_dir, data_dir, tmp_path):
   from rljax.config import ConfigError  # pylint: disable=import-outside-toplevel
-  for extra, key in (("algorithm.adv_estimator=optimal_token_baseline", "algorithm.adv_estimator"),
+  for extra, key in (("algorithm.adv_estimator=optimal_token_baseline",
+                      "actor_rollout_ref.actor.calculate_sum_pi_squared=False: algorithm.adv_estimator="
+                      "optimal_token_baseline reads the sum of squared token probabilities"),
+                     ("algorithm.adv_estimator=tir_optimal_token_baseline actor_rollout_ref.actor.calculate_sum_pi_"
+                      "squared=true algorithm.rollout_correction.bypass_mode=true",
+                      "algorithm.rollout_correction.bypass_mode=True: .* which bypass mode skips"),
                      ("algorithm.adv_estimator=gae algorithm.use_pf_ppo=true algorithm.pf_ppo.reweight_method=maxmin",
                       "algorithm.pf_ppo.reweight_method='maxmin': must be one of pow, max_min, max_random. Fix: did "
                       "you mean max_min"),
@@ -336,3 +341,47 @@ def test_grpo_with_one_response_per_prompt_takes_the_score_as_the_advantage(mode
     np.testing.assert_allclose(metrics[f"critic/advantages/{stat}"], metrics[f"critic/score/{stat}"] / (1 + 1e-6),
                                rtol=1e-5, atol=1e-6)
   assert np.isfinite(metrics["actor/pg_loss"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_optimal_token_baselines_read_the_old_passs_sum_of_squared_probabilities(estimator, model_dir, data_dir,
+                                                                                 tmp_path, monkeypatch):
+  """verl's actor.calculate_sum_pi_squared: the old-log-prob pass (packed, and padded) computes Σ_v π_v² of
+  each response token, equal to `transformers`' softmax of the initial weights' logits, and the advantages are
+  verl's optimal token baseline of it (tests/algos/np_ref_advantages.py); one mini-batch, still off-policy:
+  the baseline reads the old log-probs before the update."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  from rljax.rl import stages  # pylint: disable=import-outside-toplevel
+  from tests.algos import np_ref_advantages as ref  # pylint: disable=import-outside-toplevel
+  seen, advantages = [], stages.advantages
+
+  def recorded(parts, state, rows, step_metrics):
+    out, state = advantages(parts, state, rows, step_metrics)
+    seen.append((jax.tree.map(np.asarray, rows), np.asarray(out.advantages)))
+    return out, state
+
+  monkeypatch.setattr(stages, "advantages", recorded)
+  model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+  for padding in ("true", "false"):
+    config = tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path / padding), "trainer.total_training_steps=1",
+                                 "trainer.save_freq=-1", f"algorithm.adv_estimator={estimator}",
+                                 tiny_run.text_scorer(tmp_path),
+                                 "actor_rollout_ref.actor.calculate_sum_pi_squared=true",
+                                 f"actor_rollout_ref.model.use_remove_padding={padding}")
+    metrics = tiny_run.fit_metrics(config)
+    assert metrics[0]["actor/grad_norm"] > 0
+    rows, adv = seen[-1]
+    prompt = rows.prompt_mask.shape[1]
+    with torch.no_grad():
+      logits = model(input_ids=torch.tensor(rows.input_ids, dtype=torch.long),
+                     attention_mask=torch.tensor(rows.attention_mask), position_ids=torch.tensor(
+                         rows.positions, dtype=torch.long)).logits[:, prompt - 1:-1].double()
+    want = (torch.softmax(logits, -1) ** 2).sum(-1).numpy()
+    mask = rows.response_mask.astype(bool)
+    np.testing.assert_allclose(rows.sum_pi_squared[mask], want[mask], rtol=1e-3)
+    reference = getattr(ref, estimator)(rows.token_level_scores, rows.response_mask, rows.group, rows.old_log_probs,
+                                        rows.sum_pi_squared, None)[0]
+    np.testing.assert_allclose(adv, reference, rtol=1e-5, atol=1e-6)
+    assert np.abs(adv[mask]).max() > 0
