@@ -229,7 +229,7 @@ BAD_INPUTS = [
     (["trainer.val_before_train=maybe"], 1, "expects a boolean"),
     (["actor_rollout_ref.actor.optim.lr=fast"], 1, "expects a number"),
     (["trainer.resume_mode=resume_path"], 1, "trainer.resume_from_path=None: trainer.resume_mode=resume_path needs a checkpoint path"),
-    (["trainer.logger=[console,mlflow]"], 1, "'mlflow' is not a logger"),
+    (["trainer.logger=[console,swanlab]"], 1, "'swanlab' is not a logger"),
     (["actor_rollout_ref.actor.clip_ratio_c=0.5"], 1, "dual-clip needs a lower bound > 1"),
     (["actor_rollout_ref.actor.tensor_model_parallel_size=3"], 8, "tensor (3) x sequence (actor_rollout_ref.actor.ulysses_sequence_parallel_size=1) does not divide the 8 devices"),
     (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=50"], 1, "must hold one whole sequence"),

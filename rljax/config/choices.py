@@ -7,7 +7,7 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 LR_SCHEDULERS = ("constant", "cosine")
 KL_CONTROLLERS = ("fixed", "adaptive")
 REWARD_MANAGERS = ("naive", "prime", "dapo", "batch")
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 # verl's inference servers (vllm, sglang, trtllm, hf) all select rljax's JetStream-style engine, as jetstream does.
 ROLLOUT_NAMES = ("jetstream", "vllm", "sglang", "trtllm", "hf")
 CPU_DOT_LIBRARIES = ("auto", "ynnpack", "eigen")

@@ -1364,8 +1364,10 @@ KEYS = {
     "trainer.experiment_name": Key("Run name for the loggers and the checkpoint directory."),
     "trainer.log_val_generations": Key("Validation responses to log as text each validation."),
     "trainer.logger": Key(
-        "Where metrics go: a list of console, jsonl, tensorboard, wandb.",
-        mapped="console, jsonl, tensorboard, wandb (wandb honours WANDB_MODE=offline)"),
+        "Where metrics go: a list of console, jsonl, tensorboard, wandb, mlflow.",
+        mapped="console, jsonl, tensorboard, wandb (wandb honours WANDB_MODE=offline), mlflow (as verl's: "
+               "MLFLOW_TRACKING_URI, default sqlite:////tmp/mlruns.db, and MLFLOW_RUN_ID honoured; "
+               "rljax.training.tracking)"),
     "trainer.logical_axis_rules": Key(
         "Pairs (logical axis, mesh axes) that decide how parameters and batches are sharded.",
         added="logical axis -> mesh axis pairs; parallelism is a config change"),

@@ -1,4 +1,4 @@
-"""Experiment tracking for `trainer.logger`: console, jsonl, tensorboard, wandb.
+"""Experiment tracking for `trainer.logger`: console, jsonl, tensorboard, wandb, mlflow.
 
 Each backend receives the same flat `{metric name: float}` dict per step,
 under verl's metric names. Only process 0 writes. `plot_curves` draws the
@@ -10,14 +10,24 @@ Files under the run directory::
   generations.jsonl   one {"step": N, ...sample} per validation generation (with jsonl)
   tensorboard/        event files (tensorboardX; no TensorFlow or torch)
   wandb/              wandb's local files (WANDB_MODE=offline honoured)
+
+mlflow logs as verl's tracker does: to `MLFLOW_TRACKING_URI` (verl's default
+sqlite:////tmp/mlruns.db), into the run `MLFLOW_RUN_ID` names or a new run
+`trainer.experiment_name` of the experiment `trainer.project_name`, with the
+config flattened into its parameters (`mlflow_params`), metric names made
+valid for mlflow (`mlflow_metric_name`) and each validation's generations as
+an artifact `val_step{N}.json`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import re
 import sys
+import tempfile
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -28,7 +38,8 @@ from ml_collections import ConfigDict
 from rljax.sharding.distributed import is_main_process
 from rljax import config as config_lib
 
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+LOGGERS = config_lib.LOGGERS
+MLFLOW_DEFAULT_URI = "sqlite:////tmp/mlruns.db"  # verl's, where MLFLOW_TRACKING_URI is not set
 METRICS_FILE = "metrics.jsonl"
 GENERATIONS_FILE = "generations.jsonl"
 
@@ -55,15 +66,37 @@ def _logger_names(config: ConfigDict) -> list[str]:
   return names
 
 
-def _import_wandb() -> Any:
+def _import_backend(name: str, package: str) -> Any:
+  """The module `name` of logger `name`, or an ImportError saying what to install."""
   try:
-    import wandb  # pylint: disable=g-import-not-at-top
+    return __import__(name)
   except ImportError as e:
     raise ImportError(
-        "trainer.logger includes 'wandb' but the wandb package is not installed: "
-        "pip install wandb (or remove wandb from trainer.logger, e.g. trainer.logger=[console,jsonl])."
+        f"trainer.logger includes '{name}' but the {name} package is not installed: "
+        f"pip install {package} (or remove {name} from trainer.logger, e.g. trainer.logger=[console,jsonl])."
     ) from e
-  return wandb
+
+
+def mlflow_metric_name(name: str) -> str:
+  """`name` as mlflow accepts it, as verl renames it: '@' as '_at_', runs of '/' as one, and any character
+  other than letters, digits, '_', '.', '-', ':', ' ' and '/' as '_'."""
+  name = re.sub(r"/+", "/", name.replace("@", "_at_"))
+  return re.sub(r"[^/\w.\- :]", "_", name)
+
+
+def mlflow_params(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """A nested config (dicts and lists of plain values) as mlflow parameters, as verl flattens it: keys joined by
+  '/', a list as its length (`KEY/list_len`) and its items (`KEY/0`, ...)."""
+  if isinstance(tree, (list, tuple)):
+    tree = {"list_len": len(tree), **{str(i): v for i, v in enumerate(tree)}}
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  if not tree and prefix:
+    return {prefix: {}}
+  out = {}
+  for key, value in tree.items():
+    out.update(mlflow_params(value, f"{prefix}/{key}" if prefix else str(key)))
+  return out
 
 
 class Tracker:
@@ -85,7 +118,8 @@ class Tracker:
     self.run_dir = run_dir
     self.console_keys = tuple(console_keys)
     self.active = is_main_process()
-    self._bar = self._metrics = self._tb = self._wandb = self._wandb_lib = None
+    self._bar = self._metrics = self._tb = self._wandb = self._wandb_lib = self._mlflow = None
+    self._renamed: set[str] = set()
     if not self.active:
       return
     os.makedirs(run_dir, exist_ok=True)
@@ -98,6 +132,8 @@ class Tracker:
       self._tb = self._tensorboard_writer()
     if "wandb" in self.names:
       self._wandb = self._wandb_run(config)
+    if "mlflow" in self.names:
+      self._mlflow = self._mlflow_run(config)
 
   def _tensorboard_writer(self) -> Any:
     try:
@@ -109,8 +145,30 @@ class Tracker:
       ) from e
     return SummaryWriter(logdir=os.path.join(self.run_dir, "tensorboard"))
 
+  def _mlflow_run(self, config: ConfigDict) -> Any:
+    """mlflow, with verl's run started (see the module docstring)."""
+    mlflow = _import_backend("mlflow", "mlflow")
+    mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", MLFLOW_DEFAULT_URI))
+    if os.environ.get("MLFLOW_RUN_ID"):
+      mlflow.start_run(run_id=os.environ["MLFLOW_RUN_ID"])
+    else:
+      experiment = mlflow.set_experiment(config.trainer.project_name)
+      mlflow.start_run(experiment_id=experiment.experiment_id, run_name=config.trainer.experiment_name)
+    mlflow.log_params(mlflow_params(config_lib.to_plain(config)))
+    return mlflow
+
+  def _mlflow_metrics(self, values: Mapping[str, float]) -> dict[str, float]:
+    """`values` under mlflow's names, each renaming warned of once."""
+    out = {}
+    for name, value in values.items():
+      out[valid := mlflow_metric_name(name)] = value
+      if valid != name and name not in self._renamed:
+        self._renamed.add(name)
+        logging.warning("mlflow: metric %r is logged as %r (mlflow does not accept its characters)", name, valid)
+    return out
+
   def _wandb_run(self, config: ConfigDict) -> Any:
-    self._wandb_lib = wandb = _import_wandb()
+    self._wandb_lib = wandb = _import_backend("wandb", "wandb")
     return wandb.init(
         project=config.trainer.project_name,
         name=config.trainer.experiment_name,
@@ -136,6 +194,8 @@ class Tracker:
       self._tb.flush()
     if self._wandb is not None:
       self._wandb.log(values, step=step)
+    if self._mlflow is not None:
+      self._mlflow.log_metrics(self._mlflow_metrics(values), step=step)
 
   def _console_line(self, values: Mapping[str, float], step: int) -> str:
     total = f"/{self._bar.total}" if self._bar is not None and self._bar.total else ""
@@ -160,6 +220,12 @@ class Tracker:
       self._tb.add_text("val/generations", text.replace("\n", "  \n"), step)
     if self._wandb is not None:
       self._wandb.log({"val/generations": _wandb_table(self._wandb_lib, rows)}, step=step)
+    if self._mlflow is not None:
+      with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, f"val_step{step}.json")
+        with open(path, "w", encoding="utf-8") as f:
+          json.dump(plain, f, ensure_ascii=False)
+        self._mlflow.log_artifact(path)
 
   def close(self) -> None:
     """Flushes and closes every backend."""
@@ -171,7 +237,9 @@ class Tracker:
       self._tb.close()
     if self._wandb is not None:
       self._wandb.finish()
-    self._bar = self._metrics = self._tb = self._wandb = None
+    if self._mlflow is not None:
+      self._mlflow.end_run()
+    self._bar = self._metrics = self._tb = self._wandb = self._mlflow = None
 
   def __enter__(self) -> "Tracker":
     return self

@@ -1,4 +1,4 @@
-"""Tracker backends (console, jsonl, tensorboard, wandb) and plot_curves."""
+"""Tracker backends (console, jsonl, tensorboard, wandb, mlflow) and plot_curves."""
 
 import glob
 import json
@@ -136,15 +136,51 @@ def test_wandb_backend_calls(tmp_path, monkeypatch):
   assert finish == ("finish",)
 
 
-def test_missing_wandb_names_key_and_fix(tmp_path, monkeypatch):
-  monkeypatch.setitem(sys.modules, "wandb", None)
-  with pytest.raises(ImportError, match="trainer.logger.*pip install wandb"):
-    Tracker(_config("console", "wandb"), str(tmp_path))
+@pytest.mark.parametrize("backend", ["wandb", "mlflow"])
+def test_a_missing_backend_package_names_the_key_and_fix(backend, tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, backend, None)
+  with pytest.raises(ImportError, match=f"trainer.logger includes '{backend}'.*pip install {backend}"):
+    Tracker(_config("console", backend), str(tmp_path))
 
 
 def test_unknown_logger_is_an_error(tmp_path):
-  with pytest.raises(ValueError, match="trainer.logger=.*'mlflow'"):
-    Tracker(_config("console", "mlflow"), str(tmp_path))
+  with pytest.raises(ValueError, match="trainer.logger=.*'swanlab'"):
+    Tracker(_config("console", "swanlab"), str(tmp_path))
+
+
+def test_real_mlflow_logs_verls_run_params_metrics_and_generations(tmp_path, monkeypatch, caplog):
+  """The mlflow package itself on a local store (MLFLOW_TRACKING_URI): the experiment trainer.project_name, the
+  run trainer.experiment_name, the config as '/'-joined parameters (lists as list_len and items), metric names
+  mlflow rejects renamed as verl renames them (once warned), NaN kept, and a validation's generations as
+  val_step{N}.json; MLFLOW_RUN_ID then resumes that run."""
+  import mlflow  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+  monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow-skinny has no database store
+  monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+  extra = {"val-core/gsm8k/reward/mean@4": 0.5, "a//b (c)": 1.0}
+  with Tracker(_config("mlflow"), str(tmp_path / "run")) as tracker:
+    run_id = mlflow.active_run().info.run_id
+    for step in (1, 2):
+      tracker.log({**_metrics(step), **extra}, step)
+    tracker.log_generations([{"input": "q", "output": "a", "score": np.float32(1.0)}], 2)
+  assert mlflow.active_run() is None
+  client = mlflow.tracking.MlflowClient()
+  run = client.get_run(run_id)
+  assert run.info.run_name == "exp" and client.get_experiment(run.info.experiment_id).name == "proj"
+  params = run.data.params
+  assert params["trainer/project_name"] == "proj" and params["trainer/total_epochs"] == "30"
+  assert params["trainer/logger/list_len"] == "1" and params["trainer/logger/0"] == "mlflow"
+  assert [(m.step, m.value) for m in client.get_metric_history(run_id, "critic/score/mean")] == [(1, 0.25), (2, 0.5)]
+  assert math.isnan(client.get_metric_history(run_id, "actor/pg_loss")[0].value)
+  assert client.get_metric_history(run_id, "val-core/gsm8k/reward/mean_at_4")[0].value == 0.5
+  assert client.get_metric_history(run_id, "a/b _c_")[0].value == 1.0
+  assert sum("is logged as" in r.getMessage() for r in caplog.records) == 2  # once per renamed metric
+  generations = json.loads(open(client.download_artifacts(run_id, "val_step2.json", str(tmp_path))).read())
+  assert generations == [{"input": "q", "output": "a", "score": 1.0}]
+  monkeypatch.setenv("MLFLOW_RUN_ID", run_id)
+  with Tracker(_config("mlflow"), str(tmp_path / "run")) as tracker:
+    tracker.log({"critic/score/mean": 0.75}, 3)
+  assert [m.step for m in client.get_metric_history(run_id, "critic/score/mean")] == [1, 2, 3]
 
 
 def test_only_process_zero_writes(tmp_path, monkeypatch, capsys):
