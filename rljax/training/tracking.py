@@ -66,14 +66,14 @@ def _logger_names(config: ConfigDict) -> list[str]:
   return names
 
 
-def _import_backend(name: str, package: str) -> Any:
-  """The module `name` of logger `name`, or an ImportError saying what to install."""
+def _import_backend(name: str) -> Any:
+  """The module of logger `name` (its package's name too), or an ImportError saying what to install."""
   try:
     return __import__(name)
   except ImportError as e:
     raise ImportError(
         f"trainer.logger includes '{name}' but the {name} package is not installed: "
-        f"pip install {package} (or remove {name} from trainer.logger, e.g. trainer.logger=[console,jsonl])."
+        f"pip install {name} (or remove {name} from trainer.logger, e.g. trainer.logger=[console,jsonl])."
     ) from e
 
 
@@ -147,7 +147,7 @@ class Tracker:
 
   def _mlflow_run(self, config: ConfigDict) -> Any:
     """mlflow, with verl's run started (see the module docstring)."""
-    mlflow = _import_backend("mlflow", "mlflow")
+    mlflow = _import_backend("mlflow")
     mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", MLFLOW_DEFAULT_URI))
     if os.environ.get("MLFLOW_RUN_ID"):
       mlflow.start_run(run_id=os.environ["MLFLOW_RUN_ID"])
@@ -168,7 +168,7 @@ class Tracker:
     return out
 
   def _wandb_run(self, config: ConfigDict) -> Any:
-    self._wandb_lib = wandb = _import_backend("wandb", "wandb")
+    self._wandb_lib = wandb = _import_backend("wandb")
     return wandb.init(
         project=config.trainer.project_name,
         name=config.trainer.experiment_name,
