@@ -41,7 +41,8 @@ def test_rl_step_on_eight_devices_trains_only_the_adapters(model_dir, data_dir, 
     assert trainer.mesh.size == 8
     assert all(isinstance(v, lora.LoRAParam) for _, v in nnx.to_flat_state(trainer.state.actor))
     adapter_bytes, base_bytes = nbytes(trainer.state.actor), nbytes(nnx.state(trainer.run.frozen, nnx.Param))
-    assert nbytes(trainer.state.actor_opt) < 2 * adapter_bytes + 64 < base_bytes / 50
+    # Adam's two moments of the adapters alone: of every weight they would be twice the base
+    assert nbytes(trainer.state.actor_opt) < 2 * adapter_bytes + 64 < base_bytes / 5
     q_a = trainer.state.actor["layers"][0]["attn"]["adapters"]["q"]["a"][...]
     assert q_a.sharding.spec == jax.sharding.PartitionSpec("fsdp", None)
     frozen_before, trained_before = flat(trainer.run.frozen), flat(trainer.state.actor)
@@ -132,7 +133,7 @@ def test_checkpoint_holds_the_adapters_resumes_and_exports(model_dir, data_dir, 
   finally:
     resumed.close()
 
-  ids = np.array([[1, 520, 9531, 198, 1017, 40986]], np.int32)
+  ids = np.array([[1, 520, 931, 198, 1017, 1276]], np.int32)
   ours = _logits(actor, ids)
   export.main(["--checkpoint", str(run_dir), "--step", "2", "--out", str(tmp_path / "merged")])
   merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), dtype=torch.float32).eval()

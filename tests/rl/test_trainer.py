@@ -172,7 +172,7 @@ def test_truncated_checkpoint_is_skipped_and_export_loads_in_transformers(model_
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-  ids = np.array([[1, 520, 9531, 198, 1017, 40986]], np.int32)
+  ids = np.array([[1, 520, 931, 198, 1017, 1276]], np.int32)
   with torch.no_grad():
     theirs = hf(torch.tensor(ids, dtype=torch.long)).logits.numpy()
   model = nnx.merge(trainer.run.graphdef, params)

@@ -1,25 +1,89 @@
-"""A tiny random model with SmolLM2's tokenizer, synthetic data, and run configs for trainer tests."""
+"""A tiny random model with SmolLM2's tokenizer (cut to the tokens the tests write), synthetic data, and run configs
+for trainer tests."""
 
+import copy
+import functools
+import json
 import pathlib
 
 import jax
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import tokenizers
 from flax import nnx
 
 from rljax import config as config_lib
 from rljax import sharding
-from rljax.data import ensure_synthetic_data
+from rljax.data import ensure_synthetic_data, synthetic
+from rljax.data.synthetic import arithmetic
 from rljax.models import CausalLM, ModelConfig, load_tokenizer, save_pretrained
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+# What the tests' prompts say beyond the synthetic data's rows: the lengthened prompts (`prompts_of_many_lengths`),
+# an overlong one, tool calls and their answers
+TEST_TEXTS = (" Think." * 3, " pad" * 3, '<tool_call>{"name": "lookup", "arguments": {"key": "x"}}</tool_call>',
+              "<tool_response>\n</tool_response>")
+
+
+def _synthetic_texts(tokenizer) -> list[str]:
+  """The texts of the synthetic data's rows the tests read, as `tokenizer`'s chat template renders them: arithmetic's
+  (both splits, every level and style) and calculator's worked tool-use conversations."""
+  texts = []
+  for split in ("train", "test"):
+    for style in ("arithmetic", "word"):
+      for row in synthetic.make_rows(split, 600, arithmetic.LEVELS, style):
+        texts += [row["prompt"][0]["content"], row["extra_info"]["solution"]]
+    for problem in synthetic.calculator.make_problems(split, 200, synthetic.calculator.LEVELS):
+      messages = synthetic.calculator.conversation(f"What is {problem.expression}?", problem.expression,
+                                                   str(problem.answer))
+      texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
+  return texts
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_tokenizer():
+  """SmolLM2's tokenizer cut to 1,024-odd tokens, so the tiny models' embedding and logits (vocabulary x 64) cost
+  what their layers do rather than 40 times more: its first 1,024 tokens (the special tokens, the bytes, the
+  commonest merges), every token SmolLM2 writes the tests' texts with (the synthetic rows through its chat template,
+  TEST_TEXTS) and the tokens each is merged from, then the next tokens in SmolLM2's order up to a multiple of 128.
+  Those texts tokenize as SmolLM2 tokenizes them (the same merges in the same order), each token renumbered by its
+  place among the kept ones (the first 1,024 keep their ids); other texts in more, shorter tokens."""
+  full = load_tokenizer("smollm2-135m-instruct")
+  spec = json.loads(full.tok.to_str())
+  vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
+  parts = {a + b: (a, b) for a, b in merges}
+  chat = full.apply_chat_template([{"role": "user", "content": "."}, {"role": "assistant", "content": "."}],
+                                  tokenize=False)
+  used = set()
+  for text in [chat, *TEST_TEXTS, *_synthetic_texts(full)]:
+    used.update(full.tok.encode(text, add_special_tokens=False).tokens)
+  kept = {t for t, i in vocab.items() if i < 1024}
+  pending = list(used)
+  while pending:
+    token = pending.pop()
+    if token not in kept or token in used:
+      kept.add(token)
+      pending += [p for p in parts.get(token, ()) if p not in kept]
+  for token in sorted(vocab, key=vocab.__getitem__):
+    if len(kept) % 128 == 0:
+      break
+    if token not in kept and all(p in kept for p in parts.get(token, ())):
+      kept.add(token)
+  order = sorted(kept, key=vocab.__getitem__)
+  spec["model"]["vocab"] = {t: i for i, t in enumerate(order)}
+  spec["model"]["merges"] = [[a, b] for a, b in merges if a in kept and b in kept and a + b in kept]
+  cut = copy.copy(full)
+  cut.tok = tokenizers.Tokenizer.from_str(json.dumps(spec))
+  return cut
+
+
 def tiny_model_dir(path: pathlib.Path) -> str:
-  """Saves a 2-layer width-64 Llama with SmolLM2's vocabulary and tokenizer."""
-  tokenizer = load_tokenizer("smollm2-135m-instruct")
-  cfg = ModelConfig(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2,
+  """Saves a 2-layer width-64 Llama with `tiny_tokenizer`'s vocabulary and tokenizer."""
+  tokenizer = tiny_tokenizer()
+  cfg = ModelConfig(model_type="llama", vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=100000.0, tie_word_embeddings=True,
                     bos_token_id=1, eos_token_id=2, pad_token_id=2)
   save_pretrained(CausalLM(cfg, nnx.Rngs(0)), str(path), tokenizer=tokenizer)
