@@ -37,9 +37,10 @@ def tiny_moe_dir(path) -> str:
   """Saves a 2-layer qwen3_moe (4 experts, 2 per token) with `tiny_run.tiny_tokenizer` in `path`."""
   tokenizer = tiny_run.tiny_tokenizer()
   cfg = ModelConfig(model_type="qwen3_moe", vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
-                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=100000.0, tie_word_embeddings=True,
-                    qk_norm=True, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                    norm_topk_prob=True, router_aux_loss_coef=0.01, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=100000.0,
+                    tie_word_embeddings=True, qk_norm=True, num_experts=4, num_experts_per_tok=2,
+                    moe_intermediate_size=32, norm_topk_prob=True, router_aux_loss_coef=0.01, bos_token_id=1,
+                    eos_token_id=2, pad_token_id=2)
   save_pretrained(CausalLM(cfg, nnx.Rngs(0)), str(path), tokenizer=tokenizer)
   return str(path)
 

@@ -45,7 +45,7 @@ def _synthetic_texts(tokenizer) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def tiny_tokenizer():
-  """SmolLM2's tokenizer cut to 1,024-odd tokens, so the tiny models' embedding and logits (vocabulary x 64) cost
+  """SmolLM2's tokenizer cut to 1,280 tokens, so the tiny models' embedding and logits (vocabulary x 64) cost
   what their layers do rather than 40 times more: its first 1,024 tokens (the special tokens, the bytes, the
   commonest merges), every token SmolLM2 writes the tests' texts with (the synthetic rows through its chat template,
   TEST_TEXTS) and the tokens each is merged from, then the next tokens in SmolLM2's order up to a multiple of 128.
@@ -83,9 +83,9 @@ def tiny_tokenizer():
 def tiny_model_dir(path: pathlib.Path) -> str:
   """Saves a 2-layer width-64 Llama with `tiny_tokenizer`'s vocabulary and tokenizer."""
   tokenizer = tiny_tokenizer()
-  cfg = ModelConfig(model_type="llama", vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_layers=2,
-                    num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=100000.0, tie_word_embeddings=True,
-                    bos_token_id=1, eos_token_id=2, pad_token_id=2)
+  cfg = ModelConfig(model_type="llama", vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
+                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=100000.0,
+                    tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
   save_pretrained(CausalLM(cfg, nnx.Rngs(0)), str(path), tokenizer=tokenizer)
   return str(path)
 
