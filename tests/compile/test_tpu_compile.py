@@ -27,9 +27,10 @@ from rljax.train import resolve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# Dimensions a TPU tiles without padding once split 4 ways (512 / 4 = 128).
-TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 4096, "hidden_size": 1024,
-        "intermediate_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+# Dimensions a TPU tiles without padding once split 4 ways (512 / 4 = 128), and no larger: libtpu compiles a step of
+# this model in about 60% of the time one twice as wide took (hidden 1024, vocabulary 4096).
+TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 2048, "hidden_size": 512,
+        "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
         "eos_token_id": 2}
 OVERRIDES = [
@@ -302,7 +303,7 @@ def test_scanned_expert_parallel_decode_reads_its_experts_in_place(tmp_path, qua
                           "actor_rollout_ref.model.scan_layers=true", *extra)
   decode = steps["decode_step"]
   gate = decode.step.args[0]["layers"]["mlp"]["gate"].get_value()
-  assert isinstance(gate, PerLayer) and [weight_quant.shape(g) for g in gate.layers] == [(64, 1024, 768)] * 8
+  assert isinstance(gate, PerLayer) and [weight_quant.shape(g) for g in gate.layers] == [(64, MOE["hidden_size"], 768)] * 8
   assert all(isinstance(g, weight_quant.QuantizedWeight) == bool(quantization) for g in gate.layers)
   result, compiled = plan.compile_step(decode, target.hbm_bytes)
   assert "conditional" in compiled.as_text()
@@ -476,7 +477,9 @@ def test_an_append_of_8_of_256_slots_computes_and_reads_their_rows_only(model_di
   cache = report.shard_bytes(list(engine.abstract_decode_state().cache.k) + list(engine.abstract_decode_state().cache.v))
   assert weights < few.hbm_traffic <= weights + 4 * cache * 2 / 64 + 2**20, (few.hbm_traffic, weights, cache)
   assert few.hbm_traffic < 0.3 * every.hbm_traffic
-  assert hlo.collectives(compiled.as_text()).by_kind["all-gather"] < 0.05 * weights
+  # no weight moves: what is gathered is the appending rows' new keys and values (8 x 16 tokens, 6% of these weights;
+  # one layer's attention output alone is 15%)
+  assert hlo.collectives(compiled.as_text()).by_kind["all-gather"] < 0.1 * weights
 
 
 @pytest.mark.slow
