@@ -9,6 +9,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# on every started process's PYTHONPATH: its sitecustomize lets each process write the compilation cache
+CHILD_SITE = os.path.join(ROOT, "tests", "child_site")
 
 
 def reserved_port() -> socket.socket:
@@ -35,13 +37,14 @@ def xla_flags(devices: int = 1) -> str:
 
 def start(argv: list[str], processes: int, devices: int = 8, **env_vars: str) -> list[subprocess.Popen]:
   """`python argv...` as `processes` processes sharing `devices` CPU devices (one process: no coordinator), with
-  `env_vars` set in each. The coordinator's port and each process's transfer port (`RLJAX_TRANSFER_ADDRESS`, which
+  `env_vars` set in each, each writing the programs it compiles to the session's compilation cache (`CHILD_SITE`). The coordinator's port and each process's transfer port (`RLJAX_TRANSFER_ADDRESS`, which
   a separate_async job's cross-host copies serve on) stay reserved (`reserved_port`) until `finish`."""
   coordinator, procs = reserved_port(), []
   port = coordinator.getsockname()[1]
   for rank in range(processes):
     env = dict({k: v for k, v in os.environ.items() if k not in COMPILER_ENV}, JAX_PLATFORMS="cpu",
                XLA_FLAGS=xla_flags(devices // processes), **env_vars)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (CHILD_SITE, env.get("PYTHONPATH")) if p)
     reservations = [coordinator]
     if processes > 1:
       reservations.append(reserved_port())
