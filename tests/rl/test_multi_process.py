@@ -163,16 +163,22 @@ def test_lora_moe_router_replay_and_a_reward_model_as_two_processes_log_the_metr
   processes.assert_same_metrics(one, two, atol=1e-6)
 
 
+# The tests of failures and ends run each process on one device (a job of 2 processes over 2 devices, its rollout
+# processes decoding on one device each): what they show is how processes stop, and a process with 4 devices took a
+# third longer a step (its collectives over gloo gather 4 devices' shards)
+ONE_EACH = "actor_rollout_ref.rollout.n_gpus_per_node=1"
+
 # JAX's coordination service declares a process lost after this many seconds without its heartbeat (60 by default)
 HEARTBEAT_S = 15
 
 
 def assert_killing_a_process_stops_the_others(argv, metrics, count=2, killed=1):
-  """Runs `argv` as `count` processes whose heartbeat timeout is HEARTBEAT_S, kills process `killed` once `metrics`
+  """Runs `argv` as `count` processes of one device each (`ONE_EACH`), whose heartbeat timeout is HEARTBEAT_S, kills
+  process `killed` once `metrics`
   (the run's metrics.jsonl) has 2 records, and checks that every other process fails within 50 s (less than the
   default timeout, so the environment's was used), JAX's coordination service (process 0's) naming the lost
   process."""
-  procs = processes.start(argv, count, RLJAX_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_S))
+  procs = processes.start(argv, count, devices=count, RLJAX_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_S))
   others = [p for i, p in enumerate(procs) if i != killed]
   try:
     start = time.monotonic()
@@ -203,7 +209,7 @@ def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_di
   assert saved and saved[-1] >= 1
   # every host restarted: the job resumes after the last complete checkpoint
   logged = len(metrics.read_text().splitlines())
-  processes.run_metrics([*argv, f"trainer.total_training_steps={saved[-1] + 1}"], 2, str(run_dir))
+  processes.run_metrics([*argv, f"trainer.total_training_steps={saved[-1] + 1}"], 2, str(run_dir), devices=2)
   resumed = [json.loads(line) for line in metrics.read_text().splitlines()[logged:]]
   assert [m["step"] for m in resumed] == [saved[-1] + 1]
   assert os.path.isdir(run_dir / f"global_step_{saved[-1] + 1}")
@@ -246,7 +252,7 @@ def test_a_process_of_a_synchronous_job_failing_stops_every_process_within_secon
   monkeypatch.setenv("WHERE", where)
   argv = job("grpo", model_dir, data_dir, tmp_path, f"trainer.default_local_dir={tmp_path}/run")
   started = time.monotonic()
-  procs = processes.start([str(script), *argv[2:]], 2)
+  procs = processes.start([str(script), *argv[2:]], 2, devices=2)
   logs = processes.finish(procs, timeout=150)
   failed, other = logs[failing], logs[1 - failing]
   assert [procs[failing].returncode, procs[1 - failing].returncode] == [1 if where == "score" else 2, 1], other[-3000:]
@@ -375,16 +381,16 @@ def test_killing_one_rollout_process_of_two_stops_both_trainer_processes_and_the
     model_dir, data_dir, tmp_path):
   argv = separate_job(model_dir, data_dir, tmp_path, "algorithm.filter_groups.enable=false", "data.gen_batch_size=8",
                       "trainer.total_training_steps=50", "trainer.total_epochs=50", "trainer.val_before_train=false",
-                      "actor_rollout_ref.rollout.nnodes=2", "actor_rollout_ref.rollout.n_gpus_per_node=2",
-                      f"trainer.default_local_dir={tmp_path}/run")
+                      "actor_rollout_ref.rollout.nnodes=2", ONE_EACH, f"trainer.default_local_dir={tmp_path}/run")
   assert_killing_a_process_stops_the_others(argv, tmp_path / "run" / "metrics.jsonl", count=4, killed=3)
 
 
 @pytest.mark.slow
 def test_a_separate_async_run_that_trains_no_step_ends_its_rollout_process(model_dir, data_dir, tmp_path):
   # trainer.val_only: the trainer validates on its devices and never starts the rollout, which then ends too
-  argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_only=true", f"trainer.default_local_dir={tmp_path}")
-  logged = processes.run_metrics(argv, 2, str(tmp_path))
+  argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_only=true", ONE_EACH,
+                      f"trainer.default_local_dir={tmp_path}")
+  logged = processes.run_metrics(argv, 2, str(tmp_path), devices=2)
   assert [m["step"] for m in logged] == [0] and "val-core/rljax/arithmetic/reward/mean@1" in logged[0]
 
 
@@ -397,8 +403,9 @@ def test_a_bad_row_the_rollout_process_reads_stops_both_processes_naming_it(mode
   bad[12]["prompt"] = [dict(m, content=m["content"] + " pad" * 400) for m in bad[12]["prompt"]]
   pq.write_table(pa.Table.from_pylist(bad, schema=rows.schema), tmp_path / "train.parquet")
   argv = separate_job(model_dir, data_dir, tmp_path, f"data.train_files={tmp_path}/train.parquet",
-                      "data.shuffle=false", "trainer.val_before_train=false", f"trainer.default_local_dir={tmp_path}/run")
-  procs = processes.start(argv, 2)
+                      "data.shuffle=false", "trainer.val_before_train=false", ONE_EACH,
+                      f"trainer.default_local_dir={tmp_path}/run")
+  procs = processes.start(argv, 2, devices=2)
   trainer, rollout = processes.finish(procs, timeout=300)
   assert procs[0].returncode != 0 and procs[1].returncode != 0
   named = f"{tmp_path}/train.parquet row 12: prompt is"
@@ -409,7 +416,7 @@ def test_a_bad_row_the_rollout_process_reads_stops_both_processes_naming_it(mode
 @pytest.mark.slow  # a 2-process run whose rollout process is killed after step 1 (about 40 s)
 def test_a_killed_rollout_process_stops_the_trainer(model_dir, data_dir, tmp_path):
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.total_training_steps=50", "trainer.total_epochs=50",
-                      f"trainer.default_local_dir={tmp_path}/run")
+                      ONE_EACH, f"trainer.default_local_dir={tmp_path}/run")
   assert_killing_a_process_stops_the_others(argv, tmp_path / "run" / "metrics.jsonl")
 
 
@@ -445,7 +452,7 @@ runpy.run_module("rljax.train", run_name="__main__", alter_sys=True)
 @pytest.mark.parametrize("count,failing", [(2, 0), (3, 1), (2, 1)])
 def test_a_process_failing_inside_a_weight_sync_stops_every_process_within_seconds(
     model_dir, data_dir, tmp_path, monkeypatch, count, failing):
-  # 1+1 with the trainer's send or the rollout's receive failing, or 2+1 on 6 devices (processes 0 and 1 train)
+  # 1+1 with the trainer's send or the rollout's receive failing, or 2+1 (processes 0 and 1 train)
   # with the second trainer process's send failing: before, the processes waiting inside the transfer or its
   # collectives stayed there for minutes, until JAX's shutdown barrier timed out and heartbeats were lost. (1+1
   # with the receive failing: the trainer, told by the rollout's message, may abort the job before the rollout
@@ -454,11 +461,10 @@ def test_a_process_failing_inside_a_weight_sync_stops_every_process_within_secon
   script.write_text(FAILING_SYNC)
   monkeypatch.setenv("FAILING", str(failing))
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_before_train=false",
-                      f"actor_rollout_ref.rollout.n_gpus_per_node={8 // count}",
-                      f"trainer.default_local_dir={tmp_path}/run")
+                      ONE_EACH, f"trainer.default_local_dir={tmp_path}/run")
   assert argv[:2] == ["-m", "rljax.train"]
   started = time.monotonic()
-  procs = processes.start([str(script), *argv[2:]], count, devices=8 if count == 2 else 6)
+  procs = processes.start([str(script), *argv[2:]], count, devices=count)
   logs = processes.finish(procs, timeout=150)
   assert [p.returncode for p in procs] == [1] * count, logs[-1][-3000:]
   assert time.monotonic() - started < 120
