@@ -37,8 +37,9 @@ def xla_flags(devices: int = 1) -> str:
 
 def start(argv: list[str], processes: int, devices: int = 8, **env_vars: str) -> list[subprocess.Popen]:
   """`python argv...` as `processes` processes sharing `devices` CPU devices (one process: no coordinator), with
-  `env_vars` set in each, each writing the programs it compiles to the session's compilation cache (`CHILD_SITE`). The coordinator's port and each process's transfer port (`RLJAX_TRANSFER_ADDRESS`, which
-  a separate_async job's cross-host copies serve on) stay reserved (`reserved_port`) until `finish`."""
+  `env_vars` set in each, each writing the programs it compiles to the session's compilation cache (`CHILD_SITE`).
+  The coordinator's port and each process's transfer port (`RLJAX_TRANSFER_ADDRESS`, which a separate_async job's
+  cross-host copies serve on) stay reserved (`reserved_port`) until `finish`."""
   coordinator, procs = reserved_port(), []
   port = coordinator.getsockname()[1]
   for rank in range(processes):

@@ -303,7 +303,8 @@ def test_scanned_expert_parallel_decode_reads_its_experts_in_place(tmp_path, qua
                           "actor_rollout_ref.model.scan_layers=true", *extra)
   decode = steps["decode_step"]
   gate = decode.step.args[0]["layers"]["mlp"]["gate"].get_value()
-  assert isinstance(gate, PerLayer) and [weight_quant.shape(g) for g in gate.layers] == [(64, MOE["hidden_size"], 768)] * 8
+  expert = (64, MOE["hidden_size"], 768)
+  assert isinstance(gate, PerLayer) and [weight_quant.shape(g) for g in gate.layers] == [expert] * 8
   assert all(isinstance(g, weight_quant.QuantizedWeight) == bool(quantization) for g in gate.layers)
   result, compiled = plan.compile_step(decode, target.hbm_bytes)
   assert "conditional" in compiled.as_text()
