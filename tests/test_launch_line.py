@@ -310,6 +310,19 @@ def test_a_missing_local_model_stops_the_run_before_any_work(tmp_path, model_dir
     C.check_model_path("actor_rollout_ref.model.path", path, must_exist=True)
 
 
+def test_a_vision_language_model_is_refused_where_a_run_is_configured(tmp_path):
+  # rljax.models runs Qwen2.5-VL (tests/models/test_vision_language.py); no trainer feeds it images yet
+  (tmp_path / "vl").mkdir()
+  (tmp_path / "vl" / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+  path = str(tmp_path / "vl")
+  message = error_of(resolved, experiment("grpo"), [f"actor_rollout_ref.model.path={path}"])
+  assert message.startswith(f"actor_rollout_ref.model.path='{path}': is a vision-language model (qwen2_5_vl)")
+  assert "use a text model" in message
+  assert "model.partial_pretrain=" in error_of(
+      sft_main.resolve, sft_config.get_sft_config(), [f"model.partial_pretrain={path}", "trainer.n_gpus_per_node=1"],
+      device_count=1)
+
+
 def test_config_name_and_path_pick_a_verl_yaml_file(tmp_path, monkeypatch):
   (tmp_path / "ppo.yaml").write_text(VERL_YAML)
   for argv in (["--config-path", str(tmp_path), "--config-name", "ppo"],

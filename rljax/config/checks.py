@@ -6,6 +6,7 @@ rljax's RL (`validation`), SFT and evaluation configs are checked with them.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 from typing import Any, Sequence
@@ -63,6 +64,26 @@ def check_data_files(config: ConfigDict, key: str, required: bool = True) -> Non
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
+# config.json model types whose weights rljax.models reads and runs, but whose images no trainer feeds yet
+_VISION_LANGUAGE = ("qwen2_5_vl",)
+
+
+def _check_text_model(key: str, path: str) -> None:
+  """Raises a ConfigError naming `key` when `path` is a model directory of a vision-language model."""
+  config_file = os.path.join(os.path.expanduser(path), "config.json")
+  if not os.path.isfile(config_file):
+    return
+  try:
+    with open(config_file) as f:
+      model_type = json.load(f).get("model_type")
+  except (OSError, ValueError, AttributeError):
+    return  # an unreadable config.json is reported where the model loads
+  if model_type in _VISION_LANGUAGE:
+    raise ConfigError(key, path, f"is a vision-language model ({model_type}): rljax.models loads and runs it "
+                      "(rljax.models.vision), but training and evaluation on images are not implemented yet",
+                      "use a text model")
+
+
 def check_model_path(key: str, path: Any, must_exist: bool = False) -> None:
   """Raises a ConfigError naming `key` unless `path` names a model rljax can read.
 
@@ -79,6 +100,8 @@ def check_model_path(key: str, path: Any, must_exist: bool = False) -> None:
     must_exist: also reject a missing local path.
   """
   from rljax.models.api import ALIASES  # pylint: disable=import-outside-toplevel
+  if isinstance(path, str):
+    _check_text_model(key, path)
   if not isinstance(path, str) or path.lower() in ALIASES or os.path.exists(os.path.expanduser(path)):
     return
   hub = _HUB_ID.match(path) is not None

@@ -156,6 +156,45 @@ def _layer_source(cfg: ModelConfig, inner: tuple[Any, ...], layers: tuple[int, .
   return None
 
 
+def _vision_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLayout]]:
+  """Flax path inside ``visual`` -> (HF name inside ``visual.``, with ``{i}`` for a block; layout)."""
+  v = cfg.vision
+  d, h, hd, f, wide = v.hidden_size, v.num_heads, v.head_dim, v.intermediate_size, v.merge_unit * v.hidden_size
+  vec = lambda n: TensorLayout(((n,),), (0,))  # noqa: E731
+  dense = lambda out, inp: TensorLayout(((out,), (inp,)), (1, 0))  # noqa: E731
+  return {
+      ("patch",): ("patch_embed.proj.weight", TensorLayout(((d,), *((n,) for n in v.patch_shape)), (1, 2, 3, 4, 0))),
+      ("blocks", "norm1", "scale"): ("blocks.{i}.norm1.weight", vec(d)),
+      ("blocks", "norm2", "scale"): ("blocks.{i}.norm2.weight", vec(d)),
+      ("blocks", "qkv"): ("blocks.{i}.attn.qkv.weight", TensorLayout(((3, h, hd), (d,)), (3, 0, 1, 2))),
+      ("blocks", "qkv_bias"): ("blocks.{i}.attn.qkv.bias", TensorLayout(((3, h, hd),), (0, 1, 2))),
+      ("blocks", "proj"): ("blocks.{i}.attn.proj.weight", TensorLayout(((d,), (h, hd)), (1, 2, 0))),
+      ("blocks", "proj_bias"): ("blocks.{i}.attn.proj.bias", vec(d)),
+      ("blocks", "gate"): ("blocks.{i}.mlp.gate_proj.weight", dense(f, d)),
+      ("blocks", "gate_bias"): ("blocks.{i}.mlp.gate_proj.bias", vec(f)),
+      ("blocks", "up"): ("blocks.{i}.mlp.up_proj.weight", dense(f, d)),
+      ("blocks", "up_bias"): ("blocks.{i}.mlp.up_proj.bias", vec(f)),
+      ("blocks", "down"): ("blocks.{i}.mlp.down_proj.weight", dense(d, f)),
+      ("blocks", "down_bias"): ("blocks.{i}.mlp.down_proj.bias", vec(d)),
+      ("merger_norm", "scale"): ("merger.ln_q.weight", vec(d)),
+      ("merger_fc1",): ("merger.mlp.0.weight", dense(wide, wide)),
+      ("merger_fc1_bias",): ("merger.mlp.0.bias", vec(wide)),
+      ("merger_fc2",): ("merger.mlp.2.weight", dense(v.out_hidden_size, wide)),
+      ("merger_fc2_bias",): ("merger.mlp.2.bias", vec(v.out_hidden_size)),
+  }
+
+
+def _vision_source(cfg: ModelConfig, inner: tuple[Any, ...]) -> Source | None:
+  """The Source of vision tower parameter ``inner`` (the blocks' stacked over the tower's depth), or None."""
+  if cfg.vision is None or inner not in _vision_table(cfg):
+    return None
+  name, layout = _vision_table(cfg)[inner]
+  if "{i}" in name:
+    depth = cfg.vision.depth
+    return Source(tuple(f"visual.{name.format(i=i)}" for i in range(depth)), layout, (depth,))
+  return Source((f"visual.{name}",), layout)
+
+
 def hf_sources(cfg: ModelConfig, path: tuple[Any, ...]) -> Source:
   """The HF tensor(s) and layout for the Flax parameter at ``path``."""
   top = TensorLayout(((cfg.vocab_size,), (cfg.hidden_size,)), (0, 1))
@@ -166,7 +205,9 @@ def hf_sources(cfg: ModelConfig, path: tuple[Any, ...]) -> Source:
   if path == ("final_norm", "scale"):
     return Source(("model.norm.weight",), TensorLayout(((cfg.hidden_size,),), (0,)))
   source = None
-  if path[0] == "layers" and cfg.scan_layers:
+  if path[0] == "visual":
+    source = _vision_source(cfg, path[1:])
+  elif path[0] == "layers" and cfg.scan_layers:
     source = _layer_source(cfg, path[1:], tuple(range(cfg.num_layers)), True)
   elif path[0] == "layers" and isinstance(path[1], int):
     source = _layer_source(cfg, path[2:], (path[1],), False)
@@ -191,9 +232,22 @@ class TensorSource:
     return self._tensors[name]
 
 
+# transformers 5's own module names of a vision-language model -> the released checkpoints' names
+_NESTED_PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."))
+
+
+def released_name(name: str) -> str:
+  """A tensor's name as the released checkpoints spell it (transformers 5's nested ``model.language_model.`` and
+  ``model.visual.`` become ``model.`` and ``visual.``); other names unchanged."""
+  for nested, released in _NESTED_PREFIXES:
+    if name.startswith(nested):
+      return released + name[len(nested):]
+  return name
+
+
 def safetensors_source(path: str) -> TensorSource:
   reader = safetensors_io.SafetensorsReader(path)
-  return TensorSource({n: reader.tensor(n) for n in reader.names()}, path)
+  return TensorSource({released_name(n): reader.tensor(n) for n in reader.names()}, path)
 
 
 def _check_tensors(cfg: ModelConfig, sources: Mapping[tuple, Source], src: TensorSource) -> None:

@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from rljax.models.vision_config import VisionConfig, vision_from_hf, vision_to_hf
+
 # model_type -> family defaults that differ from Llama's.
 _FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {"qkv_bias": None, "o_bias": None, "qk_norm": False},
@@ -22,6 +24,7 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     "qwen3": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
     "qwen3_moe": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
     "gemma3_text": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
+    "qwen2_5_vl": {"qkv_bias": True, "o_bias": False, "qk_norm": False},
 }
 
 _ARCHITECTURES = {
@@ -31,7 +34,12 @@ _ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
 }
+# The top-level fields of a vision-language config.json that are not its language model's.
+_VL_TOP = frozenset({"model_type", "architectures", "text_config", "vision_config", "image_token_id", "video_token_id",
+                     "vision_start_token_id", "vision_end_token_id", "vision_token_id", "tie_word_embeddings",
+                     "dtype", "torch_dtype", "transformers_version"})
 
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -45,7 +53,7 @@ class ModelConfig:
   """Shapes and options of a decoder-only causal LM.
 
   Attributes:
-    model_type: HF ``model_type`` (llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text).
+    model_type: HF ``model_type`` (llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text, qwen2_5_vl).
     vocab_size: V.
     hidden_size: D, the residual width.
     intermediate_size: F, the gated MLP's width.
@@ -102,7 +110,16 @@ class ModelConfig:
     remat_policy: what a rematerialised layer saves (``rljax.models.remat``).
     offload_activations: a rematerialised layer keeps its input in host memory (``rljax.models.remat``).
     attention_kernel: ``xla`` or ``pallas`` (``rljax.models.attention``).
+    mrope_section: None, or how many of each head's head_dim / 2 rotary
+      frequencies turn with the temporal, height and width position
+      (Qwen2.5-VL's M-RoPE; positions [3, B, T]).
+    vision: None, or the vision tower's configuration (a vision-language
+      model: ``rljax.models.vision``).
+    image_token_id: the image-pad token whose embeddings the tower's
+      features replace.
     hf_extra: the remaining HF config fields, written back unchanged.
+    hf_top: a vision-language config.json's remaining top-level fields
+      (its language model's are in hf_extra), written back unchanged.
   """
 
   model_type: str = "llama"
@@ -149,7 +166,11 @@ class ModelConfig:
   remat_policy: str = "full"
   offload_activations: bool = False
   attention_kernel: str = "xla"
+  mrope_section: tuple[int, ...] | None = None
+  vision: VisionConfig | None = None
+  image_token_id: int | None = None
   hf_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  hf_top: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __hash__(self) -> int:
     return hash(repr(self))
@@ -312,6 +333,8 @@ def from_hf_dict(
     The config. Raises ValueError naming the field for an unsupported
     model_type, activation or a missing field.
   """
+  if d.get("model_type") == "qwen2_5_vl":
+    return _vision_language_from_hf(d, overrides, options)
   d = {**d, **(overrides or {})}
   model_type = d.get("model_type")
   if model_type is None:
@@ -371,6 +394,53 @@ def from_hf_dict(
   )
 
 
+def _vision_language_from_hf(d: Mapping[str, Any], overrides: Mapping[str, Any] | None,
+                             options: Mapping[str, Any]) -> ModelConfig:
+  """A Qwen2.5-VL config.json (its language model's fields nested in ``text_config`` as transformers 5 writes
+  them, or at the top level as the released checkpoints have them) as a ModelConfig with its ``vision``."""
+  text = {k: v for k, v in d.items() if k not in _VL_TOP}
+  text.update(d.get("text_config") or {})
+  text.update(overrides or {})
+  rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+  section = rope.pop("mrope_section", None)
+  if not section:
+    raise ValueError("config.json for model_type='qwen2_5_vl' lacks rope_scaling.mrope_section (M-RoPE's split "
+                     "of each head's frequencies between time, height and width).")
+  theta = text.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
+  for key in ("rope_parameters", "rope_scaling", "model_type"):
+    text.pop(key, None)
+  if "vision_config" not in d:
+    raise ValueError("config.json for model_type='qwen2_5_vl' lacks the field 'vision_config'.")
+  tie = d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+  cfg = from_hf_dict({**text, "model_type": "qwen2", "rope_theta": theta, "tie_word_embeddings": tie}, **options)
+  head_half = cfg.head_dim // 2
+  if len(section) != 3 or sum(section) != head_half:
+    raise ValueError(f"rope_scaling.mrope_section={list(section)} must be 3 sizes summing to head_dim / 2 = "
+                     f"{head_half}.")
+  vision = vision_from_hf(d["vision_config"])
+  if vision.out_hidden_size != cfg.hidden_size:
+    raise ValueError(f"vision_config.out_hidden_size={vision.out_hidden_size} must equal the language model's "
+                     f"hidden_size={cfg.hidden_size}.")
+  return cfg.replace(model_type="qwen2_5_vl", mrope_section=tuple(int(s) for s in section), vision=vision,
+                     image_token_id=int(_require(d, "image_token_id", "qwen2_5_vl")),
+                     hf_top={k: v for k, v in d.items() if k in _VL_TOP - {"model_type", "architectures", "text_config",
+                                                                        "vision_config", "image_token_id",
+                                                                        "tie_word_embeddings", "dtype", "torch_dtype",
+                                                                        "transformers_version"}})
+
+
+def _vision_language_to_hf(cfg: ModelConfig, torch_dtype: str) -> dict[str, Any]:
+  """The Qwen2.5-VL config.json of ``cfg`` (the language model's fields in ``text_config``)."""
+  text = to_hf_dict(cfg.replace(model_type="qwen2", vision=None, mrope_section=None), torch_dtype)
+  for key in ("architectures", "torch_dtype", "dtype"):
+    text.pop(key)
+  text.update(model_type="qwen2_5_vl_text",
+              rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": list(cfg.mrope_section)})
+  return {**cfg.hf_top, "model_type": "qwen2_5_vl", "architectures": [_ARCHITECTURES["qwen2_5_vl"]],
+          "text_config": text, "vision_config": vision_to_hf(cfg.vision), "image_token_id": cfg.image_token_id,
+          "tie_word_embeddings": cfg.tie_word_embeddings, "torch_dtype": torch_dtype, "dtype": torch_dtype}
+
+
 def _moe_fields(d: Mapping[str, Any]) -> dict[str, Any]:
   """The mixture-of-experts fields of a Qwen3-MoE config.json (``num_local_experts`` is transformers 5's name)."""
   experts = d.get("num_experts", d.get("num_local_experts"))
@@ -401,6 +471,8 @@ def _moe_fields(d: Mapping[str, Any]) -> dict[str, Any]:
 
 def to_hf_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict[str, Any]:
   """The HF config.json dict for ``cfg`` (readable by transformers 4 and 5)."""
+  if cfg.vision is not None:
+    return _vision_language_to_hf(cfg, torch_dtype)
   d: dict[str, Any] = dict(cfg.hf_extra)
   for stale in ("rope_parameters", "dtype", "torch_dtype", "transformers_version"):
     d.pop(stale, None)

@@ -107,3 +107,22 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
   out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
   return out.astype(x.dtype)
+
+
+def mrope_cos_sin(
+    positions: jax.Array, inv_freq: np.ndarray, attention_factor: float, sections: tuple[int, ...]
+) -> tuple[jax.Array, jax.Array]:
+  """cos, sin tables [B, T, head_dim] (float32) of multimodal RoPE (Qwen2.5-VL's M-RoPE).
+
+  positions [3, B, T] hold each token's temporal, height and width
+  position; the first sections[0] of the head_dim // 2 frequencies turn
+  with the temporal one, the next sections[1] with the height, the rest
+  with the width. Text tokens carry one position on all three axes, where
+  this is ``cos_sin`` of it.
+  """
+  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [3, B, T, head_dim // 2]
+  axis_of = np.repeat(np.arange(len(sections)), sections)
+  pick = (axis_of[None, :] == np.arange(len(sections))[:, None]).astype(np.float32)  # [3, head_dim // 2]
+  chosen = jnp.sum(freqs * jnp.asarray(pick)[:, None, None, :], axis=0)
+  angles = jnp.concatenate([chosen, chosen], axis=-1)
+  return jnp.cos(angles) * attention_factor, jnp.sin(angles) * attention_factor

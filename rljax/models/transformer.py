@@ -28,6 +28,7 @@ from rljax.models.attention import AttentionMask
 from rljax.models.config import ModelConfig
 from rljax.models.layers import Block, PerLayer, RMSNorm, gather_layer, layer_of, make_param
 from rljax.models import moe
+from rljax.models.vision import Images, VisionTower, place_images
 from rljax.models.remat import LAYER_INPUT, remat_policy
 from rljax.sharding.rules import constrain
 
@@ -139,9 +140,14 @@ def _check_scannable(cfg: ModelConfig) -> None:
 
 def _rope_tables(cfg: ModelConfig, positions: jax.Array, local: bool) -> tuple[jax.Array, jax.Array]:
   """(cos, sin) [B, T, head_dim] of the rotary embedding at `positions` [B, T] for the layers of kind `local`
-  (sliding-window layers may have their own theta and scaling)."""
+  (sliding-window layers may have their own theta and scaling); positions [3, B, T] are M-RoPE's
+  (``ModelConfig.mrope_section``)."""
   _, theta, scaling = cfg.attention_kind(local)
   inv_freq, attention_factor = rope.inv_frequencies(cfg.head_dim, theta, scaling, cfg.max_position_embeddings)
+  if positions.ndim == 3:
+    if cfg.mrope_section is None:
+      raise ValueError(f"positions of shape {positions.shape} are M-RoPE's; {cfg.model_type} has none.")
+    return rope.mrope_cos_sin(positions, inv_freq, attention_factor, cfg.mrope_section)
   return rope.cos_sin(positions, inv_freq, attention_factor)
 
 
@@ -159,7 +165,8 @@ def _block(cfg: ModelConfig, rngs: nnx.Rngs, layer: int, stack: int | None = Non
 
 
 class CausalLM(nnx.Module):
-  """Decoder-only LM for the Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and Gemma 3 (text) families."""
+  """Decoder-only LM for the Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and Gemma 3 (text) families; with a vision
+  tower (``visual``) for Qwen2.5-VL, whose features replace the image-pad tokens' embeddings."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -175,6 +182,8 @@ class CausalLM(nnx.Module):
     if not cfg.tie_word_embeddings:
       self.lm_head = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"),
                                 _EMBED_INIT, pd)
+    if cfg.vision is not None:
+      self.visual = VisionTower(cfg.vision, rngs, cfg.dtype, pd)
 
   def lm_head_weight(self) -> jax.Array:
     """[V, D] output projection (the embedding matrix when tied)."""
@@ -186,6 +195,18 @@ class CausalLM(nnx.Module):
     if self.cfg.scale_embeddings:
       x = x * jnp.asarray(self.cfg.hidden_size ** 0.5, x.dtype)
     return constrain(x, _RESIDUAL)
+
+  def _inputs(self, input_ids: jax.Array, images: Images | None, positions: jax.Array | None) -> jax.Array:
+    """[B, T, D] embeddings of input_ids, the image-pad tokens' replaced by the tower's features of ``images``
+    (whose prompts need their M-RoPE ``positions``: ``rljax.models.vision.rope_index``)."""
+    x = self._embed(input_ids)
+    if images is None:
+      return x
+    if self.cfg.vision is None:
+      raise ValueError(f"images were given to a {self.cfg.model_type} model, which has no vision tower.")
+    if positions is None or positions.ndim != 3:
+      raise ValueError("a pass with images needs their M-RoPE positions [3, B, T] (rljax.models.vision.rope_index).")
+    return constrain(place_images(x, input_ids == self.cfg.image_token_id, self.visual(images)), _RESIDUAL)
 
   def logits(self, h: jax.Array) -> jax.Array:
     """[..., D] final hidden states -> [..., V] logits (softcapped with final_logit_softcapping)."""
@@ -281,18 +302,22 @@ class CausalLM(nnx.Module):
       segment_ids: jax.Array | None = None,
       with_routing: bool = False,
       experts: jax.Array | None = None,
+      images: Images | None = None,
   ) -> jax.Array | tuple[jax.Array, moe.Routing | None]:
     """Final (normed) hidden states [B, T, D] for input_ids [B, T].
 
     Args:
       input_ids: [B, T] token ids.
       attention_mask: [B, T] 1 for real tokens, 0 for padding (default all 1).
-      positions: [B, T] RoPE positions (default cumsum(mask) - 1).
+      positions: [B, T] RoPE positions (default cumsum(mask) - 1), or
+        [3, B, T] M-RoPE ones (a vision-language model).
       segment_ids: [B, T] packed-sequence ids (attention stays within one).
       with_routing: also return what the mixture-of-experts layers did
         (``rljax.models.moe.Routing``; None for a dense model).
       experts: [B, T, L_sparse, k] route each token to these experts
         (router replay).
+      images: the batch's images (``rljax.models.vision.Images``), whose
+        features replace the image-pad tokens' embeddings in order.
     """
     b, t = input_ids.shape
     if attention_mask is None:
@@ -305,7 +330,7 @@ class CausalLM(nnx.Module):
     masks = self._masks(lambda window: AttentionMask(
         dense=attention_mask_3d(valid, jnp.broadcast_to(slots, (b, t)), slots, window, segment_ids),
         query_segments=segments, key_segments=segments, offset=0, window=window))
-    x, _, routing = self._run_layers(self._embed(input_ids), positions, masks, None, experts)
+    x, _, routing = self._run_layers(self._inputs(input_ids, images, positions), positions, masks, None, experts)
     h = constrain(self.final_norm(x), _RESIDUAL)
     return (h, routing) if with_routing else h
 
@@ -315,9 +340,10 @@ class CausalLM(nnx.Module):
       attention_mask: jax.Array | None = None,
       positions: jax.Array | None = None,
       segment_ids: jax.Array | None = None,
+      images: Images | None = None,
   ) -> jax.Array:
     """Logits [B, T, V]; arguments as in ``hidden_states``."""
-    return self.logits(self.hidden_states(input_ids, attention_mask, positions, segment_ids))
+    return self.logits(self.hidden_states(input_ids, attention_mask, positions, segment_ids, images=images))
 
   def step_hidden(
       self,
@@ -329,6 +355,7 @@ class CausalLM(nnx.Module):
       query_offset: int | None = None,
       with_routing: bool = False,
       experts: jax.Array | None = None,
+      images: Images | None = None,
   ) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, moe.Routing | None]:
     """Final (normed) hidden states of T new tokens per row run against a KV cache.
 
@@ -339,13 +366,15 @@ class CausalLM(nnx.Module):
       input_ids: [B, T] new tokens (a left-padded prompt, or one token).
       cache: the KVCache; see ``init_cache``.
       attention_mask: [B, T] 1 for real new tokens (default all 1).
-      positions: [B, T] (default: real tokens already cached + cumsum - 1).
+      positions: [B, T] (default: real tokens already cached + cumsum - 1),
+        or [3, B, T] M-RoPE positions (a prompt with images).
       last_only: the last new token's hidden state only ([B, 1, D]).
       query_offset: static ``cache.index`` of every row when the caller
         knows it (a prefill into an empty cache: 0; the responses after a
         shared prompt: its length), which lets attention run as a flash
         kernel (``rljax.models.attention``).
-      with_routing, experts: as in ``hidden_states``, for the new tokens.
+      with_routing, experts, images: as in ``hidden_states``, for the new
+        tokens.
 
     Returns:
       (hidden [B, T, D] or [B, 1, D], the updated cache[, Routing]).
@@ -364,7 +393,7 @@ class CausalLM(nnx.Module):
         query_segments=attention_mask.astype(jnp.int32), key_segments=slots_mask.astype(jnp.int32),
         offset=query_offset, window=window,
         live=live_slots(slots_mask, cache.index + t) if t == 1 else None))
-    x, (k, v), routing = self._run_layers(self._embed(input_ids), positions, masks, cache, experts)
+    x, (k, v), routing = self._run_layers(self._inputs(input_ids, images, positions), positions, masks, cache, experts)
     h = constrain(self.final_norm(x[:, -1:] if last_only else x), _RESIDUAL)
     cache = KVCache(k=k, v=v, mask=slots_mask, index=cache.index + t)
     return (h, cache, routing) if with_routing else (h, cache)
@@ -378,6 +407,7 @@ class CausalLM(nnx.Module):
       last_only: bool = False,
       query_offset: int | None = None,
       with_routing: bool = False,
+      images: Images | None = None,
   ) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, moe.Routing | None]:
     """Prefill or decode against a KV cache: (logits [B, T, V] or [B, 1, V], the updated cache[, Routing]).
 
@@ -385,7 +415,7 @@ class CausalLM(nnx.Module):
     ever holding [B, T, V] logits (the routing covers every new token).
     """
     h, cache, routing = self.step_hidden(input_ids, cache, attention_mask, positions, last_only, query_offset,
-                                         with_routing=True)
+                                         with_routing=True, images=images)
     logits = constrain(self.logits(h), ("cache_batch", "length", "vocab"))
     return (logits, cache, routing) if with_routing else (logits, cache)
 

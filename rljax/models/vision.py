@@ -1,0 +1,274 @@
+"""Qwen2.5-VL's vision tower and the host-side layouts it and the language model read.
+
+The tower turns an image's patches into one feature per image-pad token of
+the prompt: a linear patch embedding (HF's Conv3d over temporal x spatial
+patches, kernel = stride), blocks of non-causal attention with a 2-D rotary
+embedding (height and width halves of each head) and a SwiGLU MLP, then the
+patch merger (RMSNorm, each 2 x 2 block of patches concatenated, a GELU MLP
+to the language model's width). Most blocks attend within windows of
+``window_size`` pixels; the ``fullatt_block_indexes`` blocks attend across
+each frame.
+
+Everything that depends on the images' sizes is computed on the host, once
+per prompt, by ``image_layout`` (numpy): the order in which the tower sees
+the patches (window by window), each position's rotary coordinates, its
+window and frame, and where each merged feature goes back to. Inside a
+jitted pass the tower is then shape-static: a sequence of N patches, masks
+from the window and frame ids. ``rope_index`` gives the language model's
+three-axis (temporal, height, width) positions for a prompt with images
+(M-RoPE), and the offset its decoded tokens' positions carry.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.models.layers import RMSNorm, make_param
+from rljax.models.vision_config import VisionConfig
+
+_NORMAL = jax.nn.initializers.normal(0.02)
+_ZEROS = jax.nn.initializers.zeros
+_VISION_ACTIVATIONS = {"silu": jax.nn.silu, "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+                       "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x)}
+
+
+class ImageLayout(NamedTuple):
+  """Where each of N patches (the rows of ``pixel_values``, in the image processor's order) goes in the tower.
+
+  Attributes:
+    order: [N] int32, the patch at each position of the tower's sequence (window by window).
+    rotary: [N, 2] int32, the (row, column) of the patch at each position.
+    windows: [N] int32, the attention window of each position (the windowed blocks attend within one).
+    frames: [N] int32, the frame of each position (the full-attention blocks attend within one).
+    restore: [N / m^2] int32, for each merged token in the processor's order, its index among the tower's merged
+      outputs.
+  """
+
+  order: np.ndarray
+  rotary: np.ndarray
+  windows: np.ndarray
+  frames: np.ndarray
+  restore: np.ndarray
+
+
+def _merge_order(h: int, w: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+  """([h * w] rows, [h * w] columns) of the patches of an h x w grid in the processor's order (each m x m block's
+  patches together, blocks row by row)."""
+  rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+  block = lambda a: a.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).reshape(-1)  # noqa: E731
+  return block(rows), block(cols)
+
+
+def _windows(t: int, h: int, w: int, side: int) -> list[np.ndarray]:
+  """The merged tokens of each non-empty window of a t x h x w merged grid (windows of side x side tokens, row by
+  row in each frame), as indices into the grid's tokens in order."""
+  index = np.arange(t * h * w).reshape(t, h, w)
+  out = []
+  for f in range(t):
+    for r, c in itertools.product(range(0, h, side), range(0, w, side)):
+      window = index[f, r:r + side, c:c + side].reshape(-1)
+      if window.size:
+        out.append(window)
+  return out
+
+
+def image_layout(grid_thw: np.ndarray, cfg: VisionConfig) -> ImageLayout:
+  """The tower's layout of the images whose patch grids are ``grid_thw`` [I, 3] (frames, rows, columns), as HF's
+  Qwen2.5-VL orders them: each image's windows in turn; rows and columns must be multiples of m."""
+  m, unit = cfg.spatial_merge_size, cfg.merge_unit
+  side = cfg.window_size // m // cfg.patch_size
+  order, rotary, windows, frames = [], [], [], []
+  patch_start, frame_start, window_start = 0, 0, 0
+  for t, h, w in np.asarray(grid_thw, np.int64).reshape(-1, 3):
+    if h % m or w % m:
+      raise ValueError(f"image grid {(t, h, w)}: rows and columns must be multiples of spatial_merge_size={m}.")
+    rows, cols = _merge_order(h, w, m)
+    for k, window in enumerate(_windows(t, h // m, w // m, side)):
+      patches = (window[:, None] * unit + np.arange(unit)).reshape(-1)
+      order.append(patches + patch_start)
+      per_frame = patches % (h * w)
+      rotary.append(np.stack([rows[per_frame], cols[per_frame]], -1))
+      windows.append(np.full(patches.size, window_start + k))
+      frames.append(frame_start + patches // (h * w))
+    window_start += len(_windows(t, h // m, w // m, side))
+    patch_start += t * h * w
+    frame_start += t
+  order = np.concatenate(order).astype(np.int32)
+  merged = order[::unit] // unit
+  return ImageLayout(order=order, rotary=np.concatenate(rotary).astype(np.int32),
+                     windows=np.concatenate(windows).astype(np.int32), frames=np.concatenate(frames).astype(np.int32),
+                     restore=np.argsort(merged).astype(np.int32))
+
+
+def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, grid_thw: np.ndarray, image_token_id: int,
+               spatial_merge_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """M-RoPE positions of a batch of prompts with images (HF Qwen2.5-VL's ``get_rope_index`` for images).
+
+  Text tokens advance all three axes by one; an image's run of image-pad
+  tokens holds its merged grid (frame, row, column) offset by the position
+  where it starts, and the text after it resumes past the larger side.
+
+  Args:
+    input_ids: [B, T] token ids (images in order along the rows, then the batch).
+    attention_mask: [B, T] 1 for real tokens (padding gets position 0).
+    grid_thw: [I, 3] the patch grids of the batch's images, in order.
+    image_token_id: the image-pad token.
+    spatial_merge_size: m.
+
+  Returns:
+    (positions [3, B, T] int32, deltas [B] int32): a token decoded after the
+    prompt at sequence index s (counting real tokens) has position s + delta
+    on every axis.
+  """
+  b, t = input_ids.shape
+  positions = np.zeros((3, b, t), np.int32)
+  deltas = np.zeros((b,), np.int32)
+  grids = iter(np.asarray(grid_thw, np.int64).reshape(-1, 3))
+  for row in range(b):
+    real = np.flatnonzero(attention_mask[row])
+    ids = input_ids[row, real]
+    pieces, current = [], 0
+    for is_image, run in itertools.groupby(ids == image_token_id):
+      n = len(list(run))
+      if not is_image:
+        pieces.append(np.broadcast_to(np.arange(current, current + n), (3, n)))
+        current += n
+        continue
+      try:
+        frames, rows, cols = next(grids)
+      except StopIteration:
+        raise ValueError(f"row {row} has more runs of image tokens than the {len(grid_thw)} image grids") from None
+      rows, cols = rows // spatial_merge_size, cols // spatial_merge_size
+      if frames * rows * cols != n:
+        raise ValueError(f"row {row}: a run of {n} image tokens for an image of {frames} x {rows} x {cols} merged "
+                         "patches: grid_thw must list the images in the order their tokens appear, each image's "
+                         "tokens as many as its merged patches")
+      grid = np.stack(np.meshgrid(np.arange(frames), np.arange(rows), np.arange(cols), indexing="ij")).reshape(3, -1)
+      pieces.append(grid + current)
+      current += max(rows, cols)
+    if pieces:
+      row_positions = np.concatenate(pieces, axis=1)
+      positions[:, row, real] = row_positions
+      deltas[row] = row_positions.max() + 1 - real.size
+  return positions, deltas
+
+
+class Images(NamedTuple):
+  """A batch's images as the tower reads them: pixel values and their ``ImageLayout`` as arrays.
+
+  Attributes:
+    pixels: [N, C * frames * p * p] patches in the processor's order (``pixel_values``).
+    layout: the ``ImageLayout`` of their grids (numpy or jax arrays).
+  """
+
+  pixels: jax.Array
+  layout: ImageLayout
+
+
+def _rotary_tables(rotary: jax.Array, cfg: VisionConfig) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) [N, head_dim] of the 2-D rotary embedding at (row, column) ``rotary`` [N, 2]: a spatial of the
+  frequencies each for rows and columns, repeated for both halves of a head."""
+  spatial = cfg.head_dim // 2
+  inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, spatial, 2, dtype=np.float32) / spatial))
+  freqs = rotary.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [N, 2, spatial / 2]
+  angles = freqs.reshape(freqs.shape[0], -1)
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x [N, H, hd] rotated by cos/sin [N, hd] (half-split layout), in float32."""
+  half = x.shape[-1] // 2
+  x32 = x.astype(jnp.float32)
+  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+  return (x32 * cos[:, None] + rotated * sin[:, None]).astype(x.dtype)
+
+
+class VisionBlock(nnx.Module):
+  """One tower block (``stack`` of them at once): x + attn(norm1(x)); x + mlp(norm2(x))."""
+
+  def __init__(self, cfg: VisionConfig, rngs: nnx.Rngs, dtype: Any, stack: int | None = None):
+    d, h, hd, f = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.intermediate_size
+    self.cfg = cfg
+    self.norm1 = RMSNorm(d, 1e-6, rngs, dtype=dtype, stack=stack)
+    self.norm2 = RMSNorm(d, 1e-6, rngs, dtype=dtype, stack=stack)
+    self.qkv = make_param(rngs, (d, 3, h, hd), ("embed", None, "heads", "head_dim"), _NORMAL, dtype, stack)
+    self.qkv_bias = make_param(rngs, (3, h, hd), (None, "heads", "head_dim"), _ZEROS, dtype, stack)
+    self.proj = make_param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), _NORMAL, dtype, stack)
+    self.proj_bias = make_param(rngs, (d,), ("embed",), _ZEROS, dtype, stack)
+    self.gate = make_param(rngs, (d, f), ("embed", "mlp"), _NORMAL, dtype, stack)
+    self.gate_bias = make_param(rngs, (f,), ("mlp",), _ZEROS, dtype, stack)
+    self.up = make_param(rngs, (d, f), ("embed", "mlp"), _NORMAL, dtype, stack)
+    self.up_bias = make_param(rngs, (f,), ("mlp",), _ZEROS, dtype, stack)
+    self.down = make_param(rngs, (f, d), ("mlp", "embed"), _NORMAL, dtype, stack)
+    self.down_bias = make_param(rngs, (d,), ("embed",), _ZEROS, dtype, stack)
+
+  def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
+    """x [N, Dv] with rotary tables [N, hd] and an attention mask [N, N] (True: may attend)."""
+    dt = x.dtype
+    qkv = jnp.einsum("nd,dshk->snhk", self.norm1(x), self.qkv[...].astype(dt)) + self.qkv_bias[...].astype(dt)[:, None]
+    q, k, v = _rotate(qkv[0], cos, sin), _rotate(qkv[1], cos, sin), qkv[2]
+    scores = jnp.einsum("qhk,shk->hqs", q, k) * (self.cfg.head_dim ** -0.5)
+    scores = jnp.where(mask[None], scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(dt)
+    attended = jnp.einsum("hqs,shk->qhk", weights, v)
+    x = x + jnp.einsum("nhk,hkd->nd", attended, self.proj[...].astype(dt)) + self.proj_bias[...].astype(dt)
+    y = self.norm2(x)
+    act = _VISION_ACTIVATIONS[self.cfg.hidden_act]
+    hidden = act(y @ self.gate[...].astype(dt) + self.gate_bias[...].astype(dt)) * (
+        y @ self.up[...].astype(dt) + self.up_bias[...].astype(dt))
+    return x + hidden @ self.down[...].astype(dt) + self.down_bias[...].astype(dt)
+
+
+class VisionTower(nnx.Module):
+  """Qwen2.5-VL's vision tower: patches [N, C * frames * p * p] -> merged features [N / m^2, D]."""
+
+  def __init__(self, cfg: VisionConfig, rngs: nnx.Rngs, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32):
+    d, unit = cfg.hidden_size, cfg.merge_unit
+    self.cfg = cfg
+    self.dtype = dtype
+    self.patch = make_param(rngs, (*cfg.patch_shape, d), (None, None, None, None, "embed"), _NORMAL, param_dtype)
+    self.blocks = VisionBlock(cfg, rngs, param_dtype, stack=cfg.depth)
+    self.merger_norm = RMSNorm(d, 1e-6, rngs, dtype=param_dtype)
+    self.merger_fc1 = make_param(rngs, (unit * d, unit * d), ("embed", "mlp"), _NORMAL, param_dtype)
+    self.merger_fc1_bias = make_param(rngs, (unit * d,), ("mlp",), _ZEROS, param_dtype)
+    self.merger_fc2 = make_param(rngs, (unit * d, cfg.out_hidden_size), ("mlp", "embed"), _NORMAL, param_dtype)
+    self.merger_fc2_bias = make_param(rngs, (cfg.out_hidden_size,), ("embed",), _ZEROS, param_dtype)
+
+  def __call__(self, images: Images) -> jax.Array:
+    """The merged features [N / m^2, D] of ``images``, in the order of the prompts' image-pad tokens."""
+    cfg, dt, layout = self.cfg, self.dtype, images.layout
+    pixels = jnp.asarray(images.pixels)[jnp.asarray(layout.order)].astype(dt)
+    x = jnp.einsum("nctpq,ctpqd->nd", pixels.reshape(-1, *cfg.patch_shape), self.patch[...].astype(dt))
+    cos, sin = _rotary_tables(jnp.asarray(layout.rotary), cfg)
+    windows, frames = jnp.asarray(layout.windows), jnp.asarray(layout.frames)
+    masks = (windows[:, None] == windows[None, :], frames[:, None] == frames[None, :])
+    full = np.isin(np.arange(cfg.depth), cfg.fullatt_block_indexes)
+    graphdef, state = nnx.split(self.blocks)
+
+    def body(x, xs):
+      layer_state, is_full = xs
+      mask = jnp.where(is_full, masks[1], masks[0])
+      return nnx.merge(graphdef, layer_state)(x, cos, sin, mask), None
+
+    x, _ = jax.lax.scan(body, x, (state, jnp.asarray(full)))
+    merged = self.merger_norm(x).reshape(-1, cfg.merge_unit * cfg.hidden_size)
+    hidden = jax.nn.gelu(merged @ self.merger_fc1[...].astype(dt) + self.merger_fc1_bias[...].astype(dt),
+                         approximate=False)
+    out = hidden @ self.merger_fc2[...].astype(dt) + self.merger_fc2_bias[...].astype(dt)
+    return out[jnp.asarray(layout.restore)]
+
+
+def place_images(embeds: jax.Array, is_image: jax.Array, features: jax.Array) -> jax.Array:
+  """embeds [B, T, D] with its image-pad positions ``is_image`` [B, T] replaced by ``features`` [M, D] in order
+  (row-major over the batch; M at least the number of image-pad tokens)."""
+  flat = is_image.reshape(-1)
+  rank = jnp.clip(jnp.cumsum(flat.astype(jnp.int32)) - 1, 0, features.shape[0] - 1)
+  placed = features.astype(embeds.dtype)[rank].reshape(embeds.shape)
+  return jnp.where(is_image[..., None], placed, embeds)

@@ -1,0 +1,103 @@
+"""The configuration of a vision tower (HF ``vision_config``): read, validated, written back.
+
+Kept apart from ``rljax.models.vision`` (the modules) so ``rljax.models.config`` can hold one without importing the
+layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+VISION_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "quick_gelu")
+_VISION_KNOWN = {"model_type", "depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size",
+                 "patch_size", "spatial_merge_size", "temporal_patch_size", "window_size", "fullatt_block_indexes",
+                 "in_channels", "in_chans", "hidden_act", "rope_parameters", "tokens_per_second"}
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionConfig:
+  """Shapes of a Qwen2.5-VL vision tower (HF ``vision_config``).
+
+  Attributes:
+    depth: number of blocks.
+    hidden_size: Dv, the tower's width.
+    intermediate_size: the blocks' SwiGLU width.
+    num_heads: attention heads (head_dim = Dv / num_heads).
+    out_hidden_size: D, the language model's width the merger projects to.
+    patch_size: p, pixels per patch side.
+    spatial_merge_size: m, patches per side of a merged block (m * m patches -> one token).
+    temporal_patch_size: frames per patch (an image is repeated to fill them).
+    window_size: pixels per side of an attention window.
+    fullatt_block_indexes: blocks that attend across the whole frame.
+    in_channels: colour channels.
+    hidden_act: the blocks' MLP activation.
+    rope_theta: base of the 2-D rotary embedding.
+    tokens_per_second: temporal position step of video frames (kept for round trips).
+    hf_extra: the remaining HF fields, written back unchanged.
+  """
+
+  depth: int = 32
+  hidden_size: int = 1280
+  intermediate_size: int = 3420
+  num_heads: int = 16
+  out_hidden_size: int = 3584
+  patch_size: int = 14
+  spatial_merge_size: int = 2
+  temporal_patch_size: int = 2
+  window_size: int = 112
+  fullatt_block_indexes: tuple[int, ...] = (7, 15, 23, 31)
+  in_channels: int = 3
+  hidden_act: str = "silu"
+  rope_theta: float = 10000.0
+  tokens_per_second: int = 2
+  hf_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __hash__(self) -> int:
+    return hash(repr(self))
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def merge_unit(self) -> int:
+    """Patches per merged token (m * m)."""
+    return self.spatial_merge_size ** 2
+
+  @property
+  def patch_shape(self) -> tuple[int, int, int, int]:
+    """(channels, frames, p, p): one patch's pixels, in the order the image processor flattens them."""
+    return (self.in_channels, self.temporal_patch_size, self.patch_size, self.patch_size)
+
+
+def vision_from_hf(d: Mapping[str, Any]) -> VisionConfig:
+  """A VisionConfig from an HF ``vision_config`` dict; ValueError naming an unsupported field."""
+  act = d.get("hidden_act", "silu")
+  if act not in VISION_ACTIVATIONS:
+    raise ValueError(f"vision_config.hidden_act={act!r} is not supported; supported: {VISION_ACTIVATIONS}.")
+  hidden, heads = int(d.get("hidden_size", 1280)), int(d.get("num_heads", 16))
+  if hidden % heads or (hidden // heads) % 4:
+    raise ValueError(f"vision_config: hidden_size={hidden} over num_heads={heads} must give a head width that is a "
+                     "multiple of 4 (its rotary embedding splits each half between height and width).")
+  rope = d.get("rope_parameters") or {}
+  return VisionConfig(
+      depth=int(d.get("depth", 32)), hidden_size=hidden, intermediate_size=int(d.get("intermediate_size", 3420)),
+      num_heads=heads, out_hidden_size=int(d.get("out_hidden_size", 3584)),
+      patch_size=int(d.get("patch_size", 14)), spatial_merge_size=int(d.get("spatial_merge_size", 2)),
+      temporal_patch_size=int(d.get("temporal_patch_size", 2)), window_size=int(d.get("window_size", 112)),
+      fullatt_block_indexes=tuple(int(i) for i in d.get("fullatt_block_indexes", (7, 15, 23, 31))),
+      in_channels=int(d.get("in_channels", d.get("in_chans", 3))), hidden_act=act,
+      rope_theta=float(rope.get("rope_theta", 10000.0)), tokens_per_second=int(d.get("tokens_per_second", 2)),
+      hf_extra={k: v for k, v in d.items() if k not in _VISION_KNOWN})
+
+
+def vision_to_hf(cfg: VisionConfig) -> dict[str, Any]:
+  """The HF ``vision_config`` dict of ``cfg``."""
+  return {**cfg.hf_extra, "model_type": "qwen2_5_vl_vision", "depth": cfg.depth, "hidden_size": cfg.hidden_size,
+          "intermediate_size": cfg.intermediate_size, "num_heads": cfg.num_heads,
+          "out_hidden_size": cfg.out_hidden_size, "patch_size": cfg.patch_size,
+          "spatial_merge_size": cfg.spatial_merge_size, "temporal_patch_size": cfg.temporal_patch_size,
+          "window_size": cfg.window_size, "fullatt_block_indexes": list(cfg.fullatt_block_indexes),
+          "in_channels": cfg.in_channels, "hidden_act": cfg.hidden_act, "tokens_per_second": cfg.tokens_per_second,
+          "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "axial"}}

@@ -1,0 +1,194 @@
+"""Qwen2.5-VL: the vision tower, M-RoPE positions, logits and greedy decoding from image prompts against
+transformers', checkpoints both ways (and transformers 5's nested names), a sharded load, config errors.
+
+The model is tiny and random (every weight drawn, norms near 1), its images random patches whose grids are not
+square, hold several attention windows (one cut short) and, in one, two frames.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import AxisType
+
+import rljax.models as M
+from rljax.models import checkpoint, safetensors_io, vision
+from rljax.models.config import from_hf_dict, to_hf_dict
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+IMAGE, START, END = 290, 292, 293
+# patch grids (frames, rows, columns): windows are 16 px / 4 px patches / 2 merged = 2 merged tokens a side
+GRIDS = np.array([[1, 6, 10], [2, 4, 4], [1, 2, 12]])
+TEXT = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, rope_theta=10000.0, max_position_embeddings=512, rms_norm_eps=1e-6,
+            rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, bos_token_id=1, eos_token_id=2)
+VISION = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=4,
+              spatial_merge_size=2, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1], in_channels=3)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+  """(the transformers model, the directory it was saved to)."""
+  config = transformers.Qwen2_5_VLConfig(text_config=TEXT, vision_config=VISION, image_token_id=IMAGE,
+                                         video_token_id=291, vision_start_token_id=START, vision_end_token_id=END)
+  torch.manual_seed(0)
+  model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      norm = name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight"))
+      p.copy_((1.0 if norm else 0.0) + 0.1 * torch.randn_like(p))
+  path = tmp_path_factory.mktemp("qwen2_5_vl") / "model"
+  model.save_pretrained(path)
+  return model, str(path)
+
+
+@pytest.fixture(scope="module")
+def model(saved):
+  return M.from_pretrained(saved[1])
+
+
+def pixels(seed=0):
+  """[N, 3 * 2 * 4 * 4] random patches for GRIDS."""
+  return np.random.default_rng(seed).normal(size=(int(GRIDS.prod(-1).sum()), 96)).astype(np.float32)
+
+
+def batch():
+  """(ids, mask) [2, T]: row 0 holds images 0 and 1 between text, row 1 (left-padded) image 2."""
+  def image(k):
+    t, h, w = GRIDS[k]
+    return [START, *[IMAGE] * int(t * h * w // 4), END]
+
+  rows = [[5, 6, *image(0), 7, 8, *image(1), 9, 10, 11], [12, *image(2), 13, 14]]
+  width = max(map(len, rows))
+  ids, mask = np.zeros((2, width), np.int64), np.zeros((2, width), np.int64)
+  for i, row in enumerate(rows):
+    ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+  return ids, mask
+
+
+def hf_inputs(ids, mask, pix):
+  return dict(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), pixel_values=torch.tensor(pix),
+              image_grid_thw=torch.tensor(GRIDS), mm_token_type_ids=torch.tensor((ids == IMAGE).astype(np.int64)))
+
+
+def images(model, pix):
+  return vision.Images(jnp.asarray(pix), vision.image_layout(GRIDS, model.cfg.vision))
+
+
+def test_the_tower_gives_transformers_features(saved, model):
+  pix = pixels()
+  with torch.no_grad():
+    want = saved[0].model.visual(torch.tensor(pix), grid_thw=torch.tensor(GRIDS)).pooler_output.numpy()
+  got = jax.jit(lambda m, i: m.visual(i))(model, images(model, pix))
+  assert got.shape == (int(GRIDS.prod(-1).sum()) // 4, 64)
+  np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-4)
+
+
+def test_positions_are_transformers_m_rope_index(saved):
+  ids, mask = batch()
+  want, want_deltas = saved[0].model.get_rope_index(
+      torch.tensor(ids), torch.tensor((ids == IMAGE).astype(np.int64)), image_grid_thw=torch.tensor(GRIDS),
+      attention_mask=torch.tensor(mask))
+  got, deltas = vision.rope_index(ids, mask, GRIDS, IMAGE, 2)
+  np.testing.assert_array_equal(got * mask, want.numpy() * mask)
+  np.testing.assert_array_equal(deltas, want_deltas.numpy()[:, 0])
+
+
+def test_logits_and_greedy_decoding_from_image_prompts_are_transformers(saved, model):
+  ids, mask = batch()
+  pix = pixels(1)
+  with torch.no_grad():
+    want = saved[0](**hf_inputs(ids, mask, pix)).logits.numpy()
+    want_tokens = saved[0].generate(**hf_inputs(ids, mask, pix), max_new_tokens=6, do_sample=False,
+                                    eos_token_id=None, pad_token_id=0)[:, ids.shape[1]:].numpy()
+  positions, _ = vision.rope_index(ids, mask, GRIDS, IMAGE, 2)
+  got = model(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(positions), images=images(model, pix))
+  np.testing.assert_allclose(np.asarray(got) * mask[..., None], want * mask[..., None], atol=2e-5, rtol=1e-4)
+  tokens = M.greedy_generate(model, ids, mask, 6, images=images(model, pix), grid_thw=GRIDS)
+  np.testing.assert_array_equal(tokens, want_tokens)
+
+
+def test_a_saved_model_opens_in_transformers_with_the_same_weights(saved, model, tmp_path):
+  M.save_pretrained(model, str(tmp_path / "out"))
+  reopened = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tmp_path / "out")).eval()
+  want = saved[0].state_dict()
+  got = reopened.state_dict()
+  assert sorted(got) == sorted(want)
+  for name, tensor in want.items():
+    assert torch.equal(got[name], tensor), name
+  assert M.from_pretrained(str(tmp_path / "out")).cfg == model.cfg
+
+
+def test_transformers_5_nested_names_and_top_level_text_fields_load(saved, model, tmp_path):
+  # the checkpoint as transformers 5 names its modules, and config.json as the released models write it (the
+  # language model's fields at the top level)
+  reader = safetensors_io.SafetensorsReader(saved[1])
+  nested = {n.replace("model.", "model.language_model.", 1).replace("visual.", "model.visual.", 1)
+            if not n.startswith("lm_head") else n: np.asarray(reader.tensor(n)) for n in reader.names()}
+  assert any(n.startswith("model.visual.") for n in nested)
+  (tmp_path / "nested").mkdir()
+  safetensors_io.write_file(str(tmp_path / "nested" / "model.safetensors"), nested)
+  config = json.loads(open(f"{saved[1]}/config.json").read())
+  flat = {**{k: v for k, v in config.items() if k != "text_config"}, **config["text_config"],
+          "model_type": "qwen2_5_vl", "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}
+  flat.pop("rope_parameters")
+  (tmp_path / "nested" / "config.json").write_text(json.dumps(flat))
+  loaded = M.from_pretrained(str(tmp_path / "nested"))
+  assert loaded.cfg.mrope_section == (2, 3, 3) and loaded.cfg.vision == model.cfg.vision
+  pix = pixels(2)
+  np.testing.assert_array_equal(np.asarray(loaded.visual(images(loaded, pix))),
+                                np.asarray(model.visual(images(model, pix))))
+  assert checkpoint.released_name("model.language_model.layers.0.mlp.up_proj.weight") == \
+      "model.layers.0.mlp.up_proj.weight"
+
+
+def test_a_sharded_load_places_every_parameter_and_gives_the_same_logits(saved, model):
+  mesh = jax.make_mesh((2, 4), ("fsdp", "tensor"), axis_types=(AxisType.Auto,) * 2)
+  rules = [("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"), ("vocab", "tensor"), ("layers", None)]
+  sharded = M.from_pretrained(saved[1], mesh=mesh, rules=rules)
+  # the blocks' parameters stacked over the tower's depth; its 2 heads do not split 4 ways, its MLP does
+  assert sharded.visual.blocks.qkv[...].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", None, None, None)
+  assert sharded.visual.blocks.gate[...].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+  assert sharded.visual.merger_fc1[...].sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+  ids, mask = batch()
+  positions, _ = vision.rope_index(ids, mask, GRIDS, IMAGE, 2)
+  pix = pixels(3)
+  run = jax.jit(lambda m, p, i: m(jnp.asarray(ids), jnp.asarray(mask), p, images=i))
+  np.testing.assert_allclose(np.asarray(run(sharded, jnp.asarray(positions), images(sharded, pix))),
+                             np.asarray(run(model, jnp.asarray(positions), images(model, pix))), atol=2e-5)
+
+
+def test_config_errors_name_the_field(saved):
+  config = json.loads(open(f"{saved[1]}/config.json").read())
+  assert from_hf_dict(to_hf_dict(from_hf_dict(config))) == from_hf_dict(config)
+  broken = json.loads(json.dumps(config))
+  broken["text_config"]["rope_parameters"].pop("mrope_section")
+  with pytest.raises(ValueError, match="mrope_section"):
+    from_hf_dict(broken)
+  broken = json.loads(json.dumps(config))
+  broken["text_config"]["rope_parameters"]["mrope_section"] = [2, 3, 4]
+  with pytest.raises(ValueError, match=r"mrope_section=\[2, 3, 4\] must be 3 sizes summing to head_dim / 2 = 8"):
+    from_hf_dict(broken)
+  broken = json.loads(json.dumps(config))
+  broken["vision_config"]["out_hidden_size"] = 32
+  with pytest.raises(ValueError, match="out_hidden_size=32 must equal the language model's hidden_size=64"):
+    from_hf_dict(broken)
+  ids, mask = batch()
+  with pytest.raises(ValueError, match="a run of 15 image tokens for an image of 2 x 2 x 2 merged patches"):
+    vision.rope_index(ids, mask, GRIDS[[1, 0, 2]], IMAGE, 2)
+  with pytest.raises(ValueError, match="multiples of spatial_merge_size=2"):
+    vision.image_layout(np.array([[1, 3, 4]]), from_hf_dict(config).vision)
+
+
+def test_a_text_model_refuses_images(model):
+  text = M.CausalLM(model.cfg.replace(vision=None, mrope_section=None, model_type="qwen2"), nnx.Rngs(0))
+  ids, mask = batch()
+  with pytest.raises(ValueError, match="has no vision tower"):
+    text(jnp.asarray(ids), jnp.asarray(mask), images=images(model, pixels()))
+  with pytest.raises(ValueError, match="M-RoPE positions"):
+    model(jnp.asarray(ids), jnp.asarray(mask), images=images(model, pixels()))
