@@ -93,6 +93,8 @@ def check_model_path(key: str, path: Any, must_exist: bool = False) -> None:
   path only with `must_exist` (when a run starts): presets name
   `~/models/...` directories that need not exist where a config is only
   validated, printed or compiled (rljax.compile knows architectures by name).
+  A directory holding a vision-language model is refused: no trainer feeds
+  it images yet.
 
   Args:
     key: the key holding the path, for the message.

@@ -5,8 +5,11 @@ columns of p x p patches, each m x m block of patches together, an image
 repeated over the temporal patch's frames) and its grid (1, rows, columns).
 The resize keeps the aspect ratio as closely as sides that are multiples of
 p * m allow, within ``min_pixels`` and ``max_pixels`` (Pillow's bicubic filter
-on the 8-bit image, as transformers' processor resamples); then pixels /
-255, normalised by the CLIP mean and deviation. A prompt holds
+on the 8-bit image, as transformers' Pillow processor resamples: its
+torchvision one, the default where torchvision is installed, resamples
+otherwise and its pixels differ in the last bits); then pixels / 255,
+normalised by the CLIP mean and deviation. A transparent image is laid over
+white first. A prompt holds
 rows x columns / m^2 image-pad tokens per image.
 
 verl's multimodal parquet stores an image as ``{"bytes": ...}`` or
@@ -102,6 +105,14 @@ def smart_resize(height: int, width: int, proc: ImageProcessing) -> tuple[int, i
   return h, w
 
 
+def _rgb(image: Image.Image) -> Image.Image:
+  """The image in RGB; a transparent one laid over white first (as transformers' ``convert_to_rgb``)."""
+  if "A" not in image.getbands() and image.info.get("transparency") is None:
+    return image.convert("RGB")
+  white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+  return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
+
+
 def load_image(value: Any) -> Image.Image:
   """An RGB image from what a data row holds: ``{"bytes": ...}``, ``{"path": ...}``, a path, bytes or an image.
 
@@ -124,7 +135,7 @@ def load_image(value: Any) -> Image.Image:
       image = Image.open(os.path.expanduser(value.removeprefix("file://")))
     else:
       raise ValueError(f"an image is {{'bytes': ...}}, {{'path': ...}}, a path or bytes; found {type(value).__name__}")
-    return image.convert("RGB")
+    return _rgb(image)
   except (OSError, Image.DecompressionBombError) as e:
     raise ValueError(f"the image could not be read: {e}") from e
 

@@ -40,6 +40,8 @@ _ARCHITECTURES = {
 _VL_TOP = frozenset({"model_type", "architectures", "text_config", "vision_config", "image_token_id", "video_token_id",
                      "vision_start_token_id", "vision_end_token_id", "vision_token_id", "tie_word_embeddings",
                      "dtype", "torch_dtype", "transformers_version"})
+# ... of which these are written back as they were read (ModelConfig.hf_top)
+_VL_TOKENS = ("video_token_id", "vision_start_token_id", "vision_end_token_id", "vision_token_id")
 
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -333,7 +335,8 @@ def from_hf_dict(
     The config. Raises ValueError naming the field for an unsupported
     model_type, activation or a missing field.
   """
-  if d.get("model_type") == "qwen2_5_vl":
+  if d.get("model_type", "qwen2_5_vl" if _ARCHITECTURES["qwen2_5_vl"] in (d.get("architectures") or ()) else None) \
+      == "qwen2_5_vl":
     return _vision_language_from_hf(d, overrides, options)
   d = {**d, **(overrides or {})}
   model_type = d.get("model_type")
@@ -404,13 +407,15 @@ def _vision_language_from_hf(d: Mapping[str, Any], overrides: Mapping[str, Any] 
   rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
   section = rope.pop("mrope_section", None)
   if not section:
-    raise ValueError("config.json for model_type='qwen2_5_vl' lacks rope_scaling.mrope_section (M-RoPE's split "
-                     "of each head's frequencies between time, height and width).")
+    raise ValueError("config.json for model_type='qwen2_5_vl' lacks mrope_section (text_config.rope_parameters in "
+                     "transformers 5's spelling, rope_scaling in the released configs): M-RoPE's split of each head's "
+                     "frequencies between time, height and width, [16, 24, 24] in the released models; add it.")
   theta = text.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
   for key in ("rope_parameters", "rope_scaling", "model_type"):
     text.pop(key, None)
   if "vision_config" not in d:
-    raise ValueError("config.json for model_type='qwen2_5_vl' lacks the field 'vision_config'.")
+    raise ValueError("config.json for model_type='qwen2_5_vl' lacks the field 'vision_config' (the vision "
+                     "tower's shapes); copy it from the model's released config.json.")
   tie = d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
   cfg = from_hf_dict({**text, "model_type": "qwen2", "rope_theta": theta, "tie_word_embeddings": tie}, **options)
   head_half = cfg.head_dim // 2
@@ -423,10 +428,7 @@ def _vision_language_from_hf(d: Mapping[str, Any], overrides: Mapping[str, Any] 
                      f"hidden_size={cfg.hidden_size}.")
   return cfg.replace(model_type="qwen2_5_vl", mrope_section=tuple(int(s) for s in section), vision=vision,
                      image_token_id=int(_require(d, "image_token_id", "qwen2_5_vl")),
-                     hf_top={k: v for k, v in d.items() if k in _VL_TOP - {"model_type", "architectures", "text_config",
-                                                                        "vision_config", "image_token_id",
-                                                                        "tie_word_embeddings", "dtype", "torch_dtype",
-                                                                        "transformers_version"}})
+                     hf_top={k: d[k] for k in _VL_TOKENS if k in d})
 
 
 def _vision_language_to_hf(cfg: ModelConfig, torch_dtype: str) -> dict[str, Any]:

@@ -42,8 +42,10 @@ def greedy_generate(
   cache = init_cache(model.cfg, b, p + max_new_tokens)
   positions, offset = None, np.zeros((b, 1), np.int32)
   if images is not None:
+    if model.cfg.vision is None or grid_thw is None:
+      raise ValueError("images need a vision-language model and their grid_thw")
     positions, deltas = vision.rope_index(input_ids, attention_mask, grid_thw, model.cfg.image_token_id,
-                                          model.cfg.vision.spatial_merge_size)
+                                          model.cfg.vision.spatial_merge_size, model.cfg.hf_top.get("video_token_id"))
     positions, offset = jnp.asarray(positions), deltas[:, None]
 
   @functools.partial(jax.jit, static_argnames="decoding")

@@ -146,7 +146,8 @@ def _rope_tables(cfg: ModelConfig, positions: jax.Array, local: bool) -> tuple[j
   inv_freq, attention_factor = rope.inv_frequencies(cfg.head_dim, theta, scaling, cfg.max_position_embeddings)
   if positions.ndim == 3:
     if cfg.mrope_section is None:
-      raise ValueError(f"positions of shape {positions.shape} are M-RoPE's; {cfg.model_type} has none.")
+      raise ValueError(f"positions of shape {positions.shape} are M-RoPE's; {cfg.model_type} has none: pass "
+                       "positions [B, T].")
     return rope.mrope_cos_sin(positions, inv_freq, attention_factor, cfg.mrope_section)
   return rope.cos_sin(positions, inv_freq, attention_factor)
 

@@ -107,7 +107,7 @@ def image_layout(grid_thw: np.ndarray, cfg: VisionConfig) -> ImageLayout:
 
 
 def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, grid_thw: np.ndarray, image_token_id: int,
-               spatial_merge_size: int) -> tuple[np.ndarray, np.ndarray]:
+               spatial_merge_size: int, video_token_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """M-RoPE positions of a batch of prompts with images (HF Qwen2.5-VL's ``get_rope_index`` for images).
 
   Text tokens advance all three axes by one; an image's run of image-pad
@@ -120,6 +120,7 @@ def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, grid_thw: np.n
     grid_thw: [I, 3] the patch grids of the batch's images, in order.
     image_token_id: the image-pad token.
     spatial_merge_size: m.
+    video_token_id: the video-pad token, refused (videos are not supported).
 
   Returns:
     (positions [3, B, T] int32, deltas [B] int32): a token decoded after the
@@ -127,6 +128,8 @@ def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, grid_thw: np.n
     on every axis.
   """
   b, t = input_ids.shape
+  if video_token_id is not None and np.any((input_ids == video_token_id) & (attention_mask > 0)):
+    raise ValueError(f"video tokens (id {video_token_id}) in the prompts: videos are not supported; use images")
   positions = np.zeros((3, b, t), np.int32)
   deltas = np.zeros((b,), np.int32)
   grids = iter(np.asarray(grid_thw, np.int64).reshape(-1, 3))
@@ -156,6 +159,10 @@ def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, grid_thw: np.n
       row_positions = np.concatenate(pieces, axis=1)
       positions[:, row, real] = row_positions
       deltas[row] = row_positions.max() + 1 - real.size
+  left = sum(1 for _ in grids)
+  if left:
+    raise ValueError(f"grid_thw lists {len(grid_thw)} images, but the prompts' runs of image tokens use only "
+                     f"{len(grid_thw) - left}: each image needs its run of image-pad tokens in the prompt")
   return positions, deltas
 
 
@@ -172,8 +179,8 @@ class Images(NamedTuple):
 
 
 def _rotary_tables(rotary: jax.Array, cfg: VisionConfig) -> tuple[jax.Array, jax.Array]:
-  """(cos, sin) [N, head_dim] of the 2-D rotary embedding at (row, column) ``rotary`` [N, 2]: a spatial of the
-  frequencies each for rows and columns, repeated for both halves of a head."""
+  """(cos, sin) [N, head_dim] of the 2-D rotary embedding at (row, column) ``rotary`` [N, 2]: half of the
+  frequencies of a head's half each for rows and columns, repeated for both halves of a head."""
   spatial = cfg.head_dim // 2
   inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, spatial, 2, dtype=np.float32) / spatial))
   freqs = rotary.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [N, 2, spatial / 2]
@@ -267,7 +274,8 @@ class VisionTower(nnx.Module):
 
 def place_images(embeds: jax.Array, is_image: jax.Array, features: jax.Array) -> jax.Array:
   """embeds [B, T, D] with its image-pad positions ``is_image`` [B, T] replaced by ``features`` [M, D] in order
-  (row-major over the batch; M at least the number of image-pad tokens)."""
+  (row-major over the batch). The caller keeps M equal to the image-pad tokens (``rope_index`` checks that the
+  prompts' runs match their grids); inside a jitted pass the count cannot be checked."""
   flat = is_image.reshape(-1)
   rank = jnp.clip(jnp.cumsum(flat.astype(jnp.int32)) - 1, 0, features.shape[0] - 1)
   placed = features.astype(embeds.dtype)[rank].reshape(embeds.shape)

@@ -20,7 +20,11 @@ def picture(height, width, mode="RGB", seed=0):
   y, x = np.mgrid[0:height, 0:width]
   base = np.stack([x * 255 / max(width - 1, 1), y * 255 / max(height - 1, 1), (x + y) % 256], -1)
   pixels = np.clip(base + rng.normal(0, 30, base.shape), 0, 255).astype(np.uint8)
-  return Image.fromarray(pixels).convert(mode)
+  image = Image.fromarray(pixels)
+  if mode == "RGBA":  # transparent on the left, opaque on the right
+    alpha = (x * 255 / max(width - 1, 1)).astype(np.uint8)
+    return Image.fromarray(np.concatenate([pixels, alpha[..., None]], -1), "RGBA")
+  return image.convert(mode)
 
 
 def png(image):
@@ -46,6 +50,8 @@ def test_pixels_and_grids_are_the_qwen2_vl_processors(height, width, mode, tmp_p
     pixels, grid = images.preprocess(images.load_image(stored), proc)
     np.testing.assert_array_equal(grid, want["image_grid_thw"][0])
     np.testing.assert_allclose(pixels, want["pixel_values"], atol=1e-6)
+  if mode == "RGBA":  # laid over white: not the colours under the transparent pixels
+    assert not np.allclose(images.preprocess(image.convert("RGB"), proc)[0], pixels, atol=1e-3)
   rows, cols = grid[1:]
   assert rows % 2 == cols % 2 == 0 and 56 * 56 <= rows * cols * 14 * 14 <= 28 * 28 * 256
   assert images.image_tokens(grid, proc) == rows * cols // 4

@@ -17,6 +17,7 @@ from jax.sharding import AxisType
 import rljax.models as M
 from rljax.models import checkpoint, safetensors_io, vision
 from rljax.models.config import from_hf_dict, to_hf_dict
+from rljax.sharding.rules import logical_to_spec, param_names
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -151,6 +152,12 @@ def test_a_sharded_load_places_every_parameter_and_gives_the_same_logits(saved, 
   mesh = jax.make_mesh((2, 4), ("fsdp", "tensor"), axis_types=(AxisType.Auto,) * 2)
   rules = [("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"), ("vocab", "tensor"), ("layers", None)]
   sharded = M.from_pretrained(saved[1], mesh=mesh, rules=rules)
+  want = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  for path, var in nnx.to_flat_state(nnx.state(sharded, nnx.Param)):
+    value = var[...]
+    assert value.sharding.spec == logical_to_spec(param_names(var), value.shape, mesh, rules), path
+    for shard in value.addressable_shards:
+      np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(want[path][...])[shard.index])
   # the blocks' parameters stacked over the tower's depth; its 2 heads do not split 4 ways, its MLP does
   assert sharded.visual.blocks.qkv[...].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", None, None, None)
   assert sharded.visual.blocks.gate[...].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
@@ -183,6 +190,17 @@ def test_config_errors_name_the_field(saved):
     vision.rope_index(ids, mask, GRIDS[[1, 0, 2]], IMAGE, 2)
   with pytest.raises(ValueError, match="multiples of spatial_merge_size=2"):
     vision.image_layout(np.array([[1, 3, 4]]), from_hf_dict(config).vision)
+  with pytest.raises(ValueError, match="grid_thw lists 4 images, but the prompts' runs of image tokens use only 3"):
+    vision.rope_index(ids, mask, np.concatenate([GRIDS, GRIDS[:1]]), IMAGE, 2)
+  with pytest.raises(ValueError, match="video tokens .id 291. in the prompts"):
+    vision.rope_index(np.where(ids == 5, 291, ids), mask, GRIDS, IMAGE, 2, video_token_id=291)
+  broken = json.loads(json.dumps(config))
+  broken["vision_config"]["window_size"] = 4
+  with pytest.raises(ValueError, match="window_size=4 must be at least patch_size x spatial_merge_size = 8"):
+    from_hf_dict(broken)
+  # a config.json that names its architecture only
+  nameless = {k: v for k, v in config.items() if k != "model_type"}
+  assert from_hf_dict(nameless) == from_hf_dict(config)
 
 
 def test_a_text_model_refuses_images(model):
