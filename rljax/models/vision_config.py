@@ -80,7 +80,8 @@ def vision_from_hf(d: Mapping[str, Any]) -> VisionConfig:
   if hidden % heads or (hidden // heads) % 4:
     raise ValueError(f"vision_config: hidden_size={hidden} over num_heads={heads} must give a head width that is a "
                      "multiple of 4 (its rotary embedding splits each half between height and width).")
-  window, patch, merge = int(d.get("window_size", 112)), int(d.get("patch_size", 14)), int(d.get("spatial_merge_size", 2))
+  window, patch = int(d.get("window_size", 112)), int(d.get("patch_size", 14))
+  merge = int(d.get("spatial_merge_size", 2))
   if window < patch * merge:
     raise ValueError(f"vision_config.window_size={window} must be at least patch_size x spatial_merge_size = "
                      f"{patch * merge} pixels (one merged patch).")
