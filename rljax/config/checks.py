@@ -64,12 +64,10 @@ def check_data_files(config: ConfigDict, key: str, required: bool = True) -> Non
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
-# config.json model types whose weights rljax.models reads and runs, but whose images no trainer feeds yet
-_VISION_LANGUAGE = ("qwen2_5_vl",)
-
-
 def _check_text_model(key: str, path: str) -> None:
-  """Raises a ConfigError naming `key` when `path` is a model directory of a vision-language model."""
+  """Raises a ConfigError naming `key` when `path` is a model directory of a vision-language model (rljax.models
+  reads and runs it, but no trainer feeds it images yet)."""
+  from rljax.models.config import VISION_LANGUAGE_TYPES  # pylint: disable=import-outside-toplevel
   config_file = os.path.join(os.path.expanduser(path), "config.json")
   if not os.path.isfile(config_file):
     return
@@ -78,7 +76,7 @@ def _check_text_model(key: str, path: str) -> None:
       model_type = json.load(f).get("model_type")
   except (OSError, ValueError, AttributeError):
     return  # an unreadable config.json is reported where the model loads
-  if model_type in _VISION_LANGUAGE:
+  if model_type in VISION_LANGUAGE_TYPES:
     raise ConfigError(key, path, f"is a vision-language model ({model_type}): rljax.models loads and runs it "
                       "(rljax.models.vision), but training and evaluation on images are not implemented yet",
                       "use a text model")

@@ -186,9 +186,10 @@ def _vision_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLa
 
 def _vision_source(cfg: ModelConfig, inner: tuple[Any, ...]) -> Source | None:
   """The Source of vision tower parameter ``inner`` (the blocks' stacked over the tower's depth), or None."""
-  if cfg.vision is None or inner not in _vision_table(cfg):
+  entry = None if cfg.vision is None else _vision_table(cfg).get(inner)
+  if entry is None:
     return None
-  name, layout = _vision_table(cfg)[inner]
+  name, layout = entry
   if "{i}" in name:
     depth = cfg.vision.depth
     return Source(tuple(f"visual.{name.format(i=i)}" for i in range(depth)), layout, (depth,))

@@ -24,8 +24,9 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     "qwen3": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
     "qwen3_moe": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
     "gemma3_text": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
-    "qwen2_5_vl": {"qkv_bias": True, "o_bias": False, "qk_norm": False},
 }
+# model types with a vision tower; their language model is read as one of the families above
+VISION_LANGUAGE_TYPES = ("qwen2_5_vl",)
 
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -47,7 +48,7 @@ _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _LAYER_TYPES = ("sliding_attention", "full_attention")
 
-SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
+SUPPORTED_MODEL_TYPES = (*_FAMILIES, *VISION_LANGUAGE_TYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,6 +320,14 @@ def _gemma_fields(d: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
   )
 
 
+def _model_type(d: Mapping[str, Any]) -> str | None:
+  """A config.json's model_type, or the one its architectures name (None if neither)."""
+  if d.get("model_type") is not None:
+    return d["model_type"]
+  by_arch = {v: k for k, v in _ARCHITECTURES.items()}
+  return next((by_arch[a] for a in d.get("architectures") or () if a in by_arch), None)
+
+
 def from_hf_dict(
     d: Mapping[str, Any], overrides: Mapping[str, Any] | None = None, **options: Any
 ) -> ModelConfig:
@@ -335,15 +344,10 @@ def from_hf_dict(
     The config. Raises ValueError naming the field for an unsupported
     model_type, activation or a missing field.
   """
-  if d.get("model_type", "qwen2_5_vl" if _ARCHITECTURES["qwen2_5_vl"] in (d.get("architectures") or ()) else None) \
-      == "qwen2_5_vl":
+  if _model_type(d) == "qwen2_5_vl":
     return _vision_language_from_hf(d, overrides, options)
   d = {**d, **(overrides or {})}
-  model_type = d.get("model_type")
-  if model_type is None:
-    archs = d.get("architectures") or []
-    by_arch = {v: k for k, v in _ARCHITECTURES.items()}
-    model_type = next((by_arch[a] for a in archs if a in by_arch), None)
+  model_type = _model_type(d)
   if model_type not in _FAMILIES:
     raise ValueError(
         f"model_type={model_type!r} (architectures={d.get('architectures')}) is not "

@@ -290,7 +290,7 @@ def write_kv(cache: jax.Array | QuantizedKV, new: jax.Array, index: jax.Array) -
   return write_slots(cache, new.astype(cache.dtype), index)
 
 
-_ACTIVATIONS = {"silu": jax.nn.silu, "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True)}
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True)}
 
 
 class MLP(nnx.Module):
@@ -316,7 +316,7 @@ class MLP(nnx.Module):
     if self.bias:
       gate = gate + self.gate_bias[...].astype(x.dtype)
       up = up + self.up_bias[...].astype(x.dtype)
-    hidden = _ACTIVATIONS[self.act](gate) * up
+    hidden = ACTIVATIONS[self.act](gate) * up
     y = with_adapter(self, "down", hidden, hidden @ weight_quant.value(self.down, x.dtype))
     if self.bias:
       y = y + self.down_bias[...].astype(x.dtype)

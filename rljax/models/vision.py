@@ -29,13 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rljax.models.layers import RMSNorm, make_param
+from rljax.models import rope
+from rljax.models.layers import ACTIVATIONS, RMSNorm, make_param
 from rljax.models.vision_config import VisionConfig
 
 _NORMAL = jax.nn.initializers.normal(0.02)
 _ZEROS = jax.nn.initializers.zeros
-_VISION_ACTIVATIONS = {"silu": jax.nn.silu, "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-                       "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x)}
 
 
 class ImageLayout(NamedTuple):
@@ -89,14 +88,15 @@ def image_layout(grid_thw: np.ndarray, cfg: VisionConfig) -> ImageLayout:
     if h % m or w % m:
       raise ValueError(f"image grid {(t, h, w)}: rows and columns must be multiples of spatial_merge_size={m}.")
     rows, cols = _merge_order(h, w, m)
-    for k, window in enumerate(_windows(t, h // m, w // m, side)):
+    image_windows = _windows(t, h // m, w // m, side)
+    for k, window in enumerate(image_windows):
       patches = (window[:, None] * unit + np.arange(unit)).reshape(-1)
       order.append(patches + patch_start)
       per_frame = patches % (h * w)
       rotary.append(np.stack([rows[per_frame], cols[per_frame]], -1))
       windows.append(np.full(patches.size, window_start + k))
       frames.append(frame_start + patches // (h * w))
-    window_start += len(_windows(t, h // m, w // m, side))
+    window_start += len(image_windows)
     patch_start += t * h * w
     frame_start += t
   order = np.concatenate(order).astype(np.int32)
@@ -181,20 +181,11 @@ class Images(NamedTuple):
 def _rotary_tables(rotary: jax.Array, cfg: VisionConfig) -> tuple[jax.Array, jax.Array]:
   """(cos, sin) [N, head_dim] of the 2-D rotary embedding at (row, column) ``rotary`` [N, 2]: half of the
   frequencies of a head's half each for rows and columns, repeated for both halves of a head."""
-  spatial = cfg.head_dim // 2
-  inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, spatial, 2, dtype=np.float32) / spatial))
-  freqs = rotary.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [N, 2, spatial / 2]
+  inv_freq, _ = rope.inv_frequencies(cfg.head_dim // 2, cfg.rope_theta, None, 0)
+  freqs = rotary.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [N, 2, head_dim / 4]
   angles = freqs.reshape(freqs.shape[0], -1)
   angles = jnp.concatenate([angles, angles], axis=-1)
   return jnp.cos(angles), jnp.sin(angles)
-
-
-def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-  """x [N, H, hd] rotated by cos/sin [N, hd] (half-split layout), in float32."""
-  half = x.shape[-1] // 2
-  x32 = x.astype(jnp.float32)
-  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-  return (x32 * cos[:, None] + rotated * sin[:, None]).astype(x.dtype)
 
 
 class VisionBlock(nnx.Module):
@@ -220,14 +211,15 @@ class VisionBlock(nnx.Module):
     """x [N, Dv] with rotary tables [N, hd] and an attention mask [N, N] (True: may attend)."""
     dt = x.dtype
     qkv = jnp.einsum("nd,dshk->snhk", self.norm1(x), self.qkv[...].astype(dt)) + self.qkv_bias[...].astype(dt)[:, None]
-    q, k, v = _rotate(qkv[0], cos, sin), _rotate(qkv[1], cos, sin), qkv[2]
+    q, k = (rope.apply_rope(part[None], cos[None], sin[None])[0] for part in (qkv[0], qkv[1]))
+    v = qkv[2]
     scores = jnp.einsum("qhk,shk->hqs", q, k) * (self.cfg.head_dim ** -0.5)
     scores = jnp.where(mask[None], scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(dt)
     attended = jnp.einsum("hqs,shk->qhk", weights, v)
     x = x + jnp.einsum("nhk,hkd->nd", attended, self.proj[...].astype(dt)) + self.proj_bias[...].astype(dt)
     y = self.norm2(x)
-    act = _VISION_ACTIVATIONS[self.cfg.hidden_act]
+    act = ACTIVATIONS[self.cfg.hidden_act]
     hidden = act(y @ self.gate[...].astype(dt) + self.gate_bias[...].astype(dt)) * (
         y @ self.up[...].astype(dt) + self.up_bias[...].astype(dt))
     return x + hidden @ self.down[...].astype(dt) + self.down_bias[...].astype(dt)

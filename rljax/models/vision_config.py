@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-VISION_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "quick_gelu")
+VISION_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # rljax.models.layers.ACTIVATIONS' names
 _VISION_KNOWN = {"model_type", "depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size",
                  "patch_size", "spatial_merge_size", "temporal_patch_size", "window_size", "fullatt_block_indexes",
                  "in_channels", "in_chans", "hidden_act", "rope_parameters", "tokens_per_second"}
@@ -88,9 +88,8 @@ def vision_from_hf(d: Mapping[str, Any]) -> VisionConfig:
   rope = d.get("rope_parameters") or {}
   return VisionConfig(
       depth=int(d.get("depth", 32)), hidden_size=hidden, intermediate_size=int(d.get("intermediate_size", 3420)),
-      num_heads=heads, out_hidden_size=int(d.get("out_hidden_size", 3584)),
-      patch_size=int(d.get("patch_size", 14)), spatial_merge_size=int(d.get("spatial_merge_size", 2)),
-      temporal_patch_size=int(d.get("temporal_patch_size", 2)), window_size=int(d.get("window_size", 112)),
+      num_heads=heads, out_hidden_size=int(d.get("out_hidden_size", 3584)), patch_size=patch,
+      spatial_merge_size=merge, temporal_patch_size=int(d.get("temporal_patch_size", 2)), window_size=window,
       fullatt_block_indexes=tuple(int(i) for i in d.get("fullatt_block_indexes", (7, 15, 23, 31))),
       in_channels=int(d.get("in_channels", d.get("in_chans", 3))), hidden_act=act,
       rope_theta=float(rope.get("rope_theta", 10000.0)), tokens_per_second=int(d.get("tokens_per_second", 2)),

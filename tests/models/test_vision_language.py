@@ -92,21 +92,16 @@ def test_the_tower_gives_transformers_features(saved, model):
 
 def test_positions_are_transformers_m_rope_index(saved):
   ids, mask = batch()
-  want, want_deltas = saved[0].model.get_rope_index(
-      torch.tensor(ids), torch.tensor((ids == IMAGE).astype(np.int64)), image_grid_thw=torch.tensor(GRIDS),
-      attention_mask=torch.tensor(mask))
-  got, deltas = vision.rope_index(ids, mask, GRIDS, IMAGE, 2)
-  np.testing.assert_array_equal(got * mask, want.numpy() * mask)
-  np.testing.assert_array_equal(deltas, want_deltas.numpy()[:, 0])
-  # a text-only row beside them: one position on all three axes, no offset
-  ids, mask = np.concatenate([ids, np.full((1, ids.shape[1]), 7)]), np.concatenate([mask, np.ones((1, ids.shape[1]),
-                                                                                                    np.int64)])
-  want, want_deltas = saved[0].model.get_rope_index(
-      torch.tensor(ids), torch.tensor((ids == IMAGE).astype(np.int64)), image_grid_thw=torch.tensor(GRIDS),
-      attention_mask=torch.tensor(mask))
-  got, deltas = vision.rope_index(ids, mask, GRIDS, IMAGE, 2)
-  np.testing.assert_array_equal(got * mask, want.numpy() * mask)
-  np.testing.assert_array_equal(deltas, want_deltas.numpy()[:, 0])
+  # the batch, then with a text-only row beside it
+  text_only = (np.concatenate([ids, np.full((1, ids.shape[1]), 7)]), np.concatenate([mask, np.ones_like(mask[:1])]))
+  for ids, mask in ((ids, mask), text_only):
+    want, want_deltas = saved[0].model.get_rope_index(
+        torch.tensor(ids), torch.tensor((ids == IMAGE).astype(np.int64)), image_grid_thw=torch.tensor(GRIDS),
+        attention_mask=torch.tensor(mask))
+    got, deltas = vision.rope_index(ids, mask, GRIDS, IMAGE, 2)
+    np.testing.assert_array_equal(got * mask, want.numpy() * mask)
+    np.testing.assert_array_equal(deltas, want_deltas.numpy()[:, 0])
+  # the text-only row: one position on all three axes, no offset
   assert deltas[2] == 0 and (got[:, 2] == np.arange(ids.shape[1])).all()
 
 
