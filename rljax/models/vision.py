@@ -30,6 +30,7 @@ import numpy as np
 from flax import nnx
 
 from rljax.models import rope
+from rljax.models.attention import dense_attention
 from rljax.models.layers import ACTIVATIONS, RMSNorm, make_param
 from rljax.models.vision_config import VisionConfig
 
@@ -212,11 +213,9 @@ class VisionBlock(nnx.Module):
     dt = x.dtype
     qkv = jnp.einsum("nd,dshk->snhk", self.norm1(x), self.qkv[...].astype(dt)) + self.qkv_bias[...].astype(dt)[:, None]
     q, k = (rope.apply_rope(part[None], cos[None], sin[None])[0] for part in (qkv[0], qkv[1]))
-    v = qkv[2]
-    scores = jnp.einsum("qhk,shk->hqs", q, k) * (self.cfg.head_dim ** -0.5)
-    scores = jnp.where(mask[None], scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(dt)
-    attended = jnp.einsum("hqs,shk->qhk", weights, v)
+    heads_major = lambda a: a.transpose(1, 0, 2)[None]  # noqa: E731  [N, H, hd] -> [1, H, N, hd]
+    scaled = (q * jnp.asarray(self.cfg.head_dim ** -0.5, dt))[None, :, :, None]  # [1, N, H, 1, hd]
+    attended = dense_attention(scaled, heads_major(k), heads_major(qkv[2]), mask[None])[0, :, :, 0]
     x = x + jnp.einsum("nhk,hkd->nd", attended, self.proj[...].astype(dt)) + self.proj_bias[...].astype(dt)
     y = self.norm2(x)
     act = ACTIVATIONS[self.cfg.hidden_act]
