@@ -54,12 +54,15 @@ class KVCache(NamedTuple):
       stacked, [L, B, K, S, head_dim] each, for a scanned model.
     mask: [B, S] bool, True for slots holding a real (non-pad) token.
     index: [B] int32, the slot where each row's next token is written.
+    offset: [B] int32 or None: what each row's later positions add to its real tokens cached (a prompt with
+      images: its M-RoPE offset, ``rljax.models.vision.rope_index``); None adds nothing.
   """
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
   mask: jax.Array
   index: jax.Array
+  offset: jax.Array | None = None
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None, stacked: bool = False) -> KVCache:
@@ -386,6 +389,8 @@ class CausalLM(nnx.Module):
     if positions is None:
       seen = jnp.sum(cache.mask, axis=-1, dtype=jnp.int32)[:, None]
       positions = seen + positions_from_mask(attention_mask)
+      if cache.offset is not None:
+        positions = positions + cache.offset[:, None]
     slots_mask = write_mask(cache, attention_mask.astype(bool))
     query_slots = cache.index[:, None] + jnp.arange(t, dtype=jnp.int32)
     key_slots = jnp.arange(slots_mask.shape[1], dtype=jnp.int32)
@@ -396,7 +401,7 @@ class CausalLM(nnx.Module):
         live=live_slots(slots_mask, cache.index + t) if t == 1 else None))
     x, (k, v), routing = self._run_layers(self._inputs(input_ids, images, positions), positions, masks, cache, experts)
     h = constrain(self.final_norm(x[:, -1:] if last_only else x), _RESIDUAL)
-    cache = KVCache(k=k, v=v, mask=slots_mask, index=cache.index + t)
+    cache = KVCache(k=k, v=v, mask=slots_mask, index=cache.index + t, offset=cache.offset)
     return (h, cache, routing) if with_routing else (h, cache)
 
   def step(

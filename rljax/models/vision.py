@@ -107,6 +107,55 @@ def image_layout(grid_thw: np.ndarray, cfg: VisionConfig) -> ImageLayout:
                      restore=np.argsort(merged).astype(np.int32))
 
 
+def patch_bucket(patches: int, unit: int) -> int:
+  """The patches per row a batch's rows are padded to: the power of two holding ``patches`` (at least one merged
+  patch of ``unit``), so a run compiles its passes for a few sizes, not one per batch."""
+  return max(unit, 1 << max(0, int(patches) - 1).bit_length())
+
+
+def row_images(pixels: list[np.ndarray | None], grids: list[np.ndarray | None], cfg: VisionConfig,
+               patches: int | None = None) -> Images:
+  """Each row's images as one padded sequence of patches per row, the tower's batched input.
+
+  Args:
+    pixels: per row, its images' patches [N_b, F] (the processor's ``pixel_values``) or None (no image).
+    grids: per row, their grids [I_b, 3] or None.
+    cfg: the vision tower's config (the layout's windows and merge size).
+    patches: Q, the patches per row (default ``patch_bucket`` of the longest row).
+
+  Returns:
+    Images of pixels [B, Q, F] float32 and an ImageLayout of [B, Q] (rotary [B, Q, 2], restore [B, Q / m^2])
+    arrays. Padding patches form a window and frame of their own (-1), so no real patch attends to them; their
+    features follow each row's real ones and are never placed.
+  """
+  unit, width = cfg.merge_unit, int(np.prod(cfg.patch_shape))
+  counts = [0 if p is None else len(p) for p in pixels]
+  q = patch_bucket(max(counts, default=0), unit) if patches is None else int(patches)
+  if max(counts, default=0) > q:
+    raise ValueError(f"a row holds {max(counts)} image patches, more than the {q} its batch is padded to")
+  b = len(pixels)
+  out = np.zeros((b, q, width), np.float32)
+  order = np.tile(np.arange(q, dtype=np.int32), (b, 1))
+  rotary = np.zeros((b, q, 2), np.int32)
+  windows = np.full((b, q), -1, np.int32)
+  frames = np.full((b, q), -1, np.int32)
+  restore = np.tile(np.arange(q // unit, dtype=np.int32), (b, 1))
+  for r, (p, g) in enumerate(zip(pixels, grids)):
+    if not counts[r]:
+      continue
+    n = counts[r]
+    layout = image_layout(np.asarray(g), cfg)
+    if layout.order.size != n or np.asarray(p).shape[1] != width:
+      raise ValueError(f"row {r}: pixel_values {np.asarray(p).shape} do not match its grids "
+                       f"{np.asarray(g).tolist()} ({layout.order.size} patches of {width} values)")
+    out[r, :n] = p
+    order[r, :n], rotary[r, :n], windows[r, :n], frames[r, :n] = (layout.order, layout.rotary, layout.windows,
+                                                                  layout.frames)
+    restore[r, :n // unit] = layout.restore
+  return Images(pixels=out, layout=ImageLayout(order=order, rotary=rotary, windows=windows, frames=frames,
+                                               restore=restore))
+
+
 def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, grid_thw: np.ndarray, image_token_id: int,
                spatial_merge_size: int, video_token_id: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """M-RoPE positions of a batch of prompts with images (HF Qwen2.5-VL's ``get_rope_index`` for images).
@@ -240,9 +289,17 @@ class VisionTower(nnx.Module):
     self.merger_fc2_bias = make_param(rngs, (cfg.out_hidden_size,), ("embed",), _ZEROS, param_dtype)
 
   def __call__(self, images: Images) -> jax.Array:
-    """The merged features [N / m^2, D] of ``images``, in the order of the prompts' image-pad tokens."""
-    cfg, dt, layout = self.cfg, self.dtype, images.layout
-    pixels = jnp.asarray(images.pixels)[jnp.asarray(layout.order)].astype(dt)
+    """The merged features of ``images``, in the order of the prompts' image-pad tokens: [N / m^2, D] of one
+    sequence of patches, or [B, Q / m^2, D] of each row's own (``row_images``: pixels [B, Q, F])."""
+    if jnp.ndim(images.pixels) == 3:
+      return jax.vmap(lambda pixels, layout: self._features(pixels, layout))(
+          jnp.asarray(images.pixels), jax.tree.map(jnp.asarray, images.layout))
+    return self._features(jnp.asarray(images.pixels), images.layout)
+
+  def _features(self, pixels: jax.Array, layout: ImageLayout) -> jax.Array:
+    """[N / m^2, D] merged features of one sequence of patches ``pixels`` [N, F] laid out by ``layout``."""
+    cfg, dt = self.cfg, self.dtype
+    pixels = pixels[jnp.asarray(layout.order)].astype(dt)
     x = jnp.einsum("nctpq,ctpqd->nd", pixels.reshape(-1, *cfg.patch_shape), self.patch[...].astype(dt))
     cos, sin = _rotary_tables(jnp.asarray(layout.rotary), cfg)
     windows, frames = jnp.asarray(layout.windows), jnp.asarray(layout.frames)
@@ -264,9 +321,14 @@ class VisionTower(nnx.Module):
 
 
 def place_images(embeds: jax.Array, is_image: jax.Array, features: jax.Array) -> jax.Array:
-  """embeds [B, T, D] with its image-pad positions ``is_image`` [B, T] replaced by ``features`` [M, D] in order
-  (row-major over the batch). The caller keeps M equal to the image-pad tokens (``rope_index`` checks that the
-  prompts' runs match their grids); inside a jitted pass the count cannot be checked."""
+  """embeds [B, T, D] with its image-pad positions ``is_image`` [B, T] replaced by ``features`` in order: [M, D]
+  row-major over the batch, or [B, M, D] each row's own (its first features fill its image-pad tokens). The
+  caller keeps the counts equal (``rope_index`` checks that the prompts' runs match their grids); inside a
+  jitted pass they cannot be checked."""
+  if features.ndim == 3:
+    rank = jnp.clip(jnp.cumsum(is_image.astype(jnp.int32), axis=1) - 1, 0, features.shape[1] - 1)
+    placed = jnp.take_along_axis(features.astype(embeds.dtype), rank[..., None], axis=1)
+    return jnp.where(is_image[..., None], placed, embeds)
   flat = is_image.reshape(-1)
   rank = jnp.clip(jnp.cumsum(flat.astype(jnp.int32)) - 1, 0, features.shape[0] - 1)
   placed = features.astype(embeds.dtype)[rank].reshape(embeds.shape)

@@ -41,7 +41,7 @@ def continue_prefix(graphdef: nnx.GraphDef, record_routing: bool, params: Any, p
   grow = lambda x: jnp.pad(x, [(0, length if axis == 2 else 0) for axis in range(x.ndim)])
   held = prefix.cache
   cache = KVCache(k=jax.tree.map(grow, held.k), v=jax.tree.map(grow, held.v),
-                  mask=jnp.pad(held.mask, ((0, 0), (0, length))), index=held.index)
+                  mask=jnp.pad(held.mask, ((0, 0), (0, length))), index=held.index, offset=held.offset)
   model = nnx.merge(graphdef, params)
   logits, cache, routing = model.step(left, cache, attention_mask=mask.astype(jnp.int32), last_only=True,
                                       with_routing=True)
@@ -92,12 +92,13 @@ def append_rows(graphdef: nnx.GraphDef, max_decode_length: int, mesh: Mesh, spec
   put = lambda x, new, sh: put_rows(mesh, x, rows, new, sh.spec)
   c, cs = state.cache, specs.cache
   held = KVCache(k=jax.tree.map(take, c.k, cs.k), v=jax.tree.map(take, c.v, cs.v), mask=take(c.mask, cs.mask),
-                 index=take(c.index, cs.index))
+                 index=take(c.index, cs.index), offset=None if c.offset is None else take(c.offset, cs.offset))
   logits, cache, generated = continue_rows(graphdef, params, held, take(state.generated, specs.generated), tokens,
                                            lengths)
   return state._replace(
       cache=KVCache(k=jax.tree.map(put, c.k, cache.k, cs.k), v=jax.tree.map(put, c.v, cache.v, cs.v),
-                    mask=put(c.mask, cache.mask, cs.mask), index=put(c.index, cache.index, cs.index)),
+                    mask=put(c.mask, cache.mask, cs.mask), index=put(c.index, cache.index, cs.index),
+                    offset=c.offset),
       logits=put(state.logits, logits, specs.logits), generated=put(state.generated, generated, specs.generated),
       done=put(state.done, generated >= max_decode_length, specs.done))
 

@@ -107,6 +107,8 @@ class CacheLayout:
     self.cfg, self.mesh, self.rules = cfg, mesh, rules
     self.slots, self.length, self.kv_cache_dtype = slots, length, kv_cache_dtype
     self.record_routing, self.seed = record_routing, seed
+    # a vision-language model's slots carry their prompt's M-RoPE offset (KVCache.offset)
+    self.offsets = cfg.vision is not None
     spec = self.sharding(("cache_batch",), (slots,)).spec
     # how many `cache_batch` shards the slots are split into (each holds slots / slot_shards of them)
     self.slot_shards = math.prod(mesh.shape[a] for a in rules_lib.spec_axes(spec[0] if spec else None))
@@ -133,7 +135,8 @@ class CacheLayout:
     per_slot = self.sharding(("cache_batch",), (slots,))
     replicated = NamedSharding(self.mesh, PartitionSpec())
     return DecodeState(
-        cache=KVCache(k=kv, v=kv, mask=self.sharding(("cache_batch", "length"), (slots, length)), index=per_slot),
+        cache=KVCache(k=kv, v=kv, mask=self.sharding(("cache_batch", "length"), (slots, length)), index=per_slot,
+                      offset=per_slot if self.offsets else None),
         logits=self.sharding(("cache_batch", "vocab"), (slots, cfg.vocab_size)),
         generated=per_slot, done=per_slot, key=replicated, slot_keys=replicated, requests=replicated)
 
@@ -145,14 +148,15 @@ class CacheLayout:
     experts = (self.sharding(("cache_batch", None, None, None), (rows, bucket, *cfg.routing_shape))
                if self.record_routing else None)
     return Prefix(cache=KVCache(k=kv, v=kv, mask=self.sharding(("cache_batch", "length"), (rows, bucket)),
-                                index=per_row),
+                                index=per_row, offset=per_row if self.offsets else None),
                   logits=self.sharding(("cache_batch", "vocab"), (rows, cfg.vocab_size)), experts=experts)
 
   def empty_state(self) -> DecodeState:
     """Empty slots, all marked done (traced: jit it with `decode_state_shardings` to place it)."""
     cfg, slots = self.cfg, self.slots
+    cache = init_cache(cfg, slots, self.length, self.kv_cache_dtype)
     return DecodeState(
-        cache=init_cache(cfg, slots, self.length, self.kv_cache_dtype),
+        cache=cache._replace(offset=jnp.zeros((slots,), jnp.int32)) if self.offsets else cache,
         logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
         generated=jnp.zeros((slots,), jnp.int32),
         done=jnp.ones((slots,), bool),

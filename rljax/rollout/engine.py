@@ -79,7 +79,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rljax.models import CausalLM, KVCache, ModelConfig, init_cache
+from rljax.models import vision
 from rljax.models.transformer import CACHE_AXES
+from rljax.models.vision import Images
 from rljax.rollout import continuation, jetstream_adapter, sampling
 from rljax.rollout.decode_state import CacheLayout, DecodeState, Prefix, StepOutput, cache_length, rows_by_shard
 from rljax.rollout.weights import RolloutWeights
@@ -244,9 +246,10 @@ class Engine:
     (`RolloutWeights.compute`)."""
     return self.weights.compute(params)
 
-  def prefill_fn(self, rows: int, bucket: int) -> Any:
-    """The jitted prefill of `rows` prompts padded to `bucket`: (params, tokens, lengths) -> Prefix."""
-    key = (rows, bucket)
+  def prefill_fn(self, rows: int, bucket: int, patches: int = 0) -> Any:
+    """The jitted prefill of `rows` prompts padded to `bucket`: (params, tokens, lengths[, images, positions,
+    offsets]) -> Prefix; `patches`: image patches per row (0: no images)."""
+    key = (rows, bucket, patches)
     if key not in self._prefills:
       self._prefills[key] = jax.jit(_traced(self._mesh, self.rules, self._prefill_impl),
                                     out_shardings=self.layout.prefix_shardings(rows, bucket))
@@ -263,32 +266,50 @@ class Engine:
 
   # ----- prefill / insert / generate -----------------------------------------
 
-  def _prefill_impl(self, params, tokens: jax.Array, true_lengths: jax.Array) -> Prefix:
+  def _prefill_impl(self, params, tokens: jax.Array, true_lengths: jax.Array, images: Images | None = None,
+                    positions: jax.Array | None = None, offsets: jax.Array | None = None) -> Prefix:
     """tokens [N, bucket] right-padded, true_lengths [N] -> Prefix of N rows.
 
     Rows are rolled to left padding first, so the last position holds each
     prompt's last token and only its logits are computed (no [N, bucket, V]).
+    A vision-language model's prompts may hold images (each row's own, `row_images`), with their M-RoPE
+    positions [3, N, bucket] (laid out as the tokens) and each row's offset [N], which its slot keeps for the
+    positions of the tokens it decodes.
     """
     n, bucket = tokens.shape
     left, mask = continuation.to_the_end(tokens, true_lengths)
+    if positions is not None:
+      positions = jnp.stack([continuation.to_the_end(axis, true_lengths)[0] for axis in positions])
+    cache = init_cache(self.cfg, n, bucket, self.kv_cache_dtype)
+    if self.layout.offsets:
+      cache = cache._replace(offset=jnp.zeros((n,), jnp.int32) if offsets is None else offsets)
     model = nnx.merge(self.graphdef, params)
-    logits, cache, routing = model.step(left, init_cache(self.cfg, n, bucket, self.kv_cache_dtype),
-                                        attention_mask=mask.astype(jnp.int32),
-                                        last_only=True, query_offset=0, with_routing=True)
+    logits, cache, routing = model.step(left, cache, attention_mask=mask.astype(jnp.int32), positions=positions,
+                                        last_only=True, query_offset=0, with_routing=True, images=images)
     experts = routing.experts if self.record_routing else None
     return Prefix(cache=cache, logits=logits[:, -1].astype(jnp.float32), experts=experts)
 
   def prefill(self, *, params: Any, existing_prefix: Prefix | None = None,
-              padded_tokens: jax.Array, true_length: int | jax.Array) -> Prefix:
+              padded_tokens: jax.Array, true_length: int | jax.Array, images: Images | None = None,
+              grids: Sequence[np.ndarray | None] | None = None) -> Prefix:
     """KV cache for right-padded `padded_tokens` ([T] or [N, T]) of `true_length`.
 
     T should be one of the prefill buckets (JetStream pads to its own
-    buckets; each distinct T compiles once).
+    buckets; each distinct T compiles once). A vision-language model's rows may hold images: `images` (each
+    row's own, `rljax.models.vision.row_images`) and `grids`, each row's patch grids [I_r, 3] (None: none),
+    which give the rows' M-RoPE positions; the patch bucket compiles once per size too.
     """
     tokens = jnp.asarray(padded_tokens, jnp.int32)
     lengths = jnp.asarray(true_length, jnp.int32)
     if tokens.ndim == 1:
       tokens, lengths = tokens[None], lengths.reshape(1)
+    if images is not None:
+      if existing_prefix is not None:
+        raise ValueError("a prefix is continued with text only; images enter with a request's first prefill")
+      positions, offsets = self.image_positions(np.asarray(padded_tokens).reshape(tokens.shape),
+                                                np.asarray(lengths), grids)
+      return self.prefill_fn(*tokens.shape, images.pixels.shape[1])(params, tokens, lengths, images,
+                                                                    jnp.asarray(positions), jnp.asarray(offsets))
     if existing_prefix is not None:
       held, room = existing_prefix.cache.mask.shape[1], self.cache_length - self.max_decode_length
       if held + tokens.shape[1] > room:
@@ -299,6 +320,19 @@ class Engine:
         raise ValueError(f"true_length {true_length} continues a prefix by nothing; every row needs a new token")
       return self.continue_fn(*tokens.shape, held)(params, existing_prefix, tokens, lengths)
     return self.prefill_fn(*tokens.shape)(params, tokens, lengths)
+
+  def image_positions(self, tokens: np.ndarray, lengths: np.ndarray, grids: Sequence[np.ndarray | None]
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(M-RoPE positions [3, N, T], offsets [N]) of right-padded prompts `tokens` [N, T] of `lengths`, row r's
+    images of patch grids grids[r] (`rljax.models.vision.rope_index`)."""
+    cfg = self.cfg
+    if cfg.vision is None:
+      raise ValueError(f"images were given to an engine over a {cfg.model_type} model, which has no vision tower")
+    mask = (np.arange(tokens.shape[1])[None, :] < lengths[:, None]).astype(np.int32)
+    present = [np.asarray(g).reshape(-1, 3) for g in grids if g is not None and len(g)]
+    grid = np.concatenate(present) if present else np.zeros((0, 3), np.int64)
+    return vision.rope_index(tokens, mask, grid, cfg.image_token_id, cfg.vision.spatial_merge_size,
+                             cfg.hf_top.get("video_token_id"))
 
   def continue_fn(self, rows: int, length: int, held: int) -> Any:
     """The jitted continuation of a `held`-slot prefix by `length` new tokens: (params, prefix, tokens, lengths) -> Prefix."""
@@ -337,7 +371,9 @@ class Engine:
     mask = jnp.pad(rows(p.mask, ("cache_batch", "length")), ((0, 0), (0, c.mask.shape[1] - bucket)))
     cache = KVCache(k=jax.tree.map(put, c.k, p.k), v=jax.tree.map(put, c.v, p.v),
                     mask=jnp.where(chosen[:, None], mask, c.mask),
-                    index=jnp.where(chosen, rows(p.index, ("cache_batch",)), c.index))
+                    index=jnp.where(chosen, rows(p.index, ("cache_batch",)), c.index),
+                    offset=None if c.offset is None else jnp.where(chosen, rows(p.offset, ("cache_batch",)),
+                                                                   c.offset))
     streams = jax.vmap(lambda r: jax.random.fold_in(state.key, r))(request_ids)
     return state._replace(cache=cache, logits=jnp.where(chosen[:, None], rows(prefix.logits, ("cache_batch", "vocab")),
                                                         state.logits),

@@ -106,9 +106,10 @@ class RolloutSampler:
   def new_request(self, request_id: int, group: int, prompt: np.ndarray, key: jax.Array, width: int,
                   columns: Mapping[str, Any] | None = None) -> stream_lib.Request:
     """An empty request answering `prompt` ([p] ids; `width`: the prompt width of the trainer's layout);
-    `columns` are its prompt's data columns (read by multi-turn samplers only)."""
-    del columns
-    return stream_lib.new_request(self.engine, self.pad_id, request_id, group, prompt, key, width)
+    `columns` are its prompt's data columns (its images, `multi_modal_inputs`, are read here; the rest by
+    multi-turn samplers)."""
+    return stream_lib.new_request(self.engine, self.pad_id, request_id, group, prompt, key, width,
+                                  prompt_images(columns))
 
   def assemble(self, requests: Sequence[stream_lib.Request], metrics: dict[str, float] | None = None) -> Rollout:
     """The Rollout of finished `requests` (row i from requests[i]), with the sampler's `metrics`."""
@@ -150,6 +151,16 @@ class RolloutSampler:
     if not self.free_cache:
       self._state = stream.state
     return self.assemble(requests, {"perf/slot_occupancy": stream.occupancy()})
+
+
+def prompt_images(columns: Mapping[str, Any] | None) -> stream_lib.PromptImages | None:
+  """A prompt's images from its data columns: `multi_modal_inputs` ({"pixel_values": [N, F], "image_grid_thw":
+  [I, 3]}, as `rljax.data.dataset.RLHFDataset` gives them); None without images."""
+  inputs = (columns or {}).get("multi_modal_inputs")
+  if not inputs or inputs.get("pixel_values") is None or not len(inputs["pixel_values"]):
+    return None
+  return stream_lib.PromptImages(np.asarray(inputs["pixel_values"], np.float32),
+                                 np.asarray(inputs["image_grid_thw"], np.int64).reshape(-1, 3))
 
 
 def assemble(requests: Sequence[stream_lib.Request], engine: engine_lib.Engine,

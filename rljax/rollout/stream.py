@@ -15,12 +15,13 @@ asynchronous trainer (`rljax.rl.streaming`) keeps one open across its updates.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax.models import vision
 from rljax.rollout import decode_state, engine as engine_lib
 from rljax.rollout import sampling
 
@@ -39,6 +40,7 @@ class Request:
     length: response tokens so far (a conversation's appended ids included).
     experts: with the engine's record_routing, [width + R, L_sparse, k] the experts of its prompt (left-padded
       to `width`) and response tokens; else None.
+    images: the prompt's images (a vision-language model's), `PromptImages`; None: text only.
   """
 
   id: int
@@ -50,26 +52,41 @@ class Request:
   versions: np.ndarray
   length: int = 0
   experts: np.ndarray | None = None
+  images: "PromptImages | None" = None
+
+
+class PromptImages(NamedTuple):
+  """One prompt's images as the image processor gives them.
+
+  Attributes:
+    pixels: [N, F] float32 patches (``pixel_values``).
+    grids: [I, 3] int patch grids (``image_grid_thw``).
+  """
+
+  pixels: np.ndarray
+  grids: np.ndarray
 
 
 def new_request(engine: engine_lib.Engine, pad_id: int, request_id: int, group: int, prompt: np.ndarray,
-                key: jax.Array, width: int) -> Request:
+                key: jax.Array, width: int, images: PromptImages | None = None) -> Request:
   """An empty request for `engine` (its buffers sized to the response length; `width` is the prompt width the
-  trainer's routing layout uses)."""
+  trainer's routing layout uses; `images`: the prompt's, if any)."""
   length = engine.max_decode_length
   routing = engine.cfg.routing_shape if engine.record_routing else None
   return Request(id=request_id, group=group, prompt=prompt, key=key,
                  tokens=np.full((length,), pad_id, np.int32), log_probs=np.zeros((length,), np.float32),
                  versions=np.full((length,), -1, np.int32),
-                 experts=None if routing is None else np.zeros((width + length, *routing), np.int32))
+                 experts=None if routing is None else np.zeros((width + length, *routing), np.int32), images=images)
 
 
 def _power_of_two_at_least(n: int) -> int:
   return 1 << max(0, (n - 1).bit_length())
 
 
-def prefill(engine: engine_lib.Engine, params: Any, prompts: Sequence[np.ndarray], pad_id: int) -> decode_state.Prefix:
-  """The prefix of `prompts`, padded to a power of two rows and a length bucket (few compilations)."""
+def prefill(engine: engine_lib.Engine, params: Any, prompts: Sequence[np.ndarray], pad_id: int,
+            images: Sequence[PromptImages | None] | None = None) -> decode_state.Prefix:
+  """The prefix of `prompts` (with `images`: each one's, or None), padded to a power of two rows, a length
+  bucket and, with images, a power of two patches per row (few compilations)."""
   rows = _power_of_two_at_least(len(prompts))
   bucket = decode_state.bucket_for(max(len(p) for p in prompts), engine.buckets)
   tokens = np.full((rows, bucket), pad_id, np.int32)
@@ -77,7 +94,13 @@ def prefill(engine: engine_lib.Engine, params: Any, prompts: Sequence[np.ndarray
   for i, ids in enumerate(prompts):
     tokens[i, :len(ids)] = ids
     lengths[i] = len(ids)
-  return engine.prefill(params=params, padded_tokens=tokens, true_length=lengths)
+  if not images or all(i is None for i in images):
+    return engine.prefill(params=params, padded_tokens=tokens, true_length=lengths)
+  padded = list(images) + [None] * (rows - len(images))
+  batch = vision.row_images([None if i is None else i.pixels for i in padded],
+                            [None if i is None else i.grids for i in padded], engine.cfg.vision)
+  return engine.prefill(params=params, padded_tokens=tokens, true_length=lengths, images=batch,
+                        grids=[None if i is None else i.grids for i in padded])
 
 
 class DecodeStream:
@@ -137,8 +160,9 @@ class DecodeStream:
     insert donates the state, so each takes its own copy of the key)."""
     take, self.pending = self.pending[:len(self.free)], self.pending[len(self.free):]
     groups = sorted({r.group for r in take})
-    prompts = {r.group: r.prompt for r in take}
-    prefix = prefill(self.engine, self.params, [prompts[g] for g in groups], self.pad_id)
+    prompts = {r.group: r for r in take}
+    prefix = prefill(self.engine, self.params, [prompts[g].prompt for g in groups], self.pad_id,
+                     [prompts[g].images for g in groups])
     if self.engine.record_routing:
       _place_prompt_experts(jax.device_get(prefix.experts), take, groups)
     self.free.sort()  # which slot a request takes depends on the queue alone, not on which slots ended when
@@ -234,4 +258,4 @@ def _place_prompt_experts(prefix: np.ndarray, requests: Sequence[Request], group
     request.experts[width - size:width] = prefix[groups.index(request.group), prefix.shape[1] - size:]
 
 
-__all__ = ["DecodeStream", "Request", "new_request", "prefill"]
+__all__ = ["DecodeStream", "PromptImages", "Request", "new_request", "prefill"]

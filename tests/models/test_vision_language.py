@@ -115,6 +115,11 @@ def test_logits_and_greedy_decoding_from_image_prompts_are_transformers(saved, m
   positions, _ = vision.rope_index(ids, mask, GRIDS, IMAGE, 2)
   got = model(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(positions), images=images(model, pix))
   np.testing.assert_allclose(np.asarray(got) * mask[..., None], want * mask[..., None], atol=2e-5, rtol=1e-4)
+  # each row's images padded to a patch bucket of its own (the trainer's rows): the same logits
+  per_row = vision.row_images([pix[:92], pix[92:]], [GRIDS[:2], GRIDS[2:]], model.cfg.vision)
+  assert per_row.pixels.shape == (2, 128, 96) and per_row.layout.restore.shape == (2, 32)
+  got = model(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(positions), images=per_row)
+  np.testing.assert_allclose(np.asarray(got) * mask[..., None], want * mask[..., None], atol=2e-5, rtol=1e-4)
   tokens = M.greedy_generate(model, ids, mask, 6, images=images(model, pix), grid_thw=GRIDS)
   np.testing.assert_array_equal(tokens, want_tokens)
 
@@ -215,3 +220,28 @@ def test_a_text_model_refuses_images(model):
     text(jnp.asarray(ids), jnp.asarray(mask), images=images(model, pixels()))
   with pytest.raises(ValueError, match="M-RoPE positions"):
     model(jnp.asarray(ids), jnp.asarray(mask), images=images(model, pixels()))
+
+
+def test_the_rollout_engine_decodes_image_prompts_as_greedy_generation(model):
+  """The sampler over JetStream's prefill / insert / generate: each prompt's images prefilled once for its two
+  responses, each slot decoding at its own M-RoPE offset, on 8 devices (slots over data)."""
+  from rljax.rollout.engine import make_engine
+  from rljax.rollout.sampler import RolloutSampler
+  from rljax.rollout.sampling import SamplingParams
+
+  ids, mask = batch()
+  pix = pixels(4)
+  want = M.greedy_generate(model, ids, mask, 6, images=images(model, pix), grid_thw=GRIDS)
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+  engine = make_engine(model, max_concurrent_decodes=8, prefill_buckets=(64,), max_decode_length=6,
+                       sampling_params=SamplingParams(greedy=True), mesh=mesh, rules=[("cache_batch", "data")])
+  inputs = np.empty(3, object)
+  inputs[:] = [{"pixel_values": pix[:92], "image_grid_thw": GRIDS[:2]},
+               {"pixel_values": pix[92:], "image_grid_thw": GRIDS[2:]}, {}]
+  text = np.concatenate([ids, np.where(mask[:1] > 0, 7, 0)]), np.concatenate([mask, mask[:1]])
+  rollout = RolloutSampler(engine, pad_id=0).generate(nnx.state(model), *text, 2, jax.random.key(0),
+                                                      rows={"multi_modal_inputs": inputs})
+  np.testing.assert_array_equal(rollout.responses[:4], np.repeat(want, 2, axis=0))
+  # the text-only row beside them decodes as a text prompt
+  alone = M.greedy_generate(model, text[0][2:], text[1][2:], 6)
+  np.testing.assert_array_equal(rollout.responses[4:], np.repeat(alone, 2, axis=0))
