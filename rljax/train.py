@@ -44,7 +44,8 @@ def resolve(config, overrides: Sequence[str], device_count: int | None = None, d
 def train(config: ConfigDict) -> None:
   """Checks that every model the run loads is on this machine (ConfigError naming the key), then trains."""
   for key in config_lib.model_path_keys(config):
-    config_lib.check_model_path(key, config_lib.get_node(config, key), must_exist=True)
+    config_lib.check_model_path(key, config_lib.get_node(config, key), must_exist=True,
+                                vision_language=key == "actor_rollout_ref.model.path")
   from rljax import rl  # pylint: disable=import-outside-toplevel
   rl.run(config)
 

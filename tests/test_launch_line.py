@@ -310,17 +310,24 @@ def test_a_missing_local_model_stops_the_run_before_any_work(tmp_path, model_dir
     C.check_model_path("actor_rollout_ref.model.path", path, must_exist=True)
 
 
-def test_a_vision_language_model_is_refused_where_a_run_is_configured(tmp_path):
-  # rljax.models runs Qwen2.5-VL (tests/models/test_vision_language.py); no trainer feeds it images yet
+def test_a_vision_language_actor_is_configured_and_what_it_cannot_do_is_refused(tmp_path):
+  # the RL actor may be Qwen2.5-VL (tests/rl/test_vision_language_rl.py); SFT and the parts its images do not reach
+  # yet are config errors naming their key
   (tmp_path / "vl").mkdir()
   (tmp_path / "vl" / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
   path = str(tmp_path / "vl")
-  message = error_of(resolved, experiment("grpo"), [f"actor_rollout_ref.model.path={path}"])
-  assert message.startswith(f"actor_rollout_ref.model.path='{path}': is a vision-language model (qwen2_5_vl)")
-  assert "use a text model" in message
-  assert "model.partial_pretrain=" in error_of(
-      sft_main.resolve, sft_config.get_sft_config(), [f"model.partial_pretrain={path}", "trainer.n_gpus_per_node=1"],
-      device_count=1)
+  resolved(experiment("grpo"), [f"actor_rollout_ref.model.path={path}"])
+  for extra, key in (("actor_rollout_ref.actor.freeze_vision_tower=true", "actor_rollout_ref.actor.freeze_vision_tower"),
+                     ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_rank"),
+                     ("actor_rollout_ref.rollout.quantization=int8", "actor_rollout_ref.rollout.quantization")):
+    message = error_of(resolved, experiment("grpo"), [f"actor_rollout_ref.model.path={path}", extra])
+    assert message.startswith(f"{key}=") and "is a vision-language model (qwen2_5_vl)" in message, message
+  message = error_of(resolved, experiment("ppo"), [f"actor_rollout_ref.model.path={path}"])
+  assert message.startswith("critic") and "vision-language" in message, message
+  message = error_of(sft_main.resolve, sft_config.get_sft_config(),
+                     [f"model.partial_pretrain={path}", "trainer.n_gpus_per_node=1"], device_count=1)
+  assert message.startswith(f"model.partial_pretrain='{path}': is a vision-language model (qwen2_5_vl)")
+  assert "use a text model here" in message
 
 
 def test_config_name_and_path_pick_a_verl_yaml_file(tmp_path, monkeypatch):

@@ -64,25 +64,33 @@ def check_data_files(config: ConfigDict, key: str, required: bool = True) -> Non
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
-def _check_text_model(key: str, path: str) -> None:
-  """Raises a ConfigError naming `key` when `path` is a model directory of a vision-language model (rljax.models
-  reads and runs it, but no trainer feeds it images yet)."""
+def vision_language_type(path: Any) -> str | None:
+  """The model type of the vision-language model directory `path` names (its config.json's), else None."""
   from rljax.models.config import VISION_LANGUAGE_TYPES  # pylint: disable=import-outside-toplevel
+  if not isinstance(path, str):
+    return None
   config_file = os.path.join(os.path.expanduser(path), "config.json")
   if not os.path.isfile(config_file):
-    return
+    return None
   try:
     with open(config_file) as f:
       model_type = json.load(f).get("model_type")
   except (OSError, ValueError, AttributeError):
-    return  # an unreadable config.json is reported where the model loads
-  if model_type in VISION_LANGUAGE_TYPES:
-    raise ConfigError(key, path, f"is a vision-language model ({model_type}): rljax.models loads and runs it "
-                      "(rljax.models.vision), but training and evaluation on images are not implemented yet",
-                      "use a text model")
+    return None  # an unreadable config.json is reported where the model loads
+  return model_type if model_type in VISION_LANGUAGE_TYPES else None
 
 
-def check_model_path(key: str, path: Any, must_exist: bool = False) -> None:
+def _check_text_model(key: str, path: str) -> None:
+  """Raises a ConfigError naming `key` when `path` is a model directory of a vision-language model (only the RL
+  actor is fed images)."""
+  model_type = vision_language_type(path)
+  if model_type is not None:
+    raise ConfigError(key, path, f"is a vision-language model ({model_type}): rljax trains one as the RL actor "
+                      "(actor_rollout_ref.model.path); as this model (SFT, evaluation, a critic or reward model) "
+                      "it is not implemented yet", "use a text model here")
+
+
+def check_model_path(key: str, path: Any, must_exist: bool = False, vision_language: bool = False) -> None:
   """Raises a ConfigError naming `key` unless `path` names a model rljax can read.
 
   rljax reads a local directory, a .gguf file or one of its aliases
@@ -91,16 +99,17 @@ def check_model_path(key: str, path: Any, must_exist: bool = False) -> None:
   path only with `must_exist` (when a run starts): presets name
   `~/models/...` directories that need not exist where a config is only
   validated, printed or compiled (rljax.compile knows architectures by name).
-  A directory holding a vision-language model is refused: no trainer feeds
-  it images yet.
+  A directory holding a vision-language model is refused unless
+  `vision_language` (the RL actor's).
 
   Args:
     key: the key holding the path, for the message.
     path: its value.
     must_exist: also reject a missing local path.
+    vision_language: a vision-language model may be named here.
   """
   from rljax.models.api import ALIASES  # pylint: disable=import-outside-toplevel
-  if isinstance(path, str):
+  if isinstance(path, str) and not vision_language:
     _check_text_model(key, path)
   if not isinstance(path, str) or path.lower() in ALIASES or os.path.exists(os.path.expanduser(path)):
     return

@@ -7,7 +7,8 @@ import os
 from ml_collections import ConfigDict
 
 from rljax.config import kernel_names
-from rljax.config.checks import check_data_files, check_enum, check_model_path, check_positive, check_range
+from rljax.config.checks import (check_data_files, check_enum, check_model_path, check_positive, check_range,
+                                 vision_language_type)
 from rljax.config.errors import check, is_int, is_number
 from rljax.config.choices import (
     ADAM_NAMES, AGENT_LOOPS, CHECKPOINT_CONTENTS, CPU_DOT_LIBRARIES, DEVICES, DTYPES, KL_CONTROLLERS, LOGGERS,
@@ -416,7 +417,31 @@ def model_path_keys(config: ConfigDict) -> list[str]:
 
 def _check_model_paths(config: ConfigDict) -> None:
   for key in model_path_keys(config):
-    check_model_path(key, get_node(config, key))
+    check_model_path(key, get_node(config, key), vision_language=key == "actor_rollout_ref.model.path")
+  _check_vision_language(config)
+
+
+def _check_vision_language(config: ConfigDict) -> None:
+  """A vision-language actor: refuses what its images do not reach yet (each a config error naming the key)."""
+  arr = config.actor_rollout_ref
+  model_type = vision_language_type(arr.model.path)
+  if model_type is None:
+    return
+  why = f"actor_rollout_ref.model.path is a vision-language model ({model_type}), and "
+  check(not arr.actor.freeze_vision_tower, "actor_rollout_ref.actor.freeze_vision_tower", True,
+        why + "keeping its tower out of the optimizer is not implemented yet", "leave it false (the tower trains)")
+  check(not has_a_critic(config), "critic.enable", config.critic.enable,
+        why + "a critic reading its images is not implemented yet", "use a critic-free estimator (grpo, rloo, ...)")
+  check(not config.reward_model.enable, "reward_model.enable", True,
+        why + "a reward model reading its images is not implemented yet", "score with a reward function")
+  check(not arr.rollout.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable", True,
+        why + "multi-turn rollouts with images are not implemented yet", "set it false")
+  check(not int(arr.model.lora_rank), "actor_rollout_ref.model.lora_rank", arr.model.lora_rank,
+        why + "LoRA over its layers and tower is not implemented yet", "set it to 0 (full fine-tuning)")
+  check(arr.rollout.quantization is None, "actor_rollout_ref.rollout.quantization", arr.rollout.quantization,
+        why + "8-bit rollout weights for its tower are not implemented yet", "leave it unset")
+  check(config.trainer.v1.trainer_mode != "separate_async", "trainer.v1.trainer_mode", "separate_async",
+        why + "separate_async rollouts with images are not implemented yet", "use sync or colocate_async")
 
 
 def _check_lora(config: ConfigDict) -> None:

@@ -6,7 +6,17 @@
 keys read are verl's: prompt_key, max_prompt_length, truncation, tool_config_path
 (prompts rendered with those tools' schemas, as the chat template's `tools`),
 filter_overlong_prompts, filter_overlong_prompts_workers, return_raw_chat,
-return_full_prompt, return_raw_input_ids, shuffle, seed.
+return_full_prompt, return_raw_input_ids, shuffle, seed, image_key,
+image_patch_size (video_key: a column holding videos is refused).
+
+Images (a vision-language model, given its `processor`): the row's
+`data.image_key` entries (`{"bytes": ...}`, `{"path": ...}` or paths, as
+verl's geometry3k preprocessing writes them) are read and prepared as verl
+does (`rljax.data.images.prompt_image`), and the i-th `<image>` of the
+messages' text becomes image i's vision-start, image-pad x tokens,
+vision-end, as Qwen-VL's chat template and processor make it. Lengths
+(max_prompt_length, filter_overlong_prompts) count those tokens; a prompt
+with images is never truncated.
 
 Item `i` is a dict (P = data.max_prompt_length):
 
@@ -14,6 +24,8 @@ Item `i` is a dict (P = data.max_prompt_length):
   position_ids [P] int32.
 - raw_prompt_ids: [L] int32, the unpadded (truncated) prompt ids, as the
   rollout engine wants them (L <= P).
+- multi_modal_inputs: a row with images: {"pixel_values": [N, F] float32,
+  "image_grid_thw": [I, 3] int64} (the image column itself is dropped).
 - index: int, `extra_info["index"]` when present, else the row number.
 - every other column of the row as read (data_source, ability, reward_model,
   extra_info, ...).
@@ -34,12 +46,14 @@ from __future__ import annotations
 import inspect
 import logging
 import multiprocessing
+import re
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from rljax.agents import tools as tools_lib
+from rljax.data import images as images_lib
 from rljax.data import parquet
 from rljax.data import tokenization
 from rljax.utils.user_code import load_from_file
@@ -47,6 +61,8 @@ from rljax.utils.user_code import load_from_file
 logger = logging.getLogger(__name__)
 
 TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
+# where an image goes in a prompt's text (verl's placeholder), and the Qwen-VL tokens it becomes
+IMAGE_PLACEHOLDER, VISION_START, IMAGE_PAD, VISION_END = "<image>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
 
 
 def config_get(node: Any, key: str, default: Any = None) -> Any:
@@ -113,25 +129,48 @@ def _init_length_worker(tokenizer: tokenization.Tokenizer, tools: Sequence[dict]
 
 
 def _lengths_in_worker(prompts: list[Any]) -> list[int]:
-  return [_prompt_length(_WORKER_TOKENIZER, p, _WORKER_TOOLS) for p in prompts]
+  return [_prompt_length(_WORKER_TOKENIZER, p, _WORKER_TOOLS, counts) for p, counts in prompts]
 
 
-def _prompt_length(tokenizer: tokenization.Tokenizer, messages: Any, tools: Sequence[dict] | None = None) -> int:
-  """Templated token count; -1 for a malformed prompt (reported later)."""
+def _prompt_length(tokenizer: tokenization.Tokenizer, messages: Any, tools: Sequence[dict] | None = None,
+                   image_counts: Sequence[int] | None = None) -> int:
+  """Templated token count (each `<image>` expanded to its image_counts tokens); -1 for a malformed prompt
+  (reported later)."""
   try:
     messages = check_messages(messages, "", "prompt")
+    if image_counts is not None:
+      messages = expand_images(messages, image_counts, "")
   except ValueError:
     return -1
   return len(tokenization.encode_text(
       tokenizer, tokenization.chat_prompt(tokenizer, messages, tools)))
 
 
+def expand_images(messages: list[dict[str, str]], counts: Sequence[int], where: str) -> list[dict[str, str]]:
+  """The messages with their i-th `<image>` placeholder replaced by what Qwen-VL's chat template and processor
+  make of image i: vision-start, counts[i] image-pad tokens, vision-end.
+
+  Raises:
+    ValueError: the placeholders do not number the images (naming the row `where`).
+  """
+  found = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
+  if found != len(counts):
+    raise ValueError(f"{where}: the prompt holds {found} {IMAGE_PLACEHOLDER} placeholder(s) for {len(counts)} "
+                     f"image(s); put one {IMAGE_PLACEHOLDER} in a message's text where each image goes, in order")
+  pending = iter(counts)
+  expand = lambda part: part if part != IMAGE_PLACEHOLDER else VISION_START + IMAGE_PAD * next(pending) + VISION_END
+  return [{**m, "content": "".join(expand(part) for part in re.split(f"({re.escape(IMAGE_PLACEHOLDER)})",
+                                                                     m["content"]))} for m in messages]
+
+
 def prompt_lengths(prompts: Sequence[Any], tokenizer: tokenization.Tokenizer,
-                   workers: int = 1, tools: Sequence[dict] | None = None) -> np.ndarray:
-  """Templated prompt lengths [N] (rendered with `tools` schemas), computed in `workers` processes if > 1."""
-  prompts = list(prompts)
+                   workers: int = 1, tools: Sequence[dict] | None = None,
+                   image_counts: Sequence[Sequence[int] | None] | None = None) -> np.ndarray:
+  """Templated prompt lengths [N] (rendered with `tools` schemas; image_counts: per prompt, its images' tokens,
+  or None), computed in `workers` processes if > 1."""
+  prompts = list(zip(prompts, image_counts or [None] * len(prompts)))
   if workers <= 1 or len(prompts) < 2 * workers:
-    return np.asarray([_prompt_length(tokenizer, p, tools) for p in prompts], np.int64)
+    return np.asarray([_prompt_length(tokenizer, p, tools, c) for p, c in prompts], np.int64)
   chunk = -(-len(prompts) // (4 * workers))
   chunks = [prompts[i:i + chunk] for i in range(0, len(prompts), chunk)]
   ctx = multiprocessing.get_context("spawn")
@@ -147,7 +186,9 @@ class RLHFDataset:
   def __init__(self, data_files: str | Sequence[str],
                tokenizer: tokenization.Tokenizer, config: Any,
                processor: Any = None, max_samples: int = -1):
-    del processor  # Multimodal inputs are not supported yet.
+    self.processor = processor
+    self.image_key = config_get(config, "image_key", "images")
+    self.image_patch_size = int(config_get(config, "image_patch_size", 14))
     self.data_files = parquet.as_file_list(data_files)
     self.tokenizer = tokenizer
     self.prompt_key = config_get(config, "prompt_key", "prompt")
@@ -169,13 +210,21 @@ class RLHFDataset:
     self._file_ends = np.cumsum([parquet.num_rows(f) for f in self.data_files])
     parquet.check_columns(table, (self.prompt_key, *parquet.REQUIRED_COLUMNS),
                           source=", ".join(self.data_files))
-    for key in ("image_key", "video_key"):
-      column = config_get(config, key)
-      row = first_media_row(table, column)
-      if row is not None:  # training on the prompts without their media would be a different task
-        raise ValueError(f"{self.describe_row(row)}: column {column!r} (data.{key}) holds media, and rljax's "
-                         f"models read text only (multimodal training is not implemented). Fix: drop the "
-                         f"{column!r} column, or train on text-only data.")
+    video = first_media_row(table, config_get(config, "video_key"))
+    if video is not None:  # training on the prompts without their media would be a different task
+      raise ValueError(f"{self.describe_row(video)}: column {config_get(config, 'video_key')!r} (data.video_key) "
+                       "holds videos, which rljax does not read (images only). Fix: drop the column, or give the "
+                       "frames as images.")
+    image = first_media_row(table, self.image_key)
+    if image is not None and processor is None:
+      raise ValueError(f"{self.describe_row(image)}: column {self.image_key!r} (data.image_key) holds images, and "
+                       "the model directory (actor_rollout_ref.model.path) has no preprocessor_config.json: it is a "
+                       "text model, or a vision-language one without its image processor's config. Fix: train a "
+                       "vision-language model (Qwen2.5-VL) from its full directory, or drop the column.")
+    self.has_images = image is not None
+    if self.has_images and len(tokenization.encode_text(tokenizer, IMAGE_PAD)) != 1:
+      raise ValueError(f"the tokenizer does not encode {IMAGE_PAD} as one token; a Qwen-VL model's tokenizer "
+                       "does: load the tokenizer of the model's directory")
     if table.num_rows == 0:
       raise ValueError(f"dataset {self.data_files} has no rows")
     rows = select_samples(table.num_rows, max_samples,
@@ -184,9 +233,13 @@ class RLHFDataset:
     self.num_filtered = 0
     if config_get(config, "filter_overlong_prompts", False):
       prompts = table.column(self.prompt_key).take(pa.array(rows)).to_pylist()
+      counts = None
+      if self.has_images:
+        entries = table.column(self.image_key).take(pa.array(rows)).to_pylist()
+        counts = [self.image_counts(e, int(r)) for e, r in zip(entries, rows)]
       lengths = prompt_lengths(
           prompts, tokenizer,
-          int(config_get(config, "filter_overlong_prompts_workers", 1)), self.tool_schemas)
+          int(config_get(config, "filter_overlong_prompts_workers", 1)), self.tool_schemas, counts)
       keep = lengths <= self.max_prompt_length
       self.num_filtered = int(np.sum(~keep))
       if self.num_filtered:
@@ -214,6 +267,24 @@ class RLHFDataset:
     start = int(self._file_ends[k - 1]) if k else 0
     return f"{self.data_files[k]} row {row_number - start}"
 
+  def image_counts(self, entries: Any, row_number: int) -> list[int]:
+    """The image-pad tokens of each of a row's images (its `data.image_key` entries), from their sizes."""
+    try:
+      return [images_lib.entry_tokens(e, self.processor, self.image_patch_size) for e in _entries(entries)]
+    except ValueError as e:
+      raise ValueError(f"{self.describe_row(row_number)}: column {self.image_key!r}: {e}") from e
+
+  def row_images(self, entries: Any, where: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(pixel_values [N, F] float32, image_grid_thw [I, 3] int64) of a row's images, or None without any."""
+    entries = _entries(entries)
+    if not entries:
+      return None
+    try:
+      prepared = [images_lib.prompt_image(e, self.processor, self.image_patch_size) for e in entries]
+    except ValueError as e:
+      raise ValueError(f"{where}: column {self.image_key!r}: {e}") from e
+    return np.concatenate([p for p, _ in prepared]), np.stack([g for _, g in prepared])
+
   def process_row(self, row: dict[str, Any], row_number: int) -> dict[str, Any]:
     """One parquet row -> one padded prompt (the keys listed in the module doc).
 
@@ -223,10 +294,20 @@ class RLHFDataset:
     """
     where = self.describe_row(row_number)
     messages = check_messages(row.pop(self.prompt_key), where, self.prompt_key)
-    text = tokenization.chat_prompt(self.tokenizer, messages, self.tool_schemas)
-    ids = tokenization.truncate(
-        tokenization.encode_text(self.tokenizer, text), self.max_prompt_length,
-        self.truncation, where)
+    images = self.row_images(row.pop(self.image_key, None), where) if self.processor is not None else None
+    templated = messages
+    if images is not None:
+      counts = [images_lib.image_tokens(g, self.processor) for g in images[1]]
+      templated = expand_images(messages, counts, where)
+      row["multi_modal_inputs"] = {"pixel_values": images[0], "image_grid_thw": images[1]}
+    text = tokenization.chat_prompt(self.tokenizer, templated, self.tool_schemas)
+    ids = tokenization.encode_text(self.tokenizer, text)
+    if images is not None and len(ids) > self.max_prompt_length:
+      raise ValueError(f"{where}: prompt is {len(ids)} tokens with its images' {sum(counts)}, longer than "
+                       f"data.max_prompt_length={self.max_prompt_length}; a prompt with images is never cut. Raise "
+                       "data.max_prompt_length, set data.filter_overlong_prompts=True, or lower the images' "
+                       "max_pixels.")
+    ids = tokenization.truncate(ids, self.max_prompt_length, self.truncation, where)
     input_ids, mask, positions = tokenization.left_pad(
         ids, self.max_prompt_length, self.pad_token_id)
     row.update(input_ids=input_ids, attention_mask=mask, position_ids=positions,
@@ -240,6 +321,15 @@ class RLHFDataset:
       row["raw_input_ids"] = np.asarray(tokenization.encode_text(
           self.tokenizer, "\n".join(m["content"] for m in messages)), np.int32)
     return row
+
+
+def _entries(value: Any) -> list[Any]:
+  """A row's image column as a list of entries (None and empty: none)."""
+  if value is None:
+    return []
+  if isinstance(value, np.ndarray):
+    value = value.tolist()
+  return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def first_media_row(table: Any, column: str | None) -> int | None:
@@ -307,7 +397,7 @@ def _construct(cls: Callable[..., Any], **kwargs: Any) -> Any:
 
 
 def make_dataset(files: str | Sequence[str], tokenizer: tokenization.Tokenizer,
-                 data_config: Any, max_samples: int = -1) -> Any:
+                 data_config: Any, max_samples: int = -1, processor: Any = None) -> Any:
   """A dataset over `files`: `data.custom_cls` if set, else RLHFDataset.
 
   Args:
@@ -315,6 +405,7 @@ def make_dataset(files: str | Sequence[str], tokenizer: tokenization.Tokenizer,
     tokenizer: see `rljax.data.tokenization`.
     data_config: the `data` config node.
     max_samples: train_max_samples / val_max_samples; -1 keeps every row.
+    processor: a vision-language model's `rljax.data.images.ImageProcessing` (None: a text model).
 
   Returns:
     A random-access dataset of prompt items.
@@ -329,7 +420,7 @@ def make_dataset(files: str | Sequence[str], tokenizer: tokenization.Tokenizer,
                        "is not")
     cls = load_dataset_class(path, name)
   dataset = _construct(cls, data_files=files, tokenizer=tokenizer,
-                       config=data_config, processor=None,
+                       config=data_config, processor=processor,
                        max_samples=max_samples)
   if len(dataset) == 0:
     raise ValueError(f"dataset over {files} is empty")

@@ -80,6 +80,15 @@ class ImageProcessing:
                image_std=tuple(float(x) for x in d.get("image_std", CLIP_STD)))
 
   @classmethod
+  def of_model(cls, path: Any) -> "ImageProcessing | None":
+    """A model directory's image processing when it has a ``preprocessor_config.json`` (a vision-language
+    model's), else None."""
+    if not isinstance(path, str) or not os.path.isfile(os.path.join(os.path.expanduser(path),
+                                                                    "preprocessor_config.json")):
+      return None
+    return cls.from_dir(os.path.expanduser(path))
+
+  @classmethod
   def from_dir(cls, path: str) -> "ImageProcessing":
     """From a model directory's ``preprocessor_config.json`` (Qwen2-VL's defaults where it has none)."""
     file = os.path.join(path, "preprocessor_config.json")
@@ -113,8 +122,9 @@ def _rgb(image: Image.Image) -> Image.Image:
   return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
 
 
-def load_image(value: Any) -> Image.Image:
-  """An RGB image from what a data row holds: ``{"bytes": ...}``, ``{"path": ...}``, a path, bytes or an image.
+def load_image(value: Any, convert: bool = True) -> Image.Image:
+  """An RGB image from what a data row holds: ``{"bytes": ...}``, ``{"path": ...}``, a path, bytes or an image
+  (``convert=False``: as opened, its pixels not decoded yet, for its size).
 
   Raises:
     ValueError: saying what was there and what is accepted.
@@ -135,9 +145,35 @@ def load_image(value: Any) -> Image.Image:
       image = Image.open(os.path.expanduser(value.removeprefix("file://")))
     else:
       raise ValueError(f"an image is {{'bytes': ...}}, {{'path': ...}}, a path or bytes; found {type(value).__name__}")
-    return _rgb(image)
+    return _rgb(image) if convert else image
   except (OSError, Image.DecompressionBombError) as e:
     raise ValueError(f"the image could not be read: {e}") from e
+
+
+def verl_size(height: int, width: int, patch_size: int, entry: Any = None) -> tuple[int, int]:
+  """(height, width) verl's dataset resizes an image to before the processor sees it (qwen_vl_utils'
+  ``fetch_image``): sides that are multiples of 2 x ``patch_size`` (``data.image_patch_size``), within the entry's
+  own ``min_pixels``/``max_pixels`` when it holds them, else 4 and 16384 merged patches."""
+  factor = 2 * patch_size
+  entry = entry if isinstance(entry, Mapping) else {}
+  bounds = ImageProcessing(patch_size=patch_size, merge_size=2, min_pixels=int(entry.get("min_pixels") or 4 * factor ** 2),
+                           max_pixels=int(entry.get("max_pixels") or 16384 * factor ** 2))
+  return smart_resize(height, width, bounds)
+
+
+def prompt_image(entry: Any, proc: ImageProcessing, patch_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """(pixel_values [N, F], grid [3]) of one entry of a row's image column, as verl prepares it: read, resized to
+  ``verl_size`` (Pillow's default bicubic), then by the model's processor (``preprocess``)."""
+  image = load_image(entry)
+  height, width = verl_size(image.height, image.width, patch_size, entry)
+  return preprocess(image.resize((width, height), resample=Image.Resampling.BICUBIC), proc)
+
+
+def entry_tokens(entry: Any, proc: ImageProcessing, patch_size: int) -> int:
+  """The image-pad tokens ``prompt_image`` gives an entry, from its size alone (its pixels are not decoded)."""
+  image = load_image(entry, convert=False)
+  height, width = smart_resize(*verl_size(image.height, image.width, patch_size, entry), proc)
+  return image_tokens(np.array([1, height // proc.patch_size, width // proc.patch_size]), proc)
 
 
 def preprocess(image: Image.Image, proc: ImageProcessing) -> tuple[np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ import grain
 import numpy as np
 
 from rljax.data import dataset as dataset_lib
+from rljax.data import images
 from rljax.data import synthetic
 from rljax.data import tokenization
 
@@ -249,6 +250,11 @@ def prompts_per_batch(config: Any) -> int:
   return int(config_get(config.data, batch_key(config).split(".")[1]))
 
 
+def image_processing(config: Any) -> images.ImageProcessing | None:
+  """The actor's image processing (its directory's preprocessor_config.json: a vision-language model), or None."""
+  return images.ImageProcessing.of_model(config_get(config_get(config_get(config, "actor_rollout_ref"), "model"), "path"))
+
+
 def make_train_iterator(config: Any, tokenizer: tokenization.Tokenizer,
                         process_index: int = 0,
                         process_count: int = 1) -> BatchIterator:
@@ -270,7 +276,7 @@ def make_train_iterator(config: Any, tokenizer: tokenization.Tokenizer,
   data = config.data
   dataset = dataset_lib.make_dataset(
       data.train_files, tokenizer, data,
-      max_samples=int(config_get(data, "train_max_samples", -1)))
+      max_samples=int(config_get(data, "train_max_samples", -1)), processor=image_processing(config))
   batch_size = prompts_per_batch(config)
   batches = batch_dataset(
       dataset, batch_size,
@@ -295,7 +301,7 @@ def make_val_batches(config: Any, tokenizer: tokenization.Tokenizer,
   data = config.data
   dataset = dataset_lib.make_dataset(
       data.val_files, tokenizer, data,
-      max_samples=int(config_get(data, "val_max_samples", -1)))
+      max_samples=int(config_get(data, "val_max_samples", -1)), processor=image_processing(config))
   batch_size = config_get(data, "val_batch_size")
   return eval_batch_dataset(
       dataset, None if batch_size is None else int(batch_size),

@@ -436,6 +436,7 @@ class CausalLM(nnx.Module):
       with_routing: bool = False,
       prompt_experts: jax.Array | None = None,
       response_experts: jax.Array | None = None,
+      prompt_images: Images | None = None,
   ) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, tuple[moe.Routing, moe.Routing] | None]:
     """Hidden states of G-sample groups whose rows share one prompt, the prompt run once per group.
 
@@ -454,6 +455,8 @@ class CausalLM(nnx.Module):
         (None for a dense model).
       prompt_experts, response_experts: [G, P, L_sparse, k] and
         [N, R, L_sparse, k] replayed routing (see ``hidden_states``).
+      prompt_images: the prompts' images (a vision-language model; the
+        positions are then M-RoPE's [3, G, P] and [3, N, R]).
 
     Returns:
       (the last prompt token's hidden state [G, D], response hidden states
@@ -465,7 +468,8 @@ class CausalLM(nnx.Module):
     stacked = self.cfg.scan_layers
     cache = init_cache(self.cfg, g, p + r, stacked=stacked)
     last, cache, prompt_routing = self.step_hidden(prompt_ids, cache, prompt_mask, prompt_positions, last_only=True,
-                                                   query_offset=0, with_routing=True, experts=prompt_experts)
+                                                   query_offset=0, with_routing=True, experts=prompt_experts,
+                                                   images=prompt_images)
     names, axis = ((None, *CACHE_AXES), 1) if stacked else (CACHE_AXES, 0)
     repeat = lambda x: constrain(jnp.repeat(x, n, axis=axis), names)  # noqa: E731
     layers = (lambda f, kv: f(kv)) if stacked else (lambda f, kv: tuple(map(f, kv)))  # noqa: E731

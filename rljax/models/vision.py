@@ -125,8 +125,10 @@ def row_images(pixels: list[np.ndarray | None], grids: list[np.ndarray | None], 
 
   Returns:
     Images of pixels [B, Q, F] float32 and an ImageLayout of [B, Q] (rotary [B, Q, 2], restore [B, Q / m^2])
-    arrays. Padding patches form a window and frame of their own (-1), so no real patch attends to them; their
-    features follow each row's real ones and are never placed.
+    arrays. Padding patches are -1 in every layout array but rotary (0), and zero pixels: the tower keeps them
+    in place (order and restore -1 read as the position itself) and they form a window and frame of their own,
+    so no real patch attends to them; their features follow each row's real ones and are never placed. Rows
+    padded further with those values (``rljax.rl.experience``'s ragged fields) stay valid.
   """
   unit, width = cfg.merge_unit, int(np.prod(cfg.patch_shape))
   counts = [0 if p is None else len(p) for p in pixels]
@@ -135,11 +137,9 @@ def row_images(pixels: list[np.ndarray | None], grids: list[np.ndarray | None], 
     raise ValueError(f"a row holds {max(counts)} image patches, more than the {q} its batch is padded to")
   b = len(pixels)
   out = np.zeros((b, q, width), np.float32)
-  order = np.tile(np.arange(q, dtype=np.int32), (b, 1))
+  order, windows, frames = (np.full((b, q), -1, np.int32) for _ in range(3))
   rotary = np.zeros((b, q, 2), np.int32)
-  windows = np.full((b, q), -1, np.int32)
-  frames = np.full((b, q), -1, np.int32)
-  restore = np.tile(np.arange(q // unit, dtype=np.int32), (b, 1))
+  restore = np.full((b, q // unit), -1, np.int32)
   for r, (p, g) in enumerate(zip(pixels, grids)):
     if not counts[r]:
       continue
@@ -299,7 +299,8 @@ class VisionTower(nnx.Module):
   def _features(self, pixels: jax.Array, layout: ImageLayout) -> jax.Array:
     """[N / m^2, D] merged features of one sequence of patches ``pixels`` [N, F] laid out by ``layout``."""
     cfg, dt = self.cfg, self.dtype
-    pixels = pixels[jnp.asarray(layout.order)].astype(dt)
+    order = jnp.asarray(layout.order)
+    pixels = pixels[jnp.where(order < 0, jnp.arange(order.shape[0]), order)].astype(dt)
     x = jnp.einsum("nctpq,ctpqd->nd", pixels.reshape(-1, *cfg.patch_shape), self.patch[...].astype(dt))
     cos, sin = _rotary_tables(jnp.asarray(layout.rotary), cfg)
     windows, frames = jnp.asarray(layout.windows), jnp.asarray(layout.frames)
@@ -317,7 +318,8 @@ class VisionTower(nnx.Module):
     hidden = jax.nn.gelu(merged @ self.merger_fc1[...].astype(dt) + self.merger_fc1_bias[...].astype(dt),
                          approximate=False)
     out = hidden @ self.merger_fc2[...].astype(dt) + self.merger_fc2_bias[...].astype(dt)
-    return out[jnp.asarray(layout.restore)]
+    restore = jnp.asarray(layout.restore)
+    return out[jnp.where(restore < 0, jnp.arange(restore.shape[0]), restore)]
 
 
 def place_images(embeds: jax.Array, is_image: jax.Array, features: jax.Array) -> jax.Array:

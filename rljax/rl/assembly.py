@@ -253,7 +253,7 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
   steps = steps_lib.build_rl_steps(
       config, layout, mesh, rules, graphdef=graphdef, trainable=trainable, frozen=frozen, actor_tx=actor_tx,
       actor_opt_sh=actor_opt_sh, lora_dropout=lora_dropout, reference=reference,
-      critic=critic, routing=model.cfg.routing_shape)
+      critic=critic, routing=model.cfg.routing_shape, vision=model.cfg.vision)
   run = RLRun(layout=layout, model_config=model.cfg, graphdef=graphdef, frozen=frozen, reference=reference,
               reward_model=(_reward_model(config, mesh, rules, layout, abstract, offloads.reward_model)
                             if config.reward_model.enable else None),

@@ -39,15 +39,18 @@ import numpy as np
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from rljax.models.vision import ImageLayout, Images
+from rljax.sharding import hosts
 from rljax.sharding import rules as rules_lib
 
 # axes of each kind of field: "sequence" [N, P + R], "prompt" [N, P], "response" [N, R], "row" [N]
 _SEQUENCE, _PROMPT, _RESPONSE, _ROW = "sequence", "prompt", "response", "row"
 
 
-def _field(axes: str, dtype: Any) -> Any:
-  """A record field of `axes` rows and `dtype` (None until a stage fills it)."""
-  return struct.field(default=None, metadata={"axes": axes, "dtype": jnp.dtype(dtype)})
+def _field(axes: str, dtype: Any, fill: int | None = None) -> Any:
+  """A record field of `axes` rows and `dtype` (None until a stage fills it); `fill`: a ragged field, whose rows
+  may be padded along their second axis with `fill` (a step's images, each batch as wide as its widest row)."""
+  return struct.field(default=None, metadata={"axes": axes, "dtype": jnp.dtype(dtype), "fill": fill})
 
 
 @struct.dataclass
@@ -75,6 +78,9 @@ class Experience:
     advantages, returns: [N, R].
     rollout_is_weights: [N, R] rollout-correction importance weights.
     positive: [N] whether a row's score is positive (positive_nll_coef).
+    pixels, patch_order, patch_rotary, patch_windows, patch_frames, merge_restore: a vision-language run's
+      images, each row's own prompt's (`rljax.models.vision.row_images`): pixels [N, Q, F], the layout [N, Q]
+      (rotary [N, Q, 2], merge_restore [N, Q / m^2]); positions are then M-RoPE's [N, P + R, 3].
     packed: a packed pass's tokens (`rl.packing.PackedRows`), which then
       stand for input_ids, attention_mask, positions and responses.
   """
@@ -100,6 +106,12 @@ class Experience:
   returns: Any = _field(_RESPONSE, jnp.float32)
   rollout_is_weights: Any = _field(_RESPONSE, jnp.float32)
   positive: Any = _field(_ROW, jnp.bool_)
+  pixels: Any = _field(_ROW, jnp.float32, 0)
+  patch_order: Any = _field(_ROW, jnp.int32, -1)
+  patch_rotary: Any = _field(_ROW, jnp.int32, 0)
+  patch_windows: Any = _field(_ROW, jnp.int32, -1)
+  patch_frames: Any = _field(_ROW, jnp.int32, -1)
+  merge_restore: Any = _field(_ROW, jnp.int32, -1)
   packed: Any = struct.field(default=None)
 
   def present(self) -> tuple[str, ...]:
@@ -125,24 +137,58 @@ FIELDS: dict[str, tuple[str, jnp.dtype]] = {
 
 # What a model pass reads (old / reference log-probs, values, the update).
 MODEL_FIELDS = ("input_ids", "attention_mask", "positions", "responses", "response_mask")
+# a vision-language run's images (ragged: each step's rows as wide as its widest)
+IMAGE_FIELDS = ("pixels", "patch_order", "patch_rotary", "patch_windows", "patch_frames", "merge_restore")
+RAGGED = {f.name: f.metadata["fill"] for f in dataclasses.fields(Experience) if f.metadata.get("fill") is not None}
 
 
 def field_shape(name: str, rows: int, prompt_length: int, response_length: int,
-                routing: tuple[int, int] | None = None) -> tuple[int, ...]:
-  """The shape of field `name` for `rows` rows (routing: (L_sparse, k) of routed_experts)."""
+                routing: tuple[int, int] | None = None, trailing: Mapping[str, tuple[int, ...]] | None = None
+                ) -> tuple[int, ...]:
+  """The shape of field `name` for `rows` rows (routing: (L_sparse, k) of routed_experts; trailing: the axes
+  after the rows' of fields that have more, by name: the images', M-RoPE positions' (3,))."""
   axes = FIELDS[name][0]
   shape = {_SEQUENCE: (rows, prompt_length + response_length), _PROMPT: (rows, prompt_length),
            _RESPONSE: (rows, response_length), _ROW: (rows,)}[axes]
-  return shape + (tuple(routing) if name == "routed_experts" else ())
+  return shape + (tuple(routing) if name == "routed_experts" else ()) + tuple((trailing or {}).get(name, ()))
+
+
+def trailing_of(rows: Experience, names: Iterable[str], prompt_length: int, response_length: int
+                ) -> dict[str, tuple[int, ...]]:
+  """The trailing axes (`field_shape`'s) of `rows`' fields `names` (routed_experts' are its routing)."""
+  out = {}
+  for name in names:
+    if name != "routed_experts":
+      base = len(field_shape(name, 1, prompt_length, response_length))
+      out[name] = tuple(np.shape(getattr(rows, name))[base:])
+  return out
+
+
+def images_of(batch: Experience) -> Any:
+  """The `rljax.models.vision.Images` of a batch's image fields (None: a text run's batch)."""
+  if batch.pixels is None:
+    return None
+  return Images(batch.pixels, ImageLayout(order=batch.patch_order, rotary=batch.patch_rotary,
+                                          windows=batch.patch_windows, frames=batch.patch_frames,
+                                          restore=batch.merge_restore))
+
+
+def widened(x: np.ndarray, width: int, fill: int) -> np.ndarray:
+  """Rows x [N, W, ...] padded along their second axis to `width` with `fill` (a ragged field)."""
+  x = np.asarray(x)
+  if x.shape[1] >= width:
+    return x
+  return np.pad(x, [(0, 0), (0, width - x.shape[1])] + [(0, 0)] * (x.ndim - 2), constant_values=fill)
 
 
 def spec(names: Iterable[str], micro_batches: int, rows: int, prompt_length: int, response_length: int, mesh: Mesh,
-         rules: Any, routing: tuple[int, int] | None = None) -> Experience:
+         rules: Any, routing: tuple[int, int] | None = None,
+         trailing: Mapping[str, tuple[int, ...]] | None = None) -> Experience:
   """The abstract [micro_batches, rows / micro_batches, ...] fields `names`, rows over the batch rule."""
   per = rows // micro_batches
   out = {}
   for name in names:
-    shape = (micro_batches, *field_shape(name, per, prompt_length, response_length, routing))
+    shape = (micro_batches, *field_shape(name, per, prompt_length, response_length, routing, trailing))
     partition = rules_lib.logical_to_spec((None, "batch") + (None,) * (len(shape) - 2), shape, mesh, rules)
     out[name] = jax.ShapeDtypeStruct(shape, FIELDS[name][1], sharding=NamedSharding(mesh, partition))
   return Experience(**out)
@@ -221,17 +267,28 @@ class OnDevice:
         rows, prompt_length, response_length, mesh, rules)
     self._fields: dict[str, tuple[Any, Any]] = {}  # name -> (its host array, its device array or a thunk)
 
-  def spec(self, names: Iterable[str], routing: tuple[int, int] | None = None) -> Experience:
-    """The abstract [1, N, ...] fields `names` (routing: (L_sparse, k) of routed_experts)."""
-    return spec(names, 1, self.rows, self.prompt_length, self.response_length, self.mesh, self.rules, routing)
+  def spec(self, names: Iterable[str], routing: tuple[int, int] | None = None,
+           trailing: Mapping[str, tuple[int, ...]] | None = None) -> Experience:
+    """The abstract [1, N, ...] fields `names` (routing: (L_sparse, k) of routed_experts; trailing: see
+    `field_shape`)."""
+    return spec(names, 1, self.rows, self.prompt_length, self.response_length, self.mesh, self.rules, routing,
+                trailing)
 
   def of(self, rows: Experience, names: Iterable[str]) -> Experience:
-    """The fields `names` of `rows` (this host's [N_h, ...]) on device, [1, N, ...] each."""
+    """The fields `names` of `rows` (this host's [N_h, ...]) on device, [1, N, ...] each (a ragged field as wide
+    as its widest row on any host)."""
     names = tuple(names)
     stale = [n for n in names if n not in self._fields or self._fields[n][0] is not getattr(rows, n)]
     if stale:
       routing = tuple(rows.routed_experts.shape[-2:]) if "routed_experts" in stale else None
-      placed = place(rows.select(stale), self.spec(stale, routing))
+      host = rows.select(stale)
+      ragged = [n for n in stale if n in RAGGED]
+      if ragged:
+        widths = np.asarray([np.shape(getattr(host, n))[1] for n in ragged], np.float64)
+        widths = hosts.process_extrema(widths)[1] if hosts.count() > 1 else widths
+        host = host.replace(**{n: widened(getattr(host, n), int(w), RAGGED[n]) for n, w in zip(ragged, widths)})
+      trailing = trailing_of(host, stale, self.prompt_length, self.response_length)
+      placed = place(host, self.spec(stale, routing, trailing))
       self._fields.update({n: (getattr(rows, n), getattr(placed, n)) for n in stale})
     for n in names:
       host, held = self._fields[n]
@@ -248,7 +305,9 @@ class OnDevice:
 def concatenate(parts: list[Experience]) -> Experience:
   """The rows of `parts` one after another: the fields all parts hold, and the reward components all returned."""
   names = [n for n in parts[0].present() if n != "reward_components" and all(getattr(p, n) is not None for p in parts)]
-  out = {n: np.concatenate([getattr(p, n) for p in parts]) for n in names}
+  widths = {n: max(np.shape(getattr(p, n))[1] for p in parts) for n in names if n in RAGGED}
+  out = {n: np.concatenate([widened(getattr(p, n), widths[n], RAGGED[n]) if n in widths else getattr(p, n)
+                            for p in parts]) for n in names}
   components = [p.reward_components or {} for p in parts]
   out["reward_components"] = {k: np.concatenate([c[k] for c in components])
                               for k in components[0] if all(k in c for c in components[1:])}

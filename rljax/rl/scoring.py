@@ -20,7 +20,7 @@ from rljax.rewards import managers
 from rljax.rl.experience import Experience
 from rljax.rl.profiling import timed
 from rljax.rl.reward_model import ModelReward
-from rljax.rl.sequences import make_sequences
+from rljax.rl.sequences import make_sequences, with_images
 from rljax.sharding import hosts
 
 REWARD_COLUMNS = ("data_source", "reward_model", "extra_info")
@@ -61,22 +61,28 @@ def dump_generations(directory: str, step: int, records: list[dict[str, Any]], a
   return path
 
 
-def rollout_rows(batch: dict[str, Any], rollout: Any) -> Experience:
+def rollout_rows(batch: dict[str, Any], rollout: Any, model_config: Any = None) -> Experience:
   """The unscored rows [N, P + R] of `rollout`'s responses to `batch`'s prompts (row i answers prompt
-  rollout.prompt_index[i])."""
+  rollout.prompt_index[i]); a vision-language model's (`model_config`) with their prompts' images."""
   idx = rollout.prompt_index
-  return make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
+  rows = make_sequences(batch["input_ids"][idx], batch["attention_mask"][idx], rollout.responses,
                         rollout.response_mask, rollout.attention_mask).replace(
       prompt_mask=batch["attention_mask"][idx].astype(np.int32), rollout_log_probs=rollout.log_probs,
       routed_experts=rollout.routed_experts, group=idx.astype(np.int32))
+  if model_config is None or model_config.vision is None:
+    return rows
+  inputs = batch.get("multi_modal_inputs")
+  return with_images(rows, [None] * len(idx) if inputs is None else [inputs[i] for i in idx], model_config)
 
 
 class Scorer:
   """Scores rollouts (the reward model's when enabled, else the reward manager's) and writes their dumps."""
 
-  def __init__(self, config: ConfigDict, tokenizer: Any, reward_model: Any = None):
-    """`reward_model`: the run's (`assembly.RLRun.reward_model`: params and step), or None."""
+  def __init__(self, config: ConfigDict, tokenizer: Any, reward_model: Any = None, model_config: Any = None):
+    """`reward_model`: the run's (`assembly.RLRun.reward_model`: params and step), or None; `model_config`: the
+    actor's (a vision-language one's rows carry their images)."""
     self.config = config
+    self.model_config = model_config
     self.tokenizer = tokenizer
     self.reward_manager = managers.make_reward_manager(config, tokenizer)
     self.model_reward = (ModelReward(config, tokenizer, reward_model.params, reward_model.step)
@@ -106,7 +112,7 @@ class Scorer:
                   scores: managers.RewardResult | None = None) -> Experience:
     """`rollout_rows` with their token-level scores and reward components (`scores`: already scored); the
     reward's counts summed over hosts into `timing`, its time under timing_s/reward."""
-    rows = rollout_rows(batch, rollout)
+    rows = rollout_rows(batch, rollout, self.model_config)
     with timed(timing, "reward"):
       result = self(batch, rollout) if scores is None else scores
     timing.update({k: hosts.process_total(float(v)) for k, v in result.metrics.items()})  # counts

@@ -8,15 +8,15 @@ predicts response token t.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.models import positions_from_mask, token_log_probs
+from rljax.models import positions_from_mask, token_log_probs, vision
 from rljax.rl import packing
-from rljax.rl.experience import Experience
+from rljax.rl.experience import Experience, images_of
 
 
 def make_sequences(prompt_ids: np.ndarray, prompt_mask: np.ndarray, responses: np.ndarray,
@@ -41,6 +41,34 @@ def make_sequences(prompt_ids: np.ndarray, prompt_mask: np.ndarray, responses: n
   return Experience(input_ids=input_ids, attention_mask=attention_mask,
                     positions=np.asarray(positions_from_mask(attention_mask)),
                     responses=responses.astype(np.int32), response_mask=response_mask.astype(np.int32))
+
+
+def with_images(rows: Experience, inputs: Sequence[Any], cfg: Any) -> Experience:
+  """A vision-language run's rows with their images and M-RoPE positions.
+
+  Args:
+    rows: [N, P + R] rows (`make_sequences`).
+    inputs: per row, its prompt's `multi_modal_inputs` ({"pixel_values": [N_r, F], "image_grid_thw": [I_r, 3]})
+      or None (no image).
+    cfg: the model's ModelConfig (its vision tower, image token, merge size).
+
+  Returns:
+    `rows` with the image fields (`rljax.rl.experience.IMAGE_FIELDS`, `rljax.models.vision.row_images`) and
+    positions [N, P + R, 3]: the prompt's M-RoPE positions, and the response's one position per token on all
+    three axes, offset as its prompt's decoded tokens were (`rljax.models.vision.rope_index`).
+  """
+  present = [None if not i or i.get("pixel_values") is None or not len(i["pixel_values"]) else i for i in inputs]
+  pixels = [None if i is None else np.asarray(i["pixel_values"], np.float32) for i in present]
+  grids = [None if i is None else np.asarray(i["image_grid_thw"], np.int64).reshape(-1, 3) for i in present]
+  images = vision.row_images(pixels, grids, cfg.vision)
+  every = [g for g in grids if g is not None]
+  positions, _ = vision.rope_index(np.asarray(rows.input_ids), np.asarray(rows.attention_mask),
+                                   np.concatenate(every) if every else np.zeros((0, 3), np.int64),
+                                   cfg.image_token_id, cfg.vision.spatial_merge_size, cfg.hf_top.get("video_token_id"))
+  layout = images.layout
+  return rows.replace(positions=np.moveaxis(positions, 0, -1).astype(np.int32), pixels=images.pixels,
+                      patch_order=layout.order, patch_rotary=layout.rotary, patch_windows=layout.windows,
+                      patch_frames=layout.frames, merge_restore=layout.restore)
 
 
 class PassRouting(NamedTuple):
@@ -73,19 +101,21 @@ def response_hidden(model: Any, batch: Experience, group_size: int = 1,
   model).
   """
   prompt_len = batch.input_ids.shape[1] - batch.responses.shape[1]
-  mask, replay = batch.attention_mask, batch.routed_experts
+  mask, replay, images = batch.attention_mask, batch.routed_experts, images_of(batch)
   if group_size == 1:
-    hidden, routing = model.hidden_states(batch.input_ids, mask, batch.positions, with_routing=True,
-                                          experts=replay)
+    hidden, routing = model.hidden_states(batch.input_ids, mask, model_positions(batch.positions), with_routing=True,
+                                          experts=replay, images=images)
     hidden = hidden[:, prompt_len - 1:-1]
     routing = None if routing is None else PassRouting(routing.stats, jnp.sum(mask), routing.experts)
   else:
-    first = lambda x: x.reshape(-1, group_size, *x.shape[1:])[:, 0, :prompt_len]
+    group_first = lambda x: x.reshape(-1, group_size, *x.shape[1:])[:, 0]  # noqa: E731
+    first = lambda x: group_first(x)[:, :prompt_len]  # noqa: E731
     last, hidden, routing = model.shared_prompt_hidden(
-        first(batch.input_ids), first(mask), first(batch.positions),
-        batch.input_ids[:, prompt_len:], mask[:, prompt_len:], batch.positions[:, prompt_len:],
+        first(batch.input_ids), first(mask), model_positions(first(batch.positions)),
+        batch.input_ids[:, prompt_len:], mask[:, prompt_len:], model_positions(batch.positions[:, prompt_len:]),
         with_routing=True, prompt_experts=None if replay is None else first(replay),
-        response_experts=None if replay is None else replay[:, prompt_len:])
+        response_experts=None if replay is None else replay[:, prompt_len:],
+        prompt_images=None if images is None else jax.tree.map(group_first, images))
     hidden = jnp.concatenate([jnp.repeat(last, group_size, axis=0)[:, None], hidden[:, :-1]], axis=1)
     if routing is not None:
       prompts, responses = routing
@@ -97,6 +127,11 @@ def response_hidden(model: Any, batch: Experience, group_size: int = 1,
   return (hidden, routing) if with_routing else hidden
 
 
+def model_positions(positions: jax.Array) -> jax.Array:
+  """A batch's positions as the model reads them: [N, T], or M-RoPE's [N, T, 3] as [3, N, T]."""
+  return positions if positions.ndim == 2 else jnp.moveaxis(positions, -1, 0)
+
+
 def prompts_shared(batch: Experience, group_size: int) -> bool:
   """True when every group of `group_size` consecutive rows has one prompt (ids, mask and positions)."""
   prompt_len = batch.input_ids.shape[1] - batch.responses.shape[1]
@@ -106,7 +141,7 @@ def prompts_shared(batch: Experience, group_size: int) -> bool:
     return False
   for part in (batch.input_ids, batch.attention_mask, batch.positions):
     part = np.asarray(part)[:, :prompt_len]
-    part = part.reshape(-1, group_size, prompt_len)
+    part = part.reshape(-1, group_size, *part.shape[1:])
     if not np.array_equal(part, np.broadcast_to(part[:, :1], part.shape)):
       return False
   return True

@@ -23,6 +23,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh
@@ -315,10 +316,19 @@ def needs_reference(config: ConfigDict) -> bool:
   return bool(config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward)
 
 
+def image_trailing(vision: Any) -> dict[str, tuple[int, ...]]:
+  """The trailing axes of a vision-language run's batches' fields as its steps are built and compiled ahead (one
+  merged patch per row; a step's own rows are as wide as its widest and compile once per width)."""
+  q, unit = vision.merge_unit, vision.merge_unit
+  return {"positions": (3,), "pixels": (q, int(np.prod(vision.patch_shape))), "patch_order": (q,),
+          "patch_rotary": (q, 2), "patch_windows": (q,), "patch_frames": (q,), "merge_restore": (q // unit,)}
+
+
 def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *, graphdef: nnx.GraphDef,
                    trainable: Any, frozen: Any, actor_tx: optax.GradientTransformation, actor_opt_sh: Any,
                    lora_dropout: bool, reference: SplitModel | None = None, critic: CriticParts | None = None,
-                   routing: tuple[int, int] | None = None, packing_allowed: bool = True) -> RLSteps:
+                   routing: tuple[int, int] | None = None, packing_allowed: bool = True,
+                   vision: Any = None) -> RLSteps:
   """Every jitted step of an RL run.
 
   Args:
@@ -332,17 +342,24 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
     critic: the critic, when the run has one.
     routing: (L_sparse, k) of a mixture-of-experts actor (None for a dense one).
     packing_allowed: False builds every step over padded rows.
+    vision: a vision-language actor's tower config: the actor's passes read the rows' images
+      (`experience.IMAGE_FIELDS`, as wide as each step's widest row) and M-RoPE positions [N, P + R, 3], over
+      padded rows.
   """
   arr = config.actor_rollout_ref
   temperature = float(arr.rollout.temperature) or 1.0
   lengths = dict(prompt_length=layout.prompt_length, response_length=layout.response_length, mesh=mesh, rules=rules)
+  trailing = None if vision is None else image_trailing(vision)
+  packing_allowed = packing_allowed and vision is None
 
   def batch_of(fields: tuple[str, ...], micro_batches: int, rows: int, packed: bool,
                recorded: bool = False) -> Experience:
     """The abstract [M, rows / M, ...] batch of `fields`, their tokens packed when `packed` (with the experts
     they replay, and where `recorded` the index reading the pass's routing back into rows)."""
     if not packed:
-      return experience_lib.spec(fields, micro_batches, rows, routing=routing, **lengths)
+      if vision is not None and "positions" in fields:
+        fields = (*fields, *experience_lib.IMAGE_FIELDS)
+      return experience_lib.spec(fields, micro_batches, rows, routing=routing, trailing=trailing, **lengths)
     batch = experience_lib.spec([f for f in fields if f not in PACKED_FIELDS], micro_batches, rows, **lengths)
     replayed = routing if "routed_experts" in fields else None
     return batch.replace(packed=packing.spec(micro_batches, rows, replayed=replayed, recorded=recorded, **lengths))

@@ -124,7 +124,7 @@ class RLTrainer:
     self.sampler = rollout_factory.build_sampler(
         self.run.engine, arr.rollout, rollout_factory.pad_id(self.tokenizer, self.run.engine.eos_ids), self.tokenizer)
     self.val_sampling = SamplingParams.from_rollout_config(arr.rollout.val_kwargs)
-    self.scorer = Scorer(config, self.tokenizer, self.run.reward_model)
+    self.scorer = Scorer(config, self.tokenizer, self.run.reward_model, self.run.model_config)
     self.checkpointer = None if self.rollout_process else checkpointing.Checkpointer.from_config(config)
     self.run_dir = tracking.local_run_dir(config.trainer.default_local_dir, config.trainer.project_name,
                                           config.trainer.experiment_name)
