@@ -386,7 +386,8 @@ KEYS = {
         ignored="entropy is always computed in vocabulary-sized chunks of tokens"),
     "actor_rollout_ref.actor.freeze_vision_tower": Key(
         "Keep a vision-language model's vision tower frozen.",
-        ignored="rljax has no vision towers (multimodal data is an error)"),
+        ignored="a text model has no tower; with a vision-language actor, true is a config error (the tower "
+                "trains; keeping it out of the optimizer is not implemented yet)"),
     "actor_rollout_ref.actor.fsdp_config.dtype": Key(
         "Mixed precision: the dtype the actor computes in.",
         mapped="compute dtype of the actor's and reference's forward and backward passes (mixed precision: parameters and optimizer state stay in model_dtype, each matmul reads its weight cast to this)"),
@@ -1127,18 +1128,20 @@ KEYS = {
               "to 1); under trainer.use_v1=false, data.train_batch_size = gen_batch_size, as in verl's legacy "
               "trainer"),
     "data.image_key": Key(
-        "Column holding images in multimodal data.",
-        ignored="multimodal data is not supported yet (data with that column filled is an error)"),
+        "Column holding images in multimodal data (a list per row of {'bytes': ...}, {'path': ...} or paths; each "
+        "<image> in the prompt's text is where one goes). Read for a vision-language actor (Qwen2.5-VL); with a "
+        "text model, data with that column filled is an error."),
     "data.image_patch_size": Key(
-        "Patch size of a vision model's image preprocessing.",
-        ignored="multimodal data is not supported yet"),
+        "Patch size of a vision model's image preprocessing: images are first resized to multiples of twice it, "
+        "as verl's qwen_vl_utils does, then by the model's preprocessor_config.json."),
     "data.max_prompt_length": Key("Prompt length in tokens; prompts are left-padded to it."),
     "data.max_response_length": Key("Most tokens generated per response."),
     "data.prompt_key": Key("Column holding the prompt (a list of chat messages)."),
     "data.return_full_prompt": Key("Also keep the templated prompt text."),
     "data.return_multi_modal_inputs": Key(
         "Return a vision model's processed inputs with each batch.",
-        ignored="multimodal data is not supported yet"),
+        ignored="a batch with images always carries them (multi_modal_inputs), which the rollout and the passes "
+                "read"),
     "data.return_raw_chat": Key("Also keep the prompt's chat messages untemplated."),
     "data.return_raw_input_ids": Key("Also keep the prompt's ids without the chat template (for a reward model with another template)."),
     "data.reward_fn_key": Key("Column whose value picks the scoring function (the data source)."),
@@ -1172,7 +1175,7 @@ KEYS = {
     "data.validation_shuffle": Key("Shuffle the validation rows."),
     "data.video_key": Key(
         "Column holding videos in multimodal data.",
-        ignored="multimodal data is not supported yet (data with that column filled is an error)"),
+        ignored="videos are not supported (data with that column filled is an error; give frames as images)"),
     # global_profiler
     "global_profiler.global_tool_config.nsys.controller_nsight_options.cuda-graph-trace": Key("Nsight: CUDA graph tracing."),
     "global_profiler.global_tool_config.nsys.controller_nsight_options.cuda-memory-usage": Key("Nsight: track CUDA memory."),

@@ -240,8 +240,53 @@ def test_media_columns_are_an_error_naming_the_row_not_silently_dropped(tmp_path
   assert len(data.make_dataset(text_only, tokenizer, data_config(max_prompt_length=8))) == 3
   rows[2]["images"] = [{"bytes": b"\x89PNG"}]
   with_images = write_rows(tmp_path / "b.parquet", rows)
-  with pytest.raises(ValueError, match=r"b.parquet row 2: column 'images' \(data.image_key\) holds media"):
+  with pytest.raises(ValueError, match=r"b.parquet row 2: column 'images' \(data.image_key\) holds images, and the "
+                     r"model directory \(actor_rollout_ref.model.path\) has no preprocessor_config.json"):
     data.make_dataset([text_only, with_images], tokenizer, data_config(max_prompt_length=8))
+  for row in rows:
+    row.update(images=[], videos=[])
+  rows[2]["videos"] = [{"bytes": b"..."}]
+  with pytest.raises(ValueError, match=r"c.parquet row 2: column 'videos' \(data.video_key\) holds videos"):
+    data.make_dataset(write_rows(tmp_path / "c.parquet", rows), tokenizer, data_config(max_prompt_length=8))
+
+
+def test_images_become_their_tokens_and_count_in_the_prompt_length(tmp_path):
+  """verl's multimodal rows: each <image> becomes vision-start, its image-pad tokens, vision-end; the lengths
+  (max_prompt_length, filter_overlong_prompts) count them; no prompt with images is cut."""
+  from rljax.data.images import ImageProcessing
+  from tests.rl import vl_run
+  tokenizer = vl_run.vl_tokenizer()
+  proc = ImageProcessing(patch_size=4, merge_size=2, min_pixels=64, max_pixels=1024)
+  pad = tokenizer.tok.token_to_id("<|image_pad|>")
+  rows = vl_run.geometry3k_rows(4)
+  rows[0]["images"] = [{"bytes": vl_run.drawn("circle", "red", 40, 24), "path": None}]  # 5 x 3 merged patches
+  rows[3]["images"][1] = {"bytes": vl_run.drawn("square", "blue", 200, 200), "path": None, "max_pixels": 4096}
+  path = str(tmp_path / "geo.parquet")
+  pq.write_table(pa.Table.from_pylist(rows), path)
+  config = data_config(max_prompt_length=96, image_patch_size=4)
+  ds = data.make_dataset(path, tokenizer, config, processor=proc)
+  item = ds[0]
+  assert item["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 6, 10]]
+  assert item["multi_modal_inputs"]["pixel_values"].shape == (60, 96) and "images" not in item
+  ids = item["raw_prompt_ids"].tolist()
+  start, end = tokenizer.tok.token_to_id("<|vision_start|>"), tokenizer.tok.token_to_id("<|vision_end|>")
+  assert ids[ids.index(start):ids.index(end) + 1] == [start, *[pad] * 15, end]
+  # an entry's own max_pixels bounds verl's first resize (64 x 64), the processor's then 1024 pixels
+  assert ds[3]["multi_modal_inputs"]["image_grid_thw"][1].tolist() == [1, 8, 8]
+  lengths = [len(ds[i]["raw_prompt_ids"]) for i in range(4)]
+  with pytest.raises(ValueError, match=r"geo.parquet row 0: prompt is \d+ tokens with its images' 15, longer than "
+                     r"data.max_prompt_length=40; a prompt with images is never cut"):
+    data.make_dataset(path, tokenizer, data_config(max_prompt_length=40, image_patch_size=4, truncation="left"),
+                      processor=proc)[0]
+  limit = sorted(lengths)[1]
+  kept = data.make_dataset(path, tokenizer, data_config(max_prompt_length=limit, image_patch_size=4,
+                                                        filter_overlong_prompts=True), processor=proc)
+  assert len(kept) == sum(n <= limit for n in lengths) == 2
+  rows[1]["prompt"][0]["content"] = "No placeholder here."
+  pq.write_table(pa.Table.from_pylist(rows), path)
+  with pytest.raises(ValueError, match=r"geo.parquet row 1: the prompt holds 0 <image> placeholder\(s\) for 2 "
+                     r"image\(s\)"):
+    data.make_dataset(path, tokenizer, config, processor=proc)[1]
 
 
 def test_prompts_are_rendered_with_the_tool_config_s_schemas(tmp_path):

@@ -50,3 +50,25 @@ def test_a_grpo_step_on_images_on_eight_devices(vl_dir, data_dir, tmp_path):
   assert np.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
   moved = {k for k in before if not np.array_equal(before[k], after[k])}
   assert any(k.startswith("visual/") for k in moved) and any(k.startswith("layers/") for k in moved), moved
+
+
+def test_images_stream_under_colocate_async_and_the_run_resumes(vl_dir, data_dir, tmp_path):
+  """colocate_async admits each prompt with its images into the open decode stream; the run saves and resumes."""
+  streamed = ("trainer.v1.trainer_mode=colocate_async", "trainer.v1.sampler.max_off_policy_threshold=2")
+  mesh = lambda config: sharding.make_mesh(config)  # noqa: E731
+  config = vl_config(vl_dir, data_dir, tmp_path, *streamed, "trainer.total_training_steps=2")
+  first = tiny_run.fit_metrics(config, mesh(config))
+  assert [m["step"] for m in first] == [1, 2]
+  resumed = vl_config(vl_dir, data_dir, tmp_path, *streamed, "trainer.total_training_steps=3",
+                      "trainer.resume_mode=auto")
+  records = tiny_run.fit_metrics(resumed, mesh(resumed))
+  assert records[-1]["step"] == 3 and np.isfinite(records[-1]["actor/pg_loss"])
+
+
+def test_dynamic_sampling_keeps_each_group_with_its_images(vl_dir, data_dir, tmp_path):
+  """DAPO's rounds: rows of several generation rounds (their images as wide as each round's widest) joined."""
+  config = vl_config(vl_dir, data_dir, tmp_path, "algorithm.filter_groups.enable=true",
+                     "algorithm.filter_groups.metric=seq_final_reward", "data.gen_batch_size=2",
+                     "trainer.total_training_steps=1")
+  metrics = tiny_run.fit_metrics(config, sharding.make_mesh(config))[-1]
+  assert abs(metrics["rollout_corr/log_ppl_abs_diff"]) < 1e-4 and np.isfinite(metrics["actor/pg_loss"]), metrics

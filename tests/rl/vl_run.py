@@ -6,6 +6,7 @@ tokens). The data are verl's geometry3k layout: a prompt whose text holds `<imag
 `images` column of {"bytes": PNG} entries, a reward_model ground truth.
 """
 
+import copy
 import io
 import json
 import pathlib
@@ -27,8 +28,9 @@ COLOURS = {"red": (220, 30, 30), "blue": (30, 60, 220)}
 
 
 def vl_tokenizer():
-  """tiny_run's tokenizer with Qwen-VL's vision tokens added as special tokens."""
-  tokenizer = tiny_run.tiny_tokenizer()
+  """tiny_run's tokenizer (a copy: that one is shared) with Qwen-VL's vision tokens added as special tokens."""
+  tokenizer = copy.copy(tiny_run.tiny_tokenizer())
+  tokenizer.tok = tokenizers.Tokenizer.from_str(tokenizer.tok.to_str())
   tokenizer.tok.add_special_tokens([tokenizers.AddedToken(t, special=True) for t in VISION_TOKENS])
   return tokenizer
 
