@@ -317,7 +317,8 @@ def test_a_vision_language_actor_is_configured_and_what_it_cannot_do_is_refused(
   (tmp_path / "vl" / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
   path = str(tmp_path / "vl")
   resolved(experiment("grpo"), [f"actor_rollout_ref.model.path={path}"])
-  for extra, key in (("actor_rollout_ref.actor.freeze_vision_tower=true", "actor_rollout_ref.actor.freeze_vision_tower"),
+  resolved(experiment("grpo"), [f"actor_rollout_ref.model.path={path}", "actor_rollout_ref.actor.freeze_vision_tower=true"])
+  for extra, key in (("reward_model.enable=true", "reward_model.enable"),
                      ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_rank"),
                      ("actor_rollout_ref.rollout.quantization=int8", "actor_rollout_ref.rollout.quantization")):
     message = error_of(resolved, experiment("grpo"), [f"actor_rollout_ref.model.path={path}", extra])

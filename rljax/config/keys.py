@@ -386,8 +386,8 @@ KEYS = {
         ignored="entropy is always computed in vocabulary-sized chunks of tokens"),
     "actor_rollout_ref.actor.freeze_vision_tower": Key(
         "Keep a vision-language model's vision tower frozen.",
-        ignored="a text model has no tower; with a vision-language actor, true is a config error (the tower "
-                "trains; keeping it out of the optimizer is not implemented yet)"),
+        mapped="a vision-language actor's tower gets no gradient (stop_gradient) and no optimizer state (its "
+               "updates zero, outside the clipped norm and weight decay); a text model has none"),
     "actor_rollout_ref.actor.fsdp_config.dtype": Key(
         "Mixed precision: the dtype the actor computes in.",
         mapped="compute dtype of the actor's and reference's forward and backward passes (mixed precision: parameters and optimizer state stay in model_dtype, each matmul reads its weight cast to this)"),

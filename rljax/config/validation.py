@@ -428,8 +428,6 @@ def _check_vision_language(config: ConfigDict) -> None:
   if model_type is None:
     return
   why = f"actor_rollout_ref.model.path is a vision-language model ({model_type}), and "
-  check(not arr.actor.freeze_vision_tower, "actor_rollout_ref.actor.freeze_vision_tower", True,
-        why + "keeping its tower out of the optimizer is not implemented yet", "leave it false (the tower trains)")
   check(not has_a_critic(config), "critic.enable", config.critic.enable,
         why + "a critic reading its images is not implemented yet", "use a critic-free estimator (grpo, rloo, ...)")
   check(not config.reward_model.enable, "reward_model.enable", True,

@@ -35,7 +35,7 @@ from rljax.rollout import factory as rollout_factory
 from rljax.rollout.engine import Engine
 from rljax.sharding import hosts, offload
 from rljax.sharding.placement import Step, abstract as abstract_arrays, shardings_of
-from rljax.training.optim import make_optimizer, make_schedule
+from rljax.training.optim import make_optimizer, make_schedule, tower_frozen
 
 
 @struct.dataclass
@@ -240,6 +240,8 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
   graphdef, trainable, frozen = lora_lib.split_trainable(model)
   updates_per_step = arr.actor.ppo_epochs * layout.minis
   actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, layout.total_steps, updates_per_step)
+  if model.cfg.vision is not None and arr.actor.freeze_vision_tower:
+    actor_tx = tower_frozen(actor_tx)
   offloads = offload.Offload.of(config, list(mesh.devices.flat))
   actor_opt, actor_opt_sh = _trainable_with_optimizer(actor_tx, trainable, mesh, abstract, offloads.actor_optimizer)
   reference = (run_models.reference(model, graphdef, nnx.merge_state(trainable, frozen), lora)

@@ -34,6 +34,7 @@ from rljax.config import kernel_names, validation
 from rljax.models import moe
 from rljax.sharding import offload, rules as rules_lib
 from rljax.sharding.placement import Step, abstract, gradient_compiler_options, key_struct, shardings_of
+from rljax.training import optim as optim_lib
 from rljax.training.updates import accumulate_gradients, apply_gradients, traced_in, training_model
 from rljax.rl import experience as experience_lib, packing, staleness
 from rljax.rl.experience import MODEL_FIELDS, Experience
@@ -112,11 +113,15 @@ def _reduce_metrics(metrics: Metrics) -> Metrics:
   return {k: (jnp.sum(v) if k.endswith("_loss") else jnp.mean(v)) for k, v in metrics.items()}
 
 
-def actor_loss(graphdef: nnx.GraphDef, actor_config: Any, temperature: float, group_size: int) -> Callable:
-  """(params, micro, info, key, frozen) -> (loss, metrics) of verl's PPO actor loss on one micro-batch."""
+def actor_loss(graphdef: nnx.GraphDef, actor_config: Any, temperature: float, group_size: int,
+               freeze_tower: bool = False) -> Callable:
+  """(params, micro, info, key, frozen) -> (loss, metrics) of verl's PPO actor loss on one micro-batch
+  (`freeze_tower`: no gradient reaches a vision-language model's tower)."""
   entropy_in_loss = bool(actor_config.entropy_coeff)
 
   def loss_fn(params, micro: Experience, info, key, frozen=None):
+    if freeze_tower:
+      params = optim_lib.without_tower_gradients(params)
     model = training_model(graphdef, params, frozen, key)
     log_prob, entropy, routing = response_log_probs(model, micro, temperature, group_size=group_size,
                                                     with_routing=True)
@@ -371,8 +376,9 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
   actor_batch = batch_of(actor_update_fields(config, not off_policy), layout.micro_batches, layout.mini_rows,
                          actor_packed)
   actor_group = 1 if lora_dropout or actor_packed else layout.update_group(shuffled)
-  actor_update = make_update("actor_update", actor_loss(graphdef, arr.actor, temperature, actor_group), actor_tx,
-                             mesh, rules, trainable, actor_opt_sh, actor_batch, frozen=frozen)
+  freeze_tower = vision is not None and bool(arr.actor.freeze_vision_tower)
+  actor_update = make_update("actor_update", actor_loss(graphdef, arr.actor, temperature, actor_group, freeze_tower),
+                             actor_tx, mesh, rules, trainable, actor_opt_sh, actor_batch, frozen=frozen)
 
   def forward_rows(phase: str, packed: bool, keys: tuple[str, ...] = forward_fields(config),
                    recorded: bool = False) -> Experience:

@@ -24,8 +24,9 @@ stepped once per training step (verl steps its scheduler after each
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -74,6 +75,28 @@ def lr_factor(step, optim, total_steps: int):
 def make_schedule(optim, total_steps: int, updates_per_step: int) -> Callable:
   """Learning rate as a function of optax's update count."""
   return lambda count: optim.lr * lr_factor(count // updates_per_step, optim, total_steps)
+
+
+VISION_TOWER = "visual"  # the vision tower's subtree in a vision-language model's state
+
+
+def in_tower(path: tuple) -> bool:
+  """Whether a leaf at pytree `path` (of a model's state) belongs to the vision tower."""
+  return bool(path) and getattr(path[0], "key", None) == VISION_TOWER
+
+
+def tower_frozen(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`tx` over every parameter but the vision tower's, whose updates are zero and which hold no optimizer state
+  (verl's freeze_vision_tower: the tower has no gradients, so no moments, decay or share of the clipped norm)."""
+  labels = lambda params: jax.tree_util.tree_map_with_path(  # noqa: E731
+      lambda path, _: "frozen" if in_tower(path) else "trained", params)
+  return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
+
+
+def without_tower_gradients(params: Any) -> Any:
+  """`params` with the vision tower's leaves behind stop_gradient (its gradients zero, its backward pass never
+  computed)."""
+  return jax.tree_util.tree_map_with_path(lambda path, x: jax.lax.stop_gradient(x) if in_tower(path) else x, params)
 
 
 def make_optimizer(optim, grad_clip: float, total_steps: int, updates_per_step: int) -> optax.GradientTransformation:

@@ -34,12 +34,21 @@ def flat(state):
   return {"/".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(state)}
 
 
-def test_a_grpo_step_on_images_on_eight_devices(vl_dir, data_dir, tmp_path):
-  config = vl_config(vl_dir, data_dir, tmp_path, "trainer.total_training_steps=1")
+def nbytes(tree):
+  return sum(x.nbytes for x in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_a_grpo_step_on_images_on_eight_devices(vl_dir, data_dir, tmp_path, freeze):
+  config = vl_config(vl_dir, data_dir, tmp_path, "trainer.total_training_steps=1",
+                     f"actor_rollout_ref.actor.freeze_vision_tower={str(freeze).lower()}")
   trainer = rl.RLTrainer(config, mesh=sharding.make_mesh(config))
   try:
     assert trainer.mesh.size == 8
     before = flat(trainer.state.actor)
+    tower = nbytes(trainer.state.actor["visual"])
+    # Adam's two moments of every parameter, or of all but the frozen tower's
+    assert abs(nbytes(trainer.state.actor_opt) - 2 * (nbytes(trainer.state.actor) - freeze * tower)) < 64
     metrics = trainer.train_step(next(trainer.train_iter))
     after = flat(trainer.state.actor)
   finally:
@@ -49,7 +58,7 @@ def test_a_grpo_step_on_images_on_eight_devices(vl_dir, data_dir, tmp_path):
   assert abs(metrics["rollout_corr/kl"]) < 1e-5, metrics
   assert np.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
   moved = {k for k in before if not np.array_equal(before[k], after[k])}
-  assert any(k.startswith("visual/") for k in moved) and any(k.startswith("layers/") for k in moved), moved
+  assert any(k.startswith("visual/") for k in moved) != freeze and any(k.startswith("layers/") for k in moved), moved
 
 
 def test_images_stream_under_colocate_async_and_the_run_resumes(vl_dir, data_dir, tmp_path):
