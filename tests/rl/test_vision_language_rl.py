@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rljax import config as config_lib
 from rljax import rl, sharding
-from tests.rl import tiny_run, vl_run
+from tests import processes
+from tests.rl import golden, tiny_run, vl_run
 
 
 @pytest.fixture(scope="module")
@@ -20,14 +20,19 @@ def vl_dir(tmp_path_factory):
   return vl_run.vl_model_dir(tmp_path_factory.mktemp("vl") / "model")
 
 
-def vl_config(vl_dir, data_dir, tmp_path, *extra):
+def vl_overrides(tmp_path, *extra):
+  """The tiny runs' overrides for geometry3k-format data on 8 devices, rollout correction reporting the
+  mismatch of the rollout's and the trainer's log-probs."""
   train = vl_run.write_geometry3k(tmp_path / "geo_train.parquet", 16)
   test = vl_run.write_geometry3k(tmp_path / "geo_test.parquet", 4, seed=1)
-  return tiny_run.run_config(
-      "grpo", vl_dir, data_dir, str(tmp_path / "run"), f"data.train_files={train}", f"data.val_files={test}",
-      "data.image_patch_size=4", "data.filter_overlong_prompts=true", "trainer.n_gpus_per_node=auto",
-      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.rollout.n=2",
-      "algorithm.rollout_correction.rollout_is=token", tiny_run.text_scorer(tmp_path), *extra)
+  return (f"data.train_files={train}", f"data.val_files={test}", "data.image_patch_size=4",
+          "data.filter_overlong_prompts=true", "trainer.n_gpus_per_node=auto",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.rollout.n=2",
+          "algorithm.rollout_correction.rollout_is=token", tiny_run.text_scorer(tmp_path), *extra)
+
+
+def vl_config(vl_dir, data_dir, tmp_path, *extra):
+  return tiny_run.run_config("grpo", vl_dir, data_dir, str(tmp_path / "run"), *vl_overrides(tmp_path, *extra))
 
 
 def flat(state):
@@ -81,3 +86,19 @@ def test_dynamic_sampling_keeps_each_group_with_its_images(vl_dir, data_dir, tmp
                      "trainer.total_training_steps=1")
   metrics = tiny_run.fit_metrics(config, sharding.make_mesh(config))[-1]
   assert abs(metrics["rollout_corr/log_ppl_abs_diff"]) < 1e-4 and np.isfinite(metrics["actor/pg_loss"]), metrics
+
+
+@pytest.mark.slow  # a 2-process job of 2 steps (about 60 s) beside the same job in this process
+def test_grpo_on_images_as_two_processes_logs_the_metrics_of_one(vl_dir, data_dir, tmp_path):
+  """Each host reads its share of the prompts with their images; the rows' images are as wide as the widest on
+  any host; validation decodes image prompts too."""
+  extra = vl_overrides(tmp_path, "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                       "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.val_before_train=true",
+                       "trainer.test_freq=2")
+  config = tiny_run.run_config("grpo", vl_dir, data_dir, str(tmp_path / "one"), *extra)
+  one = tiny_run.fit_metrics(config, sharding.make_mesh(config))
+  argv = ["-m", "rljax.train", "--config=configs/grpo.py", *tiny_run.overrides(vl_dir, data_dir, f"{tmp_path}/two"),
+          *extra]
+  two = processes.run_metrics(argv, 2, f"{tmp_path}/two")
+  assert any(k.startswith("val-core/") for k in two[0]) and two[-1]["actor/grad_norm"] > 0
+  golden.assert_golden(two, [{k: v for k, v in m.items() if not k.startswith(golden.DROPPED)} for m in one], "vl")
