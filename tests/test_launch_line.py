@@ -317,7 +317,23 @@ def test_a_vision_language_actor_is_configured_and_what_it_cannot_do_is_refused(
   (tmp_path / "vl" / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
   path = str(tmp_path / "vl")
   resolved(experiment("grpo"), [f"actor_rollout_ref.model.path={path}"])
-  resolved(experiment("grpo"), [f"actor_rollout_ref.model.path={path}", "actor_rollout_ref.actor.freeze_vision_tower=true"])
+  # verl's examples/grpo_trainer/run_qwen2_5_vl-7b_freeze_vision.sh, its data and model local
+  resolved(experiment("grpo"), [
+      "algorithm.adv_estimator=grpo", "data.train_batch_size=512", "data.max_prompt_length=1024",
+      "data.max_response_length=2048", "data.filter_overlong_prompts=True", "data.truncation='error'",
+      "data.image_key=images", f"actor_rollout_ref.model.path={path}", "actor_rollout_ref.actor.optim.lr=1e-6",
+      "actor_rollout_ref.actor.freeze_vision_tower=True", "actor_rollout_ref.model.use_remove_padding=True",
+      "actor_rollout_ref.actor.ppo_mini_batch_size=128", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=10",
+      "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.01",
+      "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=20",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=vllm",
+      "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True",
+      "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.enable_chunked_prefill=False",
+      "actor_rollout_ref.rollout.free_cache_engine=True", "actor_rollout_ref.rollout.n=5",
+      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=20", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+      "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.n_gpus_per_node=8", "trainer.nnodes=1",
+      "trainer.save_freq=20", "trainer.test_freq=5", "trainer.total_epochs=15"])
   for extra, key in (("reward_model.enable=true", "reward_model.enable"),
                      ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_rank"),
                      ("actor_rollout_ref.rollout.quantization=int8", "actor_rollout_ref.rollout.quantization")):

@@ -28,7 +28,7 @@ from rljax.models.attention import AttentionMask
 from rljax.models.config import ModelConfig
 from rljax.models.layers import Block, PerLayer, RMSNorm, gather_layer, layer_of, make_param
 from rljax.models import moe
-from rljax.models.vision import Images, VisionTower, place_images
+from rljax.models.vision import Images, VisionTower, feature_counts, place_images
 from rljax.models.remat import LAYER_INPUT, remat_policy
 from rljax.sharding.rules import constrain
 
@@ -210,7 +210,8 @@ class CausalLM(nnx.Module):
       raise ValueError(f"images were given to a {self.cfg.model_type} model, which has no vision tower.")
     if positions is None or positions.ndim != 3:
       raise ValueError("a pass with images needs their M-RoPE positions [3, B, T] (rljax.models.vision.rope_index).")
-    return constrain(place_images(x, input_ids == self.cfg.image_token_id, self.visual(images)), _RESIDUAL)
+    return constrain(place_images(x, input_ids == self.cfg.image_token_id, self.visual(images),
+                                  feature_counts(images)), _RESIDUAL)
 
   def logits(self, h: jax.Array) -> jax.Array:
     """[..., D] final hidden states -> [..., V] logits (softcapped with final_logit_softcapping)."""

@@ -107,6 +107,13 @@ def image_layout(grid_thw: np.ndarray, cfg: VisionConfig) -> ImageLayout:
                      restore=np.argsort(merged).astype(np.int32))
 
 
+def feature_counts(images: Images) -> jax.Array | None:
+  """[B] each row's real merged features of row-batched ``images`` (``row_images``: its restore entries that are
+  not padding); None for one sequence of patches."""
+  restore = jnp.asarray(images.layout.restore)
+  return None if restore.ndim == 1 else jnp.sum(restore >= 0, axis=-1)
+
+
 def patch_bucket(patches: int, unit: int) -> int:
   """The patches per row a batch's rows are padded to: the power of two holding ``patches`` (at least one merged
   patch of ``unit``), so a run compiles its passes for a few sizes, not one per batch."""
@@ -322,14 +329,19 @@ class VisionTower(nnx.Module):
     return out[jnp.where(restore < 0, jnp.arange(restore.shape[0]), restore)]
 
 
-def place_images(embeds: jax.Array, is_image: jax.Array, features: jax.Array) -> jax.Array:
+def place_images(embeds: jax.Array, is_image: jax.Array, features: jax.Array, counts: jax.Array | None = None
+                 ) -> jax.Array:
   """embeds [B, T, D] with its image-pad positions ``is_image`` [B, T] replaced by ``features`` in order: [M, D]
-  row-major over the batch, or [B, M, D] each row's own (its first features fill its image-pad tokens). The
-  caller keeps the counts equal (``rope_index`` checks that the prompts' runs match their grids); inside a
-  jitted pass they cannot be checked."""
+  row-major over the batch, or [B, M, D] each row's own, of which its first ``counts`` [B] are real: they fill
+  its first image-pad tokens (the prompt's), and an image-pad token after them (one a response generated) keeps
+  its embedding, as it had when it was decoded. The caller keeps the prompts' counts equal (``rope_index``
+  checks that their runs match their grids); inside a jitted pass they cannot be checked."""
   if features.ndim == 3:
-    rank = jnp.clip(jnp.cumsum(is_image.astype(jnp.int32), axis=1) - 1, 0, features.shape[1] - 1)
-    placed = jnp.take_along_axis(features.astype(embeds.dtype), rank[..., None], axis=1)
+    rank = jnp.cumsum(is_image.astype(jnp.int32), axis=1) - 1
+    if counts is not None:
+      is_image = is_image & (rank < counts[:, None])
+    placed = jnp.take_along_axis(features.astype(embeds.dtype), jnp.clip(rank, 0, features.shape[1] - 1)[..., None],
+                                 axis=1)
     return jnp.where(is_image[..., None], placed, embeds)
   flat = is_image.reshape(-1)
   rank = jnp.clip(jnp.cumsum(flat.astype(jnp.int32)) - 1, 0, features.shape[0] - 1)

@@ -54,19 +54,25 @@ def with_images(rows: Experience, inputs: Sequence[Any], cfg: Any) -> Experience
 
   Returns:
     `rows` with the image fields (`rljax.rl.experience.IMAGE_FIELDS`, `rljax.models.vision.row_images`) and
-    positions [N, P + R, 3]: the prompt's M-RoPE positions, and the response's one position per token on all
-    three axes, offset as its prompt's decoded tokens were (`rljax.models.vision.rope_index`).
+    positions [N, P + R, 3]: the prompt's M-RoPE positions (`rljax.models.vision.rope_index`), and the
+    response's one position per token on all three axes, offset as its prompt's decoded tokens were (an
+    image-pad token the response generated is text, as the engine decoded it).
   """
   present = [None if not i or i.get("pixel_values") is None or not len(i["pixel_values"]) else i for i in inputs]
   pixels = [None if i is None else np.asarray(i["pixel_values"], np.float32) for i in present]
   grids = [None if i is None else np.asarray(i["image_grid_thw"], np.int64).reshape(-1, 3) for i in present]
   images = vision.row_images(pixels, grids, cfg.vision)
   every = [g for g in grids if g is not None]
-  positions, _ = vision.rope_index(np.asarray(rows.input_ids), np.asarray(rows.attention_mask),
-                                   np.concatenate(every) if every else np.zeros((0, 3), np.int64),
-                                   cfg.image_token_id, cfg.vision.spatial_merge_size, cfg.hf_top.get("video_token_id"))
+  width = rows.input_ids.shape[1] - rows.responses.shape[1]
+  mask = np.asarray(rows.attention_mask)
+  prompt, deltas = vision.rope_index(np.asarray(rows.input_ids)[:, :width], mask[:, :width],
+                                     np.concatenate(every) if every else np.zeros((0, 3), np.int64),
+                                     cfg.image_token_id, cfg.vision.spatial_merge_size, cfg.hf_top.get("video_token_id"))
+  # a response's tokens (image-pad ones it generated too) are text: real tokens before them plus the offset
+  response = np.asarray(positions_from_mask(mask))[:, width:] + deltas[:, None]
+  positions = np.concatenate([np.moveaxis(prompt, 0, -1), np.repeat(response[..., None], 3, axis=-1)], axis=1)
   layout = images.layout
-  return rows.replace(positions=np.moveaxis(positions, 0, -1).astype(np.int32), pixels=images.pixels,
+  return rows.replace(positions=positions.astype(np.int32), pixels=images.pixels,
                       patch_order=layout.order, patch_rotary=layout.rotary, patch_windows=layout.windows,
                       patch_frames=layout.frames, merge_restore=layout.restore)
 

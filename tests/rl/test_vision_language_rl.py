@@ -39,6 +39,45 @@ def flat(state):
   return {"/".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(state)}
 
 
+def test_the_passes_read_a_response_as_decoding_did_image_pad_tokens_it_generated_included(vl_dir, tmp_path):
+  """Each row's log-probs (its own prompt pass, and each group's prompt run once) equal decoding's: the prompt
+  prefilled with its images, then token by token at its M-RoPE offset; an image-pad token the response holds
+  is text to both."""
+  import jax.numpy as jnp
+  import rljax.models as M
+  from rljax.data import dataset as dataset_lib
+  from rljax.data.images import ImageProcessing
+  from rljax.models import vision
+  from rljax.rl.sequences import make_sequences, response_log_probs, with_images
+
+  model = M.from_pretrained(vl_dir)
+  tokenizer = M.load_tokenizer(vl_dir)
+  path = vl_run.write_geometry3k(tmp_path / "geo.parquet", 2)
+  item = dataset_lib.RLHFDataset(path, tokenizer, {"max_prompt_length": 96, "image_patch_size": 4},
+                                 processor=ImageProcessing.of_model(vl_dir))[1]
+  pad = model.cfg.image_token_id
+  response = np.array([[pad, 5, pad, 9, 2, 0]], np.int32)
+  response_mask = np.array([[1, 1, 1, 1, 1, 0]], np.int32)
+  rows = with_images(make_sequences(item["input_ids"][None], item["attention_mask"][None], response, response_mask),
+                     [item["multi_modal_inputs"]], model.cfg)
+  # decoding: the prompt's prefill, then each token fed with the positions the engine gives it
+  inputs = item["multi_modal_inputs"]
+  ids, mask = item["input_ids"][None], item["attention_mask"][None]
+  positions, deltas = vision.rope_index(ids, mask, inputs["image_grid_thw"], pad, 2)
+  cache = M.init_cache(model.cfg, 1, ids.shape[1] + 6)._replace(offset=jnp.asarray(deltas))
+  logits, cache = model.step(jnp.asarray(ids), cache, jnp.asarray(mask), jnp.asarray(positions), last_only=True,
+                             images=vision.Images(inputs["pixel_values"], vision.image_layout(inputs["image_grid_thw"],
+                                                                                             model.cfg.vision)))
+  want = []
+  for token in response[0, :5]:
+    want.append(jax.nn.log_softmax(logits[0, -1])[token])
+    logits, cache = model.step(jnp.asarray([[token]]), cache)
+  for group in (1, 2):
+    batch = jax.tree.map(lambda x: np.repeat(x, group, axis=0), rows)
+    got, _ = response_log_probs(model, batch, 1.0, group_size=group)
+    np.testing.assert_allclose(np.asarray(got)[:, :5], np.broadcast_to(np.asarray(want), (group, 5)), atol=2e-5)
+
+
 def nbytes(tree):
   return sum(x.nbytes for x in jax.tree.leaves(tree))
 
