@@ -335,7 +335,7 @@ def test_a_vision_language_actor_is_configured_and_what_it_cannot_do_is_refused(
       "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.n_gpus_per_node=8", "trainer.nnodes=1",
       "trainer.save_freq=20", "trainer.test_freq=5", "trainer.total_epochs=15"])
   for extra, key in (("reward_model.enable=true", "reward_model.enable"),
-                     ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_rank"),
+                     ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.exclude_modules"),
                      ("actor_rollout_ref.rollout.quantization=int8", "actor_rollout_ref.rollout.quantization")):
     message = error_of(resolved, experiment("grpo"), [f"actor_rollout_ref.model.path={path}", extra])
     assert message.startswith(f"{key}=") and "is a vision-language model (qwen2_5_vl)" in message, message

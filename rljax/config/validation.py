@@ -434,8 +434,13 @@ def _check_vision_language(config: ConfigDict) -> None:
         why + "a reward model reading its images is not implemented yet", "score with a reward function")
   check(not arr.rollout.multi_turn.enable, "actor_rollout_ref.rollout.multi_turn.enable", True,
         why + "multi-turn rollouts with images are not implemented yet", "set it false")
-  check(not int(arr.model.lora_rank), "actor_rollout_ref.model.lora_rank", arr.model.lora_rank,
-        why + "LoRA over its layers and tower is not implemented yet", "set it to 0 (full fine-tuning)")
+  if int(arr.model.lora_rank) > 0:
+    from rljax.models import lora  # pylint: disable=import-outside-toplevel
+    adapted = lora.tower_modules_adapted(lora.LoRAConfig.from_model_config(arr.model))
+    check(not adapted, "actor_rollout_ref.model.exclude_modules", lora._plain(arr.model.get("exclude_modules")),  # pylint: disable=protected-access
+          why + f"target_modules reach its vision tower ({', '.join(adapted)}, ...), and rljax's adapters are on the "
+          "language model's layers only", "set actor_rollout_ref.model.exclude_modules='.*visual.*' (verl's "
+          "Qwen2.5-VL LoRA line): the tower then stays frozen")
   check(arr.rollout.quantization is None, "actor_rollout_ref.rollout.quantization", arr.rollout.quantization,
         why + "8-bit rollout weights for its tower are not implemented yet", "leave it unset")
   check(config.trainer.v1.trainer_mode != "separate_async", "trainer.v1.trainer_mode", "separate_async",

@@ -185,6 +185,21 @@ def excluded(config: "LoRAConfig", name: str) -> bool:
   return name in exclude or any(name.endswith(f".{entry}") for entry in exclude)
 
 
+# one of each kind of linear module in Qwen2.5-VL's vision tower (its HF names)
+TOWER_MODULES = ("visual.blocks.0.attn.qkv", "visual.blocks.0.attn.proj", "visual.blocks.0.mlp.gate_proj",
+                 "visual.blocks.0.mlp.up_proj", "visual.blocks.0.mlp.down_proj", "visual.merger.mlp.0",
+                 "visual.merger.mlp.2")
+
+
+def tower_modules_adapted(config: "LoRAConfig") -> list[str]:
+  """The vision tower's modules PEFT would give adapters under `config` (target_modules 'all-linear', or names
+  that end a module's name) that exclude_modules does not keep out; rljax adapts the language model's layers
+  only, so a vision-language run needs this empty."""
+  names = config.targets if config.target_modules != "all-linear" else None
+  targeted = lambda module: names is None or module.rsplit(".", 1)[-1] in names  # noqa: E731
+  return [m for m in TOWER_MODULES if targeted(m) and not excluded(config, m)]
+
+
 def _check_patterns(values: Any, key: str, value_ok, kind: str) -> None:
   values = values.to_dict() if isinstance(values, ConfigDict) else values
   check(isinstance(values, dict), key, values, "must be a mapping {regex: value}",

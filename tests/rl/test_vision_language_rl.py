@@ -82,19 +82,29 @@ def nbytes(tree):
   return sum(x.nbytes for x in jax.tree.leaves(tree))
 
 
-@pytest.mark.parametrize("freeze", [False, True])
-def test_a_grpo_step_on_images_on_eight_devices(vl_dir, data_dir, tmp_path, freeze):
-  config = vl_config(vl_dir, data_dir, tmp_path, "trainer.total_training_steps=1",
-                     f"actor_rollout_ref.actor.freeze_vision_tower={str(freeze).lower()}")
+TRAINED = {"everything": (), "all but the tower": ("actor_rollout_ref.actor.freeze_vision_tower=true",),
+           # verl's Qwen2.5-VL LoRA line: adapters on the language model, the tower left out
+           "lora": ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+                    "actor_rollout_ref.model.exclude_modules=.*visual.*")}
+
+
+@pytest.mark.parametrize("trained", list(TRAINED))
+def test_a_grpo_step_on_images_on_eight_devices(vl_dir, data_dir, tmp_path, trained):
+  config = vl_config(vl_dir, data_dir, tmp_path, "trainer.total_training_steps=1", *TRAINED[trained])
   trainer = rl.RLTrainer(config, mesh=sharding.make_mesh(config))
   try:
     assert trainer.mesh.size == 8
     before = flat(trainer.state.actor)
-    tower = nbytes(trainer.state.actor["visual"])
-    # Adam's two moments of every parameter, or of all but the frozen tower's
-    assert abs(nbytes(trainer.state.actor_opt) - 2 * (nbytes(trainer.state.actor) - freeze * tower)) < 64
+    tower = nbytes(trainer.state.actor["visual"]) if trained != "lora" else 0
+    # Adam's two moments of every parameter trained (adapters alone under LoRA; not the frozen tower's)
+    frozen = tower if trained == "all but the tower" else 0
+    assert abs(nbytes(trainer.state.actor_opt) - 2 * (nbytes(trainer.state.actor) - frozen)) < 64
+    base = flat(trainer.run.frozen)
     metrics = trainer.train_step(next(trainer.train_iter))
     after = flat(trainer.state.actor)
+    if trained == "lora":
+      assert all(np.array_equal(v, flat(trainer.run.frozen)[k]) for k, v in base.items())
+      assert any(k.startswith("visual/") for k in base)
   finally:
     trainer.close()
   # the trainer's forward over the rows (images placed, M-RoPE positions) gives the engine's log-probs
@@ -102,7 +112,8 @@ def test_a_grpo_step_on_images_on_eight_devices(vl_dir, data_dir, tmp_path, free
   assert abs(metrics["rollout_corr/kl"]) < 1e-5, metrics
   assert np.isfinite(metrics["actor/pg_loss"]) and metrics["actor/grad_norm"] > 0
   moved = {k for k in before if not np.array_equal(before[k], after[k])}
-  assert any(k.startswith("visual/") for k in moved) != freeze and any(k.startswith("layers/") for k in moved), moved
+  assert any(k.startswith("visual/") for k in moved) == (trained == "everything"), moved
+  assert any(k.startswith("layers/") for k in moved), moved
 
 
 def test_images_stream_under_colocate_async_and_the_run_resumes(vl_dir, data_dir, tmp_path):
