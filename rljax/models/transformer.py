@@ -210,6 +210,8 @@ class CausalLM(nnx.Module):
       raise ValueError(f"images were given to a {self.cfg.model_type} model, which has no vision tower.")
     if positions is None or positions.ndim != 3:
       raise ValueError("a pass with images needs their M-RoPE positions [3, B, T] (rljax.models.vision.rope_index).")
+    if images.slots is not None:
+      return constrain(place_images(x, images.slots, self.visual(images)), _RESIDUAL)
     return constrain(place_images(x, input_ids == self.cfg.image_token_id, self.visual(images),
                                   feature_counts(images)), _RESIDUAL)
 

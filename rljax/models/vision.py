@@ -227,12 +227,16 @@ class Images(NamedTuple):
   """A batch's images as the tower reads them: pixel values and their ``ImageLayout`` as arrays.
 
   Attributes:
-    pixels: [N, C * frames * p * p] patches in the processor's order (``pixel_values``).
+    pixels: [N, C * frames * p * p] patches in the processor's order (``pixel_values``), or [B, Q, F] each row's
+      own (``row_images``).
     layout: the ``ImageLayout`` of their grids (numpy or jax arrays).
+    slots: [B, T] bool, the tokens that take a row's features in order (a packed row of several prompts: their
+      image-pad tokens, not those a response generated); None: each row's first image-pad tokens.
   """
 
   pixels: jax.Array
   layout: ImageLayout
+  slots: jax.Array | None = None
 
 
 def _rotary_tables(rotary: jax.Array, cfg: VisionConfig) -> tuple[jax.Array, jax.Array]:

@@ -80,7 +80,8 @@ class Experience:
     positive: [N] whether a row's score is positive (positive_nll_coef).
     pixels, patch_order, patch_rotary, patch_windows, patch_frames, merge_restore: a vision-language run's
       images, each row's own prompt's (`rljax.models.vision.row_images`): pixels [N, Q, F], the layout [N, Q]
-      (rotary [N, Q, 2], merge_restore [N, Q / m^2]); positions are then M-RoPE's [N, P + R, 3].
+      (rotary [N, Q, 2], merge_restore [N, Q / m^2]); positions are then M-RoPE's [N, P + R, 3], and
+      image_slots [N, P + R] 1 on the prompt's image-pad tokens (where a packed pass places the features).
     packed: a packed pass's tokens (`rl.packing.PackedRows`), which then
       stand for input_ids, attention_mask, positions and responses.
   """
@@ -106,6 +107,7 @@ class Experience:
   returns: Any = _field(_RESPONSE, jnp.float32)
   rollout_is_weights: Any = _field(_RESPONSE, jnp.float32)
   positive: Any = _field(_ROW, jnp.bool_)
+  image_slots: Any = _field(_SEQUENCE, jnp.int32)
   pixels: Any = _field(_ROW, jnp.float32, 0)
   patch_order: Any = _field(_ROW, jnp.int32, -1)
   patch_rotary: Any = _field(_ROW, jnp.int32, 0)

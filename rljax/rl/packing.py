@@ -58,7 +58,7 @@ import numpy as np
 from flax import struct
 from jax.sharding import Mesh, NamedSharding
 
-from rljax.models import token_log_probs
+from rljax.models import token_log_probs, vision
 from rljax.rl import experience as experience_lib
 from rljax.sharding import hosts, rules as rules_lib
 from rljax.training.packing import first_fit_decreasing
@@ -74,6 +74,8 @@ class PackedRows:
   out_index: Any
   experts: Any = None
   row_index: Any = None
+  image_slots: Any = None
+  images: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +96,27 @@ class PackPlan:
   out_index: np.ndarray
   row_index: np.ndarray
   real_tokens: int
+  patches: "PatchPlan | None" = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchPlan:
+  """Where a vision-language pass's buffers take their rows' image patches from: each buffer's members' patches
+  one after another (as its members' tokens are), Q' = the most any buffer holds on the patch-bucket grid.
+
+  Attributes:
+    src: [M, D_local, B, Q'] int32, each buffer patch's place in the step's [N * Q] row patches, -1 on padding.
+    shift: [M, D_local, B, Q'] int32, where its member's patches start in the buffer (its layout's order moves
+      by it).
+    member: [M, D_local, B, Q'] int32, its member's number in the buffer (keeps windows and frames apart).
+    merged_src, merged_shift: [M, D_local, B, Q' / m^2] the same for the merged features (restore).
+  """
+
+  src: np.ndarray
+  shift: np.ndarray
+  member: np.ndarray
+  merged_src: np.ndarray
+  merged_shift: np.ndarray
 
 
 def grid_ceil(n: int, cap: int) -> int:
@@ -127,7 +150,8 @@ def row_spans(attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def make_plan(starts: np.ndarray, ends: np.ndarray, arrangement: np.ndarray, shards: int, prompt_length: int,
-              response_length: int, local_shards: slice, budget: int | None = None) -> PackPlan:
+              response_length: int, local_shards: slice, budget: int | None = None,
+              patches: tuple[np.ndarray, int, int] | None = None) -> PackPlan:
   """The packing of a batch of rows into buffers of L = P + R tokens.
 
   Args:
@@ -138,6 +162,8 @@ def make_plan(starts: np.ndarray, ends: np.ndarray, arrangement: np.ndarray, sha
     prompt_length, response_length: P, R.
     local_shards: the shards this process places (its block of D).
     budget: the pass's token budget, which B * (P + R) keeps within (B off the grid where the grid would pass it).
+    patches: a vision-language pass's (every row's image patches [N], Q the patches per row of the step's image
+      fields, m^2 the patches per merged feature): the plan then says where each buffer's patches come from.
 
   Returns:
     The plan, laid out for `local_shards` only, with B from every shard (the same on every process).
@@ -154,6 +180,11 @@ def make_plan(starts: np.ndarray, ends: np.ndarray, arrangement: np.ndarray, sha
   out_index = np.full((micro, len(local), per_shard, response_length), -1, np.int32)
   row_index = np.full((micro, len(local), per_shard, width), -1, np.int32)
   predicting = prompt_length - 1 + np.arange(response_length)  # the column predicting response token t
+  members_of = lambda m, d: [[blocks[m, d, k] for k in members] for members in fits[m][d]]  # noqa: E731
+  patch_plan = None if patches is None else plan_patches(
+      [[members_of(m, d) for d in local] for m in range(micro)],
+      max((sum(int(patches[0][r]) for r in buffer) for m in range(micro) for d in range(shards)
+           for buffer in members_of(m, d)), default=0), buffers, *patches)
   for m in range(micro):
     for i, d in enumerate(local):
       for buffer, members in enumerate(fits[m][d]):
@@ -167,7 +198,30 @@ def make_plan(starts: np.ndarray, ends: np.ndarray, arrangement: np.ndarray, sha
           row_index[m, i, k, start:end] = buffer * width + offset + np.arange(end - start)
           offset += end - start
   return PackPlan(buffers=buffers, src=src, out_index=out_index, row_index=row_index,
-                  real_tokens=int(lengths[arrangement[arrangement >= 0]].sum()))
+                  real_tokens=int(lengths[arrangement[arrangement >= 0]].sum()), patches=patch_plan)
+
+
+def plan_patches(members: list[list[list[list[int]]]], most: int, buffers: int, counts: np.ndarray, row_patches: int,
+                 unit: int) -> PatchPlan:
+  """The PatchPlan of buffers whose members (global rows) are members[m][i][b], the fullest holding `most`
+  patches, each row r `counts[r]` of the step's `row_patches` per row, `unit` patches per merged feature."""
+  width = vision.patch_bucket(most, unit)
+  shape = (len(members), len(members[0]), buffers)
+  src, shift, member = (np.full((*shape, width), -1, np.int32) for _ in range(3))
+  merged_src, merged_shift = (np.full((*shape, width // unit), -1, np.int32) for _ in range(2))
+  for m, per_micro in enumerate(members):
+    for i, per_shard in enumerate(per_micro):
+      for b, rows in enumerate(per_shard):
+        offset = 0
+        for k, row in enumerate(rows):
+          n = int(counts[row])
+          src[m, i, b, offset:offset + n] = row * row_patches + np.arange(n)
+          shift[m, i, b, offset:offset + n], member[m, i, b, offset:offset + n] = offset, k
+          merged = slice(offset // unit, (offset + n) // unit)
+          merged_src[m, i, b, merged] = row * (row_patches // unit) + np.arange(n // unit)
+          merged_shift[m, i, b, merged] = offset // unit
+          offset += n
+  return PatchPlan(src=src, shift=shift, member=member, merged_src=merged_src, merged_shift=merged_shift)
 
 
 def budget_arrangement(lengths: np.ndarray, order: np.ndarray, shards: int, budget: int, width: int) -> np.ndarray:
@@ -238,13 +292,16 @@ def shard_count(mesh: Mesh, rules: Any, micro_batches: int, rows: int) -> int:
 
 
 def spec(micro_batches: int, rows: int, prompt_length: int, response_length: int, mesh: Mesh,
-         rules: Any, replayed: tuple[int, int] | None = None, recorded: bool = False) -> PackedRows:
+         rules: Any, replayed: tuple[int, int] | None = None, recorded: bool = False,
+         vision_config: Any = None) -> PackedRows:
   """The abstract PackedRows of a pass over `rows` rows in `micro_batches` micro-batches, at its largest
   (one row per buffer); a run calls the pass with fewer buffers, laid out alike.
 
   replayed: (L_sparse, k) when the pass replays its rows' experts (router replay); recorded: whether it reads
   its routing (or a row's last token) back into rows (`row_index`). A pass of whole sequences (response_length
-  0, the reward model's) has no `out_index`.
+  0, the reward model's) has no `out_index`. vision_config: a vision-language actor's tower config: positions
+  are M-RoPE's [..., 3], and each buffer holds its members' images (one merged patch here; a run's passes are as
+  wide as their fullest buffer, `PatchPlan`).
   """
   shards = shard_count(mesh, rules, micro_batches, rows)
   per_shard, width = rows // micro_batches // shards, prompt_length + response_length
@@ -254,11 +311,22 @@ def spec(micro_batches: int, rows: int, prompt_length: int, response_length: int
     return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=NamedSharding(mesh, partition))
 
   tokens = struct_of((micro_batches, shards, per_shard, width))
-  return PackedRows(input_ids=tokens, positions=tokens, segment_ids=tokens,
+  slots, images = None, None
+  if vision_config is not None:
+    buffers, q = (micro_batches, shards, per_shard), vision_config.merge_unit
+    shaped = lambda *tail: struct_of((*buffers, *tail))  # noqa: E731
+    pixels = shaped(q, int(np.prod(vision_config.patch_shape)))
+    slots = tokens
+    images = vision.Images(pixels=jax.ShapeDtypeStruct(pixels.shape, jnp.float32, sharding=pixels.sharding),
+                           layout=vision.ImageLayout(order=shaped(q), rotary=shaped(q, 2), windows=shaped(q),
+                                                     frames=shaped(q), restore=shaped(q // vision_config.merge_unit)))
+  return PackedRows(input_ids=tokens, positions=tokens if vision_config is None else struct_of((*tokens.shape, 3)),
+                    segment_ids=tokens,
                     out_index=struct_of((micro_batches, shards, per_shard, response_length)) if response_length
                     else None,
                     experts=None if replayed is None else struct_of((*tokens.shape, *replayed)),
-                    row_index=struct_of((micro_batches, shards, per_shard, width)) if recorded else None)
+                    row_index=struct_of((micro_batches, shards, per_shard, width)) if recorded else None,
+                    image_slots=slots, images=images)
 
 
 def local_shards(abstract: PackedRows) -> slice:
@@ -281,27 +349,44 @@ def member_numbers(src: jax.Array, width: int) -> jax.Array:
 @functools.lru_cache(maxsize=None)
 def _gather(shardings: PackedRows) -> Any:
   """The jitted (input_ids, positions [1, N, P + R], experts [1, N, P + R, L_sparse, k] or None, src, out_index,
-  row_index or None) -> PackedRows, laid out by `shardings` (a PackedRows of shardings; experts and row_index
-  None where the pass has none)."""
-  def gather(input_ids, positions, experts, src, out_index, row_index):
+  row_index or None, images or None) -> PackedRows, laid out by `shardings` (a PackedRows of shardings; experts,
+  row_index and images None where the pass has none; images: (the step's image_slots [1, N, P + R], its row
+  images as an `Experience` of the image fields [1, N, Q, ...], the plan's `PatchPlan` arrays))."""
+  def gather(input_ids, positions, experts, src, out_index, row_index, images):
     real = src >= 0
     safe = jnp.maximum(src, 0)
 
-    def take(x):
-      flat = x.reshape(-1, *x.shape[3:])[safe]
-      return jnp.where(real.reshape(real.shape + (1,) * (flat.ndim - real.ndim)), flat, 0)
+    def take(x, index=safe, valid=real):
+      flat = x.reshape(-1, *x.shape[3:])[jnp.maximum(index, 0)]
+      return jnp.where(valid.reshape(valid.shape + (1,) * (flat.ndim - valid.ndim)), flat, 0)
 
+    slots = packed_images = None
+    if images is not None:
+      slot_rows, rows, (patch_src, shift, member, merged_src, merged_shift) = images
+      slots = take(slot_rows)
+      has, merged_has = patch_src >= 0, merged_src >= 0
+      on_patches = functools.partial(take, index=patch_src, valid=has)
+      spread = rows.patch_order.shape[-1]  # more than any row's window or frame ids: each member's stay apart
+      packed_images = vision.Images(
+          pixels=on_patches(rows.pixels), layout=vision.ImageLayout(
+              order=jnp.where(has, on_patches(rows.patch_order) + shift, -1), rotary=on_patches(rows.patch_rotary),
+              windows=jnp.where(has, on_patches(rows.patch_windows) + member * spread, -1),
+              frames=jnp.where(has, on_patches(rows.patch_frames) + member * spread, -1),
+              restore=jnp.where(merged_has, take(rows.merge_restore, merged_src, merged_has) + merged_shift,
+                                -1)))
     return PackedRows(input_ids=take(input_ids), positions=take(positions),
                       segment_ids=jnp.where(real, member_numbers(src, input_ids.shape[-1]), 0), out_index=out_index,
-                      experts=None if experts is None else take(experts), row_index=row_index)
+                      experts=None if experts is None else take(experts), row_index=row_index, image_slots=slots,
+                      images=packed_images)
 
   return jax.jit(gather, out_shardings=shardings)
 
 
 def pack(input_ids: jax.Array, positions: jax.Array, plan: PackPlan, abstract: PackedRows,
-         experts: jax.Array | None = None) -> PackedRows:
+         experts: jax.Array | None = None, images: tuple[jax.Array, Any] | None = None) -> PackedRows:
   """The packed batch on device, from the step's placed tokens ([1, N, P + R], each host's rows where
-  `experience.place` put them; experts [1, N, P + R, L_sparse, k] when `abstract` replays routing) and this
+  `experience.place` put them; experts [1, N, P + R, L_sparse, k] when `abstract` replays routing; images, a
+  vision-language pass's (image_slots [1, N, P + R], the image fields' `Experience` [1, N, Q, ...])) and this
   process's part of `plan`, laid out as `abstract`."""
   micro, _, per_shard, length = plan.out_index.shape
   shards = abstract.input_ids.shape[1]
@@ -318,7 +403,14 @@ def pack(input_ids: jax.Array, positions: jax.Array, plan: PackPlan, abstract: P
   if abstract.row_index is not None:
     row_index = put(plan.row_index, abstract.row_index, (micro, shards, per_shard, plan.row_index.shape[-1]))
   shardings = jax.tree.map(lambda s: s.sharding, abstract)
-  return _gather(shardings)(input_ids, positions, experts, src, out_index, row_index)
+  if (abstract.images is None) != (images is None):
+    raise ValueError("a vision-language pass packs its rows' images, and only such a pass does")
+  if images is not None:
+    p = plan.patches
+    like = abstract.images.layout.order
+    on = lambda x: put(x, like, (micro, shards, *x.shape[2:]))  # noqa: E731
+    images = (*images, (on(p.src), on(p.shift), on(p.member), on(p.merged_src), on(p.merged_shift)))
+  return _gather(shardings)(input_ids, positions, experts, src, out_index, row_index, images)
 
 
 # ----- the model side ------------------------------------------------------------------------------
@@ -330,9 +422,15 @@ def packed_hidden(model: Any, packed: PackedRows, with_routing: bool = False) ->
   flat = lambda x: x.reshape(shards * buffers, width, *x.shape[3:])  # noqa: E731
   segments = flat(packed.segment_ids)
   experts = None if packed.experts is None else flat(packed.experts)
+  positions = flat(packed.positions)
+  images = None
+  if packed.images is not None:  # each buffer its members' images, their features at the prompts' image tokens
+    positions = jnp.moveaxis(positions, -1, 0)
+    per_buffer = lambda x: x.reshape(shards * buffers, *x.shape[2:])  # noqa: E731
+    images = jax.tree.map(per_buffer, packed.images)._replace(slots=flat(packed.image_slots) > 0)
   hidden, routing = model.hidden_states(flat(packed.input_ids), (segments > 0).astype(jnp.int32),
-                                        flat(packed.positions), segment_ids=segments, with_routing=True,
-                                        experts=experts)
+                                        positions, segment_ids=segments, with_routing=True,
+                                        experts=experts, images=images)
   hidden = hidden.reshape(shards, buffers * width, hidden.shape[-1])
   return (hidden, routing) if with_routing else hidden
 
@@ -425,6 +523,8 @@ class Packer:
     prompt_length, response_length: P, R.
     computed, real: token positions the passes packed so far compute, and the real tokens they hold.
     experts: [1, N, P + R, L_sparse, k] the experts the passes replaying routing route to, or None.
+    images: a vision-language step's (image_slots [1, N, P + R], the image fields [1, N, Q, ...] as an
+      `Experience`, every row's patch count [N], patches per merged feature), or None.
   """
 
   starts: np.ndarray
@@ -436,6 +536,7 @@ class Packer:
   computed: int = 0
   real: int = 0
   experts: jax.Array | None = None
+  images: tuple[Any, Any, np.ndarray, int] | None = None
 
   @classmethod
   def of(cls, tokens: Any, spans: tuple[np.ndarray, np.ndarray], prompt_length: int,
@@ -455,15 +556,20 @@ class Packer:
   def plan(self, abstract: PackedRows, arrangement: np.ndarray, budget: int | None) -> PackPlan:
     """Where the rows `arrangement` ([M, rows] global row numbers) go, laid out as `abstract` (within the
     pass's token `budget`, when it has one)."""
+    patches = None
+    if self.images is not None:
+      _, rows, counts, unit = self.images
+      patches = (counts, rows.pixels.shape[2], unit)
     return make_plan(self.starts, self.ends, arrangement, abstract.input_ids.shape[1], self.prompt_length,
-                     self.response_length, local_shards(abstract), budget)
+                     self.response_length, local_shards(abstract), budget, patches)
 
   def pack(self, plan: PackPlan, abstract: PackedRows) -> PackedRows:
     """The packed batch of `plan` on device (and its tokens counted)."""
     self.computed += plan_tokens(plan, abstract)
     self.real += plan.real_tokens
     return pack(self.input_ids, self.positions, plan, abstract,
-                None if abstract.experts is None else self.experts)
+                None if abstract.experts is None else self.experts,
+                None if self.images is None else self.images[:2])
 
 
 def plan_tokens(plan: PackPlan, abstract: PackedRows) -> int:

@@ -72,7 +72,8 @@ def with_images(rows: Experience, inputs: Sequence[Any], cfg: Any) -> Experience
   response = np.asarray(positions_from_mask(mask))[:, width:] + deltas[:, None]
   positions = np.concatenate([np.moveaxis(prompt, 0, -1), np.repeat(response[..., None], 3, axis=-1)], axis=1)
   layout = images.layout
-  return rows.replace(positions=positions.astype(np.int32), pixels=images.pixels,
+  slots = (np.asarray(rows.input_ids) == cfg.image_token_id) & (np.arange(rows.input_ids.shape[1]) < width)
+  return rows.replace(positions=positions.astype(np.int32), image_slots=slots.astype(np.int32), pixels=images.pixels,
                       patch_order=layout.order, patch_rotary=layout.rotary, patch_windows=layout.windows,
                       patch_frames=layout.frames, merge_restore=layout.restore)
 

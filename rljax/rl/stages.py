@@ -88,6 +88,11 @@ def place_step(parts: StepParts, rows: Experience) -> StepData:
     spans = hosts.process_concat(np.stack(packing.row_spans(rows.attention_mask), axis=1))
     data.packer = packing.Packer.of(device.of(rows, packing.TOKEN_FIELDS), (spans[:, 0], spans[:, 1]),
                                     layout.prompt_length, layout.response_length)
+    vision_config = parts.run.model_config.vision
+    if vision_config is not None:  # every row's patch count: the hosts exchange [N] integers
+      counts = hosts.process_concat(np.sum(np.asarray(rows.patch_order) >= 0, axis=1).astype(np.int32))
+      data.packer.images = (device.of(rows, ("image_slots",)).image_slots,
+                            device.of(rows, experience_lib.IMAGE_FIELDS), counts, vision_config.merge_unit)
     replay(parts, data, rows)
   return data
 

@@ -348,14 +348,13 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
     routing: (L_sparse, k) of a mixture-of-experts actor (None for a dense one).
     packing_allowed: False builds every step over padded rows.
     vision: a vision-language actor's tower config: the actor's passes read the rows' images
-      (`experience.IMAGE_FIELDS`, as wide as each step's widest row) and M-RoPE positions [N, P + R, 3], over
-      padded rows.
+      (`experience.IMAGE_FIELDS`, as wide as each step's widest row; a packed pass's buffers their members')
+      and M-RoPE positions [N, P + R, 3].
   """
   arr = config.actor_rollout_ref
   temperature = float(arr.rollout.temperature) or 1.0
   lengths = dict(prompt_length=layout.prompt_length, response_length=layout.response_length, mesh=mesh, rules=rules)
   trailing = None if vision is None else image_trailing(vision)
-  packing_allowed = packing_allowed and vision is None
 
   def batch_of(fields: tuple[str, ...], micro_batches: int, rows: int, packed: bool,
                recorded: bool = False) -> Experience:
@@ -367,7 +366,8 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
       return experience_lib.spec(fields, micro_batches, rows, routing=routing, trailing=trailing, **lengths)
     batch = experience_lib.spec([f for f in fields if f not in PACKED_FIELDS], micro_batches, rows, **lengths)
     replayed = routing if "routed_experts" in fields else None
-    return batch.replace(packed=packing.spec(micro_batches, rows, replayed=replayed, recorded=recorded, **lengths))
+    return batch.replace(packed=packing.spec(micro_batches, rows, replayed=replayed, recorded=recorded,
+                                             vision_config=vision, **lengths))
 
   shuffled = bool(arr.actor.shuffle)
   off_policy = not on_policy(config, layout, lora_dropout)
@@ -415,6 +415,7 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
   if actor_packed or critic_packed:
     padded = build_rl_steps(config, layout, mesh, rules, graphdef=graphdef, trainable=trainable, frozen=frozen,
                             actor_tx=actor_tx, actor_opt_sh=actor_opt_sh, lora_dropout=lora_dropout,
-                            reference=reference, critic=critic, routing=routing, packing_allowed=False)
+                            reference=reference, critic=critic, routing=routing, packing_allowed=False,
+                            vision=vision)
   return RLSteps(actor_update=actor_update, old_log_prob=old, ref_log_prob=ref, critic_update=critic_update,
                  values=values, groups=groups, padded=padded)

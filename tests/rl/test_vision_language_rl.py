@@ -152,3 +152,23 @@ def test_grpo_on_images_as_two_processes_logs_the_metrics_of_one(vl_dir, data_di
   two = processes.run_metrics(argv, 2, f"{tmp_path}/two")
   assert any(k.startswith("val-core/") for k in two[0]) and two[-1]["actor/grad_norm"] > 0
   golden.assert_golden(two, [{k: v for k, v in m.items() if not k.startswith(golden.DROPPED)} for m in one], "vl")
+
+
+def test_packed_passes_carry_each_row_s_images_and_give_the_padded_numbers(vl_dir, data_dir, tmp_path):
+  """use_remove_padding: each buffer's tower runs its members' images one after another (windows and frames
+  kept apart), their features at the prompts' image tokens; the step logs the padded passes' numbers."""
+  runs = {}
+  for packed in (False, True):
+    (tmp_path / str(packed)).mkdir()
+    config = vl_config(vl_dir, data_dir, tmp_path / str(packed), "trainer.total_training_steps=1",
+                       "actor_rollout_ref.model.share_prompt_forward=false",  # packing pays with no shared prompts
+                       "data.max_prompt_length=192",  # buffers of 200 tokens: two rows with images each
+                       "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                       f"actor_rollout_ref.model.use_remove_padding={str(packed).lower()}")
+    runs[packed] = tiny_run.fit_metrics(config, sharding.make_mesh(config))
+  assert "perf/packed_compute_ratio" in runs[True][0] and "perf/packed_compute_ratio" not in runs[False][0]
+  assert abs(runs[True][0]["rollout_corr/log_ppl_abs_diff"]) < 1e-4
+  drop = lambda m: {k: v for k, v in m.items() if not k.startswith((*golden.DROPPED, "perf/packed"))}  # noqa: E731
+  golden.assert_golden([drop(m) for m in runs[True]], [drop(m) for m in runs[False]], "packed images")
