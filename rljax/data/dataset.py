@@ -270,13 +270,13 @@ class RLHFDataset:
   def image_counts(self, entries: Any, row_number: int) -> list[int]:
     """The image-pad tokens of each of a row's images (its `data.image_key` entries), from their sizes."""
     try:
-      return [images_lib.entry_tokens(e, self.processor, self.image_patch_size) for e in _entries(entries)]
+      return [images_lib.entry_tokens(e, self.processor, self.image_patch_size) for e in media_entries(entries)]
     except ValueError as e:
       raise ValueError(f"{self.describe_row(row_number)}: column {self.image_key!r}: {e}") from e
 
   def row_images(self, entries: Any, where: str) -> tuple[np.ndarray, np.ndarray] | None:
     """(pixel_values [N, F] float32, image_grid_thw [I, 3] int64) of a row's images, or None without any."""
-    entries = _entries(entries)
+    entries = media_entries(entries)
     if not entries:
       return None
     try:
@@ -323,7 +323,7 @@ class RLHFDataset:
     return row
 
 
-def _entries(value: Any) -> list[Any]:
+def media_entries(value: Any) -> list[Any]:
   """A row's image column as a list of entries (None and empty: none)."""
   if value is None:
     return []

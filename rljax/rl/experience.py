@@ -287,7 +287,7 @@ class OnDevice:
       ragged = [n for n in stale if n in RAGGED]
       if ragged:
         widths = np.asarray([np.shape(getattr(host, n))[1] for n in ragged], np.float64)
-        widths = hosts.process_extrema(widths)[1] if hosts.count() > 1 else widths
+        widths = hosts.process_extrema(widths)[0] if hosts.count() > 1 else widths
         host = host.replace(**{n: widened(getattr(host, n), int(w), RAGGED[n]) for n, w in zip(ragged, widths)})
       trailing = trailing_of(host, stale, self.prompt_length, self.response_length)
       placed = place(host, self.spec(stale, routing, trailing))

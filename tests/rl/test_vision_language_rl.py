@@ -141,10 +141,17 @@ def test_dynamic_sampling_keeps_each_group_with_its_images(vl_dir, data_dir, tmp
 @pytest.mark.slow  # a 2-process job of 2 steps (about 60 s) beside the same job in this process
 def test_grpo_on_images_as_two_processes_logs_the_metrics_of_one(vl_dir, data_dir, tmp_path):
   """Each host reads its share of the prompts with their images; the rows' images are as wide as the widest on
-  any host; validation decodes image prompts too."""
-  extra = vl_overrides(tmp_path, "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                       "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.val_before_train=true",
-                       "trainer.test_freq=2")
+  any host (the first host's prompts hold one small image each, the second's two larger ones); validation
+  decodes image prompts too."""
+  rows = vl_run.geometry3k_rows(16)
+  for i, row in enumerate(rows):
+    if i % 8 < 4:  # the first host's half of each batch of 8 (unshuffled)
+      row["images"] = [{"bytes": vl_run.drawn("circle", "red", 16, 16), "path": None}]
+      row["prompt"][0]["content"] = "<image> Which shape is drawn?"
+  extra = (*vl_overrides(tmp_path), f"data.train_files={vl_run.write_rows(tmp_path / 'hosts.parquet', rows)}",
+           "data.shuffle=false", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+           "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.val_before_train=true",
+           "trainer.test_freq=2")
   config = tiny_run.run_config("grpo", vl_dir, data_dir, str(tmp_path / "one"), *extra)
   one = tiny_run.fit_metrics(config, sharding.make_mesh(config))
   argv = ["-m", "rljax.train", "--config=configs/grpo.py", *tiny_run.overrides(vl_dir, data_dir, f"{tmp_path}/two"),

@@ -89,5 +89,10 @@ def geometry3k_rows(rows: int, seed: int = 0) -> list[dict]:
 
 def write_geometry3k(path: pathlib.Path, rows: int, seed: int = 0) -> str:
   """Writes `geometry3k_rows` as a parquet file at `path`."""
-  pq.write_table(pa.Table.from_pylist(geometry3k_rows(rows, seed)), path)
+  return write_rows(path, geometry3k_rows(rows, seed))
+
+
+def write_rows(path: pathlib.Path, rows: list[dict]) -> str:
+  """Writes `rows` as a parquet file at `path`."""
+  pq.write_table(pa.Table.from_pylist(rows), path)
   return str(path)
