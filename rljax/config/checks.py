@@ -82,12 +82,12 @@ def vision_language_type(path: Any) -> str | None:
 
 def _check_text_model(key: str, path: str) -> None:
   """Raises a ConfigError naming `key` when `path` is a model directory of a vision-language model (only the RL
-  actor is fed images)."""
+  actor and the SFT model are fed images)."""
   model_type = vision_language_type(path)
   if model_type is not None:
     raise ConfigError(key, path, f"is a vision-language model ({model_type}): rljax trains one as the RL actor "
-                      "(actor_rollout_ref.model.path); as this model (SFT, evaluation, a critic or reward model) "
-                      "it is not implemented yet", "use a text model here")
+                      "(actor_rollout_ref.model.path) and the SFT model; as this model (evaluation, a critic or "
+                      "reward model) it is not implemented yet", "use a text model here")
 
 
 def check_model_path(key: str, path: Any, must_exist: bool = False, vision_language: bool = False) -> None:

@@ -29,7 +29,8 @@ def resolve(config, overrides: Sequence[str], device_count: int | None = None, d
 
 def train(config: ConfigDict) -> None:
   """Checks that model.partial_pretrain is on this machine (ConfigError naming it), then trains."""
-  config_lib.check_model_path("model.partial_pretrain", config.model.partial_pretrain, must_exist=True)
+  config_lib.check_model_path("model.partial_pretrain", config.model.partial_pretrain, must_exist=True,
+                              vision_language=True)
   from rljax.sft import trainer  # pylint: disable=import-outside-toplevel
   trainer.run(config)
 

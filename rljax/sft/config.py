@@ -59,6 +59,8 @@ def _data() -> ConfigDict:
       "prompt_dict_keys": null(list),
       "response_dict_keys": null(list),
       "multiturn": {"enable": False, "messages_key": "messages"},
+      "image_key": "images",
+      "image_patch_size": 14,
       "max_length": 1024,
       "truncation": "error",
       "balance_dp_token": False,
@@ -213,7 +215,7 @@ def _check_model(config: ConfigDict) -> None:
   lora.check_lora_keys(model, "model")
   check(bool(model.partial_pretrain), "model.partial_pretrain", model.partial_pretrain,
         "names no model", "set model.partial_pretrain to an HF directory, a .gguf file or smollm2-135m-instruct")
-  config_lib.check_model_path("model.partial_pretrain", model.partial_pretrain)
+  config_lib.check_model_path("model.partial_pretrain", model.partial_pretrain, vision_language=True)
 
 
 def _check_optim(config: ConfigDict) -> None:

@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from rljax.data import dataset as rl_dataset
+from rljax.data import images as images_lib
 from rljax.data import parquet
 from rljax.data import tokenization
 from rljax.data.synthetic import arithmetic as synthetic_arithmetic
@@ -193,15 +194,24 @@ class SFTDataset:
   """
 
   def __init__(self, data_files: str | Sequence[str], tokenizer: tokenization.Tokenizer, config: Any,
-               max_samples: int = -1, seed: int = 1):
+               max_samples: int = -1, seed: int = 1, processor: Any = None):
     self.data_files = parquet.as_file_list(data_files)
     self.tokenizer = tokenizer
     self.config = config
+    self.processor = processor
     table = parquet.read_parquet(self.data_files)
     self._file_ends = np.cumsum([parquet.num_rows(f) for f in self.data_files])
     columns = ([config.multiturn.messages_key] if config.multiturn.enable
                else sorted({config.prompt_key, config.response_key}))
     parquet.check_columns(table, columns, source=", ".join(self.data_files))
+    image_key = config.get("image_key")
+    image_row = rl_dataset.first_media_row(table, image_key)
+    if image_row is not None and processor is None:
+      raise ValueError(f"{self.describe_row(image_row)}: column {image_key!r} (data.image_key) holds images, and "
+                       "model.partial_pretrain has no preprocessor_config.json: it is a text model. Fix: train a "
+                       "vision-language model (Qwen2.5-VL) from its full directory, or drop the column.")
+    if image_row is not None:
+      columns = [*columns, image_key]
     if table.num_rows == 0:
       raise ValueError(f"dataset {self.data_files} has no rows")
     self._row_numbers = rl_dataset.select_samples(table.num_rows, max_samples, True, seed)
@@ -216,24 +226,46 @@ class SFTDataset:
     start = int(self._file_ends[k - 1]) if k else 0
     return f"{self.data_files[k]} row {row_number - start}"
 
-  def example(self, row: Mapping[str, Any], where: str) -> Example:
-    """One row -> (ids, mask) before truncation."""
+  def example(self, row: Mapping[str, Any], where: str, images: Sequence[int] | None = None) -> Example:
+    """One row -> (ids, mask) before truncation; `images`: its images' token counts (each <image> of the
+    messages expanded to its vision tokens)."""
     data = self.config
+    expand = (lambda messages: messages) if images is None else (  # noqa: E731
+        lambda messages: rl_dataset.expand_images(messages, images, where))
     if data.multiturn.enable:
       key = data.multiturn.messages_key
-      return multi_turn_example(self.tokenizer, rl_dataset.check_messages(row[key], where, key), where)
+      return multi_turn_example(self.tokenizer, expand(rl_dataset.check_messages(row[key], where, key)), where)
     prompt = lookup(row, data.prompt_key, data.prompt_dict_keys, where, "prompt")
     response = lookup(row, data.response_key, data.response_dict_keys, where, "response")
     if not isinstance(response, str):
       raise TypeError(f"{where}: the response ({data.response_key}) is a {type(response).__name__}, not a string")
-    return single_turn_example(self.tokenizer, as_messages(prompt, where, data.prompt_key), response)
+    return single_turn_example(self.tokenizer, expand(as_messages(prompt, where, data.prompt_key)), response)
+
+  def row_images(self, row: Mapping[str, Any], where: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(pixel_values [N, F], image_grid_thw [I, 3]) of a row's images, as the RL data prepares them; None without
+    any."""
+    entries = rl_dataset.media_entries(row.get(self.config.get("image_key"))) if self.processor is not None else []
+    if not entries:
+      return None
+    try:
+      prepared = [images_lib.prompt_image(e, self.processor, int(self.config.image_patch_size)) for e in entries]
+    except ValueError as e:
+      raise ValueError(f"{where}: column {self.config.image_key!r}: {e}") from e
+    return np.concatenate([p for p, _ in prepared]), np.stack([g for _, g in prepared])
 
   def __getitem__(self, i: int) -> dict[str, Any]:
     number = int(self._row_numbers[i])
     where = self.describe_row(number)
-    ids, mask = truncate_example(self.example(self._rows[i], where), int(self.config.max_length),
-                                 self.config.truncation, where)
-    return {"token_ids": ids, "loss_mask": mask, "index": number}
+    row = self._rows[i]
+    images = self.row_images(row, where)
+    counts = None if images is None else [images_lib.image_tokens(g, self.processor) for g in images[1]]
+    ids, mask = self.example(row, where, counts)
+    if images is not None and len(ids) > int(self.config.max_length):
+      raise ValueError(f"{where}: the example is {len(ids)} tokens with its images' {sum(counts)}, longer than "
+                       f"data.max_length={self.config.max_length}; an example with images is never cut. Fix: raise "
+                       "data.max_length or lower the images' max_pixels.")
+    ids, mask = truncate_example((ids, mask), int(self.config.max_length), self.config.truncation, where)
+    return {"token_ids": ids, "loss_mask": mask, "index": number, "images": images}
 
 
 __all__ = [

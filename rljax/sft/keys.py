@@ -58,6 +58,14 @@ KEYS = {
     "data.multiturn.messages_key": Key("Column holding each row's chat messages (multiturn.enable=true)."),
     "data.prompt_dict_keys": Key("Keys to look the prompt up through when prompt_key's column holds dictionaries."),
     "data.prompt_key": Key("Column holding the prompt (single-turn data)."),
+    "data.image_key": Key(
+        "Column holding each row's images (a vision-language model's: each <image> in the messages' text is where "
+        "one goes), as the RL data's data.image_key.",
+        added="read when model.partial_pretrain is a vision-language model (Qwen2.5-VL); verl 0.9.1's SFT trainer "
+              "takes images through its processor"),
+    "data.image_patch_size": Key(
+        "Patch size of the images' first resize (multiples of twice it), as the RL data's data.image_patch_size.",
+        added="read with data.image_key"),
     "data.response_dict_keys": Key("Keys to look the response up through when response_key's column holds dictionaries."),
     "data.response_key": Key("Column holding the response the model learns to write (single-turn data)."),
     "data.train_batch_size": Key("Examples per optimizer step."),

@@ -21,14 +21,18 @@ the layout.
 from __future__ import annotations
 
 import math
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from rljax.models import vision
 from rljax.training.packing import first_fit_decreasing
 
 ROW_KEYS = ("input_ids", "positions", "segment_ids", "targets", "loss_mask")
-Example = tuple[np.ndarray, np.ndarray]
+# a vision-language model's rows: each row's images (its examples' one after another, `rljax.models.vision`)
+IMAGE_KEYS = ("pixels", "patch_order", "patch_rotary", "patch_windows", "patch_frames", "merge_restore")
+# (token_ids [n], loss_mask [n]), or with a third item: its images (pixel_values [N, F], image_grid_thw [I, 3])
+Example = tuple
 
 
 def one_per_row(lengths: Sequence[int]) -> list[list[int]]:
@@ -47,16 +51,19 @@ def padded_row_count(groups: int, multiple: int) -> int:
 
 
 def build_rows(examples: Sequence[Example], groups: Sequence[Sequence[int]], row_length: int, num_rows: int,
-               pad_id: int) -> dict[str, np.ndarray]:
+               pad_id: int, model_config: Any = None, patches: int | None = None) -> dict[str, np.ndarray]:
   """Lays `examples` out as `num_rows` rows (the module docstring's arrays).
 
   Args:
-    examples: N (token_ids [n_i], loss_mask [n_i]).
+    examples: N (token_ids [n_i], loss_mask [n_i][, images]).
     groups: example indices per row (len <= num_rows); rows past them are
       all padding.
     row_length: L.
     num_rows: R.
     pad_id: token id of padding.
+    model_config: a vision-language model's ModelConfig: positions are then each example's M-RoPE positions
+      [R, L, 3], and each row holds its examples' images one after another (IMAGE_KEYS, `patches` patches per
+      row, default the bucket of the fullest row; `rljax.models.vision.row_images`).
 
   Returns:
     input_ids, positions, segment_ids, targets: [R, L] int32;
@@ -71,7 +78,7 @@ def build_rows(examples: Sequence[Example], groups: Sequence[Sequence[int]], row
   for r, group in enumerate(groups):
     start = 0
     for segment, k in enumerate(group, start=1):
-      ids, mask = examples[k]
+      ids, mask = examples[k][:2]
       n = len(ids)
       end = start + n
       if end > row_length:
@@ -82,7 +89,43 @@ def build_rows(examples: Sequence[Example], groups: Sequence[Sequence[int]], row
       rows["targets"][r, start:end - 1] = ids[1:]
       rows["loss_mask"][r, start:end - 1] = mask[1:]
       start = end
-  return rows
+  if model_config is None or model_config.vision is None:
+    return rows
+  return with_row_images(rows, examples, groups, model_config, patches)
+
+
+def row_patches(examples: Sequence[Example], groups: Sequence[Sequence[int]]) -> int:
+  """The most image patches any row of `groups` holds."""
+  return max((sum(len(examples[k][2][0]) for k in group if len(examples[k]) > 2 and examples[k][2] is not None)
+              for group in groups), default=0)
+
+
+def with_row_images(rows: dict[str, np.ndarray], examples: Sequence[Example], groups: Sequence[Sequence[int]],
+                    cfg: Any, patches: int | None) -> dict[str, np.ndarray]:
+  """`rows` with M-RoPE positions [R, L, 3] (each example's own, from 0) and each row's images."""
+  num_rows, row_length = rows["input_ids"].shape
+  positions = np.zeros((num_rows, row_length, 3), np.int32)
+  pixels, grids = [None] * num_rows, [None] * num_rows
+  for r, group in enumerate(groups):
+    start, held = 0, []
+    for k in group:
+      ids, images = examples[k][0], examples[k][2] if len(examples[k]) > 2 else None
+      grid = np.zeros((0, 3), np.int64) if images is None else np.asarray(images[1]).reshape(-1, 3)
+      example_positions, _ = vision.rope_index(np.asarray(ids)[None], np.ones((1, len(ids)), np.int32), grid,
+                                               cfg.image_token_id, cfg.vision.spatial_merge_size,
+                                               cfg.hf_top.get("video_token_id"))
+      positions[r, start:start + len(ids)] = example_positions[:, 0].T
+      start += len(ids)
+      if images is not None:
+        held.append(images)
+    if held:
+      pixels[r] = np.concatenate([np.asarray(p, np.float32) for p, _ in held])
+      grids[r] = np.concatenate([np.asarray(g).reshape(-1, 3) for _, g in held])
+  images = vision.row_images(pixels, grids, cfg.vision, patches)
+  layout = images.layout
+  return {**rows, "positions": positions, "pixels": images.pixels, "patch_order": layout.order,
+          "patch_rotary": layout.rotary, "patch_windows": layout.windows, "patch_frames": layout.frames,
+          "merge_restore": layout.restore}
 
 
 def micro_batches(rows: Mapping[str, np.ndarray], micro_rows: int) -> Iterator[dict[str, np.ndarray]]:

@@ -40,7 +40,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from rljax.models import CausalLM, token_log_probs
+from rljax.models import CausalLM, token_log_probs, vision
 from rljax.sharding.placement import gradient_compiler_options, replicated
 from rljax.training.updates import apply_gradients, constrained_grad, traced_in, training_model
 
@@ -48,8 +48,16 @@ Rows = dict[str, jax.Array]
 
 
 def nll_sum(model: CausalLM, rows: Rows) -> jax.Array:
-  """Sum of -log p(target) over trained tokens; rows [R, L] as in `rljax.sft.packing`."""
-  hidden = model.hidden_states(rows["input_ids"], rows["segment_ids"] > 0, rows["positions"], rows["segment_ids"])
+  """Sum of -log p(target) over trained tokens; rows [R, L] as in `rljax.sft.packing` (a vision-language model's
+  with their images and M-RoPE positions [R, L, 3])."""
+  positions, images = rows["positions"], None
+  if "pixels" in rows:
+    positions = jnp.moveaxis(positions, -1, 0)
+    images = vision.Images(rows["pixels"], vision.ImageLayout(
+        order=rows["patch_order"], rotary=rows["patch_rotary"], windows=rows["patch_windows"],
+        frames=rows["patch_frames"], restore=rows["merge_restore"]))
+  hidden = model.hidden_states(rows["input_ids"], rows["segment_ids"] > 0, positions, rows["segment_ids"],
+                               images=images)
   weight = model.lm_head_weight().astype(hidden.dtype)
   log_probs, _ = token_log_probs(hidden, weight, rows["targets"], with_entropy=False,
                                  softcap=model.cfg.final_logit_softcapping)

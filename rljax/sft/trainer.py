@@ -46,7 +46,9 @@ from ml_collections import ConfigDict
 from rljax import config as config_lib
 from rljax import models, sharding
 from rljax.models import lora
+from rljax.data import images as images_lib
 from rljax.data import pipeline, preflight, tokenization
+from rljax.models import vision
 from rljax.sft import config as sft_config
 from rljax.sft import packing
 from rljax.sft import step as step_lib
@@ -98,7 +100,8 @@ def make_train_iterator(config: ConfigDict, tokenizer: tokenization.Tokenizer, p
   pipeline.ensure_config_data(config)
   preflight.check_sft_data(config)
   data, trainer = config.data, config.trainer
-  dataset = SFTDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples, seed=trainer.seed)
+  dataset = SFTDataset(data.train_files, tokenizer, data, max_samples=data.train_max_samples, seed=trainer.seed,
+                       processor=image_processing(config))
   batches = pipeline.batch_dataset(dataset, data.train_batch_size, num_epochs=trainer.total_epochs, shuffle=True,
                                    seed=trainer.seed, process_index=process_index, process_count=process_count)
   return pipeline.BatchIterator(batches, dataset, len(dataset) // data.train_batch_size)
@@ -108,9 +111,16 @@ def load_val_examples(config: ConfigDict, tokenizer: tokenization.Tokenizer, pro
                       process_count: int = 1) -> list[packing.Example]:
   """This process's share (every process_count-th row) of `data.val_files`, tokenised."""
   data = config.data
-  dataset = SFTDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples, seed=config.trainer.seed)
-  return [(item["token_ids"], item["loss_mask"])
+  dataset = SFTDataset(data.val_files, tokenizer, data, max_samples=data.val_max_samples, seed=config.trainer.seed,
+                       processor=image_processing(config))
+  return [(item["token_ids"], item["loss_mask"], item["images"])
           for item in (dataset[i] for i in range(process_index, len(dataset), process_count))]
+
+
+def image_processing(config: ConfigDict) -> Any:
+  """The model's image processing (model.partial_pretrain's preprocessor_config.json: a vision-language model),
+  or None."""
+  return images_lib.ImageProcessing.of_model(config.model.partial_pretrain)
 
 
 class SFTTrainer:
@@ -151,7 +161,12 @@ class SFTTrainer:
     self.graphdef, self.trainable, self.frozen = lora.split_trainable(model)
     trainable_sh = jax.tree.map(lambda x: x.sharding, self.trainable)
     frozen_sh = jax.tree.map(lambda x: x.sharding, self.frozen)
+    self.model_config = model.cfg
     self.rows_sh = {k: sharding.batch_sharding(self.mesh, self.rules, ndim=2) for k in packing.ROW_KEYS}
+    if model.cfg.vision is not None:
+      self.rows_sh.update({k: sharding.batch_sharding(self.mesh, self.rules, ndim=2 + (k in ("pixels", "patch_rotary")))
+                           for k in packing.IMAGE_KEYS})
+      self.rows_sh["positions"] = sharding.batch_sharding(self.mesh, self.rules, ndim=3)
 
     self.train_iter = make_train_iterator(config, self.tokenizer, jax.process_index(), jax.process_count())
     try:
@@ -189,10 +204,15 @@ class SFTTrainer:
 
   def rows(self, examples: Sequence[packing.Example]) -> dict[str, np.ndarray]:
     """This process's examples as rows, padded to the job-wide number of micro-batches."""
-    lengths = [len(ids) for ids, _ in examples]
+    lengths = [len(example[0]) for example in examples]
     groups = packing.group_examples(lengths, self.config.data.max_length, self.config.use_remove_padding)
-    count = int(hosts.process_extrema([packing.padded_row_count(len(groups), self.local_micro_rows)])[0][0])
-    return packing.build_rows(examples, groups, self.config.data.max_length, count, self.pad_id)
+    count, patches = (int(v) for v in hosts.process_extrema(
+        [packing.padded_row_count(len(groups), self.local_micro_rows), packing.row_patches(examples, groups)])[0])
+    if self.model_config.vision is None:
+      return packing.build_rows(examples, groups, self.config.data.max_length, count, self.pad_id)
+    unit = self.model_config.vision.merge_unit
+    return packing.build_rows(examples, groups, self.config.data.max_length, count, self.pad_id, self.model_config,
+                              vision.patch_bucket(patches, unit))
 
   def _place(self, micro: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return sharding.global_batch(micro, self.rows_sh)
@@ -202,7 +222,7 @@ class SFTTrainer:
   def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
     """One optimizer step on a batch of examples; returns its metrics."""
     start = time.perf_counter()
-    rows = self.rows(list(zip(batch["token_ids"], batch["loss_mask"])))
+    rows = self.rows(list(zip(batch["token_ids"], batch["loss_mask"], batch["images"])))
     normaliser = jnp.float32(max(1.0, hosts.process_total(packing.trained_tokens(rows))))
     grads = self.zeros(self.trainable)
     losses = []
