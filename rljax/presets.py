@@ -170,6 +170,50 @@ QWEN3_8B_DAPO_MATH: dict[str, Any] = {
     "trainer.save_freq": 10,
 }
 
+# The offline visual task (rljax.data.synthetic.shapes) on a tiny Qwen2.5-VL that benchmarks/visual_task.py builds
+# and warm-starts with SFT into ~/models/rljax-tiny-vl-shapes, sized for a 2-core CPU.
+SHAPES_DIR = "~/data/rljax/shapes"
+TINY_VL_SHAPES: dict[str, Any] = {
+    **SMOLLM2_ARITHMETIC,
+    "actor_rollout_ref.model.path": "~/models/rljax-tiny-vl-shapes",
+    "data.train_files": f"{SHAPES_DIR}/train.parquet",
+    "data.val_files": f"{SHAPES_DIR}/test.parquet",
+    "data.image_key": "images",
+    "data.image_patch_size": 4,
+    "data.train_batch_size": 16,
+    "data.max_prompt_length": 128,
+    "data.max_response_length": 8,
+    "data.val_max_samples": 128,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
+    "actor_rollout_ref.actor.optim.lr": 1e-4,
+    "actor_rollout_ref.actor.kl_loss_coef": 0.001,
+    "actor_rollout_ref.rollout.n": 8,
+    "actor_rollout_ref.rollout.max_num_seqs": 128,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 128,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 128,
+    "trainer.test_freq": 5,
+    "trainer.val_before_train": True,
+}
+
+# verl's Qwen2.5-VL-7B GRPO example on geometry3k (examples/grpo_trainer/run_qwen2_5_vl-7b.sh): its data, batch and
+# lengths on a TPU VM, the 7B recipe's memory settings.
+QWEN2_5_VL_7B_GEO3K: dict[str, Any] = {
+    **_gsm8k_7b("Qwen2.5-VL-7B-Instruct"),
+    "data.train_files": "~/data/geo3k/train.parquet",
+    "data.val_files": "~/data/geo3k/test.parquet",
+    "data.image_key": "images",
+    "data.train_batch_size": 512,
+    "data.max_prompt_length": 1024,
+    "data.max_response_length": 2048,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 128,
+    "actor_rollout_ref.actor.kl_loss_coef": 0.01,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 1024 + 2048,
+    "actor_rollout_ref.rollout.n": 5,
+    "actor_rollout_ref.rollout.prefill_length_buckets": [256, 512, 1024],
+    "trainer.project_name": "rljax_grpo_geo3k",
+    "trainer.total_epochs": 15,
+}
+
 PRESETS = {
     "smollm2_arithmetic": SMOLLM2_ARITHMETIC,
     "qwen2_5_0_5b_gsm8k": QWEN2_5_0_5B_GSM8K,
@@ -177,6 +221,8 @@ PRESETS = {
     "llama3_1_8b_gsm8k": LLAMA3_1_8B_GSM8K,
     "qwen3_30b_a3b_gsm8k": QWEN3_30B_A3B_GSM8K,
     "qwen3_8b_dapo_math": QWEN3_8B_DAPO_MATH,
+    "tiny_vl_shapes": TINY_VL_SHAPES,
+    "qwen2_5_vl_7b_geo3k": QWEN2_5_VL_7B_GEO3K,
 }
 DEFAULT_PRESET = "smollm2_arithmetic"
 

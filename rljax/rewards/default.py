@@ -15,6 +15,7 @@ default_compute_score`), plus rljax's synthetic task:
   searchR1_2wikimultihopqa, searchR1_musique, searchR1_bamboogle:
   `search_r1`;
 - rljax/arithmetic: `arithmetic`;
+- rljax/shapes: `shapes` (the colour and shape an image shows);
 - rljax/calculator: `calculator` (multi-turn tool use; a dict score with
   partial credit for a well-formed tool call).
 
@@ -32,6 +33,7 @@ import pyarrow.parquet as pq
 
 from rljax.rewards import arithmetic
 from rljax.rewards import calculator
+from rljax.rewards import shapes
 from rljax.rewards import geo3k
 from rljax.rewards import gsm8k
 from rljax.rewards import math_answer
@@ -41,6 +43,7 @@ from rljax.rewards import search_r1
 
 SYNTHETIC_ARITHMETIC = "rljax/arithmetic"
 SYNTHETIC_CALCULATOR = "rljax/calculator"
+SYNTHETIC_SHAPES = "rljax/shapes"
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
                 "HuggingFaceH4/MATH-500")
 DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
@@ -64,6 +67,7 @@ _SCORERS: dict[str, Scorer] = {
     **{s: search_r1.compute_score for s in SEARCH_R1_SOURCES},
     SYNTHETIC_ARITHMETIC: arithmetic.compute_score,
     SYNTHETIC_CALCULATOR: calculator.compute_score,
+    SYNTHETIC_SHAPES: shapes.compute_score,
 }
 _PREFIX_SCORERS: dict[str, Scorer] = {DAPO_PREFIX: math_dapo.compute_score}
 

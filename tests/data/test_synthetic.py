@@ -186,3 +186,29 @@ def test_the_trainers_job_check_writes_the_default_data_before_reading_it(tmp_pa
   config = train.resolve(C.load_config_file(os.path.join(ROOT, "configs", "grpo.py")), [], device_count=1)
   trainer.check_job(config)
   assert os.path.isfile(tmp_path / "data/rljax/arithmetic/train.parquet")
+
+
+def test_the_shapes_task_draws_what_its_answer_names_and_scores_the_two_words(tmp_path):
+  import io
+
+  import pyarrow.parquet as pq
+  from PIL import Image
+
+  from rljax.data.synthetic import shapes
+  from rljax.rewards.default import scorer_for
+  paths = shapes.generate(str(tmp_path / "a"), train_size=24, test_size=4, seed=3)
+  again = shapes.generate(str(tmp_path / "b"), train_size=24, test_size=4, seed=3)
+  assert all(pq.read_table(p).equals(pq.read_table(q)) for p, q in zip(paths, again))  # the same seed, the same files
+  rows = pq.read_table(paths[0]).to_pylist()
+  assert len({r["reward_model"]["ground_truth"] for r in rows}) > 6
+  for row in rows:
+    colour, shape = row["reward_model"]["ground_truth"].split()
+    image = Image.open(io.BytesIO(row["images"][0]["bytes"])).convert("RGB")
+    pixels = {p for p in image.getdata() if p != (255, 255, 255)}
+    assert pixels == {shapes.COLOURS[colour]}, row["extra_info"]  # one colour on white, the named one
+    assert row["prompt"][0]["content"].count("<image>") == 1 and row["data_source"] == "rljax/shapes"
+  sft = pq.read_table(paths[2]).to_pylist()
+  assert [r["answer"] for r in sft] == [r["reward_model"]["ground_truth"] for r in rows]
+  score = scorer_for("rljax/shapes")
+  assert score("Red circle.", "red circle") == 1.0
+  assert score("a red circle", "red circle") == score("red square", "red circle") == score("", "red circle") == 0.0

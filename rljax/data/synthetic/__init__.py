@@ -2,10 +2,13 @@
 
     python -m rljax.data.synthetic arithmetic --local_dir DIR
     python -m rljax.data.synthetic calculator --local_dir DIR
+    python -m rljax.data.synthetic shapes --local_dir DIR
 
 See `rljax.data.synthetic.arithmetic` for the problems and difficulty levels,
-and `rljax.data.synthetic.calculator` for the multi-turn tool-use task (a
-calculator tool, `rljax.data.synthetic.calculator_tool`).
+`rljax.data.synthetic.calculator` for the multi-turn tool-use task (a
+calculator tool, `rljax.data.synthetic.calculator_tool`), and
+`rljax.data.synthetic.shapes` for the visual task (images in verl's
+multimodal schema).
 """
 
 import os
@@ -18,6 +21,7 @@ from rljax.data.synthetic.arithmetic import generate
 from rljax.data.synthetic.arithmetic import make_rows
 from rljax.data.synthetic import arithmetic as _arithmetic
 from rljax.data.synthetic import calculator
+from rljax.data.synthetic import shapes
 from rljax.data.synthetic.arithmetic import WORD_LOCAL_DIR
 
 __all__ = [
@@ -30,6 +34,7 @@ __all__ = [
     "maybe_generate_default",
     "WORD_LOCAL_DIR",
     "calculator",
+    "shapes",
 ]
 
 

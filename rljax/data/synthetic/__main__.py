@@ -1,8 +1,9 @@
-"""python -m rljax.data.synthetic {arithmetic,calculator} --local_dir DIR [options]
+"""python -m rljax.data.synthetic {arithmetic,calculator,shapes} --local_dir DIR [options]
 
 arithmetic writes DIR/train.parquet and DIR/test.parquet; calculator also
 writes DIR/sft_train.parquet and DIR/sft_test.parquet (worked tool-use
-conversations). See rljax.data.synthetic.
+conversations), and shapes the same with images (name a drawn shape's colour
+and kind). See rljax.data.synthetic.
 """
 
 import argparse
@@ -10,13 +11,14 @@ from typing import Sequence
 
 from rljax.data.synthetic import arithmetic
 from rljax.data.synthetic import calculator
+from rljax.data.synthetic import shapes
 
 
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(
       prog="python -m rljax.data.synthetic",
       description="Writes an offline task in verl's parquet schema.")
-  parser.add_argument("task", choices=["arithmetic", "calculator"])
+  parser.add_argument("task", choices=["arithmetic", "calculator", "shapes"])
   parser.add_argument("--local_dir", default=None,
                       help=f"default: {arithmetic.DEFAULT_LOCAL_DIR} (arithmetic), "
                       f"{calculator.DEFAULT_LOCAL_DIR} (calculator)")
@@ -29,7 +31,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                       default="arithmetic", help="arithmetic only")
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
-  if args.task == "calculator":
+  if args.task == "shapes":
+    paths = shapes.generate(args.local_dir or shapes.DEFAULT_LOCAL_DIR, args.train_size, args.test_size, args.seed)
+  elif args.task == "calculator":
     paths = calculator.generate(args.local_dir or calculator.DEFAULT_LOCAL_DIR, args.train_size,
                                 args.test_size, args.difficulty or calculator.DEFAULT_DIFFICULTY,
                                 args.seed)
