@@ -6,8 +6,8 @@
 2. Builds a tiny Qwen2.5-VL with random weights (SmolLM2's tokenizer with Qwen-VL's vision tokens, 2 text layers
    of width 128, a 2-block vision tower of 4-pixel patches; images kept within 56 x 56 pixels).
 3. SFT (`rljax.sft`) on the task's answers for --sft_steps steps, saved as a model directory.
-4. GRPO (`configs/grpo_vl.py`) from it for --grpo_steps steps, validating every 5 (greedy? no: verl's
-   val_kwargs sampling, one response per prompt) on the test prompts.
+4. GRPO (`configs/grpo_vl.py`, actor lr --grpo_lr) from it for --grpo_steps steps, validating on the 128 test
+   prompts every 5 (verl's val_kwargs: greedy, one response per prompt). --sft_model DIR starts here.
 
 Prints the validation reward (accuracy) of the random model, after SFT (GRPO's step 0) and along GRPO, and the
 training reward of each GRPO step.
@@ -87,7 +87,7 @@ def sft(model_dir: str, data_dir: str, out: pathlib.Path, steps: int) -> tuple[s
   return str(target), [json.loads(line) for line in open(out / "sft_run" / "metrics.jsonl")]
 
 
-def grpo(model_dir: str, data_dir: str, out: pathlib.Path, steps: int, name: str) -> list[dict]:
+def grpo(model_dir: str, data_dir: str, out: pathlib.Path, steps: int, name: str, *extra: str) -> list[dict]:
   """GRPO (configs/grpo_vl.py) from `model_dir` for `steps` steps (0: validation alone); returns its metrics
   records."""
   config = config_lib.load_config_file(str(ROOT / "configs" / "grpo_vl.py"))
@@ -95,7 +95,7 @@ def grpo(model_dir: str, data_dir: str, out: pathlib.Path, steps: int, name: str
       f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={data_dir}/train.parquet",
       f"data.val_files={data_dir}/test.parquet", f"trainer.total_training_steps={max(steps, 1)}",
       f"trainer.val_only={str(not steps).lower()}", "trainer.save_freq=-1", "trainer.logger=[jsonl]",
-      f"trainer.default_local_dir={out / name}"])
+      f"trainer.default_local_dir={out / name}", *extra])
   config_lib.finalize(config, device_count=8)
   config = config_lib.validate(config, 8)
   trainer = rl.RLTrainer(config, mesh=sharding.make_mesh(config))
@@ -112,21 +112,27 @@ def main(argv=None) -> int:
   parser.add_argument("--sft_steps", type=int, default=60)
   parser.add_argument("--grpo_steps", type=int, default=20)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--grpo_lr", type=float, default=1e-4, help="actor_rollout_ref.actor.optim.lr of GRPO")
+  parser.add_argument("--sft_model", default=None, help="a warm-started model directory: skip the random model's "
+                      "validation and SFT")
   args = parser.parse_args(argv)
   out = pathlib.Path(args.workdir)
   out.mkdir(parents=True, exist_ok=True)
   data_dir = str(out / "data")
   shapes.generate(data_dir, train_size=2000, test_size=128, seed=args.seed)
-  base = tiny_vl(out / "base_model", args.seed)
   start = time.perf_counter()
-  random_run = grpo(base, data_dir, out, 0, "random")
-  print(json.dumps({"stage": "random model", "val_reward": random_run[0].get(REWARD)}), flush=True)
-  model_dir, sft_metrics = sft(base, data_dir, out, args.sft_steps)
-  print(json.dumps({"stage": "sft", "steps": args.sft_steps, "first_loss": sft_metrics[0]["train/loss"],
-                    "last_loss": sft_metrics[-1]["train/loss"],
-                    "val_loss": next((m["val/loss"] for m in reversed(sft_metrics) if "val/loss" in m), None)}),
-        flush=True)
-  records = grpo(model_dir, data_dir, out, args.grpo_steps, "grpo")
+  model_dir = args.sft_model
+  if model_dir is None:
+    base = tiny_vl(out / "base_model", args.seed)
+    random_run = grpo(base, data_dir, out, 0, "random")
+    print(json.dumps({"stage": "random model", "val_reward": random_run[0].get(REWARD)}), flush=True)
+    model_dir, sft_metrics = sft(base, data_dir, out, args.sft_steps)
+    print(json.dumps({"stage": "sft", "steps": args.sft_steps, "first_loss": sft_metrics[0]["train/loss"],
+                      "last_loss": sft_metrics[-1]["train/loss"],
+                      "val_loss": next((m["val/loss"] for m in reversed(sft_metrics) if "val/loss" in m), None)}),
+          flush=True)
+  records = grpo(model_dir, data_dir, out, args.grpo_steps, f"grpo_lr{args.grpo_lr:g}",
+                 f"actor_rollout_ref.actor.optim.lr={args.grpo_lr}")
   for m in records:
     print(json.dumps({"stage": "grpo", "step": m["step"], "val_reward": m.get(REWARD),
                       "train_reward": m.get("critic/score/mean"), "step_s": m.get("timing_s/step")}), flush=True)
