@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from typing import Any, Sequence
 
@@ -177,7 +178,16 @@ def export(checkpoint_dir: str, out_dir: str, step: int | None = None, fmt: str 
     return out_dir
   plain = lora.merge_lora(model) if model_cfg.lora_rank > 0 else model
   models.save_pretrained(plain, out_dir, tokenizer=_tokenizer(_model_path(config)))
+  if plain.cfg.vision is not None:  # a vision-language model's image processing goes with it
+    _copy_image_processing(_model_path(config), out_dir)
   return out_dir
+
+
+def _copy_image_processing(source: str, out_dir: str) -> None:
+  """Copies `source`'s preprocessor_config.json (a vision-language model's image processing) into `out_dir`."""
+  config = os.path.join(source, "preprocessor_config.json")
+  if os.path.isfile(config):
+    shutil.copyfile(config, os.path.join(out_dir, "preprocessor_config.json"))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -343,6 +343,10 @@ def test_a_vision_language_actor_is_configured_and_what_it_cannot_do_is_refused(
   assert message.startswith("critic") and "vision-language" in message, message
   sft_main.resolve(sft_config.get_sft_config(), [f"model.partial_pretrain={path}", "trainer.n_gpus_per_node=1"],
                    device_count=1)  # SFT on images (tests/sft/test_vision_language_sft.py)
+  lora_sft = [f"model.partial_pretrain={path}", "trainer.n_gpus_per_node=1", "model.lora_rank=8"]
+  message = error_of(sft_main.resolve, sft_config.get_sft_config(), lora_sft, device_count=1)
+  assert message.startswith("model.exclude_modules=") and "vision tower" in message, message
+  sft_main.resolve(sft_config.get_sft_config(), [*lora_sft, "model.exclude_modules=.*visual.*"], device_count=1)
 
 
 def test_config_name_and_path_pick_a_verl_yaml_file(tmp_path, monkeypatch):

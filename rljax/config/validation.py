@@ -436,11 +436,7 @@ def _check_vision_language(config: ConfigDict) -> None:
         why + "multi-turn rollouts with images are not implemented yet", "set it false")
   if int(arr.model.lora_rank) > 0:
     from rljax.models import lora  # pylint: disable=import-outside-toplevel
-    adapted = lora.tower_modules_adapted(lora.LoRAConfig.from_model_config(arr.model))
-    check(not adapted, "actor_rollout_ref.model.exclude_modules", lora._plain(arr.model.get("exclude_modules")),  # pylint: disable=protected-access
-          why + f"target_modules reach its vision tower ({', '.join(adapted)}, ...), and rljax's adapters are on the "
-          "language model's layers only", "set actor_rollout_ref.model.exclude_modules='.*visual.*' (verl's "
-          "Qwen2.5-VL LoRA line): the tower then stays frozen")
+    lora.check_tower_left_out(lora.LoRAConfig.from_model_config(arr.model), why)
   check(arr.rollout.quantization is None, "actor_rollout_ref.rollout.quantization", arr.rollout.quantization,
         why + "8-bit rollout weights for its tower are not implemented yet", "leave it unset")
   check(config.trainer.v1.trainer_mode != "separate_async", "trainer.v1.trainer_mode", "separate_async",

@@ -24,8 +24,9 @@ Item `i` is a dict (P = data.max_prompt_length):
   position_ids [P] int32.
 - raw_prompt_ids: [L] int32, the unpadded (truncated) prompt ids, as the
   rollout engine wants them (L <= P).
-- multi_modal_inputs: a row with images: {"pixel_values": [N, F] float32,
-  "image_grid_thw": [I, 3] int64} (the image column itself is dropped).
+- multi_modal_inputs: with a vision-language model's processor, a row with
+  images: {"pixel_values": [N, F] float32, "image_grid_thw": [I, 3] int64}
+  (the image column itself is dropped); None for a row without any.
 - index: int, `extra_info["index"]` when present, else the row number.
 - every other column of the row as read (data_source, ability, reward_model,
   extra_info, ...).
@@ -296,6 +297,8 @@ class RLHFDataset:
     messages = check_messages(row.pop(self.prompt_key), where, self.prompt_key)
     images = self.row_images(row.pop(self.image_key, None), where) if self.processor is not None else None
     templated = messages
+    if self.processor is not None:  # every row has the key (None without images): a batch's rows agree
+      row["multi_modal_inputs"] = None
     if images is not None:
       counts = [images_lib.image_tokens(g, self.processor) for g in images[1]]
       templated = expand_images(messages, counts, where)
@@ -352,12 +355,12 @@ def collate(items: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
   Returns:
     input_ids, attention_mask, position_ids as [B, P] int32 arrays; index
     as a [B] int64 array; every other key as a [B] object array (verl's
-    non_tensor_batch), one entry per item.
+    non_tensor_batch), one entry per item (None where an item lacks the key).
   """
   if not items:
     raise ValueError("cannot collate an empty batch")
   batch: dict[str, np.ndarray] = {}
-  for key in items[0]:
+  for key in dict.fromkeys(k for item in items for k in item):  # every item's keys, in order of appearance
     values = [item.get(key) for item in items]
     if key in TENSOR_KEYS:
       batch[key] = np.stack([np.asarray(v, np.int32) for v in values])

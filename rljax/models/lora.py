@@ -200,6 +200,16 @@ def tower_modules_adapted(config: "LoRAConfig") -> list[str]:
   return [m for m in TOWER_MODULES if targeted(m) and not excluded(config, m)]
 
 
+def check_tower_left_out(config: "LoRAConfig", why: str) -> None:
+  """Raises a ConfigError naming `{key_prefix}.exclude_modules` when `config`'s adapters would reach a
+  vision-language model's tower (`tower_modules_adapted`); `why` says which model it is."""
+  adapted = tower_modules_adapted(config)
+  check(not adapted, f"{config.key_prefix}.exclude_modules", config.exclude_modules,
+        why + f"target_modules reach its vision tower ({', '.join(adapted)}, ...), and rljax's adapters are on the "
+        "language model's layers only", f"set {config.key_prefix}.exclude_modules='.*visual.*' (verl's Qwen2.5-VL "
+        "LoRA line): the tower then stays frozen")
+
+
 def _check_patterns(values: Any, key: str, value_ok, kind: str) -> None:
   values = values.to_dict() if isinstance(values, ConfigDict) else values
   check(isinstance(values, dict), key, values, "must be a mapping {regex: value}",

@@ -140,14 +140,16 @@ def model_positions(positions: jax.Array) -> jax.Array:
 
 
 def prompts_shared(batch: Experience, group_size: int) -> bool:
-  """True when every group of `group_size` consecutive rows has one prompt (ids, mask and positions)."""
+  """True when every group of `group_size` consecutive rows has one prompt (ids, mask and positions, and a
+  vision-language run's images)."""
   prompt_len = batch.input_ids.shape[1] - batch.responses.shape[1]
   if group_size == 1:
     return True
   if batch.input_ids.shape[0] % group_size:
     return False
-  for part in (batch.input_ids, batch.attention_mask, batch.positions):
-    part = np.asarray(part)[:, :prompt_len]
+  prompts = [np.asarray(part)[:, :prompt_len] for part in (batch.input_ids, batch.attention_mask, batch.positions)]
+  images = [np.asarray(part) for part in (batch.pixels, batch.merge_restore) if part is not None]
+  for part in prompts + images:
     part = part.reshape(-1, group_size, *part.shape[1:])
     if not np.array_equal(part, np.broadcast_to(part[:, :1], part.shape)):
       return False

@@ -31,6 +31,7 @@ from ml_collections import ConfigDict, FieldReference
 from rljax import config as config_lib
 from rljax import sharding
 from rljax.config import ConfigError, any_value, check, check_enum, check_positive, check_range, null
+from rljax.config.checks import vision_language_type
 from rljax.models import lora
 from rljax.sft.keys import ALIASES
 
@@ -84,6 +85,7 @@ def _model() -> ConfigDict:
       "enable_gradient_checkpointing": False,
       "trust_remote_code": False,
       **config_lib.lora_defaults(),
+      "exclude_modules": any_value(None),
       "use_liger": False,
       "scan_layers": False,
   })
@@ -216,6 +218,10 @@ def _check_model(config: ConfigDict) -> None:
   check(bool(model.partial_pretrain), "model.partial_pretrain", model.partial_pretrain,
         "names no model", "set model.partial_pretrain to an HF directory, a .gguf file or smollm2-135m-instruct")
   config_lib.check_model_path("model.partial_pretrain", model.partial_pretrain, vision_language=True)
+  model_type = vision_language_type(model.partial_pretrain)
+  if model_type is not None and model.lora_rank > 0:
+    lora.check_tower_left_out(lora.LoRAConfig.from_model_config(model, "model"),
+                              f"model.partial_pretrain is a vision-language model ({model_type}), and ")
 
 
 def _check_optim(config: ConfigDict) -> None:

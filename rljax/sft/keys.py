@@ -93,6 +93,11 @@ KEYS = {
                                       "model.lora_rank > 0", type_note="str or list"),
         "use_rslora": dict(added="cosmos-rl: scale alpha / sqrt(r) instead of alpha / r"),
     }),
+    "model.exclude_modules": Key(
+        "LoRA: modules left without adapters.",
+        added="as actor_rollout_ref.model.exclude_modules (PEFT's rule: a regex matching the whole HF module "
+              "name, or a list of names); a vision-language model needs its tower left out ('.*visual.*')",
+        type_note="str, list or null"),
     "model.enable_gradient_checkpointing": Key(
         "Recompute activations in the backward pass instead of storing them.",
         mapped="jax.checkpoint (remat) per decoder layer"),

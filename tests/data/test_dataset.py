@@ -261,6 +261,7 @@ def test_images_become_their_tokens_and_count_in_the_prompt_length(tmp_path):
   rows = vl_run.geometry3k_rows(4)
   rows[0]["images"] = [{"bytes": vl_run.drawn("circle", "red", 40, 24), "path": None}]  # 5 x 3 merged patches
   rows[3]["images"][1] = {"bytes": vl_run.drawn("square", "blue", 200, 200), "path": None, "max_pixels": 4096}
+  rows[2].update(images=[], prompt=[{"role": "user", "content": "No image here."}])
   path = str(tmp_path / "geo.parquet")
   pq.write_table(pa.Table.from_pylist(rows), path)
   config = data_config(max_prompt_length=96, image_patch_size=4)
@@ -273,6 +274,9 @@ def test_images_become_their_tokens_and_count_in_the_prompt_length(tmp_path):
   assert ids[ids.index(start):ids.index(end) + 1] == [start, *[pad] * 15, end]
   # an entry's own max_pixels bounds verl's first resize (64 x 64), the processor's then 1024 pixels
   assert ds[3]["multi_modal_inputs"]["image_grid_thw"][1].tolist() == [1, 8, 8]
+  # a row without images beside rows with them: its entry is None, and a batch it leads keeps the others'
+  batch = data.collate([ds[2], ds[0]])
+  assert batch["multi_modal_inputs"][0] is None and batch["multi_modal_inputs"][1]["pixel_values"].shape == (60, 96)
   lengths = [len(ds[i]["raw_prompt_ids"]) for i in range(4)]
   with pytest.raises(ValueError, match=r"geo.parquet row 0: prompt is \d+ tokens with its images' 15, longer than "
                      r"data.max_prompt_length=40; a prompt with images is never cut"):

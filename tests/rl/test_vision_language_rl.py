@@ -48,7 +48,7 @@ def test_the_passes_read_a_response_as_decoding_did_image_pad_tokens_it_generate
   from rljax.data import dataset as dataset_lib
   from rljax.data.images import ImageProcessing
   from rljax.models import vision
-  from rljax.rl.sequences import make_sequences, response_log_probs, with_images
+  from rljax.rl.sequences import make_sequences, prompts_shared, response_log_probs, with_images
 
   model = M.from_pretrained(vl_dir)
   tokenizer = M.load_tokenizer(vl_dir)
@@ -76,6 +76,9 @@ def test_the_passes_read_a_response_as_decoding_did_image_pad_tokens_it_generate
     batch = jax.tree.map(lambda x: np.repeat(x, group, axis=0), rows)
     got, _ = response_log_probs(model, batch, 1.0, group_size=group)
     np.testing.assert_allclose(np.asarray(got)[:, :5], np.broadcast_to(np.asarray(want), (group, 5)), atol=2e-5)
+  # a group shares its prompt only when its rows' images are the same too
+  assert prompts_shared(batch, 2)
+  assert not prompts_shared(batch.replace(pixels=batch.pixels * np.array([1.0, 0.5])[:, None, None]), 2)
 
 
 def nbytes(tree):
@@ -123,6 +126,11 @@ def test_images_stream_under_colocate_async_and_the_run_resumes(vl_dir, data_dir
   config = vl_config(vl_dir, data_dir, tmp_path, *streamed, "trainer.total_training_steps=2")
   first = tiny_run.fit_metrics(config, mesh(config))
   assert [m["step"] for m in first] == [1, 2]
+  # the exported model keeps its image processing: it trains on images as the model it came from
+  from rljax import export
+  from rljax.data.images import ImageProcessing
+  out = export.export(str(tmp_path / "run"), str(tmp_path / "exported"))
+  assert ImageProcessing.of_model(out) == ImageProcessing.of_model(vl_dir)
   resumed = vl_config(vl_dir, data_dir, tmp_path, *streamed, "trainer.total_training_steps=3",
                       "trainer.resume_mode=auto")
   records = tiny_run.fit_metrics(resumed, mesh(resumed))

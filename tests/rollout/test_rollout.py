@@ -231,7 +231,8 @@ def test_no_recompilation_within_a_bucket():
   engine = sampler.engine
   # prefill and insert: one compilation per prefix shape (bucket 8 x power-of-two rows 1, 4, 2);
   # prompt lengths 1..8 and slot choices never add one; decode compiles once
-  assert sorted(engine._prefills) == [(1, 8), (2, 8), (4, 8)]  # pylint: disable=protected-access
+  # (rows, bucket, image patches per row: none for a text model)
+  assert sorted(engine._prefills) == [(1, 8, 0), (2, 8, 0), (4, 8, 0)]  # pylint: disable=protected-access
   assert all(fn._cache_size() == 1 for fn in engine._prefills.values())  # pylint: disable=protected-access
   assert engine.insert_program._cache_size() == 3
   assert engine.generate_program._cache_size() == 1
