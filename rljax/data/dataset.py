@@ -326,6 +326,15 @@ class RLHFDataset:
     return row
 
 
+def image_inputs(value: Any) -> tuple[np.ndarray, np.ndarray] | None:
+  """(pixel_values [N, F] float32, image_grid_thw [I, 3] int64) of a row's `multi_modal_inputs` (as
+  `RLHFDataset` gives them); None for a row without images."""
+  if not value or value.get("pixel_values") is None or not len(value["pixel_values"]):
+    return None
+  return (np.asarray(value["pixel_values"], np.float32),
+          np.asarray(value["image_grid_thw"], np.int64).reshape(-1, 3))
+
+
 def media_entries(value: Any) -> list[Any]:
   """A row's image column as a list of entries (None and empty: none)."""
   if value is None:

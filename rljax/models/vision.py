@@ -22,7 +22,7 @@ three-axis (temporal, height, width) positions for a prompt with images
 from __future__ import annotations
 
 import itertools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -105,6 +105,12 @@ def image_layout(grid_thw: np.ndarray, cfg: VisionConfig) -> ImageLayout:
   return ImageLayout(order=order, rotary=np.concatenate(rotary).astype(np.int32),
                      windows=np.concatenate(windows).astype(np.int32), frames=np.concatenate(frames).astype(np.int32),
                      restore=np.argsort(merged).astype(np.int32))
+
+
+def joined_grids(grids: Sequence[np.ndarray | None]) -> np.ndarray:
+  """[I, 3] the patch grids of rows holding grids[r] each (None: no image), in row order (``rope_index``'s)."""
+  present = [np.asarray(g, np.int64).reshape(-1, 3) for g in grids if g is not None]
+  return np.concatenate(present) if present else np.zeros((0, 3), np.int64)
 
 
 def feature_counts(images: Images) -> jax.Array | None:

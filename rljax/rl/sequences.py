@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax.data.dataset import image_inputs
 from rljax.models import positions_from_mask, token_log_probs, vision
 from rljax.rl import packing
 from rljax.rl.experience import Experience, images_of
@@ -58,15 +59,13 @@ def with_images(rows: Experience, inputs: Sequence[Any], cfg: Any) -> Experience
     response's one position per token on all three axes, offset as its prompt's decoded tokens were (an
     image-pad token the response generated is text, as the engine decoded it).
   """
-  present = [None if not i or i.get("pixel_values") is None or not len(i["pixel_values"]) else i for i in inputs]
-  pixels = [None if i is None else np.asarray(i["pixel_values"], np.float32) for i in present]
-  grids = [None if i is None else np.asarray(i["image_grid_thw"], np.int64).reshape(-1, 3) for i in present]
+  found = [image_inputs(i) for i in inputs]
+  pixels, grids = [None if f is None else f[0] for f in found], [None if f is None else f[1] for f in found]
   images = vision.row_images(pixels, grids, cfg.vision)
-  every = [g for g in grids if g is not None]
   width = rows.input_ids.shape[1] - rows.responses.shape[1]
   mask = np.asarray(rows.attention_mask)
   prompt, deltas = vision.rope_index(np.asarray(rows.input_ids)[:, :width], mask[:, :width],
-                                     np.concatenate(every) if every else np.zeros((0, 3), np.int64),
+                                     vision.joined_grids(grids),
                                      cfg.image_token_id, cfg.vision.spatial_merge_size, cfg.hf_top.get("video_token_id"))
   # a response's tokens (image-pad ones it generated too) are text: real tokens before them plus the offset
   response = np.asarray(positions_from_mask(mask))[:, width:] + deltas[:, None]

@@ -91,8 +91,8 @@ def place_step(parts: StepParts, rows: Experience) -> StepData:
     vision_config = parts.run.model_config.vision
     if vision_config is not None:  # every row's patch count: the hosts exchange [N] integers
       counts = hosts.process_concat(np.sum(np.asarray(rows.patch_order) >= 0, axis=1).astype(np.int32))
-      data.packer.images = (device.of(rows, ("image_slots",)).image_slots,
-                            device.of(rows, experience_lib.IMAGE_FIELDS), counts, vision_config.merge_unit)
+      placed = device.of(rows, ("image_slots", *experience_lib.IMAGE_FIELDS))
+      data.packer.images = (placed.image_slots, placed.replace(image_slots=None), counts, vision_config.merge_unit)
     replay(parts, data, rows)
   return data
 

@@ -324,9 +324,9 @@ def needs_reference(config: ConfigDict) -> bool:
 def image_trailing(vision: Any) -> dict[str, tuple[int, ...]]:
   """The trailing axes of a vision-language run's batches' fields as its steps are built and compiled ahead (one
   merged patch per row; a step's own rows are as wide as its widest and compile once per width)."""
-  q, unit = vision.merge_unit, vision.merge_unit
+  q = vision.merge_unit
   return {"positions": (3,), "pixels": (q, int(np.prod(vision.patch_shape))), "patch_order": (q,),
-          "patch_rotary": (q, 2), "patch_windows": (q,), "patch_frames": (q,), "merge_restore": (q // unit,)}
+          "patch_rotary": (q, 2), "patch_windows": (q,), "patch_frames": (q,), "merge_restore": (1,)}
 
 
 def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *, graphdef: nnx.GraphDef,

@@ -81,7 +81,6 @@ from jax.sharding import Mesh
 from rljax.models import CausalLM, KVCache, ModelConfig, init_cache
 from rljax.models import vision
 from rljax.models.transformer import CACHE_AXES
-from rljax.models.vision import Images
 from rljax.rollout import continuation, jetstream_adapter, sampling
 from rljax.rollout.decode_state import CacheLayout, DecodeState, Prefix, StepOutput, cache_length, rows_by_shard
 from rljax.rollout.weights import RolloutWeights
@@ -266,7 +265,7 @@ class Engine:
 
   # ----- prefill / insert / generate -----------------------------------------
 
-  def _prefill_impl(self, params, tokens: jax.Array, true_lengths: jax.Array, images: Images | None = None,
+  def _prefill_impl(self, params, tokens: jax.Array, true_lengths: jax.Array, images: vision.Images | None = None,
                     positions: jax.Array | None = None, offsets: jax.Array | None = None) -> Prefix:
     """tokens [N, bucket] right-padded, true_lengths [N] -> Prefix of N rows.
 
@@ -290,7 +289,7 @@ class Engine:
     return Prefix(cache=cache, logits=logits[:, -1].astype(jnp.float32), experts=experts)
 
   def prefill(self, *, params: Any, existing_prefix: Prefix | None = None,
-              padded_tokens: jax.Array, true_length: int | jax.Array, images: Images | None = None,
+              padded_tokens: jax.Array, true_length: int | jax.Array, images: vision.Images | None = None,
               grids: Sequence[np.ndarray | None] | None = None) -> Prefix:
     """KV cache for right-padded `padded_tokens` ([T] or [N, T]) of `true_length`.
 
@@ -329,10 +328,8 @@ class Engine:
     if cfg.vision is None:
       raise ValueError(f"images were given to an engine over a {cfg.model_type} model, which has no vision tower")
     mask = (np.arange(tokens.shape[1])[None, :] < lengths[:, None]).astype(np.int32)
-    present = [np.asarray(g).reshape(-1, 3) for g in grids if g is not None and len(g)]
-    grid = np.concatenate(present) if present else np.zeros((0, 3), np.int64)
-    return vision.rope_index(tokens, mask, grid, cfg.image_token_id, cfg.vision.spatial_merge_size,
-                             cfg.hf_top.get("video_token_id"))
+    return vision.rope_index(tokens, mask, vision.joined_grids(grids), cfg.image_token_id,
+                             cfg.vision.spatial_merge_size, cfg.hf_top.get("video_token_id"))
 
   def continue_fn(self, rows: int, length: int, held: int) -> Any:
     """The jitted continuation of a `held`-slot prefix by `length` new tokens: (params, prefix, tokens, lengths) -> Prefix."""

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
+from rljax.data import dataset
 from rljax.rollout import decode_state, engine as engine_lib
 from rljax.rollout import sampling
 from rljax.rollout import stream as stream_lib
@@ -156,11 +157,8 @@ class RolloutSampler:
 def prompt_images(columns: Mapping[str, Any] | None) -> stream_lib.PromptImages | None:
   """A prompt's images from its data columns: `multi_modal_inputs` ({"pixel_values": [N, F], "image_grid_thw":
   [I, 3]}, as `rljax.data.dataset.RLHFDataset` gives them); None without images."""
-  inputs = (columns or {}).get("multi_modal_inputs")
-  if not inputs or inputs.get("pixel_values") is None or not len(inputs["pixel_values"]):
-    return None
-  return stream_lib.PromptImages(np.asarray(inputs["pixel_values"], np.float32),
-                                 np.asarray(inputs["image_grid_thw"], np.int64).reshape(-1, 3))
+  found = dataset.image_inputs((columns or {}).get("multi_modal_inputs"))
+  return None if found is None else stream_lib.PromptImages(*found)
 
 
 def assemble(requests: Sequence[stream_lib.Request], engine: engine_lib.Engine,

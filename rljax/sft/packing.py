@@ -110,8 +110,8 @@ def with_row_images(rows: dict[str, np.ndarray], examples: Sequence[Example], gr
     start, held = 0, []
     for k in group:
       ids, images = examples[k][0], examples[k][2] if len(examples[k]) > 2 else None
-      grid = np.zeros((0, 3), np.int64) if images is None else np.asarray(images[1]).reshape(-1, 3)
-      example_positions, _ = vision.rope_index(np.asarray(ids)[None], np.ones((1, len(ids)), np.int32), grid,
+      example_positions, _ = vision.rope_index(np.asarray(ids)[None], np.ones((1, len(ids)), np.int32),
+                                               vision.joined_grids([None if images is None else images[1]]),
                                                cfg.image_token_id, cfg.vision.spatial_merge_size,
                                                cfg.hf_top.get("video_token_id"))
       positions[r, start:start + len(ids)] = example_positions[:, 0].T
