@@ -311,8 +311,8 @@ def test_a_missing_local_model_stops_the_run_before_any_work(tmp_path, model_dir
 
 
 def test_a_vision_language_actor_is_configured_and_what_it_cannot_do_is_refused(tmp_path):
-  # the RL actor and the SFT model may be Qwen2.5-VL (tests/rl/test_vision_language_rl.py); the parts its images
-  # do not reach yet are config errors naming their key
+  # the RL actor and the SFT model may be Qwen2.5-VL or Qwen3-VL (tests/rl/test_vision_language_rl.py); the parts
+  # their images do not reach yet are config errors naming their key
   (tmp_path / "vl").mkdir()
   (tmp_path / "vl" / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
   path = str(tmp_path / "vl")
@@ -334,6 +334,41 @@ def test_a_vision_language_actor_is_configured_and_what_it_cannot_do_is_refused(
       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=20", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
       "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.n_gpus_per_node=8", "trainer.nnodes=1",
       "trainer.save_freq=20", "trainer.test_freq=5", "trainer.total_epochs=15"])
+  # verl's examples/grpo_trainer/run_qwen3_vl-8b-megatron.sh (Megatron's parallel sizes and offload hints)
+  (tmp_path / "qwen3_vl").mkdir()
+  (tmp_path / "qwen3_vl" / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
+  resolved(experiment("grpo"), [
+      "algorithm.adv_estimator=grpo", "data.train_batch_size=512", "data.max_prompt_length=1024",
+      "data.max_response_length=2048", "data.filter_overlong_prompts=True", "data.truncation='error'",
+      f"actor_rollout_ref.model.path={tmp_path / 'qwen3_vl'}", "actor_rollout_ref.actor.optim.lr=1e-6",
+      "actor_rollout_ref.actor.ppo_mini_batch_size=128", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+      "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+      "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+      "actor_rollout_ref.actor.megatron.context_parallel_size=2", "actor_rollout_ref.actor.use_kl_loss=True",
+      "actor_rollout_ref.actor.kl_loss_coef=0.01", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+      "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+      "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=4096",
+      "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+      "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096", "actor_rollout_ref.rollout.name=vllm",
+      "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True",
+      "actor_rollout_ref.rollout.gpu_memory_utilization=0.7", "actor_rollout_ref.rollout.n=5",
+      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1", "actor_rollout_ref.actor.megatron.use_mbridge=True",
+      "actor_rollout_ref.actor.megatron.param_offload=True", "actor_rollout_ref.actor.megatron.optimizer_offload=True",
+      "actor_rollout_ref.actor.megatron.grad_offload=True", "actor_rollout_ref.ref.megatron.param_offload=True",
+      "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=1",
+      "+actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=True",
+      "+actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=True",
+      "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True",
+      "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform",
+      "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
+      "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1",
+      "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.n_gpus_per_node=8", "trainer.nnodes=1",
+      "trainer.save_freq=20", "trainer.test_freq=5", "trainer.total_epochs=15"])
+  message = error_of(resolved, experiment("grpo"), [f"actor_rollout_ref.model.path={tmp_path / 'qwen3_vl'}",
+                                                    "actor_rollout_ref.model.lora_rank=8"])
+  assert "is a vision-language model (qwen3_vl)" in message and "linear_fc1" in message, message
   for extra, key in (("reward_model.enable=true", "reward_model.enable"),
                      ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.exclude_modules"),
                      ("actor_rollout_ref.rollout.quantization=int8", "actor_rollout_ref.rollout.quantization")):

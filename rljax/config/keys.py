@@ -1129,8 +1129,8 @@ KEYS = {
               "trainer"),
     "data.image_key": Key(
         "Column holding images in multimodal data (a list per row of {'bytes': ...}, {'path': ...} or paths; each "
-        "<image> in the prompt's text is where one goes). Read for a vision-language actor (Qwen2.5-VL); with a "
-        "text model, data with that column filled is an error."),
+        "<image> in the prompt's text is where one goes). Read for a vision-language actor (Qwen2.5-VL, "
+        "Qwen3-VL); with a text model, data with that column filled is an error."),
     "data.image_patch_size": Key(
         "Patch size of a vision model's image preprocessing: images are first resized to multiples of twice it, "
         "as verl's qwen_vl_utils does, then by the model's preprocessor_config.json."),

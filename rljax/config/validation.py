@@ -436,7 +436,7 @@ def _check_vision_language(config: ConfigDict) -> None:
         why + "multi-turn rollouts with images are not implemented yet", "set it false")
   if int(arr.model.lora_rank) > 0:
     from rljax.models import lora  # pylint: disable=import-outside-toplevel
-    lora.check_tower_left_out(lora.LoRAConfig.from_model_config(arr.model), why)
+    lora.check_tower_left_out(lora.LoRAConfig.from_model_config(arr.model), model_type, why)
   check(arr.rollout.quantization is None, "actor_rollout_ref.rollout.quantization", arr.rollout.quantization,
         why + "8-bit rollout weights for its tower are not implemented yet", "leave it unset")
   check(config.trainer.v1.trainer_mode != "separate_async", "trainer.v1.trainer_mode", "separate_async",

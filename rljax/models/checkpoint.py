@@ -156,13 +156,34 @@ def _layer_source(cfg: ModelConfig, inner: tuple[Any, ...], layers: tuple[int, .
   return None
 
 
-def _vision_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLayout]]:
-  """Flax path inside ``visual`` -> (HF name inside ``visual.``, with ``{i}`` for a block; layout)."""
+def _merger_table(prefix: str, wide_norm: bool, cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLayout]]:
+  """Flax path inside a ``PatchMerger`` -> (HF name, layout): Qwen3-VL's (``prefix`` + norm, linear_fc1,
+  linear_fc2) or Qwen2.5-VL's (merger.ln_q, merger.mlp.0, merger.mlp.2)."""
   v = cfg.vision
-  d, h, hd, f, wide = v.hidden_size, v.num_heads, v.head_dim, v.intermediate_size, v.merge_unit * v.hidden_size
+  d, wide = v.hidden_size, v.merge_unit * v.hidden_size
   vec = lambda n: TensorLayout(((n,),), (0,))  # noqa: E731
   dense = lambda out, inp: TensorLayout(((out,), (inp,)), (1, 0))  # noqa: E731
-  return {
+  if not v.qwen3:
+    return {("norm", "scale"): ("merger.ln_q.weight", vec(d)), ("fc1",): ("merger.mlp.0.weight", dense(wide, wide)),
+            ("fc1_bias",): ("merger.mlp.0.bias", vec(wide)),
+            ("fc2",): ("merger.mlp.2.weight", dense(v.out_hidden_size, wide)),
+            ("fc2_bias",): ("merger.mlp.2.bias", vec(v.out_hidden_size))}
+  norm = wide if wide_norm else d
+  return {("norm", "scale"): (f"{prefix}.norm.weight", vec(norm)), ("norm", "bias"): (f"{prefix}.norm.bias", vec(norm)),
+          ("fc1",): (f"{prefix}.linear_fc1.weight", dense(wide, wide)), ("fc1_bias",): (f"{prefix}.linear_fc1.bias",
+                                                                                    vec(wide)),
+          ("fc2",): (f"{prefix}.linear_fc2.weight", dense(v.out_hidden_size, wide)),
+          ("fc2_bias",): (f"{prefix}.linear_fc2.bias", vec(v.out_hidden_size))}
+
+
+def _vision_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLayout]]:
+  """Flax path inside ``visual`` -> (HF name inside ``visual.``, with ``{i}`` for a block and ``{j}`` for a
+  deepstack merger; layout)."""
+  v = cfg.vision
+  d, h, hd, f = v.hidden_size, v.num_heads, v.head_dim, v.intermediate_size
+  vec = lambda n: TensorLayout(((n,),), (0,))  # noqa: E731
+  dense = lambda out, inp: TensorLayout(((out,), (inp,)), (1, 0))  # noqa: E731
+  table = {
       ("patch",): ("patch_embed.proj.weight", TensorLayout(((d,), *((n,) for n in v.patch_shape)), (1, 2, 3, 4, 0))),
       ("blocks", "norm1", "scale"): ("blocks.{i}.norm1.weight", vec(d)),
       ("blocks", "norm2", "scale"): ("blocks.{i}.norm2.weight", vec(d)),
@@ -170,29 +191,39 @@ def _vision_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLa
       ("blocks", "qkv_bias"): ("blocks.{i}.attn.qkv.bias", TensorLayout(((3, h, hd),), (0, 1, 2))),
       ("blocks", "proj"): ("blocks.{i}.attn.proj.weight", TensorLayout(((d,), (h, hd)), (1, 2, 0))),
       ("blocks", "proj_bias"): ("blocks.{i}.attn.proj.bias", vec(d)),
-      ("blocks", "gate"): ("blocks.{i}.mlp.gate_proj.weight", dense(f, d)),
-      ("blocks", "gate_bias"): ("blocks.{i}.mlp.gate_proj.bias", vec(f)),
-      ("blocks", "up"): ("blocks.{i}.mlp.up_proj.weight", dense(f, d)),
-      ("blocks", "up_bias"): ("blocks.{i}.mlp.up_proj.bias", vec(f)),
-      ("blocks", "down"): ("blocks.{i}.mlp.down_proj.weight", dense(d, f)),
-      ("blocks", "down_bias"): ("blocks.{i}.mlp.down_proj.bias", vec(d)),
-      ("merger_norm", "scale"): ("merger.ln_q.weight", vec(d)),
-      ("merger_fc1",): ("merger.mlp.0.weight", dense(wide, wide)),
-      ("merger_fc1_bias",): ("merger.mlp.0.bias", vec(wide)),
-      ("merger_fc2",): ("merger.mlp.2.weight", dense(v.out_hidden_size, wide)),
-      ("merger_fc2_bias",): ("merger.mlp.2.bias", vec(v.out_hidden_size)),
+      **{("merger", *path): entry for path, entry in _merger_table("merger", False, cfg).items()},
   }
+  if not v.qwen3:
+    return {**table,
+            ("blocks", "gate"): ("blocks.{i}.mlp.gate_proj.weight", dense(f, d)),
+            ("blocks", "gate_bias"): ("blocks.{i}.mlp.gate_proj.bias", vec(f)),
+            ("blocks", "up"): ("blocks.{i}.mlp.up_proj.weight", dense(f, d)),
+            ("blocks", "up_bias"): ("blocks.{i}.mlp.up_proj.bias", vec(f)),
+            ("blocks", "down"): ("blocks.{i}.mlp.down_proj.weight", dense(d, f)),
+            ("blocks", "down_bias"): ("blocks.{i}.mlp.down_proj.bias", vec(d))}
+  return {**table,
+          ("patch_bias",): ("patch_embed.proj.bias", vec(d)),
+          ("positions",): ("pos_embed.weight", TensorLayout(((v.num_position_embeddings,), (d,)), (0, 1))),
+          ("blocks", "norm1", "bias"): ("blocks.{i}.norm1.bias", vec(d)),
+          ("blocks", "norm2", "bias"): ("blocks.{i}.norm2.bias", vec(d)),
+          ("blocks", "up"): ("blocks.{i}.mlp.linear_fc1.weight", dense(f, d)),
+          ("blocks", "up_bias"): ("blocks.{i}.mlp.linear_fc1.bias", vec(f)),
+          ("blocks", "down"): ("blocks.{i}.mlp.linear_fc2.weight", dense(d, f)),
+          ("blocks", "down_bias"): ("blocks.{i}.mlp.linear_fc2.bias", vec(d)),
+          **{("deepstack", *path): entry
+             for path, entry in _merger_table("deepstack_merger_list.{j}", True, cfg).items()}}
 
 
 def _vision_source(cfg: ModelConfig, inner: tuple[Any, ...]) -> Source | None:
-  """The Source of vision tower parameter ``inner`` (the blocks' stacked over the tower's depth), or None."""
+  """The Source of vision tower parameter ``inner`` (the blocks' stacked over the tower's depth, the deepstack
+  mergers' over their number), or None."""
   entry = None if cfg.vision is None else _vision_table(cfg).get(inner)
   if entry is None:
     return None
   name, layout = entry
-  if "{i}" in name:
-    depth = cfg.vision.depth
-    return Source(tuple(f"visual.{name.format(i=i)}" for i in range(depth)), layout, (depth,))
+  for field, count in (("{i}", cfg.vision.depth), ("{j}", len(cfg.vision.deepstack_visual_indexes))):
+    if field in name:
+      return Source(tuple(f"visual.{name.replace(field, str(i))}" for i in range(count)), layout, (count,))
   return Source((f"visual.{name}",), layout)
 
 
@@ -243,6 +274,17 @@ def released_name(name: str) -> str:
   for nested, released in _NESTED_PREFIXES:
     if name.startswith(nested):
       return released + name[len(nested):]
+  return name
+
+
+def written_name(cfg: ModelConfig, name: str) -> str:
+  """A tensor's name as ``cfg``'s released checkpoints spell it: Qwen3-VL's nest the language model and the tower
+  (``model.language_model.``, ``model.visual.``); the others' are ``released_name``'s."""
+  if cfg.model_type != "qwen3_vl":
+    return name
+  for nested, released in _NESTED_PREFIXES:
+    if name.startswith(released):
+      return nested + name[len(released):]
   return name
 
 
@@ -336,7 +378,8 @@ def hf_tensors(model: CausalLM) -> dict[str, np.ndarray]:
   cfg = model.cfg
   out: dict[str, np.ndarray] = {}
   for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    out.update(hf_sources(cfg, path).to_hf(np.asarray(jax.device_get(var[...]))))
+    out.update({written_name(cfg, name): tensor
+                for name, tensor in hf_sources(cfg, path).to_hf(np.asarray(jax.device_get(var[...]))).items()})
   return out
 
 

@@ -26,7 +26,9 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     "gemma3_text": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
 }
 # model types with a vision tower; their language model is read as one of the families above
-VISION_LANGUAGE_TYPES = ("qwen2_5_vl",)
+VISION_LANGUAGE_TYPES = ("qwen2_5_vl", "qwen3_vl")
+# each vision-language type's language model family (its text_config's fields are read as that family's)
+_VL_TEXT = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}
 
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -36,6 +38,7 @@ _ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
 }
 # The top-level fields of a vision-language config.json that are not its language model's.
 _VL_TOP = frozenset({"model_type", "architectures", "text_config", "vision_config", "image_token_id", "video_token_id",
@@ -56,7 +59,7 @@ class ModelConfig:
   """Shapes and options of a decoder-only causal LM.
 
   Attributes:
-    model_type: HF ``model_type`` (llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text, qwen2_5_vl).
+    model_type: HF ``model_type`` (llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text, qwen2_5_vl, qwen3_vl).
     vocab_size: V.
     hidden_size: D, the residual width.
     intermediate_size: F, the gated MLP's width.
@@ -116,6 +119,8 @@ class ModelConfig:
     mrope_section: None, or how many of each head's head_dim / 2 rotary
       frequencies turn with the temporal, height and width position
       (Qwen2.5-VL's M-RoPE; positions [3, B, T]).
+    mrope_interleaved: the three axes' frequencies interleave (Qwen3-VL) rather than follow one another
+      (``rljax.models.rope.mrope_axes``).
     vision: None, or the vision tower's configuration (a vision-language
       model: ``rljax.models.vision``).
     image_token_id: the image-pad token whose embeddings the tower's
@@ -170,6 +175,7 @@ class ModelConfig:
   offload_activations: bool = False
   attention_kernel: str = "xla"
   mrope_section: tuple[int, ...] | None = None
+  mrope_interleaved: bool = False
   vision: VisionConfig | None = None
   image_token_id: int | None = None
   hf_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -344,7 +350,7 @@ def from_hf_dict(
     The config. Raises ValueError naming the field for an unsupported
     model_type, activation or a missing field.
   """
-  if _model_type(d) == "qwen2_5_vl":
+  if _model_type(d) in VISION_LANGUAGE_TYPES:
     return _vision_language_from_hf(d, overrides, options)
   d = {**d, **(overrides or {})}
   model_type = _model_type(d)
@@ -403,46 +409,57 @@ def from_hf_dict(
 
 def _vision_language_from_hf(d: Mapping[str, Any], overrides: Mapping[str, Any] | None,
                              options: Mapping[str, Any]) -> ModelConfig:
-  """A Qwen2.5-VL config.json (its language model's fields nested in ``text_config`` as transformers 5 writes
-  them, or at the top level as the released checkpoints have them) as a ModelConfig with its ``vision``."""
+  """A Qwen2.5-VL or Qwen3-VL config.json (its language model's fields nested in ``text_config`` as transformers 5
+  writes them, or at the top level as the released Qwen2.5-VL checkpoints have them) as a ModelConfig with its
+  ``vision``."""
+  vl_type = _model_type(d)
   text = {k: v for k, v in d.items() if k not in _VL_TOP}
   text.update(d.get("text_config") or {})
   text.update(overrides or {})
   rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
   section = rope.pop("mrope_section", None)
   if not section:
-    raise ValueError("config.json for model_type='qwen2_5_vl' lacks mrope_section (text_config.rope_parameters in "
+    raise ValueError(f"config.json for model_type={vl_type!r} lacks mrope_section (text_config.rope_parameters in "
                      "transformers 5's spelling, rope_scaling in the released configs): M-RoPE's split of each head's "
-                     "frequencies between time, height and width, [16, 24, 24] in the released models; add it.")
+                     "frequencies between time, height and width ([16, 24, 24] in the released Qwen2.5-VL, "
+                     "[24, 20, 20] in Qwen3-VL); add it.")
   theta = text.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
   for key in ("rope_parameters", "rope_scaling", "model_type"):
     text.pop(key, None)
   if "vision_config" not in d:
-    raise ValueError("config.json for model_type='qwen2_5_vl' lacks the field 'vision_config' (the vision "
+    raise ValueError(f"config.json for model_type={vl_type!r} lacks the field 'vision_config' (the vision "
                      "tower's shapes); copy it from the model's released config.json.")
   tie = d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-  cfg = from_hf_dict({**text, "model_type": "qwen2", "rope_theta": theta, "tie_word_embeddings": tie}, **options)
+  cfg = from_hf_dict({**text, "model_type": _VL_TEXT[vl_type], "rope_theta": theta, "tie_word_embeddings": tie},
+                     **options)
   head_half = cfg.head_dim // 2
   if len(section) != 3 or sum(section) != head_half:
     raise ValueError(f"rope_scaling.mrope_section={list(section)} must be 3 sizes summing to head_dim / 2 = "
                      f"{head_half}.")
-  vision = vision_from_hf(d["vision_config"])
+  vision = vision_from_hf(d["vision_config"], vl_type)
   if vision.out_hidden_size != cfg.hidden_size:
     raise ValueError(f"vision_config.out_hidden_size={vision.out_hidden_size} must equal the language model's "
                      f"hidden_size={cfg.hidden_size}.")
-  return cfg.replace(model_type="qwen2_5_vl", mrope_section=tuple(int(s) for s in section), vision=vision,
-                     image_token_id=int(_require(d, "image_token_id", "qwen2_5_vl")),
+  if len(vision.deepstack_visual_indexes) > cfg.num_layers:
+    raise ValueError(f"vision_config.deepstack_visual_indexes={list(vision.deepstack_visual_indexes)}: more deepstack "
+                     f"features than the language model's {cfg.num_layers} layers to add them to.")
+  return cfg.replace(model_type=vl_type, mrope_section=tuple(int(s) for s in section),
+                     mrope_interleaved=vl_type == "qwen3_vl", vision=vision,
+                     image_token_id=int(_require(d, "image_token_id", vl_type)),
                      hf_top={k: d[k] for k in _VL_TOKENS if k in d})
 
 
 def _vision_language_to_hf(cfg: ModelConfig, torch_dtype: str) -> dict[str, Any]:
-  """The Qwen2.5-VL config.json of ``cfg`` (the language model's fields in ``text_config``)."""
-  text = to_hf_dict(cfg.replace(model_type="qwen2", vision=None, mrope_section=None), torch_dtype)
+  """The Qwen2.5-VL or Qwen3-VL config.json of ``cfg`` (the language model's fields in ``text_config``)."""
+  text = to_hf_dict(cfg.replace(model_type=_VL_TEXT[cfg.model_type], vision=None, mrope_section=None,
+                                mrope_interleaved=False), torch_dtype)
   for key in ("architectures", "torch_dtype", "dtype"):
     text.pop(key)
-  text.update(model_type="qwen2_5_vl_text",
-              rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": list(cfg.mrope_section)})
-  return {**cfg.hf_top, "model_type": "qwen2_5_vl", "architectures": [_ARCHITECTURES["qwen2_5_vl"]],
+  mrope = {"rope_type": "default", "mrope_section": list(cfg.mrope_section)}
+  if cfg.mrope_interleaved:
+    mrope["mrope_interleaved"] = True
+  text.update(model_type=f"{cfg.model_type}_text", rope_scaling={"type": "mrope", **mrope})
+  return {**cfg.hf_top, "model_type": cfg.model_type, "architectures": [_ARCHITECTURES[cfg.model_type]],
           "text_config": text, "vision_config": vision_to_hf(cfg.vision), "image_token_id": cfg.image_token_id,
           "tie_word_embeddings": cfg.tie_word_embeddings, "torch_dtype": torch_dtype, "dtype": torch_dtype}
 

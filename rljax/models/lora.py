@@ -185,29 +185,34 @@ def excluded(config: "LoRAConfig", name: str) -> bool:
   return name in exclude or any(name.endswith(f".{entry}") for entry in exclude)
 
 
-# one of each kind of linear module in Qwen2.5-VL's vision tower (its HF names)
-TOWER_MODULES = ("visual.blocks.0.attn.qkv", "visual.blocks.0.attn.proj", "visual.blocks.0.mlp.gate_proj",
-                 "visual.blocks.0.mlp.up_proj", "visual.blocks.0.mlp.down_proj", "visual.merger.mlp.0",
-                 "visual.merger.mlp.2")
+# one of each kind of linear module in each vision-language family's tower (its HF names)
+TOWER_MODULES = {
+    "qwen2_5_vl": ("visual.blocks.0.attn.qkv", "visual.blocks.0.attn.proj", "visual.blocks.0.mlp.gate_proj",
+                   "visual.blocks.0.mlp.up_proj", "visual.blocks.0.mlp.down_proj", "visual.merger.mlp.0",
+                   "visual.merger.mlp.2"),
+    "qwen3_vl": ("visual.blocks.0.attn.qkv", "visual.blocks.0.attn.proj", "visual.blocks.0.mlp.linear_fc1",
+                 "visual.blocks.0.mlp.linear_fc2", "visual.merger.linear_fc1", "visual.merger.linear_fc2",
+                 "visual.deepstack_merger_list.0.linear_fc1", "visual.deepstack_merger_list.0.linear_fc2"),
+}
 
 
-def tower_modules_adapted(config: "LoRAConfig") -> list[str]:
-  """The vision tower's modules PEFT would give adapters under `config` (target_modules 'all-linear', or names
-  that end a module's name) that exclude_modules does not keep out; rljax adapts the language model's layers
+def tower_modules_adapted(config: "LoRAConfig", model_type: str) -> list[str]:
+  """The ``model_type`` tower's modules PEFT would give adapters under `config` (target_modules 'all-linear', or
+  names that end a module's name) that exclude_modules does not keep out; rljax adapts the language model's layers
   only, so a vision-language run needs this empty."""
   names = config.targets if config.target_modules != "all-linear" else None
   targeted = lambda module: names is None or module.rsplit(".", 1)[-1] in names  # noqa: E731
-  return [m for m in TOWER_MODULES if targeted(m) and not excluded(config, m)]
+  return [m for m in TOWER_MODULES[model_type] if targeted(m) and not excluded(config, m)]
 
 
-def check_tower_left_out(config: "LoRAConfig", why: str) -> None:
+def check_tower_left_out(config: "LoRAConfig", model_type: str, why: str) -> None:
   """Raises a ConfigError naming `{key_prefix}.exclude_modules` when `config`'s adapters would reach a
   vision-language model's tower (`tower_modules_adapted`); `why` says which model it is."""
-  adapted = tower_modules_adapted(config)
+  adapted = tower_modules_adapted(config, model_type)
   check(not adapted, f"{config.key_prefix}.exclude_modules", config.exclude_modules,
         why + f"target_modules reach its vision tower ({', '.join(adapted)}, ...), and rljax's adapters are on the "
-        "language model's layers only", f"set {config.key_prefix}.exclude_modules='.*visual.*' (verl's Qwen2.5-VL "
-        "LoRA line): the tower then stays frozen")
+        "language model's layers only", f"set {config.key_prefix}.exclude_modules='.*visual.*' (verl's "
+        "vision-language LoRA lines): the tower then stays frozen")
 
 
 def _check_patterns(values: Any, key: str, value_ok, kind: str) -> None:

@@ -109,19 +109,29 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return out.astype(x.dtype)
 
 
+def mrope_axes(sections: tuple[int, ...], interleaved: bool) -> np.ndarray:
+  """[sum(sections)] the axis (0 temporal, 1 height, 2 width) each rotary frequency turns with: in blocks of
+  sections[0], sections[1], sections[2] (Qwen2.5-VL), or interleaved (Qwen3-VL: frequency i turns with the height
+  when i = 1 mod 3 and i < 3 * sections[1], with the width when i = 2 mod 3 and i < 3 * sections[2], else time)."""
+  if not interleaved:
+    return np.repeat(np.arange(len(sections)), sections)
+  i = np.arange(sum(sections))
+  return np.where((i % 3 == 1) & (i < 3 * sections[1]), 1, np.where((i % 3 == 2) & (i < 3 * sections[2]), 2, 0))
+
+
 def mrope_cos_sin(
-    positions: jax.Array, inv_freq: np.ndarray, attention_factor: float, sections: tuple[int, ...]
+    positions: jax.Array, inv_freq: np.ndarray, attention_factor: float, sections: tuple[int, ...],
+    interleaved: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-  """cos, sin tables [B, T, head_dim] (float32) of multimodal RoPE (Qwen2.5-VL's M-RoPE).
+  """cos, sin tables [B, T, head_dim] (float32) of multimodal RoPE (Qwen2.5-VL's and Qwen3-VL's M-RoPE).
 
   positions [3, B, T] hold each token's temporal, height and width
-  position; the first sections[0] of the head_dim // 2 frequencies turn
-  with the temporal one, the next sections[1] with the height, the rest
-  with the width. Text tokens carry one position on all three axes, where
+  position; each of the head_dim // 2 frequencies turns with one of them
+  (``mrope_axes``). Text tokens carry one position on all three axes, where
   this is ``cos_sin`` of it.
   """
   freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [3, B, T, head_dim // 2]
-  axis_of = np.repeat(np.arange(len(sections)), sections)
+  axis_of = mrope_axes(tuple(sections), interleaved)
   pick = (axis_of[None, :] == np.arange(len(sections))[:, None]).astype(np.float32)  # [3, head_dim // 2]
   chosen = jnp.sum(freqs * jnp.asarray(pick)[:, None, None, :], axis=0)
   angles = jnp.concatenate([chosen, chosen], axis=-1)

@@ -151,7 +151,7 @@ def _rope_tables(cfg: ModelConfig, positions: jax.Array, local: bool) -> tuple[j
     if cfg.mrope_section is None:
       raise ValueError(f"positions of shape {positions.shape} are M-RoPE's; {cfg.model_type} has none: pass "
                        "positions [B, T].")
-    return rope.mrope_cos_sin(positions, inv_freq, attention_factor, cfg.mrope_section)
+    return rope.mrope_cos_sin(positions, inv_freq, attention_factor, cfg.mrope_section, cfg.mrope_interleaved)
   return rope.cos_sin(positions, inv_freq, attention_factor)
 
 
@@ -170,7 +170,7 @@ def _block(cfg: ModelConfig, rngs: nnx.Rngs, layer: int, stack: int | None = Non
 
 class CausalLM(nnx.Module):
   """Decoder-only LM for the Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and Gemma 3 (text) families; with a vision
-  tower (``visual``) for Qwen2.5-VL, whose features replace the image-pad tokens' embeddings."""
+  tower (``visual``) for Qwen2.5-VL and Qwen3-VL, whose features replace the image-pad tokens' embeddings."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -200,20 +200,30 @@ class CausalLM(nnx.Module):
       x = x * jnp.asarray(self.cfg.hidden_size ** 0.5, x.dtype)
     return constrain(x, _RESIDUAL)
 
-  def _inputs(self, input_ids: jax.Array, images: Images | None, positions: jax.Array | None) -> jax.Array:
-    """[B, T, D] embeddings of input_ids, the image-pad tokens' replaced by the tower's features of ``images``
-    (whose prompts need their M-RoPE ``positions``: ``rljax.models.vision.rope_index``)."""
+  def _inputs(self, input_ids: jax.Array, images: Images | None, positions: jax.Array | None
+              ) -> tuple[jax.Array, jax.Array | None]:
+    """([B, T, D] embeddings of input_ids, the image-pad tokens' replaced by the tower's features of ``images``
+    (whose prompts need their M-RoPE ``positions``: ``rljax.models.vision.rope_index``); [k, B, T, D] the deepstack
+    features at the same tokens, zero elsewhere, that the first k layers add to their outputs (Qwen3-VL), or
+    None)."""
     x = self._embed(input_ids)
     if images is None:
-      return x
+      return x, None
     if self.cfg.vision is None:
       raise ValueError(f"images were given to a {self.cfg.model_type} model, which has no vision tower.")
     if positions is None or positions.ndim != 3:
       raise ValueError("a pass with images needs their M-RoPE positions [3, B, T] (rljax.models.vision.rope_index).")
+    features, deep = self.visual(images)
     if images.slots is not None:
-      return constrain(place_images(x, images.slots, self.visual(images)), _RESIDUAL)
-    return constrain(place_images(x, input_ids == self.cfg.image_token_id, self.visual(images),
-                                  feature_counts(images)), _RESIDUAL)
+      place = lambda embeds, f: place_images(embeds, images.slots, f)  # noqa: E731
+    else:
+      is_image, counts = input_ids == self.cfg.image_token_id, feature_counts(images)
+      place = lambda embeds, f: place_images(embeds, is_image, f, counts)  # noqa: E731
+    x = constrain(place(x, features), _RESIDUAL)
+    if deep is None:
+      return x, None
+    zeros = jnp.zeros_like(x)
+    return x, jnp.stack([constrain(place(zeros, level), _RESIDUAL) for level in deep])
 
   def logits(self, h: jax.Array) -> jax.Array:
     """[..., D] final hidden states -> [..., V] logits (softcapped with final_logit_softcapping)."""
@@ -232,11 +242,13 @@ class CausalLM(nnx.Module):
       masks: dict[bool, AttentionMask],
       cache: KVCache | None,
       experts: jax.Array | None = None,
+      deep: jax.Array | None = None,
   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None, moe.Routing | None]:
     """x [B, T, D] through every block.
 
     ``masks`` holds each kind of layer's mask (``_masks``); ``experts``
-    [B, T, L_sparse, k] replays the mixture-of-experts layers' routing.
+    [B, T, L_sparse, k] replays the mixture-of-experts layers' routing;
+    ``deep`` [k, B, T, D] is added to the first k layers' outputs.
     Returns (x, the updated caches (k, v) in the cache's layout or None, the
     sparse layers' Routing or None for a dense model).
 
@@ -271,15 +283,17 @@ class CausalLM(nnx.Module):
       kinds = {local: functools.partial(layer_fn(local), graphdef) for local in masks}
 
       def body(x, xs):
-        layer_state, kv, local, layer_experts = xs
+        layer_state, kv, local, layer_experts, layer = xs
         if len(kinds) == 1:
           x, kv, routing = next(iter(kinds.values()))(layer_state, x, kv, layer_experts)
         else:
           x, kv, routing = jax.lax.cond(local, kinds[True], kinds[False], layer_state, x, kv, layer_experts)
+        if deep is not None:
+          x = x + jnp.where(layer < deep.shape[0], deep[jnp.minimum(layer, deep.shape[0] - 1)], 0).astype(x.dtype)
         return x, (kv, routing)
 
       xs = (state, None if cache is None else (cache.k, cache.v), jnp.asarray(cfg.local_layers),
-            None if experts is None else jnp.moveaxis(experts, 2, 0))
+            None if experts is None else jnp.moveaxis(experts, 2, 0), jnp.arange(cfg.num_layers))
       x, (kv_out, routing) = jax.lax.scan(body, x, xs)
       return x, kv_out, _routing(routing)
     if cfg.scan_layers:
@@ -293,6 +307,8 @@ class CausalLM(nnx.Module):
       kv = None if cache is None else (cache.k[i], cache.v[i])
       layer_experts = None if experts is None or not cfg.is_sparse(i) else experts[:, :, len(routings)]
       x, kv, routing = layer_fn(cfg.local_layers[i])(graphdef, state, x, kv, layer_experts)
+      if deep is not None and i < deep.shape[0]:
+        x = x + deep[i].astype(x.dtype)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
@@ -337,7 +353,8 @@ class CausalLM(nnx.Module):
     masks = self._masks(lambda window: AttentionMask(
         dense=attention_mask_3d(valid, jnp.broadcast_to(slots, (b, t)), slots, window, segment_ids),
         query_segments=segments, key_segments=segments, offset=0, window=window))
-    x, _, routing = self._run_layers(self._inputs(input_ids, images, positions), positions, masks, None, experts)
+    x, deep = self._inputs(input_ids, images, positions)
+    x, _, routing = self._run_layers(x, positions, masks, None, experts, deep)
     h = constrain(self.final_norm(x), _RESIDUAL)
     return (h, routing) if with_routing else h
 
@@ -402,7 +419,8 @@ class CausalLM(nnx.Module):
         query_segments=attention_mask.astype(jnp.int32), key_segments=slots_mask.astype(jnp.int32),
         offset=query_offset, window=window,
         live=live_slots(slots_mask, cache.index + t) if t == 1 else None))
-    x, (k, v), routing = self._run_layers(self._inputs(input_ids, images, positions), positions, masks, cache, experts)
+    x, deep = self._inputs(input_ids, images, positions)
+    x, (k, v), routing = self._run_layers(x, positions, masks, cache, experts, deep)
     h = constrain(self.final_norm(x[:, -1:] if last_only else x), _RESIDUAL)
     cache = KVCache(k=k, v=v, mask=slots_mask, index=cache.index + t, offset=cache.offset)
     return (h, cache, routing) if with_routing else (h, cache)

@@ -1,13 +1,17 @@
-"""Qwen2.5-VL's vision tower and the host-side layouts it and the language model read.
+"""Qwen2.5-VL's and Qwen3-VL's vision towers and the host-side layouts they and the language model read.
 
 The tower turns an image's patches into one feature per image-pad token of
 the prompt: a linear patch embedding (HF's Conv3d over temporal x spatial
 patches, kernel = stride), blocks of non-causal attention with a 2-D rotary
-embedding (height and width halves of each head) and a SwiGLU MLP, then the
-patch merger (RMSNorm, each 2 x 2 block of patches concatenated, a GELU MLP
-to the language model's width). Most blocks attend within windows of
-``window_size`` pixels; the ``fullatt_block_indexes`` blocks attend across
-each frame.
+embedding (height and width halves of each head) and an MLP, then the
+patch merger (a norm, each 2 x 2 block of patches concatenated, a GELU MLP
+to the language model's width). Qwen2.5-VL's blocks use RMSNorm and a
+SwiGLU MLP, and most attend within windows of ``window_size`` pixels (the
+``fullatt_block_indexes`` blocks across each frame). Qwen3-VL's use
+LayerNorm and a plain MLP and all attend across each frame; its patches
+add a learned position table resampled to each image's grid, and its
+deepstack mergers turn a few blocks' outputs into features that the
+language model's first layers add at the image tokens.
 
 Everything that depends on the images' sizes is computed on the host, once
 per prompt, by ``image_layout`` (numpy): the order in which the tower sees
@@ -43,7 +47,8 @@ class ImageLayout(NamedTuple):
 
   Attributes:
     order: [N] int32, the patch at each position of the tower's sequence (window by window).
-    rotary: [N, 2] int32, the (row, column) of the patch at each position.
+    rotary: [N, 4] int32, the (row, column) of the patch at each position, which its rotary embedding turns with,
+      and its image's (rows, columns), to which a learned position table is resampled (Qwen3-VL).
     windows: [N] int32, the attention window of each position (the windowed blocks attend within one).
     frames: [N] int32, the frame of each position (the full-attention blocks attend within one).
     restore: [N / m^2] int32, for each merged token in the processor's order, its index among the tower's merged
@@ -80,21 +85,23 @@ def _windows(t: int, h: int, w: int, side: int) -> list[np.ndarray]:
 
 def image_layout(grid_thw: np.ndarray, cfg: VisionConfig) -> ImageLayout:
   """The tower's layout of the images whose patch grids are ``grid_thw`` [I, 3] (frames, rows, columns), as HF's
-  Qwen2.5-VL orders them: each image's windows in turn; rows and columns must be multiples of m."""
+  Qwen2.5-VL orders them: each image's windows in turn (Qwen3-VL: a window per frame, the processor's order); rows
+  and columns must be multiples of m."""
   m, unit = cfg.spatial_merge_size, cfg.merge_unit
-  side = cfg.window_size // m // cfg.patch_size
   order, rotary, windows, frames = [], [], [], []
   patch_start, frame_start, window_start = 0, 0, 0
   for t, h, w in np.asarray(grid_thw, np.int64).reshape(-1, 3):
     if h % m or w % m:
       raise ValueError(f"image grid {(t, h, w)}: rows and columns must be multiples of spatial_merge_size={m}.")
     rows, cols = _merge_order(h, w, m)
+    side = max(h, w) // m if cfg.window_size is None else cfg.window_size // m // cfg.patch_size
     image_windows = _windows(t, h // m, w // m, side)
     for k, window in enumerate(image_windows):
       patches = (window[:, None] * unit + np.arange(unit)).reshape(-1)
       order.append(patches + patch_start)
       per_frame = patches % (h * w)
-      rotary.append(np.stack([rows[per_frame], cols[per_frame]], -1))
+      rotary.append(np.stack([rows[per_frame], cols[per_frame], np.full(patches.size, h), np.full(patches.size, w)],
+                             -1))
       windows.append(np.full(patches.size, window_start + k))
       frames.append(frame_start + patches // (h * w))
     window_start += len(image_windows)
@@ -137,7 +144,7 @@ def row_images(pixels: list[np.ndarray | None], grids: list[np.ndarray | None], 
     patches: Q, the patches per row (default ``patch_bucket`` of the longest row).
 
   Returns:
-    Images of pixels [B, Q, F] float32 and an ImageLayout of [B, Q] (rotary [B, Q, 2], restore [B, Q / m^2])
+    Images of pixels [B, Q, F] float32 and an ImageLayout of [B, Q] (rotary [B, Q, 4], restore [B, Q / m^2])
     arrays. Padding patches are -1 in every layout array but rotary (0), and zero pixels: the tower keeps them
     in place (order and restore -1 read as the position itself) and they form a window and frame of their own,
     so no real patch attends to them; their features follow each row's real ones and are never placed. Rows
@@ -151,7 +158,7 @@ def row_images(pixels: list[np.ndarray | None], grids: list[np.ndarray | None], 
   b = len(pixels)
   out = np.zeros((b, q, width), np.float32)
   order, windows, frames = (np.full((b, q), -1, np.int32) for _ in range(3))
-  rotary = np.zeros((b, q, 2), np.int32)
+  rotary = np.zeros((b, q, 4), np.int32)
   restore = np.full((b, q // unit), -1, np.int32)
   for r, (p, g) in enumerate(zip(pixels, grids)):
     if not counts[r]:
@@ -246,29 +253,73 @@ class Images(NamedTuple):
 
 
 def _rotary_tables(rotary: jax.Array, cfg: VisionConfig) -> tuple[jax.Array, jax.Array]:
-  """(cos, sin) [N, head_dim] of the 2-D rotary embedding at (row, column) ``rotary`` [N, 2]: half of the
+  """(cos, sin) [N, head_dim] of the 2-D rotary embedding at the (row, column) of ``rotary`` [N, 4]: half of the
   frequencies of a head's half each for rows and columns, repeated for both halves of a head."""
   inv_freq, _ = rope.inv_frequencies(cfg.head_dim // 2, cfg.rope_theta, None, 0)
-  freqs = rotary.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [N, 2, head_dim / 4]
+  freqs = rotary[:, :2].astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [N, 2, head_dim / 4]
   angles = freqs.reshape(freqs.shape[0], -1)
   angles = jnp.concatenate([angles, angles], axis=-1)
   return jnp.cos(angles), jnp.sin(angles)
 
 
+def _axis_taps(index: jax.Array, size: jax.Array, side: int) -> tuple[jax.Array, jax.Array]:
+  """([N, 2] int32 taps, [N, 2] weights): linear interpolation, corners aligned, of a ``side``-long table at
+  positions ``index`` [N] of an axis ``size`` [N] long (transformers' ``F.interpolate(align_corners=True)``)."""
+  src = index.astype(jnp.float32) * (side - 1) / jnp.maximum(size - 1, 1).astype(jnp.float32)
+  floor = jnp.floor(src)
+  taps = floor[:, None] + jnp.arange(2, dtype=jnp.float32)
+  weights = jnp.maximum(1.0 - jnp.abs(src[:, None] - taps), 0.0)
+  return jnp.clip(taps, 0, side - 1).astype(jnp.int32), weights
+
+
+def learned_positions(table: jax.Array, rotary: jax.Array, side: int) -> jax.Array:
+  """[N, Dv] Qwen3-VL's position embeddings: its S x S ``table`` [S * S, Dv] resampled bilinearly to each patch's
+  image grid, read at the patch's (row, column) (``rotary`` [N, 4]: row, column, rows, columns)."""
+  row_taps, row_weights = _axis_taps(rotary[:, 0], rotary[:, 2], side)
+  col_taps, col_weights = _axis_taps(rotary[:, 1], rotary[:, 3], side)
+  index = (row_taps[:, :, None] * side + col_taps[:, None, :]).reshape(-1, 4)
+  weight = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(-1, 4)
+  return jnp.einsum("nkd,nk->nd", table[index].astype(jnp.float32), weight).astype(table.dtype)
+
+
+class LayerNorm(nnx.Module):
+  """LayerNorm over a last axis of size ``dim`` (scale and bias; ``stack`` of them at once), in float32."""
+
+  def __init__(self, dim: int, rngs: nnx.Rngs, dtype: Any, stack: int | None = None, name: str = "embed"):
+    self.scale = make_param(rngs, (dim,), (name,), jax.nn.initializers.ones, dtype, stack)
+    self.bias = make_param(rngs, (dim,), (name,), _ZEROS, dtype, stack)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    out = (x32 - mean) * jax.lax.rsqrt(var + 1e-6) * self.scale[...].astype(jnp.float32)
+    return (out + self.bias[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def _norm(cfg: VisionConfig, dim: int, rngs: nnx.Rngs, dtype: Any, stack: int | None = None,
+          name: str = "embed") -> nnx.Module:
+  """The tower's norm: LayerNorm (Qwen3-VL) or RMSNorm (Qwen2.5-VL), eps 1e-6."""
+  return LayerNorm(dim, rngs, dtype, stack, name) if cfg.qwen3 else RMSNorm(dim, 1e-6, rngs, name=name, dtype=dtype,
+                                                                            stack=stack)
+
+
 class VisionBlock(nnx.Module):
-  """One tower block (``stack`` of them at once): x + attn(norm1(x)); x + mlp(norm2(x))."""
+  """One tower block (``stack`` of them at once): x + attn(norm1(x)); x + mlp(norm2(x)); the MLP SwiGLU (gate, up,
+  down: Qwen2.5-VL) or plain (up, down: Qwen3-VL's linear_fc1, linear_fc2)."""
 
   def __init__(self, cfg: VisionConfig, rngs: nnx.Rngs, dtype: Any, stack: int | None = None):
     d, h, hd, f = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.intermediate_size
     self.cfg = cfg
-    self.norm1 = RMSNorm(d, 1e-6, rngs, dtype=dtype, stack=stack)
-    self.norm2 = RMSNorm(d, 1e-6, rngs, dtype=dtype, stack=stack)
+    self.norm1 = _norm(cfg, d, rngs, dtype, stack)
+    self.norm2 = _norm(cfg, d, rngs, dtype, stack)
     self.qkv = make_param(rngs, (d, 3, h, hd), ("embed", None, "heads", "head_dim"), _NORMAL, dtype, stack)
     self.qkv_bias = make_param(rngs, (3, h, hd), (None, "heads", "head_dim"), _ZEROS, dtype, stack)
     self.proj = make_param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), _NORMAL, dtype, stack)
     self.proj_bias = make_param(rngs, (d,), ("embed",), _ZEROS, dtype, stack)
-    self.gate = make_param(rngs, (d, f), ("embed", "mlp"), _NORMAL, dtype, stack)
-    self.gate_bias = make_param(rngs, (f,), ("mlp",), _ZEROS, dtype, stack)
+    if not cfg.qwen3:
+      self.gate = make_param(rngs, (d, f), ("embed", "mlp"), _NORMAL, dtype, stack)
+      self.gate_bias = make_param(rngs, (f,), ("mlp",), _ZEROS, dtype, stack)
     self.up = make_param(rngs, (d, f), ("embed", "mlp"), _NORMAL, dtype, stack)
     self.up_bias = make_param(rngs, (f,), ("mlp",), _ZEROS, dtype, stack)
     self.down = make_param(rngs, (f, d), ("mlp", "embed"), _NORMAL, dtype, stack)
@@ -285,44 +336,78 @@ class VisionBlock(nnx.Module):
     x = x + jnp.einsum("nhk,hkd->nd", attended, self.proj[...].astype(dt)) + self.proj_bias[...].astype(dt)
     y = self.norm2(x)
     act = ACTIVATIONS[self.cfg.hidden_act]
-    hidden = act(y @ self.gate[...].astype(dt) + self.gate_bias[...].astype(dt)) * (
-        y @ self.up[...].astype(dt) + self.up_bias[...].astype(dt))
+    up = y @ self.up[...].astype(dt) + self.up_bias[...].astype(dt)
+    hidden = act(up) if self.cfg.qwen3 else act(y @ self.gate[...].astype(dt) + self.gate_bias[...].astype(dt)) * up
     return x + hidden @ self.down[...].astype(dt) + self.down_bias[...].astype(dt)
 
 
+class PatchMerger(nnx.Module):
+  """Each m x m block of patches [N, Dv] -> one feature [N / m^2, D]: a norm (over each patch, or over the block's
+  concatenation: ``wide``, Qwen3-VL's deepstack mergers), then Linear, exact GELU, Linear (``stack`` at once)."""
+
+  def __init__(self, cfg: VisionConfig, rngs: nnx.Rngs, dtype: Any, wide: bool = False, stack: int | None = None):
+    d, unit = cfg.hidden_size, cfg.merge_unit
+    self.cfg, self.wide = cfg, wide
+    self.norm = _norm(cfg, unit * d if wide else d, rngs, dtype, stack)
+    self.fc1 = make_param(rngs, (unit * d, unit * d), ("embed", "mlp"), _NORMAL, dtype, stack)
+    self.fc1_bias = make_param(rngs, (unit * d,), ("mlp",), _ZEROS, dtype, stack)
+    self.fc2 = make_param(rngs, (unit * d, cfg.out_hidden_size), ("mlp", "embed"), _NORMAL, dtype, stack)
+    self.fc2_bias = make_param(rngs, (cfg.out_hidden_size,), ("embed",), _ZEROS, dtype, stack)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    dt, width = x.dtype, self.cfg.merge_unit * self.cfg.hidden_size
+    merged = self.norm(x.reshape(-1, width)) if self.wide else self.norm(x).reshape(-1, width)
+    hidden = jax.nn.gelu(merged @ self.fc1[...].astype(dt) + self.fc1_bias[...].astype(dt), approximate=False)
+    return hidden @ self.fc2[...].astype(dt) + self.fc2_bias[...].astype(dt)
+
+
 class VisionTower(nnx.Module):
-  """Qwen2.5-VL's vision tower: patches [N, C * frames * p * p] -> merged features [N / m^2, D]."""
+  """Qwen2.5-VL's or Qwen3-VL's vision tower: patches [N, C * frames * p * p] -> merged features [N / m^2, D] (and
+  Qwen3-VL's deepstack features [k, N / m^2, D])."""
 
   def __init__(self, cfg: VisionConfig, rngs: nnx.Rngs, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32):
-    d, unit = cfg.hidden_size, cfg.merge_unit
+    d = cfg.hidden_size
     self.cfg = cfg
     self.dtype = dtype
     self.patch = make_param(rngs, (*cfg.patch_shape, d), (None, None, None, None, "embed"), _NORMAL, param_dtype)
+    if cfg.qwen3:
+      self.patch_bias = make_param(rngs, (d,), ("embed",), _ZEROS, param_dtype)
+      self.positions = make_param(rngs, (cfg.num_position_embeddings, d), (None, "embed"), _NORMAL, param_dtype)
     self.blocks = VisionBlock(cfg, rngs, param_dtype, stack=cfg.depth)
-    self.merger_norm = RMSNorm(d, 1e-6, rngs, dtype=param_dtype)
-    self.merger_fc1 = make_param(rngs, (unit * d, unit * d), ("embed", "mlp"), _NORMAL, param_dtype)
-    self.merger_fc1_bias = make_param(rngs, (unit * d,), ("mlp",), _ZEROS, param_dtype)
-    self.merger_fc2 = make_param(rngs, (unit * d, cfg.out_hidden_size), ("mlp", "embed"), _NORMAL, param_dtype)
-    self.merger_fc2_bias = make_param(rngs, (cfg.out_hidden_size,), ("embed",), _ZEROS, param_dtype)
+    self.merger = PatchMerger(cfg, rngs, param_dtype)
+    if cfg.deepstack_visual_indexes:
+      self.deepstack = PatchMerger(cfg, rngs, param_dtype, wide=True, stack=len(cfg.deepstack_visual_indexes))
 
-  def __call__(self, images: Images) -> jax.Array:
-    """The merged features of ``images``, in the order of the prompts' image-pad tokens: [N / m^2, D] of one
-    sequence of patches, or [B, Q / m^2, D] of each row's own (``row_images``: pixels [B, Q, F])."""
+  def __call__(self, images: Images) -> tuple[jax.Array, jax.Array | None]:
+    """(features, deepstack) of ``images``, in the order of the prompts' image-pad tokens: features [N / m^2, D]
+    of one sequence of patches, or [B, Q / m^2, D] of each row's own (``row_images``: pixels [B, Q, F]);
+    deepstack [k, ...] the same for each deepstack merger (Qwen3-VL), else None."""
     if jnp.ndim(images.pixels) == 3:
-      return jax.vmap(lambda pixels, layout: self._features(pixels, layout))(
+      features, deep = jax.vmap(lambda pixels, layout: self._features(pixels, layout))(
           jnp.asarray(images.pixels), jax.tree.map(jnp.asarray, images.layout))
+      return features, None if deep is None else jnp.moveaxis(deep, 0, 1)
     return self._features(jnp.asarray(images.pixels), images.layout)
 
-  def _features(self, pixels: jax.Array, layout: ImageLayout) -> jax.Array:
-    """[N / m^2, D] merged features of one sequence of patches ``pixels`` [N, F] laid out by ``layout``."""
+  def _embedded(self, pixels: jax.Array, rotary: jax.Array) -> jax.Array:
+    """[N, Dv] the patches ``pixels`` [N, F] (in the tower's order) embedded, with Qwen3-VL's learned positions."""
     cfg, dt = self.cfg, self.dtype
+    x = jnp.einsum("nctpq,ctpqd->nd", pixels.reshape(-1, *cfg.patch_shape).astype(dt), self.patch[...].astype(dt))
+    if not cfg.qwen3:
+      return x
+    return x + self.patch_bias[...].astype(dt) + learned_positions(self.positions[...], rotary,
+                                                                   cfg.position_side).astype(dt)
+
+  def _features(self, pixels: jax.Array, layout: ImageLayout) -> tuple[jax.Array, jax.Array | None]:
+    """([N / m^2, D] merged features, [k, N / m^2, D] deepstack ones or None) of one sequence of patches
+    ``pixels`` [N, F] laid out by ``layout``."""
+    cfg = self.cfg
     order = jnp.asarray(layout.order)
-    pixels = pixels[jnp.where(order < 0, jnp.arange(order.shape[0]), order)].astype(dt)
-    x = jnp.einsum("nctpq,ctpqd->nd", pixels.reshape(-1, *cfg.patch_shape), self.patch[...].astype(dt))
-    cos, sin = _rotary_tables(jnp.asarray(layout.rotary), cfg)
+    rotary = jnp.asarray(layout.rotary)
+    x = self._embedded(pixels[jnp.where(order < 0, jnp.arange(order.shape[0]), order)], rotary)
+    cos, sin = _rotary_tables(rotary, cfg)
     windows, frames = jnp.asarray(layout.windows), jnp.asarray(layout.frames)
     masks = (windows[:, None] == windows[None, :], frames[:, None] == frames[None, :])
-    full = np.isin(np.arange(cfg.depth), cfg.fullatt_block_indexes)
+    full = jnp.asarray(np.isin(np.arange(cfg.depth), cfg.fullatt_block_indexes))
     graphdef, state = nnx.split(self.blocks)
 
     def body(x, xs):
@@ -330,13 +415,18 @@ class VisionTower(nnx.Module):
       mask = jnp.where(is_full, masks[1], masks[0])
       return nnx.merge(graphdef, layer_state)(x, cos, sin, mask), None
 
-    x, _ = jax.lax.scan(body, x, (state, jnp.asarray(full)))
-    merged = self.merger_norm(x).reshape(-1, cfg.merge_unit * cfg.hidden_size)
-    hidden = jax.nn.gelu(merged @ self.merger_fc1[...].astype(dt) + self.merger_fc1_bias[...].astype(dt),
-                         approximate=False)
-    out = hidden @ self.merger_fc2[...].astype(dt) + self.merger_fc2_bias[...].astype(dt)
+    blocks = lambda x, start, end: jax.lax.scan(  # noqa: E731
+        body, x, jax.tree.map(lambda a: a[start:end], (state, full)))[0]
+    deep, start = [], 0
+    for j, index in enumerate(cfg.deepstack_visual_indexes):
+      x = blocks(x, start, index + 1)
+      merger_graph, merger_state = nnx.split(self.deepstack)
+      deep.append(nnx.merge(merger_graph, jax.tree.map(lambda a, j=j: a[j], merger_state))(x))
+      start = index + 1
+    x = blocks(x, start, cfg.depth)
     restore = jnp.asarray(layout.restore)
-    return out[jnp.where(restore < 0, jnp.arange(restore.shape[0]), restore)]
+    back = lambda merged: merged[jnp.where(restore < 0, jnp.arange(restore.shape[0]), restore)]  # noqa: E731
+    return back(self.merger(x)), (jnp.stack([back(d) for d in deep]) if deep else None)
 
 
 def place_images(embeds: jax.Array, is_image: jax.Array, features: jax.Array, counts: jax.Array | None = None

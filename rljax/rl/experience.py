@@ -80,7 +80,7 @@ class Experience:
     positive: [N] whether a row's score is positive (positive_nll_coef).
     pixels, patch_order, patch_rotary, patch_windows, patch_frames, merge_restore: a vision-language run's
       images, each row's own prompt's (`rljax.models.vision.row_images`): pixels [N, Q, F], the layout [N, Q]
-      (rotary [N, Q, 2], merge_restore [N, Q / m^2]); positions are then M-RoPE's [N, P + R, 3], and
+      (rotary [N, Q, 4], merge_restore [N, Q / m^2]); positions are then M-RoPE's [N, P + R, 3], and
       image_slots [N, P + R] 1 on the prompt's image-pad tokens (where a packed pass places the features).
     packed: a packed pass's tokens (`rl.packing.PackedRows`), which then
       stand for input_ids, attention_mask, positions and responses.

@@ -318,7 +318,7 @@ def spec(micro_batches: int, rows: int, prompt_length: int, response_length: int
     pixels = shaped(q, int(np.prod(vision_config.patch_shape)))
     slots = tokens
     images = vision.Images(pixels=jax.ShapeDtypeStruct(pixels.shape, jnp.float32, sharding=pixels.sharding),
-                           layout=vision.ImageLayout(order=shaped(q), rotary=shaped(q, 2), windows=shaped(q),
+                           layout=vision.ImageLayout(order=shaped(q), rotary=shaped(q, 4), windows=shaped(q),
                                                      frames=shaped(q), restore=shaped(q // vision_config.merge_unit)))
   return PackedRows(input_ids=tokens, positions=tokens if vision_config is None else struct_of((*tokens.shape, 3)),
                     segment_ids=tokens,

@@ -326,7 +326,7 @@ def image_trailing(vision: Any) -> dict[str, tuple[int, ...]]:
   merged patch per row; a step's own rows are as wide as its widest and compile once per width)."""
   q = vision.merge_unit
   return {"positions": (3,), "pixels": (q, int(np.prod(vision.patch_shape))), "patch_order": (q,),
-          "patch_rotary": (q, 2), "patch_windows": (q,), "patch_frames": (q,), "merge_restore": (1,)}
+          "patch_rotary": (q, 4), "patch_windows": (q,), "patch_frames": (q,), "merge_restore": (1,)}
 
 
 def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *, graphdef: nnx.GraphDef,

@@ -220,7 +220,7 @@ def _check_model(config: ConfigDict) -> None:
   config_lib.check_model_path("model.partial_pretrain", model.partial_pretrain, vision_language=True)
   model_type = vision_language_type(model.partial_pretrain)
   if model_type is not None and model.lora_rank > 0:
-    lora.check_tower_left_out(lora.LoRAConfig.from_model_config(model, "model"),
+    lora.check_tower_left_out(lora.LoRAConfig.from_model_config(model, "model"), model_type,
                               f"model.partial_pretrain is a vision-language model ({model_type}), and ")
 
 

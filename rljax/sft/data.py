@@ -209,7 +209,7 @@ class SFTDataset:
     if image_row is not None and processor is None:
       raise ValueError(f"{self.describe_row(image_row)}: column {image_key!r} (data.image_key) holds images, and "
                        "model.partial_pretrain has no preprocessor_config.json: it is a text model. Fix: train a "
-                       "vision-language model (Qwen2.5-VL) from its full directory, or drop the column.")
+                       "vision-language model (Qwen2.5-VL, Qwen3-VL) from its full directory, or drop the column.")
     if image_row is not None:
       columns = [*columns, image_key]
     if table.num_rows == 0:

@@ -61,7 +61,7 @@ KEYS = {
     "data.image_key": Key(
         "Column holding each row's images (a vision-language model's: each <image> in the messages' text is where "
         "one goes), as the RL data's data.image_key.",
-        added="read when model.partial_pretrain is a vision-language model (Qwen2.5-VL); verl 0.9.1's SFT trainer "
+        added="read when model.partial_pretrain is a vision-language model (Qwen2.5-VL, Qwen3-VL); verl 0.9.1's SFT trainer "
               "takes images through its processor"),
     "data.image_patch_size": Key(
         "Patch size of the images' first resize (multiples of twice it), as the RL data's data.image_patch_size.",

@@ -57,6 +57,23 @@ def test_pixels_and_grids_are_the_qwen2_vl_processors(height, width, mode, tmp_p
   assert images.image_tokens(grid, proc) == rows * cols // 4
 
 
+@pytest.mark.parametrize("height,width,mode", CASES[:3])
+def test_qwen3_vl_settings_patches_of_16_and_mean_one_half(height, width, mode, tmp_path):
+  # Qwen3-VL's preprocessor_config.json: the same processor with 16-pixel patches, its own normalisation and
+  # pixel bounds given as size.shortest_edge / longest_edge
+  reference = Qwen2VLImageProcessorPil(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+                                       size={"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 256})
+  reference.save_pretrained(tmp_path)
+  proc = images.ImageProcessing.from_dir(str(tmp_path))
+  assert (proc.factor, proc.min_pixels, proc.max_pixels) == (32, 64 * 64, 32 * 32 * 256)
+  image = picture(height, width, mode)
+  want = reference(images=[image], return_tensors="np")
+  pixels, grid = images.preprocess(image, proc)
+  np.testing.assert_array_equal(grid, want["image_grid_thw"][0])
+  np.testing.assert_allclose(pixels, want["pixel_values"], atol=1e-6)
+  assert pixels.shape[1] == 3 * 2 * 16 * 16
+
+
 def test_an_image_path_and_the_default_processing(tmp_path):
   image = picture(300, 200)
   image.save(tmp_path / "a.png")

@@ -1,8 +1,10 @@
-"""Qwen2.5-VL: the vision tower, M-RoPE positions, logits and greedy decoding from image prompts against
+"""Qwen2.5-VL and Qwen3-VL: the vision tower, M-RoPE positions, logits and greedy decoding from image prompts against
 transformers', checkpoints both ways (and transformers 5's nested names), a sharded load, config errors.
 
-The model is tiny and random (every weight drawn, norms near 1), its images random patches whose grids are not
-square, hold several attention windows (one cut short) and, in one, two frames.
+The models are tiny and random (every weight drawn, norms near 1), their images random patches whose grids are not
+square, hold several attention windows (one cut short: Qwen2.5-VL's) and, in one, two frames. Qwen3-VL's learned
+position table (4 x 4) is resampled to grids both smaller and larger than it, and its two deepstack features reach
+both of the language model's layers.
 """
 
 import json
@@ -15,7 +17,7 @@ from flax import nnx
 from jax.sharding import AxisType
 
 import rljax.models as M
-from rljax.models import checkpoint, safetensors_io, vision
+from rljax.models import checkpoint, rope, safetensors_io, vision
 from rljax.models.config import from_hf_dict, to_hf_dict
 from rljax.sharding.rules import logical_to_spec, param_names
 
@@ -29,21 +31,33 @@ TEXT = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_lay
             num_key_value_heads=2, rope_theta=10000.0, max_position_embeddings=512, rms_norm_eps=1e-6,
             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, bos_token_id=1, eos_token_id=2)
 VISION = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=4,
-              spatial_merge_size=2, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1], in_channels=3)
+              spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+FAMILIES = {
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", TEXT,
+                   dict(VISION, window_size=16, fullatt_block_indexes=[1])),
+    "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
+                 {**{k: v for k, v in TEXT.items() if k not in ("rope_theta", "rope_scaling")}, "head_dim": 16,
+                  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                      "mrope_interleaved": True}},
+                 dict(VISION, hidden_act="gelu_pytorch_tanh", num_position_embeddings=16,
+                      deepstack_visual_indexes=[0, 1])),
+}
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-  """(the transformers model, the directory it was saved to)."""
-  config = transformers.Qwen2_5_VLConfig(text_config=TEXT, vision_config=VISION, image_token_id=IMAGE,
-                                         video_token_id=291, vision_start_token_id=START, vision_end_token_id=END)
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def saved(request, tmp_path_factory):
+  """(the transformers model, the directory it was saved to) of each family."""
+  config_class, model_class, text, vision_config = FAMILIES[request.param]
+  config = getattr(transformers, config_class)(text_config=text, vision_config=vision_config, image_token_id=IMAGE,
+                                               video_token_id=291, vision_start_token_id=START,
+                                               vision_end_token_id=END)
   torch.manual_seed(0)
-  model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+  model = getattr(transformers, model_class)(config).eval()
   with torch.no_grad():
     for name, p in model.named_parameters():
       norm = name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight"))
       p.copy_((1.0 if norm else 0.0) + 0.1 * torch.randn_like(p))
-  path = tmp_path_factory.mktemp("qwen2_5_vl") / "model"
+  path = tmp_path_factory.mktemp(request.param) / "model"
   model.save_pretrained(path)
   return model, str(path)
 
@@ -84,10 +98,24 @@ def images(model, pix):
 def test_the_tower_gives_transformers_features(saved, model):
   pix = pixels()
   with torch.no_grad():
-    want = saved[0].model.visual(torch.tensor(pix), grid_thw=torch.tensor(GRIDS)).pooler_output.numpy()
-  got = jax.jit(lambda m, i: m.visual(i))(model, images(model, pix))
+    out = saved[0].model.visual(torch.tensor(pix), grid_thw=torch.tensor(GRIDS))
+  got, deep = jax.jit(lambda m, i: m.visual(i))(model, images(model, pix))
   assert got.shape == (int(GRIDS.prod(-1).sum()) // 4, 64)
-  np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-4)
+  np.testing.assert_allclose(np.asarray(got), out.pooler_output.numpy(), atol=2e-5, rtol=1e-4)
+  if model.cfg.vision.qwen3:
+    assert deep.shape == (2, *got.shape)
+    for level, want in zip(deep, out.deepstack_features):
+      np.testing.assert_allclose(np.asarray(level), want.numpy(), atol=2e-5, rtol=1e-4)
+  else:
+    assert deep is None
+
+
+def test_interleaved_m_rope_turns_each_frequency_with_transformers_axis():
+  # Qwen3-VL's layout of [24, 20, 20] over 64 frequencies: T H W T H W ... for 60, then time
+  axes = rope.mrope_axes((24, 20, 20), True)
+  assert axes[:6].tolist() == [0, 1, 2, 0, 1, 2] and (axes[60:] == 0).all()
+  assert [int((axes == a).sum()) for a in range(3)] == [24, 20, 20]
+  assert rope.mrope_axes((2, 3, 3), False).tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
 
 
 def test_positions_are_transformers_m_rope_index(saved):
@@ -126,7 +154,7 @@ def test_logits_and_greedy_decoding_from_image_prompts_are_transformers(saved, m
 
 def test_a_saved_model_opens_in_transformers_with_the_same_weights(saved, model, tmp_path):
   M.save_pretrained(model, str(tmp_path / "out"))
-  reopened = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tmp_path / "out")).eval()
+  reopened = type(saved[0]).from_pretrained(str(tmp_path / "out")).eval()
   want = saved[0].state_dict()
   got = reopened.state_dict()
   assert sorted(got) == sorted(want)
@@ -138,6 +166,9 @@ def test_a_saved_model_opens_in_transformers_with_the_same_weights(saved, model,
 def test_transformers_5_nested_names_and_top_level_text_fields_load(saved, model, tmp_path):
   # the checkpoint as transformers 5 names its modules, and config.json as the released models write it (the
   # language model's fields at the top level)
+  if model.cfg.vision.qwen3:
+    pytest.skip("Qwen3-VL's released checkpoints and transformers both write nested names: every Qwen3-VL test "
+                "loads them")
   reader = safetensors_io.SafetensorsReader(saved[1])
   nested = {n.replace("model.", "model.language_model.", 1).replace("visual.", "model.visual.", 1)
             if not n.startswith("lm_head") else n: np.asarray(reader.tensor(n)) for n in reader.names()}
@@ -152,8 +183,8 @@ def test_transformers_5_nested_names_and_top_level_text_fields_load(saved, model
   loaded = M.from_pretrained(str(tmp_path / "nested"))
   assert loaded.cfg.mrope_section == (2, 3, 3) and loaded.cfg.vision == model.cfg.vision
   pix = pixels(2)
-  np.testing.assert_array_equal(np.asarray(loaded.visual(images(loaded, pix))),
-                                np.asarray(model.visual(images(model, pix))))
+  np.testing.assert_array_equal(np.asarray(loaded.visual(images(loaded, pix))[0]),
+                                np.asarray(model.visual(images(model, pix))[0]))
   assert checkpoint.released_name("model.language_model.layers.0.mlp.up_proj.weight") == \
       "model.layers.0.mlp.up_proj.weight"
 
@@ -170,8 +201,8 @@ def test_a_sharded_load_places_every_parameter_and_gives_the_same_logits(saved, 
       np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(want[path][...])[shard.index])
   # the blocks' parameters stacked over the tower's depth; its 2 heads do not split 4 ways, its MLP does
   assert sharded.visual.blocks.qkv[...].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", None, None, None)
-  assert sharded.visual.blocks.gate[...].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
-  assert sharded.visual.merger_fc1[...].sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+  assert sharded.visual.blocks.up[...].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+  assert sharded.visual.merger.fc1[...].sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
   ids, mask = batch()
   positions, _ = vision.rope_index(ids, mask, GRIDS, IMAGE, 2)
   pix = pixels(3)
@@ -205,16 +236,25 @@ def test_config_errors_name_the_field(saved):
   with pytest.raises(ValueError, match="video tokens .id 291. in the prompts"):
     vision.rope_index(np.where(ids == 5, 291, ids), mask, GRIDS, IMAGE, 2, video_token_id=291)
   broken = json.loads(json.dumps(config))
-  broken["vision_config"]["window_size"] = 4
-  with pytest.raises(ValueError, match="window_size=4 must be at least patch_size x spatial_merge_size = 8"):
-    from_hf_dict(broken)
+  if from_hf_dict(config).vision.qwen3:
+    broken["vision_config"]["num_position_embeddings"] = 15
+    with pytest.raises(ValueError, match="num_position_embeddings=15 must be the square of a grid side"):
+      from_hf_dict(broken)
+    broken = json.loads(json.dumps(config))
+    broken["vision_config"]["deepstack_visual_indexes"] = [1, 0]
+    with pytest.raises(ValueError, match=r"deepstack_visual_indexes=\[1, 0\] must be increasing block indexes"):
+      from_hf_dict(broken)
+  else:
+    broken["vision_config"]["window_size"] = 4
+    with pytest.raises(ValueError, match="window_size=4 must be at least patch_size x spatial_merge_size = 8"):
+      from_hf_dict(broken)
   # a config.json that names its architecture only
   nameless = {k: v for k, v in config.items() if k != "model_type"}
   assert from_hf_dict(nameless) == from_hf_dict(config)
 
 
 def test_a_text_model_refuses_images(model):
-  text = M.CausalLM(model.cfg.replace(vision=None, mrope_section=None, model_type="qwen2"), nnx.Rngs(0))
+  text = M.CausalLM(model.cfg.replace(vision=None, mrope_section=None, model_type="qwen3"), nnx.Rngs(0))
   ids, mask = batch()
   with pytest.raises(ValueError, match="has no vision tower"):
     text(jnp.asarray(ids), jnp.asarray(mask), images=images(model, pixels()))

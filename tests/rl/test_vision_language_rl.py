@@ -1,4 +1,5 @@
-"""GRPO on images: a tiny Qwen2.5-VL trained on geometry3k-format data (verl's multimodal parquet) on 8 devices.
+"""GRPO on images: a tiny Qwen2.5-VL (and Qwen3-VL) trained on geometry3k-format data (verl's multimodal
+parquet) on 8 devices.
 
 The rollout engine prefills each prompt with its images' features and decodes at its M-RoPE offset; the trainer's
 old-log-prob pass runs the same rows (images, M-RoPE positions) with the shared-prompt forward. Their log-probs
@@ -169,9 +170,17 @@ def test_grpo_on_images_as_two_processes_logs_the_metrics_of_one(vl_dir, data_di
   golden.assert_golden(two, [{k: v for k, v in m.items() if not k.startswith(golden.DROPPED)} for m in one], "vl")
 
 
-def test_packed_passes_carry_each_row_s_images_and_give_the_padded_numbers(vl_dir, data_dir, tmp_path):
+@pytest.fixture(scope="module")
+def qwen3_vl_dir(tmp_path_factory):
+  return vl_run.vl_model_dir(tmp_path_factory.mktemp("qwen3_vl") / "model", "qwen3_vl")
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_packed_passes_carry_each_row_s_images_and_give_the_padded_numbers(family, request, data_dir, tmp_path):
   """use_remove_padding: each buffer's tower runs its members' images one after another (windows and frames
-  kept apart), their features at the prompts' image tokens; the step logs the padded passes' numbers."""
+  kept apart), their features (and Qwen3-VL's deepstack features) at the prompts' image tokens; the step logs the
+  padded passes' numbers, and each pass's log-probs are the engine's."""
+  vl_dir = request.getfixturevalue("vl_dir" if family == "qwen2_5_vl" else "qwen3_vl_dir")
   runs = {}
   for packed in (False, True):
     (tmp_path / str(packed)).mkdir()
@@ -184,6 +193,6 @@ def test_packed_passes_carry_each_row_s_images_and_give_the_padded_numbers(vl_di
                        f"actor_rollout_ref.model.use_remove_padding={str(packed).lower()}")
     runs[packed] = tiny_run.fit_metrics(config, sharding.make_mesh(config))
   assert "perf/packed_compute_ratio" in runs[True][0] and "perf/packed_compute_ratio" not in runs[False][0]
-  assert abs(runs[True][0]["rollout_corr/log_ppl_abs_diff"]) < 1e-4
+  assert all(abs(run[0]["rollout_corr/log_ppl_abs_diff"]) < 1e-4 for run in runs.values())
   drop = lambda m: {k: v for k, v in m.items() if not k.startswith((*golden.DROPPED, "perf/packed"))}  # noqa: E731
   golden.assert_golden([drop(m) for m in runs[True]], [drop(m) for m in runs[False]], "packed images")

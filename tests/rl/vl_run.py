@@ -1,4 +1,4 @@
-"""A tiny Qwen2.5-VL model directory and geometry3k-format data with drawn images, for the RL tests.
+"""A tiny Qwen2.5-VL (or Qwen3-VL) model directory and geometry3k-format data with drawn images, for the RL tests.
 
 The model has tiny_run's tokenizer with Qwen-VL's vision tokens added, 2 text layers of width 64 and a 2-block
 vision tower of 4-pixel patches; its image processor keeps images within 32 x 32 pixels (at most 16 image
@@ -35,22 +35,26 @@ def vl_tokenizer():
   return tokenizer
 
 
-def vl_model_dir(path: pathlib.Path) -> str:
-  """Saves the tiny Qwen2.5-VL (random weights), its tokenizer and preprocessor_config.json in `path`."""
+def vl_model_dir(path: pathlib.Path, family: str = "qwen2_5_vl") -> str:
+  """Saves a tiny vision-language model of ``family`` (qwen2_5_vl or qwen3_vl; random weights), its tokenizer and
+  preprocessor_config.json in `path`."""
   tokenizer = vl_tokenizer()
   ids = {t: tokenizer.tok.token_to_id(t) for t in VISION_TOKENS}
+  text = dict(vocab_size=1408, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, rope_theta=10000.0, max_position_embeddings=2048, rms_norm_eps=1e-6,
+              tie_word_embeddings=True, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, bos_token_id=1,
+              eos_token_id=2, pad_token_id=2)
+  tower = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=4,
+               spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+  if family == "qwen3_vl":  # a 4 x 4 learned position table; deepstack features into both text layers
+    tower.update(hidden_act="gelu_pytorch_tanh", num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
+    text.update(head_dim=16)
+  else:
+    tower.update(window_size=16, fullatt_block_indexes=[1])
   cfg = from_hf_dict({
-      "model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-      "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+      "model_type": family, "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
       "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
-      "text_config": dict(vocab_size=1408, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
-                          max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                          rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, bos_token_id=1,
-                          eos_token_id=2, pad_token_id=2),
-      "vision_config": dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
-                            patch_size=4, spatial_merge_size=2, temporal_patch_size=2, window_size=16,
-                            fullatt_block_indexes=[1], in_channels=3)})
+      "text_config": text, "vision_config": tower})
   save_pretrained(CausalLM(cfg, nnx.Rngs(0)), str(path), tokenizer=tokenizer)
   (path / "preprocessor_config.json").write_text(json.dumps(
       {"patch_size": 4, "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 64, "max_pixels": 1024}))

@@ -1,4 +1,4 @@
-"""SFT of a tiny Qwen2.5-VL on prompts with images (verl's multimodal rows: <image> in the prompt, an images
+"""SFT of a tiny Qwen2.5-VL (and Qwen3-VL) on prompts with images (verl's multimodal rows: <image> in the prompt, an images
 column): the first step's loss is the model's own on each example (its images placed, M-RoPE positions), packed
 or one example per row, on 8 devices."""
 
@@ -27,6 +27,11 @@ def vl_dir(tmp_path_factory):
   return vl_run.vl_model_dir(tmp_path_factory.mktemp("vl_sft") / "model")
 
 
+@pytest.fixture(scope="module")
+def qwen3_vl_dir(tmp_path_factory):
+  return vl_run.vl_model_dir(tmp_path_factory.mktemp("qwen3_vl_sft") / "model", "qwen3_vl")
+
+
 def config_of(vl_dir, tmp_path, *extra):
   helpers.write_parquet(tmp_path / "data" / "train.parquet", sft_rows(16, 0))
   helpers.write_parquet(tmp_path / "data" / "test.parquet", sft_rows(8, 1))
@@ -52,8 +57,9 @@ def own_loss(model, batch):
   return -float((picked * trained[:, 1:]).sum()) / float(trained[:, 1:].sum())
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_the_first_sft_step_s_loss_is_the_model_s_own_on_each_example(vl_dir, tmp_path, packed):
+@pytest.mark.parametrize("packed,family", [(False, "qwen2_5_vl"), (True, "qwen2_5_vl"), (True, "qwen3_vl")])
+def test_the_first_sft_step_s_loss_is_the_model_s_own_on_each_example(request, tmp_path, packed, family):
+  vl_dir = request.getfixturevalue("vl_dir" if family == "qwen2_5_vl" else "qwen3_vl_dir")
   config = config_of(vl_dir, tmp_path, f"use_remove_padding={str(packed).lower()}")
   trainer = trainer_lib.SFTTrainer(config, helpers.mesh(DEVICES))
   try:
