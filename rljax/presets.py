@@ -214,6 +214,10 @@ QWEN2_5_VL_7B_GEO3K: dict[str, Any] = {
     "trainer.total_epochs": 15,
 }
 
+# verl's Qwen3-VL-8B GRPO example on geometry3k (examples/grpo_trainer/run_qwen3_vl-8b-megatron.sh: the same data,
+# batch, lengths and KL as the Qwen2.5-VL one) with that recipe's memory settings.
+QWEN3_VL_8B_GEO3K: dict[str, Any] = {**QWEN2_5_VL_7B_GEO3K, "actor_rollout_ref.model.path": "~/models/Qwen3-VL-8B-Instruct"}
+
 PRESETS = {
     "smollm2_arithmetic": SMOLLM2_ARITHMETIC,
     "qwen2_5_0_5b_gsm8k": QWEN2_5_0_5B_GSM8K,
@@ -223,6 +227,7 @@ PRESETS = {
     "qwen3_8b_dapo_math": QWEN3_8B_DAPO_MATH,
     "tiny_vl_shapes": TINY_VL_SHAPES,
     "qwen2_5_vl_7b_geo3k": QWEN2_5_VL_7B_GEO3K,
+    "qwen3_vl_8b_geo3k": QWEN3_VL_8B_GEO3K,
 }
 DEFAULT_PRESET = "smollm2_arithmetic"
 

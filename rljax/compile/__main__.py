@@ -15,6 +15,9 @@ compute, every rate at its peak (`rljax.compile.report`); none for v4.
 Loops whose trip count depends on the data (a mixture-of-experts update's
 capacity chunks) count once, and a line under the table names the steps
 that have them.
+A vision-language run's passes hold one merged image patch per row unless `--image_patches=N` sizes each row's
+images (N patches: a 448 x 448 image is 1,024 of Qwen2.5-VL's 14-pixel patches), and its rollout then also
+compiles the prefill of prompts with images (`image_prefill`) at each bucket.
 A step's `need` counts `state`: the trainer's arrays (weights, optimizer
 moments, the reference's copy) that stay on each chip while a step that does
 not take them runs (a rollout step, or the update beside the reference).
@@ -65,6 +68,9 @@ _ROW_TOKENS = flags.DEFINE_integer("row_tokens", None, "Compile the packed passe
                                    "real tokens each runs them (the micro-batches their token budgets then take, "
                                    "the buffers each needs), not at their largest (one row per buffer).",
                                    lower_bound=1)
+_IMAGE_PATCHES = flags.DEFINE_integer("image_patches", None, "A vision-language run: compile its passes and prefill "
+                                      "for rows of this many image patches each (a 448 x 448 image: 1,024 of 14 "
+                                      "pixels), not one merged patch.", lower_bound=1)
 
 FIXES = ("to fit, try: a larger fsdp axis (actor_rollout_ref.actor.fsdp_config.fsdp_size=-1 over more chips), "
          "fewer rows per micro-batch (actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, or "
@@ -116,7 +122,7 @@ def main(argv: Sequence[str]) -> int:
     several_hosts = _TOPOLOGY.value and len({d.process_index for d in mesh.devices.flat}) > 1
     planned = plan.rl_steps(config, mesh, topology_lib.devices(topology_lib.one_host(target)) if several_hosts else None,
                             appending=_APPENDING.value, rollout_devices=rollout_devices, remote=remote,
-                            row_tokens=_ROW_TOKENS.value)
+                            row_tokens=_ROW_TOKENS.value, image_patches=_IMAGE_PATCHES.value)
     sent = plan.weights_sent(planned) if rollout_devices else None
   except (config_lib.ConfigError, ValueError) as error:
     print(f"config error: {error}", file=sys.stderr)

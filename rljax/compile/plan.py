@@ -24,7 +24,9 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from rljax.compile import engine_steps, report, topology
+from rljax.models import vision
 from rljax.rl import assembly, packing, run_models, staleness
+from rljax.rl import experience as experience_lib
 from rljax.rollout.sampler import RolloutSampler
 from rljax.sharding import hosts, offload
 from rljax.sharding.placement import Step
@@ -45,7 +47,8 @@ class PlannedStep:
 
 def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] | None = None,
              appending: int | None = None, rollout_devices: Sequence[jax.Device] = (),
-             remote: bool = False, row_tokens: int | None = None) -> list[PlannedStep]:
+             remote: bool = False, row_tokens: int | None = None,
+             image_patches: int | None = None) -> list[PlannedStep]:
   """The steps of an RL run of `config` on `mesh`: updates, forward passes, the rollout's weight copy, prefill,
   insert and decode, each with the trainer's arrays it runs beside (under colocate_async the engine's decode
   state too, which lives across updates, and for the engine's own steps a second one where validation or remax's
@@ -56,7 +59,9 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   arrays, and `rollout_weights` is the cast before the weights are sent (`weights_sent`). `remote`: those devices
   are another process's (`rljax.rl.remote`): validation and remax's baselines decode on the trainer's devices
   instead (`validation_decode_step`, beside the trainer's arrays). `row_tokens`: the packed passes as a step of
-  rows holding that many real tokens each runs them (`at_row_tokens`), not at their largest."""
+  rows holding that many real tokens each runs them (`at_row_tokens`), not at their largest. `image_patches`: a
+  vision-language run's passes and prefill with rows of that many image patches each (`with_image_patches`), not
+  one merged patch."""
   run, state = assembly.build_run(config, mesh, abstract=True, tokenizer=None, batches_per_epoch=1,
                                   rollout_devices=rollout_devices, remote_rollout=remote)
   layout, steps = run.layout, run.steps
@@ -64,7 +69,11 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
   actor_params = run.actor_params(state)
   compute = run.model_config.dtype
   def sized(step: Step) -> Step:
-    return step if row_tokens is None or packed_buffers(step) is None else at_row_tokens(step, layout, row_tokens)
+    if row_tokens is not None and packed_buffers(step) is not None:
+      step = at_row_tokens(step, layout, row_tokens)
+    if image_patches is not None and run.model_config.vision is not None:
+      step = with_image_patches(step, image_patches, run.model_config.vision, row_tokens)
+    return step
 
   actor_update = sized(steps.actor_update)
   planned = [PlannedStep(actor_update, ("FSDP min", report.fsdp_minimum(
@@ -88,7 +97,7 @@ def rl_steps(config: ConfigDict, mesh: Mesh, host_devices: Sequence[jax.Device] 
     rollout_params = engine.compute_params(actor_params)
   rollout = []
   for step in engine_steps.engine_steps(engine, actor_params, sampler_steps, samples_per_prompt=layout.n,
-                                        appending=appending):
+                                        appending=appending, image_patches=image_patches):
     bound = None
     if step.name.startswith("decode_step"):
       bound = ("param+cache", report.decode_minimum(rollout_params, engine.abstract_decode_state()))
@@ -175,13 +184,45 @@ def at_row_tokens(step: Step, layout: Any, row_tokens: int) -> Step:
   packed = packing.PackedRows(
       input_ids=resized(abstract.input_ids, True), positions=resized(abstract.positions, True),
       segment_ids=resized(abstract.segment_ids, True), out_index=resized(abstract.out_index, False),
-      experts=resized(abstract.experts, True), row_index=resized(abstract.row_index, False))
+      experts=resized(abstract.experts, True), row_index=resized(abstract.row_index, False),
+      image_slots=resized(abstract.image_slots, True),
+      images=jax.tree.map(lambda s: resized(s, True), abstract.images))
   if batch is not abstract:
     fields = jax.tree.map(lambda s: jax.ShapeDtypeStruct((new_micro, slots, *s.shape[2:]), s.dtype,
                                                          sharding=s.sharding), batch.replace(packed=None))
     packed = fields.replace(packed=packed)
   args = (*step.args[:index], packed, *step.args[index + 1:])
   return Step(step.name, step.fn, args)
+
+
+def with_image_patches(step: Step, patches: int, cfg: Any, row_tokens: int | None = None) -> Step:
+  """`step` (built with one merged image patch per row) for rows of `patches` image patches each: a padded batch's
+  image fields [M, rows, Q, ...] at Q = the power of two `rljax.models.vision.row_images` pads them to; a packed
+  buffer's at the patches of the rows it holds (one at its largest; with `row_tokens`, as many as fit its
+  tokens)."""
+  q = vision.patch_bucket(patches, cfg.merge_unit)
+
+  def widened(s: Any, lead: int, width: int, merged: bool = False) -> Any:
+    """`s` [*lead axes, patches, ...] with `width` patches (merged: [.., merged patches] with width / m^2)."""
+    return jax.ShapeDtypeStruct((*s.shape[:lead], width // cfg.merge_unit if merged else width, *s.shape[lead + 1:]),
+                                s.dtype, sharding=s.sharding)
+
+  args = []
+  for arg in step.args:
+    packed = _packed_of(arg)
+    if packed is not None and packed.images is not None:
+      tokens = packed.input_ids.shape[-1]
+      width = vision.patch_bucket(patches * max(1, tokens // row_tokens) if row_tokens else patches,
+                                  cfg.merge_unit)
+      images = packed.images
+      layout = images.layout._replace(**{k: widened(getattr(images.layout, k), 3, width, k == "restore")
+                                         for k in images.layout._fields})
+      resized = packed.replace(images=images._replace(pixels=widened(images.pixels, 3, width), layout=layout))
+      arg = resized if arg is packed else arg.replace(packed=resized)
+    elif getattr(arg, "pixels", None) is not None:
+      arg = arg.replace(**{k: widened(getattr(arg, k), 2, q, k == "merge_restore") for k in experience_lib.IMAGE_FIELDS})
+    args.append(arg)
+  return Step(step.name, step.fn, tuple(args))
 
 
 def packing_line(planned: list[PlannedStep], row_tokens: int | None = None) -> str | None:

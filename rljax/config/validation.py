@@ -439,8 +439,6 @@ def _check_vision_language(config: ConfigDict) -> None:
     lora.check_tower_left_out(lora.LoRAConfig.from_model_config(arr.model), model_type, why)
   check(arr.rollout.quantization is None, "actor_rollout_ref.rollout.quantization", arr.rollout.quantization,
         why + "8-bit rollout weights for its tower are not implemented yet", "leave it unset")
-  check(config.trainer.v1.trainer_mode != "separate_async", "trainer.v1.trainer_mode", "separate_async",
-        why + "separate_async rollouts with images are not implemented yet", "use sync or colocate_async")
 
 
 def _check_lora(config: ConfigDict) -> None:

@@ -184,7 +184,7 @@ def _vision_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLa
   vec = lambda n: TensorLayout(((n,),), (0,))  # noqa: E731
   dense = lambda out, inp: TensorLayout(((out,), (inp,)), (1, 0))  # noqa: E731
   table = {
-      ("patch",): ("patch_embed.proj.weight", TensorLayout(((d,), *((n,) for n in v.patch_shape)), (1, 2, 3, 4, 0))),
+      ("embed", "patch"): ("patch_embed.proj.weight", TensorLayout(((d,), *((n,) for n in v.patch_shape)), (1, 2, 3, 4, 0))),
       ("blocks", "norm1", "scale"): ("blocks.{i}.norm1.weight", vec(d)),
       ("blocks", "norm2", "scale"): ("blocks.{i}.norm2.weight", vec(d)),
       ("blocks", "qkv"): ("blocks.{i}.attn.qkv.weight", TensorLayout(((3, h, hd), (d,)), (3, 0, 1, 2))),
@@ -202,8 +202,8 @@ def _vision_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLa
             ("blocks", "down"): ("blocks.{i}.mlp.down_proj.weight", dense(d, f)),
             ("blocks", "down_bias"): ("blocks.{i}.mlp.down_proj.bias", vec(d))}
   return {**table,
-          ("patch_bias",): ("patch_embed.proj.bias", vec(d)),
-          ("positions",): ("pos_embed.weight", TensorLayout(((v.num_position_embeddings,), (d,)), (0, 1))),
+          ("embed", "bias"): ("patch_embed.proj.bias", vec(d)),
+          ("embed", "positions"): ("pos_embed.weight", TensorLayout(((v.num_position_embeddings,), (d,)), (0, 1))),
           ("blocks", "norm1", "bias"): ("blocks.{i}.norm1.bias", vec(d)),
           ("blocks", "norm2", "bias"): ("blocks.{i}.norm2.bias", vec(d)),
           ("blocks", "up"): ("blocks.{i}.mlp.linear_fc1.weight", dense(f, d)),

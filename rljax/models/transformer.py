@@ -187,7 +187,7 @@ class CausalLM(nnx.Module):
       self.lm_head = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"),
                                 _EMBED_INIT, pd)
     if cfg.vision is not None:
-      self.visual = VisionTower(cfg.vision, rngs, cfg.dtype, pd)
+      self.visual = VisionTower(cfg.vision, rngs, cfg.dtype, pd, remat=cfg.remat)
 
   def lm_head_weight(self) -> jax.Array:
     """[V, D] output projection (the embedding matrix when tied)."""

@@ -35,7 +35,7 @@ from flax import nnx
 
 from rljax.models import rope
 from rljax.models.attention import dense_attention
-from rljax.models.layers import ACTIVATIONS, RMSNorm, make_param
+from rljax.models.layers import ACTIVATIONS, RMSNorm, gather_layer, make_param
 from rljax.models.vision_config import VisionConfig
 
 _NORMAL = jax.nn.initializers.normal(0.02)
@@ -361,18 +361,41 @@ class PatchMerger(nnx.Module):
     return hidden @ self.fc2[...].astype(dt) + self.fc2_bias[...].astype(dt)
 
 
-class VisionTower(nnx.Module):
-  """Qwen2.5-VL's or Qwen3-VL's vision tower: patches [N, C * frames * p * p] -> merged features [N / m^2, D] (and
-  Qwen3-VL's deepstack features [k, N / m^2, D])."""
+class PatchEmbed(nnx.Module):
+  """Patches [N, C * frames * p * p] -> [N, Dv]: HF's Conv3d (kernel = stride) as one matmul; Qwen3-VL adds its bias
+  and its learned positions (``learned_positions``)."""
 
-  def __init__(self, cfg: VisionConfig, rngs: nnx.Rngs, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32):
+  def __init__(self, cfg: VisionConfig, rngs: nnx.Rngs, dtype: Any):
     d = cfg.hidden_size
     self.cfg = cfg
-    self.dtype = dtype
-    self.patch = make_param(rngs, (*cfg.patch_shape, d), (None, None, None, None, "embed"), _NORMAL, param_dtype)
+    self.patch = make_param(rngs, (*cfg.patch_shape, d), (None, None, None, None, "embed"), _NORMAL, dtype)
     if cfg.qwen3:
-      self.patch_bias = make_param(rngs, (d,), ("embed",), _ZEROS, param_dtype)
-      self.positions = make_param(rngs, (cfg.num_position_embeddings, d), (None, "embed"), _NORMAL, param_dtype)
+      self.bias = make_param(rngs, (d,), ("embed",), _ZEROS, dtype)
+      self.positions = make_param(rngs, (cfg.num_position_embeddings, d), (None, "embed"), _NORMAL, dtype)
+
+  def __call__(self, pixels: jax.Array, rotary: jax.Array, dt: Any) -> jax.Array:
+    """[N, Dv] in dtype ``dt`` of ``pixels`` [N, F] at their (row, column, rows, columns) ``rotary`` [N, 4]."""
+    cfg = self.cfg
+    x = jnp.einsum("nctpq,ctpqd->nd", pixels.reshape(-1, *cfg.patch_shape).astype(dt), self.patch[...].astype(dt))
+    if not cfg.qwen3:
+      return x
+    return x + self.bias[...].astype(dt) + learned_positions(self.positions[...], rotary, cfg.position_side).astype(dt)
+
+
+class VisionTower(nnx.Module):
+  """Qwen2.5-VL's or Qwen3-VL's vision tower: patches [N, C * frames * p * p] -> merged features [N / m^2, D] (and
+  Qwen3-VL's deepstack features [k, N / m^2, D]).
+
+  Under FSDP each block's weights are gathered where it starts (the language model's layers do the same,
+  `rljax.models.layers.gather_layer`), so no pass all-reduces the patches' activations; with ``remat`` each
+  block is rematerialised in the backward pass."""
+
+  def __init__(self, cfg: VisionConfig, rngs: nnx.Rngs, dtype: Any = jnp.float32, param_dtype: Any = jnp.float32,
+               remat: bool = False):
+    self.cfg = cfg
+    self.dtype = dtype
+    self.remat = remat
+    self.embed = PatchEmbed(cfg, rngs, param_dtype)
     self.blocks = VisionBlock(cfg, rngs, param_dtype, stack=cfg.depth)
     self.merger = PatchMerger(cfg, rngs, param_dtype)
     if cfg.deepstack_visual_indexes:
@@ -388,14 +411,10 @@ class VisionTower(nnx.Module):
       return features, None if deep is None else jnp.moveaxis(deep, 0, 1)
     return self._features(jnp.asarray(images.pixels), images.layout)
 
-  def _embedded(self, pixels: jax.Array, rotary: jax.Array) -> jax.Array:
-    """[N, Dv] the patches ``pixels`` [N, F] (in the tower's order) embedded, with Qwen3-VL's learned positions."""
-    cfg, dt = self.cfg, self.dtype
-    x = jnp.einsum("nctpq,ctpqd->nd", pixels.reshape(-1, *cfg.patch_shape).astype(dt), self.patch[...].astype(dt))
-    if not cfg.qwen3:
-      return x
-    return x + self.patch_bias[...].astype(dt) + learned_positions(self.positions[...], rotary,
-                                                                   cfg.position_side).astype(dt)
+  def _gathered(self, module: nnx.Module) -> nnx.Module:
+    """`module` with its weights cast to the compute dtype and FSDP-gathered (`gather_layer`)."""
+    graphdef, state = nnx.split(module)
+    return nnx.merge(graphdef, gather_layer(state, self.dtype))
 
   def _features(self, pixels: jax.Array, layout: ImageLayout) -> tuple[jax.Array, jax.Array | None]:
     """([N / m^2, D] merged features, [k, N / m^2, D] deepstack ones or None) of one sequence of patches
@@ -403,17 +422,20 @@ class VisionTower(nnx.Module):
     cfg = self.cfg
     order = jnp.asarray(layout.order)
     rotary = jnp.asarray(layout.rotary)
-    x = self._embedded(pixels[jnp.where(order < 0, jnp.arange(order.shape[0]), order)], rotary)
+    x = self._gathered(self.embed)(pixels[jnp.where(order < 0, jnp.arange(order.shape[0]), order)], rotary,
+                                   self.dtype)
     cos, sin = _rotary_tables(rotary, cfg)
     windows, frames = jnp.asarray(layout.windows), jnp.asarray(layout.frames)
     masks = (windows[:, None] == windows[None, :], frames[:, None] == frames[None, :])
     full = jnp.asarray(np.isin(np.arange(cfg.depth), cfg.fullatt_block_indexes))
     graphdef, state = nnx.split(self.blocks)
 
-    def body(x, xs):
-      layer_state, is_full = xs
+    def block(x, layer_state, is_full):
       mask = jnp.where(is_full, masks[1], masks[0])
-      return nnx.merge(graphdef, layer_state)(x, cos, sin, mask), None
+      return nnx.merge(graphdef, gather_layer(layer_state, self.dtype))(x, cos, sin, mask)
+
+    run = jax.checkpoint(block) if self.remat else block
+    body = lambda x, xs: (run(x, *xs), None)  # noqa: E731
 
     blocks = lambda x, start, end: jax.lax.scan(  # noqa: E731
         body, x, jax.tree.map(lambda a: a[start:end], (state, full)))[0]
@@ -421,12 +443,13 @@ class VisionTower(nnx.Module):
     for j, index in enumerate(cfg.deepstack_visual_indexes):
       x = blocks(x, start, index + 1)
       merger_graph, merger_state = nnx.split(self.deepstack)
-      deep.append(nnx.merge(merger_graph, jax.tree.map(lambda a, j=j: a[j], merger_state))(x))
+      level = gather_layer(jax.tree.map(lambda a, j=j: a[j], merger_state), self.dtype)
+      deep.append(nnx.merge(merger_graph, level)(x))
       start = index + 1
     x = blocks(x, start, cfg.depth)
     restore = jnp.asarray(layout.restore)
     back = lambda merged: merged[jnp.where(restore < 0, jnp.arange(restore.shape[0]), restore)]  # noqa: E731
-    return back(self.merger(x)), (jnp.stack([back(d) for d in deep]) if deep else None)
+    return back(self._gathered(self.merger)(x)), (jnp.stack([back(d) for d in deep]) if deep else None)
 
 
 def place_images(embeds: jax.Array, is_image: jax.Array, features: jax.Array, counts: jax.Array | None = None

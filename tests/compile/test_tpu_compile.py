@@ -50,13 +50,14 @@ def model_dir(tmp_path_factory):
   return str(path)
 
 
-def planned(model_dir, name, *extra, row_tokens=None):
+def planned(model_dir, name, *extra, row_tokens=None, image_patches=None):
   target = topology.parse(name)
   devices = topology.devices(target)
   config = resolve(config_lib.load_config_file(str(ROOT / "configs" / "grpo.py")),
                    [f"actor_rollout_ref.model.path={model_dir}", *OVERRIDES, *extra], device_count=len(devices))
   mesh = sharding.make_mesh(config, devices=devices)
-  return {p.step.name.split("[")[0]: p for p in plan.rl_steps(config, mesh, row_tokens=row_tokens)}, target
+  return {p.step.name.split("[")[0]: p for p in plan.rl_steps(config, mesh, row_tokens=row_tokens,
+                                                              image_patches=image_patches)}, target
 
 
 def test_topologies_parse_to_their_slices():
@@ -128,6 +129,29 @@ def test_packed_passes_compile_as_a_step_of_shorter_rows_runs_them(model_dir):
   assert short["actor_update"].bound[1] == pytest.approx(largest["actor_update"].bound[1] / 2, rel=0.05)
   flops = [plan.compile_step(s["actor_update"], target.hbm_bytes)[0].loop_flops for s in (largest, short)]
   assert flops[1] < 0.3 * flops[0]  # a quarter of the buffers
+
+
+# TINY with a Qwen2.5-VL tower of 2 blocks (one windowed, one across the frame) of heads as wide as TINY's
+TINY_VL = {**{k: v for k, v in TINY.items() if k not in ("model_type", "architectures")}, "model_type": "qwen2_5_vl",
+           "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "image_token_id": 2000,
+           "vision_config": {"depth": 2, "hidden_size": 256, "intermediate_size": 512, "num_heads": 2,
+                             "out_hidden_size": 512, "patch_size": 14, "spatial_merge_size": 2, "window_size": 112,
+                             "fullatt_block_indexes": [1], "temporal_patch_size": 2, "in_channels": 3}}
+
+
+@pytest.mark.slow  # compiles an update and a prefill with images (about 40 s)
+@jax.default_matmul_precision("default")
+def test_a_vision_language_run_compiles_for_rows_of_realistic_images(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps(TINY_VL))
+  steps, target = planned(str(tmp_path), "v5e:2x2", image_patches=1000)  # a 448 x 448 image: 1,024 patches
+  update, prefill = steps["actor_update"], steps["image_prefill"]
+  # the update's packed buffers (at their largest, one row each) and the prefill's rows hold 1,024 patches
+  images = plan._packed_of(update.step.args[plan._packed_arg(update.step)]).images
+  assert images.pixels.shape[-2:] == (1024, 3 * 2 * 14 * 14) and images.layout.restore.shape[-1] == 256
+  assert prefill.step.args[3].pixels.shape[1:] == (1024, 3 * 2 * 14 * 14)
+  results = {name: plan.compile_step(steps[name], target.hbm_bytes)[0] for name in ("actor_update", "image_prefill")}
+  assert all(r.fits and r.activation_all_reduce == 0 for r in results.values()), results
+  assert results["actor_update"].ratio <= 1.3, (results["actor_update"].collectives, results["actor_update"].bound)
 
 
 def scattered_bytes(mesh, shape, dim, options):

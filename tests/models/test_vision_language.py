@@ -285,3 +285,14 @@ def test_the_rollout_engine_decodes_image_prompts_as_greedy_generation(model):
   # the text-only row beside them decodes as a text prompt
   alone = M.greedy_generate(model, text[0][2:], text[1][2:], 6)
   np.testing.assert_array_equal(rollout.responses[4:], np.repeat(alone, 2, axis=0))
+
+
+def test_the_presets_vision_language_architectures_read_as_their_families():
+  # rljax.compile builds a preset's model from these when its checkpoint is not on the machine
+  from rljax.models import known
+  qwen2_5, qwen3 = (from_hf_dict(known.ARCHITECTURES[name]) for name in ("Qwen2.5-VL-7B-Instruct",
+                                                                          "Qwen3-VL-8B-Instruct"))
+  assert (qwen2_5.vision.family, qwen2_5.mrope_section, qwen2_5.qkv_bias, qwen2_5.vision.window_size) == (
+      "qwen2_5_vl", (16, 24, 24), True, 112)
+  assert (qwen3.vision.family, qwen3.mrope_interleaved, qwen3.qk_norm, qwen3.vision.deepstack_visual_indexes,
+          qwen3.vision.position_side, qwen3.rope_theta) == ("qwen3_vl", True, True, (8, 16, 24), 48, 5000000)

@@ -196,3 +196,44 @@ def test_packed_passes_carry_each_row_s_images_and_give_the_padded_numbers(famil
   assert all(abs(run[0]["rollout_corr/log_ppl_abs_diff"]) < 1e-4 for run in runs.values())
   drop = lambda m: {k: v for k, v in m.items() if not k.startswith((*golden.DROPPED, "perf/packed"))}  # noqa: E731
   golden.assert_golden([drop(m) for m in runs[True]], [drop(m) for m in runs[False]], "packed images")
+
+
+@pytest.mark.slow  # two 2-step runs of the images job (about 40 s)
+def test_separate_async_streams_images_on_devices_of_its_own_as_colocate_async_does(vl_dir, data_dir, tmp_path,
+                                                                                   monkeypatch):
+  """The rollout's 4 devices prefill each prompt with its images on a thread of their own; the run logs the
+  metrics of colocate_async on the trainer's 4 devices under the same schedule (tests/rl/test_separate.py)."""
+  from rljax.rl import staleness
+  common = ("trainer.total_training_steps=2", "trainer.n_gpus_per_node=4", "trainer.save_freq=-1",
+            "trainer.v1.separate_async.parameter_sync_step=1", "trainer.v1.separate_async.num_warmup_batches=1",
+            "trainer.v1.colocate_async.num_warmup_batches=1")
+  for run in ("separate", "colocated"):
+    (tmp_path / run).mkdir()
+  config = vl_config(vl_dir, data_dir, tmp_path / "separate", *common, "trainer.v1.trainer_mode=separate_async",
+                     "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=4")
+  mesh = sharding.make_mesh(config)
+  assert list(mesh.devices.flat) == jax.devices()[:4]
+  schedule = staleness.schedule_of(config)
+  apart = tiny_run.fit_metrics(config, mesh)
+  config = vl_config(vl_dir, data_dir, tmp_path / "colocated", *common, "trainer.v1.trainer_mode=colocate_async")
+  monkeypatch.setattr(staleness, "schedule_of", lambda config: schedule)
+  together = tiny_run.fit_metrics(config, sharding.make_mesh(config, jax.devices()[:4]))
+  drop = lambda m: {k: v for k, v in m.items() if not k.startswith(("timing_s", "perf/"))}  # noqa: E731
+  assert [drop(m) for m in apart] == [drop(m) for m in together] and len(apart) == 2
+  # the first batch decodes under the weights it trains (later ones under a version behind)
+  assert abs(apart[0]["rollout_corr/log_ppl_abs_diff"]) < 1e-4, apart[0]
+
+
+def test_separate_async_on_several_processes_refuses_images_naming_the_mode(vl_dir, data_dir, tmp_path):
+  import collections
+  from rljax.config import ConfigError
+  from rljax.rl import remote
+  device = collections.namedtuple("Device", "id process_index")
+  config = vl_config(vl_dir, data_dir, tmp_path, "trainer.n_gpus_per_node=auto", "trainer.nnodes=auto",
+                     "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+                     "actor_rollout_ref.rollout.n_gpus_per_node=4")
+  two_by_four = [device(i, i // 4) for i in range(8)]  # 2 processes of 4 devices: a process each
+  with pytest.raises(ConfigError, match=r"trainer.v1.trainer_mode='separate_async': on several processes with a "
+                                        r"vision-language actor \(qwen2_5_vl\)"):
+    remote.roles(config, two_by_four)
+  assert remote.roles(config, two_by_four[:4]) is None  # one process: the test above
