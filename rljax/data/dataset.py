@@ -277,14 +277,10 @@ class RLHFDataset:
 
   def row_images(self, entries: Any, where: str) -> tuple[np.ndarray, np.ndarray] | None:
     """(pixel_values [N, F] float32, image_grid_thw [I, 3] int64) of a row's images, or None without any."""
-    entries = media_entries(entries)
-    if not entries:
-      return None
     try:
-      prepared = [images_lib.prompt_image(e, self.processor, self.image_patch_size) for e in entries]
+      return images_lib.prompt_images(media_entries(entries), self.processor, self.image_patch_size)
     except ValueError as e:
       raise ValueError(f"{where}: column {self.image_key!r}: {e}") from e
-    return np.concatenate([p for p, _ in prepared]), np.stack([g for _, g in prepared])
 
   def process_row(self, row: dict[str, Any], row_number: int) -> dict[str, Any]:
     """One parquet row -> one padded prompt (the keys listed in the module doc).

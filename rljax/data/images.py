@@ -169,6 +169,16 @@ def prompt_image(entry: Any, proc: ImageProcessing, patch_size: int) -> tuple[np
   return preprocess(image.resize((width, height), resample=Image.Resampling.BICUBIC), proc)
 
 
+def prompt_images(entries: list[Any], proc: ImageProcessing, patch_size: int
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+  """(pixel_values [N, F] float32, image_grid_thw [I, 3] int64) of a prompt's image `entries` (`prompt_image`
+  each, in order), or None without any."""
+  if not entries:
+    return None
+  prepared = [prompt_image(e, proc, patch_size) for e in entries]
+  return np.concatenate([p for p, _ in prepared]), np.stack([g for _, g in prepared])
+
+
 def entry_tokens(entry: Any, proc: ImageProcessing, patch_size: int) -> int:
   """The image-pad tokens ``prompt_image`` gives an entry, from its size alone (its pixels are not decoded)."""
   image = load_image(entry, convert=False)

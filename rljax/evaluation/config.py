@@ -46,6 +46,8 @@ def get_generate_config() -> ConfigDict:
           "batch_size": 128,
           "truncation": "error",
           "tokenizer": null(str),
+          "image_key": "images",
+          "image_patch_size": 14,
       },
       "model": {"path": "~/models/Qwen2-7B-Instruct", "external_lib": null(str), "checkpoint": null(str)},
       "rollout": {
@@ -182,7 +184,9 @@ def validate_generate(config: ConfigDict) -> ConfigDict:
   check(bool(config.model.path) or bool(config.model.checkpoint), "model.path", config.model.path,
         "no model to generate with", "set model.path=DIR (or an alias) or model.checkpoint=RUN_DIR")
   if not config.model.checkpoint:
-    config_lib.check_model_path("model.path", config.model.path)
+    config_lib.check_model_path("model.path", config.model.path, vision_language=True)
+  _check_text(config, "data.image_key", "images")
+  _check_positive_int(config, "data.image_patch_size", 14)
   _check_generate_sampling(config)
   _check_generate_lengths(config)
   return config

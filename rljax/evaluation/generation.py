@@ -10,6 +10,10 @@ over a JetStream engine (the trainer's rollout), with the sampling keys of
 ignore_eos). Responses are decoded with special tokens skipped, as verl
 decodes them.
 
+A vision-language model's prompts may hold images (`data.image_key`, verl's
+multimodal parquet, prepared as the RL data prepares them): each prompt is
+prefilled with its images once for its samples.
+
 The model is `model.path` (an HF directory, a .gguf file or an alias) or, with
 `model.checkpoint`, the actor of an rljax run: its latest complete step (or
 the `global_step_N` directory named), on the architecture and tokenizer of
@@ -41,6 +45,7 @@ from rljax import export
 from rljax import models
 from rljax import sharding
 from rljax.data import dataset as dataset_lib
+from rljax.data import images as images_lib
 from rljax.data import tokenization
 from rljax.evaluation import cli
 from rljax.evaluation import table as table_lib
@@ -98,19 +103,64 @@ def fit_prompt(ids: Sequence[int], max_length: int, truncation: str, where: str)
 
 
 def encode_prompts(messages: Sequence[Any], tokenizer: Any, prompt_key: str, max_length: int,
-                   truncation: str, source: str) -> list[list[int]]:
-  """Chat messages of N rows -> N lists of prompt token ids (templated, unpadded).
+                   truncation: str, source: str, images: Sequence[Any] | None = None,
+                   processor: images_lib.ImageProcessing | None = None) -> list[list[int]]:
+  """Chat messages of N rows -> N lists of prompt token ids (templated, unpadded). With a vision-language model's
+  `processor`, `images` [N] holds each row's `prompt_images` (or None): its `<image>` placeholders become the
+  image tokens, as the RL data makes them, and a prompt with images is never cut.
 
   Raises:
-    ValueError: naming the row, for malformed messages or an over-long prompt.
+    ValueError: naming the row, for malformed messages, placeholders that do not match the images, or an over-long
+      prompt.
   """
   prompts = []
   for row, value in enumerate(messages):
     where = table_lib.describe_row(source, row)
     chat = dataset_lib.check_messages(value, where, prompt_key)
+    pictures = None if images is None else images[row]
+    if pictures is not None:
+      chat = dataset_lib.expand_images(chat, [images_lib.image_tokens(g, processor) for g in pictures[1]], where)
     ids = tokenization.encode_text(tokenizer, tokenization.chat_prompt(tokenizer, chat))
+    if pictures is not None and len(ids) > max_length:
+      raise ValueError(f"{where}: the templated prompt is {len(ids)} tokens with its images', longer than "
+                       f"rollout.prompt_length={max_length}; a prompt with images is never cut. Raise "
+                       "rollout.prompt_length or lower the images' max_pixels.")
     prompts.append(fit_prompt(ids, max_length, truncation, where))
   return prompts
+
+
+def prompt_images(values: Sequence[Any], processor: images_lib.ImageProcessing, patch_size: int, source: str,
+                  image_key: str) -> list[tuple[np.ndarray, np.ndarray] | None]:
+  """Each row's (pixel_values, image_grid_thw) from its `data.image_key` entries (None: no image), prepared as the
+  RL data prepares them; an unreadable image is an error naming its row."""
+  out = []
+  for row, value in enumerate(values):
+    try:
+      out.append(images_lib.prompt_images(dataset_lib.media_entries(value), processor, patch_size))
+    except ValueError as e:
+      raise ValueError(f"{table_lib.describe_row(source, row)}: column {image_key!r}: {e}") from e
+  return out
+
+
+def read_images(table: pa.Table, config: ConfigDict, source: str) -> tuple[list[Any] | None, Any]:
+  """(each row's `prompt_images` or None for a text model's prompts, the model's image processing or None).
+
+  Raises:
+    ValueError: naming the first row with images when the model is a text model.
+  """
+  key = config.data.image_key
+  processor = images_lib.ImageProcessing.of_model(model_directory(config))
+  if processor is None:
+    row = dataset_lib.first_media_row(table, key)
+    if row is not None:
+      raise ValueError(f"{table_lib.describe_row(source, row)}: column {key!r} (data.image_key) holds images, and "
+                       "the model has no preprocessor_config.json: it is a text model. Generate with a "
+                       "vision-language model (Qwen2.5-VL, Qwen3-VL) from its full directory, or drop the column.")
+    return None, None
+  if key not in table.column_names:
+    return None, processor
+  return prompt_images(table.column(key).to_pylist(), processor, int(config.data.image_patch_size), source,
+                       key), processor
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -137,7 +187,8 @@ def decode_responses(responses: np.ndarray, lengths: np.ndarray, n: int, tokeniz
 
 
 def generate_responses(sampler: RolloutSampler, params: Any, prompts: Sequence[Sequence[int]], n: int,
-                       batch_size: int, key: jax.Array, tokenizer: Any) -> list[list[str]]:
+                       batch_size: int, key: jax.Array, tokenizer: Any,
+                       images: Sequence[Any] | None = None) -> list[list[str]]:
   """n decoded responses per prompt, `batch_size` prompts per sampler call, every host's.
 
   On several hosts each batch's prompts are split over them (`hosts.share`) and each host generates its
@@ -152,6 +203,7 @@ def generate_responses(sampler: RolloutSampler, params: Any, prompts: Sequence[S
     batch_size: prompts per `sampler.generate` call.
     key: PRNG key; batch b samples with `fold_in(key, b)`.
     tokenizer: decodes the responses.
+    images: B prompts' (pixel_values, image_grid_thw) or None each (`prompt_images`); None: text prompts.
 
   Returns:
     B lists of n strings, in prompt order.
@@ -165,7 +217,13 @@ def generate_responses(sampler: RolloutSampler, params: Any, prompts: Sequence[S
     mine: list[list[str]] = []
     if part.stop > part.start:
       ids, mask = pad_prompts(chunk[part], sampler.pad_id)
-      rollout = sampler.generate(params, ids, mask, n, jax.random.fold_in(key, b), first_request=part.start * n)
+      rows = None
+      if images is not None:
+        mine_images = images[b * batch_size:(b + 1) * batch_size][part]
+        rows = {"multi_modal_inputs": dataset_lib.object_array(
+            [None if i is None else {"pixel_values": i[0], "image_grid_thw": i[1]} for i in mine_images])}
+      rollout = sampler.generate(params, ids, mask, n, jax.random.fold_in(key, b), first_request=part.start * n,
+                                 rows=rows)
       mine = decode_responses(rollout.responses, rollout.response_lengths, n, tokenizer)
     out.extend(responses for host in hosts.process_objects(mine) for responses in host)
   return out
@@ -189,6 +247,13 @@ def checkpoint_location(path: str) -> tuple[str, int | None]:
   if os.path.basename(path).startswith(checkpointing.STEP_PREFIX + "_"):
     return checkpointing.split_step_path(path)
   return path, None
+
+
+def model_directory(config: ConfigDict) -> str:
+  """The model's directory: model.path, or the model the run of model.checkpoint trained."""
+  if config.model.checkpoint:
+    return export.load_run_config(checkpoint_location(config.model.checkpoint)[0]).actor_rollout_ref.model.path
+  return config.model.path
 
 
 def tokenizer_path(config: ConfigDict) -> str:
@@ -295,14 +360,15 @@ def run(config: ConfigDict) -> str:
     raise ValueError(f"{source} has no rows to generate for (data.path).")
   table_lib.require_columns(table, {"data.prompt_key": config.data.prompt_key}, source)
   tokenizer = load_tokenizer(config)
+  images, processor = read_images(table, config, source)
   prompts = encode_prompts(table.column(config.data.prompt_key).to_pylist(), tokenizer, config.data.prompt_key,
-                           config.rollout.prompt_length, config.data.truncation, source)
+                           config.rollout.prompt_length, config.data.truncation, source, images, processor)
   mesh, rules = make_mesh(config)
   policy = load_policy(config, mesh, rules, tokenizer)
   _LOG.info("%d prompts from %s, model %s on %d device(s)", len(prompts), source, policy.source, mesh.size)
   sampler = make_sampler(policy, config, mesh, rules)
   responses = generate_responses(sampler, policy.params, prompts, config.data.n_samples, config.data.batch_size,
-                                 jax.random.key(config.trainer.seed), tokenizer)
+                                 jax.random.key(config.trainer.seed), tokenizer, images)
   if not is_main_process():
     return output_path(config)
   path = table_lib.write_parquet(with_responses(table, responses), output_path(config))

@@ -50,6 +50,13 @@ GENERATE_KEYS = {
     "data.n_samples": Key("Responses generated per prompt."),
     "data.output_path": Key("Parquet file the prompts and their responses are written to; null writes NAME-responses.parquet beside data.path."),
     "data.path": Key("Parquet file of prompts (verl's format: a chat-message prompt column)."),
+    "data.image_key": Key(
+        "Column holding each prompt's images (a list of {'bytes': ...}, {'path': ...} or paths; each <image> in the "
+        "prompt's text is where one goes), as the RL data's data.image_key.",
+        added="read when the model is a vision-language model (Qwen2.5-VL, Qwen3-VL)"),
+    "data.image_patch_size": Key(
+        "Patch size of the images' first resize (multiples of twice it), as the RL data's data.image_patch_size.",
+        added="read with data.image_key"),
     "data.tokenizer": Key(
         "Tokenizer to use; null takes the model's own.",
         added="tokenizer path or alias (default: the model's)"),

@@ -245,13 +245,10 @@ class SFTDataset:
     """(pixel_values [N, F], image_grid_thw [I, 3]) of a row's images, as the RL data prepares them; None without
     any."""
     entries = rl_dataset.media_entries(row.get(self.config.get("image_key"))) if self.processor is not None else []
-    if not entries:
-      return None
     try:
-      prepared = [images_lib.prompt_image(e, self.processor, int(self.config.image_patch_size)) for e in entries]
+      return images_lib.prompt_images(entries, self.processor, int(self.config.image_patch_size))
     except ValueError as e:
       raise ValueError(f"{where}: column {self.config.image_key!r}: {e}") from e
-    return np.concatenate([p for p, _ in prepared]), np.stack([g for _, g in prepared])
 
   def __getitem__(self, i: int) -> dict[str, Any]:
     number = int(self._row_numbers[i])

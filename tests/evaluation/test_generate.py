@@ -36,7 +36,11 @@ def noisy_model_dir(path):
   The plain initialisation answers every prompt with the same token; the
   noise makes greedy responses depend on the prompt.
   """
-  model_dir = tiny_run.tiny_model_dir(path)
+  return with_noise(tiny_run.tiny_model_dir(path))
+
+
+def with_noise(model_dir):
+  """The model directory's weights with N(0, 0.3^2) added to each, saved in place."""
   model = from_pretrained(model_dir)
   graphdef, params = nnx.split(model, nnx.Param)
   leaves, tree = jax.tree.flatten(params)
@@ -198,6 +202,40 @@ def test_truncation_modes_cut_instead_of_failing():
   assert generation.fit_prompt(ids, 10, "error", "f row 0") == ids
   with pytest.raises(ValueError, match="f row 0"):
     generation.fit_prompt(ids, 9, "error", "f row 0")
+
+
+def test_a_vision_language_model_generates_from_image_prompts_as_greedy_decoding_does(tiny, tmp_path):
+  """verl's multimodal parquet (geometry3k's layout): each prompt's images prepared as the RL data prepares them,
+  its <image> placeholders their tokens, its greedy response the model's own greedy decoding from its images."""
+  from rljax.data import dataset
+  from rljax.data.images import ImageProcessing
+  from rljax.models import greedy_generate, vision
+  from tests.rl import vl_run
+  model_dir = with_noise(vl_run.vl_model_dir(tmp_path / "vl"))  # its greedy responses then differ with the images
+  prompts = vl_run.write_geometry3k(tmp_path / "geo.parquet", 4)
+  out = tmp_path / "out.parquet"
+  generation.run(resolved([GENERATE_CONFIG, f"data.path={prompts}", f"data.output_path={out}",
+                           f"model.path={model_dir}", "data.image_patch_size=4", "rollout.prompt_length=96",
+                           f"rollout.response_length={RESPONSE}", "rollout.do_sample=false", "data.n_samples=1",
+                           "trainer.n_gpus_per_node=1"]))
+  got = [r[0] for r in pq.read_table(out).column("responses").to_pylist()]
+  model, tokenizer = from_pretrained(model_dir), load_tokenizer(model_dir)
+  rows = dataset.RLHFDataset(prompts, tokenizer, {"max_prompt_length": 96, "image_patch_size": 4},
+                             processor=ImageProcessing.of_model(model_dir))
+  want = []
+  for row in rows:
+    pixels, grids = row["multi_modal_inputs"]["pixel_values"], row["multi_modal_inputs"]["image_grid_thw"]
+    tokens = greedy_generate(model, row["input_ids"][None], row["attention_mask"][None], RESPONSE,
+                             eos_ids=tokenizer.eos_token_ids,
+                             images=vision.Images(pixels, vision.image_layout(grids, model.cfg.vision)),
+                             grid_thw=grids)[0]
+    ended = [i for i, t in enumerate(tokens) if t in tokenizer.eos_token_ids]
+    want.append(tokenizer.decode(tokens[:ended[0] + 1 if ended else RESPONSE].tolist(), skip_special_tokens=True))
+  assert got == want and len(set(want)) > 1
+  # a text model given the same rows names the first row with images
+  with pytest.raises(ValueError, match=r"geo\.parquet row 0: column 'images' \(data.image_key\) holds images, and "
+                                       r"the model has no preprocessor_config.json"):
+    generation.run(resolved(generate_args(tiny, out, f"data.path={prompts}")))
 
 
 def test_bad_columns_and_messages_name_row_and_key(tiny):
