@@ -370,8 +370,7 @@ def test_a_vision_language_actor_is_configured_and_what_it_cannot_do_is_refused(
                                                     "actor_rollout_ref.model.lora_rank=8"])
   assert "is a vision-language model (qwen3_vl)" in message and "linear_fc1" in message, message
   for extra, key in (("reward_model.enable=true", "reward_model.enable"),
-                     ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.exclude_modules"),
-                     ("actor_rollout_ref.rollout.quantization=int8", "actor_rollout_ref.rollout.quantization")):
+                     ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.exclude_modules")):
     message = error_of(resolved, experiment("grpo"), [f"actor_rollout_ref.model.path={path}", extra])
     assert message.startswith(f"{key}=") and "is a vision-language model (qwen2_5_vl)" in message, message
   message = error_of(resolved, experiment("ppo"), [f"actor_rollout_ref.model.path={path}"])

@@ -437,8 +437,6 @@ def _check_vision_language(config: ConfigDict) -> None:
   if int(arr.model.lora_rank) > 0:
     from rljax.models import lora  # pylint: disable=import-outside-toplevel
     lora.check_tower_left_out(lora.LoRAConfig.from_model_config(arr.model), model_type, why)
-  check(arr.rollout.quantization is None, "actor_rollout_ref.rollout.quantization", arr.rollout.quantization,
-        why + "8-bit rollout weights for its tower are not implemented yet", "leave it unset")
 
 
 def _check_lora(config: ConfigDict) -> None:

@@ -14,8 +14,9 @@ fuses the convert and the product into the dot's operand, so a decode
 step reads the 8-bit bytes; an expert's int8 weights reach XLA's grouped
 matmul as stored, and its float8 ones a Pallas grouped matmul on the TPUs
 where XLA's would convert them, `rljax.models.moe`).
-Norm scales, biases, the router and LoRA adapters stay in the compute
-dtype; the trainer's own parameters never change.
+Norm scales, biases, the router, LoRA adapters and a vision-language model's
+tower (which runs once per prompt in its prefill, never in a decode step)
+stay in the compute dtype; the trainer's own parameters never change.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def _quantized_leaf(path: tuple[Any, ...], var: Any, dtype: Any, compute_dtype: 
   name = str(getattr(path[-1], "key", path[-1])) if path else ""
   names = tuple(var.get_metadata().get("out_sharding") or ())
   contracted = CONTRACTED.get(name, ())
-  if "adapters" in {str(getattr(p, "key", p)) for p in path} or not contracted or not set(contracted) <= set(names):
+  keys = {str(getattr(p, "key", p)) for p in path}
+  if keys & {"adapters", "visual"} or not contracted or not set(contracted) <= set(names):
     return var.replace(x.astype(compute_dtype))
   axes = tuple(i for i, n in enumerate(names) if n in contracted)
   return var.replace(quantize(x, axes, dtype, compute_dtype))

@@ -285,6 +285,19 @@ def test_the_rollout_engine_decodes_image_prompts_as_greedy_generation(model):
   # the text-only row beside them decodes as a text prompt
   alone = M.greedy_generate(model, text[0][2:], text[1][2:], 6)
   np.testing.assert_array_equal(rollout.responses[4:], np.repeat(alone, 2, axis=0))
+  # 8-bit rollout weights: the language model's kernels in int8, the tower (run once per prompt, in its prefill)
+  # as it is; the image prompts decode what the model with those weights decodes greedily
+  quantized = make_engine(model, max_concurrent_decodes=8, prefill_buckets=(64,), max_decode_length=6,
+                          sampling_params=SamplingParams(greedy=True), mesh=mesh, rules=[("cache_batch", "data")],
+                          quantization=jnp.int8)
+  params = quantized.compute_params(nnx.state(model))
+  stored = lambda tree: [type(v.get_value()).__name__ for _, v in nnx.to_flat_state(tree)]  # noqa: E731
+  assert "QuantizedWeight" not in stored(params["visual"]) and "QuantizedWeight" in stored(params["layers"])
+  as_rolled_out = nnx.merge(nnx.graphdef(model), params)
+  want = M.greedy_generate(as_rolled_out, ids, mask, 6, images=images(model, pix), grid_thw=GRIDS)
+  rollout = RolloutSampler(quantized, pad_id=0).generate(nnx.state(model), *text, 2, jax.random.key(0),
+                                                         rows={"multi_modal_inputs": inputs})
+  np.testing.assert_array_equal(rollout.responses[:4], np.repeat(want, 2, axis=0))
 
 
 def test_the_presets_vision_language_architectures_read_as_their_families():
