@@ -277,15 +277,22 @@ def released_name(name: str) -> str:
   return name
 
 
-def written_name(cfg: ModelConfig, name: str) -> str:
-  """A tensor's name as ``cfg``'s released checkpoints spell it: Qwen3-VL's nest the language model and the tower
-  (``model.language_model.``, ``model.visual.``); the others' are ``released_name``'s."""
-  if cfg.model_type != "qwen3_vl":
+def module_name(cfg: ModelConfig, name: str) -> str:
+  """A tensor's or module's name in transformers 5's module tree of ``cfg``'s model: a vision-language model
+  nests its language model and its tower (``model.language_model.``, ``model.visual.``: ``released_name``'s
+  inverse); a text model's names as they are."""
+  if cfg.vision is None:
     return name
   for nested, released in _NESTED_PREFIXES:
     if name.startswith(released):
       return nested + name[len(released):]
   return name
+
+
+def written_name(cfg: ModelConfig, name: str) -> str:
+  """A tensor's name as ``cfg``'s released checkpoints spell it: Qwen3-VL's nest the language model and the tower
+  (``module_name``); the others' are ``released_name``'s."""
+  return module_name(cfg, name) if cfg.model_type == "qwen3_vl" else name
 
 
 def safetensors_source(path: str) -> TensorSource:

@@ -738,17 +738,19 @@ def peft_tensors(model: CausalLM) -> dict[str, np.ndarray]:
 
   For each adapted module M: `base_model.model.M.lora_A.weight` [r, in] and
   `.lora_B.weight` [out, r] (in / out flattened in HF's order); for each
-  modules_to_save parameter: `base_model.model.<HF tensor name>`.
+  modules_to_save parameter: `base_model.model.<HF tensor name>` (names as
+  transformers 5's module tree has them: `checkpoint.module_name`).
   """
   out: dict[str, np.ndarray] = {}
+  named = lambda name: PEFT_PREFIX + checkpoint.module_name(model.cfg, name)  # noqa: E731
   for _, _, modules in _adapter_modules(model):
     for module, a_m, b_m in modules:
       rank = a_m.shape[-1]
-      out[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a_m.reshape(-1, rank).T
-      out[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b_m.reshape(rank, -1).T
+      out[named(f"{module}.lora_A.weight")] = a_m.reshape(-1, rank).T
+      out[named(f"{module}.lora_B.weight")] = b_m.reshape(rank, -1).T
   for path, var in nnx.to_flat_state(nnx.state(model, TrainedParam)):
     for name, v in checkpoint.hf_sources(model.cfg, path).to_hf(_host(var[...])).items():
-      out[PEFT_PREFIX + name] = v
+      out[named(name)] = v
   return out
 
 
@@ -849,8 +851,9 @@ def load_peft_weights(model: CausalLM, path: str, key: str = "actor_rollout_ref.
   for adapter, (a, b), modules in _adapter_modules(model):
     for module, a_m, b_m in modules:
       rank = a_m.shape[-1]
-      a_m[...] = read(f"{PEFT_PREFIX}{module}.lora_A.weight", (rank, a_m.size // rank)).T.reshape(a_m.shape)
-      b_m[...] = read(f"{PEFT_PREFIX}{module}.lora_B.weight", (b_m.size // rank, rank)).T.reshape(b_m.shape)
+      named = PEFT_PREFIX + checkpoint.module_name(model.cfg, module)
+      a_m[...] = read(f"{named}.lora_A.weight", (rank, a_m.size // rank)).T.reshape(a_m.shape)
+      b_m[...] = read(f"{named}.lora_B.weight", (b_m.size // rank, rank)).T.reshape(b_m.shape)
     adapter.a.value = jax.device_put(a.astype(adapter.a.value.dtype), adapter.a.value.sharding)
     adapter.b.value = jax.device_put(b.astype(adapter.b.value.dtype), adapter.b.value.sharding)
   check(not left, key, path, f"{file} holds tensors the model's adapters do not: {sorted(left)[:3]}",

@@ -309,3 +309,32 @@ def test_the_presets_vision_language_architectures_read_as_their_families():
       "qwen2_5_vl", (16, 24, 24), True, 112)
   assert (qwen3.vision.family, qwen3.mrope_interleaved, qwen3.qk_norm, qwen3.vision.deepstack_visual_indexes,
           qwen3.vision.position_side, qwen3.rope_theta) == ("qwen3_vl", True, True, (8, 16, 24), 48, 5000000)
+
+
+def test_a_lora_adapter_exports_for_peft_under_transformers_module_names_and_reads_back(saved, tmp_path):
+  """verl's vision-language LoRA line (the tower left out): PEFT loads the exported adapter onto transformers'
+  model (whose language model sits at model.language_model) with rljax's logits on image prompts; rljax reads it
+  back."""
+  peft = pytest.importorskip("peft")
+  from rljax.models import lora
+  from tests.models.test_lora import perturb
+  config = lora.LoRAConfig(rank=4, alpha=8, exclude_modules=".*visual.*")
+  adapted = perturb(lora.apply_lora(M.from_pretrained(saved[1]), config, jax.random.key(5)), scale=0.1)
+  ids, mask = batch()
+  pix = pixels(1)
+  positions, _ = vision.rope_index(ids, mask, GRIDS, IMAGE, 2)
+  run = lambda m: np.asarray(m(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(positions),  # noqa: E731
+                               images=images(m, pix))) * mask[..., None]
+  ours = run(adapted)
+  lora.save_peft(adapted, config, str(tmp_path / "adapter"), saved[1])
+  assert "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight" in lora.peft_tensors(adapted)
+  base = type(saved[0]).from_pretrained(saved[1]).eval()
+  with torch.no_grad():
+    plain = base(**hf_inputs(ids, mask, pix)).logits.numpy() * mask[..., None]
+    theirs = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()(
+        **hf_inputs(ids, mask, pix)).logits.numpy() * mask[..., None]
+  np.testing.assert_allclose(ours, theirs, atol=1e-4)
+  assert np.abs(ours - plain).max() > 1e-2  # the adapters change the logits
+  fresh = lora.apply_lora(M.from_pretrained(saved[1]), config, jax.random.key(9))
+  lora.load_peft_weights(fresh, str(tmp_path / "adapter"))
+  np.testing.assert_allclose(run(fresh), ours, atol=1e-5)
