@@ -136,7 +136,7 @@ def parameter_shapes(params: Any) -> set[tuple[int, ...]]:
     split = tuple(leaf.sharding.shard_shape(whole)) if leaf.sharding is not None else whole
     for choice in itertools.product(*[{w, s} for w, s in zip(whole, split)]):
       shapes.add(choice)
-      if len(choice) > 2:
+      if len(choice) >= 2:  # a stacked vector's slice is a vector: no activation is one
         shapes.add(choice[1:])
   return shapes
 

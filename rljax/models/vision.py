@@ -37,8 +37,12 @@ from rljax.models import rope
 from rljax.models.attention import dense_attention
 from rljax.models.layers import ACTIVATIONS, RMSNorm, gather_layer, make_param
 from rljax.models.vision_config import VisionConfig
+from rljax.sharding.rules import constrain
 
 _NORMAL = jax.nn.initializers.normal(0.02)
+# the residual stream of the patches, as the language model's (`rljax.sharding.rules`): under tensor parallelism
+# split along the patches, so a block's output projections reduce-scatter into it instead of all-reducing
+_RESIDUAL = ("batch", "activation_length", "embed")
 _ZEROS = jax.nn.initializers.zeros
 
 
@@ -253,11 +257,11 @@ class Images(NamedTuple):
 
 
 def _rotary_tables(rotary: jax.Array, cfg: VisionConfig) -> tuple[jax.Array, jax.Array]:
-  """(cos, sin) [N, head_dim] of the 2-D rotary embedding at the (row, column) of ``rotary`` [N, 4]: half of the
-  frequencies of a head's half each for rows and columns, repeated for both halves of a head."""
+  """(cos, sin) [..., N, head_dim] of the 2-D rotary embedding at the (row, column) of ``rotary`` [..., N, 4]: half
+  of the frequencies of a head's half each for rows and columns, repeated for both halves of a head."""
   inv_freq, _ = rope.inv_frequencies(cfg.head_dim // 2, cfg.rope_theta, None, 0)
-  freqs = rotary[:, :2].astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [N, 2, head_dim / 4]
-  angles = freqs.reshape(freqs.shape[0], -1)
+  freqs = rotary[..., :2].astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [..., N, 2, head_dim / 4]
+  angles = freqs.reshape(*freqs.shape[:-2], -1)
   angles = jnp.concatenate([angles, angles], axis=-1)
   return jnp.cos(angles), jnp.sin(angles)
 
@@ -273,13 +277,15 @@ def _axis_taps(index: jax.Array, size: jax.Array, side: int) -> tuple[jax.Array,
 
 
 def learned_positions(table: jax.Array, rotary: jax.Array, side: int) -> jax.Array:
-  """[N, Dv] Qwen3-VL's position embeddings: its S x S ``table`` [S * S, Dv] resampled bilinearly to each patch's
-  image grid, read at the patch's (row, column) (``rotary`` [N, 4]: row, column, rows, columns)."""
-  row_taps, row_weights = _axis_taps(rotary[:, 0], rotary[:, 2], side)
-  col_taps, col_weights = _axis_taps(rotary[:, 1], rotary[:, 3], side)
+  """[..., N, Dv] Qwen3-VL's position embeddings: its S x S ``table`` [S * S, Dv] resampled bilinearly to each
+  patch's image grid, read at the patch's (row, column) (``rotary`` [..., N, 4]: row, column, rows, columns)."""
+  flat = rotary.reshape(-1, 4)
+  row_taps, row_weights = _axis_taps(flat[:, 0], flat[:, 2], side)
+  col_taps, col_weights = _axis_taps(flat[:, 1], flat[:, 3], side)
   index = (row_taps[:, :, None] * side + col_taps[:, None, :]).reshape(-1, 4)
   weight = (row_weights[:, :, None] * col_weights[:, None, :]).reshape(-1, 4)
-  return jnp.einsum("nkd,nk->nd", table[index].astype(jnp.float32), weight).astype(table.dtype)
+  out = jnp.einsum("nkd,nk->nd", table[index].astype(jnp.float32), weight).astype(table.dtype)
+  return out.reshape(*rotary.shape[:-1], table.shape[-1])
 
 
 class LayerNorm(nnx.Module):
@@ -326,19 +332,28 @@ class VisionBlock(nnx.Module):
     self.down_bias = make_param(rngs, (d,), ("embed",), _ZEROS, dtype, stack)
 
   def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
-    """x [N, Dv] with rotary tables [N, hd] and an attention mask [N, N] (True: may attend)."""
+    """x [B, N, Dv] (B sequences of patches) with rotary tables [B, N, hd] and attention masks [B, N, N] (True:
+    may attend). The weights multiply all B * N patches at once, so their gradients are summed over the batch by
+    the matmul itself (a reduce-scatter under FSDP, where a vmap over the rows leaves a sum of per-row gradients
+    that the compiler all-reduces)."""
     dt = x.dtype
-    qkv = jnp.einsum("nd,dshk->snhk", self.norm1(x), self.qkv[...].astype(dt)) + self.qkv_bias[...].astype(dt)[:, None]
-    q, k = (rope.apply_rope(part[None], cos[None], sin[None])[0] for part in (qkv[0], qkv[1]))
-    heads_major = lambda a: a.transpose(1, 0, 2)[None]  # noqa: E731  [N, H, hd] -> [1, H, N, hd]
-    scaled = (q * jnp.asarray(self.cfg.head_dim ** -0.5, dt))[None, :, :, None]  # [1, N, H, 1, hd]
-    attended = dense_attention(scaled, heads_major(k), heads_major(qkv[2]), mask[None])[0, :, :, 0]
-    x = x + jnp.einsum("nhk,hkd->nd", attended, self.proj[...].astype(dt)) + self.proj_bias[...].astype(dt)
+    heads = lambda a: constrain(a, ("batch", "length", "heads", "head_dim"))  # noqa: E731
+    qkv = (jnp.einsum("bnd,dshk->sbnhk", self.norm1(x), self.qkv[...].astype(dt))
+           + self.qkv_bias[...].astype(dt)[:, None, None])
+    q, k = (heads(rope.apply_rope(part, cos, sin)) for part in (qkv[0], qkv[1]))
+    heads_major = lambda a: a.transpose(0, 2, 1, 3)  # noqa: E731  [B, N, H, hd] -> [B, H, N, hd]
+    scaled = (q * jnp.asarray(self.cfg.head_dim ** -0.5, dt))[:, :, :, None]  # [B, N, H, 1, hd]
+    attended = dense_attention(scaled, heads_major(k), heads_major(heads(qkv[2])), mask)[:, :, :, 0]
+    out = jnp.einsum("bnhk,hkd->bnd", heads(attended), self.proj[...].astype(dt)) + self.proj_bias[...].astype(dt)
+    x = constrain(x + constrain(out, _RESIDUAL), _RESIDUAL)
     y = self.norm2(x)
     act = ACTIVATIONS[self.cfg.hidden_act]
-    up = y @ self.up[...].astype(dt) + self.up_bias[...].astype(dt)
-    hidden = act(up) if self.cfg.qwen3 else act(y @ self.gate[...].astype(dt) + self.gate_bias[...].astype(dt)) * up
-    return x + hidden @ self.down[...].astype(dt) + self.down_bias[...].astype(dt)
+    hidden_axes = ("batch", "length", "mlp")
+    up = constrain(y @ self.up[...].astype(dt) + self.up_bias[...].astype(dt), hidden_axes)
+    hidden = act(up) if self.cfg.qwen3 else act(constrain(
+        y @ self.gate[...].astype(dt) + self.gate_bias[...].astype(dt), hidden_axes)) * up
+    out = hidden @ self.down[...].astype(dt) + self.down_bias[...].astype(dt)
+    return constrain(x + constrain(out, _RESIDUAL), _RESIDUAL)
 
 
 class PatchMerger(nnx.Module):
@@ -355,8 +370,10 @@ class PatchMerger(nnx.Module):
     self.fc2_bias = make_param(rngs, (cfg.out_hidden_size,), ("embed",), _ZEROS, dtype, stack)
 
   def __call__(self, x: jax.Array) -> jax.Array:
+    """x [B, N, Dv] -> [B, N / m^2, D]."""
     dt, width = x.dtype, self.cfg.merge_unit * self.cfg.hidden_size
-    merged = self.norm(x.reshape(-1, width)) if self.wide else self.norm(x).reshape(-1, width)
+    merged_shape = (*x.shape[:-2], -1, width)
+    merged = self.norm(x.reshape(merged_shape)) if self.wide else self.norm(x).reshape(merged_shape)
     hidden = jax.nn.gelu(merged @ self.fc1[...].astype(dt) + self.fc1_bias[...].astype(dt), approximate=False)
     return hidden @ self.fc2[...].astype(dt) + self.fc2_bias[...].astype(dt)
 
@@ -374,9 +391,11 @@ class PatchEmbed(nnx.Module):
       self.positions = make_param(rngs, (cfg.num_position_embeddings, d), (None, "embed"), _NORMAL, dtype)
 
   def __call__(self, pixels: jax.Array, rotary: jax.Array, dt: Any) -> jax.Array:
-    """[N, Dv] in dtype ``dt`` of ``pixels`` [N, F] at their (row, column, rows, columns) ``rotary`` [N, 4]."""
+    """[B, N, Dv] in dtype ``dt`` of ``pixels`` [B, N, F] at their (row, column, rows, columns) ``rotary``
+    [B, N, 4]."""
     cfg = self.cfg
-    x = jnp.einsum("nctpq,ctpqd->nd", pixels.reshape(-1, *cfg.patch_shape).astype(dt), self.patch[...].astype(dt))
+    x = jnp.einsum("bnctpq,ctpqd->bnd", pixels.reshape(*pixels.shape[:2], *cfg.patch_shape).astype(dt),
+                   self.patch[...].astype(dt))
     if not cfg.qwen3:
       return x
     return x + self.bias[...].astype(dt) + learned_positions(self.positions[...], rotary, cfg.position_side).astype(dt)
@@ -405,11 +424,11 @@ class VisionTower(nnx.Module):
     """(features, deepstack) of ``images``, in the order of the prompts' image-pad tokens: features [N / m^2, D]
     of one sequence of patches, or [B, Q / m^2, D] of each row's own (``row_images``: pixels [B, Q, F]);
     deepstack [k, ...] the same for each deepstack merger (Qwen3-VL), else None."""
-    if jnp.ndim(images.pixels) == 3:
-      features, deep = jax.vmap(lambda pixels, layout: self._features(pixels, layout))(
-          jnp.asarray(images.pixels), jax.tree.map(jnp.asarray, images.layout))
-      return features, None if deep is None else jnp.moveaxis(deep, 0, 1)
-    return self._features(jnp.asarray(images.pixels), images.layout)
+    pixels, layout = jnp.asarray(images.pixels), jax.tree.map(jnp.asarray, images.layout)
+    if pixels.ndim == 3:
+      return self._features(pixels, layout)
+    features, deep = self._features(pixels[None], jax.tree.map(lambda a: a[None], layout))
+    return features[0], None if deep is None else deep[:, 0]
 
   def _gathered(self, module: nnx.Module) -> nnx.Module:
     """`module` with its weights cast to the compute dtype and FSDP-gathered (`gather_layer`)."""
@@ -417,16 +436,15 @@ class VisionTower(nnx.Module):
     return nnx.merge(graphdef, gather_layer(state, self.dtype))
 
   def _features(self, pixels: jax.Array, layout: ImageLayout) -> tuple[jax.Array, jax.Array | None]:
-    """([N / m^2, D] merged features, [k, N / m^2, D] deepstack ones or None) of one sequence of patches
-    ``pixels`` [N, F] laid out by ``layout``."""
+    """([B, Q / m^2, D] merged features, [k, B, Q / m^2, D] deepstack ones or None) of B sequences of patches
+    ``pixels`` [B, Q, F] laid out by ``layout`` ([B, Q] arrays)."""
     cfg = self.cfg
-    order = jnp.asarray(layout.order)
-    rotary = jnp.asarray(layout.rotary)
-    x = self._gathered(self.embed)(pixels[jnp.where(order < 0, jnp.arange(order.shape[0]), order)], rotary,
-                                   self.dtype)
-    cos, sin = _rotary_tables(rotary, cfg)
-    windows, frames = jnp.asarray(layout.windows), jnp.asarray(layout.frames)
-    masks = (windows[:, None] == windows[None, :], frames[:, None] == frames[None, :])
+    in_place = lambda index: jnp.where(index < 0, jnp.arange(index.shape[-1]), index)  # noqa: E731
+    x = self._gathered(self.embed)(jnp.take_along_axis(pixels, in_place(layout.order)[..., None], axis=1),
+                                   layout.rotary, self.dtype)
+    cos, sin = _rotary_tables(layout.rotary, cfg)
+    same = lambda ids: ids[:, :, None] == ids[:, None, :]  # noqa: E731
+    masks = (same(layout.windows), same(layout.frames))
     full = jnp.asarray(np.isin(np.arange(cfg.depth), cfg.fullatt_block_indexes))
     graphdef, state = nnx.split(self.blocks)
 
@@ -447,8 +465,8 @@ class VisionTower(nnx.Module):
       deep.append(nnx.merge(merger_graph, level)(x))
       start = index + 1
     x = blocks(x, start, cfg.depth)
-    restore = jnp.asarray(layout.restore)
-    back = lambda merged: merged[jnp.where(restore < 0, jnp.arange(restore.shape[0]), restore)]  # noqa: E731
+    restore = in_place(layout.restore)[..., None]
+    back = lambda merged: jnp.take_along_axis(merged, restore, axis=1)  # noqa: E731
     return back(self._gathered(self.merger)(x)), (jnp.stack([back(d) for d in deep]) if deep else None)
 
 

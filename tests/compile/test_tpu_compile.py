@@ -365,14 +365,18 @@ def test_cli_reports_a_step_that_does_not_fit_with_the_fix(model_dir):
 
 def test_activation_all_reduce_tells_weight_gradients_from_activations():
   params = {"embed": jax.ShapeDtypeStruct((128256, 4096), jnp.float32),
-            "mlp": jax.ShapeDtypeStruct((32, 4096, 14336), jnp.float32)}
+            "mlp": jax.ShapeDtypeStruct((32, 4096, 14336), jnp.float32),
+            "mlp_bias": jax.ShapeDtypeStruct((32, 14336), jnp.float32)}
 
   def summary(*shapes):
     collectives = [hlo.Collective("all-reduce", 1 << 20, 1, "", shape) for shape in shapes]
     return hlo.CollectiveSummary({"all-reduce": len(shapes) << 20}, collectives, [])
 
   # a scanned layer's gradient, and LM-head blocks as logprobs reduces them ([D, block], [D, parts, block])
-  gradients = summary("bf16[4096,14336]{1,0}", "bf16[4096,64128]{0,1}", "(bf16[4096,2,32064]{2,1,0}, f32[])")
+  # and a scanned layer's gradients combined with its bias's (a vision tower's block, libtpu's multi-axis
+  # all-reduce of a reduce-scatter on a 2 x 4 torus)
+  gradients = summary("bf16[4096,14336]{1,0}", "bf16[4096,64128]{0,1}", "(bf16[4096,2,32064]{2,1,0}, f32[])",
+                      "(bf16[14336]{0}, bf16[4096,14336]{1,0})")
   assert report.activation_all_reduce(gradients, params) == 0
   activations = summary("bf16[8,1536,4096]{2,1,0}", "f32[12288,4096]{1,0}", "bf16[4096,256512]{1,0}")
   assert report.activation_all_reduce(activations, params) == 3 << 20
