@@ -215,7 +215,8 @@ QWEN2_5_VL_7B_GEO3K: dict[str, Any] = {
 }
 
 # verl's Qwen3-VL-8B GRPO example on geometry3k (examples/grpo_trainer/run_qwen3_vl-8b-megatron.sh: the same data,
-# batch, lengths and KL as the Qwen2.5-VL one) with that recipe's memory settings.
+# batch, lengths and KL as the Qwen2.5-VL one) on the Qwen2.5-VL preset's token budgets (3,072 a chip for the
+# update, 24,576 for the log-prob passes; verl's line uses 4,096 for all three).
 QWEN3_VL_8B_GEO3K: dict[str, Any] = {**QWEN2_5_VL_7B_GEO3K, "actor_rollout_ref.model.path": "~/models/Qwen3-VL-8B-Instruct"}
 
 PRESETS = {

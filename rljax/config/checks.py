@@ -66,7 +66,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 def vision_language_type(path: Any) -> str | None:
   """The model type of the vision-language model directory `path` names (its config.json's), else None."""
-  from rljax.models.config import VISION_LANGUAGE_TYPES  # pylint: disable=import-outside-toplevel
+  from rljax.models.config import VISION_LANGUAGE_TYPES, model_type_of  # pylint: disable=import-outside-toplevel
   if not isinstance(path, str):
     return None
   config_file = os.path.join(os.path.expanduser(path), "config.json")
@@ -74,7 +74,7 @@ def vision_language_type(path: Any) -> str | None:
     return None
   try:
     with open(config_file) as f:
-      model_type = json.load(f).get("model_type")
+      model_type = model_type_of(json.load(f))
   except (OSError, ValueError, AttributeError):
     return None  # an unreadable config.json is reported where the model loads
   return model_type if model_type in VISION_LANGUAGE_TYPES else None

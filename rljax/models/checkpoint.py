@@ -277,16 +277,21 @@ def released_name(name: str) -> str:
   return name
 
 
-def module_name(cfg: ModelConfig, name: str) -> str:
-  """A tensor's or module's name in transformers 5's module tree of ``cfg``'s model: a vision-language model
-  nests its language model and its tower (``model.language_model.``, ``model.visual.``: ``released_name``'s
-  inverse); a text model's names as they are."""
-  if cfg.vision is None:
+def nested_name(name: str) -> str:
+  """A vision-language model's tensor or module name as transformers 5 nests it (``model.language_model.``,
+  ``model.visual.``: ``released_name``'s inverse); a name already nested, or outside both, as it is."""
+  if name.startswith(tuple(nested for nested, _ in _NESTED_PREFIXES)):
     return name
   for nested, released in _NESTED_PREFIXES:
     if name.startswith(released):
       return nested + name[len(released):]
   return name
+
+
+def module_name(cfg: ModelConfig, name: str) -> str:
+  """A tensor's or module's name in transformers 5's module tree of ``cfg``'s model: ``nested_name`` for a
+  vision-language model, a text model's as it is."""
+  return name if cfg.vision is None else nested_name(name)
 
 
 def written_name(cfg: ModelConfig, name: str) -> str:

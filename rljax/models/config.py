@@ -326,7 +326,7 @@ def _gemma_fields(d: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
   )
 
 
-def _model_type(d: Mapping[str, Any]) -> str | None:
+def model_type_of(d: Mapping[str, Any]) -> str | None:
   """A config.json's model_type, or the one its architectures name (None if neither)."""
   if d.get("model_type") is not None:
     return d["model_type"]
@@ -350,10 +350,10 @@ def from_hf_dict(
     The config. Raises ValueError naming the field for an unsupported
     model_type, activation or a missing field.
   """
-  if _model_type(d) in VISION_LANGUAGE_TYPES:
+  if model_type_of(d) in VISION_LANGUAGE_TYPES:
     return _vision_language_from_hf(d, overrides, options)
   d = {**d, **(overrides or {})}
-  model_type = _model_type(d)
+  model_type = model_type_of(d)
   if model_type not in _FAMILIES:
     raise ValueError(
         f"model_type={model_type!r} (architectures={d.get('architectures')}) is not "
@@ -412,7 +412,7 @@ def _vision_language_from_hf(d: Mapping[str, Any], overrides: Mapping[str, Any] 
   """A Qwen2.5-VL or Qwen3-VL config.json (its language model's fields nested in ``text_config`` as transformers 5
   writes them, or at the top level as the released Qwen2.5-VL checkpoints have them) as a ModelConfig with its
   ``vision``."""
-  vl_type = _model_type(d)
+  vl_type = model_type_of(d)
   text = {k: v for k, v in d.items() if k not in _VL_TOP}
   text.update(d.get("text_config") or {})
   text.update(overrides or {})

@@ -174,9 +174,15 @@ def _check_exclusions(value: Any, key: str) -> None:
         "must be null, a regex or a list of module names", f"e.g. {key}=[o_proj]")
 
 
-def excluded(config: "LoRAConfig", name: str) -> bool:
-  """Whether exclude_modules keeps HF module `name` out of LoRA, PEFT's rule: a regex matches the whole name; a
-  list names it, or ends it after a dot."""
+def _spellings(name: str) -> set[str]:
+  """A module's names a user's pattern may be written against: rljax's (the released checkpoints') and
+  transformers 5's, which nests a vision-language model's language model (`checkpoint.nested_name`)."""
+  return {name, checkpoint.nested_name(name)}
+
+
+def _excluded_as(config: "LoRAConfig", name: str) -> bool:
+  """PEFT's rule for the one spelling `name`: a regex matches the whole name; a list names it, or ends it after a
+  dot."""
   exclude = config.exclude_modules
   if not exclude:
     return False
@@ -185,14 +191,20 @@ def excluded(config: "LoRAConfig", name: str) -> bool:
   return name in exclude or any(name.endswith(f".{entry}") for entry in exclude)
 
 
-# one of each kind of linear module in each vision-language family's tower (its HF names)
+def excluded(config: "LoRAConfig", name: str) -> bool:
+  """Whether exclude_modules keeps HF module `name` out of LoRA (PEFT's rule, under either spelling)."""
+  return any(_excluded_as(config, n) for n in _spellings(name))
+
+
+# one of each kind of linear module in each vision-language family's tower (the names PEFT sees in transformers 5)
 TOWER_MODULES = {
-    "qwen2_5_vl": ("visual.blocks.0.attn.qkv", "visual.blocks.0.attn.proj", "visual.blocks.0.mlp.gate_proj",
-                   "visual.blocks.0.mlp.up_proj", "visual.blocks.0.mlp.down_proj", "visual.merger.mlp.0",
-                   "visual.merger.mlp.2"),
-    "qwen3_vl": ("visual.blocks.0.attn.qkv", "visual.blocks.0.attn.proj", "visual.blocks.0.mlp.linear_fc1",
-                 "visual.blocks.0.mlp.linear_fc2", "visual.merger.linear_fc1", "visual.merger.linear_fc2",
-                 "visual.deepstack_merger_list.0.linear_fc1", "visual.deepstack_merger_list.0.linear_fc2"),
+    "qwen2_5_vl": ("model.visual.blocks.0.attn.qkv", "model.visual.blocks.0.attn.proj",
+                   "model.visual.blocks.0.mlp.gate_proj", "model.visual.blocks.0.mlp.up_proj",
+                   "model.visual.blocks.0.mlp.down_proj", "model.visual.merger.mlp.0", "model.visual.merger.mlp.2"),
+    "qwen3_vl": ("model.visual.blocks.0.attn.qkv", "model.visual.blocks.0.attn.proj",
+                 "model.visual.blocks.0.mlp.linear_fc1", "model.visual.blocks.0.mlp.linear_fc2",
+                 "model.visual.merger.linear_fc1", "model.visual.merger.linear_fc2",
+                 "model.visual.deepstack_merger_list.0.linear_fc1", "model.visual.deepstack_merger_list.0.linear_fc2"),
 }
 
 
@@ -202,7 +214,7 @@ def tower_modules_adapted(config: "LoRAConfig", model_type: str) -> list[str]:
   only, so a vision-language run needs this empty."""
   names = config.targets if config.target_modules != "all-linear" else None
   targeted = lambda module: names is None or module.rsplit(".", 1)[-1] in names  # noqa: E731
-  return [m for m in TOWER_MODULES[model_type] if targeted(m) and not excluded(config, m)]
+  return [m for m in TOWER_MODULES[model_type] if targeted(m) and not _excluded_as(config, m)]
 
 
 def check_tower_left_out(config: "LoRAConfig", model_type: str, why: str) -> None:
@@ -349,10 +361,11 @@ def lora_scale(rank: int, alpha: float, use_rslora: bool) -> float:
 def pattern_value(patterns: Mapping[str, Any], name: str, default: Any) -> Any:
   """The value of the first pattern (insertion order) matching module `name`, else `default`.
 
-  A pattern matches when it matches the whole name or a dotted suffix of it.
+  A pattern matches when it matches the whole name or a dotted suffix of it, under either spelling
+  (`_spellings`).
   """
   for pattern, value in patterns.items():
-    if re.fullmatch(rf"(?:.*\.)?(?:{pattern})", name):
+    if any(re.fullmatch(rf"(?:.*\.)?(?:{pattern})", n) for n in _spellings(name)):
       return value
   return default
 
@@ -851,7 +864,9 @@ def load_peft_weights(model: CausalLM, path: str, key: str = "actor_rollout_ref.
   for adapter, (a, b), modules in _adapter_modules(model):
     for module, a_m, b_m in modules:
       rank = a_m.shape[-1]
+      # transformers 5's module names (what peft_tensors writes), or an older adapter's flat ones
       named = PEFT_PREFIX + checkpoint.module_name(model.cfg, module)
+      named = named if f"{named}.lora_A.weight" in left else PEFT_PREFIX + module
       a_m[...] = read(f"{named}.lora_A.weight", (rank, a_m.size // rank)).T.reshape(a_m.shape)
       b_m[...] = read(f"{named}.lora_B.weight", (b_m.size // rank, rank)).T.reshape(b_m.shape)
     adapter.a.value = jax.device_put(a.astype(adapter.a.value.dtype), adapter.a.value.sharding)

@@ -431,7 +431,8 @@ class VisionTower(nnx.Module):
     return features[0], None if deep is None else deep[:, 0]
 
   def _gathered(self, module: nnx.Module) -> nnx.Module:
-    """`module` with its weights cast to the compute dtype and FSDP-gathered (`gather_layer`)."""
+    """`module` with its weights FSDP-gathered in the compute dtype inside a gathering context (`gather_layer`;
+    as it is outside one)."""
     graphdef, state = nnx.split(module)
     return nnx.merge(graphdef, gather_layer(state, self.dtype))
 
@@ -444,12 +445,13 @@ class VisionTower(nnx.Module):
                                    layout.rotary, self.dtype)
     cos, sin = _rotary_tables(layout.rotary, cfg)
     same = lambda ids: ids[:, :, None] == ids[:, None, :]  # noqa: E731
-    masks = (same(layout.windows), same(layout.frames))
+    frames = same(layout.frames)
+    windows = frames if cfg.window_size is None else same(layout.windows)  # Qwen3-VL: every block across a frame
     full = jnp.asarray(np.isin(np.arange(cfg.depth), cfg.fullatt_block_indexes))
     graphdef, state = nnx.split(self.blocks)
 
     def block(x, layer_state, is_full):
-      mask = jnp.where(is_full, masks[1], masks[0])
+      mask = frames if cfg.window_size is None else jnp.where(is_full, frames, windows)
       return nnx.merge(graphdef, gather_layer(layer_state, self.dtype))(x, cos, sin, mask)
 
     run = jax.checkpoint(block) if self.remat else block

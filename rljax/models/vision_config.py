@@ -10,11 +10,11 @@ import dataclasses
 from typing import Any, Mapping
 
 VISION_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # rljax.models.layers.ACTIVATIONS' names
-_VISION_KNOWN = {"model_type", "depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size",
-                 "patch_size", "spatial_merge_size", "temporal_patch_size", "window_size", "fullatt_block_indexes",
-                 "in_channels", "in_chans", "hidden_act", "rope_parameters", "tokens_per_second",
-                 "num_position_embeddings", "deepstack_visual_indexes"}
-VISION_TYPES = ("qwen2_5_vl", "qwen3_vl")  # the families of towers: their blocks, position embeddings, mergers
+# the HF vision_config fields each family reads (the rest are kept in hf_extra and written back)
+_COMMON = {"model_type", "depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size", "patch_size",
+           "spatial_merge_size", "temporal_patch_size", "in_channels", "in_chans", "hidden_act", "rope_parameters"}
+_KNOWN = {"qwen2_5_vl": _COMMON | {"window_size", "fullatt_block_indexes", "tokens_per_second"},
+          "qwen3_vl": _COMMON | {"num_position_embeddings", "deepstack_visual_indexes"}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +31,7 @@ class VisionConfig:
     family: ``qwen2_5_vl`` or ``qwen3_vl`` (the whole model's HF model_type).
     depth: number of blocks.
     hidden_size: Dv, the tower's width.
-    intermediate_size: the blocks' SwiGLU width.
+    intermediate_size: the blocks' MLP width (SwiGLU's in Qwen2.5-VL).
     num_heads: attention heads (head_dim = Dv / num_heads).
     out_hidden_size: D, the language model's width the merger projects to.
     patch_size: p, pixels per patch side.
@@ -112,7 +112,7 @@ def vision_from_hf(d: Mapping[str, Any], family: str = "qwen2_5_vl") -> VisionCo
                 temporal_patch_size=int(d.get("temporal_patch_size", 2)),
                 in_channels=int(d.get("in_channels", d.get("in_chans", 3))), hidden_act=act,
                 rope_theta=float(rope.get("rope_theta", 10000.0)),
-                hf_extra={k: v for k, v in d.items() if k not in _VISION_KNOWN})
+                hf_extra={k: v for k, v in d.items() if k not in _KNOWN[family]})
   if qwen3:
     depth, positions = int(d.get("depth", 27)), int(d.get("num_position_embeddings", 2304))
     side = int(round(positions ** 0.5))

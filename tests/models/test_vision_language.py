@@ -150,6 +150,14 @@ def test_logits_and_greedy_decoding_from_image_prompts_are_transformers(saved, m
   np.testing.assert_allclose(np.asarray(got) * mask[..., None], want * mask[..., None], atol=2e-5, rtol=1e-4)
   tokens = M.greedy_generate(model, ids, mask, 6, images=images(model, pix), grid_thw=GRIDS)
   np.testing.assert_array_equal(tokens, want_tokens)
+  # a text-only row beside them (no features, and for Qwen3-VL no deepstack features, reach it)
+  mixed = np.concatenate([ids, np.full((1, ids.shape[1]), 7)]), np.concatenate([mask, np.ones_like(mask[:1])])
+  with torch.no_grad():
+    want = saved[0](**hf_inputs(*mixed, pix)).logits.numpy() * mixed[1][..., None]
+  positions, _ = vision.rope_index(*mixed, GRIDS, IMAGE, 2)
+  per_row = vision.row_images([pix[:92], pix[92:], None], [GRIDS[:2], GRIDS[2:], None], model.cfg.vision)
+  got = model(*map(jnp.asarray, mixed), jnp.asarray(positions), images=per_row)
+  np.testing.assert_allclose(np.asarray(got) * mixed[1][..., None], want, atol=2e-5, rtol=1e-4)
 
 
 def test_a_saved_model_opens_in_transformers_with_the_same_weights(saved, model, tmp_path):
@@ -337,4 +345,13 @@ def test_a_lora_adapter_exports_for_peft_under_transformers_module_names_and_rea
   assert np.abs(ours - plain).max() > 1e-2  # the adapters change the logits
   fresh = lora.apply_lora(M.from_pretrained(saved[1]), config, jax.random.key(9))
   lora.load_peft_weights(fresh, str(tmp_path / "adapter"))
+  np.testing.assert_allclose(run(fresh), ours, atol=1e-5)
+  # an adapter of the released names (an older export, or PEFT over transformers 4) reads the same
+  reader = safetensors_io.SafetensorsReader(str(tmp_path / "adapter" / lora.ADAPTER_WEIGHTS))
+  (tmp_path / "flat").mkdir()
+  (tmp_path / "flat" / lora.ADAPTER_CONFIG).write_text((tmp_path / "adapter" / lora.ADAPTER_CONFIG).read_text())
+  safetensors_io.write_file(str(tmp_path / "flat" / lora.ADAPTER_WEIGHTS), {
+      n.replace("model.language_model.", "model."): np.asarray(reader.tensor(n)) for n in reader.names()})
+  fresh = lora.apply_lora(M.from_pretrained(saved[1]), config, jax.random.key(9))
+  lora.load_peft_weights(fresh, str(tmp_path / "flat"))
   np.testing.assert_allclose(run(fresh), ours, atol=1e-5)
