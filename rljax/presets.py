@@ -216,8 +216,15 @@ QWEN2_5_VL_7B_GEO3K: dict[str, Any] = {
 
 # verl's Qwen3-VL-8B GRPO example on geometry3k (examples/grpo_trainer/run_qwen3_vl-8b-megatron.sh: the same data,
 # batch, lengths and KL as the Qwen2.5-VL one) on the Qwen2.5-VL preset's token budgets (3,072 a chip for the
-# update, 24,576 for the log-prob passes; verl's line uses 4,096 for all three).
-QWEN3_VL_8B_GEO3K: dict[str, Any] = {**QWEN2_5_VL_7B_GEO3K, "actor_rollout_ref.model.path": "~/models/Qwen3-VL-8B-Instruct"}
+# update, 24,576 for the log-prob passes; verl's line uses 4,096 for all three), the reference's weights in host
+# memory as verl's line offloads them, and 128 decode slots (its 36 layers of 8 KV heads hold 4.5x the cache of
+# Qwen2.5-VL-7B's 28 of 4): so every step fits v6e-8 with 1,024-patch images (BENCHMARKS.md).
+QWEN3_VL_8B_GEO3K: dict[str, Any] = {
+    **QWEN2_5_VL_7B_GEO3K,
+    "actor_rollout_ref.model.path": "~/models/Qwen3-VL-8B-Instruct",
+    "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+    "actor_rollout_ref.rollout.max_num_seqs": 128,
+}
 
 PRESETS = {
     "smollm2_arithmetic": SMOLLM2_ARITHMETIC,

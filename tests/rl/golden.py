@@ -94,12 +94,14 @@ def variant_metrics(name: str, model_dirs: dict[str, str], data_dir: str, run_di
 
 def assert_golden(got: list[dict], want: list[dict], name: str) -> None:
   """`got` (a run's metrics.jsonl records) logs the golden records `want`: the same steps and names, each value
-  within 1e-4 relative or 1e-6 (another CPU may round a float32 sum in another order); timings and throughputs
-  aside."""
+  within 1e-4 relative or 1e-5 absolute (another CPU, or another order of a float32 sum, rounds otherwise: a
+  metric near zero that is a mean of differences of O(1) float32 values, actor/ppo_kl or rollout_corr/chi2_seq,
+  moved by 3.5e-6 between the AMD machine the records come from and an Intel one, and by 1.1e-6 between one
+  process and two); timings and throughputs aside."""
   got = [{k: v for k, v in m.items() if not k.startswith(DROPPED)} for m in got]
   assert [sorted(m) for m in got] == [sorted(m) for m in want], name
   for step, (a, b) in enumerate(zip(got, want, strict=True)):
-    assert a == pytest.approx(b, rel=1e-4, abs=1e-6), (name, step)
+    assert a == pytest.approx(b, rel=1e-4, abs=1e-5), (name, step)
 
 
 def model_dirs(root: pathlib.Path) -> dict[str, str]:
