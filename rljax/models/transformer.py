@@ -293,7 +293,8 @@ class CausalLM(nnx.Module):
         return x, (kv, routing)
 
       xs = (state, None if cache is None else (cache.k, cache.v), jnp.asarray(cfg.local_layers),
-            None if experts is None else jnp.moveaxis(experts, 2, 0), jnp.arange(cfg.num_layers))
+            None if experts is None else jnp.moveaxis(experts, 2, 0),
+            None if deep is None else jnp.arange(cfg.num_layers))
       x, (kv_out, routing) = jax.lax.scan(body, x, xs)
       return x, kv_out, _routing(routing)
     if cfg.scan_layers:
