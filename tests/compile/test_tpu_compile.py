@@ -139,7 +139,7 @@ TINY_VL = {**{k: v for k, v in TINY.items() if k not in ("model_type", "architec
                              "fullatt_block_indexes": [1], "temporal_patch_size": 2, "in_channels": 3}}
 
 
-@pytest.mark.slow  # compiles a tiny VL update and image prefill for v5e (30 s alone, 73 s in a CI run beside others)
+@pytest.mark.slow  # compiles a tiny VL update and image prefill for v5e (30-36 s; 73 s in a CI run beside a compile)
 @jax.default_matmul_precision("default")
 def test_a_vision_language_run_compiles_for_rows_of_realistic_images(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(TINY_VL))
