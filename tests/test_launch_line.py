@@ -337,7 +337,7 @@ def test_a_vision_language_actor_is_configured_and_what_it_cannot_do_is_refused(
   # verl's examples/grpo_trainer/run_qwen3_vl-8b-megatron.sh (Megatron's parallel sizes and offload hints)
   (tmp_path / "qwen3_vl").mkdir()
   (tmp_path / "qwen3_vl" / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
-  resolved(experiment("grpo"), [
+  line_8b = [
       "algorithm.adv_estimator=grpo", "data.train_batch_size=512", "data.max_prompt_length=1024",
       "data.max_response_length=2048", "data.filter_overlong_prompts=True", "data.truncation='error'",
       f"actor_rollout_ref.model.path={tmp_path / 'qwen3_vl'}", "actor_rollout_ref.actor.optim.lr=1e-6",
@@ -365,7 +365,20 @@ def test_a_vision_language_actor_is_configured_and_what_it_cannot_do_is_refused(
       "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
       "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1",
       "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.n_gpus_per_node=8", "trainer.nnodes=1",
-      "trainer.save_freq=20", "trainer.test_freq=5", "trainer.total_epochs=15"])
+      "trainer.save_freq=20", "trainer.test_freq=5", "trainer.total_epochs=15"]
+  resolved(experiment("grpo"), line_8b)
+  # verl's examples/grpo_trainer/run_qwen3_vl-30b-megatron.sh: Qwen3-VL-MoE, its experts over 8 devices
+  (tmp_path / "qwen3_vl_moe").mkdir()
+  (tmp_path / "qwen3_vl_moe" / "config.json").write_text(json.dumps({"model_type": "qwen3_vl_moe"}))
+  moe_line = [f"actor_rollout_ref.model.path={tmp_path / 'qwen3_vl_moe'}" if o.startswith("actor_rollout_ref.model.path")
+              else o.replace("pipeline_model_parallel_size=2", "pipeline_model_parallel_size=1") for o in line_8b]
+  moe_overrides = "+actor_rollout_ref.actor.megatron.override_transformer_config"
+  resolved(experiment("grpo"), [
+      *moe_line, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=8",
+      "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1", f"{moe_overrides}.moe_router_dtype=fp32",
+      f"{moe_overrides}.moe_enable_deepep=True", f"{moe_overrides}.moe_token_dispatcher_type=flex",
+      f"{moe_overrides}.gradient_accumulation_fusion=True", f"{moe_overrides}.moe_permute_fusion=True",
+      f"{moe_overrides}.moe_aux_loss_coeff=0.01", f"{moe_overrides}.moe_z_loss_coeff=0.001"], devices=8)
   message = error_of(resolved, experiment("grpo"), [f"actor_rollout_ref.model.path={tmp_path / 'qwen3_vl'}",
                                                     "actor_rollout_ref.model.lora_rank=8"])
   assert "is a vision-language model (qwen3_vl)" in message and "linear_fc1" in message, message

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import shutil
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -36,30 +36,55 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 @dataclasses.dataclass(frozen=True)
 class TensorLayout:
-  """How an HF tensor becomes a Flax parameter: split each axis, then transpose."""
+  """How an HF tensor becomes a Flax parameter: split each axis, then transpose.
+
+  ``pick`` = (group, k): the HF tensor concatenates equal parts along axis ``group`` (the first size of that group
+  counts them) and the parameter is part k, e.g. Qwen3-VL-MoE's ``mlp.experts.gate_up_proj`` [E, D, 2 * F] ->
+  split [E, D, 2, F] -> part 0 the experts' ``gate`` [E, D, F], part 1 their ``up``.
+  """
 
   groups: tuple[tuple[int, ...], ...]
   perm: tuple[int, ...]
+  pick: tuple[int, int] | None = None
 
   @property
   def hf_shape(self) -> tuple[int, ...]:
     return tuple(math.prod(g) for g in self.groups)
 
   @property
+  def picked_axis(self) -> int | None:
+    """The split axis ``pick`` fixes (the first of its group), or None."""
+    return None if self.pick is None else sum(len(g) for g in self.groups[:self.pick[0]])
+
+  @property
+  def _free_axes(self) -> list[int]:
+    """The split axes the parameter keeps, in split order (``perm`` indexes these)."""
+    return [a for a in range(sum(map(len, self.groups))) if a != self.picked_axis]
+
+  @property
   def shape(self) -> tuple[int, ...]:
     split = [s for g in self.groups for s in g]
-    return tuple(split[p] for p in self.perm)
+    free = [split[a] for a in self._free_axes]
+    return tuple(free[p] for p in self.perm)
 
   def to_hf(self, x: np.ndarray) -> np.ndarray:
-    """Flax layout -> HF layout."""
-    return x.transpose(np.argsort(self.perm)).reshape(self.hf_shape)
+    """Flax layout -> HF layout (for a picked part, its slice of the HF tensor: ``join_parts`` concatenates them)."""
+    y = x.transpose(np.argsort(self.perm))
+    if self.pick is None:
+      return y.reshape(self.hf_shape)
+    g = self.pick[0]
+    part = self.hf_shape[:g] + (self.hf_shape[g] // self.groups[g][0],) + self.hf_shape[g + 1:]
+    return np.expand_dims(y, self.picked_axis).reshape(part)
 
   def read(self, hf: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
     """The block ``index`` (over Flax axes) of the Flax view of ``hf``, reading only its rows."""
     split = [s for g in self.groups for s in g]
     split_index: list[slice] = [slice(None)] * len(split)
+    free = self._free_axes
     for axis, p in enumerate(self.perm):
-      split_index[p] = slice(*index[axis].indices(split[p])) if axis < len(index) else slice(None)
+      split_index[free[p]] = slice(*index[axis].indices(split[free[p]])) if axis < len(index) else slice(None)
+    if self.pick is not None:
+      split_index[self.picked_axis] = slice(self.pick[1], self.pick[1] + 1)
     split_index = [slice(*s.indices(n)) for s, n in zip(split_index, split)]
     hf_index, block_shape, post, k = [], [], [], 0
     for g in self.groups:
@@ -69,6 +94,8 @@ class TensorLayout:
       post.extend([slice(None), *split_index[k + 1:k + len(g)]])
       k += len(g)
     block = np.asarray(hf[tuple(hf_index)]).reshape(block_shape)[tuple(post)]
+    if self.pick is not None:
+      block = block.squeeze(self.picked_axis)
     return block.transpose(self.perm)
 
 
@@ -102,16 +129,28 @@ def _block_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLay
   return t
 
 
-def _expert_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLayout]]:
-  """Flax path of a mixture-of-experts parameter inside a block -> (HF name with ``{e}`` for the expert, layout).
+def experts_fused(cfg: ModelConfig) -> bool:
+  """Whether ``cfg``'s checkpoints hold each projection of a layer's experts as one tensor (Qwen3-VL-MoE) rather
+  than a module per expert: PEFT then sees no expert modules to adapt."""
+  return cfg.model_type == "qwen3_vl_moe"
 
-  The router is one tensor; each expert's projections are HF tensors of
-  their own (``mlp.experts.{e}.gate_proj.weight``), stacked on the Flax
-  parameter's leading expert axis.
+
+def _expert_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLayout]]:
+  """Flax path of a mixture-of-experts parameter inside a block -> (HF name, with ``{e}`` for the expert, layout).
+
+  The router is one tensor. Qwen3-MoE stores each expert's projections as HF tensors of their own
+  (``mlp.experts.{e}.gate_proj.weight``), stacked on the Flax parameter's leading expert axis; Qwen3-VL-MoE stores
+  every expert in one tensor per projection, gate and up concatenated (``mlp.experts.gate_up_proj`` [E, D, 2 * F],
+  ``mlp.experts.down_proj`` [E, F, D]: the Flax layouts, as its released checkpoints and transformers 5 write them).
   """
-  d, f = cfg.hidden_size, cfg.moe_intermediate_size
+  d, f, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+  router = ("mlp.gate.weight", TensorLayout(((e,), (d,)), (1, 0)))
+  if experts_fused(cfg):
+    fused = lambda k: ("mlp.experts.gate_up_proj", TensorLayout(((e,), (d,), (2, f)), (0, 1, 2), pick=(2, k)))  # noqa: E731
+    return {("mlp", "router"): router, ("mlp", "gate"): fused(0), ("mlp", "up"): fused(1),
+            ("mlp", "down"): ("mlp.experts.down_proj", TensorLayout(((e,), (f,), (d,)), (0, 1, 2)))}
   return {
-      ("mlp", "router"): ("mlp.gate.weight", TensorLayout(((cfg.num_experts,), (d,)), (1, 0))),
+      ("mlp", "router"): router,
       ("mlp", "gate"): ("mlp.experts.{e}.gate_proj.weight", TensorLayout(((f,), (d,)), (1, 0))),
       ("mlp", "up"): ("mlp.experts.{e}.up_proj.weight", TensorLayout(((f,), (d,)), (1, 0))),
       ("mlp", "down"): ("mlp.experts.{e}.down_proj.weight", TensorLayout(((d,), (f,)), (1, 0))),
@@ -297,7 +336,7 @@ def module_name(cfg: ModelConfig, name: str) -> str:
 def written_name(cfg: ModelConfig, name: str) -> str:
   """A tensor's name as ``cfg``'s released checkpoints spell it: Qwen3-VL's nest the language model and the tower
   (``module_name``); the others' are ``released_name``'s."""
-  return module_name(cfg, name) if cfg.model_type == "qwen3_vl" else name
+  return module_name(cfg, name) if cfg.model_type in ("qwen3_vl", "qwen3_vl_moe") else name
 
 
 def safetensors_source(path: str) -> TensorSource:
@@ -332,6 +371,24 @@ def _check_tensors(cfg: ModelConfig, sources: Mapping[tuple, Source], src: Tenso
       )
 
 
+# fused expert tensors (Qwen3-VL-MoE) that transformers 5 writes in its modules' layout, their last two axes swapped
+_FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def _released_layout(sources: Mapping[tuple, Source], src: TensorSource) -> TensorSource:
+  """``src`` with each fused expert tensor that transformers 5 saved in its modules' layout ([E, 2F, D], [E, D, F])
+  read as the released checkpoints store it ([E, D, 2F], [E, F, D]: ``_expert_table``'s), as transformers reads
+  both."""
+  expected = {n: s.layout.hf_shape for s in sources.values() for n in s.names if n.endswith(_FUSED_EXPERTS)}
+  present = set(src.names())
+  swapped = {n for n, shape in expected.items() if n in present
+             and tuple(src.tensor(n).shape) != shape and tuple(src.tensor(n).shape) == (*shape[:-2], *shape[:-3:-1])}
+  if not swapped:
+    return src
+  return TensorSource({n: (np.swapaxes(src.tensor(n), -1, -2) if n in swapped else src.tensor(n))
+                       for n in src.names()}, src.origin)
+
+
 def _reader(src: TensorSource, source: Source, dtype: np.dtype) -> Callable[[tuple], np.ndarray]:
   """Callback: a Flax-layout index -> that block of the parameter, as ``dtype``."""
 
@@ -359,6 +416,7 @@ def load_state(
   graphdef, state = nnx.split(abstract)
   flat = nnx.to_flat_state(state)
   sources = {path: hf_sources(cfg, path) for path, _ in flat}
+  src = _released_layout(sources, src)
   _check_tensors(cfg, sources, src)
   dtype = np.dtype(cfg.param_dtype)
   loaded = []
@@ -385,14 +443,32 @@ def abstract_state(model: nnx.Module, mesh: Mesh, rules: Rules | None) -> nnx.Mo
   return nnx.merge(graphdef, jax.tree.map(leaf, state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
 
 
-def hf_tensors(model: CausalLM) -> dict[str, np.ndarray]:
-  """All parameters as host numpy arrays under their HF names and layouts."""
-  cfg = model.cfg
+def to_hf_tensors(cfg: ModelConfig, params: Iterable[tuple[tuple[Any, ...], np.ndarray]]) -> dict[str, np.ndarray]:
+  """Parameters (Flax path, host value) as HF tensors by (released) name; the parts of a fused tensor (``pick``)
+  concatenated in order. ValueError when a fused tensor's parts are not all among ``params``."""
   out: dict[str, np.ndarray] = {}
-  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    out.update({written_name(cfg, name): tensor
-                for name, tensor in hf_sources(cfg, path).to_hf(np.asarray(jax.device_get(var[...]))).items()})
+  parts: dict[str, tuple[TensorLayout, dict[int, np.ndarray]]] = {}
+  for path, value in params:
+    source = hf_sources(cfg, path)
+    for name, tensor in source.to_hf(value).items():
+      if source.layout.pick is None:
+        out[name] = tensor
+      else:
+        parts.setdefault(name, (source.layout, {}))[1][source.layout.pick[1]] = tensor
+  for name, (layout, pieces) in parts.items():
+    count = layout.groups[layout.pick[0]][0]
+    if sorted(pieces) != list(range(count)):
+      raise ValueError(f"HF tensor {name} joins {count} parameters; only parts {sorted(pieces)} were given.")
+    out[name] = np.concatenate([pieces[k] for k in range(count)], axis=layout.pick[0])
   return out
+
+
+def hf_tensors(model: CausalLM) -> dict[str, np.ndarray]:
+  """All parameters as host numpy arrays under their HF names (as ``written_name`` spells them) and layouts."""
+  cfg = model.cfg
+  params = ((path, np.asarray(jax.device_get(var[...])))
+            for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  return {written_name(cfg, name): tensor for name, tensor in to_hf_tensors(cfg, params).items()}
 
 
 def _dtype_name(dtype: Any) -> str:

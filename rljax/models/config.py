@@ -26,9 +26,11 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     "gemma3_text": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
 }
 # model types with a vision tower; their language model is read as one of the families above
-VISION_LANGUAGE_TYPES = ("qwen2_5_vl", "qwen3_vl")
+VISION_LANGUAGE_TYPES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 # each vision-language type's language model family (its text_config's fields are read as that family's)
-_VL_TEXT = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}
+_VL_TEXT = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}
+# each vision-language type's tower family (``VisionConfig.family``): Qwen3-VL-MoE's tower is Qwen3-VL's
+_VL_TOWER = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl"}
 
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -39,6 +41,7 @@ _ARCHITECTURES = {
     "gemma3_text": "Gemma3ForCausalLM",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
 }
 # The top-level fields of a vision-language config.json that are not its language model's.
 _VL_TOP = frozenset({"model_type", "architectures", "text_config", "vision_config", "image_token_id", "video_token_id",
@@ -59,7 +62,8 @@ class ModelConfig:
   """Shapes and options of a decoder-only causal LM.
 
   Attributes:
-    model_type: HF ``model_type`` (llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text, qwen2_5_vl, qwen3_vl).
+    model_type: HF ``model_type`` (llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text, qwen2_5_vl, qwen3_vl,
+      qwen3_vl_moe).
     vocab_size: V.
     hidden_size: D, the residual width.
     intermediate_size: F, the gated MLP's width.
@@ -409,9 +413,9 @@ def from_hf_dict(
 
 def _vision_language_from_hf(d: Mapping[str, Any], overrides: Mapping[str, Any] | None,
                              options: Mapping[str, Any]) -> ModelConfig:
-  """A Qwen2.5-VL or Qwen3-VL config.json (its language model's fields nested in ``text_config`` as transformers 5
-  writes them, or at the top level as the released Qwen2.5-VL checkpoints have them) as a ModelConfig with its
-  ``vision``."""
+  """A Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE config.json (its language model's fields nested in ``text_config`` as
+  transformers 5 writes them, or at the top level as the released Qwen2.5-VL checkpoints have them) as a ModelConfig
+  with its ``vision``. Qwen3-VL-MoE's router always renormalises its top-k weights (``norm_topk_prob``)."""
   vl_type = model_type_of(d)
   text = {k: v for k, v in d.items() if k not in _VL_TOP}
   text.update(d.get("text_config") or {})
@@ -430,13 +434,14 @@ def _vision_language_from_hf(d: Mapping[str, Any], overrides: Mapping[str, Any] 
     raise ValueError(f"config.json for model_type={vl_type!r} lacks the field 'vision_config' (the vision "
                      "tower's shapes); copy it from the model's released config.json.")
   tie = d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-  cfg = from_hf_dict({**text, "model_type": _VL_TEXT[vl_type], "rope_theta": theta, "tie_word_embeddings": tie},
-                     **options)
+  moe = {"norm_topk_prob": True} if vl_type == "qwen3_vl_moe" else {}
+  cfg = from_hf_dict({**text, "model_type": _VL_TEXT[vl_type], "rope_theta": theta, "tie_word_embeddings": tie,
+                      **moe}, **options)
   head_half = cfg.head_dim // 2
   if len(section) != 3 or sum(section) != head_half:
     raise ValueError(f"rope_scaling.mrope_section={list(section)} must be 3 sizes summing to head_dim / 2 = "
                      f"{head_half}.")
-  vision = vision_from_hf(d["vision_config"], vl_type)
+  vision = vision_from_hf(d["vision_config"], _VL_TOWER[vl_type])
   if vision.out_hidden_size != cfg.hidden_size:
     raise ValueError(f"vision_config.out_hidden_size={vision.out_hidden_size} must equal the language model's "
                      f"hidden_size={cfg.hidden_size}.")
@@ -444,13 +449,14 @@ def _vision_language_from_hf(d: Mapping[str, Any], overrides: Mapping[str, Any] 
     raise ValueError(f"vision_config.deepstack_visual_indexes={list(vision.deepstack_visual_indexes)}: more deepstack "
                      f"features than the language model's {cfg.num_layers} layers to add them to.")
   return cfg.replace(model_type=vl_type, mrope_section=tuple(int(s) for s in section),
-                     mrope_interleaved=vl_type == "qwen3_vl", vision=vision,
+                     mrope_interleaved=vision.qwen3, vision=vision,
                      image_token_id=int(_require(d, "image_token_id", vl_type)),
                      hf_top={k: d[k] for k in _VL_TOKENS if k in d})
 
 
 def _vision_language_to_hf(cfg: ModelConfig, torch_dtype: str) -> dict[str, Any]:
-  """The Qwen2.5-VL or Qwen3-VL config.json of ``cfg`` (the language model's fields in ``text_config``)."""
+  """The Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE config.json of ``cfg`` (the language model's fields in
+  ``text_config``, the tower's in ``vision_config``, each sub-config's model_type the whole model's)."""
   text = to_hf_dict(cfg.replace(model_type=_VL_TEXT[cfg.model_type], vision=None, mrope_section=None,
                                 mrope_interleaved=False), torch_dtype)
   for key in ("architectures", "torch_dtype", "dtype"):
@@ -460,7 +466,8 @@ def _vision_language_to_hf(cfg: ModelConfig, torch_dtype: str) -> dict[str, Any]
     mrope["mrope_interleaved"] = True
   text.update(model_type=f"{cfg.model_type}_text", rope_scaling={"type": "mrope", **mrope})
   return {**cfg.hf_top, "model_type": cfg.model_type, "architectures": [_ARCHITECTURES[cfg.model_type]],
-          "text_config": text, "vision_config": vision_to_hf(cfg.vision), "image_token_id": cfg.image_token_id,
+          "text_config": text, "vision_config": {**vision_to_hf(cfg.vision), "model_type": f"{cfg.model_type}_vision"},
+          "image_token_id": cfg.image_token_id,
           "tie_word_embeddings": cfg.tie_word_embeddings, "torch_dtype": torch_dtype, "dtype": torch_dtype}
 
 

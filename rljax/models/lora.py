@@ -206,6 +206,7 @@ TOWER_MODULES = {
                  "model.visual.merger.linear_fc1", "model.visual.merger.linear_fc2",
                  "model.visual.deepstack_merger_list.0.linear_fc1", "model.visual.deepstack_merger_list.0.linear_fc2"),
 }
+TOWER_MODULES["qwen3_vl_moe"] = TOWER_MODULES["qwen3_vl"]
 
 
 def tower_modules_adapted(config: "LoRAConfig", model_type: str) -> list[str]:
@@ -536,6 +537,10 @@ def apply_lora(model: CausalLM, config: LoRAConfig, key: jax.Array | None = None
                rules: Rules | None = None) -> CausalLM:
   """Adds adapters to `model`'s targeted projections and marks modules_to_save trainable, in place.
 
+  A mixture-of-experts layer's experts get one adapter each where its checkpoints name a module per expert
+  (Qwen3-MoE); Qwen3-VL-MoE's experts are one tensor per projection (`checkpoint.experts_fused`), which PEFT's
+  target_modules do not reach, so they get none, as under PEFT.
+
   Args:
     model: a CausalLM without adapters.
     config: the LoRA settings.
@@ -555,6 +560,8 @@ def apply_lora(model: CausalLM, config: LoRAConfig, key: jax.Array | None = None
       parent_name, attr, n_in = PROJECTIONS[proj]
       parent = getattr(block, parent_name)
       experts = parent.gate.shape[-3] if isinstance(parent, moe.MoE) else 0
+      if experts and checkpoint.experts_fused(model.cfg):
+        continue  # one 3-D parameter per projection, not a module per expert: PEFT targets none of them
       names = ([expert_module_name(i, e, proj) for i in layers for e in range(experts)] if experts
                else [module_name(i, proj) for i in layers])
       if all(excluded(config, name) for name in names):
@@ -761,9 +768,8 @@ def peft_tensors(model: CausalLM) -> dict[str, np.ndarray]:
       rank = a_m.shape[-1]
       out[named(f"{module}.lora_A.weight")] = a_m.reshape(-1, rank).T
       out[named(f"{module}.lora_B.weight")] = b_m.reshape(rank, -1).T
-  for path, var in nnx.to_flat_state(nnx.state(model, TrainedParam)):
-    for name, v in checkpoint.hf_sources(model.cfg, path).to_hf(_host(var[...])).items():
-      out[named(name)] = v
+  trained = ((path, _host(var[...])) for path, var in nnx.to_flat_state(nnx.state(model, TrainedParam)))
+  out.update({named(name): v for name, v in checkpoint.to_hf_tensors(model.cfg, trained).items()})
   return out
 
 

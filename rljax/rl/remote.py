@@ -55,7 +55,6 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from rljax import sharding
-from rljax.config.checks import vision_language_type
 from rljax.config.errors import ConfigError
 from rljax.data import dataset
 from rljax.rl import separate, staleness, streaming
@@ -105,12 +104,6 @@ def roles(config: ConfigDict, devices: list[Any] | None = None) -> tuple[tuple[i
                       f"the trainer's {len(trainer_devices)} devices send the weights laid out as a rollout process's "
                       f"{per_process} devices hold them, on as many of their own",
                       f"give the trainer at least {per_process} devices")
-  model_type = vision_language_type(config.actor_rollout_ref.model.path)
-  if model_type is not None:
-    raise ConfigError("trainer.v1.trainer_mode", "separate_async",
-                      f"on several processes with a vision-language actor ({model_type}) is not implemented yet: the "
-                      "rollout processes' groups reach the trainer's without their images",
-                      "give the rollout devices of the trainer's process (one process), or use colocate_async")
   return tuple(trainer), tuple(rollout)
 
 

@@ -42,6 +42,12 @@ FAMILIES = {
                  dict(VISION, hidden_act="gelu_pytorch_tanh", num_position_embeddings=16,
                       deepstack_visual_indexes=[0, 1])),
 }
+# Qwen3-VL's tower and text layers with experts: layer 0 routes each token to 2 of 4 experts, layer 1 is dense
+FAMILIES["qwen3_vl_moe"] = ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration",
+                            dict(FAMILIES["qwen3_vl"][2], num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=24, mlp_only_layers=[1]), FAMILIES["qwen3_vl"][3])
+# the families whose towers, positions and config fields differ (Qwen3-VL-MoE's are Qwen3-VL's)
+distinct_towers = pytest.mark.parametrize("saved", ["qwen2_5_vl", "qwen3_vl"], indirect=True)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -95,6 +101,7 @@ def images(model, pix):
   return vision.Images(jnp.asarray(pix), vision.image_layout(GRIDS, model.cfg.vision))
 
 
+@distinct_towers
 def test_the_tower_gives_transformers_features(saved, model):
   pix = pixels()
   with torch.no_grad():
@@ -118,6 +125,7 @@ def test_interleaved_m_rope_turns_each_frequency_with_transformers_axis():
   assert rope.mrope_axes((2, 3, 3), False).tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
 
 
+@distinct_towers
 def test_positions_are_transformers_m_rope_index(saved):
   ids, mask = batch()
   # the batch, then with a text-only row beside it
@@ -169,6 +177,12 @@ def test_a_saved_model_opens_in_transformers_with_the_same_weights(saved, model,
   for name, tensor in want.items():
     assert torch.equal(got[name], tensor), name
   assert M.from_pretrained(str(tmp_path / "out")).cfg == model.cfg
+  if model.cfg.num_experts:
+    # each projection of the experts in one tensor, as the released Qwen3-VL-MoE checkpoints hold them ([E, D, 2F]
+    # and [E, F, D]; transformers 5 writes its modules' [E, 2F, D], which the fixture's model is read from)
+    written = safetensors_io.SafetensorsReader(str(tmp_path / "out"))
+    assert written.tensor("model.language_model.layers.0.mlp.experts.gate_up_proj").shape == (4, 64, 48)
+    assert written.tensor("model.language_model.layers.0.mlp.experts.down_proj").shape == (4, 24, 64)
 
 
 @pytest.mark.parametrize("saved", ["qwen2_5_vl"], indirect=True)  # Qwen3-VL's are nested as every test loads them
@@ -217,6 +231,7 @@ def test_a_sharded_load_places_every_parameter_and_gives_the_same_logits(saved, 
                              np.asarray(run(model, jnp.asarray(positions), images(model, pix))), atol=2e-5)
 
 
+@distinct_towers
 def test_config_errors_name_the_field(saved):
   config = json.loads(open(f"{saved[1]}/config.json").read())
   assert from_hf_dict(to_hf_dict(from_hf_dict(config))) == from_hf_dict(config)
@@ -259,7 +274,8 @@ def test_config_errors_name_the_field(saved):
   assert from_hf_dict(nameless) == from_hf_dict(config)
 
 
-def test_a_text_model_refuses_images(model):
+@distinct_towers
+def test_a_text_model_refuses_images(saved, model):
   text = M.CausalLM(model.cfg.replace(vision=None, mrope_section=None, model_type="qwen3"), nnx.Rngs(0))
   ids, mask = batch()
   with pytest.raises(ValueError, match="has no vision tower"):

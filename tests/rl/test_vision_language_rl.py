@@ -171,16 +171,17 @@ def test_grpo_on_images_as_two_processes_logs_the_metrics_of_one(vl_dir, data_di
 
 
 @pytest.fixture(scope="module")
-def qwen3_vl_dir(tmp_path_factory):
-  return vl_run.vl_model_dir(tmp_path_factory.mktemp("qwen3_vl") / "model", "qwen3_vl")
+def qwen3_vl_moe_dir(tmp_path_factory):
+  return vl_run.vl_model_dir(tmp_path_factory.mktemp("qwen3_vl_moe") / "model", "qwen3_vl_moe")
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+# Qwen3-VL's tower and deepstack through Qwen3-VL-MoE (a layer of experts, a dense layer): one run covers both
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl_moe"])
 def test_packed_passes_carry_each_row_s_images_and_give_the_padded_numbers(family, request, data_dir, tmp_path):
   """use_remove_padding: each buffer's tower runs its members' images one after another (windows and frames
   kept apart), their features (and Qwen3-VL's deepstack features) at the prompts' image tokens; the step logs the
   padded passes' numbers, and each pass's log-probs are the engine's."""
-  vl_dir = request.getfixturevalue("vl_dir" if family == "qwen2_5_vl" else "qwen3_vl_dir")
+  vl_dir = request.getfixturevalue("vl_dir" if family == "qwen2_5_vl" else "qwen3_vl_moe_dir")
   runs = {}
   for packed in (False, True):
     (tmp_path / str(packed)).mkdir()
@@ -224,16 +225,20 @@ def test_separate_async_streams_images_on_devices_of_its_own_as_colocate_async_d
   assert abs(apart[0]["rollout_corr/log_ppl_abs_diff"]) < 1e-4, apart[0]
 
 
-def test_separate_async_on_several_processes_refuses_images_naming_the_mode(vl_dir, data_dir, tmp_path):
-  import collections
-  from rljax.config import ConfigError
-  from rljax.rl import remote
-  device = collections.namedtuple("Device", "id process_index")
-  config = vl_config(vl_dir, data_dir, tmp_path, "trainer.n_gpus_per_node=auto", "trainer.nnodes=auto",
-                     "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
-                     "actor_rollout_ref.rollout.n_gpus_per_node=4")
-  two_by_four = [device(i, i // 4) for i in range(8)]  # 2 processes of 4 devices: a process each
-  with pytest.raises(ConfigError, match=r"trainer.v1.trainer_mode='separate_async': on several processes with a "
-                                        r"vision-language actor \(qwen2_5_vl\)"):
-    remote.roles(config, two_by_four)
-  assert remote.roles(config, two_by_four[:4]) is None  # one process: the test above
+@pytest.mark.slow  # a 2-process job of 2 steps beside the same job in one process (about 70 s)
+def test_separate_async_on_two_processes_carries_each_group_s_images_and_logs_the_metrics_of_one(vl_dir, data_dir,
+                                                                                                  tmp_path):
+  """Process 0 trains on its 4 devices; process 1 rolls out on its own 4 and sends each step's groups, their
+  prompts' images with them, through the coordination service; the metrics are those of the same devices in one
+  process (the rollout's log-probs the trainer's: the images reached it)."""
+  extra = (*vl_overrides(tmp_path), "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+           "actor_rollout_ref.rollout.n_gpus_per_node=4", "trainer.total_training_steps=2", "trainer.save_freq=-1",
+           "trainer.v1.separate_async.parameter_sync_step=1", "trainer.v1.separate_async.num_warmup_batches=1")
+  runs = {}
+  for count in (1, 2):
+    argv = ["-m", "rljax.train", "--config=configs/grpo.py",
+            *tiny_run.overrides(vl_dir, data_dir, f"{tmp_path}/{count}"), *extra]
+    runs[count] = processes.run_metrics(argv, count, f"{tmp_path}/{count}")
+  assert [m["step"] for m in runs[2]] == [1, 2] and runs[2][0]["perf/weight_sync_bytes"] > 0
+  assert abs(runs[2][0]["rollout_corr/log_ppl_abs_diff"]) < 1e-4, runs[2][0]
+  processes.assert_same_metrics(runs[1], runs[2], atol=1e-6)

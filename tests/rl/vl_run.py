@@ -36,8 +36,8 @@ def vl_tokenizer():
 
 
 def vl_model_dir(path: pathlib.Path, family: str = "qwen2_5_vl") -> str:
-  """Saves a tiny vision-language model of ``family`` (qwen2_5_vl or qwen3_vl; random weights), its tokenizer and
-  preprocessor_config.json in `path`."""
+  """Saves a tiny vision-language model of ``family`` (qwen2_5_vl, qwen3_vl or qwen3_vl_moe; random weights), its
+  tokenizer and preprocessor_config.json in `path`."""
   tokenizer = vl_tokenizer()
   ids = {t: tokenizer.tok.token_to_id(t) for t in VISION_TOKENS}
   text = dict(vocab_size=1408, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -46,9 +46,11 @@ def vl_model_dir(path: pathlib.Path, family: str = "qwen2_5_vl") -> str:
               eos_token_id=2, pad_token_id=2)
   tower = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=4,
                spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
-  if family == "qwen3_vl":  # a 4 x 4 learned position table; deepstack features into both text layers
+  if family.startswith("qwen3_vl"):  # a 4 x 4 learned position table; deepstack features into both text layers
     tower.update(hidden_act="gelu_pytorch_tanh", num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
     text.update(head_dim=16)
+  if family == "qwen3_vl_moe":  # layer 0 routes each token to 2 of 4 experts, layer 1 is dense
+    text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[1])
   else:
     tower.update(window_size=16, fullatt_block_indexes=[1])
   cfg = from_hf_dict({
