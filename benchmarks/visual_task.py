@@ -1,13 +1,14 @@
 """Does a tiny vision-language model learn the shapes task? SFT warm start, then GRPO on images, on CPU.
 
-    python benchmarks/visual_task.py --workdir /tmp/visual_task [--sft_steps 60] [--grpo_steps 20]
+    python benchmarks/visual_task.py --workdir /tmp/visual_task [--sft_steps 200] [--grpo_steps 300]
 
 1. Writes the shapes task (`rljax.data.synthetic.shapes`: name a drawn shape's colour and kind, 12 answers).
 2. Builds a tiny Qwen2.5-VL with random weights (SmolLM2's tokenizer with Qwen-VL's vision tokens, 2 text layers
    of width 128, a 2-block vision tower of 4-pixel patches; images kept within 56 x 56 pixels).
 3. SFT (`rljax.sft`) on the task's answers for --sft_steps steps, saved as a model directory.
-4. GRPO (`configs/grpo_vl.py`, actor lr --grpo_lr) from it for --grpo_steps steps, validating on the 128 test
-   prompts every 5 (verl's val_kwargs: greedy, one response per prompt). --sft_model DIR starts here.
+4. GRPO (`configs/grpo_vl.py`: 16 prompts x 8 responses a step, actor lr --grpo_lr after 10 warm-up steps) from it
+   for --grpo_steps steps, validating on the 128 test prompts every 25 (verl's val_kwargs: greedy, one response per
+   prompt). --sft_model DIR starts here.
 
 Prints the validation reward (accuracy) of the random model, after SFT (GRPO's step 0) and along GRPO, and the
 training reward of each GRPO step.
@@ -109,10 +110,12 @@ def grpo(model_dir: str, data_dir: str, out: pathlib.Path, steps: int, name: str
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", default="/tmp/visual_task")
-  parser.add_argument("--sft_steps", type=int, default=60)
-  parser.add_argument("--grpo_steps", type=int, default=20)
+  parser.add_argument("--sft_steps", type=int, default=200)
+  parser.add_argument("--grpo_steps", type=int, default=300)
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--grpo_lr", type=float, default=1e-4, help="actor_rollout_ref.actor.optim.lr of GRPO")
+  parser.add_argument("--grpo_lr", type=float, default=3e-4, help="actor_rollout_ref.actor.optim.lr of GRPO")
+  parser.add_argument("--grpo_override", action="append", default=[], help="a further GRPO config override "
+                      "(key=value; repeatable)")
   parser.add_argument("--sft_model", default=None, help="a warm-started model directory: skip the random model's "
                       "validation and SFT")
   args = parser.parse_args(argv)
@@ -132,7 +135,7 @@ def main(argv=None) -> int:
                       "val_loss": next((m["val/loss"] for m in reversed(sft_metrics) if "val/loss" in m), None)}),
           flush=True)
   records = grpo(model_dir, data_dir, out, args.grpo_steps, f"grpo_lr{args.grpo_lr:g}",
-                 f"actor_rollout_ref.actor.optim.lr={args.grpo_lr}")
+                 f"actor_rollout_ref.actor.optim.lr={args.grpo_lr}", *args.grpo_override)
   for m in records:
     print(json.dumps({"stage": "grpo", "step": m["step"], "val_reward": m.get(REWARD),
                       "train_reward": m.get("critic/score/mean"), "step_s": m.get("timing_s/step")}), flush=True)

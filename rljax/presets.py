@@ -185,13 +185,14 @@ TINY_VL_SHAPES: dict[str, Any] = {
     "data.max_response_length": 8,
     "data.val_max_samples": 128,
     "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
-    "actor_rollout_ref.actor.optim.lr": 1e-4,
+    "actor_rollout_ref.actor.optim.lr": 3e-4,
+    "actor_rollout_ref.actor.optim.lr_warmup_steps": 10,
     "actor_rollout_ref.actor.kl_loss_coef": 0.001,
     "actor_rollout_ref.rollout.n": 8,
     "actor_rollout_ref.rollout.max_num_seqs": 128,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 128,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 128,
-    "trainer.test_freq": 5,
+    "trainer.test_freq": 25,
     "trainer.val_before_train": True,
 }
 

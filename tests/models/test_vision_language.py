@@ -46,8 +46,9 @@ FAMILIES = {
 FAMILIES["qwen3_vl_moe"] = ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration",
                             dict(FAMILIES["qwen3_vl"][2], num_experts=4, num_experts_per_tok=2,
                                  moe_intermediate_size=24, mlp_only_layers=[1]), FAMILIES["qwen3_vl"][3])
-# the families whose towers, positions and config fields differ (Qwen3-VL-MoE's are Qwen3-VL's)
-distinct_towers = pytest.mark.parametrize("saved", ["qwen2_5_vl", "qwen3_vl"], indirect=True)
+# the dense families: what Qwen3-VL-MoE shares with Qwen3-VL (its tower, positions, config fields, the engine's
+# image prefill; the engine's experts are tests/models/test_moe.py's) is tested on them alone
+dense_families = pytest.mark.parametrize("saved", ["qwen2_5_vl", "qwen3_vl"], indirect=True)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -101,7 +102,7 @@ def images(model, pix):
   return vision.Images(jnp.asarray(pix), vision.image_layout(GRIDS, model.cfg.vision))
 
 
-@distinct_towers
+@dense_families
 def test_the_tower_gives_transformers_features(saved, model):
   pix = pixels()
   with torch.no_grad():
@@ -125,7 +126,7 @@ def test_interleaved_m_rope_turns_each_frequency_with_transformers_axis():
   assert rope.mrope_axes((2, 3, 3), False).tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
 
 
-@distinct_towers
+@dense_families
 def test_positions_are_transformers_m_rope_index(saved):
   ids, mask = batch()
   # the batch, then with a text-only row beside it
@@ -231,7 +232,7 @@ def test_a_sharded_load_places_every_parameter_and_gives_the_same_logits(saved, 
                              np.asarray(run(model, jnp.asarray(positions), images(model, pix))), atol=2e-5)
 
 
-@distinct_towers
+@dense_families
 def test_config_errors_name_the_field(saved):
   config = json.loads(open(f"{saved[1]}/config.json").read())
   assert from_hf_dict(to_hf_dict(from_hf_dict(config))) == from_hf_dict(config)
@@ -274,7 +275,7 @@ def test_config_errors_name_the_field(saved):
   assert from_hf_dict(nameless) == from_hf_dict(config)
 
 
-@distinct_towers
+@dense_families
 def test_a_text_model_refuses_images(saved, model):
   text = M.CausalLM(model.cfg.replace(vision=None, mrope_section=None, model_type="qwen3"), nnx.Rngs(0))
   ids, mask = batch()
@@ -284,7 +285,8 @@ def test_a_text_model_refuses_images(saved, model):
     model(jnp.asarray(ids), jnp.asarray(mask), images=images(model, pixels()))
 
 
-def test_the_rollout_engine_decodes_image_prompts_as_greedy_generation(model):
+@dense_families
+def test_the_rollout_engine_decodes_image_prompts_as_greedy_generation(saved, model):
   """The sampler over JetStream's prefill / insert / generate: each prompt's images prefilled once for its two
   responses, each slot decoding at its own M-RoPE offset, on 8 devices (slots over data)."""
   from rljax.rollout.engine import make_engine

@@ -40,10 +40,10 @@ QUESTION = "<image>What is drawn? Answer with its colour and shape, e.g. red cir
 
 
 def draw(shape: str, colour: str, rng: np.random.Generator) -> bytes:
-  """A PNG of one `colour` `shape` on white: the image 24-56 pixels a side, the shape half to all of its
-  shorter side, anywhere inside it."""
-  width, height = (int(v) for v in rng.integers(24, 57, size=2))
-  side = int(rng.integers(min(width, height) // 2, min(width, height) + 1))
+  """A PNG of one `colour` `shape` on white: the image 32-56 pixels a side, the shape three quarters to all of
+  its shorter side, anywhere inside it."""
+  width, height = (int(v) for v in rng.integers(32, 57, size=2))
+  side = int(rng.integers(min(width, height) * 3 // 4, min(width, height) + 1))
   left, top = int(rng.integers(0, width - side + 1)), int(rng.integers(0, height - side + 1))
   image = Image.new("RGB", (width, height), "white")
   pen = ImageDraw.Draw(image)
