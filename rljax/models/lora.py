@@ -773,14 +773,39 @@ def peft_tensors(model: CausalLM) -> dict[str, np.ndarray]:
   return out
 
 
-def peft_adapter_config(config: LoRAConfig, base_model_name_or_path: str | None) -> dict[str, Any]:
-  """adapter_config.json for PEFT (its LoraConfig fields; rank_pattern is cosmos-rl's r_pattern)."""
+def peft_patterns(model: CausalLM, config: LoRAConfig) -> tuple[dict[str, int], dict[str, float]]:
+  """(rank_pattern, alpha_pattern) for PEFT: the user's r_pattern and alpha_pattern, or, for a vision-language
+  model with any, each adapted module's own rank and alpha where they are not r and lora_alpha, keyed by its
+  full name as PEFT sees it (transformers 5 nests the language model, `checkpoint.module_name`; escaped, so PEFT
+  matches that module alone). A user's key anchored on rljax's names (`model.layers.0.self_attn.q_proj`) matches
+  no nested name in PEFT, so the resolved values are written instead of the keys."""
+  if model.cfg.vision is None or not (config.r_pattern or config.alpha_pattern):
+    return dict(config.r_pattern), dict(config.alpha_pattern)
+  ranks: dict[str, int] = {}
+  alphas: dict[str, float] = {}
+  for _, _, modules in _adapter_modules(model):
+    for name, _, _ in modules:
+      key = re.escape(checkpoint.module_name(model.cfg, name))
+      rank, alpha = pattern_value(config.r_pattern, name, config.rank), pattern_value(config.alpha_pattern, name,
+                                                                                        config.alpha)
+      if rank != config.rank:
+        ranks[key] = rank
+      if alpha != config.alpha:
+        alphas[key] = alpha
+  return ranks, alphas
+
+
+def peft_adapter_config(config: LoRAConfig, base_model_name_or_path: str | None,
+                        patterns: tuple[Mapping[str, int], Mapping[str, float]] | None = None) -> dict[str, Any]:
+  """adapter_config.json for PEFT (its LoraConfig fields; rank_pattern is cosmos-rl's r_pattern; `patterns`,
+  `peft_patterns`' (rank_pattern, alpha_pattern), in place of the config's own)."""
+  ranks, alphas = patterns or (config.r_pattern, config.alpha_pattern)
   return {
       "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path,
       "r": config.rank, "lora_alpha": config.alpha, "lora_dropout": config.dropout,
       "target_modules": list(config.targets), "use_rslora": config.use_rslora,
       "modules_to_save": list(config.modules_to_save) or None,
-      "rank_pattern": dict(config.r_pattern), "alpha_pattern": dict(config.alpha_pattern),
+      "rank_pattern": dict(ranks), "alpha_pattern": dict(alphas),
       "init_lora_weights": config.init_lora_weights, "exclude_modules": config.exclude_modules or None,
       "bias": "none", "fan_in_fan_out": False,
       "inference_mode": True,
@@ -803,7 +828,7 @@ def save_peft(model: CausalLM, config: LoRAConfig, path: str, base_model_name_or
   os.makedirs(tmp)
   safetensors_io.write_file(os.path.join(tmp, ADAPTER_WEIGHTS), peft_tensors(model))
   with open(os.path.join(tmp, ADAPTER_CONFIG), "w") as f:
-    json.dump(peft_adapter_config(config, base_model_name_or_path), f, indent=2)
+    json.dump(peft_adapter_config(config, base_model_name_or_path, peft_patterns(model, config)), f, indent=2)
   os.makedirs(path, exist_ok=True)
   for name in os.listdir(tmp):
     os.replace(os.path.join(tmp, name), os.path.join(path, name))

@@ -342,7 +342,9 @@ def test_a_lora_adapter_exports_for_peft_under_transformers_module_names_and_rea
   peft = pytest.importorskip("peft")
   from rljax.models import lora
   from tests.models.test_lora import perturb
-  config = lora.LoRAConfig(rank=4, alpha=8, exclude_modules=".*visual.*")
+  # an alpha for one module, its key anchored on rljax's (released) names, which PEFT's nested ones do not match
+  config = lora.LoRAConfig(rank=4, alpha=8, exclude_modules=".*visual.*",
+                           alpha_pattern={r"model\.layers\.0\.self_attn\.q_proj": 32})
   adapted = perturb(lora.apply_lora(M.from_pretrained(saved[1]), config, jax.random.key(5)), scale=0.1)
   ids, mask = batch()
   pix = pixels(1)
@@ -358,6 +360,8 @@ def test_a_lora_adapter_exports_for_peft_under_transformers_module_names_and_rea
     theirs = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()(
         **hf_inputs(ids, mask, pix)).logits.numpy() * mask[..., None]
   np.testing.assert_allclose(ours, theirs, atol=1e-4)
+  written = json.loads((tmp_path / "adapter" / lora.ADAPTER_CONFIG).read_text())
+  assert written["alpha_pattern"] == {r"model\.language_model\.layers\.0\.self_attn\.q_proj": 32}
   assert np.abs(ours - plain).max() > 1e-2  # the adapters change the logits
   fresh = lora.apply_lora(M.from_pretrained(saved[1]), config, jax.random.key(9))
   lora.load_peft_weights(fresh, str(tmp_path / "adapter"))
