@@ -370,8 +370,9 @@ def test_a_vision_language_actor_is_configured_and_what_it_cannot_do_is_refused(
   # verl's examples/grpo_trainer/run_qwen3_vl-30b-megatron.sh: Qwen3-VL-MoE, its experts over 8 devices
   (tmp_path / "qwen3_vl_moe").mkdir()
   (tmp_path / "qwen3_vl_moe" / "config.json").write_text(json.dumps({"model_type": "qwen3_vl_moe"}))
-  moe_line = [f"actor_rollout_ref.model.path={tmp_path / 'qwen3_vl_moe'}" if o.startswith("actor_rollout_ref.model.path")
-              else o.replace("pipeline_model_parallel_size=2", "pipeline_model_parallel_size=1") for o in line_8b]
+  moe_path = f"actor_rollout_ref.model.path={tmp_path / 'qwen3_vl_moe'}"
+  moe_line = [moe_path if o.startswith("actor_rollout_ref.model.path") else
+              o.replace("pipeline_model_parallel_size=2", "pipeline_model_parallel_size=1") for o in line_8b]
   moe_overrides = "+actor_rollout_ref.actor.megatron.override_transformer_config"
   resolved(experiment("grpo"), [
       *moe_line, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=8",

@@ -68,7 +68,7 @@ class TensorLayout:
     return tuple(free[p] for p in self.perm)
 
   def to_hf(self, x: np.ndarray) -> np.ndarray:
-    """Flax layout -> HF layout (for a picked part, its slice of the HF tensor: ``join_parts`` concatenates them)."""
+    """Flax layout -> HF layout (for a picked part, its slice of the HF tensor: ``to_hf_tensors`` joins the parts)."""
     y = x.transpose(np.argsort(self.perm))
     if self.pick is None:
       return y.reshape(self.hf_shape)
@@ -146,8 +146,10 @@ def _expert_table(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[str, TensorLa
   d, f, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
   router = ("mlp.gate.weight", TensorLayout(((e,), (d,)), (1, 0)))
   if experts_fused(cfg):
-    fused = lambda k: ("mlp.experts.gate_up_proj", TensorLayout(((e,), (d,), (2, f)), (0, 1, 2), pick=(2, k)))  # noqa: E731
-    return {("mlp", "router"): router, ("mlp", "gate"): fused(0), ("mlp", "up"): fused(1),
+    gate_up = "mlp.experts.gate_up_proj"
+    return {("mlp", "router"): router,
+            ("mlp", "gate"): (gate_up, TensorLayout(((e,), (d,), (2, f)), (0, 1, 2), pick=(2, 0))),
+            ("mlp", "up"): (gate_up, TensorLayout(((e,), (d,), (2, f)), (0, 1, 2), pick=(2, 1))),
             ("mlp", "down"): ("mlp.experts.down_proj", TensorLayout(((e,), (f,), (d,)), (0, 1, 2)))}
   return {
       ("mlp", "router"): router,

@@ -225,7 +225,7 @@ def test_separate_async_streams_images_on_devices_of_its_own_as_colocate_async_d
   assert abs(apart[0]["rollout_corr/log_ppl_abs_diff"]) < 1e-4, apart[0]
 
 
-@pytest.mark.slow  # a 2-process job of 2 steps beside the same job in one process (about 70 s)
+@pytest.mark.slow  # a 2-process job of 2 steps beside the same job in one process (40 s in CI)
 def test_separate_async_on_two_processes_carries_each_group_s_images_and_logs_the_metrics_of_one(vl_dir, data_dir,
                                                                                                   tmp_path):
   """Process 0 trains on its 4 devices; process 1 rolls out on its own 4 and sends each step's groups, their
