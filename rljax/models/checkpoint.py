@@ -336,9 +336,9 @@ def module_name(cfg: ModelConfig, name: str) -> str:
 
 
 def written_name(cfg: ModelConfig, name: str) -> str:
-  """A tensor's name as ``cfg``'s released checkpoints spell it: Qwen3-VL's nest the language model and the tower
-  (``module_name``); the others' are ``released_name``'s."""
-  return module_name(cfg, name) if cfg.model_type in ("qwen3_vl", "qwen3_vl_moe") else name
+  """A tensor's name as ``cfg``'s released checkpoints spell it: Qwen3-VL's and Qwen3-VL-MoE's nest the language
+  model and the tower (``module_name``); the others' are ``released_name``'s."""
+  return module_name(cfg, name) if cfg.vision is not None and cfg.vision.qwen3 else name
 
 
 def safetensors_source(path: str) -> TensorSource:

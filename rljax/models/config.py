@@ -30,7 +30,7 @@ VISION_LANGUAGE_TYPES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 # each vision-language type's language model family (its text_config's fields are read as that family's)
 _VL_TEXT = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}
 # each vision-language type's tower family (``VisionConfig.family``): Qwen3-VL-MoE's tower is Qwen3-VL's
-_VL_TOWER = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl"}
+TOWER_FAMILY = {"qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl"}
 
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -441,7 +441,7 @@ def _vision_language_from_hf(d: Mapping[str, Any], overrides: Mapping[str, Any] 
   if len(section) != 3 or sum(section) != head_half:
     raise ValueError(f"rope_scaling.mrope_section={list(section)} must be 3 sizes summing to head_dim / 2 = "
                      f"{head_half}.")
-  vision = vision_from_hf(d["vision_config"], _VL_TOWER[vl_type])
+  vision = vision_from_hf(d["vision_config"], TOWER_FAMILY[vl_type])
   if vision.out_hidden_size != cfg.hidden_size:
     raise ValueError(f"vision_config.out_hidden_size={vision.out_hidden_size} must equal the language model's "
                      f"hidden_size={cfg.hidden_size}.")

@@ -67,7 +67,7 @@ from ml_collections import ConfigDict
 
 from rljax.config.errors import ConfigError, check, is_int, is_number
 from rljax.models import checkpoint, moe, safetensors_io
-from rljax.models.config import ModelConfig
+from rljax.models.config import TOWER_FAMILY, ModelConfig
 from rljax.models.transformer import CausalLM
 from rljax.sharding.rules import Rules, logical_to_spec, param_names
 
@@ -196,7 +196,7 @@ def excluded(config: "LoRAConfig", name: str) -> bool:
   return any(_excluded_as(config, n) for n in _spellings(name))
 
 
-# one of each kind of linear module in each vision-language family's tower (the names PEFT sees in transformers 5)
+# one of each kind of linear module in each tower family's tower (the names PEFT sees in transformers 5)
 TOWER_MODULES = {
     "qwen2_5_vl": ("model.visual.blocks.0.attn.qkv", "model.visual.blocks.0.attn.proj",
                    "model.visual.blocks.0.mlp.gate_proj", "model.visual.blocks.0.mlp.up_proj",
@@ -206,7 +206,6 @@ TOWER_MODULES = {
                  "model.visual.merger.linear_fc1", "model.visual.merger.linear_fc2",
                  "model.visual.deepstack_merger_list.0.linear_fc1", "model.visual.deepstack_merger_list.0.linear_fc2"),
 }
-TOWER_MODULES["qwen3_vl_moe"] = TOWER_MODULES["qwen3_vl"]
 
 
 def tower_modules_adapted(config: "LoRAConfig", model_type: str) -> list[str]:
@@ -215,7 +214,7 @@ def tower_modules_adapted(config: "LoRAConfig", model_type: str) -> list[str]:
   only, so a vision-language run needs this empty."""
   names = config.targets if config.target_modules != "all-linear" else None
   targeted = lambda module: names is None or module.rsplit(".", 1)[-1] in names  # noqa: E731
-  return [m for m in TOWER_MODULES[model_type] if targeted(m) and not _excluded_as(config, m)]
+  return [m for m in TOWER_MODULES[TOWER_FAMILY[model_type]] if targeted(m) and not _excluded_as(config, m)]
 
 
 def check_tower_left_out(config: "LoRAConfig", model_type: str, why: str) -> None:

@@ -138,7 +138,8 @@ def vision_from_hf(d: Mapping[str, Any], family: str = "qwen2_5_vl") -> VisionCo
 
 
 def vision_to_hf(cfg: VisionConfig) -> dict[str, Any]:
-  """The HF ``vision_config`` dict of ``cfg``."""
+  """The HF ``vision_config`` dict of ``cfg`` (its model_type, ``{model_type}_vision`` of the whole model, is the
+  caller's)."""
   common = {**cfg.hf_extra, "depth": cfg.depth, "hidden_size": cfg.hidden_size,
             "intermediate_size": cfg.intermediate_size, "num_heads": cfg.num_heads,
             "out_hidden_size": cfg.out_hidden_size, "patch_size": cfg.patch_size,
@@ -146,7 +147,7 @@ def vision_to_hf(cfg: VisionConfig) -> dict[str, Any]:
             "in_channels": cfg.in_channels, "hidden_act": cfg.hidden_act,
             "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "axial"}}
   if cfg.qwen3:
-    return {**common, "model_type": "qwen3_vl_vision", "num_position_embeddings": cfg.num_position_embeddings,
+    return {**common, "num_position_embeddings": cfg.num_position_embeddings,
             "deepstack_visual_indexes": list(cfg.deepstack_visual_indexes)}
-  return {**common, "model_type": "qwen2_5_vl_vision", "window_size": cfg.window_size,
+  return {**common, "window_size": cfg.window_size,
           "fullatt_block_indexes": list(cfg.fullatt_block_indexes), "tokens_per_second": cfg.tokens_per_second}
