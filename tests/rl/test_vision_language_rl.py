@@ -147,11 +147,14 @@ def test_dynamic_sampling_keeps_each_group_with_its_images(vl_dir, data_dir, tmp
   assert abs(metrics["rollout_corr/log_ppl_abs_diff"]) < 1e-4 and np.isfinite(metrics["actor/pg_loss"]), metrics
 
 
-@pytest.mark.slow  # a 2-process job of 2 steps beside the same job in this process (about 75 s in CI)
+@pytest.mark.slow  # a 2-process job of 2 steps beside the same job in this process (about 60 s in CI)
 def test_grpo_on_images_as_two_processes_logs_the_metrics_of_one(vl_dir, data_dir, tmp_path):
   """Each host reads its share of the prompts with their images; the rows' images are as wide as the widest on
   any host (the first host's prompts hold one small image each, the second's two larger ones); validation
-  decodes image prompts too."""
+  decodes image prompts too.
+
+  About 60 s: each of the two processes compiles the tower, the engine and the passes itself, and the second
+  step (decoding under the first update's weights on both hosts) is what shows the hosts stay in step."""
   rows = vl_run.geometry3k_rows(16)
   for i, row in enumerate(rows):
     if i % 8 < 4:  # the first host's half of each batch of 8 (unshuffled)
