@@ -90,12 +90,13 @@ def test_hosts_that_streamed_apart_resume_each_from_its_own_position(model_dir, 
   # of its prompts than the other), which the checkpoint holds for each host. W=0: nothing is generated ahead of
   # an update, so the restarted step 3 samples what the uninterrupted one did only if each host resumes exactly
   # where it was, losing and repeating no prompt (and its requests take the same decode slots: the slot's place in
-  # the decode batch changes a logit's last bits, which can change a token the tiny model samples)
+  # the decode batch changes a logit's last bits, which can change a token the tiny model samples). 2 devices, one a
+  # process
   argv = job("grpo", model_dir, data_dir, tmp_path, "trainer.v1.trainer_mode=colocate_async",
              "trainer.v1.colocate_async.num_warmup_batches=0", "algorithm.filter_groups.enable=true",
              "algorithm.filter_groups.metric=seq_reward", "trainer.total_training_steps=3", "trainer.save_freq=1",
              f"trainer.default_local_dir={tmp_path}/run")
-  whole = processes.run_metrics(argv, 2, f"{tmp_path}/run")
+  whole = processes.run_metrics(argv, 2, f"{tmp_path}/run", devices=2)
   assert [m["step"] for m in whole] == [1, 2, 3] and all(m["train/kept_groups"] == 8 for m in whole)
   assert sum(m["train/filtered_groups"] for m in whole) > 0
   extras = json.loads((tmp_path / "run" / "global_step_2" / "extras" / "metadata").read_text())
@@ -103,7 +104,7 @@ def test_hosts_that_streamed_apart_resume_each_from_its_own_position(model_dir, 
   hosts = extras["stream"]["hosts"]
   assert len(hosts) == 2 and hosts[0] != hosts[1], extras["stream"]
   shutil.rmtree(tmp_path / "run" / "global_step_3")
-  again = processes.run_metrics(argv, 2, f"{tmp_path}/run")
+  again = processes.run_metrics(argv, 2, f"{tmp_path}/run", devices=2)
   assert [m["step"] for m in again[len(whole):]] == [3]
   processes.assert_same_metrics(whole[-1:], again[-1:])
 
@@ -140,7 +141,7 @@ def test_ppo_with_dynamic_sampling_as_four_processes_logs_the_metrics_of_one(mod
 def test_lora_moe_router_replay_and_a_reward_model_as_two_processes_log_the_metrics_of_one(
     moe_dir, reward_model_dir, data_dir, tmp_path):
   # LoRA adapters on a mixture of experts, each token's rollout routing replayed in every actor pass (R3),
-  # and a reward model scoring each host's rows
+  # and a reward model scoring each host's rows; 2 devices, one a process
   argv = job("grpo", moe_dir, data_dir, tmp_path, "actor_rollout_ref.model.lora_rank=4",
              "actor_rollout_ref.model.lora_alpha=8", "actor_rollout_ref.actor.router_replay.mode=R3",
              "actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "reward_model.enable=true",
@@ -149,9 +150,9 @@ def test_lora_moe_router_replay_and_a_reward_model_as_two_processes_log_the_metr
   # the one process runs padded rows, the two pack the actor's passes (with the replayed experts) and the reward
   # model's
   one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one",
-                               "actor_rollout_ref.model.use_remove_padding=false"], 1, f"{tmp_path}/one")
+                               "actor_rollout_ref.model.use_remove_padding=false"], 1, f"{tmp_path}/one", devices=2)
   two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two",
-                               "reward_model.model.use_remove_padding=true"], 2, f"{tmp_path}/two")
+                               "reward_model.model.use_remove_padding=true"], 2, f"{tmp_path}/two", devices=2)
   assert len(one) == 2 and one[0]["actor/grad_norm"] > 0 and "actor/moe_aux_loss" in one[0]
   assert "perf/packed_compute_ratio" not in one[0]
   padded_ratio = 208 / (two[0]["prompt_length/mean"] + two[0]["response_length/mean"])
@@ -307,18 +308,19 @@ def separate_job(model_dir, data_dir, tmp_path, *extra):
 @pytest.mark.slow  # four runs of 3 steps or 1: two of 1 process, two of 4 (about 3 minutes)
 def test_separate_async_with_trainer_and_rollout_on_two_processes_each_logs_the_metrics_of_one_process(
     model_dir, data_dir, tmp_path):
-  # processes 0 and 1 train on their 2 devices each and checkpoint together; processes 2 and 3 each roll out
-  # their share of the data on their own 2 devices, each sending its groups to its trainer process (0 with 2,
+  # 4 devices, one a process: processes 0 and 1 train on theirs and checkpoint together; processes 2 and 3 each
+  # roll out their share of the data on their own device, each sending its groups to its trainer process (0 with 2,
   # 1 with 3), and every weight sync reaches both. Dynamic sampling is off: each rollout process judges its own
   # groups, so which groups an update keeps would depend on how far each read ahead
   argv = separate_job(model_dir, data_dir, tmp_path, "algorithm.filter_groups.enable=false", "data.gen_batch_size=8",
                       "trainer.save_freq=1",
-                      "actor_rollout_ref.rollout.nnodes=2", "actor_rollout_ref.rollout.n_gpus_per_node=2")
+                      "actor_rollout_ref.rollout.nnodes=2", ONE_EACH)
   # padded in one process; the actor's and the critic's passes packed in four, with the optimizers' state and the
   # reference's and the critic's weights in host memory between the steps that use them (`sharding.offload`)
-  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one", PADDED], 1, f"{tmp_path}/one")
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one", PADDED], 1, f"{tmp_path}/one",
+                              devices=4)
   four = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/four",
-                                "critic.model.use_remove_padding=true", *OFFLOADED], 4, f"{tmp_path}/four")
+                                "critic.model.use_remove_padding=true", *OFFLOADED], 4, f"{tmp_path}/four", devices=4)
   assert [m["step"] for m in one] == [0, 1, 2, 3] and one[3]["off_policy/staleness/max"] == 3
   assert "val-core/rljax/arithmetic/reward/mean@1" in one[2] and one[1]["perf/weight_sync_bytes"] > 0
   for metrics in (one, four):
@@ -326,21 +328,21 @@ def test_separate_async_with_trainer_and_rollout_on_two_processes_each_logs_the_
   processes.assert_same_metrics(one, four, atol=1e-6)
   # both restart from step 2's checkpoint (the trainer's two processes wrote it together): each rollout process
   # resumes where its share of the data was
-  restarted_step_3(argv, tmp_path, (("one", 1), ("four", 4)))
+  restarted_step_3(argv, tmp_path, (("one", 1), ("four", 4)), devices=4)
 
 
 @pytest.mark.slow  # two runs of 3 steps: one of 1 process, one of 3 (about 2 minutes)
 def test_separate_async_with_one_trainer_process_and_two_rollout_processes_logs_the_metrics_of_one_process(
     model_dir, data_dir, tmp_path):
-  # 6 devices, 2 per process: process 0 trains on its 2; processes 1 and 2 each roll out their share of the data on
-  # their own 2 and send it to process 0, which trains their groups in process order; each weight sync goes to
-  # one rollout process after the other (the trainer lays them out on its own 2 devices first)
+  # 3 devices, one a process: process 0 trains on its own; processes 1 and 2 each roll out their share of the data
+  # on theirs and send it to process 0, which trains their groups in process order; each weight sync goes to
+  # one rollout process after the other (the trainer lays them out on its own device first)
   argv = separate_job(model_dir, data_dir, tmp_path, "algorithm.filter_groups.enable=false", "data.gen_batch_size=8",
                       "trainer.val_before_train=false", "actor_rollout_ref.rollout.nnodes=2",
-                      "actor_rollout_ref.rollout.n_gpus_per_node=2")
-  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one", devices=6)
+                      ONE_EACH)
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one", devices=3)
   three = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/three"], 3, f"{tmp_path}/three",
-                                devices=6)
+                                devices=3)
   assert [m["step"] for m in one] == [1, 2, 3] and one[2]["off_policy/staleness/max"] == 3
   assert one[0]["perf/weight_sync_bytes"] > 0 and all(0 < m["critic/score/mean"] < 1 for m in one)
   for metrics in (one, three):
@@ -353,15 +355,15 @@ def test_separate_async_with_one_trainer_process_and_two_rollout_processes_logs_
 @pytest.mark.slow  # four runs of 3 steps or 1: two of 1 process, two of 3 (about 3 minutes)
 def test_separate_async_with_two_trainer_processes_and_one_rollout_process_logs_the_metrics_of_one_process(
     model_dir, data_dir, tmp_path):
-  # 6 devices, 2 per process: processes 0 and 1 train on their 4; process 2 rolls out all the data on its 2,
+  # 3 devices, one a process: processes 0 and 1 train on their 2; process 2 rolls out all the data on its own,
   # judging each group as it ends (dynamic sampling), and sends each half of a step's groups to one trainer
   # process. Process 0 starts and ends it; both take part in every weight sync (laid out on process 0's devices);
-  # validation after step 2 decodes on the trainer's 4 devices
+  # validation after step 2 decodes on the trainer's 2 devices
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_before_train=false",
-                      "actor_rollout_ref.rollout.n_gpus_per_node=2", "trainer.save_freq=1")
-  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one", devices=6)
+                      ONE_EACH, "trainer.save_freq=1")
+  one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one", devices=3)
   three = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/three"], 3, f"{tmp_path}/three",
-                                devices=6)
+                                devices=3)
   assert [m["step"] for m in one] == [1, 2, 3] and one[2]["off_policy/staleness/max"] == 3
   assert one[0]["perf/weight_sync_bytes"] > 0 and all(m["train/kept_groups"] == 8 for m in one)
   assert any(m["train/filtered_groups"] > 0 for m in one) and "val-core/rljax/arithmetic/reward/mean@1" in one[1]
@@ -372,7 +374,7 @@ def test_separate_async_with_two_trainer_processes_and_one_rollout_process_logs_
   # both restarted after step 2's checkpoint (the trainer's two processes wrote it, with the one rollout
   # process's stream position): process 0 starts the rollout from there, under the checkpoint's weights (older
   # versions are not saved, so step 3 is not the uninterrupted run's)
-  restarts = restarted_step_3(argv, tmp_path, (("one", 1), ("three", 3)), devices=6)
+  restarts = restarted_step_3(argv, tmp_path, (("one", 1), ("three", 3)), devices=3)
   assert restarts[0][0]["off_policy/staleness/max"] == 1
 
 

@@ -154,7 +154,8 @@ def test_grpo_on_images_as_two_processes_logs_the_metrics_of_one(vl_dir, data_di
   decodes image prompts too.
 
   About 60 s: each of the two processes compiles the tower, the engine and the passes itself, and the second
-  step (decoding under the first update's weights on both hosts) is what shows the hosts stay in step."""
+  step (decoding under the first update's weights on both hosts) is what shows the hosts stay in step. 2 devices,
+  one a process."""
   rows = vl_run.geometry3k_rows(16)
   for i, row in enumerate(rows):
     if i % 8 < 4:  # the first host's half of each batch of 8 (unshuffled)
@@ -165,10 +166,10 @@ def test_grpo_on_images_as_two_processes_logs_the_metrics_of_one(vl_dir, data_di
            "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.val_before_train=true",
            "trainer.test_freq=2")
   config = tiny_run.run_config("grpo", vl_dir, data_dir, str(tmp_path / "one"), *extra)
-  one = tiny_run.fit_metrics(config, sharding.make_mesh(config))
+  one = tiny_run.fit_metrics(config, sharding.make_mesh(config, jax.devices()[:2]))
   argv = ["-m", "rljax.train", "--config=configs/grpo.py", *tiny_run.overrides(vl_dir, data_dir, f"{tmp_path}/two"),
           *extra]
-  two = processes.run_metrics(argv, 2, f"{tmp_path}/two")
+  two = processes.run_metrics(argv, 2, f"{tmp_path}/two", devices=2)
   assert any(k.startswith("val-core/") for k in two[0]) and two[-1]["actor/grad_norm"] > 0
   golden.assert_golden(two, [{k: v for k, v in m.items() if not k.startswith(golden.DROPPED)} for m in one], "vl")
 
@@ -231,17 +232,17 @@ def test_separate_async_streams_images_on_devices_of_its_own_as_colocate_async_d
 @pytest.mark.slow  # a 2-process job of 2 steps beside the same job in one process (40 s in CI)
 def test_separate_async_on_two_processes_carries_each_group_s_images_and_logs_the_metrics_of_one(vl_dir, data_dir,
                                                                                                   tmp_path):
-  """Process 0 trains on its 4 devices; process 1 rolls out on its own 4 and sends each step's groups, their
+  """Process 0 trains on its device; process 1 rolls out on its own and sends each step's groups, their
   prompts' images with them, through the coordination service; the metrics are those of the same devices in one
   process (the rollout's log-probs the trainer's: the images reached it)."""
   extra = (*vl_overrides(tmp_path), "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
-           "actor_rollout_ref.rollout.n_gpus_per_node=4", "trainer.total_training_steps=2", "trainer.save_freq=-1",
+           "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.total_training_steps=2", "trainer.save_freq=-1",
            "trainer.v1.separate_async.parameter_sync_step=1", "trainer.v1.separate_async.num_warmup_batches=1")
   runs = {}
   for count in (1, 2):
     argv = ["-m", "rljax.train", "--config=configs/grpo.py",
             *tiny_run.overrides(vl_dir, data_dir, f"{tmp_path}/{count}"), *extra]
-    runs[count] = processes.run_metrics(argv, count, f"{tmp_path}/{count}")
+    runs[count] = processes.run_metrics(argv, count, f"{tmp_path}/{count}", devices=2)
   assert [m["step"] for m in runs[2]] == [1, 2] and runs[2][0]["perf/weight_sync_bytes"] > 0
   assert abs(runs[2][0]["rollout_corr/log_ppl_abs_diff"]) < 1e-4, runs[2][0]
   processes.assert_same_metrics(runs[1], runs[2], atol=1e-6)
