@@ -26,9 +26,10 @@ SEPARATE = ("trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ppo_micro_batc
             "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
             "actor_rollout_ref.rollout.n_gpus_per_node=4", "trainer.v1.separate_async.num_warmup_batches=1")
 EIGHT = ("trainer.n_gpus_per_node=auto", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
-# tests/rl/test_multi_process.py's GRPO job as 2 processes must log this 1-process run's metrics: 8 prompts x 2
-# responses over 8 devices, 2 shuffled and balanced mini-batches, streamed, validated before step 1 and after 2
-TWO_PROCESS_JOB = (*EIGHT, "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+# tests/rl/test_multi_process.py's GRPO job as 2 processes of one device each must log this 1-process run's metrics
+# on 2 devices: 8 prompts x 2 responses, 2 shuffled and balanced mini-batches, streamed, validated before step 1 and
+# after 2
+TWO_PROCESS_JOB = ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                    "actor_rollout_ref.actor.shuffle=true", "trainer.balance_batch=true",
                    "trainer.val_before_train=true", "trainer.test_freq=2", *STREAMED,
                    "actor_rollout_ref.rollout.max_num_seqs=8")
@@ -67,7 +68,7 @@ VARIANTS = {
     "colocate_async_dapo_remax": ("dapo", "model", (*STREAMED, "data.gen_batch_size=2",
                                                     "algorithm.adv_estimator=remax")),
     "separate_async": ("grpo", "model", (*SEPARATE, "trainer.total_training_steps=3", "trainer.test_freq=2")),
-    "grpo_two_process_job_on_one": ("grpo", "model", (*TWO_PROCESS_JOB,
+    "grpo_two_process_job_on_one": ("grpo", "model", (*TWO_PROCESS_JOB, "trainer.n_gpus_per_node=2",
                                                       "actor_rollout_ref.model.use_remove_padding=false")),
 }
 DROPPED = ("timing_s/", "perf/")

@@ -35,8 +35,8 @@ OFFLOADED = ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
 
 @pytest.mark.slow  # two 2-process trainer runs (about 80 s)
 def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
-  # 8 prompts x 2 responses over 8 devices; 2 shuffled mini-batches and balance_batch, so each update's rows
-  # come from both hosts' rollouts; validation before training and after step 2. The rollouts stream
+  # 8 prompts x 2 responses over 2 devices, one a process; 2 shuffled mini-batches and balance_batch, so each
+  # update's rows come from both hosts' rollouts; validation before training and after step 2. The rollouts stream
   # (colocate_async, verl's defaults: threshold 8, one batch read ahead, so old log-probs are recomputed), each
   # host over 8 decode slots, as many as its rows: the one process's 8 slots then decode the same waves.
   # The one process's metrics are the golden file's (tests/rl/golden.py: the same job on one process, padded);
@@ -47,7 +47,7 @@ def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_
   assert set(golden.TWO_PROCESS_JOB) <= set(argv)
   one = json.loads(golden.GOLDEN.read_text())["grpo_two_process_job_on_one"]
   two = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two", "trainer.save_freq=1"], 2,
-                              f"{tmp_path}/two")
+                              f"{tmp_path}/two", devices=2)
   trained = [m for m in two if m["step"] > 0]
   assert len(trained) == 2 and trained[0]["actor/grad_norm"] > 0 and 0 < trained[0]["critic/score/mean"] < 1
   assert any(k.startswith("val-core/") for k in trained[1]) and trained[1]["off_policy/staleness/max"] == 1
@@ -55,7 +55,7 @@ def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_
   # every host restarted after step 1's checkpoint: step 2 again, as the uninterrupted run logged it
   shutil.rmtree(tmp_path / "two" / "global_step_2")
   again = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/two", "trainer.save_freq=1"], 2,
-                                f"{tmp_path}/two")
+                                f"{tmp_path}/two", devices=2)
   assert [m["step"] for m in again[len(two):]] == [2]  # one step trained after the restart
   processes.assert_same_metrics(two[-1:], again[-1:])
 
