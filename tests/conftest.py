@@ -5,12 +5,15 @@ import os
 import shutil
 import tempfile
 
-# LLVM at -O0: the tests' programs are tiny, so compiling them is much of the suite's time and running them little;
-# -O0 compiles with the same semantics (tests compare programs against each other and against references, never
-# their machine code): tests/models/test_moe.py and tests/rl/test_shared_prompt.py took 129 s at -O2 and 92 s at
-# -O0 on a 2-core Intel Xeon. Processes that tests start inherit it (`processes.xla_flags`).
+# LLVM at -O0 and XLA's CPU fusions emitted directly to LLVM IR (not through its MLIR fusion emitters): the tests'
+# programs are tiny, so compiling them is much of the suite's time and running them little; both compile the same
+# HLO with the same semantics (tests compare programs against each other and against references, never their
+# machine code). On a 2-core Intel Xeon, tests/models/test_moe.py and tests/rl/test_shared_prompt.py took 129 s at
+# -O2 and 92 s at -O0; tests/models/test_moe.py with tests/rollout/test_rollout.py took 120 s with the fusion
+# emitters and 86 s without. Processes that tests start inherit both (`processes.xla_flags`).
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 --xla_force_host_platform_device_count=8"
+    os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+    " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
