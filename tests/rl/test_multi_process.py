@@ -33,7 +33,7 @@ OFFLOADED = ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
              "critic.model.fsdp_config.optimizer_offload=true")
 
 
-@pytest.mark.slow  # two 2-process trainer runs (about 80 s)
+@pytest.mark.slow  # two 2-process trainer runs (30 s in CI)
 def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
   # 8 prompts x 2 responses over 2 devices, one a process; 2 shuffled mini-batches and balance_batch, so each
   # update's rows come from both hosts' rollouts; validation before training and after step 2. The rollouts stream
@@ -60,7 +60,7 @@ def test_grpo_as_two_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_
   processes.assert_same_metrics(two[-1:], again[-1:])
 
 
-@pytest.mark.slow  # a 1-process and a 2-process run of one step (about 70 s)
+@pytest.mark.slow  # a 1-process and a 2-process run of one step (24 s in CI)
 def test_packed_passes_under_a_token_budget_as_two_processes_log_the_metrics_of_one(model_dir, data_dir, tmp_path):
   # 16 prompts x 4 responses, 8 rows a device, prompts of 46-186 tokens in buffers of 208 and a budget of one
   # buffer a micro-batch: each device's micro-batches hold 1-3 of its rows, the rest of their slots empty, and a
@@ -83,7 +83,7 @@ def test_packed_passes_under_a_token_budget_as_two_processes_log_the_metrics_of_
   processes.assert_same_metrics(one, two, atol=1e-6)
 
 
-@pytest.mark.slow  # a 2-process run of 3 steps, then step 3 again after a restart (about 50 s)
+@pytest.mark.slow  # a 2-process run of 3 steps, then step 3 again after a restart (33 s in CI)
 def test_hosts_that_streamed_apart_resume_each_from_its_own_position(model_dir, data_dir, tmp_path):
   # colocate_async with dynamic sampling: each host judges the groups of its own share of the data and reads on
   # until it has its 4 to train, so at a checkpoint the hosts stand at different positions (one had filtered more
@@ -109,7 +109,7 @@ def test_hosts_that_streamed_apart_resume_each_from_its_own_position(model_dir, 
   processes.assert_same_metrics(whole[-1:], again[-1:])
 
 
-@pytest.mark.slow  # two trainer runs of one step: one of 4 processes, one of 1 (about 2 minutes)
+@pytest.mark.slow  # two trainer runs of one step: one of 4 processes, one of 1 (43 s in CI)
 def test_ppo_with_dynamic_sampling_as_four_processes_logs_the_metrics_of_one(model_dir, data_dir, tmp_path):
   # the parts whose statistics are over the whole batch: GAE's whitening (critic), the adaptive KL controller,
   # rollout correction; and dynamic sampling's rounds, agreed by 4 hosts and cut to 8 groups across them. Each
@@ -137,7 +137,7 @@ def test_ppo_with_dynamic_sampling_as_four_processes_logs_the_metrics_of_one(mod
   processes.assert_same_metrics(one, four, atol=1e-6)
 
 
-@pytest.mark.slow  # two trainer runs: one of 2 processes, one of 1 (about 2 minutes)
+@pytest.mark.slow  # two trainer runs: one of 2 processes, one of 1 (40 s in CI)
 def test_lora_moe_router_replay_and_a_reward_model_as_two_processes_log_the_metrics_of_one(
     moe_dir, reward_model_dir, data_dir, tmp_path):
   # LoRA adapters on a mixture of experts, each token's rollout routing replayed in every actor pass (R3),
@@ -197,7 +197,7 @@ def assert_killing_a_process_stops_the_others(argv, metrics, count=2, killed=1):
       logs[0][-2000:]
 
 
-@pytest.mark.slow  # a 2-process run killed after its second step, then restarted (about 1 minute)
+@pytest.mark.slow  # a 2-process run killed after its second step, then restarted (36 s in CI)
 def test_a_killed_process_stops_the_job_and_a_restart_resumes(model_dir, data_dir, tmp_path):
   run_dir = tmp_path / "run"
   argv = ["-m", "rljax.train", "--config=configs/grpo.py", *tiny_run.overrides(model_dir, data_dir, str(run_dir)),
@@ -305,7 +305,7 @@ def separate_job(model_dir, data_dir, tmp_path, *extra):
              "algorithm.rollout_correction.rollout_is=token", *extra)
 
 
-@pytest.mark.slow  # four runs of 3 steps or 1: two of 1 process, two of 4 (about 3 minutes)
+@pytest.mark.slow  # four runs of 3 steps or 1: two of 1 process, two of 4 (59 s in CI)
 def test_separate_async_with_trainer_and_rollout_on_two_processes_each_logs_the_metrics_of_one_process(
     model_dir, data_dir, tmp_path):
   # 4 devices, one a process: processes 0 and 1 train on theirs and checkpoint together; processes 2 and 3 each
@@ -331,7 +331,7 @@ def test_separate_async_with_trainer_and_rollout_on_two_processes_each_logs_the_
   restarted_step_3(argv, tmp_path, (("one", 1), ("four", 4)), devices=4)
 
 
-@pytest.mark.slow  # two runs of 3 steps: one of 1 process, one of 3 (about 2 minutes)
+@pytest.mark.slow  # two runs of 3 steps: one of 1 process, one of 3 (19 s in CI)
 def test_separate_async_with_one_trainer_process_and_two_rollout_processes_logs_the_metrics_of_one_process(
     model_dir, data_dir, tmp_path):
   # 3 devices, one a process: process 0 trains on its own; processes 1 and 2 each roll out their share of the data
@@ -352,7 +352,7 @@ def test_separate_async_with_one_trainer_process_and_two_rollout_processes_logs_
   processes.assert_same_metrics(one, three, atol=3e-6)
 
 
-@pytest.mark.slow  # four runs of 3 steps or 1: two of 1 process, two of 3 (about 3 minutes)
+@pytest.mark.slow  # four runs of 3 steps or 1: two of 1 process, two of 3 (55 s in CI)
 def test_separate_async_with_two_trainer_processes_and_one_rollout_process_logs_the_metrics_of_one_process(
     model_dir, data_dir, tmp_path):
   # 3 devices, one a process: processes 0 and 1 train on their 2; process 2 rolls out all the data on its own,
@@ -378,7 +378,7 @@ def test_separate_async_with_two_trainer_processes_and_one_rollout_process_logs_
   assert restarts[0][0]["off_policy/staleness/max"] == 1
 
 
-@pytest.mark.slow  # a 4-process run whose last rollout process is killed after step 1 (about 40 s)
+@pytest.mark.slow  # a 4-process run whose last rollout process is killed after step 1 (28 s in CI)
 def test_killing_one_rollout_process_of_two_stops_both_trainer_processes_and_the_other_rollout_process(
     model_dir, data_dir, tmp_path):
   argv = separate_job(model_dir, data_dir, tmp_path, "algorithm.filter_groups.enable=false", "data.gen_batch_size=8",
@@ -415,7 +415,7 @@ def test_a_bad_row_the_rollout_process_reads_stops_both_processes_naming_it(mode
       and named in rollout, trainer[-3000:]
 
 
-@pytest.mark.slow  # a 2-process run whose rollout process is killed after step 1 (about 40 s)
+@pytest.mark.slow  # a 2-process run whose rollout process is killed after step 1 (18 s in CI)
 def test_a_killed_rollout_process_stops_the_trainer(model_dir, data_dir, tmp_path):
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.total_training_steps=50", "trainer.total_epochs=50",
                       ONE_EACH, f"trainer.default_local_dir={tmp_path}/run")

@@ -147,13 +147,13 @@ def test_dynamic_sampling_keeps_each_group_with_its_images(vl_dir, data_dir, tmp
   assert abs(metrics["rollout_corr/log_ppl_abs_diff"]) < 1e-4 and np.isfinite(metrics["actor/pg_loss"]), metrics
 
 
-@pytest.mark.slow  # a 2-process job of 2 steps beside the same job in this process (about 60 s in CI)
+@pytest.mark.slow  # a 2-process job of 2 steps beside the same job in this process (37 s in CI)
 def test_grpo_on_images_as_two_processes_logs_the_metrics_of_one(vl_dir, data_dir, tmp_path):
   """Each host reads its share of the prompts with their images; the rows' images are as wide as the widest on
   any host (the first host's prompts hold one small image each, the second's two larger ones); validation
   decodes image prompts too.
 
-  About 60 s: each of the two processes compiles the tower, the engine and the passes itself, and the second
+  About 40 s: each of the two processes compiles the tower, the engine and the passes itself, and the second
   step (decoding under the first update's weights on both hosts) is what shows the hosts stay in step. 2 devices,
   one a process."""
   rows = vl_run.geometry3k_rows(16)
@@ -203,7 +203,7 @@ def test_packed_passes_carry_each_row_s_images_and_give_the_padded_numbers(famil
   golden.assert_golden([drop(m) for m in runs[True]], [drop(m) for m in runs[False]], "packed images")
 
 
-@pytest.mark.slow  # two 2-step runs of the images job (about 40 s)
+@pytest.mark.slow  # two 2-step runs of the images job (14 s in CI)
 def test_separate_async_streams_images_on_devices_of_its_own_as_colocate_async_does(vl_dir, data_dir, tmp_path,
                                                                                    monkeypatch):
   """The rollout's 4 devices prefill each prompt with its images on a thread of their own; the run logs the
@@ -229,7 +229,7 @@ def test_separate_async_streams_images_on_devices_of_its_own_as_colocate_async_d
   assert abs(apart[0]["rollout_corr/log_ppl_abs_diff"]) < 1e-4, apart[0]
 
 
-@pytest.mark.slow  # a 2-process job of 2 steps beside the same job in one process (40 s in CI)
+@pytest.mark.slow  # a 2-process job of 2 steps beside the same job in one process (19 s in CI)
 def test_separate_async_on_two_processes_carries_each_group_s_images_and_logs_the_metrics_of_one(vl_dir, data_dir,
                                                                                                   tmp_path):
   """Process 0 trains on its device; process 1 rolls out on its own and sends each step's groups, their
