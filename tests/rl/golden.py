@@ -29,7 +29,8 @@ EIGHT = ("trainer.n_gpus_per_node=auto", "actor_rollout_ref.actor.ppo_micro_batc
 # tests/rl/test_multi_process.py's GRPO job as 2 processes of one device each must log this 1-process run's metrics
 # on 2 devices: 8 prompts x 2 responses, 2 shuffled and balanced mini-batches, streamed, validated before step 1 and
 # after 2
-TWO_PROCESS_JOB = ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+TWO_PROCESS_JOB = ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "data.train_batch_size=8",
+                   "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                    "actor_rollout_ref.actor.shuffle=true", "trainer.balance_batch=true",
                    "trainer.val_before_train=true", "trainer.test_freq=2", *STREAMED,
                    "actor_rollout_ref.rollout.max_num_seqs=8")

@@ -278,7 +278,7 @@ def pop_is_noise(records):
   return records
 
 
-def restarted_step_3(argv, tmp_path, runs, devices=8):
+def restarted_step_3(argv, tmp_path, runs, devices):
   """Each (run directory, processes) of `runs` run again from step 2's checkpoint on `devices` devices; their
   step 3 metrics, checked equal across the runs (the IS weights' noise popped)."""
   restarts = []
@@ -293,11 +293,12 @@ def restarted_step_3(argv, tmp_path, runs, devices=8):
 
 
 def separate_job(model_dir, data_dir, tmp_path, *extra):
-  """`job` under separate_async, the rollout on the last 4 of 8 devices: 3 steps of DAPO's dynamic sampling (the
-  rollout judges each group as it ends), validation before and after step 2 on the trainer's devices, token rollout
-  IS, and the weights of updates 0 and 2 sent, batch b decoding under version 2 * floor((b - 1) / 2)."""
+  """`job` under separate_async, the rollout on one device a process (`ONE_EACH`) after the trainer's devices: 3
+  steps of DAPO's dynamic sampling (the rollout judges each group as it ends), validation before and after step 2
+  on the trainer's devices, token rollout IS, and the weights of updates 0 and 2 sent, batch b decoding under
+  version 2 * floor((b - 1) / 2)."""
   return job("grpo", model_dir, data_dir, tmp_path, "trainer.v1.trainer_mode=separate_async",
-             "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=4",
+             "actor_rollout_ref.rollout.nnodes=1", ONE_EACH,
              "trainer.total_training_steps=3", "trainer.v1.separate_async.parameter_sync_step=2",
              "trainer.v1.separate_async.num_warmup_batches=1", "trainer.v1.sampler.max_off_policy_threshold=3",
              "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_reward",
@@ -314,7 +315,7 @@ def test_separate_async_with_trainer_and_rollout_on_two_processes_each_logs_the_
   # groups, so which groups an update keeps would depend on how far each read ahead
   argv = separate_job(model_dir, data_dir, tmp_path, "algorithm.filter_groups.enable=false", "data.gen_batch_size=8",
                       "trainer.save_freq=1",
-                      "actor_rollout_ref.rollout.nnodes=2", ONE_EACH)
+                      "actor_rollout_ref.rollout.nnodes=2")
   # padded in one process; the actor's and the critic's passes packed in four, with the optimizers' state and the
   # reference's and the critic's weights in host memory between the steps that use them (`sharding.offload`)
   one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one", PADDED], 1, f"{tmp_path}/one",
@@ -338,8 +339,7 @@ def test_separate_async_with_one_trainer_process_and_two_rollout_processes_logs_
   # on theirs and send it to process 0, which trains their groups in process order; each weight sync goes to
   # one rollout process after the other (the trainer lays them out on its own device first)
   argv = separate_job(model_dir, data_dir, tmp_path, "algorithm.filter_groups.enable=false", "data.gen_batch_size=8",
-                      "trainer.val_before_train=false", "actor_rollout_ref.rollout.nnodes=2",
-                      ONE_EACH)
+                      "trainer.val_before_train=false", "actor_rollout_ref.rollout.nnodes=2")
   one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one", devices=3)
   three = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/three"], 3, f"{tmp_path}/three",
                                 devices=3)
@@ -359,8 +359,7 @@ def test_separate_async_with_two_trainer_processes_and_one_rollout_process_logs_
   # judging each group as it ends (dynamic sampling), and sends each half of a step's groups to one trainer
   # process. Process 0 starts and ends it; both take part in every weight sync (laid out on process 0's devices);
   # validation after step 2 decodes on the trainer's 2 devices
-  argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_before_train=false",
-                      ONE_EACH, "trainer.save_freq=1")
+  argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_before_train=false", "trainer.save_freq=1")
   one = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/one"], 1, f"{tmp_path}/one", devices=3)
   three = processes.run_metrics([*argv, f"trainer.default_local_dir={tmp_path}/three"], 3, f"{tmp_path}/three",
                                 devices=3)
@@ -383,14 +382,14 @@ def test_killing_one_rollout_process_of_two_stops_both_trainer_processes_and_the
     model_dir, data_dir, tmp_path):
   argv = separate_job(model_dir, data_dir, tmp_path, "algorithm.filter_groups.enable=false", "data.gen_batch_size=8",
                       "trainer.total_training_steps=50", "trainer.total_epochs=50", "trainer.val_before_train=false",
-                      "actor_rollout_ref.rollout.nnodes=2", ONE_EACH, f"trainer.default_local_dir={tmp_path}/run")
+                      "actor_rollout_ref.rollout.nnodes=2", f"trainer.default_local_dir={tmp_path}/run")
   assert_killing_a_process_stops_the_others(argv, tmp_path / "run" / "metrics.jsonl", count=4, killed=3)
 
 
 @pytest.mark.slow
 def test_a_separate_async_run_that_trains_no_step_ends_its_rollout_process(model_dir, data_dir, tmp_path):
   # trainer.val_only: the trainer validates on its devices and never starts the rollout, which then ends too
-  argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_only=true", ONE_EACH,
+  argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_only=true",
                       f"trainer.default_local_dir={tmp_path}")
   logged = processes.run_metrics(argv, 2, str(tmp_path), devices=2)
   assert [m["step"] for m in logged] == [0] and "val-core/rljax/arithmetic/reward/mean@1" in logged[0]
@@ -405,7 +404,7 @@ def test_a_bad_row_the_rollout_process_reads_stops_both_processes_naming_it(mode
   bad[12]["prompt"] = [dict(m, content=m["content"] + " pad" * 400) for m in bad[12]["prompt"]]
   pq.write_table(pa.Table.from_pylist(bad, schema=rows.schema), tmp_path / "train.parquet")
   argv = separate_job(model_dir, data_dir, tmp_path, f"data.train_files={tmp_path}/train.parquet",
-                      "data.shuffle=false", "trainer.val_before_train=false", ONE_EACH,
+                      "data.shuffle=false", "trainer.val_before_train=false",
                       f"trainer.default_local_dir={tmp_path}/run")
   procs = processes.start(argv, 2, devices=2)
   trainer, rollout = processes.finish(procs, timeout=300)
@@ -418,7 +417,7 @@ def test_a_bad_row_the_rollout_process_reads_stops_both_processes_naming_it(mode
 @pytest.mark.slow  # a 2-process run whose rollout process is killed after step 1 (18 s in CI)
 def test_a_killed_rollout_process_stops_the_trainer(model_dir, data_dir, tmp_path):
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.total_training_steps=50", "trainer.total_epochs=50",
-                      ONE_EACH, f"trainer.default_local_dir={tmp_path}/run")
+                      f"trainer.default_local_dir={tmp_path}/run")
   assert_killing_a_process_stops_the_others(argv, tmp_path / "run" / "metrics.jsonl")
 
 
@@ -463,7 +462,7 @@ def test_a_process_failing_inside_a_weight_sync_stops_every_process_within_secon
   script.write_text(FAILING_SYNC)
   monkeypatch.setenv("FAILING", str(failing))
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_before_train=false",
-                      ONE_EACH, f"trainer.default_local_dir={tmp_path}/run")
+                      f"trainer.default_local_dir={tmp_path}/run")
   assert argv[:2] == ["-m", "rljax.train"]
   started = time.monotonic()
   procs = processes.start([str(script), *argv[2:]], count, devices=count)
