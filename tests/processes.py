@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+from tests import forkserver
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # on every started process's PYTHONPATH: its sitecustomize lets each process write the compilation cache
 CHILD_SITE = os.path.join(ROOT, "tests", "child_site")
@@ -35,29 +37,43 @@ def xla_flags(devices: int = 1) -> str:
   return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
 
-def start(argv: list[str], processes: int, devices: int = 8, **env_vars: str) -> list[subprocess.Popen]:
+# this session's environment as conftest set it, before any test: the fork server's (`tests.forkserver`)
+SESSION_ENVIRONMENT = dict(os.environ)
+
+
+def child_environment(devices: int | None = None, base=None, **env_vars: str) -> dict[str, str]:
+  """The environment of a process a test starts: `base`'s (this process's if None; a TPU compile's settings aside)
+  on the CPU, writing the session's compilation cache (`CHILD_SITE`), with `devices` CPU devices (`base`'s count if
+  None) and `env_vars`."""
+  base = os.environ if base is None else base
+  env = dict({k: v for k, v in base.items() if k not in COMPILER_ENV}, JAX_PLATFORMS="cpu", **env_vars)
+  if devices is not None:
+    env["XLA_FLAGS"] = xla_flags(devices)
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (CHILD_SITE, base.get("PYTHONPATH")) if p)
+  return env
+
+
+def start(argv: list[str], processes: int, devices: int = 8, **env_vars: str) -> list:
   """`python argv...` as `processes` processes sharing `devices` CPU devices (one process: no coordinator), with
-  `env_vars` set in each, each writing the programs it compiles to the session's compilation cache (`CHILD_SITE`).
+  `env_vars` set in each, each writing the programs it compiles to the session's compilation cache (`CHILD_SITE`),
+  each forked by the session's fork server (`tests.forkserver`: Popen's interface, output merged into stdout).
   The coordinator's port and each process's transfer port (`RLJAX_TRANSFER_ADDRESS`, which a separate_async job's
   cross-host copies serve on) stay reserved (`reserved_port`) until `finish`."""
   coordinator, procs = reserved_port(), []
   port = coordinator.getsockname()[1]
   for rank in range(processes):
-    env = dict({k: v for k, v in os.environ.items() if k not in COMPILER_ENV}, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=xla_flags(devices // processes), **env_vars)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (CHILD_SITE, env.get("PYTHONPATH")) if p)
+    env = child_environment(devices // processes, **env_vars)
     reservations = [coordinator]
     if processes > 1:
       reservations.append(reserved_port())
       env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
                  JAX_PROCESS_ID=str(rank), RLJAX_TRANSFER_ADDRESS=f"127.0.0.1:{reservations[-1].getsockname()[1]}")
-    procs.append(subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True))
+    procs.append(forkserver.start(argv, env, ROOT, own=tuple(env_vars)))
     procs[-1].port_reservations = reservations
   return procs
 
 
-def finish(procs: list[subprocess.Popen], timeout: float = 400) -> list[str]:
+def finish(procs: list, timeout: float = 400) -> list[str]:
   """Each process's output. Whatever still runs `timeout` seconds after the call (all processes together) is
   killed, and the call fails with the end of every process's output: a slow job and a hung one show where each
   process was."""
@@ -84,6 +100,25 @@ def finish(procs: list[subprocess.Popen], timeout: float = 400) -> list[str]:
         p.wait()
       for reservation in p.port_reservations:
         reservation.close()
+
+
+def run(argv: list[str], devices: int | None = None, cwd: str = ROOT, timeout: float = 120, drop: tuple[str, ...] = (),
+        merged: bool = False, **env_vars: str) -> subprocess.CompletedProcess:
+  """`python argv...` run to its end as `subprocess.run(..., capture_output=True, text=True)` runs it (with
+  `merged`, its stderr in its stdout), in `child_environment(devices, **env_vars)` without the variables `drop`
+  names, forked by the session's fork server: a command line's output and exit status. Killed after `timeout`
+  seconds (`subprocess.TimeoutExpired`)."""
+  env = child_environment(devices, **env_vars)
+  for name in drop:
+    env.pop(name, None)
+  proc = forkserver.start(argv, env, cwd, merged=merged, own=tuple(env_vars))
+  try:
+    out, err = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.communicate()
+    raise
+  return subprocess.CompletedProcess([sys.executable, *argv], proc.returncode, out, err)
 
 
 def run_metrics(argv: list[str], processes: int, run_dir: str, devices: int = 8) -> list[dict]:

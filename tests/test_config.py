@@ -3,8 +3,6 @@
 import logging
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -12,6 +10,7 @@ import yaml
 from rljax import config as C
 from rljax import presets, sharding
 from rljax import train
+from tests import processes
 from rljax.config import mapping
 from rljax.rl import staleness
 from rljax.config import mapping as config_mapping
@@ -305,10 +304,7 @@ def test_separated_flag_value_and_mixed_order():
 
 
 def run_cli(*args):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  return subprocess.run([sys.executable, "-m", "rljax.train", *args], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=120)
+  return processes.run(["-m", "rljax.train", *args], cwd=str(ROOT), drop=("XLA_FLAGS",))
 
 
 @pytest.mark.slow

@@ -1,16 +1,14 @@
 """verl ppo_trainer.yaml files as experiments: values, links, errors, the ignored-key report, the CLI."""
 
 import logging
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from rljax import config as C
 from rljax import train
+from tests import processes
 from rljax.config import verl_yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -243,11 +241,7 @@ def test_rljax_dry_run_yaml_loads_back_unchanged():
 
 
 def run_cli(*args):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
-  env.pop("RLJAX_TEST_REWARD_FILE", None)
-  return subprocess.run([sys.executable, "-m", "rljax.train", *args], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=120)
+  return processes.run(["-m", "rljax.train", *args], cwd=str(ROOT), drop=("XLA_FLAGS", "RLJAX_TEST_REWARD_FILE"))
 
 
 @pytest.mark.slow

@@ -3,9 +3,6 @@ splits the mini-batch (a Colab TPU, a v5e-8 / v6e-8 VM, or 8 virtual CPU devices
 SmolLM2-135M so that the run takes seconds."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -18,14 +15,12 @@ from tests.rl import tiny_run
 @pytest.mark.slow
 def test_default_job_trains_on_eight_devices(model_dir, data_dir, tmp_path):
   ensure_synthetic_data(data_dir)
-  env = {**os.environ, "XLA_FLAGS": processes.xla_flags(8), "JAX_PLATFORMS": "cpu"}
   run_dir = tmp_path / "run"
-  result = subprocess.run(
-      [sys.executable, "-m", "rljax.train", "--config=configs/grpo.py", f"actor_rollout_ref.model.path={model_dir}",
+  result = processes.run(
+      ["-m", "rljax.train", "--config=configs/grpo.py", f"actor_rollout_ref.model.path={model_dir}",
        f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
        "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.logger=[console,jsonl]",
-       f"trainer.default_local_dir={run_dir}"],
-      cwd=tiny_run.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, check=False)
+       f"trainer.default_local_dir={run_dir}"], devices=8, cwd=tiny_run.ROOT, timeout=600, merged=True)
   assert result.returncode == 0, result.stdout[-3000:]
   config = yaml.safe_load((run_dir / "config.yaml").read_text())
   assert config["trainer"]["n_gpus_per_node"] == "auto"

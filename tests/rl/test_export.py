@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -89,9 +87,7 @@ def _max_logit_diff(hf_dir, model):
 @pytest.mark.slow
 def test_cli_exports_latest_step_with_trained_logits(run, tmp_path):
   out = str(tmp_path / "hf")
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": processes.xla_flags()}
-  result = subprocess.run([sys.executable, "-m", "rljax.export", "--checkpoint", run["ckpt"],
-                           "--out", out], env=env, capture_output=True, text=True, timeout=120)
+  result = processes.run(["-m", "rljax.export", "--checkpoint", run["ckpt"], "--out", out], devices=1)
   assert result.returncode == 0, result.stderr
   assert os.path.exists(os.path.join(out, "tokenizer.json"))
   assert _max_logit_diff(out, run["trained"]) <= 1e-4
@@ -102,9 +98,8 @@ def test_cli_exports_latest_step_with_trained_logits(run, tmp_path):
 
 def test_on_every_host_only_process_zero_exports(run, tmp_path):
   out = tmp_path / "hf"
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": processes.xla_flags(), "JAX_PROCESS_ID": "1", "JAX_NUM_PROCESSES": "2"}
-  result = subprocess.run([sys.executable, "-m", "rljax.export", "--checkpoint", run["ckpt"], "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=120)
+  result = processes.run(["-m", "rljax.export", "--checkpoint", run["ckpt"], "--out", str(out)], devices=1,
+                         JAX_PROCESS_ID="1", JAX_NUM_PROCESSES="2")
   assert result.returncode == 0 and "leaves the export to process 0" in result.stdout and not out.exists()
 
 

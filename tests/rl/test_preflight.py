@@ -2,9 +2,6 @@
 load ends before any work as a config error does: one line naming the key, the file, what is there and the fix,
 with status 2, and no traceback (`rljax.data.preflight`, `rljax.rl.trainer.load_tokenizer`)."""
 
-import os
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -54,11 +51,9 @@ def test_data_files_are_there_parquet_and_hold_the_columns_the_run_reads(data_di
 ])
 def test_a_bad_input_ends_the_run_in_one_line_with_status_2(model_dir, data_dir, override, told):
   ensure_synthetic_data(data_dir)
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=processes.xla_flags(1))
-  result = subprocess.run([sys.executable, "-m", "rljax.train", "--config=configs/grpo.py",
-                           f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={data_dir}/train.parquet",
-                           f"data.val_files={data_dir}/test.parquet", override],
-                          cwd=tiny_run.ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+  result = processes.run(["-m", "rljax.train", "--config=configs/grpo.py", f"actor_rollout_ref.model.path={model_dir}",
+                          f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+                          override], devices=1, cwd=tiny_run.ROOT, timeout=300)
   assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
   assert result.stderr.strip().splitlines()[-1].startswith(told), result.stderr[-3000:]
 
