@@ -2,10 +2,7 @@
 
 import json
 import math
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import jax
@@ -120,18 +117,16 @@ def metrics_by_step(path):
   return out
 
 
-def cli(args, env_extra=None):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=processes.xla_flags())
-  return subprocess.Popen([sys.executable, "-m", "rljax.train", "--config=configs/grpo.py", *args],
-                          cwd=tiny_run.ROOT, env={**env, **(env_extra or {})},
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def cli(args):
+  """`python -m rljax.train --config=configs/grpo.py args...` started on one CPU device, its output in stdout."""
+  return processes.start(["-m", "rljax.train", "--config=configs/grpo.py", *args], 1, devices=1)[0]
 
 
 @pytest.mark.slow
 def test_sigkill_and_resume_reproduce_the_uninterrupted_run(model_dir, data_dir, tmp_path):
   steps = "trainer.total_training_steps=3"
   whole = cli(tiny_run.overrides(model_dir, data_dir, str(tmp_path / "whole"), steps))
-  assert whole.wait(timeout=300) == 0, whole.stdout.read()[-3000:]
+  assert whole.wait(timeout=300) == 0, whole.communicate()[0][-3000:]
   args = tiny_run.overrides(model_dir, data_dir, str(tmp_path / "killed"), steps)
   victim = cli(args)
   marker = tmp_path / "killed" / "global_step_1" / "commit_success.txt"

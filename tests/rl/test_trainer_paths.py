@@ -3,8 +3,6 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import jax
@@ -193,11 +191,9 @@ def test_val_only_validates_and_stops(model_dir, data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(model_dir, data_dir, tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=processes.xla_flags())
   args = tiny_run.overrides(model_dir, data_dir, str(tmp_path), "trainer.total_training_steps=200",
                             "trainer.save_freq=-1")
-  proc = subprocess.Popen([sys.executable, "-m", "rljax.train", "--config=configs/grpo.py", *args],
-                          cwd=tiny_run.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  proc = processes.start(["-m", "rljax.train", "--config=configs/grpo.py", *args], 1, devices=1)[0]
   metrics = tmp_path / "metrics.jsonl"
   deadline = time.time() + 300
   while (not metrics.exists() or not metrics.read_text().strip()) and proc.poll() is None and time.time() < deadline:
