@@ -6,10 +6,12 @@ environment, working directory, argv and output pipes, then runs the module, cod
 
 Each child is a process of its own with its own JAX backend, started from the environment the test asked for: its
 devices (`XLA_FLAGS`), its rank in a `jax.distributed` job, its ports. What it skips is importing those packages
-again: 2.2 s of each process's 2-10 s in the suite's multi-process and command-line tests, about 100 processes in a
-run. The server imported them under the test session's environment (`base_environment`); a request whose
-environment differs from it in anything but `PER_PROCESS` variables (read only when a job starts its backend or its
-distributed runtime) is not one the server can start: `start` then runs a plain `subprocess.Popen`.
+again: 2.2 s of each process's 2-10 s, for about 100 processes in a run (the multi-process tests took 268 s on 2
+workers with the server, 324 s without, on a 2-core Intel Xeon). The server imported them under the test session's
+environment (`base_environment`); a request whose environment differs from it in anything but `PER_PROCESS`
+variables (read only when a job starts its backend or its distributed runtime) and the caller's own (`own`, none of
+JAX's or XLA's) is not one the server can start: `start` then runs a plain `subprocess.Popen`, as it does with
+`RLJAX_TESTS_NO_FORKSERVER` set.
 
 Only tests use this: rljax starts its processes itself nowhere (a pod's hosts each run `python -m rljax.train`).
 """
@@ -154,7 +156,11 @@ class Client:
     request = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
     try:
       socket.send_fds(self.sock, [request], [status_w, out_w, *([err_w] if err_w is not None else [])])
-      pid = int(self.sock.recv(64).decode())
+      reply = self.sock.recv(64)
+      if not reply:  # the server ended (an import failed: its traceback is in this session's output)
+        raise RuntimeError(f"the tests' fork server exited with status {self.server.wait()} before starting "
+                           f"{argv}; set RLJAX_TESTS_NO_FORKSERVER=1 to start processes plainly")
+      pid = int(reply.decode())
     finally:
       for fd in (status_w, out_w, err_w):
         if fd is not None:
