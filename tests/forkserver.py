@@ -88,6 +88,7 @@ class Started:
             self._fds[key.fd] += chunk
           else:
             selector.unregister(key.fd)
+            os.close(key.fd)
             self._open.discard(key.fd)
       return True
 
@@ -105,12 +106,6 @@ class Started:
     `TimeoutExpired` returns everything from the start."""
     if not self._pump(timeout, until_output_ends=True):
       raise subprocess.TimeoutExpired(self.args, timeout)
-    for fd in list(self._fds):
-      if fd not in self._open:
-        try:
-          os.close(fd)
-        except OSError:
-          pass
     text = {fd: bytes(data).decode(errors="replace") for fd, data in self._fds.items()}
     return text[self._out_fd], text.get(self._err_fd) if self._err_fd else None
 
@@ -281,7 +276,8 @@ def _become(request: dict) -> None:
   elif argv[0] == "-c":
     sys.argv = ["-c", *argv[2:]]
     sys.path[0] = ""
-    exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})  # pylint: disable=exec-used
+    code = compile(argv[1], "<string>", "exec")
+    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})  # pylint: disable=exec-used
   else:
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))

@@ -59,15 +59,15 @@ def start(argv: list[str], processes: int, devices: int = 8, **env_vars: str) ->
   each forked by the session's fork server (`tests.forkserver`: Popen's interface, output merged into stdout).
   The coordinator's port and each process's transfer port (`RLJAX_TRANSFER_ADDRESS`, which a separate_async job's
   cross-host copies serve on) stay reserved (`reserved_port`) until `finish`."""
-  coordinator, procs = reserved_port(), []
-  port = coordinator.getsockname()[1]
+  coordinator, procs = reserved_port() if processes > 1 else None, []
   for rank in range(processes):
     env = child_environment(devices // processes, **env_vars)
-    reservations = [coordinator]
-    if processes > 1:
-      reservations.append(reserved_port())
-      env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
-                 JAX_PROCESS_ID=str(rank), RLJAX_TRANSFER_ADDRESS=f"127.0.0.1:{reservations[-1].getsockname()[1]}")
+    reservations = []
+    if coordinator is not None:
+      reservations = [coordinator, reserved_port()]
+      env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{coordinator.getsockname()[1]}",
+                 JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(rank),
+                 RLJAX_TRANSFER_ADDRESS=f"127.0.0.1:{reservations[-1].getsockname()[1]}")
     procs.append(forkserver.start(argv, env, ROOT, own=tuple(env_vars)))
     procs[-1].port_reservations = reservations
   return procs
