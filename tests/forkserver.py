@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 # the environment variables a request may set to its own values: each is read when a job starts its JAX backend
 # (XLA_FLAGS: the CPU device count and compile flags) or its distributed runtime, never while a module is imported;
@@ -136,13 +137,18 @@ class Client:
     self.sock = ours
     atexit.register(self.close)
 
+  def unexpected(self, env: dict[str, str], own: tuple[str, ...]) -> list[str]:
+    """The variables `env` has apart from the server's environment that neither `PER_PROCESS` nor `own` names."""
+    ignored = (*PER_PROCESS, *own)
+    env, base = _without(env, ignored), _without(self.base, ignored)
+    return sorted(k for k in env.keys() | base.keys() if env.get(k) != base.get(k))
+
   def serves(self, env: dict[str, str], own: tuple[str, ...]) -> bool:
     """Whether `env` is the server's environment but for `PER_PROCESS` and `own` (the caller's own variables,
     which no module the server imported reads: none of JAX's or XLA's)."""
     if any(k.startswith(("JAX_", "XLA_", "TF_")) for k in own if k not in PER_PROCESS):
       return False
-    ignored = (*PER_PROCESS, *own)
-    return self.server.poll() is None and _without(env, ignored) == _without(self.base, ignored)
+    return self.server.poll() is None and not self.unexpected(env, own)
 
   def start(self, argv: list[str], env: dict[str, str], cwd: str, merged: bool) -> Started:
     status_r, status_w = os.pipe()
@@ -192,6 +198,12 @@ def start(argv: list, env: dict[str, str], cwd, merged: bool = True,
       _CLIENT = Client(base_environment())
     if _CLIENT.serves(env, own):
       return _CLIENT.start(argv, env, cwd, merged)
+    if _CLIENT.server.poll() is not None:
+      warnings.warn(f"{argv[:2]} started plainly, not forked: the fork server exited with status "
+                    f"{_CLIENT.server.returncode}", stacklevel=2)
+    elif unexpected := _CLIENT.unexpected(env, own):  # a test's own variable not named as one
+      warnings.warn(f"{argv[:2]} started plainly, not forked: its environment differs from the session's in "
+                    f"{unexpected}; pass a test's own variables to tests.processes as keywords", stacklevel=2)
   return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT if merged else subprocess.PIPE, stdin=subprocess.DEVNULL,
                           text=True)

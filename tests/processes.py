@@ -37,15 +37,19 @@ def xla_flags(devices: int = 1) -> str:
   return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
 
-# this session's environment as conftest set it, before any test: the fork server's (`tests.forkserver`)
+# this session's environment as conftest set it, before any test: what every process a test starts begins from, and
+# the fork server's (`tests.forkserver`). Not this process's environment when the process starts: what tests ran here
+# before leaves variables in it (a TPU compile, through libtpu's import, sets GRPC_VERBOSITY, TPU_ML_PLATFORM,
+# LIBTPU_INIT_ARGS and more), and a process would then start differently, and plainly, after them.
 SESSION_ENVIRONMENT = dict(os.environ)
 
 
 def child_environment(devices: int | None = None, base=None, **env_vars: str) -> dict[str, str]:
-  """The environment of a process a test starts: `base`'s (this process's if None; a TPU compile's settings aside)
-  on the CPU, writing the session's compilation cache (`CHILD_SITE`), with `devices` CPU devices (`base`'s count if
-  None) and `env_vars`."""
-  base = os.environ if base is None else base
+  """The environment of a process a test starts: `base`'s (the session's, `SESSION_ENVIRONMENT`, if None; a TPU
+  compile's settings aside) on the CPU, writing the session's compilation cache (`CHILD_SITE`), with `devices` CPU
+  devices (`base`'s count if None) and `env_vars` (a test's own variables: passed here, never set in this process's
+  environment for its processes to inherit)."""
+  base = SESSION_ENVIRONMENT if base is None else base
   env = dict({k: v for k, v in base.items() if k not in COMPILER_ENV}, JAX_PLATFORMS="cpu", **env_vars)
   if devices is not None:
     env["XLA_FLAGS"] = xla_flags(devices)

@@ -5,6 +5,8 @@ import signal
 import subprocess
 import textwrap
 
+import pytest
+
 from tests import forkserver, processes
 
 SHOW = textwrap.dedent("""
@@ -33,8 +35,12 @@ def test_a_module_runs_as_main_and_an_uncaught_error_exits_1_with_its_traceback(
   assert usage.returncode == 0 and "--checkpoint" in usage.stdout
 
 
-def test_a_killed_process_reports_the_signal_and_a_slow_one_times_out():
-  proc = processes.start(["-c", "import time; print('up', flush=True); time.sleep(600)"], 1, devices=1)[0]
+def test_a_killed_process_reports_the_signal_and_a_slow_one_times_out(monkeypatch):
+  # what an earlier test left in this process's environment (libtpu's import sets TPU_ML_PLATFORM) is not the
+  # process's: it is forked all the same (before, every later process of that pytest worker started plainly)
+  monkeypatch.setenv("TPU_ML_PLATFORM", "JAX")
+  code = "import os, time; print(os.environ.get('TPU_ML_PLATFORM'), flush=True); time.sleep(600)"
+  proc = processes.start(["-c", code], 1, devices=1)[0]
   assert isinstance(proc, forkserver.Started)
   try:
     proc.wait(timeout=0.5)
@@ -42,7 +48,7 @@ def test_a_killed_process_reports_the_signal_and_a_slow_one_times_out():
   except subprocess.TimeoutExpired:
     pass
   proc.send_signal(signal.SIGKILL)
-  assert proc.wait(timeout=30) == -signal.SIGKILL and processes.finish([proc]) == ["up\n"]
+  assert proc.wait(timeout=30) == -signal.SIGKILL and processes.finish([proc]) == ["None\n"]
 
 
 def test_what_the_server_cannot_start_starts_plainly():
@@ -50,4 +56,7 @@ def test_what_the_server_cannot_start_starts_plainly():
   proc = forkserver.start(["-c", "import jax; print(jax.config.jax_enable_x64)"], env, processes.ROOT,
                           own=("JAX_ENABLE_X64",))
   assert isinstance(proc, subprocess.Popen) and proc.communicate(timeout=120)[0] == "True\n"
+  with pytest.warns(UserWarning, match=r"started plainly, not forked: .* in \['UNNAMED'\]"):
+    proc = forkserver.start(["-c", "pass"], {**processes.child_environment(1), "UNNAMED": "1"}, processes.ROOT)
+  assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=60) == 0
   assert not forkserver.runnable(["-X", "importtime", "-m", "rljax.train"]) and forkserver.runnable(["script.py", "a"])

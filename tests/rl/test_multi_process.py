@@ -244,16 +244,14 @@ runpy.run_module("rljax.train", run_name="__main__", alter_sys=True)
 @pytest.mark.slow
 @pytest.mark.parametrize("failing,where", [(0, "score"), (1, "model")])
 def test_a_process_of_a_synchronous_job_failing_stops_every_process_within_seconds(
-    model_dir, data_dir, tmp_path, monkeypatch, failing, where):
+    model_dir, data_dir, tmp_path, failing, where):
   # before, the other process waited in its collective and the failed one in JAX's shutdown barrier until it timed
   # out; then both aborted on lost heartbeats (measured: 323 s, exit -6 each, the error among their stack traces)
   script = tmp_path / "failing_run.py"
   script.write_text(FAILING_RUN)
-  monkeypatch.setenv("FAILING", str(failing))
-  monkeypatch.setenv("WHERE", where)
   argv = job("grpo", model_dir, data_dir, tmp_path, f"trainer.default_local_dir={tmp_path}/run")
   started = time.monotonic()
-  procs = processes.start([str(script), *argv[2:]], 2, devices=2)
+  procs = processes.start([str(script), *argv[2:]], 2, devices=2, FAILING=str(failing), WHERE=where)
   logs = processes.finish(procs, timeout=150)
   failed, other = logs[failing], logs[1 - failing]
   assert [procs[failing].returncode, procs[1 - failing].returncode] == [1 if where == "score" else 2, 1], other[-3000:]
@@ -452,7 +450,7 @@ runpy.run_module("rljax.train", run_name="__main__", alter_sys=True)
 @pytest.mark.slow
 @pytest.mark.parametrize("count,failing", [(2, 0), (3, 1), (2, 1)])
 def test_a_process_failing_inside_a_weight_sync_stops_every_process_within_seconds(
-    model_dir, data_dir, tmp_path, monkeypatch, count, failing):
+    model_dir, data_dir, tmp_path, count, failing):
   # 1+1 with the trainer's send or the rollout's receive failing, or 2+1 (processes 0 and 1 train)
   # with the second trainer process's send failing: before, the processes waiting inside the transfer or its
   # collectives stayed there for minutes, until JAX's shutdown barrier timed out and heartbeats were lost. (1+1
@@ -460,12 +458,11 @@ def test_a_process_failing_inside_a_weight_sync_stops_every_process_within_secon
   # process does; its error names the rollout's all the same)
   script = tmp_path / "failing_sync.py"
   script.write_text(FAILING_SYNC)
-  monkeypatch.setenv("FAILING", str(failing))
   argv = separate_job(model_dir, data_dir, tmp_path, "trainer.val_before_train=false",
                       f"trainer.default_local_dir={tmp_path}/run")
   assert argv[:2] == ["-m", "rljax.train"]
   started = time.monotonic()
-  procs = processes.start([str(script), *argv[2:]], count, devices=count)
+  procs = processes.start([str(script), *argv[2:]], count, devices=count, FAILING=str(failing))
   logs = processes.finish(procs, timeout=150)
   assert [p.returncode for p in procs] == [1] * count, logs[-1][-3000:]
   assert time.monotonic() - started < 120

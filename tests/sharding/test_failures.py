@@ -48,17 +48,14 @@ print(failures.run_together(Job, body, Job.close))
 
 @pytest.mark.slow
 @pytest.mark.parametrize("failing,error,close_s", [(0, "runtime", 0), (1, "config", 10)])
-def test_a_failed_process_ends_every_process_within_seconds_naming_its_error(tmp_path, monkeypatch, failing, error,
-                                                                             close_s):
+def test_a_failed_process_ends_every_process_within_seconds_naming_its_error(tmp_path, failing, error, close_s):
   # (1, config, 10): the failed process closes for longer than process 0, which holds the coordination service,
   # waits for another to know of the failure, and its grace after the news; process 0 still leaves last (before,
   # the failed process aborted, exit -6, when the service went with process 0)
   script = tmp_path / "worker.py"
   script.write_text(WORKER)
-  for name, value in (("FAILING", failing), ("ERROR", error), ("CLOSE_S", close_s)):
-    monkeypatch.setenv(name, str(value))
   started = time.monotonic()
-  procs = processes.start([str(script)], 2, devices=2)
+  procs = processes.start([str(script)], 2, devices=2, FAILING=str(failing), ERROR=error, CLOSE_S=str(close_s))
   logs = processes.finish(procs, timeout=120)
   other = 1 - failing
   status = 2 if error == "config" else 1
