@@ -450,3 +450,14 @@ def test_tilde_on_a_key_that_follows_another_follows_it_again():
   assert config.data.gen_batch_size == 32
   C.apply_overrides(config, ["data.train_batch_size=16"])
   assert config.data.gen_batch_size == 16
+
+
+def test_over_sample_rate_is_listed_as_verl_0_9_1_reads_it_nowhere(caplog):
+  # verl 0.9.1 declares rollout.over_sample_rate (workers/config/rollout.py) and no code reads it: its lines that set
+  # it run every request to its end, as rljax does
+  with caplog.at_level(logging.WARNING, logger="rljax.train"):
+    config = resolved(experiment("grpo"), ["actor_rollout_ref.rollout.over_sample_rate=0.1"])
+  assert config.actor_rollout_ref.rollout.over_sample_rate == 0.1
+  warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  assert len(warnings) == 1 and "actor_rollout_ref.rollout.over_sample_rate=0.1" in warnings[0]
+  assert "reads it nowhere" in C.ignored_reason("actor_rollout_ref.rollout.over_sample_rate")

@@ -865,7 +865,7 @@ KEYS = {
         mapped="any value selects rljax's JetStream engine"),
     "actor_rollout_ref.rollout.over_sample_rate": Key(
         "Fraction of the slowest requests aborted per rollout.",
-        default_only=("over-sampling (aborting the slowest requests) is not implemented", "set actor_rollout_ref.rollout.over_sample_rate=0")),
+        ignored="verl 0.9.1 declares it and reads it nowhere: every request runs to its end there as here"),
     "actor_rollout_ref.rollout.pipeline_model_parallel_size": Key(
         "Pipeline stages of the inference server.",
         ignored="the rollout's mesh has no pipeline axis; it changes no sample"),
