@@ -222,7 +222,7 @@ def test_ignored_keys_are_reported_once_by_name(yaml_file, caplog):
   for at_default in ("use_torch_compile", "optimizer_offload", "hybrid_engine", "actor.strategy"):
     assert at_default not in report
   assert str(yaml_file) in report and "4 verl key(s)" in report
-  assert any("defaults list is skipped" in r.getMessage() for r in caplog.records)
+  assert any("rljax reads the engine it picks (none)" in r.getMessage() for r in caplog.records)
 
 
 def test_a_file_with_only_honoured_keys_warns_nothing(tmp_path, caplog):
@@ -356,3 +356,69 @@ def test_missing_values_keep_the_default_and_select_defaults_may_be_braces(tmp_p
   config = verl_yaml.load_file(str(path))
   assert config.actor_rollout_ref.rollout.name == C.get_base_config().actor_rollout_ref.rollout.name
   assert config.actor_rollout_ref.ref.megatron.override_transformer_config.attention_backend == "flash"
+
+
+# verl's examples/sglang_multiturn/config/gsm8k_multiturn_megatron_grpo.yaml's head: Hydra's search path for verl's
+# configs, and the Megatron trainer config under the file's own keys
+MEGATRON_MULTITURN_YAML = """\
+hydra:
+  searchpath:
+    - file://verl/trainer/config
+
+defaults:
+  - ppo_megatron_trainer
+  - _self_
+
+data:
+  max_prompt_length: 64
+actor_rollout_ref:
+  model:
+    lora:
+      rank: 8
+"""
+STRATEGIES = ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy")
+
+
+def strategies(config):
+  return [C.get_node(config, path) for path in STRATEGIES]
+
+
+def test_a_defaults_list_picks_megatron_s_engines_and_a_hydra_block_is_listed(caplog):
+  # before: "hydra.searchpath: unknown key", and the Megatron LoRA block refused under the fsdp strategy
+  with caplog.at_level(logging.WARNING, logger="rljax.config.verl_yaml"):
+    config = verl_yaml.load_text(MEGATRON_MULTITURN_YAML, "megatron.yaml")
+  assert strategies(config) == ["megatron"] * 3 and config.data.max_prompt_length == 64
+  warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  assert len(warnings) == 1 and "1 verl key(s)" in warnings[0]
+  assert "hydra.searchpath=[file://verl/trainer/config]" in warnings[0] and "strategy" not in warnings[0]
+  resolved = train.resolve(config, [], device_count=1)
+  assert resolved.actor_rollout_ref.model.lora.rank == 8
+  # verl 0.9's spelling, verl 0.8's per-role files, and the file's own keys after them unless _self_ comes first
+  for defaults in ("  - ppo_trainer\n  - override model_engine: megatron\n",
+                   "  - actor@actor_rollout_ref.actor: megatron_actor\n  - ref@actor_rollout_ref.ref: megatron_ref\n"
+                   "  - critic@critic: megatron_critic\n  - data@data: legacy_data\n"):
+    assert strategies(verl_yaml.load_text(f"defaults:\n{defaults}  - _self_\n")) == ["megatron"] * 3
+  own = "critic:\n  strategy: fsdp\n"
+  assert strategies(verl_yaml.load_text(f"defaults:\n  - ppo_megatron_trainer\n  - _self_\n{own}")) == [
+      "megatron", "megatron", "fsdp"]
+  assert strategies(verl_yaml.load_text(f"defaults:\n  - _self_\n  - ppo_megatron_trainer\n{own}")) == [
+      "megatron"] * 3
+  assert strategies(verl_yaml.load_text("defaults:\n  - ppo_trainer\n  - _self_\n")) == ["fsdp"] * 3
+
+
+def test_verl_s_own_trainer_configs_by_name_are_rljax_s_base_config(tmp_path, monkeypatch):
+  # verl's Megatron lines: --config-path=config --config-name='ppo_megatron_trainer.yaml', which Hydra reads in
+  # verl's package; here no config/ holds it
+  monkeypatch.chdir(tmp_path)
+  for name in ("ppo_megatron_trainer.yaml", "ppo_megatron_trainer"):
+    spec, rest = C.hydra_config_file(["--config-path=config", f"--config-name={name}", "--dry_run"])
+    assert rest == ["--dry_run"] and strategies(C.load_config_file(spec)) == ["megatron"] * 3
+  spec, _ = C.hydra_config_file(["--config-path=config", "--config-name=ppo_trainer"])
+  assert C.to_plain(C.load_config_file(spec)) == C.to_plain(C.get_base_config())
+  # a file of that name in --config-path is the file
+  (tmp_path / "config").mkdir()
+  (tmp_path / "config" / "ppo_trainer.yaml").write_text("data:\n  max_prompt_length: 64\n")
+  spec, _ = C.hydra_config_file(["--config-path=config", "--config-name=ppo_trainer"])
+  assert spec == "config/ppo_trainer.yaml" and C.load_config_file(spec).data.max_prompt_length == 64
+  with pytest.raises(C.ConfigError, match="no such YAML file config/ppo_trainer_v2.yaml"):
+    C.hydra_config_file(["--config-path=config", "--config-name=ppo_trainer_v2"])

@@ -78,10 +78,14 @@ def hydra_config_file(argv: Sequence[str]) -> tuple[str | None, list[str]]:
   """Takes Hydra's `--config-path DIR --config-name NAME` out of the command line.
 
   verl launch lines pick their YAML file this way; `--config-name` alone
-  reads it from `configs/`, and NAME may leave out `.yaml`.
+  reads it from `configs/`, and NAME may leave out `.yaml`. verl's own trainer
+  configs (`ppo_trainer`, `ppo_megatron_trainer`: verl's lines name them with
+  `--config-path=config`, which Hydra reads in verl's package) are rljax's
+  where DIR holds no such file (`verl_yaml.TRAINER_CONFIGS`).
 
   Returns:
-    (DIR/NAME.yaml, or None without those flags; the other arguments).
+    (DIR/NAME.yaml, `verl:NAME.yaml` for verl's trainer config, or None without
+    those flags; the other arguments).
 
   Raises:
     ConfigError: a flag without a value, --config-path without
@@ -99,6 +103,9 @@ def hydra_config_file(argv: Sequence[str]) -> tuple[str | None, list[str]]:
                       "use one: --config=FILE.py[:PRESET], or --config-path=DIR --config-name=NAME for a verl YAML file")
   file = name if name.endswith(VERL_YAML_SUFFIXES) else name + ".yaml"
   path = os.path.join(values.get("--config-path", HYDRA_CONFIG_DIR), file)
+  stem = os.path.splitext(file)[0]
+  if not os.path.isfile(os.path.expanduser(path)) and stem in verl_yaml.TRAINER_CONFIGS:
+    return f"{verl_yaml.TRAINER_CONFIG_PREFIX}{file}", rest  # verl's own, which Hydra finds in verl's package
   if not os.path.isfile(os.path.expanduser(path)):
     raise ConfigError("--config-name", name, f"no such YAML file {path}",
                       "give --config-path the directory that holds it (default: configs)")
@@ -115,7 +122,8 @@ def load_config_file(spec: str) -> ConfigDict:
   """
   import importlib.util  # pylint: disable=import-outside-toplevel
 
-  if spec.endswith(VERL_YAML_SUFFIXES) and os.path.isfile(os.path.expanduser(spec)):
+  if spec.endswith(VERL_YAML_SUFFIXES) and (os.path.isfile(os.path.expanduser(spec))
+                                            or spec.startswith(verl_yaml.TRAINER_CONFIG_PREFIX)):
     return verl_yaml.load_file(spec)
   path, _, arg = spec.partition(":")
   path = os.path.expanduser(path)

@@ -24,11 +24,20 @@ the way verl resolves them at run time:
   value, read once at load time.
 
 Other resolvers are an error. Numbers such as `1e-6` are floats, as
-OmegaConf reads them (PyYAML alone reads a string). Hydra's top-level `defaults:` list is skipped:
-it composes verl's sub-files, and rljax's base config already holds every key
-they define. `_target_` entries (Hydra's dataclass hints) are skipped too,
-and so are `???` values (OmegaConf's "no default, must be given"): the key
-keeps rljax's default.
+OmegaConf reads them (PyYAML alone reads a string). Hydra's top-level `defaults:` list
+composes verl's sub-files, and rljax's base config already holds every key
+they define: of the list, rljax reads only the engine it picks
+(`defaults_entries`: `ppo_megatron_trainer`, `override model_engine: megatron`
+or a `megatron_actor`-style file sets the roles' `strategy` to megatron),
+applied before the file's own keys unless `_self_` comes first. Hydra's own
+`hydra:` block (its search path, its output directory) configures no run:
+its entries are listed with the ignored keys. `_target_` entries (Hydra's
+dataclass hints) are skipped too, and so are `???` values (OmegaConf's "no
+default, must be given"): the key keeps rljax's default.
+
+`--config-name=ppo_trainer` or `ppo_megatron_trainer`, which Hydra finds in
+verl's package, is rljax's base config (`TRAINER_CONFIGS`: with Megatron's
+engines for the latter) where no such file is in `--config-path`.
 
 Keys rljax accepts but ignores (`rljax.config.IGNORED_KEYS`) are reported in
 one warning per file, listing those the file sets to something other than
@@ -55,8 +64,18 @@ from rljax.config.tree import get_base_config, unknown_key_error
 from rljax.config.yaml_io import YamlLoader, format_value, parse_yaml
 
 DEFAULTS_KEY = "defaults"
+HYDRA_KEY = "hydra"
+SELF = "_self_"
 TARGET_KEY = "_target_"
 MISSING = "???"
+
+# the roles a verl engine choice sets the strategy of (verl's generated Megatron config: these three)
+ENGINE_ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+MEGATRON = "megatron"
+# verl's trainer configs (verl/trainer/config/NAME.yaml) as the entries they set beyond rljax's base config
+TRAINER_CONFIGS = {"ppo_trainer": {}, "ppo_megatron_trainer": {f"{role}.strategy": MEGATRON for role in ENGINE_ROLES}}
+# `--config-name` of one of `TRAINER_CONFIGS` no file stands for: what `load_config_file` reads as that config
+TRAINER_CONFIG_PREFIX = "verl:"
 
 _LOG = logging.getLogger("rljax.config.verl_yaml")
 # `${...}`, whose resolver arguments may hold one level of braces (`${oc.select:a.b,{}}`).
@@ -66,11 +85,13 @@ _RESOLVER = re.compile(r"^(?P<name>[A-Za-z_][\w.]*):(?P<args>.*)$")
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  """One leaf of a YAML file: dotted key path, parsed value, 1-based line."""
+  """One leaf of a YAML file: dotted key path, parsed value, 1-based line; `chosen`: set by the defaults list's
+  choice of a config (`defaults_entries`), not by a key of the file."""
 
   path: str
   value: Any
   line: int | None
+  chosen: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +131,50 @@ def _leaves(tree: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
       yield path, value
 
 
+def defaults_entries(defaults: Any, line: int | None = None) -> list[Entry]:
+  """The entries a Hydra defaults list sets in rljax: the engine it picks for each role (`ENGINE_ROLES`), by a
+  trainer config's name (`TRAINER_CONFIGS`), verl 0.9's `override model_engine: megatron`, or a role's file
+  (`actor@actor_rollout_ref.actor: megatron_actor`). Every other choice composes keys rljax's base config holds.
+
+  Args:
+    defaults: the list, as parsed; anything but a list sets nothing.
+    line: the list's line, for messages.
+  """
+  entries = []
+  for choice in defaults if isinstance(defaults, list) else ():
+    if isinstance(choice, str):
+      entries += [Entry(path, value, line, chosen=True) for path, value in TRAINER_CONFIGS.get(choice, {}).items()]
+      continue
+    for group, name in (choice.items() if isinstance(choice, dict) else ()):
+      group = str(group).removeprefix("override ").strip()
+      if group == "model_engine" and name == MEGATRON:
+        entries += [Entry(f"{role}.strategy", MEGATRON, line, chosen=True) for role in ENGINE_ROLES]
+      elif "@" in group and group.split("@", 1)[1] in ENGINE_ROLES and str(name).startswith(MEGATRON):
+        entries.append(Entry(f"{group.split('@', 1)[1]}.strategy", MEGATRON, line, chosen=True))
+  return entries
+
+
+def _self_first(defaults: Any) -> bool:
+  """Whether a defaults list puts the file's own keys (`_self_`) before its other choices (Hydra: after them,
+  where the list does not name `_self_`)."""
+  if not isinstance(defaults, list) or SELF not in defaults:
+    return False
+  return all(choice == SELF or not defaults_entries([choice]) for choice in defaults[:defaults.index(SELF)])
+
+
+def hydra_settings(text: str) -> list[str]:
+  """`key=value` for each leaf of a verl YAML document's `hydra:` block (Hydra's own settings: they configure
+  no run)."""
+  tree = parse_yaml(text)
+  block = tree.get(HYDRA_KEY) if isinstance(tree, dict) else None
+  if not isinstance(block, dict):
+    return [] if block is None else [f"{HYDRA_KEY}={format_value(block)}"]
+  return [f"{path}={format_value(value)}" for path, value in _leaves(block, HYDRA_KEY + ".")]
+
+
 def read_entries(text: str, source: str = "<yaml>") -> list[Entry]:
-  """The leaves of a verl YAML document, in file order, without Hydra's `defaults:`.
+  """The leaves of a verl YAML document in the order they apply: its defaults list's (`defaults_entries`), then its
+  own in file order (or the other way round, with `_self_` first); without Hydra's `hydra:` block.
 
   Raises:
     ConfigError: the text is not YAML, or its top level is not a mapping.
@@ -127,10 +190,14 @@ def read_entries(text: str, source: str = "<yaml>") -> list[Entry]:
   if not isinstance(tree, dict):
     raise ConfigError(source, type(tree).__name__, "the top level must be a mapping of verl keys",
                       "write nested KEY: VALUE lines as in verl's ppo_trainer.yaml")
+  defaults = tree.get(DEFAULTS_KEY)
+  chosen = defaults_entries(defaults, lines.get(DEFAULTS_KEY))
   if DEFAULTS_KEY in tree:
-    _LOG.info("%s: Hydra's defaults list is skipped; rljax's base config holds every key it composes", source)
-  body = {str(k): v for k, v in tree.items() if k != DEFAULTS_KEY}
-  return [Entry(path, value, lines.get(path)) for path, value in _leaves(body)]
+    _LOG.info("%s: of Hydra's defaults list, rljax reads the engine it picks (%s); its base config holds every key "
+              "the list composes", source, ", ".join(f"{e.path}={e.value}" for e in chosen) or "none")
+  body = {str(k): v for k, v in tree.items() if k not in (DEFAULTS_KEY, HYDRA_KEY)}
+  own = [Entry(path, value, lines.get(path)) for path, value in _leaves(body)]
+  return own + chosen if _self_first(defaults) else chosen + own
 
 
 def _relative(expression: str, path: str) -> str:
@@ -332,7 +399,7 @@ def ignored_settings(config: ConfigDict, entries: list[Entry]) -> list[str]:
   settings = []
   for entry in entries:
     path = held_at(entry.path)
-    if ignored_reason(path) is None:
+    if entry.chosen or ignored_reason(path) is None:
       continue
     value = get_node(config, path)
     if not _has_key(base, path) or value != get_node(base, path):
@@ -362,19 +429,36 @@ def load_text(text: str, source: str = "<yaml>", base: ConfigDict | None = None)
     except ConfigError as error:
       raise ConfigError(error.key, error.value, f"{error.problem} ({_where(source, entry.line)})",
                         error.fix) from None
-  ignored = ignored_settings(config, entries)
+  ignored = ignored_settings(config, entries) + hydra_settings(text)
   if ignored:
     _LOG.warning("%s sets %d verl key(s) that have no effect in rljax (docs/configuration.md says why): %s",
                  source, len(ignored), ", ".join(ignored))
   return config
 
 
+def load_trainer_config(name: str) -> ConfigDict:
+  """The base config as verl's trainer config `name` (one of `TRAINER_CONFIGS`) sets it.
+
+  Raises:
+    ConfigError: `name` is none of verl's trainer configs.
+  """
+  if name not in TRAINER_CONFIGS:
+    raise ConfigError("--config-name", name, "is none of verl's trainer configs",
+                      f"name one of {sorted(TRAINER_CONFIGS)}, or give --config-path the directory of your YAML file")
+  _LOG.info("--config-name=%s: verl's trainer config, as rljax's base config%s", name,
+            " with Megatron's engines" if TRAINER_CONFIGS[name] else "")
+  return load_text(f"{DEFAULTS_KEY}:\n  - {name}\n", source=f"verl's {name}")
+
+
 def load_file(path: str | None) -> ConfigDict:
-  """Loads the verl YAML file at `path` onto the base config.
+  """Loads the verl YAML file at `path` onto the base config (`TRAINER_CONFIG_PREFIX` + NAME: verl's trainer config
+  NAME, `load_trainer_config`).
 
   Raises:
     ConfigError: no path given, no such file, or a bad key in it.
   """
+  if path and path.startswith(TRAINER_CONFIG_PREFIX):
+    return load_trainer_config(path.removeprefix(TRAINER_CONFIG_PREFIX).rsplit(".", 1)[0])
   if not path:
     raise ConfigError("--config", "configs/verl_yaml.py", "needs the verl YAML file after a colon",
                       "pass --config=configs/verl_yaml.py:path/to/ppo_trainer.yaml")
