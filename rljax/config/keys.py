@@ -576,7 +576,8 @@ KEYS = {
         added="auto (pallas on TPU, xla elsewhere), xla (dense dot-product attention) or pallas (splash attention for training, log-prob and prefill passes; ragged decode attention over the live cache)"),
     "actor_rollout_ref.model.custom_chat_template": Key(
         "A Jinja chat template used instead of the tokenizer's.",
-        default_only=("a custom chat template is not applied: the tokenizer's own would be used", "drop it, or put the template in the tokenizer_config.json of actor_rollout_ref.model.path")),
+        mapped="the tokenizer renders every prompt and turn (tools' results included) with it instead of its own, "
+               "as verl's agent loop sets it on the tokenizer; a template that is not valid Jinja is an error"),
     "actor_rollout_ref.model.enable_activation_offload": Key(
         "Move activations to host memory during training.",
         mapped="with enable_gradient_checkpointing (remat_policy=full), each layer keeps its input in host memory "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import jinja2
 from ml_collections import ConfigDict
 
 from rljax.config import kernel_names
@@ -115,6 +116,21 @@ def _check_chat_template_kwargs(config: ConfigDict) -> None:
           config.data.apply_chat_template_kwargs[name], "is an argument of transformers' apply_chat_template, "
           "not a variable of the chat template: rljax renders every prompt and turn itself",
           "drop it (the template's own variables, such as enable_thinking, are passed as given)")
+
+
+def _check_custom_chat_template(config: ConfigDict) -> None:
+  """actor_rollout_ref.model.custom_chat_template, where set, is Jinja source the tokenizer can compile."""
+  key = "actor_rollout_ref.model.custom_chat_template"
+  template = get_node(config, key)
+  if template is None:
+    return
+  check(isinstance(template, str), key, template, "is not a Jinja template's text",
+        "give the template's source as a string")
+  try:
+    jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+  except jinja2.TemplateSyntaxError as error:
+    check(False, key, f"{template[:60]}..." if len(template) > 60 else template,
+          f"is not a valid Jinja template (line {error.lineno}: {error.message})", "fix the template's syntax")
 
 
 def _check_sampling(config: ConfigDict) -> None:
@@ -488,6 +504,7 @@ def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
   _check_mesh(config, world_size)
   _check_lengths(config)
   _check_chat_template_kwargs(config)
+  _check_custom_chat_template(config)
   _check_batches(config, world_size)
   _check_sampling(config)
   _check_algorithm(config)

@@ -98,6 +98,13 @@ class Tokenizer:
     self._template = _compile_template(chat_template) if chat_template else None
     self.template_kwargs: dict[str, Any] = {}
 
+  def with_chat_template(self, template: str) -> "Tokenizer":
+    """A copy rendering `template` (jinja2 source) instead of its own chat template (verl's
+    actor_rollout_ref.model.custom_chat_template, SFT's data.chat_template)."""
+    tokenizer = copy.copy(self)
+    tokenizer.chat_template, tokenizer._template = template, _compile_template(template)
+    return tokenizer
+
   def with_template_kwargs(self, kwargs: Mapping[str, Any]) -> "Tokenizer":
     """A copy whose chat template renders with `kwargs` besides each call's own (verl's
     data.apply_chat_template_kwargs, e.g. enable_thinking=False or reasoning_effort="medium")."""

@@ -262,7 +262,8 @@ class RLTrainer:
 
 
 def load_tokenizer(config: ConfigDict) -> models.Tokenizer:
-  """data.tokenizer's, else the actor model's tokenizer, its chat template rendering every prompt and turn with
+  """data.tokenizer's, else the actor model's tokenizer, its chat template (actor_rollout_ref.model's
+  custom_chat_template where set, as verl's agent loop sets it) rendering every prompt and turn with
   data.apply_chat_template_kwargs."""
   kwargs = config.data.apply_chat_template_kwargs
   kwargs = kwargs.to_dict() if isinstance(kwargs, ConfigDict) else dict(kwargs)
@@ -274,6 +275,9 @@ def load_tokenizer(config: ConfigDict) -> models.Tokenizer:
     raise config_lib.ConfigError(key, path, f"its tokenizer does not load: {str(error).rstrip('.')}",
                                  "point it at a Hugging Face model directory with tokenizer.json (a fast "
                                  "tokenizer), or a .gguf file") from None
+  template = config.actor_rollout_ref.model.custom_chat_template
+  if template is not None:
+    tokenizer = tokenizer.with_chat_template(template)
   return tokenizer.with_template_kwargs(kwargs)
 
 

@@ -181,9 +181,7 @@ def with_chat_template(tokenizer: ChatTokenizer, template: str | None) -> ChatTo
     return tokenizer
   if not isinstance(tokenizer, ChatTokenizer):
     raise TypeError("data.chat_template needs an rljax tokenizer (rljax.models.load_tokenizer)")
-  return ChatTokenizer(tokenizer.tok, chat_template=read_template(template), bos_token=tokenizer.bos_token,
-                       eos_token=tokenizer.eos_token, pad_token=tokenizer.pad_token,
-                       extra_eos_ids=tokenizer.eos_token_ids)
+  return tokenizer.with_chat_template(read_template(template))
 
 
 class SFTDataset:

@@ -113,3 +113,27 @@ def test_the_rl_tokenizer_renders_with_data_apply_chat_template_kwargs_as_transf
   with pytest.raises(config_lib.ConfigError, match="data.apply_chat_template_kwargs.tokenize=True: is an argument of "
                                                    "transformers' apply_chat_template"):
     config_lib.validate(config)
+
+
+def test_a_custom_chat_template_renders_every_prompt_as_verl_sets_it_on_the_tokenizer(tok_dir):
+  # verl's geo3k multi-turn lines pass actor_rollout_ref.model.custom_chat_template (its agent loop sets it as the
+  # tokenizer's chat_template); before, a config error said it was not applied
+  from rljax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from rljax import train  # pylint: disable=import-outside-toplevel
+  from rljax.rl import trainer  # pylint: disable=import-outside-toplevel
+  config = config_lib.load_config_file(os.path.join(processes.ROOT, "configs", "grpo.py"))
+  config_lib.apply_overrides(config, [f"data.tokenizer={tok_dir}", f"actor_rollout_ref.model.custom_chat_template="
+                                      f'"{EFFORT_TEMPLATE}"', "+data.apply_chat_template_kwargs.reasoning_effort=medium"])
+  train.resolve(config, [], device_count=1)
+  ours, ref = trainer.load_tokenizer(config), transformers.AutoTokenizer.from_pretrained(tok_dir)
+  msgs = [{"role": "user", "content": "sum 1 2"}]
+  ref.chat_template = EFFORT_TEMPLATE
+  assert ours.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == ref.apply_chat_template(
+      msgs, add_generation_prompt=True, tokenize=False, reasoning_effort="medium") == (
+      "user: sum 1 2<|endoftext|>effort=medium")
+  assert ours.apply_chat_template(msgs, add_generation_prompt=True) == ref.apply_chat_template(
+      msgs, add_generation_prompt=True, reasoning_effort="medium", return_dict=False)
+  assert M.load_tokenizer(tok_dir).chat_template == TOOL_TEMPLATE  # the model's own stays as it was
+  with pytest.raises(config_lib.ConfigError, match=r"actor_rollout_ref.model.custom_chat_template=.*: is not a valid "
+                                                   r"Jinja template \(line 1: .*endfor"):
+    train.resolve(config, ["actor_rollout_ref.model.custom_chat_template='{% for m in messages %}'"], device_count=1)
