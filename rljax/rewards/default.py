@@ -26,7 +26,6 @@ in the trainer's process, so those sources need custom_reward_function.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Iterable, Mapping
 
 import pyarrow.parquet as pq
@@ -151,7 +150,9 @@ def default_compute_score(data_source: str, solution_str: str,
     ground_truth: reward_model["ground_truth"]: text (converted with str),
       or for searchR1_* the mapping {"target": answers}.
     extra_info: the row's extra_info (unused by the built-in scorers).
-    **kwargs: passed to the scorer (e.g. method="flexible" for gsm8k).
+    **kwargs: accepted and ignored, as verl 0.9.1's function ignores them (its
+      gsm8k scores strictly even when a caller passes method="flexible":
+      call `rljax.rewards.gsm8k.compute_score` for that).
 
   Returns:
     The score as a float, or for the math_dapo sources verl's dict
@@ -161,7 +162,7 @@ def default_compute_score(data_source: str, solution_str: str,
     NotImplementedError: for a data_source with no built-in scorer (a code
       source's message names the sandbox setting and the custom function).
   """
-  del extra_info
+  del extra_info, kwargs
   if data_source in CODE_SOURCES:
     raise NotImplementedError(code_source_message(data_source))
   scorer = scorer_for(data_source)
@@ -169,8 +170,6 @@ def default_compute_score(data_source: str, solution_str: str,
     raise NotImplementedError(
         f"no built-in reward for data_source {data_source!r}; built-in: "
         f"{known_data_sources()}. Set custom_reward_function.path to score it.")
-  if kwargs:
-    scorer = functools.partial(scorer, **kwargs)
   truth = ground_truth if isinstance(ground_truth, Mapping) else str(ground_truth)
   result = scorer(solution_str, truth)
   return result if isinstance(result, dict) else float(result)

@@ -77,7 +77,9 @@ def test_gsm8k_flexible_and_format_score():
   assert gsm8k.extract_solution("x = 5 ...", "flexible") == "..."
   assert gsm8k.extract_solution("x = 5 .", "flexible") == "5"
   assert gsm8k.extract_solution(". .", "flexible") == "."
-  assert default_compute_score(GSM8K, "So it is 7", "7", method="flexible") == 1.0
+  assert gsm8k.compute_score("So it is 7", "7", method="flexible") == 1.0
+  # verl 0.9.1's default_compute_score takes other keywords and passes none on: gsm8k scores strictly there
+  assert default_compute_score(GSM8K, "So it is 7", "7", method="flexible") == 0.0
   assert gsm8k.compute_score("#### 8", "7", format_score=0.1) == 0.1
   assert gsm8k.compute_score("no answer", "7", format_score=0.1) == 0.0
 
