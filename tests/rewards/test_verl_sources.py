@@ -2,7 +2,11 @@
 
 Every expected value below is the result of verl's own scorer
 (`verl/utils/reward_score`, volcengine/verl at b178a3c, run with sympy,
-pylatexenc and mathruler installed) on the same input. verl's repository has
+pylatexenc and mathruler installed) on the same input, and was scored again
+with verl 0.9.1's (its PyPI wheel, 2026-12-07): the same value on every case
+(math_dapo's cases already hold 0.9.1's boxed-answer fallback; the
+pathological inputs are rljax's own bounds: verl evaluates
+pi times 9**9**9**9 without a time limit). verl's repository has
 no unit tests of these scorers (its tests/utils/reward_score covers the code
 sandbox only), so the cases are written here, one table per scorer.
 """
