@@ -452,12 +452,16 @@ def test_tilde_on_a_key_that_follows_another_follows_it_again():
   assert config.data.gen_batch_size == 16
 
 
-def test_over_sample_rate_is_listed_as_verl_0_9_1_reads_it_nowhere(caplog):
-  # verl 0.9.1 declares rollout.over_sample_rate (workers/config/rollout.py) and no code reads it: its lines that set
-  # it run every request to its end, as rljax does
+def test_keys_verl_0_9_1_reads_nowhere_are_listed(caplog):
+  # verl 0.9.1 declares rollout.over_sample_rate (workers/config/rollout.py) and data.sampler.class_path/class_name
+  # (its create_rl_sampler reads data.shuffle and data.seed alone), and no code reads them: its lines that set them
+  # run every request to its end and take the rows in data.shuffle's order, as rljax does (verl's curriculum lines)
+  overrides = ["actor_rollout_ref.rollout.over_sample_rate=0.1", "data.sampler.class_path=pkg://tests.utils.sampler",
+               "data.sampler.class_name=RandomCurriculumSampler"]
   with caplog.at_level(logging.WARNING, logger="rljax.train"):
-    config = resolved(experiment("grpo"), ["actor_rollout_ref.rollout.over_sample_rate=0.1"])
+    config = resolved(experiment("grpo"), overrides)
   assert config.actor_rollout_ref.rollout.over_sample_rate == 0.1
   warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-  assert len(warnings) == 1 and "actor_rollout_ref.rollout.over_sample_rate=0.1" in warnings[0]
-  assert "reads it nowhere" in C.ignored_reason("actor_rollout_ref.rollout.over_sample_rate")
+  assert len(warnings) == 1 and all(override in warnings[0] for override in overrides), warnings
+  for key in ("actor_rollout_ref.rollout.over_sample_rate", "data.sampler.class_path", "data.sampler.class_name"):
+    assert "reads it nowhere" in C.ignored_reason(key)

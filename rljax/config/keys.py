@@ -1148,10 +1148,11 @@ KEYS = {
     "data.reward_fn_key": Key("Column whose value picks the scoring function (the data source)."),
     "data.sampler.class_name": Key(
         "Class name of a custom sampler.",
-        ignored="read only with data.sampler.class_path (an error when set)"),
+        ignored="verl 0.9.1 declares it and reads it nowhere (see data.sampler.class_path)"),
     "data.sampler.class_path": Key(
         "File of a custom sampler.",
-        default_only=("custom samplers are not implemented: the data order is data.shuffle's", "drop data.sampler.class_path")),
+        ignored="verl 0.9.1 declares it and reads it nowhere: its create_rl_sampler orders the rows by data.shuffle "
+                "and data.seed alone, as rljax does"),
     "data.seed": Key("Seed of the data order."),
     "data.shuffle": Key("Shuffle the training rows every epoch."),
     "data.tokenizer": Key("Tokenizer to use; null takes the policy model's own tokenizer."),
