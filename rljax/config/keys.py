@@ -86,10 +86,15 @@ def described(roles: tuple[str, ...], node: str, meanings: dict[str, str], statu
   return records
 
 
+# the reason of keys verl 0.9.1 declares in its config and no code of it reads: setting one changes no run there
+NOWHERE = "verl 0.9.1 declares it and reads it nowhere"
+
+
 def _router_replay_status(role: str) -> dict[str, dict[str, Any]]:
-  """What rljax does with `ROLE.router_replay.*`: the actor's mode is honoured (disabled, R2), files are not."""
-  files = {key: dict(default_only=("recording routing to files or replaying it from files is not implemented",
-                                   f"set {role}.router_replay.{key}=null")) for key in ("record_file", "replay_file")}
+  """What rljax does with `ROLE.router_replay.*`: the actor's mode is honoured (disabled, R2, R3); the files are
+  listed, as verl 0.9.1 declares them and reads them nowhere."""
+  files = {key: dict(ignored=f"{NOWHERE}: its replay records and replays routing in memory")
+           for key in ("record_file", "replay_file")}
   if role == "actor_rollout_ref.actor":
     return files
   return {**files, "mode": dict(default_only=(
@@ -837,8 +842,7 @@ KEYS = {
                                                                "conversation; null = no limit but response_length."),
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": Key(
         "SGLang: rollouts repeated per interaction.",
-        default_only=("repeated interaction rollouts are not implemented; rollout.n samples each prompt",
-                      "drop actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts")),
+        ignored=f"{NOWHERE}: rollout.n samples each prompt there as here"),
     "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": Key(
         "Compare the trained ids with the chat template's rendering of the finished conversation: strict, "
         "ignore_strippable (whitespace differences allowed) or disable; differences are logged and counted."),
@@ -850,8 +854,8 @@ KEYS = {
         added="a call past it is abandoned and answered with a timeout error; the rollout goes on"),
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": Key(
         "Re-template the finished conversation with the inference chat template before training.",
-        default_only=("rljax trains exactly the ids the engine generated and appended; re-templating is not implemented",
-                      "set actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=false")),
+        ignored=f"{NOWHERE} (only a request class no code creates holds a field of that name): both train the "
+                "ids the engine generated and appended"),
     "actor_rollout_ref.rollout.n": Key("Responses sampled per prompt (the group size of GRPO and RLOO)."),
     "actor_rollout_ref.rollout.nnodes": Key(
         "Nodes of a rollout of its own (0: the rollout shares the trainer's devices).",
@@ -866,7 +870,7 @@ KEYS = {
         mapped="any value selects rljax's JetStream engine"),
     "actor_rollout_ref.rollout.over_sample_rate": Key(
         "Fraction of the slowest requests aborted per rollout.",
-        ignored="verl 0.9.1 declares it and reads it nowhere: every request runs to its end there as here"),
+        ignored=f"{NOWHERE}: every request runs to its end there as here"),
     "actor_rollout_ref.rollout.pipeline_model_parallel_size": Key(
         "Pipeline stages of the inference server.",
         ignored="the rollout's mesh has no pipeline axis; it changes no sample"),
@@ -1148,11 +1152,11 @@ KEYS = {
     "data.reward_fn_key": Key("Column whose value picks the scoring function (the data source)."),
     "data.sampler.class_name": Key(
         "Class name of a custom sampler.",
-        ignored="verl 0.9.1 declares it and reads it nowhere (see data.sampler.class_path)"),
+        ignored=f"{NOWHERE} (see data.sampler.class_path)"),
     "data.sampler.class_path": Key(
         "File of a custom sampler.",
-        ignored="verl 0.9.1 declares it and reads it nowhere: its create_rl_sampler orders the rows by data.shuffle "
-                "and data.seed alone, as rljax does"),
+        ignored=f"{NOWHERE}: its create_rl_sampler orders the rows by data.shuffle and data.seed alone, as "
+                "rljax does"),
     "data.seed": Key("Seed of the data order."),
     "data.shuffle": Key("Shuffle the training rows every epoch."),
     "data.tokenizer": Key("Tokenizer to use; null takes the policy model's own tokenizer."),
@@ -1472,7 +1476,8 @@ KEYS = {
     "trainer.v1.sampler.custom_sampler.name": Key("Name of the sampler class in that file."),
     "trainer.v1.sampler.sampler_kwargs": Key(
         "Extra arguments of the sampler.",
-        default_only=("the V1 sampler is not implemented", "drop trainer.v1.sampler.sampler_kwargs")),
+        ignored="verl 0.9.1 hands it to a custom sampler alone (trainer.v1.sampler.custom_sampler.path, an error "
+                "here); its own replay buffer keeps it unread"),
     "trainer.val_before_train": Key("Validate once before the first step."),
     "trainer.val_only": Key("Validate and exit without training."),
     "trainer.validation_data_dir": Key(

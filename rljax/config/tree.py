@@ -39,6 +39,7 @@ OPEN_DICTS = (
     "reward_model.model.override_config",
     "data.apply_chat_template_kwargs",
     "global_profiler.global_tool_config.torch_memory.kw_args",
+    "trainer.v1.sampler.sampler_kwargs",
     *(f"{role}.megatron.{key}" for key in MEGATRON_FREE_FORM
       for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")),
 )
