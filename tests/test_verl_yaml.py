@@ -398,12 +398,20 @@ def test_a_defaults_list_picks_megatron_s_engines_and_a_hydra_block_is_listed(ca
                    "  - actor@actor_rollout_ref.actor: megatron_actor\n  - ref@actor_rollout_ref.ref: megatron_ref\n"
                    "  - critic@critic: megatron_critic\n  - data@data: legacy_data\n"):
     assert strategies(verl_yaml.load_text(f"defaults:\n{defaults}  - _self_\n")) == ["megatron"] * 3
+  # Hydra's order: the choices before _self_, the file's keys, those after it (no _self_: the file's keys last); an
+  # override applies where the trainer config it changes does
   own = "critic:\n  strategy: fsdp\n"
-  assert strategies(verl_yaml.load_text(f"defaults:\n  - ppo_megatron_trainer\n  - _self_\n{own}")) == [
-      "megatron", "megatron", "fsdp"]
-  assert strategies(verl_yaml.load_text(f"defaults:\n  - _self_\n  - ppo_megatron_trainer\n{own}")) == [
-      "megatron"] * 3
+  for defaults, critic in (("  - ppo_megatron_trainer\n  - _self_\n", "fsdp"),
+                           ("  - ppo_megatron_trainer\n", "fsdp"),
+                           ("  - ppo_trainer\n  - _self_\n  - override model_engine: megatron\n", "fsdp"),
+                           ("  - _self_\n  - critic@critic: megatron_critic\n", "megatron")):
+    assert strategies(verl_yaml.load_text(f"defaults:\n{defaults}{own}"))[2] == critic, defaults
   assert strategies(verl_yaml.load_text("defaults:\n  - ppo_trainer\n  - _self_\n")) == ["fsdp"] * 3
+  # what rljax cannot follow: a file of the user's composed by name; verl's defaults replacing the file's keys
+  for defaults, problem in (("  - my_base\n  - _self_\n", "'my_base': in x.yaml composes another YAML file"),
+                            ("  - _self_\n  - ppo_megatron_trainer\n", "comes after _self_ in x.yaml")):
+    with pytest.raises(C.ConfigError, match=problem):
+      verl_yaml.load_text(f"defaults:\n{defaults}{own}", "x.yaml")
 
 
 def test_verl_s_own_trainer_configs_by_name_are_rljax_s_base_config(tmp_path, monkeypatch):
@@ -422,3 +430,5 @@ def test_verl_s_own_trainer_configs_by_name_are_rljax_s_base_config(tmp_path, mo
   assert spec == "config/ppo_trainer.yaml" and C.load_config_file(spec).data.max_prompt_length == 64
   with pytest.raises(C.ConfigError, match="no such YAML file config/ppo_trainer_v2.yaml"):
     C.hydra_config_file(["--config-path=config", "--config-name=ppo_trainer_v2"])
+  with pytest.raises(C.ConfigError, match="no such YAML file myconf/ppo_trainer.yaml"):  # not verl's path: a typo
+    C.hydra_config_file(["--config-path=myconf", "--config-name=ppo_trainer"])

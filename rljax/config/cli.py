@@ -14,6 +14,9 @@ from rljax.config.errors import NO_VALUE, ConfigError
 # Hydra's flags that pick a YAML file; --config-name alone reads it from here.
 HYDRA_CONFIG_FLAGS = ("--config-path", "--config-name")
 HYDRA_CONFIG_DIR = "configs"
+# --config-path values of verl's lines that name its own trainer configs (relative to verl/trainer, as Hydra reads
+# them), and none
+VERL_CONFIG_PATHS = ("config", "config/", HYDRA_CONFIG_DIR)
 VERL_YAML_SUFFIXES = (".yaml", ".yml")
 
 _CONFIG_ARG = re.compile(r"^--config\.(?P<path>[^=]+)(=(?P<value>.*))?$")
@@ -81,7 +84,8 @@ def hydra_config_file(argv: Sequence[str]) -> tuple[str | None, list[str]]:
   reads it from `configs/`, and NAME may leave out `.yaml`. verl's own trainer
   configs (`ppo_trainer`, `ppo_megatron_trainer`: verl's lines name them with
   `--config-path=config`, which Hydra reads in verl's package) are rljax's
-  where DIR holds no such file (`verl_yaml.TRAINER_CONFIGS`).
+  where DIR is that (`VERL_CONFIG_PATHS`) and holds no such file
+  (`verl_yaml.TRAINER_CONFIGS`).
 
   Returns:
     (DIR/NAME.yaml, `verl:NAME.yaml` for verl's trainer config, or None without
@@ -102,11 +106,12 @@ def hydra_config_file(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     raise ConfigError("--config-name", name, "--config names an experiment as well",
                       "use one: --config=FILE.py[:PRESET], or --config-path=DIR --config-name=NAME for a verl YAML file")
   file = name if name.endswith(VERL_YAML_SUFFIXES) else name + ".yaml"
-  path = os.path.join(values.get("--config-path", HYDRA_CONFIG_DIR), file)
-  stem = os.path.splitext(file)[0]
-  if not os.path.isfile(os.path.expanduser(path)) and stem in verl_yaml.TRAINER_CONFIGS:
+  directory = values.get("--config-path", HYDRA_CONFIG_DIR)
+  path = os.path.join(directory, file)
+  found = os.path.isfile(os.path.expanduser(path))
+  if not found and os.path.splitext(file)[0] in verl_yaml.TRAINER_CONFIGS and directory in VERL_CONFIG_PATHS:
     return f"{verl_yaml.TRAINER_CONFIG_PREFIX}{file}", rest  # verl's own, which Hydra finds in verl's package
-  if not os.path.isfile(os.path.expanduser(path)):
+  if not found:
     raise ConfigError("--config-name", name, f"no such YAML file {path}",
                       "give --config-path the directory that holds it (default: configs)")
   return path, rest

@@ -543,7 +543,8 @@ KEYS = {
     "actor_rollout_ref.actor.shuffle": Key("Shuffle the rollouts before splitting them into mini-batches."),
     "actor_rollout_ref.actor.strategy": Key(
         "Training backend (fsdp or megatron in verl).",
-        ignored="FSDP/Megatron choice; rljax shards with a device mesh"),
+        mapped="rljax shards with a device mesh whichever it is; megatron lets Megatron's LoRA block "
+               "(actor_rollout_ref.model.lora) train adapters, as in verl"),
     "actor_rollout_ref.actor.sum_pi_squared_checkpointing": Key(
         "Recompute that sum in the backward pass to save memory.",
         ignored="rljax computes the sum in the old-log-prob pass, which takes no gradient: nothing to recompute"),

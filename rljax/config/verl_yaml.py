@@ -29,7 +29,9 @@ composes verl's sub-files, and rljax's base config already holds every key
 they define: of the list, rljax reads only the engine it picks
 (`defaults_entries`: `ppo_megatron_trainer`, `override model_engine: megatron`
 or a `megatron_actor`-style file sets the roles' `strategy` to megatron),
-applied before the file's own keys unless `_self_` comes first. Hydra's own
+in Hydra's order around the file's own keys (`_self_`'s place; without it,
+the file's keys last); a plain name of another file is an error, as is a
+trainer config after `_self_`. Hydra's own
 `hydra:` block (its search path, its output directory) configures no run:
 its entries are listed with the ignored keys. `_target_` entries (Hydra's
 dataclass hints) are skipped too, and so are `???` values (OmegaConf's "no
@@ -37,7 +39,8 @@ default, must be given"): the key keeps rljax's default.
 
 `--config-name=ppo_trainer` or `ppo_megatron_trainer`, which Hydra finds in
 verl's package, is rljax's base config (`TRAINER_CONFIGS`: with Megatron's
-engines for the latter) where no such file is in `--config-path`.
+engines for the latter) where `--config-path` is verl's `config` (or absent)
+and holds no such file.
 
 Keys rljax accepts but ignores (`rljax.config.IGNORED_KEYS`) are reported in
 one warning per file, listing those the file sets to something other than
@@ -154,12 +157,43 @@ def defaults_entries(defaults: Any, line: int | None = None) -> list[Entry]:
   return entries
 
 
-def _self_first(defaults: Any) -> bool:
-  """Whether a defaults list puts the file's own keys (`_self_`) before its other choices (Hydra: after them,
-  where the list does not name `_self_`)."""
-  if not isinstance(defaults, list) or SELF not in defaults:
-    return False
-  return all(choice == SELF or not defaults_entries([choice]) for choice in defaults[:defaults.index(SELF)])
+def _is_trainer_config(choice: Any) -> bool:
+  return isinstance(choice, str) and choice in TRAINER_CONFIGS
+
+
+def _check_choices(defaults: list, source: str) -> None:
+  """A defaults list rljax can follow: its plain names are verl's trainer configs (`TRAINER_CONFIGS`), `_self_` or
+  a group's default (`GROUP@PACKAGE`), and no trainer config comes after `_self_`.
+
+  Raises:
+    ConfigError: a name of another file (a config of the user's, which Hydra composes from its search path), or a
+      trainer config after `_self_` (Hydra would let verl's defaults replace every key the file sets).
+  """
+  for choice in defaults:
+    if isinstance(choice, str) and choice != SELF and choice not in TRAINER_CONFIGS and "@" not in choice:
+      raise ConfigError(DEFAULTS_KEY, choice, f"in {source} composes another YAML file, which rljax does not read "
+                        f"(it reads verl's {' and '.join(TRAINER_CONFIGS)} by name)",
+                        "copy that file's keys into this one, or give them as KEY=VALUE overrides")
+  after_self = defaults[defaults.index(SELF) + 1:] if SELF in defaults else []
+  for choice in after_self:
+    if _is_trainer_config(choice):
+      raise ConfigError(DEFAULTS_KEY, choice, f"comes after _self_ in {source}: verl's defaults would replace every "
+                        "key the file sets", "put _self_ last in the defaults list, as verl's files do")
+
+
+def _ordered(defaults: Any, own: list[Entry], line: int | None) -> list[Entry]:
+  """`own` (the file's keys) and the defaults list's entries in Hydra's order: the choices before `_self_` first,
+  those after it last (no `_self_`: the file's keys last). An `override` changes a choice inside the trainer config,
+  so it applies where that config does."""
+  if not isinstance(defaults, list):
+    return own
+  at = defaults.index(SELF) if SELF in defaults else len(defaults)
+  trainer = any(_is_trainer_config(choice) for choice in defaults)
+  before, after = [], []
+  for i, choice in enumerate(defaults):
+    overrides = isinstance(choice, dict) and any(str(k).startswith("override ") for k in choice)
+    (before if i < at or (overrides and trainer) else after).extend(defaults_entries([choice], line))
+  return before + own + after
 
 
 def hydra_settings(text: str) -> list[str]:
@@ -173,11 +207,12 @@ def hydra_settings(text: str) -> list[str]:
 
 
 def read_entries(text: str, source: str = "<yaml>") -> list[Entry]:
-  """The leaves of a verl YAML document in the order they apply: its defaults list's (`defaults_entries`), then its
-  own in file order (or the other way round, with `_self_` first); without Hydra's `hydra:` block.
+  """The leaves of a verl YAML document in the order they apply (`_ordered`: its defaults list's engine choices,
+  `defaults_entries`, around its own keys in file order); without Hydra's `hydra:` block.
 
   Raises:
-    ConfigError: the text is not YAML, or its top level is not a mapping.
+    ConfigError: the text is not YAML, its top level is not a mapping, or its defaults list is not one rljax can
+      follow (`_check_choices`).
   """
   try:
     tree = parse_yaml(text)
@@ -191,13 +226,15 @@ def read_entries(text: str, source: str = "<yaml>") -> list[Entry]:
     raise ConfigError(source, type(tree).__name__, "the top level must be a mapping of verl keys",
                       "write nested KEY: VALUE lines as in verl's ppo_trainer.yaml")
   defaults = tree.get(DEFAULTS_KEY)
-  chosen = defaults_entries(defaults, lines.get(DEFAULTS_KEY))
+  if isinstance(defaults, list):
+    _check_choices(defaults, source)
   if DEFAULTS_KEY in tree:
+    chosen = defaults_entries(defaults)
     _LOG.info("%s: of Hydra's defaults list, rljax reads the engine it picks (%s); its base config holds every key "
               "the list composes", source, ", ".join(f"{e.path}={e.value}" for e in chosen) or "none")
   body = {str(k): v for k, v in tree.items() if k not in (DEFAULTS_KEY, HYDRA_KEY)}
   own = [Entry(path, value, lines.get(path)) for path, value in _leaves(body)]
-  return own + chosen if _self_first(defaults) else chosen + own
+  return _ordered(defaults, own, lines.get(DEFAULTS_KEY))
 
 
 def _relative(expression: str, path: str) -> str:
