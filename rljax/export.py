@@ -152,12 +152,15 @@ def restore_actor(checkpoint_dir: str, step: int | None = None) -> tuple[models.
   return nnx.merge(graphdef, arrays[ACTOR]), config, step
 
 
-def _tokenizer(model_path: str) -> Any:
+def _tokenizer(model_path: str, chat_template: str | None = None) -> Any:
+  """The model's tokenizer, rendering `chat_template` (the run's custom_chat_template) where one is given, as
+  verl's checkpoints save it; None (and a line on stderr) where the model has none."""
   try:
-    return models.load_tokenizer(model_path)
+    tokenizer = models.load_tokenizer(model_path)
   except FileNotFoundError as e:
     print(f"rljax.export: no tokenizer written ({e}).", file=sys.stderr)
     return None
+  return tokenizer if chat_template is None else tokenizer.with_chat_template(chat_template)
 
 
 def export(checkpoint_dir: str, out_dir: str, step: int | None = None, fmt: str = "merged") -> str:
@@ -177,7 +180,8 @@ def export(checkpoint_dir: str, out_dir: str, step: int | None = None, fmt: str 
     lora.save_peft(model, lora.LoRAConfig.from_model_config(model_cfg), out_dir, model_cfg.path)
     return out_dir
   plain = lora.merge_lora(model) if model_cfg.lora_rank > 0 else model
-  models.save_pretrained(plain, out_dir, tokenizer=_tokenizer(_model_path(config)))
+  tokenizer = _tokenizer(_model_path(config), model_cfg.get("custom_chat_template"))
+  models.save_pretrained(plain, out_dir, tokenizer=tokenizer)
   if plain.cfg.vision is not None:  # a vision-language model's image processing goes with it
     _copy_image_processing(_model_path(config), out_dir)
   return out_dir

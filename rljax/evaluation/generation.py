@@ -267,12 +267,21 @@ def tokenizer_path(config: ConfigDict) -> str:
 
 
 def load_tokenizer(config: ConfigDict) -> Any:
-  """The tokenizer `tokenizer_path` names; a missing one names the key behind it."""
+  """The tokenizer `tokenizer_path` names (the run's, model.checkpoint's, rendering the run's
+  custom_chat_template as it trained); a missing one names the key behind it."""
   key = "data.tokenizer" if config.data.tokenizer else "model.checkpoint" if config.model.checkpoint else "model.path"
   try:
-    return models.load_tokenizer(os.path.expanduser(tokenizer_path(config)))
+    tokenizer = models.load_tokenizer(os.path.expanduser(tokenizer_path(config)))
   except FileNotFoundError as e:
     raise FileNotFoundError(f"{key}={config_lib.get_node(config, key)}: {e}") from e
+  template = run_chat_template(config) if key == "model.checkpoint" else None
+  return tokenizer if template is None else tokenizer.with_chat_template(template)
+
+
+def run_chat_template(config: ConfigDict) -> str | None:
+  """The custom_chat_template the run of model.checkpoint trained with, if it set one."""
+  run = export.load_run_config(checkpoint_location(config.model.checkpoint)[0])
+  return run.actor_rollout_ref.model.get("custom_chat_template")
 
 
 def make_mesh(config: ConfigDict) -> tuple[Mesh, list[tuple[str, Any]]]:

@@ -121,6 +121,28 @@ def test_scan_layers_checkpoint(run, tmp_path):
   assert _max_logit_diff(out, nnx.merge(graphdef, params)) <= 1e-4
 
 
+def test_a_run_s_custom_chat_template_goes_with_its_export_and_its_generations(run, tmp_path):
+  # verl saves the tokenizer with the custom template set; generating from the checkpoint renders prompts as the
+  # run trained on them
+  from rljax.evaluation import config as eval_config, generation  # pylint: disable=import-outside-toplevel
+  template = "{% for m in messages %}{{ 't9 ' + m['content'] }}{% endfor %}"
+  ckpt_dir = str(tmp_path / "ckpt")
+  config = config_lib.get_base_config()
+  config.actor_rollout_ref.model.path = run["base"]
+  config.actor_rollout_ref.model.custom_chat_template = template
+  graphdef, params = _random_params(_CFG, seed=4)
+  with Checkpointer(ckpt_dir) as ckpt:
+    ckpt.save_config(config)
+    ckpt.save(1, {"actor": params})
+  out = export.export(ckpt_dir, str(tmp_path / "hf"))
+  assert transformers.AutoTokenizer.from_pretrained(out).chat_template == template
+  assert models.load_tokenizer(run["base"]).chat_template is None  # the base model's own is untouched
+  generate = eval_config.get_generate_config()
+  generate.model.checkpoint = ckpt_dir
+  messages = [{"role": "user", "content": "t5"}]
+  assert generation.load_tokenizer(generate).apply_chat_template(messages, tokenize=False) == "t9 t5"
+
+
 def _cli_error(capsys, *args):
   with pytest.raises(SystemExit) as e:
     export.main(list(args))
