@@ -145,8 +145,8 @@ class Client:
 
   def serves(self, env: dict[str, str], own: tuple[str, ...]) -> bool:
     """Whether `env` is the server's environment but for `PER_PROCESS` and `own` (the caller's own variables,
-    which no module the server imported reads: none of JAX's or XLA's)."""
-    if any(k.startswith(("JAX_", "XLA_", "TF_")) for k in own if k not in PER_PROCESS):
+    which no module the server imported reads: none of JAX's, XLA's or Python's own)."""
+    if any(k.startswith(("JAX_", "XLA_", "TF_", "PYTHON")) for k in own if k not in PER_PROCESS):
       return False
     return self.server.poll() is None and not self.unexpected(env, own)
 

@@ -32,7 +32,7 @@ COMPILER_ENV = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "ALLOW_MULTIPLE_
 
 def xla_flags(devices: int = 1) -> str:
   """This test session's XLA flags (conftest's, such as its optimization level) with `devices` CPU devices."""
-  kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+  kept = [f for f in SESSION_ENVIRONMENT.get("XLA_FLAGS", "").split()
           if not f.startswith("--xla_force_host_platform_device_count")]
   return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
@@ -53,7 +53,7 @@ def child_environment(devices: int | None = None, base=None, **env_vars: str) ->
   env = dict({k: v for k, v in base.items() if k not in COMPILER_ENV}, JAX_PLATFORMS="cpu", **env_vars)
   if devices is not None:
     env["XLA_FLAGS"] = xla_flags(devices)
-  env["PYTHONPATH"] = os.pathsep.join(p for p in (CHILD_SITE, base.get("PYTHONPATH")) if p)
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (CHILD_SITE, env.get("PYTHONPATH")) if p)
   return env
 
 
