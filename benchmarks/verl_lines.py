@@ -856,20 +856,15 @@ class Evaluator:
       return None
 
     def parse_or(ws):
-      for sep in ("-o", "||"):
-        if sep in ws:
-          k = ws.index(sep)
-          left, right = parse_or(ws[:k]), parse_or(ws[k + 1:])
-          if left is True or right is True:
-            return True
-          return None if None in (left, right) else False
-      for sep in ("-a", "&&"):
-        if sep in ws:
-          k = ws.index(sep)
-          left, right = parse_or(ws[:k]), parse_or(ws[k + 1:])
-          if left is False or right is False:
-            return False
-          return None if None in (left, right) else True
+      # "or" binds loosest; each connective has the value that decides it whatever the other side is
+      for seps, deciding in ((("-o", "||"), True), (("-a", "&&"), False)):
+        for sep in seps:
+          if sep in ws:
+            k = ws.index(sep)
+            left, right = parse_or(ws[:k]), parse_or(ws[k + 1:])
+            if deciding in (left, right):
+              return deciding
+            return None if None in (left, right) else not deciding
       if ws and ws[0] == "!":
         inner = parse_or(ws[1:])
         return None if inner is None else not inner
