@@ -1458,20 +1458,17 @@ def report(records: list[dict], meta: dict) -> str:
       lines.append(f"      {n}x {message}")
     for r in rs:
       lines.append(f"        - {r['script']}")
-  lines.append("")
-  lines.append("CRASHES:")
-  for r in records:
-    if r["status"] == "crashed":
-      lines.append(f"  {r['script']}: {r['detail']}")
-      for l in (r.get("stderr_tail") or "").splitlines()[-25:]:
-        lines.append(f"      | {l}")
-  lines.append("")
-  lines.append("UNRESOLVABLE:")
-  for r in records:
-    if r["status"] == "unresolvable":
-      lines.append(f"  {r['script']}: {r['detail']}")
-      if r.get("probe"):
-        lines.append(f"      probe with each unresolved value spelled UNRESOLVED -> {r['probe']}")
+
+  def section(title, status, details):
+    lines.extend(["", f"{title}:"])
+    for r in records:
+      if r["status"] == status:
+        lines.append(f"  {r['script']}: {r['detail']}")
+        lines.extend(details(r))
+
+  section("CRASHES", "crashed", lambda r: [f"      | {l}" for l in (r.get("stderr_tail") or "").splitlines()[-25:]])
+  section("UNRESOLVABLE", "unresolvable", lambda r: [
+      f"      probe with each unresolved value spelled UNRESOLVED -> {r['probe']}"] if r.get("probe") else [])
   lines.append("")
   lines.append("NOTES (how a line was read):")
   for r in records:
