@@ -183,7 +183,7 @@ _CLIENT: Client | None = None
 def base_environment() -> dict[str, str]:
   """The environment the session's processes start from: the session's, as `tests/processes.py` hands it on."""
   from tests import processes  # pylint: disable=import-outside-toplevel
-  return processes.child_environment(base=processes.SESSION_ENVIRONMENT)
+  return processes.child_environment()
 
 
 def start(argv: list, env: dict[str, str], cwd, merged: bool = True,

@@ -10,7 +10,7 @@ from ml_collections import ConfigDict
 from rljax.config import kernel_names
 from rljax.config.checks import (check_data_files, check_enum, check_model_path, check_positive, check_range,
                                  vision_language_type)
-from rljax.config.errors import check, is_int, is_number
+from rljax.config.errors import ConfigError, check, is_int, is_number
 from rljax.config.choices import (
     ADAM_NAMES, AGENT_LOOPS, CHECKPOINT_CONTENTS, CPU_DOT_LIBRARIES, DEVICES, DTYPES, KL_CONTROLLERS, LOGGERS,
     LR_SCHEDULERS, RESUME_MODES, REWARD_MANAGERS, ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, ROLLOUT_NAMES,
@@ -129,8 +129,9 @@ def _check_custom_chat_template(config: ConfigDict) -> None:
   try:
     jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
   except jinja2.TemplateSyntaxError as error:
-    check(False, key, f"{template[:60]}..." if len(template) > 60 else template,
-          f"is not a valid Jinja template (line {error.lineno}: {error.message})", "fix the template's syntax")
+    raise ConfigError(key, f"{template[:60]}..." if len(template) > 60 else template,
+                      f"is not a valid Jinja template (line {error.lineno}: {error.message})",
+                      "fix the template's syntax") from None
 
 
 def _check_sampling(config: ConfigDict) -> None:

@@ -196,14 +196,45 @@ def _ordered(defaults: Any, own: list[Entry], line: int | None) -> list[Entry]:
   return before + own + after
 
 
-def hydra_settings(text: str) -> list[str]:
-  """`key=value` for each leaf of a verl YAML document's `hydra:` block (Hydra's own settings: they configure
-  no run)."""
-  tree = parse_yaml(text)
-  block = tree.get(HYDRA_KEY) if isinstance(tree, dict) else None
+def hydra_settings(tree: dict) -> list[str]:
+  """`key=value` for each leaf of a parsed verl YAML document's `hydra:` block (Hydra's own settings: they
+  configure no run)."""
+  block = tree.get(HYDRA_KEY)
   if not isinstance(block, dict):
     return [] if block is None else [f"{HYDRA_KEY}={format_value(block)}"]
   return [f"{path}={format_value(value)}" for path, value in _leaves(block, HYDRA_KEY + ".")]
+
+
+def _parse(text: str, source: str) -> tuple[dict, dict[str, int]]:
+  """(the document's top-level mapping, empty for an empty document; each dotted key's 1-based line).
+
+  Raises:
+    ConfigError: the text is not YAML, or its top level is not a mapping.
+  """
+  try:
+    tree = parse_yaml(text)
+    lines = dict(_key_lines(yaml.compose(text, Loader=YamlLoader)))
+  except yaml.YAMLError as error:
+    raise ConfigError(source, NO_VALUE, f"is not valid YAML ({error})",
+                      "fix the YAML syntax at the position shown") from None
+  if tree is not None and not isinstance(tree, dict):
+    raise ConfigError(source, type(tree).__name__, "the top level must be a mapping of verl keys",
+                      "write nested KEY: VALUE lines as in verl's ppo_trainer.yaml")
+  return tree or {}, lines
+
+
+def _entries(tree: dict, lines: dict[str, int], source: str) -> list[Entry]:
+  """`read_entries` of a parsed document."""
+  defaults = tree.get(DEFAULTS_KEY)
+  if isinstance(defaults, list):
+    _check_choices(defaults, source)
+  body = {str(k): v for k, v in tree.items() if k not in (DEFAULTS_KEY, HYDRA_KEY)}
+  own = [Entry(path, value, lines.get(path)) for path, value in _leaves(body)]
+  entries = _ordered(defaults, own, lines.get(DEFAULTS_KEY))
+  if DEFAULTS_KEY in tree:
+    _LOG.info("%s: of Hydra's defaults list, rljax reads the engine it picks (%s); its base config holds every key "
+              "the list composes", source, ", ".join(f"{e.path}={e.value}" for e in entries if e.chosen) or "none")
+  return entries
 
 
 def read_entries(text: str, source: str = "<yaml>") -> list[Entry]:
@@ -214,27 +245,7 @@ def read_entries(text: str, source: str = "<yaml>") -> list[Entry]:
     ConfigError: the text is not YAML, its top level is not a mapping, or its defaults list is not one rljax can
       follow (`_check_choices`).
   """
-  try:
-    tree = parse_yaml(text)
-    lines = dict(_key_lines(yaml.compose(text, Loader=YamlLoader)))
-  except yaml.YAMLError as error:
-    raise ConfigError(source, NO_VALUE, f"is not valid YAML ({error})",
-                      "fix the YAML syntax at the position shown") from None
-  if tree is None:
-    return []
-  if not isinstance(tree, dict):
-    raise ConfigError(source, type(tree).__name__, "the top level must be a mapping of verl keys",
-                      "write nested KEY: VALUE lines as in verl's ppo_trainer.yaml")
-  defaults = tree.get(DEFAULTS_KEY)
-  if isinstance(defaults, list):
-    _check_choices(defaults, source)
-  if DEFAULTS_KEY in tree:
-    chosen = defaults_entries(defaults)
-    _LOG.info("%s: of Hydra's defaults list, rljax reads the engine it picks (%s); its base config holds every key "
-              "the list composes", source, ", ".join(f"{e.path}={e.value}" for e in chosen) or "none")
-  body = {str(k): v for k, v in tree.items() if k not in (DEFAULTS_KEY, HYDRA_KEY)}
-  own = [Entry(path, value, lines.get(path)) for path, value in _leaves(body)]
-  return _ordered(defaults, own, lines.get(DEFAULTS_KEY))
+  return _entries(*_parse(text, source), source)
 
 
 def _relative(expression: str, path: str) -> str:
@@ -459,14 +470,15 @@ def load_text(text: str, source: str = "<yaml>", base: ConfigDict | None = None)
     ConfigError: naming the key, the file and the line, and how to fix it.
   """
   config = base if base is not None else get_base_config()
-  entries = read_entries(text, source)
+  tree, lines = _parse(text, source)
+  entries = _entries(tree, lines, source)
   for entry in entries:
     try:
       apply_entry(config, entry)
     except ConfigError as error:
       raise ConfigError(error.key, error.value, f"{error.problem} ({_where(source, entry.line)})",
                         error.fix) from None
-  ignored = ignored_settings(config, entries) + hydra_settings(text)
+  ignored = ignored_settings(config, entries) + hydra_settings(tree)
   if ignored:
     _LOG.warning("%s sets %d verl key(s) that have no effect in rljax (docs/configuration.md says why): %s",
                  source, len(ignored), ", ".join(ignored))

@@ -256,32 +256,28 @@ def model_directory(config: ConfigDict) -> str:
   return config.model.path
 
 
-def tokenizer_path(config: ConfigDict) -> str:
-  """data.tokenizer, else the run's tokenizer (model.checkpoint), else model.path."""
+def tokenizer_source(config: ConfigDict) -> tuple[str, str | None]:
+  """(data.tokenizer, else the run's tokenizer (model.checkpoint), else model.path; the chat template the run of
+  model.checkpoint trained with, its custom_chat_template, or None)."""
   if config.data.tokenizer:
-    return config.data.tokenizer
+    return config.data.tokenizer, None
   if config.model.checkpoint:
     run = export.load_run_config(checkpoint_location(config.model.checkpoint)[0])
-    return run.data.tokenizer or run.actor_rollout_ref.model.path
-  return config.model.path
+    model = run.actor_rollout_ref.model
+    return run.data.tokenizer or model.path, model.get("custom_chat_template")
+  return config.model.path, None
 
 
 def load_tokenizer(config: ConfigDict) -> Any:
-  """The tokenizer `tokenizer_path` names (the run's, model.checkpoint's, rendering the run's
-  custom_chat_template as it trained); a missing one names the key behind it."""
+  """The tokenizer `tokenizer_source` names, rendering the run's chat template where it trained with one; a missing
+  one names the key behind it."""
   key = "data.tokenizer" if config.data.tokenizer else "model.checkpoint" if config.model.checkpoint else "model.path"
   try:
-    tokenizer = models.load_tokenizer(os.path.expanduser(tokenizer_path(config)))
+    path, template = tokenizer_source(config)
+    tokenizer = models.load_tokenizer(os.path.expanduser(path))
   except FileNotFoundError as e:
     raise FileNotFoundError(f"{key}={config_lib.get_node(config, key)}: {e}") from e
-  template = run_chat_template(config) if key == "model.checkpoint" else None
   return tokenizer if template is None else tokenizer.with_chat_template(template)
-
-
-def run_chat_template(config: ConfigDict) -> str | None:
-  """The custom_chat_template the run of model.checkpoint trained with, if it set one."""
-  run = export.load_run_config(checkpoint_location(config.model.checkpoint)[0])
-  return run.actor_rollout_ref.model.get("custom_chat_template")
 
 
 def make_mesh(config: ConfigDict) -> tuple[Mesh, list[tuple[str, Any]]]:
