@@ -14,7 +14,8 @@ For every `examples/**/*.sh` of verl's HEAD that runs `verl.trainer.main_ppo`, t
      `export`, arrays, `${VAR:-default}` and the other parameter expansions, `$((...))`, `$(pwd)`, `$(date ...)`,
      `$(dirname ...)`/`cd ... && pwd`, `if`/`[ ]`/`[[ ]]` where the condition can be decided; a value that cannot be
      decided makes the line "unresolvable" (naming the variable) unless it only feeds a key replaced below;
-  3. replaces model paths with a tiny llama directory and data files with a tiny parquet;
+  3. replaces model paths with a tiny llama directory (a tiny MiMo where the line turns model.mtp on) and data files
+     with a tiny parquet;
   4. runs `python -m rljax.train <args> --dry_run` on CPU with trainer.n_gpus_per_node * trainer.nnodes host
      devices (120 s timeout) and classifies: accepted / refused (exit 2 with a one-line error) / crashed
      (anything else: traceback, timeout) / unresolvable.
@@ -1231,6 +1232,9 @@ def plan(script_rel: str, extracted: dict, ctx: dict) -> dict:
     result.update(status="unresolvable", detail="; ".join(extracted["reasons"]))
     return result
   flags, overrides = split_config_flags(extracted["args"])
+  # a line training multi-token prediction layers names a model that has them (MiMo): a tiny one of that family
+  mtp = str(last_value(overrides, "actor_rollout_ref.model.mtp.enable")).lower() == "true"
+  model_dir = ctx["mtp_model_dir"] if mtp else ctx["model_dir"]
   bad, final = [], []
   for arg in overrides:
     key = override_key(arg)
@@ -1240,7 +1244,7 @@ def plan(script_rel: str, extracted: dict, ctx: dict) -> dict:
       final.append(arg)
       continue
     if is_model_key(key) and "=" in arg:
-      final.append(arg.split("=", 1)[0] + "=" + ctx["model_dir"])
+      final.append(arg.split("=", 1)[0] + "=" + model_dir)
     elif is_data_key(key) and "=" in arg:
       final.append(arg.split("=", 1)[0] + "=" + ctx["parquet"])
     else:
@@ -1392,9 +1396,10 @@ def checkout(workdir: str) -> str:
   return repo
 
 
-def make_tiny_model_and_data(workdir: str) -> tuple[str, str]:
+def make_tiny_model_and_data(workdir: str) -> tuple[str, str, str]:
   """As tests/test_launch_line.py makes a model directory (config.json of a 1-layer llama, TINY) and
-  tests/data/conftest.py a tokenizer and verl-format parquet rows."""
+  tests/data/conftest.py a tokenizer and verl-format parquet rows; and a MiMo directory (TINY as MiMo's config.json
+  writes it, with one multi-token prediction layer). Returns (llama dir, MiMo dir, parquet)."""
   sys.path.insert(0, RLJAX_ROOT)
   from tests.data.conftest import make_tokenizer, prompt_row, write_rows  # pylint: disable=import-outside-toplevel
   # TINY of tests/test_launch_line.py, read without importing that test module (it imports the suite's helpers)
@@ -1409,8 +1414,13 @@ def make_tiny_model_and_data(workdir: str) -> tuple[str, str]:
   config = dict(TINY, vocab_size=max(TINY["vocab_size"], -(-len(tokenizer) // 64) * 64))
   with open(os.path.join(model_dir, "config.json"), "w") as f:
     json.dump(config, f)
+  mtp_dir = os.path.join(workdir, "tiny-mimo")
+  os.makedirs(mtp_dir, exist_ok=True)
+  tokenizer.save_pretrained(mtp_dir)
+  with open(os.path.join(mtp_dir, "config.json"), "w") as f:
+    json.dump(dict(config, model_type="mimo", architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1), f)
   parquet = write_rows(os.path.join(workdir, "data", "tiny.parquet"), [prompt_row(i, 3) for i in range(16)])
-  return model_dir, parquet
+  return model_dir, mtp_dir, parquet
 
 
 def launch_scripts() -> list[str]:
@@ -1508,8 +1518,8 @@ def main():
   repo = checkout(args.workdir)
   home = os.path.join(args.workdir, "home")
   os.makedirs(home, exist_ok=True)
-  model_dir, parquet = make_tiny_model_and_data(args.workdir)
-  ctx = {"repo": repo, "model_dir": model_dir, "parquet": parquet, "base": args.base}
+  model_dir, mtp_dir, parquet = make_tiny_model_and_data(args.workdir)
+  ctx = {"repo": repo, "model_dir": model_dir, "mtp_model_dir": mtp_dir, "parquet": parquet, "base": args.base}
   scripts = [s for s in launch_scripts() if not args.only or any(o in s for o in args.only)]
   records = []
   for script in scripts:

@@ -116,7 +116,7 @@ def _lora_model(config: ConfigDict, model_path: str, dtype: np.dtype) -> models.
   model_cfg = config.actor_rollout_ref.model
   model = models.from_pretrained(model_path, dtype=dtype,
                                  override_config=model_cfg.override_config.model_config.to_dict(),
-                                 scan_layers=model_cfg.scan_layers)
+                                 scan_layers=model_cfg.scan_layers, mtp=bool(model_cfg.mtp.enable))
   return lora.apply_lora(model, lora.LoRAConfig.from_model_config(model_cfg))
 
 
@@ -143,7 +143,7 @@ def restore_actor(checkpoint_dir: str, step: int | None = None) -> tuple[models.
       return nnx.merge(graphdef, arrays[ACTOR], frozen), config, step
     cfg = model_config_lib.from_hf_dict(
         _hf_config(model_path), model_cfg.override_config.model_config.to_dict(),
-        dtype=dtype, param_dtype=dtype, scan_layers=model_cfg.scan_layers,
+        dtype=dtype, param_dtype=dtype, scan_layers=model_cfg.scan_layers, mtp=bool(model_cfg.mtp.enable),
     )
     abstract = nnx.eval_shape(lambda: models.CausalLM(cfg, nnx.Rngs(0)))
     graphdef, params = nnx.split(abstract, nnx.Param)

@@ -80,6 +80,21 @@ def vision_language_type(path: Any) -> str | None:
   return model_type if model_type in VISION_LANGUAGE_TYPES else None
 
 
+def mtp_layers_of(path: Any) -> int | None:
+  """The multi-token prediction layers of the model directory `path` names (a MiMo config.json's
+  num_nextn_predict_layers; 0 for any other model), else None (no readable config.json)."""
+  from rljax.models.config import model_type_of  # pylint: disable=import-outside-toplevel
+  config_file = os.path.join(os.path.expanduser(path), "config.json") if isinstance(path, str) else ""
+  if not os.path.isfile(config_file):
+    return None
+  try:
+    with open(config_file) as f:
+      hf = json.load(f)
+    return int(hf.get("num_nextn_predict_layers") or 0) if model_type_of(hf) == "mimo" else 0
+  except (OSError, ValueError, AttributeError, TypeError):
+    return None  # an unreadable config.json is reported where the model loads
+
+
 def _check_text_model(key: str, path: str) -> None:
   """Raises a ConfigError naming `key` when `path` is a model directory of a vision-language model (only the RL
   actor and the SFT model are fed images)."""

@@ -86,6 +86,12 @@ def described(roles: tuple[str, ...], node: str, meanings: dict[str, str], statu
   return records
 
 
+# MTP keys that only speculative decoding in verl's inference servers reads: a speed-up that leaves the samples'
+# distribution as it is (its drafts are accepted by rejection sampling)
+_SPECULATIVE = ("speculative decoding with the MTP layers in vLLM/SGLang; rljax's engine decodes one token per "
+                "step, from the same distribution")
+
+
 # the reason of keys verl 0.9.1 declares in its config and no code of it reads: setting one changes no run there
 NOWHERE = "verl 0.9.1 declares it and reads it nowhere"
 
@@ -342,7 +348,7 @@ _ROUTER_REPLAY = {
     "replay_file": "MoE router replay: file to replay from.",
 }
 _MTP = {
-    "enable": "Multi-token prediction heads (true is an error in rljax).",
+    "enable": "Load and save the model's multi-token prediction layers (MiMo's; without training them unless enable_train).",
     "enable_train": "Train the multi-token prediction heads.",
     "enable_rollout": "Use them for speculative decoding.",
     "detach_encoder": "Stop gradients from the heads into the trunk.",
@@ -632,8 +638,15 @@ KEYS = {
                "target_modules, use_rslora, rank_pattern, alpha_pattern), which replace the line's LoRA keys as in "
                "verl (rljax.models.lora.read_peft_config); DoRA, biases and modules_to_save are an error"),
     **described(("actor_rollout_ref.model",), "mtp", _MTP, {
-        "enable": dict(
-            default_only=("multi-token prediction is not implemented", "set actor_rollout_ref.model.mtp.enable=false")),
+        "enable": dict(mapped="MiMo's layers (model_type mimo, num_nextn_predict_layers) are loaded, saved by "
+                       "checkpoints and exports, and frozen unless enable_train (rljax.rl.mtp); false drops them as "
+                       "verl does; a model without them is a config error"),
+        "enable_train": dict(mapped="the actor update adds mtp_loss_scaling_factor / K times each depth's token-mean "
+                             "cross-entropy over the mini-batch (Megatron's per-token regime; rljax.rl.mtp); an error "
+                             "beside LoRA"),
+        **{key: dict(ignored=_SPECULATIVE) for key in _MTP if key.startswith(("speculative", "num_speculative"))},
+        "enable_rollout": dict(ignored=_SPECULATIVE),
+        "method": dict(ignored=_SPECULATIVE),
     }),
     "actor_rollout_ref.model.override_config.attn_implementation": Key(
         "Attention implementation to request from transformers.",
@@ -1559,9 +1572,8 @@ IGNORED_SECTIONS = {
     "actor_rollout_ref.rollout.checkpoint_engine": "how verl ships weights to the inference servers; the engine reads the trainer's arrays in place",
     "actor_rollout_ref.rollout.trace": "rollout tracing to mlflow/weave",
     "actor_rollout_ref.rollout.prometheus": "the inference servers' Prometheus metrics",
-    "actor_rollout_ref.rollout.mtp": "verl's copy of actor_rollout_ref.model.mtp (enable=true is an error there)",
+    "actor_rollout_ref.rollout.mtp": "verl's copy of actor_rollout_ref.model.mtp for its inference servers",
     "actor_rollout_ref.model.tiled_mlp": "tiling the MLP to save GPU memory; it changes no result",
-    "actor_rollout_ref.model.mtp": "multi-token prediction heads (enable=true is an error)",
     "critic.model.tiled_mlp": "tiling the MLP to save GPU memory; it changes no result",
     "reward_model.rollout": "an inference server for generative reward models; rljax's reward model is a scorer",
     "actor_rollout_ref.rollout.layer_name_map": "Megatron-to-vLLM weight names; the engine reads the trainer's arrays in place",

@@ -9,7 +9,7 @@ from ml_collections import ConfigDict
 
 from rljax.config import kernel_names
 from rljax.config.checks import (check_data_files, check_enum, check_model_path, check_positive, check_range,
-                                 vision_language_type)
+                                 mtp_layers_of, vision_language_type)
 from rljax.config.errors import ConfigError, check, is_int, is_number
 from rljax.config.choices import (
     ADAM_NAMES, AGENT_LOOPS, CHECKPOINT_CONTENTS, CPU_DOT_LIBRARIES, DEVICES, DTYPES, KL_CONTROLLERS, LOGGERS,
@@ -456,6 +456,20 @@ def _check_vision_language(config: ConfigDict) -> None:
     lora.check_tower_left_out(lora.LoRAConfig.from_model_config(arr.model), model_type, why)
 
 
+def check_mtp(config: ConfigDict, mtp_layers: int | None) -> None:
+  """actor_rollout_ref.model.mtp: enable needs a model with multi-token prediction layers (`mtp_layers`, None
+  where not known yet), and training them is not implemented under LoRA."""
+  model = config.actor_rollout_ref.model
+  if not model.mtp.enable:
+    return
+  check(mtp_layers is None or mtp_layers > 0, "actor_rollout_ref.model.mtp.enable", True,
+        f"{model.path} has no multi-token prediction layers (rljax reads MiMo's: model_type mimo with "
+        "num_nextn_predict_layers > 0)", "set it false, or point actor_rollout_ref.model.path at such a model")
+  check(not (model.mtp.enable_train and int(model.lora_rank) > 0), "actor_rollout_ref.model.mtp.enable_train", True,
+        "training the multi-token prediction layers beside LoRA adapters is not implemented",
+        "set it false (the layers are then loaded and saved unchanged), or train without LoRA")
+
+
 def _check_lora(config: ConfigDict) -> None:
   from rljax.models import lora  # pylint: disable=import-outside-toplevel
   lora.check_lora_keys(config.actor_rollout_ref.model)
@@ -524,4 +538,5 @@ def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
   _check_model_overrides(config)
   _check_cache_length(config)
   _check_lora(config)
+  check_mtp(config, mtp_layers_of(config.actor_rollout_ref.model.path))
   return config

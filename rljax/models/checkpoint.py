@@ -268,6 +268,18 @@ def _vision_source(cfg: ModelConfig, inner: tuple[Any, ...]) -> Source | None:
   return Source((f"visual.{name}",), layout)
 
 
+def _mtp_source(cfg: ModelConfig, depth: int, inner: tuple[Any, ...]) -> Source | None:
+  """The Source of MTP layer ``depth``'s parameter ``inner`` (``model.mtp_layers.{depth}.*``), or None."""
+  d = cfg.hidden_size
+  vec = TensorLayout(((d,),), (0,))
+  own = {("token_norm", "scale"): ("token_layernorm.weight", vec),
+         ("hidden_norm", "scale"): ("hidden_layernorm.weight", vec),
+         ("final_norm", "scale"): ("final_layernorm.weight", vec),
+         ("input_proj",): ("input_proj.weight", TensorLayout(((d,), (2 * d,)), (1, 0)))}
+  entry = own.get(inner) or (_block_table(cfg).get(inner[1:]) if inner[:1] == ("block",) else None)
+  return None if entry is None else Source((f"model.mtp_layers.{depth}.{entry[0]}",), entry[1])
+
+
 def hf_sources(cfg: ModelConfig, path: tuple[Any, ...]) -> Source:
   """The HF tensor(s) and layout for the Flax parameter at ``path``."""
   top = TensorLayout(((cfg.vocab_size,), (cfg.hidden_size,)), (0, 1))
@@ -280,6 +292,8 @@ def hf_sources(cfg: ModelConfig, path: tuple[Any, ...]) -> Source:
   source = None
   if path[0] == "visual":
     source = _vision_source(cfg, path[1:])
+  elif path[0] == "mtp":
+    source = _mtp_source(cfg, path[1], path[2:])
   elif path[0] == "layers" and cfg.scan_layers:
     source = _layer_source(cfg, path[1:], tuple(range(cfg.num_layers)), True)
   elif path[0] == "layers" and isinstance(path[1], int):
@@ -358,7 +372,7 @@ def _check_tensors(cfg: ModelConfig, sources: Mapping[tuple, Source], src: Tenso
     )
   ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
   unexpected = sorted(n for n in present - set(expected)
-                      if n not in ignorable and not n.endswith(_IGNORED_SUFFIXES))
+                      if n not in ignorable and not n.endswith(_IGNORED_SUFFIXES) and not _dropped_mtp(cfg, n))
   if unexpected:
     raise ValueError(
         f"{src.origin}: unexpected tensor(s) for model_type={cfg.model_type!r} "
@@ -371,6 +385,12 @@ def _check_tensors(cfg: ModelConfig, sources: Mapping[tuple, Source], src: Tenso
       raise ValueError(
           f"{src.origin}: tensor {name!r} has shape {found}, config.json implies {shape}."
       )
+
+
+def _dropped_mtp(cfg: ModelConfig, name: str) -> bool:
+  """Whether ``name`` is a MiMo multi-token prediction tensor of a model built without those layers (verl's
+  model.mtp.enable=false: they are neither loaded nor saved)."""
+  return cfg.model_type == "mimo" and not cfg.mtp_layers and name.startswith("model.mtp_layers.")
 
 
 # fused expert tensors (Qwen3-VL-MoE) that transformers 5 writes in its modules' layout, their last two axes swapped

@@ -21,6 +21,7 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {"qkv_bias": None, "o_bias": None, "qk_norm": False},
     "mistral": {"qkv_bias": False, "o_bias": False, "qk_norm": False},
     "qwen2": {"qkv_bias": True, "o_bias": False, "qk_norm": False},
+    "mimo": {"qkv_bias": True, "o_bias": False, "qk_norm": False},  # Qwen2 with multi-token prediction layers
     "qwen3": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
     "qwen3_moe": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
     "gemma3_text": {"qkv_bias": None, "o_bias": None, "qk_norm": True},
@@ -36,6 +37,7 @@ _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "mimo": "MiMoForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
@@ -129,6 +131,8 @@ class ModelConfig:
       model: ``rljax.models.vision``).
     image_token_id: the image-pad token whose embeddings the tower's
       features replace.
+    mtp_layers: MiMo's multi-token prediction layers the model holds (config.json's
+      ``num_nextn_predict_layers``; 0 when built without them: ``rljax.models.mtp``).
     hf_extra: the remaining HF config fields, written back unchanged.
     hf_top: a vision-language config.json's remaining top-level fields
       (its language model's are in hf_extra), written back unchanged.
@@ -182,6 +186,7 @@ class ModelConfig:
   mrope_interleaved: bool = False
   vision: VisionConfig | None = None
   image_token_id: int | None = None
+  mtp_layers: int = 0
   hf_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   hf_top: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -263,6 +268,7 @@ _KNOWN_KEYS = {
     "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits",
     "hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping",
     "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention",
+    "num_nextn_predict_layers",
 }
 # The fields from_hf_dict reads into a ModelConfig: overriding one changes the
 # built model (max_window_layers is dropped unread, and so is layer_types but
@@ -348,7 +354,8 @@ def from_hf_dict(
     overrides: HF-named fields that replace those in ``d`` (verl's
       ``actor_rollout_ref.model.override_config.model_config``).
     **options: ModelConfig runtime fields (dtype, param_dtype, scan_layers,
-      remat, remat_policy, attention_kernel).
+      remat, remat_policy, attention_kernel), and ``mtp``: False builds a MiMo model without its multi-token
+      prediction layers (verl's model.mtp.enable=false; default True).
 
   Returns:
     The config. Raises ValueError naming the field for an unsupported
@@ -357,6 +364,7 @@ def from_hf_dict(
   if model_type_of(d) in VISION_LANGUAGE_TYPES:
     return _vision_language_from_hf(d, overrides, options)
   d = {**d, **(overrides or {})}
+  with_mtp = options.pop("mtp", True)
   model_type = model_type_of(d)
   if model_type not in _FAMILIES:
     raise ValueError(
@@ -370,7 +378,7 @@ def from_hf_dict(
   act = "silu" if act == "swish" else act
   if act not in _ACTIVATIONS:
     raise ValueError(f"{act_key}={act!r} is not supported; supported: {_ACTIVATIONS}.")
-  if model_type in ("qwen2", "qwen3", "qwen3_moe") and d.get("use_sliding_window"):
+  if model_type in ("qwen2", "mimo", "qwen3", "qwen3_moe") and d.get("use_sliding_window"):
     raise ValueError(f"use_sliding_window=True is not supported for {model_type}.")
   hidden = int(_require(d, "hidden_size", model_type))
   heads = int(_require(d, "num_attention_heads", model_type))
@@ -405,6 +413,7 @@ def from_hf_dict(
       bos_token_id=d.get("bos_token_id"),
       eos_token_id=d.get("eos_token_id"),
       pad_token_id=d.get("pad_token_id"),
+      mtp_layers=int(d.get("num_nextn_predict_layers") or 0) if with_mtp and model_type == "mimo" else 0,
       hf_extra={k: v for k, v in d.items() if k not in _KNOWN_KEYS},
       **fields,
       **options,
@@ -546,7 +555,9 @@ def to_hf_dict(cfg: ModelConfig, torch_dtype: str = "float32") -> dict[str, Any]
     d["mlp_bias"] = cfg.mlp_bias
   if cfg.model_type == "mistral":
     d["sliding_window"] = cfg.sliding_window
-  if cfg.model_type in ("qwen2", "qwen3", "qwen3_moe"):
+  if cfg.model_type == "mimo":
+    d["num_nextn_predict_layers"] = cfg.mtp_layers
+  if cfg.model_type in ("qwen2", "mimo", "qwen3", "qwen3_moe"):
     d["use_sliding_window"] = False
     d.setdefault("sliding_window", None)
   return d

@@ -28,6 +28,7 @@ from rljax.models.attention import AttentionMask
 from rljax.models.config import ModelConfig
 from rljax.models.layers import Block, PerLayer, RMSNorm, gather_layer, layer_of, make_param
 from rljax.models import moe
+from rljax.models.mtp import MTPLayer, shifted
 from rljax.models.vision import Images, VisionTower, feature_counts, place_images
 from rljax.models.remat import LAYER_INPUT, remat_policy
 from rljax.sharding.rules import constrain
@@ -131,6 +132,16 @@ def attention_mask_3d(
   return mask
 
 
+def _pass_mask(attention_mask: jax.Array, segment_ids: jax.Array | None, window: int | None) -> AttentionMask:
+  """The AttentionMask of a pass without a cache over [B, T] tokens (``attention_mask``, packed ``segment_ids``)."""
+  b, t = attention_mask.shape
+  slots = jnp.arange(t, dtype=jnp.int32)
+  valid = attention_mask.astype(bool)
+  segments = segment_ids if segment_ids is not None else valid.astype(jnp.int32)
+  return AttentionMask(dense=attention_mask_3d(valid, jnp.broadcast_to(slots, (b, t)), slots, window, segment_ids),
+                       query_segments=segments, key_segments=segments, offset=0, window=window)
+
+
 def _check_scannable(cfg: ModelConfig) -> None:
   """Raises ValueError when scan_layers is asked of layers that differ (some sparse, some dense)."""
   sparse = cfg.sparse_layers
@@ -188,6 +199,8 @@ class CausalLM(nnx.Module):
                                 _EMBED_INIT, pd)
     if cfg.vision is not None:
       self.visual = VisionTower(cfg.vision, rngs, cfg.dtype, pd, remat=cfg.remat)
+    if cfg.mtp_layers:
+      self.mtp = nnx.List([MTPLayer(cfg, rngs) for _ in range(cfg.mtp_layers)])
 
   def lm_head_weight(self) -> jax.Array:
     """[V, D] output projection (the embedding matrix when tied)."""
@@ -343,21 +356,52 @@ class CausalLM(nnx.Module):
       images: the batch's images (``rljax.models.vision.Images``), whose
         features replace the image-pad tokens' embeddings in order.
     """
-    b, t = input_ids.shape
-    if attention_mask is None:
-      attention_mask = jnp.ones((b, t), jnp.int32)
-    if positions is None:
-      positions = positions_from_mask(attention_mask)
-    slots = jnp.arange(t, dtype=jnp.int32)
-    valid = attention_mask.astype(bool)
-    segments = segment_ids if segment_ids is not None else valid.astype(jnp.int32)
-    masks = self._masks(lambda window: AttentionMask(
-        dense=attention_mask_3d(valid, jnp.broadcast_to(slots, (b, t)), slots, window, segment_ids),
-        query_segments=segments, key_segments=segments, offset=0, window=window))
+    attention_mask, positions = self._defaults(input_ids, attention_mask, positions)
+    masks = self._masks(functools.partial(_pass_mask, attention_mask, segment_ids))
     x, deep = self._inputs(input_ids, images, positions)
     x, _, routing = self._run_layers(x, positions, masks, None, experts, deep)
     h = constrain(self.final_norm(x), _RESIDUAL)
     return (h, routing) if with_routing else h
+
+  @staticmethod
+  def _defaults(input_ids: jax.Array, attention_mask: jax.Array | None, positions: jax.Array | None
+                ) -> tuple[jax.Array, jax.Array]:
+    """(attention mask [B, T], default all 1; positions, default cumsum(mask) - 1) of a pass over input_ids."""
+    if attention_mask is None:
+      attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+    return attention_mask, positions_from_mask(attention_mask) if positions is None else positions
+
+  def mtp_hidden(
+      self,
+      hidden: jax.Array,
+      input_ids: jax.Array,
+      attention_mask: jax.Array | None = None,
+      positions: jax.Array | None = None,
+      segment_ids: jax.Array | None = None,
+      detach: bool = False,
+  ) -> jax.Array:
+    """[K, B, T, D]: each multi-token prediction depth's final-normed hidden states (``rljax.models.mtp``).
+
+    Args:
+      hidden: [B, T, D] the trunk's final hidden states of the pass over input_ids.
+      input_ids, attention_mask, positions, segment_ids: that pass's (see ``hidden_states``).
+      detach: no gradient flows from the depths into the trunk's hidden states or the embedding (verl's
+        mtp.detach_encoder); the LM head is the caller's to stop.
+
+    Depth k's state at position i predicts token i + k + 1; where token i + k lies past the row or in another
+    segment, it predicts nothing (the caller masks it).
+    """
+    if not self.cfg.mtp_layers:
+      raise ValueError(f"this {self.cfg.model_type} model holds no multi-token prediction layers.")
+    attention_mask, positions = self._defaults(input_ids, attention_mask, positions)
+    mask = _pass_mask(attention_mask, segment_ids, None)
+    cos, sin = _rope_tables(self.cfg, positions, local=False)
+    stop = jax.lax.stop_gradient if detach else (lambda x: x)
+    h, out = stop(hidden), []
+    for depth, layer in enumerate(self.mtp, start=1):
+      h = layer(h, stop(self._embed(shifted(input_ids, depth))), cos, sin, mask)
+      out.append(h)
+    return jnp.stack(out)
 
   def __call__(
       self,

@@ -28,6 +28,7 @@ from ml_collections import ConfigDict
 from rljax import models, sharding
 from rljax.algos import kl as kl_lib
 from rljax.config.errors import ConfigError
+from rljax.config import validation
 from rljax.models import lora as lora_lib
 from rljax.rl import reward_model as reward_model_lib, run_models, staleness, steps as steps_lib
 from rljax.rl.layout import Layout, make_layout
@@ -35,7 +36,7 @@ from rljax.rollout import factory as rollout_factory
 from rljax.rollout.engine import Engine
 from rljax.sharding import hosts, offload
 from rljax.sharding.placement import Step, abstract as abstract_arrays, shardings_of
-from rljax.training.optim import make_optimizer, make_schedule, tower_frozen
+from rljax.training.optim import MTP_LAYERS, make_optimizer, make_schedule, tower_frozen
 
 
 @struct.dataclass
@@ -236,12 +237,15 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
   sharding.check_model_fits(mesh, model.cfg.num_heads, model.cfg.num_kv_heads, num_experts=model.cfg.num_experts,
                             expert_axes=sharding.expert_rule_axes(config))
   _checked_routing(config, model.cfg)
+  validation.check_mtp(config, model.cfg.mtp_layers)
   lora = run_models.lora_config(config)
   graphdef, trainable, frozen = lora_lib.split_trainable(model)
   updates_per_step = arr.actor.ppo_epochs * layout.minis
   actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, layout.total_steps, updates_per_step)
   if model.cfg.vision is not None and arr.actor.freeze_vision_tower:
     actor_tx = tower_frozen(actor_tx)
+  if model.cfg.mtp_layers and not arr.model.mtp.enable_train:
+    actor_tx = tower_frozen(actor_tx, MTP_LAYERS)
   offloads = offload.Offload.of(config, list(mesh.devices.flat))
   actor_opt, actor_opt_sh = _trainable_with_optimizer(actor_tx, trainable, mesh, abstract, offloads.actor_optimizer)
   reference = (run_models.reference(model, graphdef, nnx.merge_state(trainable, frozen), lora)
@@ -255,7 +259,7 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
   steps = steps_lib.build_rl_steps(
       config, layout, mesh, rules, graphdef=graphdef, trainable=trainable, frozen=frozen, actor_tx=actor_tx,
       actor_opt_sh=actor_opt_sh, lora_dropout=lora_dropout, reference=reference,
-      critic=critic, routing=model.cfg.routing_shape, vision=model.cfg.vision)
+      critic=critic, routing=model.cfg.routing_shape, vision=model.cfg.vision, mtp_layers=model.cfg.mtp_layers)
   run = RLRun(layout=layout, model_config=model.cfg, graphdef=graphdef, frozen=frozen, reference=reference,
               reward_model=(_reward_model(config, mesh, rules, layout, abstract, offloads.reward_model)
                             if config.reward_model.enable else None),

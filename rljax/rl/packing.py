@@ -59,7 +59,6 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding
 
 from rljax.models import token_log_probs, vision
-from rljax.rl import experience as experience_lib
 from rljax.sharding import hosts, rules as rules_lib
 from rljax.training.packing import first_fit_decreasing
 
@@ -464,9 +463,10 @@ def next_tokens(packed: PackedRows) -> jax.Array:
 
 
 def packed_log_probs(model: Any, packed: PackedRows, temperature: float, with_entropy: bool = True,
-                     chunk_size: int = 1024, sum_pi_squared: bool = False) -> tuple[jax.Array, jax.Array, Any]:
-  """(log-probs [rows, R], entropy or Σπ² (`token_log_probs`) [rows, R], the model's Routing or None) of the
-  rows' response tokens.
+                     chunk_size: int = 1024, sum_pi_squared: bool = False, with_trunk: bool = False
+                     ) -> tuple[Any, ...]:
+  """(log-probs [rows, R], entropy or Σπ² (`token_log_probs`) [rows, R], the model's Routing or None[, the final
+  hidden states of every buffer position [D, B * L, H] with `with_trunk`]) of the rows' response tokens.
 
   The LM head runs on whichever is fewer: every buffer position (D * B * L), or the positions predicting
   the rows' response tokens gathered within each shard ([rows, R], as a padded pass does); 0 where a row has
@@ -477,15 +477,16 @@ def packed_log_probs(model: Any, packed: PackedRows, temperature: float, with_en
   head = functools.partial(token_log_probs, weight=model.lm_head_weight(), chunk_size=chunk_size,
                            temperature=temperature, with_entropy=with_entropy,
                            softcap=model.cfg.final_logit_softcapping, sum_pi_squared=sum_pi_squared)
+  trunk = (hidden,) if with_trunk else ()
   if hidden.shape[1] <= per_shard * length:
     log_probs, entropy = head(hidden, targets=next_tokens(packed))
-    return to_rows(log_probs, packed.out_index), to_rows(entropy, packed.out_index), routing
+    return to_rows(log_probs, packed.out_index), to_rows(entropy, packed.out_index), routing, *trunk
   index = jnp.maximum(packed.out_index, 0).reshape(shards, -1)
-  hidden = jnp.take_along_axis(hidden, index[..., None], axis=1).reshape(shards * per_shard, length, -1)
+  gathered = jnp.take_along_axis(hidden, index[..., None], axis=1).reshape(shards * per_shard, length, -1)
   targets = jnp.take_along_axis(next_tokens(packed), index, axis=1).reshape(shards * per_shard, length)
-  log_probs, entropy = head(hidden, targets=targets)
+  log_probs, entropy = head(gathered, targets=targets)
   valid = (packed.out_index >= 0).reshape(shards * per_shard, length)
-  return jnp.where(valid, log_probs, 0), jnp.where(valid, entropy, 0), routing
+  return jnp.where(valid, log_probs, 0), jnp.where(valid, entropy, 0), routing, *trunk
 
 
 # ----- a step's packer ------------------------------------------------------------------------------

@@ -31,14 +31,16 @@ from rljax.rl.steps import SplitModel
 
 
 def model_options(config: ConfigDict, mesh: Mesh, critic: bool = False) -> dict[str, Any]:
-  """ModelConfig options of the actor (or the critic): dtypes, layers, remat, attention kernel, overrides."""
+  """ModelConfig options of the actor (or the critic): dtypes, layers, remat, attention kernel, overrides, and
+  whether a MiMo actor keeps its multi-token prediction layers (model.mtp.enable; a critic never does)."""
   arr = config.actor_rollout_ref
   node = config.critic.model if critic else arr.model
   fsdp = config.critic.model.fsdp_config if critic else arr.actor.fsdp_config
   return dict(dtype=dtype_of(fsdp.dtype), param_dtype=dtype_of(fsdp.model_dtype),
               override_config=arr.model.override_config.model_config.to_dict(), scan_layers=arr.model.scan_layers, remat=bool(node.enable_gradient_checkpointing),
               remat_policy=arr.model.remat_policy, attention_kernel=attention_kernel(arr.model.attention_kernel, mesh),
-              offload_activations=bool(node.enable_activation_offload and node.enable_gradient_checkpointing))
+              offload_activations=bool(node.enable_activation_offload and node.enable_gradient_checkpointing),
+              mtp=not critic and bool(arr.model.mtp.enable))
 
 
 def lora_config(config: ConfigDict) -> lora_lib.LoRAConfig | None:

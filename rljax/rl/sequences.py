@@ -93,8 +93,8 @@ class PassRouting(NamedTuple):
   experts: jax.Array
 
 
-def response_hidden(model: Any, batch: Experience, group_size: int = 1,
-                    with_routing: bool = False) -> jax.Array | tuple[jax.Array, PassRouting | None]:
+def response_hidden(model: Any, batch: Experience, group_size: int = 1, with_routing: bool = False,
+                    with_trunk: bool = False) -> jax.Array | tuple[Any, ...]:
   """[N, R, D] hidden states at the positions that predict each response token.
 
   With group_size n > 1, rows come in groups of n consecutive rows sharing
@@ -104,14 +104,16 @@ def response_hidden(model: Any, batch: Experience, group_size: int = 1,
 
   A batch holding `routed_experts` [N, P + R, L_sparse, k] replays that
   routing. With `with_routing`, also the pass's PassRouting (None for a dense
-  model).
+  model); with `with_trunk` (group_size 1), last the hidden states of every position [N, P + R, D].
   """
+  if with_trunk and group_size != 1:
+    raise ValueError("the hidden states of every position come from a pass over whole rows (group_size 1)")
   prompt_len = batch.input_ids.shape[1] - batch.responses.shape[1]
   mask, replay, images = batch.attention_mask, batch.routed_experts, images_of(batch)
   if group_size == 1:
-    hidden, routing = model.hidden_states(batch.input_ids, mask, model_positions(batch.positions), with_routing=True,
-                                          experts=replay, images=images)
-    hidden = hidden[:, prompt_len - 1:-1]
+    trunk, routing = model.hidden_states(batch.input_ids, mask, model_positions(batch.positions), with_routing=True,
+                                         experts=replay, images=images)
+    hidden = trunk[:, prompt_len - 1:-1]
     routing = None if routing is None else PassRouting(routing.stats, jnp.sum(mask), routing.experts)
   else:
     group_first = lambda x: x.reshape(-1, group_size, *x.shape[1:])[:, 0]  # noqa: E731
@@ -130,7 +132,9 @@ def response_hidden(model: Any, batch: Experience, group_size: int = 1,
       # changes no number)
       routing = PassRouting(group_size * prompts.stats + responses.stats,
                             group_size * jnp.sum(first(mask)) + jnp.sum(mask[:, prompt_len:]), experts)
-  return (hidden, routing) if with_routing else hidden
+  out = (hidden, routing) if with_routing else (hidden,)
+  out = out + (trunk,) if with_trunk else out
+  return out if len(out) > 1 else hidden
 
 
 def model_positions(positions: jax.Array) -> jax.Array:
@@ -158,27 +162,31 @@ def prompts_shared(batch: Experience, group_size: int) -> bool:
 def response_log_probs(model: Any, batch: Experience, temperature: float,
                        with_entropy: bool = True, chunk_size: int = 1024,
                        group_size: int = 1, with_routing: bool = False,
-                       sum_pi_squared: bool = False) -> tuple[Any, ...]:
-  """(log-probs [N, R], entropy [N, R][, PassRouting or None]) of the response tokens, logits / temperature.
+                       sum_pi_squared: bool = False, with_trunk: bool = False) -> tuple[Any, ...]:
+  """(log-probs [N, R], entropy [N, R][, PassRouting or None][, trunk]) of the response tokens, logits / temperature.
 
   Never materialises the [N, R, V] logits at once (chunked over tokens).
   group_size, with_routing: see `response_hidden`. A batch holding `packed` tokens runs them
   (`rl.packing`: each row's real tokens only, the same numbers; group_size is then unused).
   sum_pi_squared: Σ_v π_v² in the entropy's place (`token_log_probs`).
+  with_trunk: last, the pass's final hidden states of every position (what the multi-token prediction layers
+  read, `rljax.rl.mtp`): [N, P + R, D] from padded rows (group_size 1), [D, B * L, D] from packed ones.
   """
   if batch.packed is not None:
-    log_probs, entropy, routing = packing.packed_log_probs(model, batch.packed, temperature, with_entropy, chunk_size,
-                                                           sum_pi_squared)
+    log_probs, entropy, routing, trunk = packing.packed_log_probs(model, batch.packed, temperature, with_entropy,
+                                                                  chunk_size, sum_pi_squared, with_trunk=True)
     if routing is not None:
       experts = None if batch.packed.row_index is None else packing.routing_to_rows(routing.experts,
                                                                                   batch.packed.row_index)
       routing = PassRouting(routing.stats, jnp.sum(batch.packed.segment_ids > 0), experts)
-    return (log_probs, entropy, routing) if with_routing else (log_probs, entropy)
-  hidden, routing = response_hidden(model, batch, group_size, with_routing=True)
-  out = token_log_probs(hidden, model.lm_head_weight(), batch.responses, chunk_size=chunk_size,
-                        temperature=temperature, with_entropy=with_entropy, softcap=model.cfg.final_logit_softcapping,
-                        sum_pi_squared=sum_pi_squared)
-  return (*out, routing) if with_routing else out
+  else:
+    hidden, routing, *trunk = response_hidden(model, batch, group_size, with_routing=True, with_trunk=with_trunk)
+    trunk = trunk[0] if trunk else None
+    log_probs, entropy = token_log_probs(hidden, model.lm_head_weight(), batch.responses, chunk_size=chunk_size,
+                                         temperature=temperature, with_entropy=with_entropy,
+                                         softcap=model.cfg.final_logit_softcapping, sum_pi_squared=sum_pi_squared)
+  out = (log_probs, entropy) + ((routing,) if with_routing else ())
+  return out + (trunk,) if with_trunk else out
 
 
 def as_micro_batches(batch: Any, micro_batches: int) -> Any:

@@ -36,7 +36,7 @@ from rljax.sharding import offload, rules as rules_lib
 from rljax.sharding.placement import Step, abstract, gradient_compiler_options, key_struct, shardings_of
 from rljax.training import optim as optim_lib
 from rljax.training.updates import accumulate_gradients, apply_gradients, traced_in, training_model
-from rljax.rl import experience as experience_lib, packing, staleness
+from rljax.rl import experience as experience_lib, mtp as mtp_lib, packing, staleness
 from rljax.rl.experience import MODEL_FIELDS, Experience
 from rljax.rl.layout import Layout
 from rljax.rl.sequences import response_log_probs
@@ -114,17 +114,20 @@ def _reduce_metrics(metrics: Metrics) -> Metrics:
 
 
 def actor_loss(graphdef: nnx.GraphDef, actor_config: Any, temperature: float, group_size: int,
-               freeze_tower: bool = False) -> Callable:
+               freeze_tower: bool = False, mtp: mtp_lib.MTPTraining | None = None) -> Callable:
   """(params, micro, info, key, frozen) -> (loss, metrics) of verl's PPO actor loss on one micro-batch
-  (`freeze_tower`: no gradient reaches a vision-language model's tower)."""
+  (`freeze_tower`: no gradient reaches a vision-language model's tower; `mtp`: plus the multi-token prediction
+  loss, `rljax.rl.mtp`, whose counted tokens info["mtp_tokens"] holds)."""
   entropy_in_loss = bool(actor_config.entropy_coeff)
 
   def loss_fn(params, micro: Experience, info, key, frozen=None):
     if freeze_tower:
       params = optim_lib.without_tower_gradients(params)
+    info = dict(info)
+    mtp_tokens = info.pop("mtp_tokens", None)
     model = training_model(graphdef, params, frozen, key)
-    log_prob, entropy, routing = response_log_probs(model, micro, temperature, group_size=group_size,
-                                                    with_routing=True)
+    log_prob, entropy, routing, *trunk = response_log_probs(model, micro, temperature, group_size=group_size,
+                                                            with_routing=True, with_trunk=mtp is not None)
     old = jax.lax.stop_gradient(log_prob) if micro.old_log_probs is None else micro.old_log_probs
     loss, metrics = policy_loss.ppo_loss(
         actor_config, policy_loss.PolicyInputs(
@@ -139,9 +142,20 @@ def actor_loss(graphdef: nnx.GraphDef, actor_config: Any, temperature: float, gr
       aux, moe_metrics = router_loss(model.cfg, routing.stats, routing.tokens)
       loss = loss + model.cfg.router_aux_loss_coef * share * aux
       metrics = {**metrics, **moe_metrics, "actor/moe_aux_loss": share * aux}
+    if mtp is not None:
+      mtp_loss, mtp_metrics = mtp_lib.loss_and_metrics(mtp_lib.cross_entropy_sums(model, micro, trunk[0], mtp),
+                                                       mtp_tokens, mtp)
+      loss, metrics = loss + mtp_loss, {**metrics, **mtp_metrics}
     return loss, metrics
 
   return loss_fn
+
+
+def mtp_info(depths: int) -> Callable[[Experience], dict[str, jax.Array]]:
+  """mini-batch [M, rows, ...] -> {"mtp_tokens": [K] the tokens each depth's loss counts in it}."""
+  def info(mini: Experience) -> dict[str, jax.Array]:
+    return {"mtp_tokens": jnp.sum(jax.vmap(lambda micro: mtp_lib.counted_tokens(micro, depths))(mini), axis=0)}
+  return info
 
 
 def router_loss(cfg: Any, stats: jax.Array, tokens: jax.Array) -> tuple[jax.Array, Metrics]:
@@ -177,11 +191,13 @@ def critic_loss(graphdef: nnx.GraphDef, critic_config: Any, group_size: int) -> 
 
 
 def update_step(loss_fn: Callable, tx: optax.GradientTransformation, shardings: Any, metric_prefix: str,
-                rows: int, homes: tuple[Any, Any] | None = None) -> Callable:
+                rows: int, homes: tuple[Any, Any] | None = None,
+                info_of: Callable[[Experience], dict[str, jax.Array]] | None = None) -> Callable:
   """(params, opt_state, mini, rng, *extra) -> (params, opt_state, metrics): accumulate, then one update.
 
   `loss_fn(params, micro, info, key, *extra)`; info is verl's global batch
-  info of the whole mini-batch (`rows` rows), so every micro-batch's loss is its share.
+  info of the whole mini-batch (`rows` rows), so every micro-batch's loss is its share, and what `info_of`
+  adds from the mini-batch.
   `shardings`: the parameters' in device memory. `homes`: the abstract params and optimizer state as the step
   takes them; those in host memory are brought in (the optimizer state for the optimizer step,
   `rljax.sharding.offload`).
@@ -189,7 +205,7 @@ def update_step(loss_fn: Callable, tx: optax.GradientTransformation, shardings: 
   def step(params, opt_state, mini: Experience, rng, *extra):
     if homes is not None:
       params = offload.brought_in(params, homes[0])
-    info = _global_info(mini.response_mask, rows)
+    info = {**_global_info(mini.response_mask, rows), **(info_of(mini) if info_of is not None else {})}
     keys = jax.random.split(rng, mini.response_mask.shape[0])
     grads, metrics = accumulate_gradients(lambda p, micro, key: loss_fn(p, micro, info, key, *extra), params, mini,
                                           keys, shardings)
@@ -203,13 +219,14 @@ def update_step(loss_fn: Callable, tx: optax.GradientTransformation, shardings: 
 
 def make_update(name: str, loss_fn: Callable, tx: optax.GradientTransformation, mesh: Mesh, rules: Any,
                 params: Any, opt_shardings: Any, batch: Experience, frozen: Any = None,
-                metric_prefix: str = "actor") -> Step:
+                metric_prefix: str = "actor", info_of: Callable | None = None) -> Step:
   """The jitted update Step: params and optimizer state donated, laid out as they came (in host memory where
-  offloaded: brought in for the step and back out after it)."""
+  offloaded: brought in for the step and back out after it); `info_of` as in `update_step`."""
   param_sh = shardings_of(params)
   args = (abstract(params), abstract(jax.eval_shape(tx.init, params), opt_shardings), batch, key_struct(mesh))
   step = traced_in(mesh, rules, update_step(loss_fn, tx, offload.device_shardings(param_sh), metric_prefix,
-                                            rows=math.prod(batch.response_mask.shape[:2]), homes=args[:2]))
+                                            rows=math.prod(batch.response_mask.shape[:2]), homes=args[:2],
+                                            info_of=info_of))
   if frozen is not None:
     args += (abstract(frozen),)
   fn = jax.jit(step, in_shardings=jax.tree.map(lambda x: x.sharding, args),
@@ -333,7 +350,7 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
                    trainable: Any, frozen: Any, actor_tx: optax.GradientTransformation, actor_opt_sh: Any,
                    lora_dropout: bool, reference: SplitModel | None = None, critic: CriticParts | None = None,
                    routing: tuple[int, int] | None = None, packing_allowed: bool = True,
-                   vision: Any = None) -> RLSteps:
+                   vision: Any = None, mtp_layers: int = 0) -> RLSteps:
   """Every jitted step of an RL run.
 
   Args:
@@ -350,6 +367,8 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
     vision: a vision-language actor's tower config: the actor's passes read the rows' images
       (`experience.IMAGE_FIELDS`, as wide as each step's widest row; a packed pass's buffers their members')
       and M-RoPE positions [N, P + R, 3].
+    mtp_layers: the actor's multi-token prediction layers (the update trains them where the config says,
+      `rljax.rl.mtp`).
   """
   arr = config.actor_rollout_ref
   temperature = float(arr.rollout.temperature) or 1.0
@@ -375,10 +394,14 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
   critic_packed = packing_allowed and packs_critic(config)
   actor_batch = batch_of(actor_update_fields(config, not off_policy), layout.micro_batches, layout.mini_rows,
                          actor_packed)
-  actor_group = 1 if lora_dropout or actor_packed else layout.update_group(shuffled)
+  mtp = None if mtp_layers == 0 else mtp_lib.training_of(config, mtp_layers)
+  # the multi-token prediction layers read every position's trunk state: whole rows, no shared prompt
+  actor_group = 1 if lora_dropout or actor_packed or mtp is not None else layout.update_group(shuffled)
   freeze_tower = vision is not None and bool(arr.actor.freeze_vision_tower)
-  actor_update = make_update("actor_update", actor_loss(graphdef, arr.actor, temperature, actor_group, freeze_tower),
-                             actor_tx, mesh, rules, trainable, actor_opt_sh, actor_batch, frozen=frozen)
+  actor_update = make_update("actor_update",
+                             actor_loss(graphdef, arr.actor, temperature, actor_group, freeze_tower, mtp),
+                             actor_tx, mesh, rules, trainable, actor_opt_sh, actor_batch, frozen=frozen,
+                             info_of=None if mtp is None else mtp_info(mtp.depths))
 
   def forward_rows(phase: str, packed: bool, keys: tuple[str, ...] = forward_fields(config),
                    recorded: bool = False) -> Experience:
@@ -416,6 +439,6 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
     padded = build_rl_steps(config, layout, mesh, rules, graphdef=graphdef, trainable=trainable, frozen=frozen,
                             actor_tx=actor_tx, actor_opt_sh=actor_opt_sh, lora_dropout=lora_dropout,
                             reference=reference, critic=critic, routing=routing, packing_allowed=False,
-                            vision=vision)
+                            vision=vision, mtp_layers=mtp_layers)
   return RLSteps(actor_update=actor_update, old_log_prob=old, ref_log_prob=ref, critic_update=critic_update,
                  values=values, groups=groups, padded=padded)

@@ -78,18 +78,20 @@ def make_schedule(optim, total_steps: int, updates_per_step: int) -> Callable:
 
 
 VISION_TOWER = "visual"  # the vision tower's subtree in a vision-language model's state
+MTP_LAYERS = "mtp"  # a MiMo model's multi-token prediction layers' subtree
 
 
-def in_tower(path: tuple) -> bool:
-  """Whether a leaf at pytree `path` (of a model's state) belongs to the vision tower."""
-  return bool(path) and getattr(path[0], "key", None) == VISION_TOWER
+def in_tower(path: tuple, subtree: str = VISION_TOWER) -> bool:
+  """Whether a leaf at pytree `path` (of a model's state) belongs to `subtree` (default the vision tower)."""
+  return bool(path) and getattr(path[0], "key", None) == subtree
 
 
-def tower_frozen(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-  """`tx` over every parameter but the vision tower's, whose updates are zero and which hold no optimizer state
-  (verl's freeze_vision_tower: the tower has no gradients, so no moments, decay or share of the clipped norm)."""
+def tower_frozen(tx: optax.GradientTransformation, subtree: str = VISION_TOWER) -> optax.GradientTransformation:
+  """`tx` over every parameter but `subtree`'s, whose updates are zero and which hold no optimizer state
+  (verl's freeze_vision_tower: the tower has no gradients, so no moments, decay or share of the clipped norm;
+  the MTP layers of a run that loads them and does not train them, model.mtp.enable_train=false)."""
   labels = lambda params: jax.tree_util.tree_map_with_path(  # noqa: E731
-      lambda path, _: "frozen" if in_tower(path) else "trained", params)
+      lambda path, _: "frozen" if in_tower(path, subtree) else "trained", params)
   return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
 
 

@@ -210,3 +210,77 @@ def expert_split_decode(fn):
 def expert_split_update(fn):
   """fn traced as an update's pass (its weights gathered) over 8 devices: fsdp 2 x expert 4."""
   return _expert_split(fn, decode=False)
+
+
+class MiMoMTPLayer(torch.nn.Module):
+  """A reference MiMo multi-token prediction layer (MiMo's published modeling code: norms, input_proj over
+  [hidden; embeddings], a Qwen2 decoder layer, a final norm), from transformers' Qwen2 modules."""
+
+  def __init__(self, config: transformers.Qwen2Config):
+    super().__init__()
+    norm = lambda: transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm(  # noqa: E731
+        config.hidden_size, eps=config.rms_norm_eps)
+    self.token_layernorm, self.hidden_layernorm, self.final_layernorm = norm(), norm(), norm()
+    self.input_proj = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+    self.layer = transformers.models.qwen2.modeling_qwen2.Qwen2DecoderLayer(config, layer_idx=0)
+
+  def forward(self, embeds, hidden, mask4d, rotary):
+    x = self.input_proj(torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(embeds)], dim=-1))
+    return self.final_layernorm(self.layer(x, attention_mask=mask4d, position_embeddings=rotary))
+
+  def hf_tensors(self, depth: int) -> dict[str, torch.Tensor]:
+    """The layer's tensors under MiMo's checkpoint names (``model.mtp_layers.{depth}.*``)."""
+    out = {}
+    for name, p in self.named_parameters():
+      name = name.removeprefix("layer.")
+      out[f"model.mtp_layers.{depth}.{name}"] = p.detach().contiguous()
+    return out
+
+
+def mimo_model(depths: int, seed: int = 0) -> tuple[transformers.PreTrainedModel, list[MiMoMTPLayer]]:
+  """A tiny Qwen2 trunk (``hf_model("qwen2")``) and `depths` random MiMo MTP layers beside it."""
+  hf = hf_model("qwen2", seed)
+  torch.manual_seed(seed + 1)
+  layers = [MiMoMTPLayer(hf.config) for _ in range(depths)]
+  with torch.no_grad():
+    for layer in layers:
+      for name, p in layer.named_parameters():
+        p.copy_(1.0 + 0.2 * torch.randn_like(p) if name.endswith("norm.weight") else 0.15 * torch.randn_like(p))
+  return hf, [layer.eval() for layer in layers]
+
+
+def save_mimo(hf: transformers.PreTrainedModel, layers: list[MiMoMTPLayer], path: str) -> None:
+  """Writes a MiMo checkpoint directory: the trunk's tensors and the MTP layers', config.json as MiMo's."""
+  import json
+  import os
+
+  from safetensors.torch import save_file
+  tensors = {k: v.detach().contiguous() for k, v in hf.state_dict().items()}
+  for depth, layer in enumerate(layers):
+    tensors.update(layer.hf_tensors(depth))
+  os.makedirs(path, exist_ok=True)
+  save_file(tensors, os.path.join(path, "model.safetensors"))
+  config = {**hf.config.to_dict(), "model_type": "mimo", "architectures": ["MiMoForCausalLM"],
+            "num_nextn_predict_layers": len(layers)}
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config, f)
+
+
+def mimo_reference(hf: transformers.PreTrainedModel, layers: list[MiMoMTPLayer], ids: np.ndarray,
+                   mask: np.ndarray) -> np.ndarray:
+  """[K, B, T, D] each MTP depth's hidden states as Megatron-LM chains them (depth k reads the token k places on;
+  left-padded rows, positions cumsum(mask) - 1)."""
+  positions = torch.tensor(np.maximum(np.cumsum(mask, axis=1) - 1, 0), dtype=torch.long)
+  t = ids.shape[1]
+  allowed = np.tril(np.ones((t, t), bool))[None] & mask.astype(bool)[:, None, :]
+  mask4d = torch.tensor(np.where(allowed, 0.0, np.finfo(np.float32).min)[:, None], dtype=torch.float32)
+  out = []
+  with torch.no_grad():
+    hidden = hf.model(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
+                      position_ids=positions).last_hidden_state
+    rotary = hf.model.rotary_emb(hidden, positions)
+    for depth, layer in enumerate(layers, start=1):
+      ahead = np.concatenate([ids[:, depth:], np.zeros_like(ids[:, :depth])], axis=1)
+      hidden = layer(hf.model.embed_tokens(torch.tensor(ahead, dtype=torch.long)), hidden, mask4d, rotary)
+      out.append(hidden.numpy())
+  return np.stack(out)
