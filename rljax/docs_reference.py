@@ -55,6 +55,8 @@ GROUPS = (
     "trainer",
     "global_profiler",
     "transfer_queue",
+    "distillation",
+    "skip",
     "ray_kwargs",
     "ray_init",
     "async_training",

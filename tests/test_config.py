@@ -126,7 +126,7 @@ DOCUMENTED_DEFAULTS = [
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 16),
     ("actor_rollout_ref.rollout.do_sample", True),
     ("actor_rollout_ref.rollout.n", 1),
-    ("actor_rollout_ref.rollout.calculate_log_probs", False),
+    ("actor_rollout_ref.rollout.calculate_log_probs", True),  # verl 0.9.1's (its documents of 0.8 say false)
     ("actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space", None),
     ("actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend", None),
     ("actor_rollout_ref.rollout.val_kwargs.top_k", -1),

@@ -260,8 +260,8 @@ def test_cli_dry_run_with_verl_overrides_after_the_file(yaml_file):
   assert bad.returncode == 2 and "did you mean trainer.experiment_name" in bad.stderr
 
 
-# verl's current generated configs (full trees, Megatron sections included),
-# copied into tests/reference with the commit they come from.
+# verl 0.9.1's generated configs (full trees, Megatron sections included), copied into tests/reference from its
+# PyPI wheel.
 GENERATED = ROOT / "tests" / "reference" / "verl_generated_ppo_trainer.yaml"
 GENERATED_MEGATRON = ROOT / "tests" / "reference" / "verl_generated_ppo_megatron_trainer.yaml"
 # What the generated file needs to run here: a device count this machine has.
@@ -281,6 +281,9 @@ RLJAX_DEFAULTS = {
     "data.dataloader_num_workers", "trainer.device",
     # A placeholder path.
     "reward_model.model.path",
+    # verl 0.9's null means another key's value, which rljax's default follows: gen_batch_size is
+    # train_batch_size, the critic's tokenizer its model's.
+    "data.gen_batch_size", "critic.model.tokenizer_path",
 }
 # Values the Megatron file chooses for itself (its strategy and optimizer name).
 MEGATRON_CHOICES = {

@@ -6,7 +6,8 @@ from typing import Any
 
 from ml_collections import ConfigDict, FieldReference
 
-from rljax.config.engines import checkpoint, fsdp_config, megatron, megatron_lora, mtp, optim, profiler, router_replay
+from rljax.config.engines import (QAT_IGNORED, checkpoint, fsdp_config, megatron, megatron_lora, mtp, optim, profiler,
+                                  qat, router_replay)
 from rljax.config.fields import any_value, follow, null, older_rollout_is
 from rljax.config.lora import lora_defaults
 
@@ -65,7 +66,10 @@ def build_actor() -> ConfigDict:
       "loss_scale_factor": null(float),
       "entropy_coeff": 0.0,
       "entropy_from_logits_with_chunking": False,
+      "entropy_from_logits_chunk_size": 2048,
       "entropy_checkpointing": False,
+      "pad_to_length": False,
+      "qat": qat(list(QAT_IGNORED)),
       "use_kl_loss": False,
       "kl_loss_coef": 0.001,
       "kl_loss_type": "low_var_kl",
@@ -90,7 +94,7 @@ def build_actor() -> ConfigDict:
       "tensor_model_parallel_size": 1,
       "optim": optim(lr=1e-6, weight_decay=0.01),
       "fsdp_config": fsdp_config(),
-      "checkpoint": checkpoint(),
+      "checkpoint": checkpoint(strict=True),
       "profiler": profiler(),
       "freeze_vision_tower": False,
       "calculate_entropy": False,
@@ -98,7 +102,7 @@ def build_actor() -> ConfigDict:
       "router_replay": router_replay(),
       "calculate_sum_pi_squared": False,
       "sum_pi_squared_checkpointing": False,
-      "megatron": megatron(),
+      "megatron": megatron(router_replay_node=False),
   })
 
 
@@ -116,7 +120,9 @@ def build_ref(actor: ConfigDict) -> ConfigDict:
       "profiler": profiler(),
       "router_replay": router_replay(),
       "entropy_from_logits_with_chunking": False,
+      "entropy_from_logits_chunk_size": 2048,
       "entropy_checkpointing": False,
+      "pad_to_length": False,
       "megatron": megatron(forward_only=True),
   })
 
@@ -155,7 +161,7 @@ def build_rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
       "enable_chunked_prefill": True,
       "do_sample": True,
       "n": 1,
-      "calculate_log_probs": False,
+      "calculate_log_probs": True,
       "engine_kwargs": {
           "vllm": {"swap_space": null(int)},
           "sglang": {"attention_backend": null(str)},
@@ -185,6 +191,7 @@ def build_rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
           "format": "hermes",
           "num_repeat_rollouts": null(int),
           "tool_timeout_s": 30.0,
+          "function_tool_path": null(str),
       },
       "agent": {
           "num_workers": 8,
@@ -194,6 +201,13 @@ def build_rollout(data: ConfigDict, actor: ConfigDict) -> ConfigDict:
       },
       **_rollout_engine_keys(),
   })
+
+
+def disaggregation() -> ConfigDict:
+  """verl 0.9's prefill/decode disaggregation of an inference server (SGLang)."""
+  return ConfigDict({"enabled": False, "prefill_replicas": 1, "decode_replicas": 1,
+                     "decode_tensor_model_parallel_size": null(int), "transfer_backend": "nixl",
+                     "bootstrap_port": null(int), "ib_device": null(str)})
 
 
 def _rollout_engine_keys() -> dict[str, Any]:
@@ -212,13 +226,21 @@ def _rollout_engine_keys() -> dict[str, Any]:
       "scheduling_policy": "fcfs",
       "over_sample_rate": 0.0,
       "multi_stage_wake_up": False,
-      "checkpoint_engine": {"backend": "naive", "update_weights_bucket_megabytes": 2048, "engine_kwargs": {}},
-      "trace": {"backend": null(str), "token2text": False, "max_samples_per_step_per_worker": null(int)},
+      "checkpoint_engine": {"backend": "naive", "update_weights_bucket_megabytes": 2048, "engine_kwargs": {},
+                            "custom_backend_module": null(str)},
+      "trace": {"backend": null(str), "token2text": False, "max_samples_per_step_per_worker": null(int),
+                "project_name": null(str), "experiment_name": null(str)},
       "skip_rollout": False,
       "skip_dump_dir": "/tmp/rollout_dump",
       "skip_tokenizer_init": True,
       "enable_rollout_routing_replay": False,
-      "profiler": profiler(),
+      "profiler": profiler(rollout=True),
+      "disaggregation": disaggregation(),
+      "full_determinism": False,
+      "seed": 42,
+      "moe_load_balance_metrics_interval": 0,
+      "router_config_path": null(str),
+      "qat": qat(list(QAT_IGNORED)),  # verl's copy of the actor engine's
       "prometheus": {
           "enable": False,
           "port": 9090,

@@ -27,7 +27,7 @@ def build_algorithm() -> ConfigDict:
       },
       "use_pf_ppo": False,
       "pf_ppo": {"reweight_method": "pow", "weight_pow": 2.0},
-      "filter_groups": {"enable": False, "metric": null(str), "max_num_gen_batches": 0},
+      "filter_groups": {"enable": False, "metric": "reward", "max_num_gen_batches": 0, "max_inflight_gen_batches": 1},
       **older_rollout_is(),
       "rollout_correction": {
           "rollout_is": null(str),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from rljax.config.engines import checkpoint, fsdp_config, megatron, megatron_lora, optim, profiler
+from rljax.config.engines import checkpoint, fsdp_config, megatron, megatron_lora, mtp, optim, profiler
 from rljax.config.fields import any_value, follow, null
 
 
@@ -23,7 +23,7 @@ def build_critic(arr: ConfigDict) -> ConfigDict:
           "external_lib": follow(model, "external_lib"),
           "enable_gradient_checkpointing": follow(model, "enable_gradient_checkpointing"),
           "enable_activation_offload": False,
-          "use_remove_padding": False,
+          "use_remove_padding": True,
           "trust_remote_code": False,
           "fsdp_config": fsdp_config(),
           "use_shm": False,
@@ -32,6 +32,15 @@ def build_critic(arr: ConfigDict) -> ConfigDict:
           "target_modules": any_value("all-linear"),
           "tiled_mlp": {"enabled": False, "num_shards": 4},
           "lora": megatron_lora(),
+          # verl 0.9's critic model is an HF model config like the policy's
+          "hf_config_path": null(str),
+          "custom_chat_template": null(str),
+          "exclude_modules": any_value(None),
+          "lora_adapter_path": null(str),
+          "use_liger": False,
+          "use_fused_kernels": False,
+          "fused_kernel_options": {"impl_backend": "torch"},
+          "mtp": mtp(),
       },
       "ppo_mini_batch_size": follow(actor, "ppo_mini_batch_size"),
       "ppo_micro_batch_size": null(int),
@@ -45,6 +54,7 @@ def build_critic(arr: ConfigDict) -> ConfigDict:
       "grad_clip": 1.0,
       "cliprange_value": 0.5,
       "loss_agg_mode": follow(actor, "loss_agg_mode"),
+      "loss_scale_factor": follow(actor, "loss_scale_factor"),
       "use_torch_compile": True,
       "checkpoint": checkpoint(),
       "data_loader_seed": 42,

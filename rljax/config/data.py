@@ -34,6 +34,7 @@ def build_data() -> ConfigDict:
       "truncation": "error",
       "image_key": "images",
       "video_key": "videos",
+      "audio_key": "audios",
       "trust_remote_code": False,
       "custom_cls": {"path": null(str), "name": null(str)},
       "image_patch_size": 14,

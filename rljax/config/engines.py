@@ -23,6 +23,10 @@ _FSDP_ENGINE_KEYS = {
     "use_torch_compile": True,
     "entropy_checkpointing": False,
     "strategy": "fsdp",
+    "entropy_from_logits_chunk_size": 2048,
+    "pad_to_length": False,
+    "pad_to_length_bucket": 1024,
+    "use_no_sync_for_gradient_accumulation": False,
 }
 # verl's Megatron parallel sizes that rljax maps onto the actor's mesh: key -> mesh key.
 MEGATRON_MESH_KEYS = {
@@ -47,10 +51,20 @@ _MEGATRON_KEYS = {
     "dist_checkpointing_prefix": "",
     "seed": 42,
     "use_mbridge": True,
-    "vanilla_mbridge": True,
+    "vanilla_mbridge": False,
     "use_remove_padding": True,
     "forward_only": False,
     "dtype": "bfloat16",
+    "dynamic_context_parallel": False,
+    "max_seqlen_per_dp_cp_rank": None,
+    "dist_ckpt_optim_fully_reshardable": False,
+    "distrib_optim_fully_reshardable_mem_efficient": False,
+    "entropy_from_logits_with_chunking": False,
+    "entropy_from_logits_chunk_size": 2048,
+    "pad_bshd_to_minibatch_max": True,
+    "pad_to_length": False,
+    "pad_to_length_bucket": 512,
+    "use_megatron_fsdp": False,
 }
 # Megatron optimizer keys that shape the learning-rate schedule (a non-default value is an error).
 MEGATRON_SCHEDULE_KEYS = (
@@ -72,6 +86,7 @@ def optim(lr: float, weight_decay: float) -> ConfigDict:
       "num_cycles": 0.5,
       "lr_scheduler_type": "constant",
       "warmup_style": null(str),
+      "zero_indexed_step": True,
       "total_training_steps": -1,
       "weight_decay": weight_decay,
       "optimizer": "AdamW",
@@ -82,7 +97,7 @@ def optim(lr: float, weight_decay: float) -> ConfigDict:
       "optimizer_offload_fraction": null(float),
       "overlap_cpu_optimizer_d2h_h2d": null(bool),
       "optimizer_cpu_offload": null(bool),
-      "use_precision_aware_optimizer": null(bool),
+      "use_precision_aware_optimizer": False,
       **_megatron_optim(),
   })
 
@@ -98,7 +113,28 @@ def _megatron_optim() -> dict[str, Any]:
       "lr_wsd_decay_style": "exponential",
       "lr_wsd_decay_steps": null(int),
       "use_checkpoint_opt_param_scheduler": False,
+      "main_grads_dtype": "fp32",
+      "exp_avg_dtype": "fp32",
+      "exp_avg_sq_dtype": "fp32",
+      "use_layer_wise_distributed_optimizer": False,
+      **MUON_KEYS,
   }
+
+
+# verl 0.9's Megatron Muon optimizer arguments: key -> default (read only with optim.optimizer=muon)
+MUON_KEYS = {
+    "muon_momentum": 0.95,
+    "muon_nesterov": False,
+    "muon_split_qkv": True,
+    "muon_scale_mode": "spectral",
+    "muon_coefficient_type": "quintic",
+    "muon_num_ns_steps": 5,
+    "muon_tp_mode": "blockwise",
+    "muon_fp32_matmul_prec": "medium",
+    "muon_extra_scale_factor": 1.0,
+    "muon_scalar_optimizer": "adam",
+    "muon_match_adamw_update_rms": False,
+}
 
 
 def megatron_lora() -> ConfigDict:
@@ -138,31 +174,48 @@ def fsdp_config(forward_only: bool = False) -> ConfigDict:
       "fsdp_size": -1,
       "model_dtype": "fp32",
       "dtype": "bfloat16",
+      "qat": qat(list(QAT_IGNORED)),
+      "turbo_config": turbo_config(),
   })
 
 
-def profiler() -> ConfigDict:
-  """verl's per-role profiler options (Nsight, NPU, torch)."""
-  return ConfigDict({
+def profiler(rollout: bool = False) -> ConfigDict:
+  """verl's per-role profiler options (Nsight, NPU, torch, msprobe's precision debugger); the `rollout`'s also
+  bound what it profiles by token counts."""
+  node = ConfigDict({
       "tool": null(str),
       "enable": False,
       "discrete": False,
       "all_ranks": False,
       "ranks": [],
       "save_path": null(str),
+      "relocate_results": False,
+      "finish_hook_cmd": null(str),
+      "finish_hook_all_ranks": False,
+      "finish_hook_ranks": [],
       "tool_config": {
           "nsys": {"discrete": False},
           "npu": {"contents": [], "level": "level0", "analysis": True, "discrete": False},
-          "torch": {"contents": [], "discrete": False},
-          "torch_memory": {"trace_alloc_max_entries": 100000, "stack_depth": 32},
+          "torch": {"contents": [], "discrete": False,
+                    "schedule": {"skip_first": 0, "wait": 0, "warmup": 0, "active": 0, "repeat": 0}},
+          "torch_memory": {"trace_alloc_max_entries": 100000, "stack_depth": 32, "memory_snapshot_num_steps": 1},
+          "precision_debugger": {"config_path": null(str), "steps": null(list), "stages": null(list),
+                                 "strict": False},
       },
   })
+  if rollout:
+    for tool in ("npu", "torch"):
+      node.tool_config[tool].profile_token_start = null(int)
+      node.tool_config[tool].profile_token_end = null(int)
+  return node
 
 
-def megatron(forward_only: bool = False) -> ConfigDict:
-  """verl's Megatron engine config: parallel sizes, offload, checkpoint format and Megatron-LM overrides."""
+def megatron(forward_only: bool = False, router_replay_node: bool = True) -> ConfigDict:
+  """verl's Megatron engine config: parallel sizes, offload, checkpoint format and Megatron-LM overrides (and
+  verl 0.9's copy of the role's router replay, except where `router_replay_node` is False: the actor's, which
+  rljax reads as actor.router_replay, `rljax.config.overrides.VERL_09_PATHS`)."""
   nulls = {"expert_tensor_parallel_size": int, "virtual_pipeline_model_parallel_size": int,
-           "dist_checkpointing_path": str}
+           "dist_checkpointing_path": str, "max_seqlen_per_dp_cp_rank": int}
   node = ConfigDict({key: null(nulls[key]) if key in nulls else value for key, value in _MEGATRON_KEYS.items()})
   node.forward_only = forward_only
   node.override_ddp_config = {}
@@ -174,7 +227,38 @@ def megatron(forward_only: bool = False) -> ConfigDict:
       "attention_backend": "flash",
   }
   node.override_mcore_model_config = {}
+  if router_replay_node:
+    node.router_replay = router_replay()
+  node.qat = qat(["lm_head", "*mlp.gate"], null(str))
   return node
+
+
+def qat(ignore_patterns: list[str], activation_observer: Any = "static_minmax") -> ConfigDict:
+  """verl 0.9's quantization-aware training config (an engine's or the actor's)."""
+  return ConfigDict({
+      "enable": False,
+      "mode": "w4a16",
+      "group_size": 16,
+      "ignore_patterns": ignore_patterns,
+      "activation_observer": activation_observer,
+      "quantization_config_path": null(str),
+  })
+
+
+QAT_IGNORED = ["lm_head", "embed_tokens", "re:.*mlp.gate$"]  # verl's FSDP default of qat.ignore_patterns
+
+
+def turbo_config() -> ConfigDict:
+  """verl 0.9's FSDP "turbo" engine's parallel plan."""
+  return ConfigDict({"distributed": {
+      "fully_shard_parallel_size": 16,
+      "tensor_parallel_size": 1,
+      "expert_parallel_size": 1,
+      "expert_fully_shard_parallel_size": 1,
+      "ulysses_parallel_size": 1,
+      "fsdp_plan": {"param_dtype": "bf16", "reduce_dtype": "fp32", "output_dtype": "bf16",
+                    "fsdp_implementation": "native", "num_to_forward_prefetch": 1, "num_to_backward_prefetch": 1},
+  }})
 
 
 def mtp() -> ConfigDict:
@@ -186,8 +270,8 @@ def mtp() -> ConfigDict:
       "detach_encoder": False,
       "mtp_loss_scaling_factor": 0.1,
       "speculative_algorithm": "EAGLE",
-      "speculative_num_steps": 2,
-      "speculative_eagle_topk": 2,
+      "speculative_num_steps": 3,
+      "speculative_eagle_topk": 1,
       "speculative_num_draft_tokens": 4,
       "method": "mtp",
       "num_speculative_tokens": 1,
@@ -199,12 +283,15 @@ def router_replay() -> ConfigDict:
   return ConfigDict({"mode": "disabled", "record_file": null(str), "replay_file": null(str)})
 
 
-def checkpoint() -> ConfigDict:
-  """What a role's checkpoints hold; load_contents follows save_contents."""
+def checkpoint(strict: bool = False) -> ConfigDict:
+  """What a role's checkpoints hold; load_contents follows save_contents (`strict`: the actor's, with verl 0.9's
+  strict-loading switch)."""
   node = ConfigDict({
       "contents": null(list),
       "save_contents": ["model", "optimizer", "extra"],
       "async_save": False,
   })
+  if strict:
+    node.strict = True
   node.load_contents = follow(node, "save_contents")
   return node

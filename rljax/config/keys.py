@@ -34,7 +34,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Union
 
-from rljax.config.engines import MEGATRON_SCHEDULE_KEYS, OPTIM_SECTIONS, PROFILED_SECTIONS
+from rljax.config.engines import MEGATRON_SCHEDULE_KEYS, MUON_KEYS, OPTIM_SECTIONS, PROFILED_SECTIONS
+from rljax.config.trainer import TEACHER_INFERENCE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +172,8 @@ def _optim_status(role: str) -> dict[str, dict[str, Any]]:
 
 
 # Reasons many keys share.
+_PROFILE_TOOLS = ("Nsight/NPU/torch profiler options; rljax records jax.profiler traces (profiler.enable, "
+                  "global_profiler.steps)")
 _MEGATRON_LM_SETTING = "a Megatron-LM setting (offload, pipelining, checkpoint format, kernels)"
 ACTOR_WEIGHTS_STAY = ("the actor's weights stay in device memory: every step of a run reads them (the rollout in "
                       "place), so there is no step outside which they could leave")
@@ -207,6 +210,8 @@ SECTIONS = {
     "reward_manager": "verl's newer home of the reward manager's choice: by name, or a custom class.",
     "global_profiler": "verl's Nsight/torch profiler settings for the whole run; rljax profiles with jax.profiler instead.",
     "transfer_queue": "verl's Ray data-transfer queue.",
+    "distillation": "verl 0.9's on-policy distillation: a teacher model's log-probs in the actor's loss.",
+    "skip": "verl 0.9's debugging switches that dump generated rollouts and replay them instead of generating.",
     "ray_kwargs": "verl's newer home of the Ray start-up options; rljax runs without Ray.",
 }
 
@@ -360,6 +365,276 @@ _MTP = {
     "method": "Speculative decoding method of vLLM.",
     "num_speculative_tokens": "Speculative decoding: tokens proposed per step.",
 }
+
+# ----- keys verl 0.9 added (its generated ppo_trainer.yaml and ppo_megatron_trainer.yaml) -----------------------
+
+_PERFORMANCE = "a PyTorch/Megatron performance or memory setting; the numbers are the same"
+_QAT = {
+    "enable": "Quantization-aware training: train through fake-quantized weights (and activations).",
+    "mode": "Quantization-aware training: the scheme (w4a16, ...).",
+    "group_size": "Quantization-aware training: weights per quantization group.",
+    "ignore_patterns": "Quantization-aware training: modules left unquantized.",
+    "activation_observer": "Quantization-aware training: how activation ranges are observed.",
+    "quantization_config_path": "Quantization-aware training: a quantization config file.",
+}
+_TURBO = {
+    key: f"FSDP turbo engine: {what}." for key, what in {
+        "distributed.fully_shard_parallel_size": "ranks that shard the parameters",
+        "distributed.tensor_parallel_size": "tensor-parallel size",
+        "distributed.expert_parallel_size": "expert-parallel size",
+        "distributed.expert_fully_shard_parallel_size": "ranks that shard each expert",
+        "distributed.ulysses_parallel_size": "Ulysses sequence-parallel size",
+        "distributed.fsdp_plan.param_dtype": "dtype of the gathered parameters",
+        "distributed.fsdp_plan.reduce_dtype": "dtype of the gradient reduction",
+        "distributed.fsdp_plan.output_dtype": "dtype of the outputs",
+        "distributed.fsdp_plan.fsdp_implementation": "which FSDP implementation runs",
+        "distributed.fsdp_plan.num_to_forward_prefetch": "layers gathered ahead in the forward pass",
+        "distributed.fsdp_plan.num_to_backward_prefetch": "layers gathered ahead in the backward pass",
+    }.items()}
+_FSDP_09 = {
+    "entropy_from_logits_chunk_size": "verl's engine copy of the role's entropy chunk size.",
+    "pad_to_length": "verl's engine copy of the role's pad_to_length.",
+    "pad_to_length_bucket": "Pad packed sequences up to a multiple of this many tokens (pad_to_length).",
+    "use_no_sync_for_gradient_accumulation": "PyTorch FSDP: skip gradient synchronisation between micro-batches.",
+    **{f"qat.{key}": meaning for key, meaning in _QAT.items()},
+    **{f"turbo_config.{key}": meaning for key, meaning in _TURBO.items()},
+}
+_MEGATRON_09 = {
+    "dynamic_context_parallel": "Megatron: choose the context-parallel split per micro-batch.",
+    "max_seqlen_per_dp_cp_rank": "Megatron: the longest sequence one rank holds under dynamic context parallelism.",
+    "dist_ckpt_optim_fully_reshardable": "Megatron: save the optimizer state reshardable to any layout.",
+    "distrib_optim_fully_reshardable_mem_efficient": "Megatron: save that state with less memory.",
+    "entropy_from_logits_with_chunking": "Megatron: compute the entropy in chunks.",
+    "entropy_from_logits_chunk_size": "Megatron: tokens per entropy chunk.",
+    "pad_bshd_to_minibatch_max": "Megatron: pad unpacked micro-batches to the mini-batch's longest row.",
+    "pad_to_length": "Megatron: pad packed sequences to a bucketed length.",
+    "pad_to_length_bucket": "Megatron: the bucket of pad_to_length.",
+    "use_megatron_fsdp": "Megatron: shard with Megatron's own FSDP.",
+    "router_replay.mode": "Megatron engine's copy of the role's MoE router replay mode.",
+    "router_replay.record_file": "Megatron engine's copy of the role's router replay record file.",
+    "router_replay.replay_file": "Megatron engine's copy of the role's router replay file.",
+    **{f"qat.{key}": meaning for key, meaning in _QAT.items()},
+}
+_OPTIM_09 = {
+    "zero_indexed_step": "Whether the learning-rate schedule counts optimizer steps from 0 (verl's FSDP default) "
+                         "or from 1.",
+    "main_grads_dtype": "Megatron: dtype of the gradients the optimizer reads.",
+    "exp_avg_dtype": "Megatron: dtype of Adam's first moment.",
+    "exp_avg_sq_dtype": "Megatron: dtype of Adam's second moment.",
+    "use_layer_wise_distributed_optimizer": "Megatron: shard the optimizer state layer by layer.",
+    **{key: f"Megatron's Muon optimizer: {key[len('muon_'):].replace('_', ' ')}." for key in MUON_KEYS},
+}
+_PROFILER_09 = {
+    "relocate_results": "Move each profile into the experiment's directory.",
+    "finish_hook_cmd": "A command run when a profile is written.",
+    "finish_hook_all_ranks": "Run that command on every rank.",
+    "finish_hook_ranks": "The ranks that run it.",
+    **{f"tool_config.torch.schedule.{key}": f"torch profiler schedule: {key.replace('_', ' ')}."
+       for key in ("skip_first", "wait", "warmup", "active", "repeat")},
+    "tool_config.torch_memory.memory_snapshot_num_steps": "torch memory snapshot: steps per snapshot.",
+    **{f"tool_config.precision_debugger.{key}": f"msprobe precision debugger: {what}." for key, what in (
+        ("config_path", "its config file"), ("steps", "steps to dump"), ("stages", "stages to dump"),
+        ("strict", "fail on a mismatch"))},
+}
+_PROFILER_09_STATUS = {key: dict(ignored=_PROFILE_TOOLS) for key in _PROFILER_09 if "." not in key}
+_QAT_STATUS = {
+    "qat.enable": dict(default_only=(
+        "quantization-aware training (fake-quantized weights in the forward pass) is not implemented",
+        "drop it; rljax trains in fsdp_config.model_dtype")),
+    **{f"qat.{key}": dict(ignored="read only with qat.enable (an error)") for key in _QAT if key != "enable"},
+}
+
+
+def _optim_09_status(role: str) -> dict[str, dict[str, Any]]:
+  """What rljax does with the optimizer keys verl 0.9 added (zero_indexed_step is honoured)."""
+  lower = ("Megatron's optimizer state in a lower precision is not implemented: rljax's AdamW keeps its moments "
+           f"in {role}'s parameter dtype", f"drop {role}.optim.KEY (fp32, the default)")
+  return {
+      **{key: dict(default_only=lower) for key in ("main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")},
+      "use_layer_wise_distributed_optimizer": dict(ignored=_MEGATRON_LM_SETTING),
+      **{key: dict(ignored=f"read only with {role}.optim.optimizer=muon, an error (rljax's optimizer is AdamW)")
+         for key in MUON_KEYS},
+  }
+
+
+_NOT_READ_BY_A_CRITIC = "the critic reads the rows' token ids; it renders no prompt and runs no kernel option"
+
+
+def _role_09_keys() -> dict[str, Key]:
+  """Records of the role-level keys verl 0.9 added."""
+  arr = "actor_rollout_ref"
+  rollout = f"{arr}.rollout"
+  return {
+      **{f"{arr}.{role}.entropy_from_logits_chunk_size": Key(
+          "Tokens per chunk of the chunked entropy (entropy_from_logits_with_chunking).",
+          ignored="rljax computes log-probs and entropy in chunks of its own size (rljax.models.logprobs)")
+         for role in ("actor", "ref")},
+      **{f"{arr}.{role}.pad_to_length": Key(
+          "Pad each packed micro-batch to a bucketed length (fsdp_config.pad_to_length_bucket).",
+          ignored="padding for PyTorch's compiled shapes; rljax's packed buffers come on a grid of their own "
+                  "(rljax.rl.packing) and padding changes no number")
+         for role in ("actor", "ref")},
+      **described((f"{arr}.actor",), "qat", _QAT, {key[len("qat."):]: status for key, status in _QAT_STATUS.items()}),
+      f"{arr}.actor.checkpoint.strict": Key(
+          "Load a checkpoint's model weights strictly (every key present).",
+          ignored="a resume restores the whole orbax state or fails naming what is missing"),
+      **described((rollout,), "disaggregation", {
+          "enabled": "Serve prefill and decode on separate replicas (SGLang).",
+          "prefill_replicas": "Prefill replicas.", "decode_replicas": "Decode replicas.",
+          "decode_tensor_model_parallel_size": "Tensor-parallel size of the decode replicas.",
+          "transfer_backend": "KV-cache transfer backend between them.", "bootstrap_port": "Their bootstrap port.",
+          "ib_device": "InfiniBand device of the transfer."},
+          {key: dict(ignored="how an inference server splits prefill from decode; the samples are the same")
+           for key in ("enabled", "prefill_replicas", "decode_replicas", "decode_tensor_model_parallel_size",
+                       "transfer_backend", "bootstrap_port", "ib_device")}),
+      f"{rollout}.full_determinism": Key(
+          "Deterministic inference kernels in vLLM/SGLang (batch-invariant).",
+          ignored="rljax's engine draws each row's sample from counter-based keys of trainer.seed: a run repeats"),
+      f"{rollout}.seed": Key(
+          "Seed of the inference servers' sampling.",
+          ignored="the engine's sampling keys derive from trainer.seed"),
+      f"{rollout}.moe_load_balance_metrics_interval": Key(
+          "Steps between the inference servers' expert-load metrics.",
+          ignored="vLLM/SGLang metrics; the update logs actor/moe_max_load"),
+      f"{rollout}.router_config_path": Key(
+          "Config file of SGLang's request router.", ignored="SGLang's router between its servers"),
+      **described((rollout,), "qat", _QAT, {key: dict(ignored="verl's copy of the actor engine's qat")
+                                             for key in _QAT}),
+      f"{rollout}.multi_turn.function_tool_path": Key(
+          "A Python file whose functions become the agent's tools (verl 0.9).",
+          default_only=("tools defined as Python functions in a file are not implemented",
+                        f"describe the tools in {rollout}.multi_turn.tool_config_path (verl's tool YAML)")),
+      "data.function_tool_path": Key(
+          "verl's copy of actor_rollout_ref.rollout.multi_turn.function_tool_path.",
+          ignored="verl's copy of actor_rollout_ref.rollout.multi_turn.function_tool_path, which rljax reads"),
+      "data.audio_key": Key(
+          "Column of the rows' audio inputs.", ignored="rljax's models read text and images; no audio column is read"),
+      "algorithm.filter_groups.max_inflight_gen_batches": Key(
+          "Dynamic sampling: generation batches verl keeps in flight at once.",
+          ignored="how many prompt batches verl's sync trainer generates concurrently; the groups kept are the "
+                  "same (rljax generates a step's batches one after another)"),
+      "trainer.checkpoint_callback_class": Key(
+          "A class verl calls after each checkpoint save.",
+          default_only=("checkpoint callbacks are not implemented", "drop it")),
+      "critic.loss_scale_factor": Key(
+          "Divisor of the critic's seq-mean-token-sum-norm; follows the actor's loss_scale_factor."),
+      "critic.model.custom_chat_template": Key("A chat template for the critic's tokenizer.",
+                                               ignored=_NOT_READ_BY_A_CRITIC),
+      "critic.model.use_liger": Key("Liger kernels in the critic.", ignored=_NOT_READ_BY_A_CRITIC),
+      "critic.model.use_fused_kernels": Key("Fused kernels in the critic.", ignored=_NOT_READ_BY_A_CRITIC),
+      "critic.model.fused_kernel_options.impl_backend": Key("Backend of the critic's fused kernels.",
+                                                            ignored=_NOT_READ_BY_A_CRITIC),
+      "critic.model.exclude_modules": Key("Modules left out of the critic's LoRA.",
+                                          ignored="read only with critic.model.lora_rank > 0 (an error)"),
+      "critic.model.hf_config_path": Key(
+          "A config.json directory other than critic.model.path.",
+          default_only=("the critic's architecture is read from critic.model.path's config.json",
+                        "drop it; point critic.model.path at a directory holding config.json")),
+      "critic.model.lora_adapter_path": Key(
+          "A saved PEFT adapter to start the critic's LoRA from.",
+          default_only=("LoRA on the critic is not implemented (it trains in full)", "drop it")),
+      **described(("critic.model",), "mtp", _MTP, {key: dict(ignored="a critic runs no multi-token prediction")
+                                                   for key in _MTP}),
+  }
+
+
+def _verl_09_keys() -> dict[str, Key]:
+  """Records of the keys verl 0.9 added to the nodes several roles share, and of its new sections."""
+  fsdp_status = {**{key: dict(ignored=_PERFORMANCE) for key in _FSDP_09}, **_QAT_STATUS}
+  megatron_status = {**{key: dict(ignored=_MEGATRON_LM_SETTING) for key in _MEGATRON_09}, **_QAT_STATUS}
+  return {
+      **described(("actor_rollout_ref.actor", "critic.model"), "fsdp_config", _FSDP_09, fsdp_status),
+      **described(("actor_rollout_ref.ref",), "fsdp_config", _FSDP_09),
+      **described(("actor_rollout_ref.actor",), "megatron",
+                  {key: meaning for key, meaning in _MEGATRON_09.items() if not key.startswith("router_replay.")},
+                  megatron_status),
+      **described(("actor_rollout_ref.ref", "critic", "reward_model"), "megatron", _MEGATRON_09),
+      "critic.megatron.qat.enable": Key(_QAT["enable"], default_only=_QAT_STATUS["qat.enable"]["default_only"]),
+      **described(OPTIM_SECTIONS, "optim", _OPTIM_09, _optim_09_status),
+      **described(PROFILED_SECTIONS, "profiler", _PROFILER_09, _PROFILER_09_STATUS),
+      **described(("actor_rollout_ref.rollout",), "profiler", {
+          f"tool_config.{tool}.profile_token_{end}": f"{tool} profiler: the token count its rollout profile "
+                                                     f"{'starts' if end == 'start' else 'ends'} at."
+          for tool in ("npu", "torch") for end in ("start", "end")}),
+      **_role_09_keys(),
+      **_sections_09(),
+  }
+
+
+def _sections_09() -> dict[str, Key]:
+  """Records of the sections verl 0.9 added: distillation, skip, and the new keys of global_profiler and
+  ray_kwargs (transfer_queue's are ignored with their section)."""
+  distill = "read only with distillation.enabled (an error)"
+  records = {
+      "distillation.enabled": Key("On-policy distillation: add a teacher's log-probs to the actor's loss.",
+                                  default_only=("on-policy distillation is not implemented", "drop it")),
+      **{f"distillation.{key}": Key(meaning, ignored=distill) for key, meaning in {
+          "n_gpus_per_node": "GPUs per node of the teacher servers.", "nnodes": "Nodes of the teacher servers.",
+          "teacher_key": "Row field that picks a row's teacher.",
+          "teacher_models": "The teacher models by name (free-form: path, replicas, inference server).",
+          "teacher_models.teacher_model.key": "The default teacher's key (which rows it teaches).",
+          "teacher_models.teacher_model.model_path": "The default teacher's checkpoint.",
+          "teacher_models.teacher_model.num_replicas": "Inference replicas of the default teacher.",
+          **{f"teacher_models.teacher_model.inference.{key}": f"The default teacher's inference server: "
+                                                              f"{key.replace('_', ' ')}."
+             for key in TEACHER_INFERENCE},
+          **{f"distillation_loss.{key}": f"Distillation loss: {what}." for key, what in {
+              "loss_mode": "the divergence (k1, k3, ...)", "topk": "teacher top-k tokens compared",
+              "use_task_rewards": "keep the task reward beside it", "distillation_loss_coef": "its weight",
+              "loss_max_clamp": "clamp of the loss", "log_prob_min_clamp": "clamp of the log-probs",
+              "use_policy_gradient": "as a policy-gradient reward", "policy_loss_mode": "that policy loss",
+              "clip_ratio": "its clip ratio", "clip_ratio_low": "its lower clip", "clip_ratio_high": "its upper clip",
+          }.items()}}.items()},
+  }
+  for stage in ("rollout", "rollout_tq", "async_rollout"):
+    records[f"skip.{stage}.enable"] = Key(
+        f"Debugging: dump the {stage.replace('_', ' ')} results and replay them instead of generating.",
+        default_only=("replaying dumped rollouts is not implemented", "drop it"))
+    for key, meaning in (("dump_dir", "where the dumps go"), ("steps", "the steps dumped or replayed"),
+                         ("action", "cache (dump then replay) or another action")):
+      records[f"skip.{stage}.{key}"] = Key(f"Debugging rollout dumps: {meaning}.",
+                                           ignored=f"read only with skip.{stage}.enable (an error)")
+  records.update({
+      "global_profiler.relocate_results": Key("Move each profile into the experiment's directory.",
+                                              ignored=_PROFILE_TOOLS),
+      "global_profiler.finish_hook_cmd": Key("A command run when a profile is written.", ignored=_PROFILE_TOOLS),
+      "global_profiler.finish_hook_all_ranks": Key("Run that command on every rank.", ignored=_PROFILE_TOOLS),
+      "global_profiler.finish_hook_ranks": Key("The ranks that run it.", ignored=_PROFILE_TOOLS),
+      "ray_kwargs.ray_init.runtime_env.py_executable": Key("Python executable of Ray's workers.",
+                                                           ignored="no Ray: one JAX program per host"),
+      # keys of sections rljax ignores whole (IGNORED_SECTIONS)
+      "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": Key(
+          "A module of verl's own weight-transfer backend."),
+      "actor_rollout_ref.rollout.trace.project_name": Key("Tracing project; follows trainer.project_name."),
+      "actor_rollout_ref.rollout.trace.experiment_name": Key("Tracing run; follows trainer.experiment_name."),
+      **{f"global_profiler.global_tool_config.precision_debugger.{key}": Key(f"msprobe precision debugger: {what}.")
+         for key, what in (("config_path", "its config file"), ("steps", "steps to dump"),
+                           ("stages", "stages to dump"), ("strict", "fail on a mismatch"))},
+      "global_profiler.global_tool_config.torch_memory.memory_snapshot_num_steps": Key(
+          "torch memory snapshot: steps per snapshot."),
+      **{f"transfer_queue.{key}": Key(f"verl's transfer queue: {what}.") for key, what in {
+          "metrics.enabled": "export metrics", "metrics.port": "their port",
+          "backend.storage_backend": "the storage backend (SimpleStorage or MooncakeStore)",
+          "backend.SimpleStorage.total_storage_size": "SimpleStorage's capacity",
+          "backend.SimpleStorage.num_data_storage_units": "SimpleStorage's units",
+          **{f"backend.MooncakeStore.{key}": f"Mooncake store's {key.replace('_', ' ')}" for key in (
+              "auto_init", "metadata_server", "master_server_address", "local_hostname", "protocol",
+              "global_segment_size", "local_buffer_size", "device_name")}}.items()},
+      **{f"reward_model.rollout.{key}": Key(f"The generative reward model's inference server: {what}.")
+         for key, what in {
+             "pipeline_model_parallel_size": "pipeline stages", "layered_summon": "gather weights layer by layer",
+             "scheduling_policy": "request scheduling", "full_determinism": "deterministic kernels",
+             "seed": "sampling seed", "multi_stage_wake_up": "staged memory wake-up",
+             "ignore_eos": "keep generating past EOS", "temperature": "sampling temperature",
+             "top_k": "top-k sampling", "top_p": "nucleus sampling", "do_sample": "sample (false: greedy)",
+             "n": "samples per prompt", "quantization": "weight quantization",
+             "quantization_config_file": "its config file", "mtp": "multi-token prediction (speculative decoding)",
+             **{f"disaggregation.{key}": f"prefill/decode disaggregation's {key.replace('_', ' ')}" for key in (
+                 "enabled", "prefill_replicas", "decode_replicas", "decode_tensor_model_parallel_size",
+                 "transfer_backend", "bootstrap_port", "ib_device")}}.items()},
+  })
+  return records
+
 
 KEYS = {
     # actor_rollout_ref.actor
@@ -1545,6 +1820,7 @@ KEYS = {
     "rollout.max_concurrent_samples_per_replica": Key(
         "Fully-async recipe: samples in flight per rollout server.",
         ignored="the engine's decode slots are actor_rollout_ref.rollout.max_num_seqs"),
+    **_verl_09_keys(),
 }
 
 # Sections whose every key rljax ignores: prefix -> why.

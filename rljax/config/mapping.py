@@ -157,11 +157,15 @@ def _map_lora_adapter(config: ConfigDict, explicit: set[str]) -> None:
 
 
 def _map_legacy_gen_batch(config: ConfigDict) -> None:
-  """verl's legacy trainer (trainer.use_v1=false) loads data.gen_batch_size prompts per step and, without dynamic
+  """data.gen_batch_size=null (verl 0.9's default) is train_batch_size.
+
+  verl's legacy trainer (trainer.use_v1=false) loads data.gen_batch_size prompts per step and, without dynamic
   sampling, trains on all of them: rljax's step then trains data.train_batch_size = gen_batch_size prompts. (verl
   0.9.1's V1 trainer, its default, fetches a step's train_batch_size prompts in whole gen_batch_size chunks;
   `rljax.config.validation` holds it to a divisor.)"""
   data, legacy = config.data, not (config.trainer.use_v1 or config.algorithm.filter_groups.enable)
+  if data.gen_batch_size is None:  # verl 0.9's default: a step's prompts in one batch
+    data.gen_batch_size = data.train_batch_size
   if legacy and data.gen_batch_size != data.train_batch_size:
     _LOG.info("trainer.use_v1=false: each step trains data.gen_batch_size=%s prompts (data.train_batch_size=%s is "
               "not read, as in verl's legacy trainer)", data.gen_batch_size, data.train_batch_size)

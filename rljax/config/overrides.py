@@ -244,9 +244,10 @@ def free_form_dicts() -> tuple[str, ...]:
   return tuple(p for p in OPEN_DICTS if not _in_verl_free_form(p)) + tuple(VERL_FREE_FORM)
 
 
-# verl 0.9's `reward` node (and its top-level `sandbox_fusion`) gathers keys that verl's earlier trees, and
-# rljax's, keep elsewhere: (verl 0.9's key or prefix, rljax's), the first match wins.
-VERL_09_REWARD_PATHS = (
+# verl 0.9's keys that its earlier trees, and rljax's, keep elsewhere (its `reward` node and top-level
+# `sandbox_fusion`, its critic engine, its Megatron router replay): (verl 0.9's key or prefix, rljax's), the first
+# match wins.
+VERL_09_PATHS = (
     ("reward.reward_model.model_path", "reward_model.model.path"),
     ("reward.reward_model.", "reward_model."),
     ("reward.custom_reward_function.", "custom_reward_function."),
@@ -255,12 +256,16 @@ VERL_09_REWARD_PATHS = (
     ("reward.sandbox_fusion.", "reward_model.sandbox_fusion."),
     ("reward.num_workers", "reward_model.num_workers"),
     ("sandbox_fusion.", "reward_model.sandbox_fusion."),
+    # verl 0.9's critic engine config, which its earlier trees (and rljax's) hold in critic.model.fsdp_config
+    ("critic.fsdp.", "critic.model.fsdp_config."),
+    # verl 0.9's only router replay switch (its Megatron engine's), rljax's actor.router_replay
+    ("actor_rollout_ref.actor.megatron.router_replay.", "actor_rollout_ref.actor.router_replay."),
 )
 
 
 def rljax_path(path: str) -> str:
-  """The key of rljax's tree that verl 0.9's `path` sets (`VERL_09_REWARD_PATHS`); `path` itself otherwise."""
-  for verl, ours in VERL_09_REWARD_PATHS:
+  """The key of rljax's tree that verl 0.9's `path` sets (`VERL_09_PATHS`); `path` itself otherwise."""
+  for verl, ours in VERL_09_PATHS:
     if path == verl or (verl.endswith(".") and path.startswith(verl)):
       return ours + path[len(verl):]
   return path

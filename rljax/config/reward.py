@@ -6,6 +6,7 @@ from ml_collections import ConfigDict
 
 from rljax.config.engines import megatron, profiler
 from rljax.config.fields import follow, null
+from rljax.config.actor_rollout_ref import disaggregation
 
 
 def build_reward_model(model: ConfigDict, critic: ConfigDict) -> ConfigDict:
@@ -49,7 +50,7 @@ def build_reward_model(model: ConfigDict, critic: ConfigDict) -> ConfigDict:
       "reward_loop_class_name": null(str),
       "ulysses_sequence_parallel_size": 1,
       "use_reward_loop": True,
-      "num_workers": 1,
+      "num_workers": 8,
       "rollout": _reward_rollout(),
       "megatron": megatron(forward_only=True),
       "overlong_buffer": {
@@ -86,4 +87,21 @@ def _reward_rollout() -> ConfigDict:
       "skip_tokenizer_init": False,
       "prompt_length": 2048,
       "response_length": 2048,
+      # verl 0.9's reward.reward_model.rollout, a full rollout config
+      "pipeline_model_parallel_size": 1,
+      "layered_summon": False,
+      "scheduling_policy": "fcfs",
+      "full_determinism": False,
+      "seed": 42,
+      "multi_stage_wake_up": False,
+      "ignore_eos": False,
+      "temperature": 1.0,
+      "top_k": -1,
+      "top_p": 1.0,
+      "do_sample": True,
+      "n": 1,
+      "quantization": null(str),
+      "quantization_config_file": null(str),
+      "mtp": null(dict),
+      "disaggregation": disaggregation(),
   })

@@ -54,6 +54,7 @@ def build_trainer() -> ConfigDict:
       "total_training_steps": null(int),
       "profile_steps": null(list),
       "project_name": "verl_examples",
+      "checkpoint_callback_class": null(str),
       "experiment_name": "gsm8k",
       "logger": ["console", "wandb"],
       "log_val_generations": 0,
@@ -157,6 +158,10 @@ def build_global_profiler() -> ConfigDict:
       "steps": null(list),
       "profile_continuous_steps": False,
       "save_path": "outputs/profile",
+      "relocate_results": False,
+      "finish_hook_cmd": null(str),
+      "finish_hook_all_ranks": False,
+      "finish_hook_ranks": [],
       "global_tool_config": {
           "nsys": {
               "discrete": False,
@@ -168,6 +173,61 @@ def build_global_profiler() -> ConfigDict:
               "context": "all",
               "stacks": "all",
               "kw_args": {},
+              "memory_snapshot_num_steps": 1,
           },
+          "precision_debugger": {"config_path": null(str), "steps": null(list), "stages": null(list),
+                                 "strict": False},
       },
+  })
+
+
+def build_transfer_queue() -> ConfigDict:
+  """verl 0.9's Ray data-transfer queue and its storage backends."""
+  return ConfigDict({
+      "enable": False,
+      "metrics": {"enabled": False, "port": 0},
+      "backend": {
+          "storage_backend": "SimpleStorage",
+          "SimpleStorage": {"total_storage_size": 100000, "num_data_storage_units": 8},
+          "MooncakeStore": {"auto_init": False, "metadata_server": "localhost:50123",
+                            "master_server_address": "localhost:50124", "local_hostname": "localhost",
+                            "protocol": "tcp", "global_segment_size": 4294967296, "local_buffer_size": 1073741824,
+                            "device_name": ""},
+      },
+  })
+
+
+# verl 0.9's default teacher's inference server (prompt and response lengths and temperature follow the rollout's
+# there; here its defaults)
+TEACHER_INFERENCE = {
+    "name": "vllm", "dtype": "bfloat16", "gpu_memory_utilization": 0.5, "enforce_eager": True,
+    "cudagraph_capture_sizes": None, "free_cache_engine": True, "data_parallel_size": 1, "expert_parallel_size": 1,
+    "tensor_model_parallel_size": 2, "max_num_batched_tokens": 8192, "max_model_len": None, "max_num_seqs": 1024,
+    "load_format": "auto", "engine_kwargs": {}, "limit_images": None, "enable_chunked_prefill": True,
+    "enable_prefix_caching": True, "disable_log_stats": True, "skip_tokenizer_init": True, "prompt_length": 512,
+    "response_length": 512, "temperature": 1.0,
+}
+_TEACHER_NULLS = {"cudagraph_capture_sizes": list, "max_model_len": int, "limit_images": int}
+
+
+def teacher_model() -> ConfigDict:
+  """verl 0.9's default entry of distillation.teacher_models."""
+  inference = {key: null(_TEACHER_NULLS[key]) if key in _TEACHER_NULLS else value
+               for key, value in TEACHER_INFERENCE.items()}
+  return ConfigDict({"key": null(str), "model_path": null(str), "num_replicas": 0, "inference": inference})
+
+
+def build_distillation() -> ConfigDict:
+  """verl 0.9's on-policy distillation from teacher models (teacher_models is free-form: one entry per teacher)."""
+  return ConfigDict({
+      "enabled": False,
+      "distillation_loss": {
+          "loss_mode": "k3", "topk": 32, "use_task_rewards": True, "distillation_loss_coef": 1.0,
+          "loss_max_clamp": null(float), "log_prob_min_clamp": null(float), "use_policy_gradient": False,
+          "policy_loss_mode": "vanilla", "clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2,
+      },
+      "n_gpus_per_node": 8,
+      "nnodes": 0,
+      "teacher_models": {"teacher_model": teacher_model()},
+      "teacher_key": "data_source",
   })

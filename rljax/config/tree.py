@@ -24,7 +24,8 @@ from rljax.config.engines import MEGATRON_FREE_FORM, PROFILED_SECTIONS
 from rljax.config.errors import NO_VALUE, ConfigError
 from rljax.config.fields import follow, get_node, null
 from rljax.config.reward import build_reward_model
-from rljax.config.trainer import build_async_training, build_global_profiler, build_recipe_rollout, build_trainer
+from rljax.config.trainer import (build_async_training, build_distillation, build_global_profiler, build_recipe_rollout,
+                                  build_trainer, build_transfer_queue)
 
 # Free-form dictionaries: any key may be added below these paths.
 OPEN_DICTS = (
@@ -40,6 +41,7 @@ OPEN_DICTS = (
     "data.apply_chat_template_kwargs",
     "global_profiler.global_tool_config.torch_memory.kw_args",
     "trainer.v1.sampler.sampler_kwargs",
+    "distillation.teacher_models",
     *(f"{role}.megatron.{key}" for key in MEGATRON_FREE_FORM
       for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")),
 )
@@ -77,10 +79,14 @@ def get_base_config() -> ConfigDict:
   }
   config.global_profiler = build_global_profiler()
   _follow_global_profiler(config)
-  config.transfer_queue = {"enable": False}
+  config.transfer_queue = build_transfer_queue()
+  config.distillation = build_distillation()
+  config.skip = {stage: {"enable": False, "dump_dir": "~/.verl/rollout_dump", "steps": [], "action": "cache"}
+                 for stage in ("rollout", "rollout_tq", "async_rollout")}
   config.async_training = build_async_training()
   config.rollout = build_recipe_rollout()
-  config.ray_kwargs = {"ray_init": {"num_cpus": null(int)}, "timeline_json_file": null(str)}
+  config.ray_kwargs = {"ray_init": {"num_cpus": null(int), "runtime_env": {"py_executable": null(str)}},
+                       "timeline_json_file": null(str)}
   config.lock()
   for path in OPEN_DICTS:
     get_node(config, path).unlock()
@@ -101,6 +107,9 @@ def _add_verl_links(config: ConfigDict) -> None:
   arr.rollout.profiler.enable = follow(arr.actor.profiler, "enable")
   arr.rollout.prometheus.served_model_name = follow(arr.model, "path")
   config.data.tool_config_path = follow(arr.rollout.multi_turn, "tool_config_path")
+  config.data.function_tool_path = follow(arr.rollout.multi_turn, "function_tool_path")
+  for key in ("project_name", "experiment_name"):
+    arr.rollout.trace[key] = follow(config.trainer, key)
   config.reward_model.megatron.use_distributed_optimizer = False
 
 

@@ -237,7 +237,8 @@ def _check_dynamic_sampling(config: ConfigDict) -> None:
     return
   check(isinstance(groups.metric, str) and bool(groups.metric), "algorithm.filter_groups.metric", groups.metric,
         "dynamic sampling needs the per-response value whose spread decides which groups to keep",
-        "set algorithm.filter_groups.metric=acc (or score, seq_reward, seq_final_reward)")
+        "set algorithm.filter_groups.metric=reward (verl 0.9's default: the summed score; or acc, score, "
+        "seq_reward, seq_final_reward)")
   check(not (groups.metric == "seq_final_reward" and config.algorithm.use_kl_in_reward),
         "algorithm.filter_groups.metric", groups.metric,
         "the final reward with use_kl_in_reward needs old and reference log-probs of every generated response, "

@@ -62,7 +62,7 @@ from ml_collections.config_dict import MutabilityError
 from rljax.config.errors import NO_VALUE, ConfigError
 from rljax.config.fields import get_node
 from rljax.config.keys import ignored_reason
-from rljax.config.overrides import DICT_FIELDS, held_at, set_value
+from rljax.config.overrides import DICT_FIELDS, held_at, rljax_path, set_value
 from rljax.config.tree import get_base_config, unknown_key_error
 from rljax.config.yaml_io import YamlLoader, format_value, parse_yaml
 
@@ -82,7 +82,6 @@ TRAINER_CONFIG_PREFIX = "verl:"
 
 _LOG = logging.getLogger("rljax.config.verl_yaml")
 # `${...}`, whose resolver arguments may hold one level of braces (`${oc.select:a.b,{}}`).
-_INTERPOLATION = re.compile(r"\$\{((?:[^${}]|\{[^${}]*\})*)\}")
 _RESOLVER = re.compile(r"^(?P<name>[A-Za-z_][\w.]*):(?P<args>.*)$")
 
 
@@ -229,12 +228,24 @@ def _entries(tree: dict, lines: dict[str, int], source: str) -> list[Entry]:
   if isinstance(defaults, list):
     _check_choices(defaults, source)
   body = {str(k): v for k, v in tree.items() if k not in (DEFAULTS_KEY, HYDRA_KEY)}
-  own = [Entry(path, value, lines.get(path)) for path, value in _leaves(body)]
+  own = [Entry(rljax_path(path), value, lines.get(path)) for path, value in _leaves(body)
+         if not legacy_unset(path, value)]
   entries = _ordered(defaults, own, lines.get(DEFAULTS_KEY))
   if DEFAULTS_KEY in tree:
     _LOG.info("%s: of Hydra's defaults list, rljax reads the engine it picks (%s); its base config holds every key "
               "the list composes", source, ", ".join(f"{e.path}={e.value}" for e in entries if e.chosen) or "none")
   return entries
+
+
+# verl 0.9's legacy reward sections: declared at null, and copied into its `reward` node only where set
+# (migrate_legacy_reward_impl); rljax holds them in its own tree (`rljax.config.overrides.VERL_09_PATHS`)
+LEGACY_REWARD_SECTIONS = ("reward_model.", "custom_reward_function.", "sandbox_fusion.")
+
+
+def legacy_unset(path: str, value: Any) -> bool:
+  """Whether a YAML file's `path: value` is one of verl 0.9's legacy reward keys left at null (unset: rljax's
+  default stands, as verl 0.9 copies only the set ones)."""
+  return value is None and path.startswith(LEGACY_REWARD_SECTIONS)
 
 
 def read_entries(text: str, source: str = "<yaml>") -> list[Entry]:
@@ -292,9 +303,9 @@ def _environment(entry: Entry, name: str, default: str | None) -> Any:
 def _key_path(entry: Entry, expression: str) -> str:
   """The absolute key an interpolation names (relative ones resolved from `entry.path`)."""
   if not expression.startswith("."):
-    return expression.strip()
+    return rljax_path(expression.strip())
   try:
-    return _relative(expression, entry.path)
+    return rljax_path(_relative(expression, entry.path))
   except ValueError as error:
     raise ConfigError(entry.path, entry.value, str(error),
                       "write an absolute key path such as ${data.max_response_length}") from None
@@ -321,19 +332,42 @@ def resolve_interpolation(config: ConfigDict, expression: str, entry: Entry) -> 
     return _environment(entry, first, default)
   if name == "oc.select":
     target = _key_path(entry, first)
-    return Link(target) if _has_key(config, target) else _scalar(default)
+    if _has_key(config, target):
+      return Link(target)
+    nested = interpolation_spans(default or "")
+    if nested == [(0, len(default or ""))]:  # a default that is itself one interpolation
+      return resolve_interpolation(config, default[2:-1], entry)
+    return _scalar(default)
   raise ConfigError(entry.path, entry.value, f"uses the resolver {name}, which rljax does not evaluate",
                     "write the value itself")
+
+
+def interpolation_spans(text: str) -> list[tuple[int, int]]:
+  """(start, end) of each outermost `${...}` of `text`, nested ones inside it included (verl 0.9 writes
+  `${oc.select:A,${oc.select:B,null}}`)."""
+  spans, depth, start = [], 0, 0
+  for i, char in enumerate(text):
+    if text.startswith("${", i):
+      if depth == 0:
+        start = i
+      depth += 1
+    elif char == "{" and depth and text[i - 1] != "$":  # a mapping inside, as in `${oc.select:A,{}}`
+      depth += 1
+    elif char == "}" and depth:
+      depth -= 1
+      if depth == 0:
+        spans.append((start, i + 1))
+  return spans
 
 
 def interpolation_parts(config: ConfigDict, entry: Entry) -> list[Any]:
   """A string value cut into literal text and resolved `${...}` parts (Links or values)."""
   parts, position = [], 0
-  for match in _INTERPOLATION.finditer(entry.value):
-    if match.start() > position:
-      parts.append(entry.value[position:match.start()])
-    parts.append(resolve_interpolation(config, match.group(1), entry))
-    position = match.end()
+  for start, end in interpolation_spans(entry.value):
+    if start > position:
+      parts.append(entry.value[position:start])
+    parts.append(resolve_interpolation(config, entry.value[start + 2:end - 1], entry))
+    position = end
   if position < len(entry.value):
     parts.append(entry.value[position:])
   return parts
@@ -419,7 +453,7 @@ def apply_entry(config: ConfigDict, entry: Entry) -> None:
   if isinstance(entry.value, list) and any(isinstance(v, str) and "${" in v for v in entry.value):
     raise ConfigError(entry.path, entry.value, "interpolations inside a list are not evaluated",
                       "write the list's values themselves")
-  if not (isinstance(entry.value, str) and _INTERPOLATION.search(entry.value)):
+  if not (isinstance(entry.value, str) and interpolation_spans(entry.value)):
     set_value(config, entry.path, entry.value)
     return
   parts = interpolation_parts(config, entry)

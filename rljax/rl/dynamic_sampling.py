@@ -29,13 +29,13 @@ import numpy as np
 from rljax.rl.experience import Experience, concatenate
 from rljax.sharding import hosts
 
-SEQUENCE_METRICS = ("seq_reward", "seq_final_reward")
+SEQUENCE_METRICS = ("seq_reward", "seq_final_reward", "reward")  # reward: verl 0.9's name of seq_reward
 
 
 def metric_values(rows: Experience, metric: str) -> np.ndarray:
   """[N] the filter metric of each row.
 
-  seq_reward and seq_final_reward are the row's summed token scores (the
+  seq_reward, seq_final_reward and reward (verl 0.9's canonical pre-KL reward) are the row's summed token scores (the
   final reward equals the score here: KL in the reward is applied after
   filtering, and validation rejects it with seq_final_reward); any other
   name is a numeric entry of the reward function's extra info (`acc`,

@@ -176,13 +176,14 @@ def router_loss(cfg: Any, stats: jax.Array, tokens: jax.Array) -> tuple[jax.Arra
 
 
 def critic_loss(graphdef: nnx.GraphDef, critic_config: Any, group_size: int) -> Callable:
-  """(params, micro, info, key) -> (loss, metrics) of verl's clipped value loss on one micro-batch."""
+  """(params, micro, info, key) -> (loss, metrics) of verl's clipped value loss on one micro-batch (its
+  seq-mean-token-sum-norm divisor critic.loss_scale_factor, which follows the actor's, as in verl 0.9.1)."""
   def loss_fn(params, micro: Experience, info, key):
     del key
     vpreds = nnx.merge(graphdef, params).response_values(micro, group_size)
     loss, clipfrac = value_loss.compute_value_loss(
         vpreds, micro.returns, micro.values, micro.response_mask, critic_config.cliprange_value,
-        loss_agg_mode=critic_config.loss_agg_mode, **info)
+        loss_agg_mode=critic_config.loss_agg_mode, loss_scale_factor=critic_config.loss_scale_factor, **info)
     mask = micro.response_mask.astype(jnp.float32)
     vpred_mean = agg.agg_loss(vpreds, mask, "token-mean")
     return loss, {"critic/vf_loss": loss, "critic/vf_clipfrac": clipfrac, "critic/vpred_mean": vpred_mean}

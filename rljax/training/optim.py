@@ -8,10 +8,12 @@ stepped once per training step (verl steps its scheduler after each
 
     warmup = lr_warmup_steps if > 0 else int(lr_warmup_steps_ratio * total)
     constant: lr * min(1, s / max(1, warmup))
-    cosine:   lr * f(s),  f = min_lr_ratio + (1 - min_lr_ratio) * s / warmup    (s < warmup)
+    cosine:   lr * f(s'), f = s' / warmup                                        (s' < warmup)
                           f = max(min_lr_ratio, c * cos(2π * num_cycles * p) + i) (after)
-              p = (s - warmup) / max(1, total - warmup),
-              c = (1 - min_lr_ratio) / 2, i = (1 + min_lr_ratio) / 2
+              p = (s' - warmup) / max(1, total - warmup),
+              c = (1 - min_lr_ratio) / 2, i = (1 + min_lr_ratio) / 2,
+              s' = s, or s + 1 with optim.zero_indexed_step=false
+              (verl 0.9.1's get_cosine_schedule_with_warmup: the warm-up starts at 0, its init_lr_ratio unset)
     wsd:      lr * g(s)  (warm-up, stable, decay; verl's SFT `lr_scheduler: wsd`)
               stable = int(0.9 * max(0, total - warmup)), decay = max(0, total - warmup) - stable
               g = s / max(1, warmup)                                          (s < warmup)
@@ -66,7 +68,9 @@ def lr_factor(step, optim, total_steps: int):
   if optim.lr_scheduler_type == "constant":
     return jnp.minimum(1.0, step / max(1, warmup)) if warmup > 0 else jnp.ones_like(step)
   floor = float(optim.min_lr_ratio or 0.0)
-  ramp = floor + (1.0 - floor) * step / max(1, warmup)
+  if not optim.get("zero_indexed_step", True):  # verl 0.9: its cosine schedule counts steps from 1
+    step = step + 1.0
+  ramp = step / max(1, warmup)
   progress = (step - warmup) / max(1, total_steps - warmup)
   wave = (1.0 - floor) * 0.5 * jnp.cos(math.pi * float(optim.num_cycles) * 2.0 * progress) + (1.0 + floor) * 0.5
   return jnp.where(step < warmup, ramp, jnp.maximum(floor, wave))

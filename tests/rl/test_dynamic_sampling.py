@@ -52,7 +52,8 @@ def test_kept_rows_of_several_hosts_are_ordered_as_one_process_generates_them():
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (["algorithm.filter_groups.enable=true"], "algorithm.filter_groups.metric=None"),
+    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=null"],
+     "algorithm.filter_groups.metric=None"),
     (["data.gen_batch_size=3"], r"data.gen_batch_size=3: does not divide data.train_batch_size \(4\).*"
                                 "trainer.use_v1=false to train on gen_batch_size prompts"),
     (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_final_reward",

@@ -186,7 +186,9 @@ def test_a_packed_run_gives_the_padded_runs_metrics(model_dir, data_dir, tmp_pat
 def test_steps_pack_by_the_verl_keys(model_dir, data_dir, tmp_path):
   from rljax.rl import steps as steps_lib  # pylint: disable=import-outside-toplevel
   config = tiny_run.run_config("ppo", model_dir, data_dir, str(tmp_path))
-  assert steps_lib.packs_actor(config) and not steps_lib.packs_critic(config)  # verl's defaults
+  assert steps_lib.packs_actor(config) and steps_lib.packs_critic(config)  # verl 0.9.1's defaults
+  config.critic.model.use_remove_padding = False
+  assert not steps_lib.packs_critic(config)
   config.actor_rollout_ref.model.use_remove_padding = False
   assert not steps_lib.packs_actor(config)
   config.actor_rollout_ref.model.use_remove_padding = True
