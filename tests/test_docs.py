@@ -10,6 +10,7 @@ import pytest
 from rljax import algos, docs_reference, sharding
 from rljax import config as C
 from rljax.config import keys as config_keys
+from rljax.config.overrides import rljax_path
 from rljax.data import preflight
 from rljax.models import api
 from rljax.rewards import default
@@ -132,8 +133,9 @@ def test_every_policy_loss_is_documented(name):
 
 
 def _resolves(config, key):
+  """Whether `key` (or the key verl 0.9's spelling of it lands on, `rljax_path`) is in `config`."""
   try:
-    C.get_node(config, key)
+    C.get_node(config, rljax_path(key + ".").rstrip("."))
   except (KeyError, AttributeError, TypeError):
     return False
   return True

@@ -10,6 +10,19 @@ Formats:
   start with `{` or `<|python_tag|>` is content only.
 - `mistral`: `[TOOL_CALLS]` then a JSON list of `{"name", "arguments"}` (or
   the v11+ form `[TOOL_CALLS]name[ARGS]{...}`); the text before is content.
+- `qwen3_coder` (Qwen3-Coder, Qwen3.5; verl 0.9.1's XML parser):
+  `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>...
+  </function>\n</tool_call>`; a block or function left open at the end of
+  the turn still counts. Each VALUE is text, converted by its parameter's
+  type in the tool's schema as verl converts it (null, integer, number,
+  boolean, object as JSON, others as a Python literal; a value that does not
+  convert stays text). The content is the text before the first call.
+- `glm` (GLM-4.5 and later): `<tool_call>NAME<arg_key>KEY</arg_key>
+  <arg_value>VALUE</arg_value>...</tool_call>`, each VALUE read as JSON where
+  it is JSON, else as text; the content is the text before the first call,
+  less a leading `<think>...</think>`. GLM ends a calling turn with
+  `<|observation|>`, which must be one of the model's end-of-turn ids (GLM's
+  generation_config.json lists it).
 
 In every format arguments may be an object or a JSON string holding one
 (OpenAI style), under "arguments" or "parameters"; missing or null
@@ -19,16 +32,23 @@ arguments are `{}`. A malformed call is returned as a `ToolCall` with
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import json
 import re
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-FORMATS = ("hermes", "llama3_json", "mistral")
+FORMATS = ("hermes", "llama3_json", "mistral", "qwen3_coder", "glm")
 FORMAT_KEY = "actor_rollout_ref.rollout.multi_turn.format"
 
 _HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _HERMES_OPEN = "<tool_call>"
+_HERMES_CLOSE = "</tool_call>"
+_QWEN3_CODER_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*?)$", re.DOTALL)
+_QWEN3_CODER_FUNCTION = re.compile(r"<function=(.*?)</function>|<function=(.*)$", re.DOTALL)
+_QWEN3_CODER_PARAMETER = re.compile(r"<parameter=(.*?)</parameter>|<parameter=(.*?)$", re.DOTALL)
+_GLM_ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
 _EOM = "<|eom_id|>"
 _MISTRAL_CALLS = "[TOOL_CALLS]"
@@ -55,26 +75,28 @@ class ToolCall:
   text: str = ""
 
 
-def parse_tool_calls(text: str, format: str, known: Sequence[str] | None = None
+def parse_tool_calls(text: str, format: str, known: Sequence[str] | Mapping[str, dict] | None = None
                      ) -> tuple[str, list[ToolCall]]:
   """(content without the calls, calls in order) of a model turn.
 
   Args:
-    text: the decoded turn, without its end-of-turn token.
+    text: the decoded turn (special tokens kept), without its end-of-turn token.
     format: one of FORMATS.
-    known: the tool names the rollout offers; a call to another name gets an
-      "unknown tool" error. None accepts any name.
+    known: the tool names the rollout offers, or {name: its OpenAI schema} (qwen3_coder reads the parameters'
+      types from it); a call to another name gets an "unknown tool" error. None accepts any name.
 
   Raises:
     ValueError: for an unknown format, naming FORMAT_KEY and the choices.
   """
-  parsers = {"hermes": _parse_hermes, "llama3_json": _parse_llama3_json, "mistral": _parse_mistral}
+  parsers = {"hermes": _parse_hermes, "llama3_json": _parse_llama3_json, "mistral": _parse_mistral,
+             "qwen3_coder": functools.partial(_parse_qwen3_coder, schemas=known if isinstance(known, Mapping) else {}),
+             "glm": _parse_glm}
   if format not in parsers:
     raise ValueError(f"{FORMAT_KEY}={format!r} is not a tool-call format rljax parses. "
                      f"Fix: use one of {', '.join(FORMATS)}")
   content, calls = parsers[format](text)
   if known is not None:
-    calls = [_check_known(call, known) for call in calls]
+    calls = [_check_known(call, list(known)) for call in calls]
   return content, calls
 
 
@@ -125,6 +147,94 @@ def _parse_mistral(text: str) -> tuple[str, list[ToolCall]]:
       calls.append(ToolCall("", None, f"expected a JSON list or name{_MISTRAL_ARGS}{{...}} after "
                             f"{_MISTRAL_CALLS}", body))
   return content, calls
+
+
+def _parse_qwen3_coder(text: str, schemas: Mapping[str, dict]) -> tuple[str, list[ToolCall]]:
+  """`<tool_call>` blocks of `<function=NAME>` with `<parameter=KEY>` values (either may be left open)."""
+  start = text.find(_HERMES_OPEN)
+  if start < 0:
+    return text, []
+  blocks = [a or b for a, b in _QWEN3_CODER_CALL.findall(text)]
+  functions = [a or b for block in blocks for a, b in _QWEN3_CODER_FUNCTION.findall(block)]
+  return text[:start], [_qwen3_coder_call(function, schemas) for function in functions]
+
+
+def _qwen3_coder_call(function: str, schemas: Mapping[str, dict]) -> ToolCall:
+  """One `NAME>...<parameter=...` function body as a call, its values converted by the schema's types."""
+  end = function.find(">")
+  if end < 0:
+    return ToolCall("", None, "malformed <function=...>: no '>' after the name", function)
+  name = function[:end]
+  properties = ((schemas.get(name) or {}).get("function", {}).get("parameters") or {}).get("properties") or {}
+  arguments = {}
+  for a, b in _QWEN3_CODER_PARAMETER.findall(function[end + 1:]):
+    body = a or b
+    split = body.find(">")
+    if split < 0:
+      return ToolCall(name, None, f"malformed <parameter=...> of {name}: no '>' after the key", function)
+    value = body[split + 1:]
+    value = value[1:] if value.startswith("\n") else value
+    value = value[:-1] if value.endswith("\n") else value
+    key = body[:split]
+    arguments[key] = _qwen3_coder_value(value, properties.get(key) if properties else None, key in properties)
+  return ToolCall(name, arguments, None, function)
+
+
+def _qwen3_coder_value(value: str, schema: dict | None, declared: bool) -> Any:
+  """A parameter's text as verl 0.9.1's Qwen3-Coder parser converts it by the schema's type (no schema: text)."""
+  if value.lower() == "null":
+    return None
+  if not declared:
+    return value
+  kind = str(schema.get("type", "string")).strip().lower() if isinstance(schema, dict) else "string"
+  if kind in ("string", "str", "text", "varchar", "char", "enum"):
+    return value
+  if kind.startswith(("int", "uint", "long", "short", "unsigned")):
+    try:
+      return int(value)
+    except ValueError:
+      return value
+  if kind.startswith(("num", "float")):
+    try:
+      number = float(value)
+    except ValueError:
+      return value
+    return number if number - int(number) != 0 else int(number)
+  if kind in ("boolean", "bool", "binary"):
+    return value.lower() == "true"
+  if kind == "object" or kind.startswith("dict"):
+    try:
+      return json.loads(value)
+    except json.JSONDecodeError:
+      pass
+  try:
+    return ast.literal_eval(value)
+  except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    return value
+
+
+def _parse_glm(text: str) -> tuple[str, list[ToolCall]]:
+  """`<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>` blocks."""
+  if _HERMES_OPEN not in text or _HERMES_CLOSE not in text:
+    return text, []
+  calls = []
+  for block in _HERMES_CALL.findall(text):
+    first = block.find("<arg_key>")
+    name = (block if first < 0 else block[:first]).strip()
+    pairs = [] if first < 0 else _GLM_ARGUMENT.findall(block[first:])
+    call = ToolCall(name, {key.strip(): _json_or_text(value) for key, value in pairs}, None, block)
+    calls.append(call if name else dataclasses.replace(call, arguments=None, error="missing name before <arg_key>"))
+  content = text[:text.find(_HERMES_OPEN)]
+  content = re.sub(r"^\s*</think>", "", re.sub(r"^\s*<think>.*?</think>", "", content, flags=re.DOTALL))
+  return content, calls
+
+
+def _json_or_text(raw: str) -> Any:
+  """A GLM argument value: its JSON value where it is JSON, else its text (stripped)."""
+  try:
+    return json.loads(raw.strip())
+  except json.JSONDecodeError:
+    return raw.strip()
 
 
 def _json_list(body: str) -> list[ToolCall]:

@@ -21,7 +21,7 @@ ADAM_NAMES = ("adamw", "adam")
 GRAD_CLIP_DEFAULT = 1.0
 DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 # multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*, rollout.agent.default_agent_loop)
-TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
+TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral", "qwen3_coder", "glm")
 TRUNCATE_SIDES = ("left", "middle", "right")
 SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 AGENT_LOOPS = ("single_turn_agent", "tool_agent")

@@ -1114,7 +1114,8 @@ KEYS = {
         "Check that turn-by-turn and whole-conversation tokenization agree.",
         deprecated=("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode", "true -> strict, false -> disable")),
     "actor_rollout_ref.rollout.multi_turn.format": Key(
-        "Tool-call format the model writes: hermes (<tool_call>{json}</tool_call>), llama3_json or mistral."),
+        "Tool-call format the model writes: hermes (<tool_call>{json}</tool_call>), llama3_json, mistral, "
+        "qwen3_coder (Qwen3-Coder's XML) or glm (verl 0.9.1's parsers; rljax.agents.parsing)."),
     "actor_rollout_ref.rollout.multi_turn.interaction_config_path": Key(
         "YAML file of interactions (simulated users that answer an assistant turn and may end the episode); a row "
         "picks one with extra_info.interaction_kwargs.name."),

@@ -293,7 +293,8 @@ class AgentSampler(RolloutSampler):
       return self._finish(episode, "assistant_turns")
     calls = []
     if episode.tools is not None:
-      _, calls = parsing.parse_tool_calls(text, settings.format, list(settings.tools))
+      _, calls = parsing.parse_tool_calls(text, settings.format, {name: tools_lib.tool_schema_of(tool)
+                                                                  for name, tool in settings.tools.items()})
     if not calls and episode.interaction is None:
       return self._finish(episode, "answer")
     if settings.max_user_turns and episode.user_turns >= settings.max_user_turns:

@@ -1,4 +1,4 @@
-"""Tool-call parsing: hermes, llama3_json and mistral, malformed calls included."""
+"""Tool-call parsing: hermes, llama3_json, mistral, qwen3_coder and glm, malformed calls included."""
 
 import pytest
 
@@ -92,6 +92,74 @@ def test_mistral_malformed():
 
 
 def test_unknown_format_names_the_key():
-  with pytest.raises(ValueError, match=r"multi_turn\.format='xml'.*hermes, llama3_json, mistral"):
+  with pytest.raises(ValueError, match=r"multi_turn\.format='xml'.*hermes, llama3_json, mistral, qwen3_coder, glm"):
     parse_tool_calls("", "xml")
-  assert FORMATS == ("hermes", "llama3_json", "mistral")
+  assert FORMATS == ("hermes", "llama3_json", "mistral", "qwen3_coder", "glm")
+
+
+def _schema(name: str, properties: dict) -> dict:
+  """An OpenAI function schema of `name` with these parameter properties."""
+  return {"type": "function", "function": {"name": name, "description": "d",
+                                           "parameters": {"type": "object", "properties": properties, "required": []}}}
+
+
+# (format, turn text, the tools' schemas or None, verl 0.9.1's own parser's (content, [(name, arguments)]):
+# verl/experimental/agent_loop/tool_parser.py of its wheel, run on each text; its values converted by the
+# schemas' types, calls left open at the end of the turn, text kept where it does not convert)
+VERL_091_PARSED = [
+    ('qwen3_coder',
+     'I will call.<tool_call>\n<function=add>\n<parameter=a>\n3\n</parameter>\n<parameter=b>\n2.0\n'
+     '</parameter>\n<parameter=c>\n2.5\n</parameter>\n<parameter=opts>\n{"x": 1}\n</parameter>\n'
+     "<parameter=flag>\nTrue\n</parameter>\n<parameter=items>\n[1, 'a']\n</parameter>\n"
+     '<parameter=note>\nnull\n</parameter>\n<parameter=extra>\n7\n</parameter>\n</function>\n'
+     '</tool_call>',
+     {"add": _schema("add", {"a": {"type": "integer"}, "b": {"type": "number"}, "c": {"type": "number"},
+                             "opts": {"type": "object"}, "flag": {"type": "boolean"}, "items": {"type": "array"},
+                             "note": {"type": "string"}})},
+     ("I will call.", [("add", {"a": 3, "b": 2, "c": 2.5, "opts": {"x": 1}, "flag": True, "items": [1, "a"],
+                                "note": None, "extra": "7"})])),
+    ('qwen3_coder',
+     '<tool_call>\n<function=search>\n<parameter=q>\nhello world\n</parameter>\n</function>\n'
+     '</tool_call>\n<tool_call>\n<function=search>\n<parameter=q>\nsecond',
+     None,
+     ('', [('search', {'q': 'hello world'}), ('search', {'q': 'second'})])),
+    ('qwen3_coder',
+     'no calls here',
+     None,
+     ('no calls here', [])),
+    ('qwen3_coder',
+     '<tool_call>\n<function=count>\n<parameter=n>\nfive\n</parameter>\n<parameter=m>\n{bad json\n'
+     '</parameter>\n</function>\n</tool_call>',
+     {"count": _schema("count", {"n": {"type": "integer"}, "m": {"type": "object"}})},
+     ('', [('count', {'n': 'five', 'm': '{bad json'})])),
+    ('glm',
+     '<think>hmm</think>Sure<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>'
+     '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>',
+     None,
+     ('Sure', [('get_weather', {'city': 'Paris', 'days': 3})])),
+    ('glm',
+     '</think>\nDone.<tool_call>ping</tool_call><tool_call>set<arg_key>cfg</arg_key>\n'
+     '<arg_value>{"a": [1, 2]}</arg_value></tool_call>',
+     None,
+     ('\nDone.', [('ping', {}), ('set', {'cfg': {'a': [1, 2]}})])),
+    ('glm',
+     'just text <tool_call> unclosed',
+     None,
+     ('just text <tool_call> unclosed', [])),
+]
+
+
+@pytest.mark.parametrize("format, text, schemas, parsed", VERL_091_PARSED)
+def test_qwen3_coder_and_glm_calls_are_verl_091s(format, text, schemas, parsed):
+  content, calls = parse_tool_calls(text, format, schemas)
+  assert (content, [(c.name, c.arguments) for c in calls]) == parsed
+  assert all(c.error is None for c in calls)
+
+
+def test_malformed_qwen3_coder_and_glm_calls_are_answered_not_dropped():
+  calls = parse_tool_calls("<tool_call><function=add</function></tool_call>", "qwen3_coder")[1]
+  assert calls[0].error.startswith("malformed <function=...>")  # verl drops it; rljax answers it
+  calls = parse_tool_calls("<tool_call><arg_key>a</arg_key><arg_value>1</arg_value></tool_call>", "glm")[1]
+  assert calls[0].error == "missing name before <arg_key>"
+  assert parse_tool_calls("<tool_call>\n<function=f>\n</function>\n</tool_call>", "qwen3_coder", ["g"]
+                          )[1][0].error.startswith("unknown tool 'f'")
