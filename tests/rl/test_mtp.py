@@ -160,6 +160,7 @@ def test_mtp_keys_that_cannot_apply_are_config_errors_naming_them(model_dir, mim
                         "actor_rollout_ref.model.mtp.enable_train=true", "actor_rollout_ref.model.lora_rank=4")
 
 
+@pytest.mark.slow  # two 2-step runs (about 18 s): the packed depth positions under a token budget's empty slots
 def test_packed_micro_batches_under_a_token_budget_give_the_padded_runs_mtp_losses(mimo_dir, data_dir, tmp_path,
                                                                                    monkeypatch):
   # as tests/rl/test_packing.py's budget test: 208-token rows of 46-186 real tokens, 416 tokens a device
