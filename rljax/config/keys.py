@@ -508,7 +508,9 @@ def _role_09_keys() -> dict[str, Key]:
           "verl's copy of actor_rollout_ref.rollout.multi_turn.function_tool_path.",
           ignored="verl's copy of actor_rollout_ref.rollout.multi_turn.function_tool_path, which rljax reads"),
       "data.audio_key": Key(
-          "Column of the rows' audio inputs.", ignored="rljax's models read text and images; no audio column is read"),
+          "Column of the rows' audio inputs (verl 0.9: they replace the prompt's <audio> placeholders).",
+          mapped="a row whose column holds audio is refused, naming the file and row: rljax's models read text and "
+                 "images"),
       "algorithm.filter_groups.max_inflight_gen_batches": Key(
           "Dynamic sampling: generation batches verl keeps in flight at once.",
           ignored="how many prompt batches verl's sync trainer generates concurrently; the groups kept are the "

@@ -7,7 +7,7 @@ keys read are verl's: prompt_key, max_prompt_length, truncation, tool_config_pat
 (prompts rendered with those tools' schemas, as the chat template's `tools`),
 filter_overlong_prompts, filter_overlong_prompts_workers, return_raw_chat,
 return_full_prompt, return_raw_input_ids, shuffle, seed, image_key,
-image_patch_size (video_key: a column holding videos is refused).
+image_patch_size (video_key, audio_key: a column holding videos or audio is refused).
 
 Images (a vision-language model, given its `processor`): the row's
 `data.image_key` entries (`{"bytes": ...}`, `{"path": ...}` or paths, as
@@ -211,11 +211,13 @@ class RLHFDataset:
     self._file_ends = np.cumsum([parquet.num_rows(f) for f in self.data_files])
     parquet.check_columns(table, (self.prompt_key, *parquet.REQUIRED_COLUMNS),
                           source=", ".join(self.data_files))
-    video = first_media_row(table, config_get(config, "video_key"))
-    if video is not None:  # training on the prompts without their media would be a different task
-      raise ValueError(f"{self.describe_row(video)}: column {config_get(config, 'video_key')!r} (data.video_key) "
-                       "holds videos, which rljax does not read (images only). Fix: drop the column, or give the "
-                       "frames as images.")
+    for key, media, fix in (("video_key", "videos", "give the frames as images"),
+                            ("audio_key", "audio", "give the prompts without their <audio> parts")):
+      column = config_get(config, key, None)
+      row = first_media_row(table, column)
+      if row is not None:  # training on the prompts without their media would be a different task
+        raise ValueError(f"{self.describe_row(row)}: column {column!r} (data.{key}) holds {media}, which rljax "
+                         f"does not read (images only). Fix: drop the column, or {fix}.")
     image = first_media_row(table, self.image_key)
     if image is not None and processor is None:
       raise ValueError(f"{self.describe_row(image)}: column {self.image_key!r} (data.image_key) holds images, and "

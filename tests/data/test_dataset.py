@@ -248,6 +248,12 @@ def test_media_columns_are_an_error_naming_the_row_not_silently_dropped(tmp_path
   rows[2]["videos"] = [{"bytes": b"..."}]
   with pytest.raises(ValueError, match=r"c.parquet row 2: column 'videos' \(data.video_key\) holds videos"):
     data.make_dataset(write_rows(tmp_path / "c.parquet", rows), tokenizer, data_config(max_prompt_length=8))
+  for row in rows:
+    row.update(videos=[], sounds=[])
+  rows[1]["sounds"] = [{"bytes": b"RIFF"}]  # verl 0.9's audio column, under the name data.audio_key gives
+  with pytest.raises(ValueError, match=r"d.parquet row 1: column 'sounds' \(data.audio_key\) holds audio"):
+    data.make_dataset(write_rows(tmp_path / "d.parquet", rows), tokenizer,
+                      data_config(max_prompt_length=8, audio_key="sounds"))
 
 
 def test_images_become_their_tokens_and_count_in_the_prompt_length(tmp_path):
