@@ -51,6 +51,7 @@ def test_verl_09_defaults():
      "actor_rollout_ref.rollout.multi_turn.function_tool_path"),
     ("trainer.checkpoint_callback_class=my.Callback", "trainer.checkpoint_callback_class"),
     ("critic.model.lora_adapter_path=/tmp/adapter", "critic.model.lora_adapter_path"),
+    ("algorithm.filter_groups.max_inflight_gen_batches=2", "algorithm.filter_groups.max_inflight_gen_batches"),
 ])
 def test_verl_09_features_rljax_lacks_are_config_errors_naming_the_key(override, key):
   with pytest.raises(C.ConfigError, match=key.replace(".", r"\.")):

@@ -512,9 +512,11 @@ def _role_09_keys() -> dict[str, Key]:
           mapped="a row whose column holds audio is refused, naming the file and row: rljax's models read text and "
                  "images"),
       "algorithm.filter_groups.max_inflight_gen_batches": Key(
-          "Dynamic sampling: generation batches verl keeps in flight at once.",
-          ignored="how many prompt batches verl's sync trainer generates concurrently; the groups kept are the "
-                  "same (rljax generates a step's batches one after another)"),
+          "Dynamic sampling: generation batches verl keeps in flight at once (it keeps the groups that finish "
+          "first and drops the rest).",
+          default_only=("more than one batch in flight is not implemented: rljax's dynamic sampling generates a "
+                        "step's batches one after another and keeps every surviving group in prompt order",
+                        "drop it (1, verl's default)")),
       "trainer.checkpoint_callback_class": Key(
           "A class verl calls after each checkpoint save.",
           default_only=("checkpoint callbacks are not implemented", "drop it")),
