@@ -515,7 +515,7 @@ def _role_09_keys() -> dict[str, Key]:
           "Dynamic sampling: generation batches verl keeps in flight at once (it keeps the groups that finish "
           "first and drops the rest).",
           default_only=("more than one batch in flight is not implemented: rljax's dynamic sampling generates a "
-                        "step's batches one after another and keeps every surviving group in prompt order",
+                        "step's rounds one after another and keeps the first surviving groups in generation order",
                         "drop it (1, verl's default)")),
       "trainer.checkpoint_callback_class": Key(
           "A class verl calls after each checkpoint save.",
