@@ -78,6 +78,30 @@ def test_verl_09_legacy_reward_keys_at_null_keep_rljax_defaults(tmp_path):
   assert config.custom_reward_function.name == "compute_score"
 
 
+def test_legacy_reward_keys_a_file_sets_win_over_verl_09s_reward_node(tmp_path):
+  path = tmp_path / "both.yaml"  # verl 0.9's migrate_legacy_reward_impl copies the set legacy values over
+  path.write_text("custom_reward_function:\n  path: /tmp/my_reward.py\n  name: null\nreward_model:\n  enable: true\n"
+                  "reward:\n  custom_reward_function:\n    path: null\n  reward_model:\n    enable: false\n"
+                  "    model_path: /tmp/rm\n")
+  config = verl_yaml.load_file(str(path))
+  assert config.custom_reward_function.path == "/tmp/my_reward.py" and config.reward_model.enable is True
+  assert config.reward_model.model.path == "/tmp/rm"  # set only under reward: taken from there
+
+
+def test_glms_observation_token_ends_a_turn_where_tools_are_called():
+  import tokenizers  # pylint: disable=import-outside-toplevel
+  from rljax.models.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
+  from rljax.rl import assembly  # pylint: disable=import-outside-toplevel
+  vocab = {"<eos>": 0, "<|observation|>": 1, "a": 2}
+  tokenizer = Tokenizer(tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="a")), eos_token="<eos>")
+  config = C.get_base_config()
+  model_config = ModelConfig(eos_token_id=0)
+  assert assembly.response_stop_ids(config, tokenizer, model_config) == (0,)
+  config.actor_rollout_ref.rollout.multi_turn.enable = True
+  config.actor_rollout_ref.rollout.multi_turn.format = "glm"
+  assert assembly.response_stop_ids(config, tokenizer, model_config) == (0, 1)
+
+
 def test_the_critic_loss_divides_seq_mean_token_sum_norm_by_its_loss_scale_factor():
   cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                     head_dim=8)

@@ -21,8 +21,8 @@ Formats:
   <arg_value>VALUE</arg_value>...</tool_call>`, each VALUE read as JSON where
   it is JSON, else as text; the content is the text before the first call,
   less a leading `<think>...</think>`. GLM ends a calling turn with
-  `<|observation|>`, which must be one of the model's end-of-turn ids (GLM's
-  generation_config.json lists it).
+  `<|observation|>`, which the engine stops at (`format_stop_tokens`), as
+  verl's parser asks vLLM to.
 
 In every format arguments may be an object or a JSON string holding one
 (OpenAI style), under "arguments" or "parameters"; missing or null
@@ -48,6 +48,10 @@ _HERMES_CLOSE = "</tool_call>"
 _QWEN3_CODER_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*?)$", re.DOTALL)
 _QWEN3_CODER_FUNCTION = re.compile(r"<function=(.*?)</function>|<function=(.*)$", re.DOTALL)
 _QWEN3_CODER_PARAMETER = re.compile(r"<parameter=(.*?)</parameter>|<parameter=(.*?)$", re.DOTALL)
+# what decoding model-written JSON may raise: malformed text, a number past Python's digit limit, nesting past the
+# recursion limit (verl's parsers catch any exception there)
+_UNDECODABLE = (ValueError, RecursionError)
+GLM_OBSERVATION = "<|observation|>"
 _GLM_ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
 _EOM = "<|eom_id|>"
@@ -197,15 +201,15 @@ def _qwen3_coder_value(value: str, schema: dict | None, declared: bool) -> Any:
   if kind.startswith(("num", "float")):
     try:
       number = float(value)
-    except ValueError:
+      return number if number - int(number) != 0 else int(number)
+    except (ValueError, OverflowError):  # not a number, or inf / nan / 1e400: text, as verl keeps it
       return value
-    return number if number - int(number) != 0 else int(number)
   if kind in ("boolean", "bool", "binary"):
     return value.lower() == "true"
   if kind == "object" or kind.startswith("dict"):
     try:
       return json.loads(value)
-    except json.JSONDecodeError:
+    except _UNDECODABLE:
       pass
   try:
     return ast.literal_eval(value)
@@ -229,11 +233,17 @@ def _parse_glm(text: str) -> tuple[str, list[ToolCall]]:
   return content, calls
 
 
+def format_stop_tokens(format: str) -> tuple[str, ...]:
+  """Tokens that end a calling turn in `format` beside the model's EOS (verl's parser stop_token_ids): GLM's
+  `<|observation|>`."""
+  return (GLM_OBSERVATION,) if format == "glm" else ()
+
+
 def _json_or_text(raw: str) -> Any:
   """A GLM argument value: its JSON value where it is JSON, else its text (stripped)."""
   try:
     return json.loads(raw.strip())
-  except json.JSONDecodeError:
+  except _UNDECODABLE:
     return raw.strip()
 
 
@@ -241,7 +251,7 @@ def _json_list(body: str) -> list[ToolCall]:
   """A JSON list of call objects; anything after the list is a malformed call."""
   try:
     items, end = json.JSONDecoder().raw_decode(body)
-  except json.JSONDecodeError as e:
+  except _UNDECODABLE as e:
     return [ToolCall("", None, f"invalid JSON: {e}", body)]
   calls = [_call_from_value(item, json.dumps(item, ensure_ascii=False)) for item in items]
   rest = body[end:].strip()
@@ -256,7 +266,7 @@ def _json_objects(body: str, separator: str) -> list[ToolCall]:
   while pos < len(body):
     try:
       value, end = decoder.raw_decode(body, pos)
-    except json.JSONDecodeError as e:
+    except _UNDECODABLE as e:
       calls.append(ToolCall("", None, f"invalid JSON: {e}", body[pos:]))
       break
     calls.append(_call_from_value(value, body[pos:end]))
@@ -282,7 +292,7 @@ def _call_from_json(raw: str, text: str) -> ToolCall:
   """A call from the JSON text of one object."""
   try:
     value = json.loads(raw)
-  except json.JSONDecodeError as e:
+  except _UNDECODABLE as e:
     return ToolCall("", None, f"invalid JSON: {e}", text)
   return _call_from_value(value, text)
 
@@ -304,7 +314,7 @@ def _call_from_fields(name: str, raw_args: str, text: str) -> ToolCall:
     return ToolCall("", None, f"missing name before {_MISTRAL_ARGS}", text)
   try:
     args = json.loads(raw_args)
-  except json.JSONDecodeError as e:
+  except _UNDECODABLE as e:
     return ToolCall(name, None, f"invalid JSON arguments: {e}", text)
   return _with_arguments(name, args, text)
 
@@ -316,7 +326,7 @@ def _with_arguments(name: str, args: Any, text: str) -> ToolCall:
   if isinstance(args, str):
     try:
       args = json.loads(args) if args.strip() else {}
-    except json.JSONDecodeError as e:
+    except _UNDECODABLE as e:
       return ToolCall(name, None, f"invalid JSON in the arguments string: {e}", text)
   if not isinstance(args, dict):
     return ToolCall(name, None, f"arguments must be a JSON object, got {type(args).__name__}", text)

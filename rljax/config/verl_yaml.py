@@ -228,8 +228,10 @@ def _entries(tree: dict, lines: dict[str, int], source: str) -> list[Entry]:
   if isinstance(defaults, list):
     _check_choices(defaults, source)
   body = {str(k): v for k, v in tree.items() if k not in (DEFAULTS_KEY, HYDRA_KEY)}
-  own = [Entry(rljax_path(path), value, lines.get(path)) for path, value in _leaves(body)
-         if not legacy_unset(path, value)]
+  leaves = list(_leaves(body))
+  legacy_set = {path for path, value in leaves if path.startswith(LEGACY_REWARD_SECTIONS) and value is not None}
+  own = [Entry(rljax_path(path), value, lines.get(path)) for path, value in leaves
+         if not legacy_unset(path, value) and not overridden_by_legacy(path, legacy_set)]
   entries = _ordered(defaults, own, lines.get(DEFAULTS_KEY))
   if DEFAULTS_KEY in tree:
     _LOG.info("%s: of Hydra's defaults list, rljax reads the engine it picks (%s); its base config holds every key "
@@ -246,6 +248,12 @@ def legacy_unset(path: str, value: Any) -> bool:
   """Whether a YAML file's `path: value` is one of verl 0.9's legacy reward keys left at null (unset: rljax's
   default stands, as verl 0.9 copies only the set ones)."""
   return value is None and path.startswith(LEGACY_REWARD_SECTIONS)
+
+
+def overridden_by_legacy(path: str, legacy_set: set[str]) -> bool:
+  """Whether `path`, a key of verl 0.9's `reward` node, is one the same file also sets under its legacy name
+  (`legacy_set`, the legacy keys the file sets to a value): verl 0.9's migration copies the legacy value over it."""
+  return path.startswith("reward.") and rljax_path(path) in {rljax_path(p) for p in legacy_set}
 
 
 def read_entries(text: str, source: str = "<yaml>") -> list[Entry]:

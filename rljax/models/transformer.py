@@ -385,8 +385,9 @@ class CausalLM(nnx.Module):
     Args:
       hidden: [B, T, D] the trunk's final hidden states of the pass over input_ids.
       input_ids, attention_mask, positions, segment_ids: that pass's (see ``hidden_states``).
-      detach: no gradient flows from the depths into the trunk's hidden states or the embedding (verl's
-        mtp.detach_encoder); the LM head is the caller's to stop.
+      detach: no gradient flows from a depth into the states it reads (the trunk's or the previous depth's) or
+        into the embedding (verl's mtp.detach_encoder, which detaches each MTP layer's inputs); the LM head is the
+        caller's to stop.
 
     Depth k's state at position i predicts token i + k + 1; where token i + k lies past the row or in another
     segment, it predicts nothing (the caller masks it).
@@ -397,9 +398,9 @@ class CausalLM(nnx.Module):
     mask = _pass_mask(attention_mask, segment_ids, None)
     cos, sin = _rope_tables(self.cfg, positions, local=False)
     stop = jax.lax.stop_gradient if detach else (lambda x: x)
-    h, out = stop(hidden), []
+    h, out = hidden, []
     for depth, layer in enumerate(self.mtp, start=1):
-      h = layer(h, stop(self._embed(shifted(input_ids, depth))), cos, sin, mask)
+      h = layer(stop(h), stop(self._embed(shifted(input_ids, depth))), cos, sin, mask)
       out.append(h)
     return jnp.stack(out)
 

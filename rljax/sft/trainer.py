@@ -146,7 +146,8 @@ class SFTTrainer:
     path = os.path.expanduser(model_cfg.partial_pretrain)
     model = models.from_pretrained(path, dtype=_DTYPES[model_cfg.fsdp_config.model_dtype], mesh=self.mesh,
                                    rules=self.rules, scan_layers=model_cfg.scan_layers,
-                                   remat=model_cfg.enable_gradient_checkpointing)
+                                   remat=model_cfg.enable_gradient_checkpointing,
+                                   mtp=False)  # MiMo's MTP layers: verl's SFT trains and saves the trunk only
     if model.cfg.router_aux_loss_coef:
       raise config_lib.ConfigError(
           "model.partial_pretrain", model_cfg.partial_pretrain,

@@ -163,3 +163,21 @@ def test_malformed_qwen3_coder_and_glm_calls_are_answered_not_dropped():
   assert calls[0].error == "missing name before <arg_key>"
   assert parse_tool_calls("<tool_call>\n<function=f>\n</function>\n</tool_call>", "qwen3_coder", ["g"]
                           )[1][0].error.startswith("unknown tool 'f'")
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e400"])
+def test_a_qwen3_coder_number_python_cannot_make_an_integer_of_stays_text(value):
+  schemas = {"f": _schema("f", {"x": {"type": "number"}})}
+  text = f"<tool_call>\n<function=f>\n<parameter=x>\n{value}\n</parameter>\n</function>\n</tool_call>"
+  assert parse_tool_calls(text, "qwen3_coder", schemas)[1][0].arguments == {"x": value}  # verl keeps the text
+
+
+def test_json_no_decoder_can_hold_is_text_or_an_error_never_a_crash():
+  deep, huge = "[" * 100_000 + "]" * 100_000, "9" * 5000
+  schemas = {"f": _schema("f", {"x": {"type": "object"}})}
+  text = f"<tool_call>\n<function=f>\n<parameter=x>\n{deep}\n</parameter>\n</function>\n</tool_call>"
+  assert parse_tool_calls(text, "qwen3_coder", schemas)[1][0].arguments == {"x": deep}
+  glm = f"<tool_call>f<arg_key>x</arg_key><arg_value>{huge}</arg_value></tool_call>"
+  assert parse_tool_calls(glm, "glm")[1][0].arguments == {"x": huge}
+  calls = parse_tool_calls(f'<tool_call>{{"name": "f", "arguments": {{"x": {huge}}}}}</tool_call>', "hermes")[1]
+  assert calls[0].error.startswith("invalid JSON")

@@ -105,10 +105,18 @@ def test_no_gradient_reaches_the_head_and_with_detach_encoder_none_reaches_the_t
     trunk = response_log_probs(m, rows, 1.0, with_trunk=True)[2]
     return jnp.sum(mtp_lib.cross_entropy_sums(m, rows, trunk, training))
 
+  def second_depth_loss(s):
+    m = nnx.merge(graphdef, s)
+    trunk = response_log_probs(m, rows, 1.0, with_trunk=True)[2]
+    return mtp_lib.cross_entropy_sums(m, rows, trunk, training)[1]
+
   grads = nnx.to_flat_state(jax.jit(jax.grad(loss))(state))
-  norm = lambda prefix: sum(float(jnp.sum(v[...] ** 2)) for p, v in grads if p[0] == prefix)  # noqa: E731
-  assert norm("lm_head") == 0.0 and norm("mtp") > 0
-  assert (norm("layers") == 0.0) == detach and (norm("embed") == 0.0) == detach
+  norm = lambda g, *prefix: sum(float(jnp.sum(v[...] ** 2)) for p, v in g if p[:len(prefix)] == prefix)  # noqa: E731
+  assert norm(grads, "lm_head") == 0.0 and norm(grads, "mtp") > 0
+  assert (norm(grads, "layers") == 0.0) == detach and (norm(grads, "embed") == 0.0) == detach
+  # verl detaches each MTP layer's inputs: depth 2's loss reaches depth 1's layer only without detach_encoder
+  second = nnx.to_flat_state(jax.jit(jax.grad(second_depth_loss))(state))
+  assert (norm(second, "mtp", 0) == 0.0) == detach and norm(second, "mtp", 1) > 0
 
 
 @pytest.fixture(scope="module")
