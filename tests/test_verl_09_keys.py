@@ -91,15 +91,12 @@ def test_legacy_reward_keys_a_file_sets_win_over_verl_09s_reward_node(tmp_path):
 def test_glms_observation_token_ends_a_turn_where_tools_are_called():
   import tokenizers  # pylint: disable=import-outside-toplevel
   from rljax.models.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
-  from rljax.rl import assembly  # pylint: disable=import-outside-toplevel
+  from rljax.rollout import factory  # pylint: disable=import-outside-toplevel
   vocab = {"<eos>": 0, "<|observation|>": 1, "a": 2}
   tokenizer = Tokenizer(tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="a")), eos_token="<eos>")
-  config = C.get_base_config()
   model_config = ModelConfig(eos_token_id=0)
-  assert assembly.response_stop_ids(config, tokenizer, model_config) == (0,)
-  config.actor_rollout_ref.rollout.multi_turn.enable = True
-  config.actor_rollout_ref.rollout.multi_turn.format = "glm"
-  assert assembly.response_stop_ids(config, tokenizer, model_config) == (0, 1)
+  assert factory.stop_ids(tokenizer, model_config) == factory.stop_ids(tokenizer, model_config, "hermes") == (0,)
+  assert factory.stop_ids(tokenizer, model_config, "glm") == (0, 1)
 
 
 def test_the_critic_loss_divides_seq_mean_token_sum_norm_by_its_loss_scale_factor():

@@ -26,7 +26,6 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from rljax import models, sharding
-from rljax.agents import parsing
 from rljax.algos import kl as kl_lib
 from rljax.config.errors import ConfigError
 from rljax.config import validation
@@ -208,20 +207,10 @@ def _engine(config: ConfigDict, model: models.CausalLM, layout: Layout, mesh: Me
   slots = min(arr.rollout.max_num_seqs, staleness.rows_in_flight(config, host_rows, layout.n))
   return rollout_factory.build_engine(
       model, arr.rollout, prompt_length=config.data.max_prompt_length, slots=slots,
-      mesh=rollout_mesh, rules=rules, stop=response_stop_ids(config, tokenizer, model.cfg),
+      mesh=rollout_mesh, rules=rules,
+      stop=rollout_factory.stop_ids(tokenizer, model.cfg, arr.rollout.multi_turn.format
+                                    if arr.rollout.multi_turn.enable else None),
       record_routing=steps_lib.replays_rollout_routing(config), multi_turn=arr.rollout.multi_turn.enable)
-
-
-def response_stop_ids(config: ConfigDict, tokenizer: Any, model_config: models.ModelConfig) -> tuple[int, ...]:
-  """The ids ending a response: the model's EOS ids, and where tools are called, the tokens that end a calling turn
-  in multi_turn.format (GLM's <|observation|>) that the tokenizer holds."""
-  stop = rollout_factory.stop_ids(tokenizer, model_config)
-  multi_turn = config.actor_rollout_ref.rollout.multi_turn
-  if not multi_turn.enable or tokenizer is None:
-    return stop
-  extra = [tokenizer.tok.token_to_id(token) for token in parsing.format_stop_tokens(multi_turn.format)
-           if hasattr(tokenizer, "tok")]
-  return tuple(sorted(set(stop) | {int(i) for i in extra if i is not None}))
 
 
 def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any, batches_per_epoch: int,

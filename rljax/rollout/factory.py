@@ -23,6 +23,7 @@ from rljax.config.choices import CPU_DOT_LIBRARIES
 from rljax.config.errors import ConfigError
 from rljax.data import tokenization
 from rljax.models import CausalLM, ModelConfig, kv_quant, weight_quant
+from rljax.agents import parsing
 from rljax.rollout import agent_loop
 from rljax.rollout.engine import Engine, make_engine
 from rljax.rollout.sampler import RolloutSampler
@@ -116,11 +117,15 @@ def prefill_buckets(prompt_length: int, buckets: Sequence[int]) -> tuple[int, ..
   return tuple(sorted({b for b in buckets if b < prompt_length} | {prompt_length}))
 
 
-def stop_ids(tokenizer: Any, model_cfg: ModelConfig) -> tuple[int, ...]:
-  """Every id that ends a response: the tokenizer's EOS ids and the model config's."""
+def stop_ids(tokenizer: Any, model_cfg: ModelConfig, tool_format: str | None = None) -> tuple[int, ...]:
+  """Every id that ends a response: the tokenizer's EOS ids and the model config's, and where tools are called in
+  `tool_format` (multi_turn.format), the tokens that end a calling turn that the tokenizer holds (GLM's
+  <|observation|>, `rljax.agents.parsing.format_stop_tokens`)."""
   ids = list(tokenization.eos_token_ids(tokenizer)) if tokenizer is not None else []
   eos = model_cfg.eos_token_id
   ids += eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+  if tool_format is not None and hasattr(tokenizer, "tok"):
+    ids += [i for i in map(tokenizer.tok.token_to_id, parsing.format_stop_tokens(tool_format)) if i is not None]
   return tuple(sorted({int(i) for i in ids}))
 
 
