@@ -81,7 +81,7 @@ TRAINER_CONFIGS = {"ppo_trainer": {}, "ppo_megatron_trainer": {f"{role}.strategy
 TRAINER_CONFIG_PREFIX = "verl:"
 
 _LOG = logging.getLogger("rljax.config.verl_yaml")
-# `${...}`, whose resolver arguments may hold one level of braces (`${oc.select:a.b,{}}`).
+# a resolver call inside `${...}` (`interpolation_spans` finds them): `NAME:ARGS`
 _RESOLVER = re.compile(r"^(?P<name>[A-Za-z_][\w.]*):(?P<args>.*)$")
 
 
@@ -229,9 +229,10 @@ def _entries(tree: dict, lines: dict[str, int], source: str) -> list[Entry]:
     _check_choices(defaults, source)
   body = {str(k): v for k, v in tree.items() if k not in (DEFAULTS_KEY, HYDRA_KEY)}
   leaves = list(_leaves(body))
-  legacy_set = {path for path, value in leaves if path.startswith(LEGACY_REWARD_SECTIONS) and value is not None}
+  legacy_homes = {rljax_path(path) for path, value in leaves
+                  if path.startswith(LEGACY_REWARD_SECTIONS) and value is not None}
   own = [Entry(rljax_path(path), value, lines.get(path)) for path, value in leaves
-         if not legacy_unset(path, value) and not overridden_by_legacy(path, legacy_set)]
+         if not legacy_unset(path, value) and not overridden_by_legacy(path, legacy_homes)]
   entries = _ordered(defaults, own, lines.get(DEFAULTS_KEY))
   if DEFAULTS_KEY in tree:
     _LOG.info("%s: of Hydra's defaults list, rljax reads the engine it picks (%s); its base config holds every key "
@@ -250,10 +251,11 @@ def legacy_unset(path: str, value: Any) -> bool:
   return value is None and path.startswith(LEGACY_REWARD_SECTIONS)
 
 
-def overridden_by_legacy(path: str, legacy_set: set[str]) -> bool:
+def overridden_by_legacy(path: str, legacy_homes: set[str]) -> bool:
   """Whether `path`, a key of verl 0.9's `reward` node, is one the same file also sets under its legacy name
-  (`legacy_set`, the legacy keys the file sets to a value): verl 0.9's migration copies the legacy value over it."""
-  return path.startswith("reward.") and rljax_path(path) in {rljax_path(p) for p in legacy_set}
+  (`legacy_homes`: rljax's keys of the legacy ones the file sets to a value): verl 0.9's migration copies the legacy
+  value over it."""
+  return path.startswith("reward.") and rljax_path(path) in legacy_homes
 
 
 def read_entries(text: str, source: str = "<yaml>") -> list[Entry]:

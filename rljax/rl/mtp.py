@@ -95,17 +95,17 @@ def cross_entropy_sums(model: Any, batch: Experience, trunk: jax.Array, training
   final hidden states of its pass (`rljax.rl.sequences.response_log_probs`'s with_trunk)."""
   states = _depth_states(model, batch, trunk, training.detach)
   head = jax.lax.stop_gradient(model.lm_head_weight())
+  # every depth predicts the rows' response tokens [rows, R]
+  targets = (batch.responses if batch.packed is None
+             else packing.to_rows(packing.next_tokens(batch.packed), batch.packed.out_index))
   sums = []
   for k in range(1, training.depths + 1):
     if batch.packed is None:
       positions, valid = _padded_predictors(batch, k)
-      hidden, targets = states[k - 1][:, positions], batch.responses
+      hidden = states[k - 1][:, positions]
     else:
       source, valid = _packed_predictors(batch, k)
-      shards, per_shard, length = batch.packed.out_index.shape
       hidden = jnp.take_along_axis(states[k - 1], source[..., None], axis=1).reshape(valid.shape + (-1,))
-      index = jnp.maximum(batch.packed.out_index, 0).reshape(shards, -1)
-      targets = jnp.take_along_axis(packing.next_tokens(batch.packed), index, axis=1).reshape(valid.shape)
     log_probs, _ = token_log_probs(hidden, head, targets, with_entropy=False,
                                    softcap=model.cfg.final_logit_softcapping)
     sums.append(-jnp.sum(jnp.where(valid, log_probs, 0.0)))

@@ -93,8 +93,22 @@ class PassRouting(NamedTuple):
   experts: jax.Array
 
 
-def response_hidden(model: Any, batch: Experience, group_size: int = 1, with_routing: bool = False,
-                    with_trunk: bool = False) -> jax.Array | tuple[Any, ...]:
+def _predicting(batch: Experience) -> slice:
+  """The positions P - 1 .. P + R - 2 of a row, whose states predict its R response tokens."""
+  return slice(batch.input_ids.shape[1] - batch.responses.shape[1] - 1, -1)
+
+
+def _whole_rows(model: Any, batch: Experience) -> tuple[jax.Array, PassRouting | None]:
+  """(final hidden states of every position [N, P + R, D], the pass's PassRouting or None) of a pass over whole
+  rows."""
+  mask = batch.attention_mask
+  trunk, routing = model.hidden_states(batch.input_ids, mask, model_positions(batch.positions), with_routing=True,
+                                       experts=batch.routed_experts, images=images_of(batch))
+  return trunk, None if routing is None else PassRouting(routing.stats, jnp.sum(mask), routing.experts)
+
+
+def response_hidden(model: Any, batch: Experience, group_size: int = 1,
+                    with_routing: bool = False) -> jax.Array | tuple[jax.Array, PassRouting | None]:
   """[N, R, D] hidden states at the positions that predict each response token.
 
   With group_size n > 1, rows come in groups of n consecutive rows sharing
@@ -104,17 +118,13 @@ def response_hidden(model: Any, batch: Experience, group_size: int = 1, with_rou
 
   A batch holding `routed_experts` [N, P + R, L_sparse, k] replays that
   routing. With `with_routing`, also the pass's PassRouting (None for a dense
-  model); with `with_trunk` (group_size 1), last the hidden states of every position [N, P + R, D].
+  model).
   """
-  if with_trunk and group_size != 1:
-    raise ValueError("the hidden states of every position come from a pass over whole rows (group_size 1)")
   prompt_len = batch.input_ids.shape[1] - batch.responses.shape[1]
   mask, replay, images = batch.attention_mask, batch.routed_experts, images_of(batch)
   if group_size == 1:
-    trunk, routing = model.hidden_states(batch.input_ids, mask, model_positions(batch.positions), with_routing=True,
-                                         experts=replay, images=images)
-    hidden = trunk[:, prompt_len - 1:-1]
-    routing = None if routing is None else PassRouting(routing.stats, jnp.sum(mask), routing.experts)
+    trunk, routing = _whole_rows(model, batch)
+    hidden = trunk[:, _predicting(batch)]
   else:
     group_first = lambda x: x.reshape(-1, group_size, *x.shape[1:])[:, 0]  # noqa: E731
     first = lambda x: group_first(x)[:, :prompt_len]  # noqa: E731
@@ -132,9 +142,7 @@ def response_hidden(model: Any, batch: Experience, group_size: int = 1, with_rou
       # changes no number)
       routing = PassRouting(group_size * prompts.stats + responses.stats,
                             group_size * jnp.sum(first(mask)) + jnp.sum(mask[:, prompt_len:]), experts)
-  out = (hidden, routing) if with_routing else (hidden,)
-  out = out + (trunk,) if with_trunk else out
-  return out if len(out) > 1 else hidden
+  return (hidden, routing) if with_routing else hidden
 
 
 def model_positions(positions: jax.Array) -> jax.Array:
@@ -173,20 +181,22 @@ def response_log_probs(model: Any, batch: Experience, temperature: float,
   read, `rljax.rl.mtp`): [N, P + R, D] from padded rows (group_size 1), [D, B * L, D] from packed ones.
   """
   if batch.packed is not None:
-    log_probs, entropy, routing, trunk = packing.packed_log_probs(model, batch.packed, temperature, with_entropy,
-                                                                  chunk_size, sum_pi_squared, with_trunk=True)
+    log_probs, entropy, routing, *trunk = packing.packed_log_probs(model, batch.packed, temperature, with_entropy,
+                                                                   chunk_size, sum_pi_squared, with_trunk=with_trunk)
     if routing is not None:
       experts = None if batch.packed.row_index is None else packing.routing_to_rows(routing.experts,
                                                                                   batch.packed.row_index)
       routing = PassRouting(routing.stats, jnp.sum(batch.packed.segment_ids > 0), experts)
   else:
-    hidden, routing, *trunk = response_hidden(model, batch, group_size, with_routing=True, with_trunk=with_trunk)
-    trunk = trunk[0] if trunk else None
+    if with_trunk:  # every position's state: a pass over whole rows
+      whole, routing = _whole_rows(model, batch)
+      hidden, trunk = whole[:, _predicting(batch)], [whole]
+    else:
+      (hidden, routing), trunk = response_hidden(model, batch, group_size, with_routing=True), []
     log_probs, entropy = token_log_probs(hidden, model.lm_head_weight(), batch.responses, chunk_size=chunk_size,
                                          temperature=temperature, with_entropy=with_entropy,
                                          softcap=model.cfg.final_logit_softcapping, sum_pi_squared=sum_pi_squared)
-  out = (log_probs, entropy) + ((routing,) if with_routing else ())
-  return out + (trunk,) if with_trunk else out
+  return (log_probs, entropy) + ((routing,) if with_routing else ()) + tuple(trunk)
 
 
 def as_micro_batches(batch: Any, micro_batches: int) -> Any:
