@@ -353,9 +353,11 @@ def test_unset_micro_batch_is_the_whole_per_device_mini_batch_and_an_explicit_on
     assert config.critic.ppo_micro_batch_size_per_gpu == rows
   with pytest.raises(C.ConfigError, match="ppo_micro_batch_size_per_gpu=0: must be a positive integer"):
     resolved(experiment("grpo"), ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"], devices=8)
-  with pytest.raises(C.ConfigError, match="ppo_mini_batch_size=3: ppo_mini_batch_size \\* rollout.n \\(6\\) rows do not split"):
-    resolved(experiment("grpo"), ["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
-                                  "data.train_batch_size=3"], devices=4)
+  # 6 rows over 4 devices: 8 row slots, 2 a device (tests/rl/test_row_slots.py runs it); 24 over 48: 1 a device
+  uneven = ["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=3", "data.train_batch_size=3"]
+  assert resolved(experiment("grpo"), uneven, devices=4).actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 2
+  assert resolved(experiment("grpo"), ["actor_rollout_ref.rollout.n=8", *uneven[1:]],
+                  devices=48).actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 1
 
 
 def test_experiment_files_change_what_their_algorithm_needs():

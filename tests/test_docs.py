@@ -165,7 +165,6 @@ def _validate_error(overrides, world):
 
 VALIDATE_ERRORS = [
     (["data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=24"], 8),
-    (["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.rollout.n=3"], 8),
     (["actor_rollout_ref.actor.tensor_model_parallel_size=3"], 8),
     (["actor_rollout_ref.actor.tensor_model_parallel_size=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=3"], 8),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=3"], 8),

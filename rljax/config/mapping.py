@@ -45,22 +45,19 @@ def data_parallel_size(config: ConfigDict, world_size: int) -> int:
 def _map_global_micro_batch(config: ConfigDict, old: str, new: str, dp: int) -> None:
   value = get_node(config, old)
   n = config.actor_rollout_ref.rollout.n
-  per_device = value * n // dp
-  if per_device < 1:
-    raise ConfigError(old, value, f"x rollout.n ({n}) is smaller than the {dp} data-parallel devices", f"set {new} directly (rows per device)")
-  set_value(config, new, per_device)
+  set_value(config, new, max(1, value * n // dp))  # fewer rows than devices: a row slot each
 
 
 def _fill_micro_batch(config: ConfigDict, dp: int) -> None:
-  """An unset `ppo_micro_batch_size_per_gpu` becomes the device's whole mini-batch (rows per data-parallel device).
+  """An unset `ppo_micro_batch_size_per_gpu` becomes the device's whole mini-batch (its share of the
+  mini-batch's row slots, `rl.layout.slots_of`).
 
-  Left unset where the mini-batch does not split over `dp` devices (the
-  check names that key) or where use_dynamic_bsz sizes micro-batches.
+  Left unset where use_dynamic_bsz sizes micro-batches.
   """
   actor = config.actor_rollout_ref.actor
   rows = actor.ppo_mini_batch_size * config.actor_rollout_ref.rollout.n
-  if actor.ppo_micro_batch_size_per_gpu is None and not actor.use_dynamic_bsz and rows > 0 and rows % dp == 0:
-    set_value(config, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", rows // dp)
+  if actor.ppo_micro_batch_size_per_gpu is None and not actor.use_dynamic_bsz and rows > 0:
+    set_value(config, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", -(-rows // dp))
 
 
 def _map_rollout_is(config: ConfigDict, section: str) -> None:
@@ -269,8 +266,8 @@ def _map_megatron_lora(config: ConfigDict) -> None:
   targets = list(block.target_modules) if isinstance(block.target_modules, (list, tuple)) else None
   check(bool(targets) and all(t in table for t in targets), f"{_MEGATRON_LORA}.target_modules", block.target_modules,
         f"{block.type} adapts Megatron's {', '.join(table)}",
-        f"choose from those names (type canonical_lora names linear_q, linear_k, linear_v, linear_fc1_gate and "
-        f"linear_fc1_up; type lora their fused linear_qkv and linear_fc1)")
+        "choose from those names (type canonical_lora names linear_q, linear_k, linear_v, linear_fc1_gate and "
+        "linear_fc1_up; type lora their fused linear_qkv and linear_fc1)")
   for name, wanted, why in (("dropout_position", "pre", "dropout after the adapter"),
                             ("lora_B_init_method", "zero", "a B that does not start at 0"),
                             ("adapter_path", None, "starting from a Megatron adapter checkpoint")):

@@ -18,11 +18,11 @@ from rljax.config.choices import (
 )
 from rljax.config.fields import get_node
 from rljax.config.keys import UNIMPLEMENTED_VALUES
-from rljax.config.mapping import data_parallel_size, warn_once
+from rljax.config.mapping import warn_once
 from rljax.config.tree import get_base_config
 
 
-def _check_batches(config: ConfigDict, world_size: int | None) -> None:
+def _check_batches(config: ConfigDict) -> None:
   data, actor = config.data, config.actor_rollout_ref.actor
   n = config.actor_rollout_ref.rollout.n
   mini_key = "actor_rollout_ref.actor.ppo_mini_batch_size"
@@ -37,11 +37,6 @@ def _check_batches(config: ConfigDict, world_size: int | None) -> None:
   _check_token_budgets(config)
   if actor.use_dynamic_bsz:
     return
-  mini_rows = actor.ppo_mini_batch_size * n
-  dp = data_parallel_size(config, world_size) if world_size else 1
-  check(mini_rows % dp == 0, mini_key, actor.ppo_mini_batch_size,
-        f"ppo_mini_batch_size * rollout.n ({mini_rows}) rows do not split over {dp} data-parallel devices",
-        f"make ppo_mini_batch_size * rollout.n a multiple of {dp}")
   micro_key = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
   micro = actor.ppo_micro_batch_size_per_gpu
   check(isinstance(micro, int) and not isinstance(micro, bool) and micro > 0, micro_key, micro,
@@ -521,7 +516,7 @@ def validate(config: ConfigDict, world_size: int | None = None) -> ConfigDict:
   _check_lengths(config)
   _check_chat_template_kwargs(config)
   _check_custom_chat_template(config)
-  _check_batches(config, world_size)
+  _check_batches(config)
   _check_sampling(config)
   _check_algorithm(config)
   _check_unimplemented(config)

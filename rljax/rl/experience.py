@@ -40,7 +40,8 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.models.vision import ImageLayout, Images
-from rljax.sharding import hosts
+from rljax.rl import layout as layout_lib
+from rljax.sharding import hosts, mesh as sharding_lib
 from rljax.sharding import rules as rules_lib
 
 # axes of each kind of field: "sequence" [N, P + R], "prompt" [N, P], "response" [N, R], "row" [N]
@@ -245,10 +246,11 @@ def _unarrange_program(sharding: NamedSharding, dtype: jnp.dtype) -> Callable[[j
 
 
 def unarrange(outputs: jax.Array, arrangement: np.ndarray, abstract: jax.ShapeDtypeStruct) -> jax.Array:
-  """A pass's outputs [M, k, ...] over the micro-batches `arrangement` ([M, k] global row numbers, -1 in empty
-  slots, every row once) as the step's rows [1, N, ...] on device, laid out as `abstract` (moved on device)."""
+  """A pass's outputs [M, k, ...] over the micro-batches `arrangement` ([M, k] the slots of `OnDevice` they
+  belong in, -1 in empty micro-batch slots, every row once) as the step's rows [1, N', ...] on device, laid out
+  as `abstract` (moved on device; an empty slot of the step's copies any output)."""
   filled = arrangement >= 0
-  slots = np.empty(abstract.shape[1], np.int32)
+  slots = np.zeros(abstract.shape[1], np.int32)
   slots[arrangement[filled]] = np.flatnonzero(filled)
   replicated = NamedSharding(abstract.sharding.mesh, PartitionSpec())
   return _unarrange_program(abstract.sharding, abstract.dtype)(
@@ -256,8 +258,11 @@ def unarrange(outputs: jax.Array, arrangement: np.ndarray, abstract: jax.ShapeDt
 
 
 class OnDevice:
-  """One step's rows on device, each field placed once: [1, N, ...] over the batch rule, every host's rows at
-  their global row numbers (as `place` lays [1, N] rows: a host's after those of the hosts before it).
+  """One step's rows on device, each field placed once: [1, N', ...] over the batch rule, every host's rows in
+  its own slots (as `place` lays [1, N'] rows: a host's after those of the hosts before it). A host's N / H rows
+  take the first of its N' / H slots, N' / H the rows rounded up to a multiple of its data-parallel devices
+  (`rl.layout.slots_of`; N' = N where they divide), the rest empty; `slot_numbers` maps global row numbers
+  (host h's row i is h * N / H + i) to slots.
 
   The forward passes, the packer and the updates' mini-batches gather from here. A field is placed when first
   asked for; one a pass computed on device is kept there (`adopt`); a field whose host array the step's record
@@ -267,13 +272,25 @@ class OnDevice:
   def __init__(self, rows: int, prompt_length: int, response_length: int, mesh: Mesh, rules: Any):
     self.rows, self.prompt_length, self.response_length, self.mesh, self.rules = (
         rows, prompt_length, response_length, mesh, rules)
+    processes = hosts.count()
+    self.local = rows // processes
+    data_parallel = sharding_lib.data_parallel_size(mesh)
+    self.local_slots = (self.local if data_parallel % processes
+                        else layout_lib.slots_of(self.local, data_parallel // processes))
     self._fields: dict[str, tuple[Any, Any]] = {}  # name -> (its host array, its device array or a thunk)
+
+  def slot_numbers(self, index: np.ndarray) -> np.ndarray:
+    """`index` (global row numbers, -1 for none) as the slots holding those rows (-1 stays)."""
+    index = np.asarray(index)
+    slots = index // self.local * self.local_slots + index % self.local
+    return np.where(index >= 0, slots, -1).astype(index.dtype)
 
   def spec(self, names: Iterable[str], routing: tuple[int, int] | None = None,
            trailing: Mapping[str, tuple[int, ...]] | None = None) -> Experience:
-    """The abstract [1, N, ...] fields `names` (routing: (L_sparse, k) of routed_experts; trailing: see
+    """The abstract [1, N', ...] fields `names` (routing: (L_sparse, k) of routed_experts; trailing: see
     `field_shape`)."""
-    return spec(names, 1, self.rows, self.prompt_length, self.response_length, self.mesh, self.rules, routing,
+    slots = self.rows // self.local * self.local_slots
+    return spec(names, 1, slots, self.prompt_length, self.response_length, self.mesh, self.rules, routing,
                 trailing)
 
   def of(self, rows: Experience, names: Iterable[str]) -> Experience:
@@ -290,6 +307,9 @@ class OnDevice:
         widths = hosts.process_extrema(widths)[0] if hosts.count() > 1 else widths
         host = host.replace(**{n: widened(getattr(host, n), int(w), RAGGED[n]) for n, w in zip(ragged, widths)})
       trailing = trailing_of(host, stale, self.prompt_length, self.response_length)
+      if self.local_slots > self.local:
+        host = jax.tree.map(lambda x: np.pad(np.asarray(x), [(0, self.local_slots - self.local)] + [(0, 0)] * (
+            np.ndim(x) - 1)), host)
       placed = place(host, self.spec(stale, routing, trailing))
       self._fields.update({n: (getattr(rows, n), getattr(placed, n)) for n in stale})
     for n in names:

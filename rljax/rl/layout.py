@@ -1,8 +1,15 @@
 """Batch-size arithmetic of an RL run: rows, mini-batches, micro-batches, shared-prompt groups.
 
 Everything here is a pure function of the config and the number of
-data-parallel devices (`data` x `fsdp`), so the trainer and `rljax.compile`
-derive the same shapes.
+data-parallel devices (`data` x `fsdp` x `expert`), so the trainer and
+`rljax.compile` derive the same shapes.
+
+Rows need not divide the data-parallel devices: a pass over `rows` rows runs
+over `slots_of(rows, D)` row slots (every device the same number), the slots
+no row fills empty (no token, no mask), and every aggregation counts the real
+rows (verl's global batch size is the real mini-batch). Megatron's pipeline
+stages, which rljax lays out as data-parallel devices, are where that meets
+verl's lines.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ class Layout:
     token_budgets: real tokens per data-parallel shard of one micro-batch of each pass under verl's
       use_dynamic_bsz (`TOKEN_BUDGET_PASSES`; None: its micro-batches count rows), which a packed pass
       forms its micro-batches by (`rl.packing.budget_arrangement`).
+    data_parallel: D, the devices that split a batch's rows.
   """
 
   n: int
@@ -46,10 +54,21 @@ class Layout:
   forward_micros: dict[str, int]
   group: int
   token_budgets: dict[str, int | None] = dataclasses.field(default_factory=dict)
+  data_parallel: int = 1
 
   @property
   def minis(self) -> int:
     return self.rows // self.mini_rows
+
+  @property
+  def mini_slots(self) -> int:
+    """Row slots of an update's mini-batch: mini_rows rounded up to a multiple of D."""
+    return slots_of(self.mini_rows, self.data_parallel)
+
+  @property
+  def row_slots(self) -> int:
+    """Row slots of a forward pass over the step's rows: rows rounded up to a multiple of D."""
+    return slots_of(self.rows, self.data_parallel)
 
   @property
   def row_tokens(self) -> int:
@@ -60,12 +79,33 @@ class Layout:
     return self.token_budgets.get({"ref_log_prob": "ref"}.get(step_name, step_name))
 
   def forward_group(self, phase: str) -> int:
-    """Rows per shared prompt in the forward pass `phase`."""
-    return pass_group_size(self.group, self.rows, self.forward_micros[phase])
+    """Rows per shared prompt in the forward pass `phase` (1 where it has empty slots)."""
+    return pass_group_size(self.group, self.rows, self.forward_micros[phase], self.row_slots)
 
   def update_group(self, shuffled: bool) -> int:
-    """Rows per shared prompt in an update: 1 when mini-batches are shuffled (groups split)."""
-    return 1 if shuffled else pass_group_size(self.group, self.mini_rows, self.micro_batches)
+    """Rows per shared prompt in an update: 1 when mini-batches are shuffled (groups split) or have empty
+    slots."""
+    return 1 if shuffled else pass_group_size(self.group, self.mini_rows, self.micro_batches, self.mini_slots)
+
+
+def slots_of(rows: int, data_parallel: int) -> int:
+  """`rows` rounded up to a multiple of `data_parallel`: the row slots a pass over them runs."""
+  return -(-rows // data_parallel) * data_parallel
+
+
+def spread(rows: np.ndarray, micro_batches: int, slots: int) -> np.ndarray:
+  """[M, slots] the rows `rows` ([n] row numbers, n <= M * slots) in M micro-batches of `slots` slots each:
+  micro-batch m takes the next ceil or floor of n / M rows in order (the first n % M one more), then -1 in its
+  empty slots. With n = M * slots it is `rows.reshape(M, slots)`."""
+  rows = np.asarray(rows)
+  per, extra = divmod(len(rows), micro_batches)
+  out = np.full((micro_batches, slots), -1, rows.dtype)
+  start = 0
+  for m in range(micro_batches):
+    count = per + (m < extra)
+    out[m, :count] = rows[start:start + count]
+    start += count
+  return out
 
 
 def largest_divisor(n: int, cap: int) -> int:
@@ -77,7 +117,8 @@ def micro_batch_count(config: ConfigDict, mini_rows: int, data_parallel: int, ro
   """Micro-batches per mini-batch from the per-device micro size or token budget, each a cap: a device's
   micro-batch holds the most rows that divide its mini-batch evenly within it (verl runs a micro size above a
   device's rows as one micro-batch, and one that does not divide them as a shorter last one; the loss is
-  normalized over the mini-batch either way, so only the peak memory differs).
+  normalized over the mini-batch either way, so only the peak memory differs). A device's rows are its share
+  of the mini-batch's slots (`slots_of`).
 
   With use_dynamic_bsz, rows are padded to P + R tokens (static shapes), a
   device holding `row_tokens` of each (P + R over the sequence axis), so
@@ -85,7 +126,7 @@ def micro_batch_count(config: ConfigDict, mini_rows: int, data_parallel: int, ro
   budget // row_tokens rows per data-parallel group.
   """
   actor = config.actor_rollout_ref.actor
-  per_device = mini_rows // data_parallel
+  per_device = slots_of(mini_rows, data_parallel) // data_parallel
   cap = actor.ppo_max_token_len_per_gpu // row_tokens if actor.use_dynamic_bsz else actor.ppo_micro_batch_size_per_gpu
   return per_device // largest_divisor(per_device, cap)
 
@@ -97,9 +138,9 @@ def forward_micro_batches(rows: int, data_parallel: int, row_tokens: int, micro_
   Each device holds at most `micro_per_device` rows at once (None: all its
   rows), or with use_dynamic_bsz `max_token_len // row_tokens` rows; the
   count is rounded so the micro-batches are equal (results do not depend on
-  it, only peak memory does).
+  it, only peak memory does). A device's rows are its share of the slots.
   """
-  per_device = rows // data_parallel
+  per_device = slots_of(rows, data_parallel) // data_parallel
   cap = (max_token_len // row_tokens) if use_dynamic_bsz and max_token_len else (micro_per_device or per_device)
   return per_device // largest_divisor(per_device, cap)
 
@@ -160,9 +201,10 @@ def prompt_group_size(config: ConfigDict, n: int, rows: int, data_parallel: int)
   return n
 
 
-def pass_group_size(group: int, rows: int, micro_batches: int) -> int:
-  """`group` when every micro-batch of rows // micro_batches rows holds whole groups, else 1."""
-  return group if (rows // micro_batches) % group == 0 else 1
+def pass_group_size(group: int, rows: int, micro_batches: int, slots: int) -> int:
+  """`group` when every micro-batch of rows // micro_batches rows holds whole groups and no slot is empty
+  (`slots` == `rows`), else 1."""
+  return group if slots == rows and (rows // micro_batches) % group == 0 else 1
 
 
 def make_layout(config: ConfigDict, batches_per_epoch: int, data_parallel: int) -> Layout:
@@ -178,7 +220,8 @@ def make_layout(config: ConfigDict, batches_per_epoch: int, data_parallel: int) 
                 micro_batches=micro_batch_count(config, mini_rows, data_parallel, row_tokens),
                 total_steps=int(total), prompt_length=prompt, response_length=response,
                 forward_micros=_forward_micros(config, rows, data_parallel, row_tokens),
-                group=prompt_group_size(config, n, rows, data_parallel), token_budgets=token_budgets(config))
+                group=prompt_group_size(config, n, rows, data_parallel), token_budgets=token_budgets(config),
+                data_parallel=data_parallel)
 
 
 def balance_order(lengths: np.ndarray, parts: int, group: int = 1) -> np.ndarray:

@@ -59,6 +59,7 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding
 
 from rljax.models import token_log_probs, vision
+from rljax.rl import layout
 from rljax.sharding import hosts, rules as rules_lib
 from rljax.training.packing import first_fit_decreasing
 
@@ -227,7 +228,8 @@ def budget_arrangement(lengths: np.ndarray, order: np.ndarray, shards: int, budg
   """[M, D * S] micro-batches of the rows `order` ([rows] global row numbers) under verl's token budget, -1 in
   the slots no row fills.
 
-  Shard d holds the rows order[d * r:(d + 1) * r] (r = rows / D): a process's rows stay on its devices. Each
+  Shard d holds the rows order[d * r:(d + 1) * r] (r = slots / D), less its empty slots (-1): a process's
+  rows stay on its devices. Each
   shard's rows are packed first-fit decreasing into n_d buffers of `width`; n = max n_d. A micro-batch takes
   B of a shard's buffers (B on the quarter-octave grid, B * width within the budget, at least one buffer), so
   M = ceil(n / B), as `budget_grid` picks them (about the fewest buffers M * B in the fewest micro-batches). The
@@ -238,13 +240,13 @@ def budget_arrangement(lengths: np.ndarray, order: np.ndarray, shards: int, budg
 
   Args:
     lengths: [N] every row's real tokens.
-    order: [rows] the pass's rows.
+    order: [slots] the pass's rows, -1 in empty slots (`with_empty_slots`), slots a multiple of D.
     shards: D.
     budget: real tokens a shard may hold in one micro-batch.
     width: L, the buffer length.
   """
   per_shard = len(order) // shards
-  blocks = [order[d * per_shard:(d + 1) * per_shard] for d in range(shards)]
+  blocks = [block[block >= 0] for block in np.asarray(order).reshape(shards, per_shard)]
   fits = [first_fit_decreasing(lengths[block], width) for block in blocks]
   micro, _ = budget_grid(max(len(fit) for fit in fits), max(budget, width) // width)
   groups = [[np.sort(np.asarray([i for b in range(m, len(fit), micro) for i in fit[b]], np.int64))
@@ -495,22 +497,37 @@ def packed_log_probs(model: Any, packed: PackedRows, temperature: float, with_en
 TOKEN_FIELDS = ("input_ids", "positions")
 
 
-def forward_arrangement(local_rows: int, processes: int, micro_batches: int) -> np.ndarray:
-  """[M, rows / M] the global row numbers of a forward pass's micro-batches as `experience.place` lays a
-  host's rows: micro-batch m holds every process's m-th block of its own rows, in process order."""
-  per = local_rows // micro_batches
-  return np.concatenate([h * local_rows + np.arange(local_rows).reshape(micro_batches, per)
+def forward_arrangement(local_rows: int, processes: int, micro_batches: int, slots: int) -> np.ndarray:
+  """[M, slots] the global row numbers of a forward pass's micro-batches of `slots` row slots as
+  `experience.place` lays a host's rows: micro-batch m holds every process's m-th block of its own rows, in
+  process order, each process's block in its slots / processes columns (`layout.spread`, -1 in empty slots)."""
+  per_process = slots // processes
+  return np.concatenate([layout.spread(h * local_rows + np.arange(local_rows), micro_batches, per_process)
                          for h in range(processes)], axis=1)
 
 
+def row_slots(abstract: PackedRows) -> int:
+  """The row slots of one micro-batch of a packed pass (`spec`, at its largest: a buffer a slot): D * B of its
+  input_ids [M, D, B, L]."""
+  return abstract.input_ids.shape[1] * abstract.input_ids.shape[2]
+
+
 def pass_arrangement(lengths: np.ndarray, local: int, abstract: PackedRows, budget: int | None) -> np.ndarray:
-  """[M, rows / M] the micro-batches of a forward pass over every process's `local` rows ([N] real tokens
-  `lengths`): as `experience.place` lays them (`forward_arrangement`, `abstract`'s M), or by the token budget
-  ([M, D * S], -1 in empty slots, `budget_arrangement`)."""
+  """[M, slots] the micro-batches of a forward pass over every process's `local` rows ([N] real tokens
+  `lengths`): as `experience.place` lays them (`forward_arrangement`, `abstract`'s M and slots), or by the token
+  budget ([M, D * S], -1 in empty slots, `budget_arrangement`)."""
   micro, shards = abstract.input_ids.shape[:2]
   if budget is None:
-    return forward_arrangement(local, hosts.count(), micro)
-  return budget_arrangement(lengths, np.arange(local * hosts.count()), shards, budget, abstract.input_ids.shape[-1])
+    return forward_arrangement(local, hosts.count(), micro, row_slots(abstract))
+  processes = hosts.count()
+  order = np.concatenate([with_empty_slots(h * local + np.arange(local), shards // processes)
+                          for h in range(processes)])
+  return budget_arrangement(lengths, order, shards, budget, abstract.input_ids.shape[-1])
+
+
+def with_empty_slots(order: np.ndarray, shards: int) -> np.ndarray:
+  """`order` ([n] row numbers) then -1 up to a multiple of `shards` (`layout.slots_of`)."""
+  return np.concatenate([order, np.full(layout.slots_of(len(order), shards) - len(order), -1, order.dtype)])
 
 
 @dataclasses.dataclass
@@ -520,12 +537,14 @@ class Packer:
 
   Attributes:
     starts, ends: [N] every row's span (`row_spans`), in global row order.
-    input_ids, positions: [1, N, P + R] the step's tokens on device.
+    input_ids, positions: [1, N', P + R] the step's tokens on device, in its slots (`experience.OnDevice`).
     prompt_length, response_length: P, R.
     computed, real: token positions the passes packed so far compute, and the real tokens they hold.
-    experts: [1, N, P + R, L_sparse, k] the experts the passes replaying routing route to, or None.
-    images: a vision-language step's (image_slots [1, N, P + R], the image fields [1, N, Q, ...] as an
+    experts: [1, N', P + R, L_sparse, k] the experts the passes replaying routing route to, or None.
+    images: a vision-language step's (image_slots [1, N', P + R], the image fields [1, N', Q, ...] as an
       `Experience`, every row's patch count [N], patches per merged feature), or None.
+    slot_numbers: global row numbers -> the slots on device holding them (`experience.OnDevice.slot_numbers`;
+      None: the same numbers).
   """
 
   starts: np.ndarray
@@ -538,20 +557,34 @@ class Packer:
   real: int = 0
   experts: jax.Array | None = None
   images: tuple[Any, Any, np.ndarray, int] | None = None
+  slot_numbers: Any = None
 
   @classmethod
   def of(cls, tokens: Any, spans: tuple[np.ndarray, np.ndarray], prompt_length: int,
-         response_length: int) -> "Packer":
-    """From the step's tokens on device (an `Experience` of input_ids and positions, [1, N, P + R]) and every
-    row's spans."""
-    return cls(spans[0], spans[1], tokens.input_ids, tokens.positions, prompt_length, response_length)
+         response_length: int, slot_numbers: Any = None) -> "Packer":
+    """From the step's tokens on device (an `Experience` of input_ids and positions, [1, N', P + R]), every
+    row's spans and `slot_numbers`."""
+    return cls(spans[0], spans[1], tokens.input_ids, tokens.positions, prompt_length, response_length,
+               slot_numbers=slot_numbers)
+
+  def slots_of(self, index: np.ndarray) -> np.ndarray:
+    """`index` (global row numbers, -1 for none) as the slots on device holding those rows."""
+    return index if self.slot_numbers is None else self.slot_numbers(index)
+
+  def in_slots(self, x: np.ndarray) -> np.ndarray:
+    """[N] a value of every row -> [N'] of every slot (0 in empty ones)."""
+    out = np.zeros(self.input_ids.shape[1], x.dtype)
+    out[self.slots_of(np.arange(len(x)))] = x
+    return out
 
   def arrangement(self, abstract: PackedRows, order: np.ndarray, budget: int | None) -> np.ndarray:
-    """[M, rows / M] the micro-batches of the rows `order`: `abstract`'s M consecutive blocks, or by the token
-    budget when there is one ([M, D * S], -1 in empty slots, `budget_arrangement`)."""
+    """[M, slots] the micro-batches of the rows `order`: `abstract`'s M consecutive blocks in its slots
+    (`layout.spread`), or by the token budget when there is one ([M, D * S], -1 in empty slots,
+    `budget_arrangement`)."""
+    micro, shards = abstract.input_ids.shape[:2]
     if budget is None:
-      return order.reshape(abstract.input_ids.shape[0], -1)
-    return budget_arrangement(self.ends - self.starts, order, abstract.input_ids.shape[1], budget,
+      return layout.spread(order, micro, row_slots(abstract))
+    return budget_arrangement(self.ends - self.starts, with_empty_slots(order, shards), shards, budget,
                               abstract.input_ids.shape[-1])
 
   def plan(self, abstract: PackedRows, arrangement: np.ndarray, budget: int | None) -> PackPlan:
@@ -560,9 +593,10 @@ class Packer:
     patches = None
     if self.images is not None:
       _, rows, counts, unit = self.images
-      patches = (counts, rows.pixels.shape[2], unit)
-    return make_plan(self.starts, self.ends, arrangement, abstract.input_ids.shape[1], self.prompt_length,
-                     self.response_length, local_shards(abstract), budget, patches)
+      patches = (self.in_slots(counts), rows.pixels.shape[2], unit)
+    return make_plan(self.in_slots(self.starts), self.in_slots(self.ends), self.slots_of(arrangement),
+                     abstract.input_ids.shape[1], self.prompt_length, self.response_length, local_shards(abstract),
+                     budget, patches)
 
   def pack(self, plan: PackPlan, abstract: PackedRows) -> PackedRows:
     """The packed batch of `plan` on device (and its tokens counted)."""

@@ -93,15 +93,15 @@ def scoring_step(config: ConfigDict, graphdef: nnx.GraphDef, params: Any, layout
   """The jitted reward-model pass: [M, rows, L] input_ids, attention_mask, positions -> [M, rows] scores, or
   packed (`packs`) a PackedRows of [M, D, B, L] tokens -> [M, rows] scores.
 
-  M is the pass's micro-batch count (`layout.forward_micros["reward_model"]`), rows a step's rows, L
-  `input_length`.
+  M is the pass's micro-batch count (`layout.forward_micros["reward_model"]`), rows a step's row slots
+  (`layout.row_slots`), L `input_length`.
   """
   micro = layout.forward_micros["reward_model"]
   if packs(config):
-    batch = packing.spec(micro, layout.rows, input_length(config), 0, mesh, rules, recorded=True)
+    batch = packing.spec(micro, layout.row_slots, input_length(config), 0, mesh, rules, recorded=True)
     score = lambda params, packed: packed_scores(nnx.merge(graphdef, params), packed)  # noqa: E731
     return make_forward("reward_model", score, mesh, rules, params, batch)
-  shape = (micro, layout.rows // micro, input_length(config))
+  shape = (micro, layout.row_slots // micro, input_length(config))
   spec = rules_lib.logical_to_spec((None, "batch", None), shape, mesh, rules)
   batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=NamedSharding(mesh, spec)) for k in SCORED_FIELDS}
   score = lambda params, rows: nnx.merge(graphdef, params).sequence_scores(*(rows[k] for k in SCORED_FIELDS))  # noqa: E731

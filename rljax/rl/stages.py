@@ -23,7 +23,7 @@ from rljax.algos import pf_ppo
 from rljax.rl import advantage_stage, experience as experience_lib, packing
 from rljax.rl import steps as steps_lib
 from rljax.rl.experience import Experience
-from rljax.rl.layout import balance_order
+from rljax.rl.layout import balance_order, spread
 from rljax.rl.profiling import timed
 from rljax.rl.sequences import prompts_shared
 from rljax.rl.sources import Draw, Keys
@@ -87,7 +87,7 @@ def place_step(parts: StepParts, rows: Experience) -> StepData:
   if any(packing_of(step) for step in parts.run.steps.all()):
     spans = hosts.process_concat(np.stack(packing.row_spans(rows.attention_mask), axis=1))
     data.packer = packing.Packer.of(device.of(rows, packing.TOKEN_FIELDS), (spans[:, 0], spans[:, 1]),
-                                    layout.prompt_length, layout.response_length)
+                                    layout.prompt_length, layout.response_length, device.slot_numbers)
     vision_config = parts.run.model_config.vision
     if vision_config is not None:  # every row's patch count: the hosts exchange [N] integers
       counts = hosts.process_concat(np.sum(np.asarray(rows.patch_order) >= 0, axis=1).astype(np.int32))
@@ -116,8 +116,8 @@ def adopted(data: StepData, rows: Experience, outputs: PassOutputs, **fields: in
     result = outputs.out if i is None else outputs.out[i]
     routing = tuple(out[name].shape[-2:]) if name == "routed_experts" else None
     abstract = getattr(data.device.spec((name,), routing), name)
-    data.device.adopt(name, out[name], functools.partial(experience_lib.unarrange, result, outputs.arrangement,
-                                                         abstract))
+    data.device.adopt(name, out[name], functools.partial(
+        experience_lib.unarrange, result, data.device.slot_numbers(outputs.arrangement), abstract))
   return rows.replace(**out)
 
 
@@ -138,7 +138,7 @@ def gathered(parts: StepParts, step: Step, batch: Experience, data: StepData, ro
   cached = (step.name, packing_of(step) is None)
   if cached not in parts.row_gathers:
     parts.row_gathers[cached] = experience_lib.row_gather(batch)
-  return parts.row_gathers[cached](data.device.of(rows, batch.present()), index)
+  return parts.row_gathers[cached](data.device.of(rows, batch.present()), data.device.slot_numbers(index))
 
 
 def forward_pass(parts: StepParts, step: Step, params: Any, rows: Experience, data: StepData) -> PassOutputs:
@@ -146,7 +146,7 @@ def forward_pass(parts: StepParts, step: Step, params: Any, rows: Experience, da
   device (a packed Step's tokens from the step's packer, or its padded twin where that computes less)."""
   abstract, local = step.args[1], len(rows.response_mask)
   if abstract.packed is None:
-    arrangement = packing.forward_arrangement(local, hosts.count(), abstract.response_mask.shape[0])
+    arrangement = packing.forward_arrangement(local, hosts.count(), *abstract.response_mask.shape[:2])
     return PassOutputs(step(params, gathered(parts, step, abstract, data, rows, arrangement)), arrangement, local)
   packer, budget = data.packer, parts.run.layout.budget_of(step.name)
   arrangement = packing.pass_arrangement(packer.ends - packer.starts, local, abstract.packed, budget)
@@ -251,7 +251,7 @@ def minibatches(parts: StepParts, state: Any, rows: Experience, step: Step, epoc
     for m in range(layout.minis):
       index = epoch_order[m * size:(m + 1) * size]
       if abstract is None:
-        yield epoch, m, gathered(parts, step, batch, data, rows, index)
+        yield epoch, m, gathered(parts, step, batch, data, rows, spread(index, *batch.response_mask.shape[:2]))
         continue
       arrangement = data.packer.arrangement(abstract, index, budget)
       plan = data.packer.plan(abstract, arrangement, budget)

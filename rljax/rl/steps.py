@@ -18,7 +18,6 @@ scan their micro-batches inside one jit.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -101,11 +100,14 @@ def _global_info(mask: jax.Array, rows: int) -> dict[str, Any]:
   return {"dp_size": 1, "batch_num_tokens": jnp.sum(mask), "global_batch_size": rows}
 
 
-def micro_rows(micro: Experience) -> jax.Array | int:
-  """The rows one micro-batch holds: a packed one's segments (empty slots have none), else its slots."""
-  if micro.packed is None:
-    return micro.response_mask.shape[0]
-  return jnp.sum(jnp.max(micro.packed.segment_ids, axis=-1))
+def micro_rows(micro: Experience, empty_slots: bool = False) -> jax.Array | int:
+  """The rows one micro-batch holds: a packed one's segments (empty slots have none), a padded one's slots, or
+  where some may be empty (`empty_slots`) those holding a token."""
+  if micro.packed is not None:
+    return jnp.sum(jnp.max(micro.packed.segment_ids, axis=-1))
+  if empty_slots:
+    return jnp.sum(jnp.any(micro.attention_mask != 0, axis=-1))
+  return micro.response_mask.shape[0]
 
 
 def _reduce_metrics(metrics: Metrics) -> Metrics:
@@ -114,10 +116,12 @@ def _reduce_metrics(metrics: Metrics) -> Metrics:
 
 
 def actor_loss(graphdef: nnx.GraphDef, actor_config: Any, temperature: float, group_size: int,
-               freeze_tower: bool = False, mtp: mtp_lib.MTPTraining | None = None) -> Callable:
+               freeze_tower: bool = False, mtp: mtp_lib.MTPTraining | None = None,
+               empty_slots: bool = False) -> Callable:
   """(params, micro, info, key, frozen) -> (loss, metrics) of verl's PPO actor loss on one micro-batch
   (`freeze_tower`: no gradient reaches a vision-language model's tower; `mtp`: plus the multi-token prediction
-  loss, `rljax.rl.mtp`, whose counted tokens info["mtp_tokens"] holds)."""
+  loss, `rljax.rl.mtp`, whose counted tokens info["mtp_tokens"] holds; `empty_slots`: a padded micro-batch
+  may hold slots of no row, `micro_rows`)."""
   entropy_in_loss = bool(actor_config.entropy_coeff)
 
   def loss_fn(params, micro: Experience, info, key, frozen=None):
@@ -133,12 +137,12 @@ def actor_loss(graphdef: nnx.GraphDef, actor_config: Any, temperature: float, gr
         actor_config, policy_loss.PolicyInputs(
             log_prob, old, micro.advantages, micro.response_mask, entropy=entropy if entropy_in_loss else None,
             ref_log_prob=micro.ref_log_prob, rollout_is_weights=micro.rollout_is_weights, positive=micro.positive,
-            rows=None if micro.packed is None else micro_rows(micro)),
+            rows=None if micro.packed is None and not empty_slots else micro_rows(micro, empty_slots)),
         global_batch_info=info, rng=key)
     mask = micro.response_mask.astype(jnp.float32)
     metrics["actor/entropy"] = jnp.sum(jax.lax.stop_gradient(entropy) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     if routing is not None:
-      share = micro_rows(micro) / info["global_batch_size"]
+      share = micro_rows(micro, empty_slots) / info["global_batch_size"]
       aux, moe_metrics = router_loss(model.cfg, routing.stats, routing.tokens)
       loss = loss + model.cfg.router_aux_loss_coef * share * aux
       metrics = {**metrics, **moe_metrics, "actor/moe_aux_loss": share * aux}
@@ -219,14 +223,15 @@ def update_step(loss_fn: Callable, tx: optax.GradientTransformation, shardings: 
 
 
 def make_update(name: str, loss_fn: Callable, tx: optax.GradientTransformation, mesh: Mesh, rules: Any,
-                params: Any, opt_shardings: Any, batch: Experience, frozen: Any = None,
+                params: Any, opt_shardings: Any, batch: Experience, rows: int, frozen: Any = None,
                 metric_prefix: str = "actor", info_of: Callable | None = None) -> Step:
-  """The jitted update Step: params and optimizer state donated, laid out as they came (in host memory where
-  offloaded: brought in for the step and back out after it); `info_of` as in `update_step`."""
+  """The jitted update Step over mini-batches of `rows` rows (in `batch`'s slots): params and optimizer state
+  donated, laid out as they came (in host memory where offloaded: brought in for the step and back out after
+  it); `info_of` as in `update_step`."""
   param_sh = shardings_of(params)
   args = (abstract(params), abstract(jax.eval_shape(tx.init, params), opt_shardings), batch, key_struct(mesh))
   step = traced_in(mesh, rules, update_step(loss_fn, tx, offload.device_shardings(param_sh), metric_prefix,
-                                            rows=math.prod(batch.response_mask.shape[:2]), homes=args[:2],
+                                            rows=rows, homes=args[:2],
                                             info_of=info_of))
   if frozen is not None:
     args += (abstract(frozen),)
@@ -393,22 +398,23 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
   off_policy = not on_policy(config, layout, lora_dropout)
   actor_packed = packing_allowed and packs_actor(config)
   critic_packed = packing_allowed and packs_critic(config)
-  actor_batch = batch_of(actor_update_fields(config, not off_policy), layout.micro_batches, layout.mini_rows,
+  actor_batch = batch_of(actor_update_fields(config, not off_policy), layout.micro_batches, layout.mini_slots,
                          actor_packed)
   mtp = None if mtp_layers == 0 else mtp_lib.training_of(config, mtp_layers)
   # the multi-token prediction layers read every position's trunk state: whole rows, no shared prompt
   actor_group = 1 if lora_dropout or actor_packed or mtp is not None else layout.update_group(shuffled)
   freeze_tower = vision is not None and bool(arr.actor.freeze_vision_tower)
   actor_update = make_update("actor_update",
-                             actor_loss(graphdef, arr.actor, temperature, actor_group, freeze_tower, mtp),
-                             actor_tx, mesh, rules, trainable, actor_opt_sh, actor_batch, frozen=frozen,
+                             actor_loss(graphdef, arr.actor, temperature, actor_group, freeze_tower, mtp,
+                                        empty_slots=layout.mini_slots != layout.mini_rows),
+                             actor_tx, mesh, rules, trainable, actor_opt_sh, actor_batch, layout.mini_rows, frozen=frozen,
                              info_of=None if mtp is None else mtp_info(mtp.depths))
 
   def forward_rows(phase: str, packed: bool, keys: tuple[str, ...] = forward_fields(config),
                    recorded: bool = False) -> Experience:
     if packed:  # the packed tokens stand for the rows; the experts they replay go into them too
       keys = tuple(k for k in keys if k in PACKED_FIELDS)
-    return batch_of(keys, layout.forward_micros[phase], layout.rows, packed, recorded)
+    return batch_of(keys, layout.forward_micros[phase], layout.row_slots, packed, recorded)
 
   def group_of(phase: str, packed: bool) -> int:
     return 1 if packed else layout.forward_group(phase)
@@ -429,7 +435,8 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
     critic_update = make_update(
         "critic_update", critic_loss(critic.graphdef, config.critic, critic_group), critic.tx, mesh,
         rules, critic.params, critic.opt_shardings,
-        batch_of(CRITIC_UPDATE_FIELDS, layout.micro_batches, layout.mini_rows, critic_packed), metric_prefix="critic")
+        batch_of(CRITIC_UPDATE_FIELDS, layout.micro_batches, layout.mini_slots, critic_packed), layout.mini_rows,
+        metric_prefix="critic")
     values = make_forward("values", value_fn(critic.graphdef, group_of("values", critic_packed)), mesh, rules,
                           critic.params, forward_rows("values", critic_packed, MODEL_FIELDS))
   groups = {"actor_update": actor_group, "old_log_prob": group_of("old_log_prob", actor_packed),

@@ -132,7 +132,11 @@ def test_group_size_follows_the_config(model_dir, data_dir, tmp_path):
   assert group(dp=4) == 2
   assert group(dp=8) == 1  # balance_batch cannot deal 4 whole groups evenly to 8 devices
   assert group("trainer.balance_batch=false", dp=8) == 2
-  assert layout.pass_group_size(2, 8, 2) == 2 and layout.pass_group_size(2, 8, 8) == 1
+  assert layout.pass_group_size(2, 8, 2, 8) == 2 and layout.pass_group_size(2, 8, 8, 8) == 1
+  assert layout.pass_group_size(2, 8, 2, 12) == 1  # empty slots among the rows: no shared prompt
+  uneven = layout.make_layout(tiny_run.run_config("grpo", model_dir, data_dir, str(tmp_path),
+                                                  "trainer.balance_batch=false"), 10, 3)
+  assert (uneven.row_slots, uneven.forward_group("ref"), uneven.update_group(False)) == (9, 1, 1)
 
 
 @pytest.mark.slow
