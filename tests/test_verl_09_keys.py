@@ -47,8 +47,6 @@ def test_verl_09_defaults():
     ("actor_rollout_ref.actor.optim.exp_avg_dtype=bf16", "actor_rollout_ref.actor.optim.exp_avg_dtype"),
     ("distillation.enabled=true", "distillation.enabled"),
     ("skip.rollout.enable=true", "skip.rollout.enable"),
-    ("actor_rollout_ref.rollout.multi_turn.function_tool_path=/tmp/tools.py",
-     "actor_rollout_ref.rollout.multi_turn.function_tool_path"),
     ("trainer.checkpoint_callback_class=my.Callback", "trainer.checkpoint_callback_class"),
     ("critic.model.lora_adapter_path=/tmp/adapter", "critic.model.lora_adapter_path"),
     ("algorithm.filter_groups.max_inflight_gen_batches=2", "algorithm.filter_groups.max_inflight_gen_batches"),

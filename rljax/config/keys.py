@@ -501,12 +501,13 @@ def _role_09_keys() -> dict[str, Key]:
       **described((rollout,), "qat", _QAT, {key: dict(ignored="verl's copy of the actor engine's qat")
                                              for key in _QAT}),
       f"{rollout}.multi_turn.function_tool_path": Key(
-          "A Python file whose functions become the agent's tools (verl 0.9).",
-          default_only=("tools defined as Python functions in a file are not implemented",
-                        f"describe the tools in {rollout}.multi_turn.tool_config_path (verl's tool YAML)")),
+          "A Python file whose @function_tool functions become the agent's tools, after the tool YAML's, in name "
+          "order (verl 0.9: schemas from type hints and Google-style docstrings, as transformers' get_json_schema "
+          "makes them; `from verl.tools.function_tool import function_tool` works without verl; "
+          "rljax.agents.function_tools)."),
       "data.function_tool_path": Key(
-          "verl's copy of actor_rollout_ref.rollout.multi_turn.function_tool_path.",
-          ignored="verl's copy of actor_rollout_ref.rollout.multi_turn.function_tool_path, which rljax reads"),
+          "verl's copy of actor_rollout_ref.rollout.multi_turn.function_tool_path: with multi-turn rollouts, "
+          "prompts are rendered with its tools' schemas too."),
       "data.audio_key": Key(
           "Column of the rows' audio inputs (verl 0.9: they replace the prompt's <audio> placeholders).",
           mapped="a row whose column holds audio is refused, naming the file and row: rljax's models read text and "

@@ -203,10 +203,11 @@ def _check_multi_turn(config: ConfigDict) -> None:
     value = node[name]
     check(value is None or (is_int(value) and value >= 1), f"{key}.{name}", value, "must be null or an integer >= 1",
           f"set {key}.{name}=null (no limit but the response length) or a positive number")
-  for name in ("tool_config_path", "interaction_config_path"):
+  for name in ("tool_config_path", "interaction_config_path", "function_tool_path"):
     path = node[name]
     check(path is None or os.path.isfile(os.path.expanduser(path)), f"{key}.{name}", path, "is not a file",
-          f"point {key}.{name} at a YAML file in verl's format")
+          f"point {key}.{name} at a Python file of @function_tool functions" if name == "function_tool_path"
+          else f"point {key}.{name} at a YAML file in verl's format")
   check(not config.actor_rollout_ref.rollout.ignore_eos, "actor_rollout_ref.rollout.ignore_eos", True,
         "a multi-turn conversation's turns end at the end-of-turn token, which ignore_eos decodes past",
         "set actor_rollout_ref.rollout.ignore_eos=false")

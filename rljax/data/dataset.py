@@ -3,7 +3,7 @@
 `RLHFDataset(data_files, tokenizer, config)` is a random-access source (it has
 `__len__` and `__getitem__`), so grain can wrap it with
 `grain.MapDataset.source`. `config` is the `data` node of the config tree; the
-keys read are verl's: prompt_key, max_prompt_length, truncation, tool_config_path
+keys read are verl's: prompt_key, max_prompt_length, truncation, tool_config_path and function_tool_path
 (prompts rendered with those tools' schemas, as the chat template's `tools`),
 filter_overlong_prompts, filter_overlong_prompts_workers, return_raw_chat,
 return_full_prompt, return_raw_input_ids, shuffle, seed, image_key,
@@ -53,7 +53,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from rljax.agents import tools as tools_lib
+from rljax.agents import function_tools
 from rljax.data import images as images_lib
 from rljax.data import parquet
 from rljax.data import tokenization
@@ -204,8 +204,8 @@ class RLHFDataset:
     self.return_raw_input_ids = bool(
         config_get(config, "return_raw_input_ids", False))
     self.pad_token_id = tokenization.pad_token_id(tokenizer)
-    tool_path = config_get(config, "tool_config_path")
-    self.tool_schemas = tools_lib.load_tool_schemas(tool_path) if tool_path else None
+    self.tool_schemas = function_tools.all_tool_schemas(config_get(config, "tool_config_path"),
+                                                    config_get(config, "function_tool_path"))
 
     table = parquet.read_parquet(self.data_files)
     self._file_ends = np.cumsum([parquet.num_rows(f) for f in self.data_files])

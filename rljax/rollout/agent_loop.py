@@ -48,7 +48,7 @@ import jax
 import numpy as np
 
 from rljax.agents import interactions as interactions_lib
-from rljax.agents import parsing, render, runner, tools as tools_lib
+from rljax.agents import function_tools, parsing, render, runner, tools as tools_lib
 from rljax.config.choices import AGENT_LOOPS
 from rljax.rollout import decode_state, engine as engine_lib
 from rljax.rollout import sampling
@@ -101,7 +101,7 @@ class AgentSettings:
   def from_config(cls, rollout: Any) -> "AgentSettings":
     """From a config's `actor_rollout_ref.rollout` node (tool and interaction files loaded and checked)."""
     node = rollout.multi_turn
-    tools = tools_lib.tools_by_name(tools_lib.load_tool_config(node.tool_config_path)) if node.tool_config_path else {}
+    tools = tools_lib.tools_by_name(function_tools.load_all_tools(node.tool_config_path, node.function_tool_path))
     interactions = (interactions_lib.load_interaction_config(node.interaction_config_path)
                     if node.interaction_config_path else {})
     return cls(tools=tools, tool_schemas=[tools_lib.tool_schema_of(t) for t in tools.values()] or None,

@@ -14,16 +14,12 @@ import sys
 from typing import Any
 
 
-def load_from_file(path: str, name: str, what: str) -> Any:
-  """The attribute `name` of the Python file at `path`.
-
-  The module is imported once per process under a name derived from the
-  file's absolute path, so objects defined in it pickle by reference in this
-  process.
+def load_module(path: str, what: str) -> Any:
+  """The Python file at `path` as a module, imported once per process under a name derived from the file's
+  absolute path (so objects defined in it pickle by reference in this process).
 
   Raises:
     FileNotFoundError: naming the path.
-    AttributeError: naming `name` and listing what the file defines.
   """
   path = os.path.abspath(os.path.expanduser(path))
   if not os.path.isfile(path):
@@ -42,6 +38,18 @@ def load_from_file(path: str, name: str, what: str) -> Any:
     except BaseException:
       del sys.modules[module_name]
       raise
+  return module
+
+
+def load_from_file(path: str, name: str, what: str) -> Any:
+  """The attribute `name` of the Python file at `path` (`load_module`).
+
+  Raises:
+    FileNotFoundError: naming the path.
+    AttributeError: naming `name` and listing what the file defines.
+  """
+  path = os.path.abspath(os.path.expanduser(path))
+  module = load_module(path, what)
   if not hasattr(module, name):
     defined = sorted(n for n in vars(module) if not n.startswith("_"))
     raise AttributeError(

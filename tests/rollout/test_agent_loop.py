@@ -268,3 +268,42 @@ def test_the_sanity_check_reports_ids_the_template_would_not_produce(files, tok)
     assert out.responses[0, :3].tolist() == [h, e, eos]
     assert out.metrics["multi_turn/tokenization_mismatches"] == count
     assert (out.episodes[0].tokenization_mismatch is None) == (mode == "disable")
+
+
+FUNCTION_TOOLS_PY = textwrap.dedent('''
+    from verl.tools.function_tool import function_tool
+
+
+    @function_tool
+    def lookup(key: str) -> str:
+        """Looks a value up.
+
+        Args:
+            key: What to look up.
+        """
+        return "seven:" + key, 0.25
+''')
+
+
+@pytest.mark.slow
+def test_a_function_tool_file_written_for_verl_answers_the_model_s_calls(tok, tmp_path):
+  """verl 0.9's function_tool_path: the file's @function_tool function is the agent's `lookup` tool (its schema in
+  the settings), called with the model's arguments; its (text, reward) tuple is the tool turn and a step reward."""
+  from rljax import config as config_lib
+  (tmp_path / "function_tools.py").write_text(FUNCTION_TOOLS_PY)
+  config = config_lib.get_base_config()
+  config.actor_rollout_ref.rollout.multi_turn.function_tool_path = str(tmp_path / "function_tools.py")
+  config.actor_rollout_ref.rollout.multi_turn.max_assistant_turns = 2
+  config.actor_rollout_ref.rollout.agent.default_agent_loop = "tool_agent"
+  agent = agent_loop.AgentSettings.from_config(config.actor_rollout_ref.rollout)
+  assert [s["function"]["name"] for s in agent.tool_schemas] == ["lookup"]
+  assert agent.tool_schemas[0]["function"]["parameters"]["properties"]["key"]["description"] == "What to look up."
+  start, call, eos = chain.start_id(tok), chain.phrase_id(tok, "lookup"), tok.eos_token_id
+  smp, model = sampler(tok, {start: {call: 0.0}, call: {eos: 0.0}}, agent)
+  out = generate(smp, model, tok, 2)
+  turn = tool_turn(tok, "seven:x")
+  for row in range(2):
+    size = int(out.response_lengths[row])
+    assert out.responses[row, :size].tolist() == [call, eos] + turn + [call, eos]
+    episode = out.episodes[row]
+    assert episode.tool_calls == 1 and episode.reward_scores == {"lookup": 0.0, "tool_steps": 0.25}
