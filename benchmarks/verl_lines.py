@@ -1326,6 +1326,14 @@ def execute(record: dict, timeout: float) -> dict:
     saved = {k: record.get(k) for k in ("status", "detail")}
     run_once(record, timeout)
     record["probe"] = f"{record['status']}: {record.get('detail', '')}".rstrip(": ")
+    unresolved = {key.split(":")[0].strip() for key in saved["detail"].split("; ")}
+    while record["status"] == "refused" and error_key(record["detail"]) in unresolved:
+      # a value of another type than a string (a count, a flag): the probe leaves the key at its default
+      key = error_key(record["detail"])
+      unresolved.discard(key)
+      record["argv"] = [a for a in record["argv"] if not a.lstrip("+").startswith(key + "=")]
+      run_once(record, timeout)
+      record["probe"] += f"; with {key} at its default -> {record['status']}: {record.get('detail', '')}".rstrip(": ")
     record.update(saved)
     return record
   return run_once(record, timeout)
@@ -1478,7 +1486,8 @@ def report(records: list[dict], meta: dict) -> str:
 
   section("CRASHES", "crashed", lambda r: [f"      | {l}" for l in (r.get("stderr_tail") or "").splitlines()[-25:]])
   section("UNRESOLVABLE", "unresolvable", lambda r: [
-      f"      probe with each unresolved value spelled UNRESOLVED -> {r['probe']}"] if r.get("probe") else [])
+      f"      probe with each unresolved value spelled UNRESOLVED (one a string cannot stand for at its default) -> "
+      f"{r['probe']}"] if r.get("probe") else [])
   lines.append("")
   lines.append("NOTES (how a line was read):")
   for r in records:

@@ -16,15 +16,18 @@ A tool file written for verl runs as it is:
       return a + b
 
 Loading the file (`load_function_tools`) collects each marked function under its name (or the decorator's:
-`@function_tool("name")`; `schema=` gives the schema by hand); where verl is not installed, its two modules
-`verl.tools.function_tool` and `verl.tools.schemas` are this module and `rljax.agents.tools`. A function may be
+`@function_tool("name")`; `schema=` gives the schema by hand); while the file runs, verl's modules
+`verl.tools.function_tool` and `verl.tools.schemas` are this module and one of ToolResponse and the schema classes
+(`_verl_modules`), whether verl is installed or not: import them at the file's top. A function may be
 `async def`; it returns a ToolResponse, a str, a dict (sent as JSON), or a tuple (response[, reward[, metrics]])
 (`normalize_return`). The schema is what `transformers.utils.get_json_schema` makes of the function (`json_schema`),
-as verl builds it. Function tools keep no state: a row's tools_kwargs do not reach them, as in verl.
+as verl builds it, and the prompts and parsers read it as verl renders it (`tools.verl_rendered`: a parameter's
+type, description and enum). Function tools keep no state: a row's tools_kwargs do not reach them, as in verl.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import inspect
 import json
@@ -43,8 +46,9 @@ from rljax.utils.user_code import load_module
 
 log = logging.getLogger(__name__)
 
-# the functions marked so far by the file being loaded (`load_function_tools`), or outside any: {name: FunctionTool}
-_MARKED: dict[str, "FunctionTool"] = {}
+# the functions marked so far, by the module defining them: {module name: {tool name: FunctionTool}}
+_BY_MODULE: dict[str, dict[str, "FunctionTool"]] = {}
+_COLLECTING: list[dict[str, "FunctionTool"]] = []  # what each file being loaded marks (helper modules included)
 _LOADED: dict[str, list["FunctionTool"]] = {}  # {absolute path: its tools}
 _JSON_SCALARS = {int: "integer", float: "number", str: "string", bool: "boolean", type(None): "null"}
 _PLAIN_TYPES = {**_JSON_SCALARS, list: "array", tuple: "array", dict: "object"}
@@ -91,7 +95,7 @@ async def _normalized(result: Any) -> tuple[ToolResponse, float, dict]:
 
 
 def _as_response(value: Any) -> ToolResponse:
-  if isinstance(value, ToolResponse) or (hasattr(value, "text") and not isinstance(value, (str, dict))):
+  if isinstance(value, ToolResponse):
     return value
   if isinstance(value, dict):
     return ToolResponse(text=json.dumps(value, ensure_ascii=False))
@@ -130,13 +134,15 @@ def function_tool(name: str | Callable[..., Any] | None = None, *, schema: dict 
       built = json_schema(fn)
       built["function"]["name"] = tool_name
     else:
-      built = dict(getattr(schema, "model_dump", lambda **_: schema)(exclude_none=True))
+      built = schema.model_dump(exclude_unset=True, exclude_none=True) if hasattr(schema, "model_dump") else schema
     check_tool_schema(built, _where(fn), f"@function_tool {tool_name!r}: its schema")
-    held = _MARKED.get(tool_name)
-    if held is not None and held.fn is not fn:
-      raise ValueError(f"@function_tool {tool_name!r} ({_where(fn)}) is already {_where(held.fn)}'s; tool names "
-                       "must be unique. Fix: rename one (@function_tool(\"other_name\"))")
-    _MARKED[tool_name] = FunctionTool(tool_name, fn, built)
+    tool = FunctionTool(tool_name, fn, tools_lib.verl_rendered(built))
+    for marks in (_BY_MODULE.setdefault(fn.__module__, {}), *_COLLECTING):
+      held = marks.get(tool_name)
+      if held is not None and held.fn is not fn:
+        raise ValueError(f"@function_tool {tool_name!r} ({_where(fn)}) is already {_where(held.fn)}'s; tool names "
+                         "must be unique. Fix: rename one (@function_tool(\"other_name\"))")
+      marks[tool_name] = tool
     return fn
 
   if callable(name) and schema is None:
@@ -162,14 +168,14 @@ def load_function_tools(path: str) -> list[FunctionTool]:
   if not os.path.isfile(path):
     raise FileNotFoundError(f"actor_rollout_ref.rollout.multi_turn.function_tool_path={path}: is not a file. Fix: "
                             "point it at a Python file of @function_tool functions")
-  _install_verl_modules()
-  global _MARKED  # pylint: disable=global-statement
-  outside, _MARKED = _MARKED, {}
+  marked: dict[str, FunctionTool] = {}
+  _COLLECTING.append(marked)
   try:
-    load_module(path, "actor_rollout_ref.rollout.multi_turn.function_tool_path")
-    marked = _MARKED
+    with _verl_modules():
+      module = load_module(path, "actor_rollout_ref.rollout.multi_turn.function_tool_path")
   finally:
-    _MARKED = outside
+    _COLLECTING.pop()
+  marked = marked or _BY_MODULE.get(module.__name__, {})  # run before (a tool YAML's class): its own marks
   if not marked:
     log.warning("actor_rollout_ref.rollout.multi_turn.function_tool_path=%s marks no function with @function_tool: "
                 "the agent gets no tools from it", path)
@@ -179,25 +185,26 @@ def load_function_tools(path: str) -> list[FunctionTool]:
 
 def load_all_tools(tool_config_path: str | None, function_tool_path: str | None) -> list[Any]:
   """The tools of the tool YAML (`rljax.agents.tools`), then the function tools of the Python file (in name
-  order), as verl 0.9.1 lists them.
+  order), as verl 0.9.1 lists them (the file is run first: a file holding a YAML tool class too runs under
+  `_verl_modules`).
 
   Raises:
     ValueError: a name both define (and what `tools.load_tool_config` and `load_function_tools` raise).
   """
-  native = tools_lib.load_tool_config(tool_config_path) if tool_config_path else []
   functions = load_function_tools(function_tool_path) if function_tool_path else []
-  _check_disjoint([tools_lib.tool_schema_of(t)["function"]["name"] for t in native], [t.name for t in functions],
-                  tool_config_path, function_tool_path)
+  native = tools_lib.load_tool_config(tool_config_path) if tool_config_path else []
+  _check_disjoint([tools_lib.tool_schema_of(t)["function"]["name"] for t in native],
+                  [t.tool_schema["function"]["name"] for t in functions], tool_config_path, function_tool_path)
   return native + functions
 
 
 def all_tool_schemas(tool_config_path: str | None, function_tool_path: str | None) -> list[dict] | None:
-  """The OpenAI schemas of `load_all_tools`'s tools, in its order (the YAML's read without importing its classes
-  where it gives them), or None when there are none."""
-  native = tools_lib.load_tool_schemas(tool_config_path) if tool_config_path else []
+  """The OpenAI schemas of `load_all_tools`'s tools as verl renders them, in its order (the YAML's read without
+  importing its classes where it gives them), or None when there are none."""
   functions = load_function_tools(function_tool_path) if function_tool_path else []
-  _check_disjoint([s["function"]["name"] for s in native], [t.name for t in functions], tool_config_path,
-                  function_tool_path)
+  native = tools_lib.load_tool_schemas(tool_config_path) if tool_config_path else []
+  _check_disjoint([s["function"]["name"] for s in native], [t.tool_schema["function"]["name"] for t in functions],
+                  tool_config_path, function_tool_path)
   return [*native, *(t.tool_schema for t in functions)] or None
 
 
@@ -211,22 +218,62 @@ def _check_disjoint(native: list[str], functions: list[str], tool_config_path: s
                      "Fix: rename one")
 
 
-def _install_verl_modules() -> None:
-  """Where verl is not installed, `verl.tools.function_tool` is this module and `verl.tools.schemas` holds
-  ToolResponse, so a tool file written for verl imports them."""
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  if "verl" not in sys.modules and importlib.util.find_spec("verl") is not None:
-    return
-  for name in ("verl", "verl.tools"):
-    if name not in sys.modules:
-      package = types.ModuleType(name)
-      package.__path__ = []
-      sys.modules[name] = package
-  sys.modules.setdefault("verl.tools.function_tool", sys.modules[__name__])
-  if "verl.tools.schemas" not in sys.modules:
-    schemas = types.ModuleType("verl.tools.schemas")
-    schemas.ToolResponse = ToolResponse
-    sys.modules["verl.tools.schemas"] = schemas
+class _Model:
+  """verl's pydantic schema classes as far as a tool file uses them: built from fields (or `model_validate` of a
+  mapping), dumped back (`model_dump`)."""
+
+  def __init__(self, **fields: Any):
+    self._fields = fields
+
+  @classmethod
+  def model_validate(cls, value: dict) -> "_Model":
+    return cls(**value)
+
+  def model_dump(self, **options: Any) -> dict:
+    del options
+    return json.loads(json.dumps(self._fields, default=lambda v: v.model_dump()))
+
+
+class OpenAIFunctionToolSchema(_Model):
+  """verl.tools.schemas.OpenAIFunctionToolSchema (type, function)."""
+
+
+class OpenAIFunctionSchema(_Model):
+  """verl.tools.schemas.OpenAIFunctionSchema (name, description, parameters, strict)."""
+
+
+class OpenAIFunctionParametersSchema(_Model):
+  """verl.tools.schemas.OpenAIFunctionParametersSchema (type, properties, required)."""
+
+
+class OpenAIFunctionPropertySchema(_Model):
+  """verl.tools.schemas.OpenAIFunctionPropertySchema (type, description, enum)."""
+
+
+@contextlib.contextmanager
+def _verl_modules():
+  """While a tool file runs, `verl`, `verl.tools`, `verl.tools.function_tool` (this module) and `verl.tools.schemas`
+  (ToolResponse and the schema classes) are rljax's, so a file written for verl imports them, installed or not;
+  the modules there before (an imported verl) are put back after."""
+  schemas = types.ModuleType("verl.tools.schemas")
+  for cls in (ToolResponse, OpenAIFunctionToolSchema, OpenAIFunctionSchema, OpenAIFunctionParametersSchema,
+              OpenAIFunctionPropertySchema):
+    setattr(schemas, cls.__name__, cls)
+  verl, tools = types.ModuleType("verl"), types.ModuleType("verl.tools")
+  verl.__path__, tools.__path__ = [], []
+  verl.tools, tools.function_tool, tools.schemas = tools, sys.modules[__name__], schemas
+  shims = {"verl": verl, "verl.tools": tools, "verl.tools.function_tool": sys.modules[__name__],
+           "verl.tools.schemas": schemas}
+  before = {name: sys.modules.get(name) for name in shims}
+  sys.modules.update(shims)
+  try:
+    yield
+  finally:
+    for name, module in before.items():
+      if module is None:
+        sys.modules.pop(name, None)
+      else:
+        sys.modules[name] = module
 
 
 # ----- the schema of a function, as transformers.utils.get_json_schema makes it -------------------------------------
@@ -283,13 +330,14 @@ def _docstring_parts(doc: str) -> tuple[str, dict[str, str], str | None]:
 
 def _arguments(block: str) -> dict[str, str]:
   """{name: description} of an `Args:` block: an entry is a line `name: text` or `name (type): text`, continued
-  by the lines up to the next entry line indented no deeper; the line breaks of its text (and the spaces around
-  them) become single spaces."""
+  by the lines up to the next entry line indented no deeper (an entry with no text on its line takes the next
+  line, whatever it holds); the line breaks of its text (and the spaces around them) become single spaces."""
   entries: list[tuple[str, str, list[str]]] = []  # (indentation, name, lines)
   for line in (line for line in block.split("\n") if line.strip()):
     match = _ENTRY.match(line)
-    if match and (not entries or not line.startswith(entries[-1][0]) or
-                  line[len(entries[-1][0]):][:1] not in (" ", "\t")):
+    opens = entries and entries[-1][2] == [""]  # `name:` alone: its text starts on the next line, whatever it is
+    if match and not opens and (not entries or not line.startswith(entries[-1][0]) or
+                                line[len(entries[-1][0]):][:1] not in (" ", "\t")):
       entries.append((match.group(1), match.group(2), [match.group(3)]))
     elif entries:
       entries[-1][2].append(line)

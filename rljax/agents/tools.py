@@ -144,12 +144,19 @@ def check_tool_schema(schema: Any, path: str, where: str) -> str:
   name = function.get("name")
   if not isinstance(name, str) or not _NAME.match(name):
     fail(".function.name", f"is {name!r}; it must be 1 to 64 letters, digits, _ or - (e.g. 'calculator')")
+  if not isinstance(function.get("description"), str):
+    fail(".function.description", f"is {function.get('description')!r}; verl's schema needs a text (it may be '')")
   params = function.get("parameters", {"type": "object", "properties": {}})
   if not isinstance(params, dict) or params.get("type") != "object":
     fail(".function.parameters", f"must be an object schema ({{type: object, properties: ...}}), got {params!r}")
   properties = params.get("properties", {})
   if not isinstance(properties, dict):
     fail(".function.parameters.properties", f"must be a mapping of parameter schemas, got {properties!r}")
+  for key, prop in properties.items():
+    kind = prop.get("type") if isinstance(prop, dict) else None
+    if not (isinstance(kind, str) or (isinstance(kind, list) and kind and all(isinstance(k, str) for k in kind))):
+      fail(f".function.parameters.properties.{key}", f"is {prop!r}: verl's schema needs each parameter's `type` "
+           "(a JSON type name, or a list of them)")
   required = params.get("required", [])
   if not isinstance(required, list):
     fail(".function.parameters.required", f"must be a list of parameter names, got {required!r}")
@@ -174,7 +181,7 @@ def load_tool_config(path: str) -> list[Any]:
   tools, names = [], {}
   for spec in read_tool_specs(path):
     tool = _build_tool(spec)
-    schema = tool_schema_of(tool)
+    schema = raw_schema_of(tool)
     where = (f"{spec.where}.tool_schema" if schema == spec.tool_schema
              else f"{spec.where}: {spec.class_name}.get_openai_tool_schema()")
     name = check_tool_schema(schema, path, where)
@@ -184,7 +191,8 @@ def load_tool_config(path: str) -> list[Any]:
 
 
 def load_tool_schemas(path: str) -> list[dict]:
-  """The OpenAI function schemas of the tool YAML at `path` (for rendering prompts with `tools=`).
+  """The OpenAI function schemas of the tool YAML at `path` as verl renders them (`verl_rendered`; for prompts'
+  `tools=`).
 
   Reads them from the YAML without importing the classes; an entry without a
   tool_schema is imported and asked for its get_openai_tool_schema().
@@ -195,16 +203,41 @@ def load_tool_schemas(path: str) -> list[dict]:
   names: dict[str, str] = {}
   for spec in specs:
     _check_unique(names, spec.tool_schema["function"]["name"], spec)
-  return [spec.tool_schema for spec in specs]
+  return [verl_rendered(spec.tool_schema) for spec in specs]
 
 
-def tool_schema_of(tool: Any) -> dict:
-  """The tool's OpenAI schema as a plain dict (verl's pydantic schemas are dumped)."""
+def raw_schema_of(tool: Any) -> Any:
+  """The tool's OpenAI schema as it gives it (verl's pydantic schemas dumped without unset and None fields)."""
   getter = getattr(tool, "get_openai_tool_schema", None)
   schema = getter() if callable(getter) else getattr(tool, "tool_schema", None)
   if hasattr(schema, "model_dump"):
-    schema = schema.model_dump(exclude_none=True)
+    schema = schema.model_dump(exclude_unset=True, exclude_none=True)
   return schema
+
+
+def tool_schema_of(tool: Any) -> dict:
+  """The OpenAI schema of a loaded (checked) tool as verl renders it (`verl_rendered`)."""
+  return verl_rendered(raw_schema_of(tool))
+
+
+def verl_rendered(schema: dict) -> dict:
+  """A checked schema (`check_tool_schema`) as verl 0.9.1 gives it to the chat template and the tool parsers: its
+  OpenAIFunctionToolSchema, dumped without unset and None fields, so only the keys that model holds, in its
+  order (tool: type, function; function: name, description, parameters, strict; parameters: type, properties,
+  required; a parameter: type, description, enum). A parameter's `items`, `nullable` and other keys are dropped,
+  as verl drops them."""
+  function = schema["function"]
+  out = {"name": function["name"], "description": function["description"]}
+  if "parameters" in function:
+    params = function["parameters"]
+    props = {}
+    for key, prop in params.get("properties", {}).items():
+      props[key] = {"type": prop["type"], **{k: prop[k] for k in ("description", "enum") if prop.get(k) is not None}}
+    out["parameters"] = {"type": params["type"], "properties": props,
+                         **({"required": list(params["required"])} if "required" in params else {})}
+  if "strict" in function:
+    out["strict"] = function["strict"]
+  return {"type": schema["type"], "function": out}
 
 
 def tools_by_name(tools: list[Any]) -> dict[str, Any]:

@@ -123,7 +123,8 @@ def adopted(data: StepData, rows: Experience, outputs: PassOutputs, **fields: in
 
 def padded_pays(parts: StepParts, step: Step, plan: packing.PackPlan, abstract: packing.PackedRows,
                 rows: int) -> bool:
-  """Whether `step`'s padded twin computes less than its packed pass of `plan` over `rows` rows."""
+  """Whether `step`'s padded twin, over `rows` row slots (empty ones computed too), computes less than its packed
+  pass of `plan`."""
   layout = parts.run.layout
   return packing.padded_pays(packing.plan_tokens(plan, abstract), rows, layout.prompt_length,
                              layout.response_length, parts.run.steps.padded.groups[step.name])
@@ -151,7 +152,7 @@ def forward_pass(parts: StepParts, step: Step, params: Any, rows: Experience, da
   packer, budget = data.packer, parts.run.layout.budget_of(step.name)
   arrangement = packing.pass_arrangement(packer.ends - packer.starts, local, abstract.packed, budget)
   plan = packer.plan(abstract.packed, arrangement, budget)
-  if padded_pays(parts, step, plan, abstract.packed, int(np.count_nonzero(arrangement >= 0))):
+  if padded_pays(parts, step, plan, abstract.packed, parts.run.layout.row_slots):
     return forward_pass(parts, getattr(parts.run.steps.padded, step.name), params, rows, data)
   batch = gathered(parts, step, abstract.replace(packed=None), data, rows, arrangement)
   return PassOutputs(step(params, batch.replace(packed=packer.pack(plan, abstract.packed))), arrangement, local)
@@ -268,7 +269,8 @@ def update_step(parts: StepParts, step: Step, order: np.ndarray, packer: packing
   index = order[:layout.mini_rows]
   budget = layout.budget_of(step.name)
   plan = packer.plan(abstract, packer.arrangement(abstract, index, budget), budget)
-  return getattr(parts.run.steps.padded, step.name) if padded_pays(parts, step, plan, abstract, len(index)) else step
+  padded = padded_pays(parts, step, plan, abstract, layout.mini_slots)
+  return getattr(parts.run.steps.padded, step.name) if padded else step
 
 
 def update(parts: StepParts, state: Any, rows: Experience, timing: dict[str, float], step_metrics: dict,

@@ -36,7 +36,7 @@ class DuckTool:
 
 class SelfDescribed(BaseTool):
   def get_openai_tool_schema(self):
-    return {"type": "function", "function": {"name": "described", "parameters": {"type": "object"}}}
+    return {"type": "function", "function": {"name": "described", "description": "", "parameters": {"type": "object"}}}
 
 
 class NoRelease:
@@ -115,6 +115,9 @@ def test_class_errors_name_the_file(tmp_path, class_name, message):
                               r"which is not in properties \(a, b\)"),
     (dict(properties="[a]"), r"tools\[0\]\.tool_schema\.function\.parameters\.properties must be a mapping"),
     (dict(required="a"), r"required must be a list"),
+    # what verl 0.9.1's pydantic schema refuses: a parameter without a type
+    (dict(properties="{a: {description: anything}}", required="[]"),
+     r"tools\[0\]\.tool_schema\.function\.parameters\.properties\.a is .*needs each parameter's `type`"),
 ])
 def test_schema_errors_name_the_file_and_key(tmp_path, kw, message):
   path = write(tmp_path, [entry("my_tools.py:Calculator", "ok"), entry("my_tools.py:Calculator", "t", **kw)])
