@@ -164,23 +164,25 @@ def test_a_parameter_verl_s_schema_cannot_hold_is_an_error_naming_it():
     function_tools.function_tool(any_typed)
 
 
-def test_a_yaml_tool_s_schema_is_rendered_as_verl_renders_it(tmp_path):
+def base_tool_yaml(tmp_path, function: str) -> str:
+  """A tool YAML of one BaseTool whose tool_schema is `type: function` and the YAML text `function`."""
   yaml = tmp_path / "tools.yaml"
-  yaml.write_text(textwrap.dedent("""\
-      tools:
-        - class_name: rljax.agents.tools.BaseTool
-          config: {type: native}
-          tool_schema:
-            type: function
-            function:
-              description: Looks up.
-              name: lookup
-              parameters:
-                properties:
-                  keys: {items: {type: string}, description: Keys., type: array}
-                  mode: {enum: [a, b], type: string, nullable: true}
-                type: object
-      """))
+  yaml.write_text("tools:\n  - class_name: rljax.agents.tools.BaseTool\n    config: {type: native}\n"
+                  "    tool_schema:\n      type: function\n" + textwrap.indent(textwrap.dedent(function), " " * 6))
+  return yaml
+
+
+def test_a_yaml_tool_s_schema_is_rendered_as_verl_renders_it(tmp_path):
+  yaml = base_tool_yaml(tmp_path, """\
+      function:
+        description: Looks up.
+        name: lookup
+        parameters:
+          properties:
+            keys: {items: {type: string}, description: Keys., type: array}
+            mode: {enum: [a, b], type: string, nullable: true}
+          type: object
+      """)
   schema = tools.load_tool_schemas(str(yaml))[0]
   raw = tools.read_tool_specs(str(yaml))[0].tool_schema
   assert json.dumps(schema) == verl_rendered(raw)
@@ -308,15 +310,9 @@ def test_a_file_written_for_verl_loads_and_its_tools_run(tmp_path):
 def test_names_are_unique_across_the_tool_file_and_the_function_file(tmp_path):
   path = tmp_path / f"tools_{tmp_path.name}.py"
   path.write_text(VERL_FILE.replace('"web_search"', '"lookup"').replace('"by_hand"', '"by_hand_2"'))
-  yaml = tmp_path / "tools.yaml"
-  yaml.write_text(textwrap.dedent("""\
-      tools:
-        - class_name: rljax.agents.tools.BaseTool
-          config: {type: native}
-          tool_schema:
-            type: function
-            function: {name: lookup, description: Looks up., parameters: {type: object, properties: {}}}
-      """))
+  yaml = base_tool_yaml(tmp_path, """\
+      function: {name: lookup, description: Looks up., parameters: {type: object, properties: {}}}
+      """)
   with pytest.raises(ValueError, match=r"'lookup' .* both .*tools.yaml.* and .*function_tool_path"):
     function_tools.load_all_tools(str(yaml), str(path))
   with pytest.raises(ValueError, match=r"'lookup' .* both"):
