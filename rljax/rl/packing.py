@@ -567,15 +567,20 @@ class Packer:
     return cls(spans[0], spans[1], tokens.input_ids, tokens.positions, prompt_length, response_length,
                slot_numbers=slot_numbers)
 
-  def slots_of(self, index: np.ndarray) -> np.ndarray:
+  def slots_for(self, index: np.ndarray) -> np.ndarray:
     """`index` (global row numbers, -1 for none) as the slots on device holding those rows."""
     return index if self.slot_numbers is None else self.slot_numbers(index)
 
   def in_slots(self, x: np.ndarray) -> np.ndarray:
     """[N] a value of every row -> [N'] of every slot (0 in empty ones)."""
     out = np.zeros(self.input_ids.shape[1], x.dtype)
-    out[self.slots_of(np.arange(len(x)))] = x
+    out[self.slots_for(np.arange(len(x)))] = x
     return out
+
+  @functools.cached_property
+  def slot_spans(self) -> tuple[np.ndarray, np.ndarray]:
+    """(starts [N'], ends [N']): every slot's span (0, 0 in empty ones), for every plan of the step."""
+    return self.in_slots(self.starts), self.in_slots(self.ends)
 
   def arrangement(self, abstract: PackedRows, order: np.ndarray, budget: int | None) -> np.ndarray:
     """[M, slots] the micro-batches of the rows `order`: `abstract`'s M consecutive blocks in its slots
@@ -594,7 +599,7 @@ class Packer:
     if self.images is not None:
       _, rows, counts, unit = self.images
       patches = (self.in_slots(counts), rows.pixels.shape[2], unit)
-    return make_plan(self.in_slots(self.starts), self.in_slots(self.ends), self.slots_of(arrangement),
+    return make_plan(*self.slot_spans, self.slots_for(arrangement),
                      abstract.input_ids.shape[1], self.prompt_length, self.response_length, local_shards(abstract),
                      budget, patches)
 
