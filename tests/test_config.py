@@ -217,6 +217,12 @@ BAD_INPUTS = [
     (["actor_rollout_ref.actor.kl_loss_type=k4"], 1, "actor_rollout_ref.actor.kl_loss_type='k4'"),
     (["data.truncation=both"], 1, "data.truncation='both': must be one of error, left, right, middle"),
     (["trainer.resume_mode=latest"], 1, "trainer.resume_mode='latest'"),
+    (["actor_rollout_ref.actor.optim.lr_decay_style=cosine"], 1,
+     "actor_rollout_ref.actor.optim.lr_decay_style='cosine': is read by verl's Megatron engine only; "
+     "actor_rollout_ref.actor.strategy=fsdp. Fix: set actor_rollout_ref.actor.strategy=megatron"),
+    (["critic.strategy=megatron", "critic.optim.lr_scheduler_type=cosine"], 1,
+     "critic.optim.lr_scheduler_type='cosine': is FSDP's; with critic.strategy=megatron verl's Megatron optimizer"),
+    (["trainer.device=npu"], 1, "trainer.device='npu': npu is Huawei's Ascend NPU, which JAX has no backend for"),
     (["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"], 1, "must be one of constant, cosine"),
     (["actor_rollout_ref.actor.ppo_mini_batch_size=3"], 1, "is not divisible by ppo_mini_batch_size * rollout.n"),
     (["data.max_response_length=-5"], 1, "data.max_response_length=-5: must be positive"),
@@ -710,7 +716,7 @@ def test_reward_manager_name_is_verls_newer_name_of_reward_models_reward_manager
 @pytest.mark.parametrize("override,problem", [
     ("global_profiler.steps=[0]", "must be a list of step numbers"),
     ("actor_rollout_ref.actor.optim.optimizer=SGD", "rljax's optimizer is optax's AdamW"),
-    ("actor_rollout_ref.actor.optim.lr_decay_style=cosine", "Megatron's learning-rate schedule is not implemented"),
+    ("actor_rollout_ref.actor.optim.lr_decay_style=cosine", "is read by verl's Megatron engine only"),
     # verl 0.6-0.7's rollout-correction keys, removed in verl 0.9: never silently dropped
     ("algorithm.rollout_correction.rollout_rs_threshold_lower=0.5",
      "rollout_rs_threshold_lower=0.5: verl 0.9 removed it with the token, sequence and geometric rejection modes"),

@@ -154,9 +154,13 @@ def _optim_status(role: str) -> dict[str, dict[str, Any]]:
       "optimizer_impl": dict(ignored="the module verl imports the optimizer from; rljax's AdamW is optax's"),
       "clip_grad": dict(mapped=f"verl's newer name of {role}.grad_clip: a value other than 1.0 sets it (both set, "
                                "differently: an error)"),
-      **{key: dict(default_only=("Megatron's learning-rate schedule is not implemented",
-                                 f"drop {optim}.{key}; {schedule_fix}"))
+      **{key: dict(mapped=f"read where {role}.strategy=megatron, as verl's Megatron engine reads it: the learning "
+                          "rate follows Megatron-Core's scheduler (rljax.training.optim.megatron_lr); under fsdp a "
+                          f"value other than verl's default is an error ({schedule_fix})")
          for key in MEGATRON_SCHEDULE_KEYS},
+      "weight_decay_incr_style": dict(mapped=f"checked where {role}.strategy=megatron (constant, linear or cosine); "
+                                             "verl gives Megatron equal start and end weight decay, so no style "
+                                             "changes it; under fsdp a value other than verl's default is an error"),
       "use_checkpoint_opt_param_scheduler": dict(ignored="a resume always restores the schedule's step"),
       "optimizer_offload_fraction": dict(mapped="that fraction of the optimizer state's bytes stays in host memory "
                                                 "between updates; the update itself runs on the devices"),
@@ -830,7 +834,8 @@ KEYS = {
     "actor_rollout_ref.actor.strategy": Key(
         "Training backend (fsdp or megatron in verl).",
         mapped="rljax shards with a device mesh whichever it is; megatron lets Megatron's LoRA block "
-               "(actor_rollout_ref.model.lora) train adapters, as in verl"),
+               "(actor_rollout_ref.model.lora) train adapters and makes the learning rate follow Megatron's "
+               "scheduler (optim.lr_decay_style, min_lr, ...), as in verl"),
     "actor_rollout_ref.actor.sum_pi_squared_checkpointing": Key(
         "Recompute that sum in the backward pass to save memory.",
         ignored="rljax computes the sum in the old-log-prob pass, which takes no gradient: nothing to recompute"),
@@ -1390,7 +1395,9 @@ KEYS = {
         "Responses per prompt, as the critic sees them; follows actor_rollout_ref.rollout.n.",
         ignored="the critic's batch follows actor_rollout_ref.rollout.n"),
     "critic.shuffle": Key("Shuffle rollouts before the critic's mini-batches; follows the actor's."),
-    "critic.strategy": Key("Backend of the critic (fsdp or megatron in verl).", ignored="FSDP/Megatron choice"),
+    "critic.strategy": Key("Backend of the critic (fsdp or megatron in verl).",
+                           mapped="rljax shards with a device mesh whichever it is; megatron makes the critic's "
+                                  "learning rate follow Megatron's scheduler (critic.optim.lr_decay_style, ...)"),
     "critic.ulysses_sequence_parallel_size": Key("Sequence-parallel size of the critic."),
     "critic.use_dynamic_bsz": Key("Pack critic micro-batches by token count; follows the actor's."),
     "critic.use_torch_compile": Key("Compile the critic with torch.compile.", ignored="everything is jax.jit-compiled"),
@@ -1651,7 +1658,8 @@ KEYS = {
     "trainer.controller_nsight_options.cuda-graph-trace": Key("Nsight: CUDA graph tracing on the controller."),
     "trainer.controller_nsight_options.cuda-memory-usage": Key("Nsight: track CUDA memory on the controller."),
     "trainer.controller_nsight_options.trace": Key("Nsight: APIs traced on the controller."),
-    "trainer.critic_warmup": Key("Steps that train only the critic before the actor starts."),
+    "trainer.critic_warmup": Key("The global step (1-based) from which the actor trains; the steps before it train "
+                                 "only the critic (0 and 1: the actor trains from the first step)."),
     "trainer.default_hdfs_dir": Key(
         "HDFS directory checkpoints are copied to.",
         ignored="HDFS copy of checkpoints; default_local_dir may be any path orbax writes (gs:// included)"),

@@ -7,7 +7,7 @@ import os
 import jinja2
 from ml_collections import ConfigDict
 
-from rljax.config import kernel_names
+from rljax.config import engines, kernel_names
 from rljax.config.checks import (check_data_files, check_enum, check_model_path, check_positive, check_range,
                                  mtp_layers_of, vision_language_type)
 from rljax.config.errors import ConfigError, check, is_int, is_number
@@ -295,7 +295,35 @@ def _check_algorithm(config: ConfigDict) -> None:
     check_enum(config, key, ROLLOUT_IS_MODES)
 
 
+# verl 0.9.1's FSDP optimizer keys that its Megatron optimizer config does not have: key -> verl's default
+FSDP_SCHEDULE_KEYS = {"lr_scheduler_type": "constant", "min_lr_ratio": 0.0, "num_cycles": 0.5,
+                      "zero_indexed_step": True, "warmup_style": None}
+
+
+def _check_schedule_engine(config: ConfigDict, role: str) -> None:
+  """A role's schedule keys belong to its strategy's optimizer: Megatron's (lr_decay_style, min_lr, ...) under
+  megatron, FSDP's (lr_scheduler_type, min_lr_ratio, ...) otherwise; the other engine's at a value other than
+  verl's default is an error (verl's config for that engine has no such key)."""
+  strategy = get_node(config, f"{role}.strategy")
+  optim = get_node(config, f"{role}.optim")
+  if strategy == "megatron":
+    for key, default in FSDP_SCHEDULE_KEYS.items():
+      check(optim[key] == default, f"{role}.optim.{key}", optim[key],
+            f"is FSDP's; with {role}.strategy=megatron verl's Megatron optimizer sets the schedule",
+            f"use {role}.optim.lr_decay_style, min_lr and lr_warmup_init (Megatron's scheduler), or "
+            f"{role}.strategy=fsdp")
+    return
+  defaults = engines.optim(0.0, 0.0)
+  for key in engines.MEGATRON_SCHEDULE_KEYS:
+    check(optim[key] == defaults[key], f"{role}.optim.{key}", optim[key],
+          f"is read by verl's Megatron engine only; {role}.strategy={strategy}",
+          f"set {role}.strategy=megatron for Megatron's scheduler, or use {role}.optim.lr_scheduler_type, "
+          "lr_warmup_steps and min_lr_ratio")
+
+
 def _check_optim(config: ConfigDict) -> None:
+  for role in ("actor_rollout_ref.actor", "critic"):
+    _check_schedule_engine(config, role)
   for prefix in ("actor_rollout_ref.actor.optim", "critic.optim"):
     check_enum(config, f"{prefix}.lr_scheduler_type", LR_SCHEDULERS)
     check_positive(config, f"{prefix}.lr", allow_zero=True)
@@ -311,6 +339,10 @@ def _check_optim(config: ConfigDict) -> None:
 def _check_trainer(config: ConfigDict) -> None:
   trainer = config.trainer
   check_enum(config, "trainer.resume_mode", RESUME_MODES)
+  device = trainer.device
+  check(device != "npu", "trainer.device", device,
+        "npu is Huawei's Ascend NPU, which JAX has no backend for (verl runs it through torch_npu)",
+        f"run on GPUs or TPUs: set trainer.device to one of {', '.join(DEVICES)}")
   check_enum(config, "trainer.device", DEVICES)
   check_enum(config, "data.truncation", TRUNCATIONS)
   check_enum(config, "reward_model.reward_manager", REWARD_MANAGERS)

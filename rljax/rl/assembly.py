@@ -28,6 +28,7 @@ from ml_collections import ConfigDict
 from rljax import models, sharding
 from rljax.algos import kl as kl_lib
 from rljax.config.errors import ConfigError
+from rljax.config.fields import get_node
 from rljax.config import validation
 from rljax.models import lora as lora_lib
 from rljax.rl import reward_model as reward_model_lib, run_models, staleness, steps as steps_lib
@@ -156,13 +157,22 @@ def _trainable_with_optimizer(tx: optax.GradientTransformation, params: Any, mes
   return jax.jit(tx.init, out_shardings=shardings)(params), shardings
 
 
+ACTOR = "actor_rollout_ref.actor"
+
+
+def megatron_key(config: ConfigDict, role: str) -> str | None:
+  """`role`'s optim node path where its strategy is megatron (its learning rate follows Megatron's scheduler,
+  `rljax.training.optim.megatron_schedule`), else None (verl's FSDP schedule)."""
+  return f"{role}.optim" if get_node(config, f"{role}.strategy") == "megatron" else None
+
+
 def _critic(config: ConfigDict, mesh: Mesh, rules: Any, layout: Layout, abstract: bool,
             offloads: offload.Offload) -> tuple[steps_lib.CriticParts, Any]:
   """The critic's parts and its optimizer state."""
   value_model = (run_models.abstract_critic if abstract else run_models.load_critic)(config, mesh, rules)
   graphdef, params = nnx.split(value_model)
   tx = make_optimizer(config.critic.optim, config.critic.grad_clip, layout.total_steps,
-                      config.critic.ppo_epochs * layout.minis)
+                      config.critic.ppo_epochs * layout.minis, megatron_key(config, "critic"))
   opt_state, opt_sh = _trainable_with_optimizer(tx, params, mesh, abstract, offloads.critic_optimizer)
   params = offload.placed(params, offloads.critic)
   return steps_lib.CriticParts(graphdef, params, tx, opt_sh), opt_state
@@ -243,7 +253,8 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
   lora = run_models.lora_config(config)
   graphdef, trainable, frozen = lora_lib.split_trainable(model)
   updates_per_step = arr.actor.ppo_epochs * layout.minis
-  actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, layout.total_steps, updates_per_step)
+  actor_schedule = (arr.actor.optim, layout.total_steps, updates_per_step, megatron_key(config, ACTOR))
+  actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, *actor_schedule[1:])
   if model.cfg.vision is not None and arr.actor.freeze_vision_tower:
     actor_tx = tower_frozen(actor_tx)
   if model.cfg.mtp_layers and not arr.model.mtp.enable_train:
@@ -268,7 +279,7 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
               steps=steps, engine=_engine(config, model, layout, mesh, rules, tokenizer,
                                           () if remote_rollout else rollout_devices),
               on_policy=steps_lib.on_policy(config, layout, lora_dropout),
-              actor_lr=make_schedule(arr.actor.optim, layout.total_steps, updates_per_step),
+              actor_lr=make_schedule(*actor_schedule),
               rollout_engine=(_engine(config, model, layout, mesh, rules, tokenizer, rollout_devices)
                               if remote_rollout else None))
   state = RunState(actor=trainable, actor_opt=actor_opt, critic=None if critic is None else critic.params,

@@ -273,6 +273,12 @@ def update_step(parts: StepParts, step: Step, order: np.ndarray, packer: packing
   return getattr(parts.run.steps.padded, step.name) if padded else step
 
 
+def critic_only_steps(config: ConfigDict) -> int:
+  """Training steps that update only the critic, as verl counts trainer.critic_warmup: its actor updates from
+  global step critic_warmup on (1-based), so 0 and 1 both update it from the first step."""
+  return max(0, int(config.trainer.critic_warmup) - 1)
+
+
 def update(parts: StepParts, state: Any, rows: Experience, timing: dict[str, float], step_metrics: dict,
            data: StepData) -> Any:
   """The critic's and then the actor's epochs over the mini-batches of `rows` (`data`: the step's on device);
@@ -290,7 +296,8 @@ def update(parts: StepParts, state: Any, rows: Experience, timing: dict[str, flo
         state = state.replace(critic=critic, critic_opt=critic_opt)
         collected.append(m)
       jax.block_until_ready(state.critic)
-  if state.step >= config.trainer.critic_warmup:
+  skipped = critic_only_steps(config)
+  if state.step >= skipped:
     with timed(timing, "update_actor"):
       step = update_step(parts, steps.actor_update, order, data.packer)
       for epoch, i, mini in minibatches(parts, state, rows, step, actor.ppo_epochs, order, data):
@@ -299,7 +306,8 @@ def update(parts: StepParts, state: Any, rows: Experience, timing: dict[str, flo
         state = state.replace(actor=trained, actor_opt=actor_opt)
         collected.append(m)
       jax.block_until_ready(state.actor)
-    step_metrics["actor/lr"] = float(run.actor_lr(state.step * actor.ppo_epochs * layout.minis))
+    # the rate the actor's next update takes, as verl logs its scheduler's after stepping it
+    step_metrics["actor/lr"] = float(run.actor_lr((state.step + 1 - skipped) * actor.ppo_epochs * layout.minis))
   for m in jax.device_get(collected):
     for k, v in m.items():
       step_metrics.setdefault(k, []).append(float(v))

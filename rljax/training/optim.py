@@ -21,16 +21,36 @@ stepped once per training step (verl steps its scheduler after each
               g = m + (1 - m) * max(0, (1 + cos(2π * num_cycles * q)) / 2)    (s < total)
               g = m                                                           (after)
               q = (s - warmup - stable) / max(1, decay), m = min_lr_ratio
+
+A role whose strategy is megatron follows Megatron-Core's OptimizerParamScheduler instead, as verl 0.9.1's
+get_megatron_optimizer_param_scheduler sets it up (`megatron_schedule`, `megatron_lr`): learning rates, not
+multipliers, at training step s (verl steps it once per update_actor, from 0):
+
+    D = lr_decay_steps, or total steps when null
+    W = lr_warmup_steps if > 0 else int(lr_warmup_steps_ratio * D)
+    s <= W (W > 0):     lr_warmup_init + (lr - lr_warmup_init) * s / W
+    constant:           lr
+    s > D:              min_lr
+    inverse-square-root: max(min_lr, lr * sqrt(max(W, 1) / max(s, 1)))
+    otherwise:          min_lr + (lr - min_lr) * c, r = (s - W) / (D - W), c by lr_decay_style:
+      linear 1 - r; cosine (1 + cos(pi r)) / 2; WSD 1 until D - lr_wsd_decay_steps, then by
+      lr_wsd_decay_style over q = (s - D + lr_wsd_decay_steps) / lr_wsd_decay_steps: linear 1 - q,
+      cosine (1 + cos(pi q)) / 2, exponential 2 * 0.5^q - 1, minus_sqrt 1 - sqrt(q)
+
+verl gives Megatron the same start and end weight decay, so weight_decay_incr_style changes nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import optax
+
+from rljax.config.errors import check
 
 
 def warmup_steps(optim, total_steps: int) -> int:
@@ -76,8 +96,96 @@ def lr_factor(step, optim, total_steps: int):
   return jnp.where(step < warmup, ramp, jnp.maximum(floor, wave))
 
 
-def make_schedule(optim, total_steps: int, updates_per_step: int) -> Callable:
-  """Learning rate as a function of optax's update count."""
+MEGATRON_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
+MEGATRON_WSD_STYLES = ("linear", "cosine", "exponential", "minus_sqrt")
+MEGATRON_WD_STYLES = ("constant", "linear", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class MegatronSchedule:
+  """Megatron-Core's OptimizerParamScheduler settings as verl 0.9.1 passes them (the module docstring's names)."""
+  init_lr: float
+  max_lr: float
+  min_lr: float
+  warmup: int
+  decay: int
+  style: str
+  wsd_steps: int | None
+  wsd_style: str
+
+
+def megatron_schedule(optim, total_steps: int, key: str) -> MegatronSchedule:
+  """The scheduler verl 0.9.1 builds from a Megatron optim node (`key`, its path, for errors) over `total_steps`.
+
+  Raises:
+    ConfigError: for what Megatron's scheduler refuses (an unknown style, min_lr above lr, lr_warmup_init above lr,
+      no decay steps, a warm-up as long as the decay, WSD without lr_wsd_decay_steps), naming the key.
+  """
+  decay = total_steps if optim.lr_decay_steps is None else optim.lr_decay_steps
+  warmup = optim.lr_warmup_steps
+  if optim.lr_warmup_steps_ratio is not None and (warmup is None or warmup <= 0):
+    warmup = int(optim.lr_warmup_steps_ratio * decay)
+  style, wsd_style = optim.lr_decay_style, optim.lr_wsd_decay_style
+  for name, value, allowed in (("lr_decay_style", style, MEGATRON_DECAY_STYLES),
+                               ("lr_wsd_decay_style", wsd_style, MEGATRON_WSD_STYLES),
+                               ("weight_decay_incr_style", optim.weight_decay_incr_style, MEGATRON_WD_STYLES)):
+    near = {"inverse_square_root": "inverse-square-root", "wsd": "WSD", "minus-sqrt": "minus_sqrt"}.get(value)
+    check(value in allowed, f"{key}.{name}", value, f"Megatron's scheduler knows {', '.join(allowed)}",
+          f"set {key}.{name}={near or allowed[0]}")
+  lr, min_lr, init_lr = float(optim.lr), float(optim.min_lr), float(optim.lr_warmup_init)
+  check(0.0 <= min_lr <= lr, f"{key}.min_lr", optim.min_lr, f"must lie in [0, {key}.lr={lr}]",
+        f"set {key}.min_lr between 0 and the learning rate")
+  check(init_lr <= lr, f"{key}.lr_warmup_init", optim.lr_warmup_init, f"must not exceed {key}.lr={lr}",
+        f"set {key}.lr_warmup_init <= {key}.lr")
+  check(decay > 0, f"{key}.lr_decay_steps", optim.lr_decay_steps,
+        f"the schedule decays over {decay} steps (null: the run's {total_steps} training steps); Megatron needs > 0",
+        f"set {key}.lr_decay_steps to a positive number of training steps")
+  check(warmup < decay, f"{key}.lr_warmup_steps", optim.lr_warmup_steps,
+        f"a warm-up of {warmup} steps is not shorter than the {decay} decay steps, which Megatron refuses",
+        f"shorten the warm-up or set {key}.lr_decay_steps above it")
+  wsd_steps = optim.lr_wsd_decay_steps
+  check(style != "WSD" or (isinstance(wsd_steps, int) and 0 < wsd_steps <= decay), f"{key}.lr_wsd_decay_steps",
+        wsd_steps, f"lr_decay_style=WSD anneals over its last lr_wsd_decay_steps of the {decay} decay steps",
+        f"set {key}.lr_wsd_decay_steps between 1 and {decay}")
+  return MegatronSchedule(init_lr, lr, min_lr, int(warmup), int(decay), style, wsd_steps, wsd_style)
+
+
+def megatron_lr(step, schedule: MegatronSchedule):
+  """The learning rate Megatron's scheduler gives at training step `step` (0-based, any array shape)."""
+  s = schedule
+  step = jnp.asarray(step, jnp.float32)
+  warm = s.init_lr + (s.max_lr - s.init_lr) * step / max(s.warmup, 1)
+  if s.style == "constant":
+    after = jnp.full_like(step, s.max_lr)
+  elif s.style == "inverse-square-root":
+    after = jnp.maximum(s.min_lr, s.max_lr * math.sqrt(max(s.warmup, 1)) / jnp.sqrt(jnp.maximum(step, 1.0)))
+  else:
+    after = s.min_lr + (s.max_lr - s.min_lr) * _megatron_coefficient(step, s)
+  if s.style != "constant":
+    after = jnp.where(step > s.decay, s.min_lr, after)
+  return jnp.where(step <= s.warmup, warm, after) if s.warmup > 0 else after
+
+
+def _megatron_coefficient(step, s: MegatronSchedule):
+  """The decay coefficient c of the module docstring (linear, cosine and WSD styles)."""
+  ratio = jnp.clip((step - s.warmup) / (s.decay - s.warmup), 0.0, 1.0)
+  if s.style == "linear":
+    return 1.0 - ratio
+  if s.style == "cosine":
+    return 0.5 * (jnp.cos(math.pi * ratio) + 1.0)
+  anneal_start = s.decay - s.wsd_steps
+  q = jnp.clip((step - anneal_start) / s.wsd_steps, 0.0, 1.0)
+  annealed = {"linear": lambda: 1.0 - q, "cosine": lambda: 0.5 * (jnp.cos(math.pi * q) + 1.0),
+              "exponential": lambda: 2.0 * jnp.power(0.5, q) - 1.0, "minus_sqrt": lambda: 1.0 - jnp.sqrt(q)}
+  return jnp.where(step <= anneal_start, 1.0, annealed[s.wsd_style]())
+
+
+def make_schedule(optim, total_steps: int, updates_per_step: int, megatron_key: str | None = None) -> Callable:
+  """Learning rate as a function of optax's update count: verl's FSDP schedule, or with `megatron_key` (the path
+  of a Megatron role's optim node) Megatron's (`megatron_schedule`)."""
+  if megatron_key is not None:
+    schedule = megatron_schedule(optim, total_steps, megatron_key)
+    return lambda count: megatron_lr(count // updates_per_step, schedule)
   return lambda count: optim.lr * lr_factor(count // updates_per_step, optim, total_steps)
 
 
@@ -105,9 +213,10 @@ def without_tower_gradients(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(lambda path, x: jax.lax.stop_gradient(x) if in_tower(path) else x, params)
 
 
-def make_optimizer(optim, grad_clip: float, total_steps: int, updates_per_step: int) -> optax.GradientTransformation:
-  """clip_by_global_norm(grad_clip) -> AdamW(verl's schedule, weight_decay)."""
-  schedule = make_schedule(optim, total_steps, updates_per_step)
+def make_optimizer(optim, grad_clip: float, total_steps: int, updates_per_step: int,
+                   megatron_key: str | None = None) -> optax.GradientTransformation:
+  """clip_by_global_norm(grad_clip) -> AdamW(verl's schedule, weight_decay); `megatron_key` as make_schedule's."""
+  schedule = make_schedule(optim, total_steps, updates_per_step, megatron_key)
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip and grad_clip > 0 else []
   b1, b2 = optim.get("betas", None) or (0.9, 0.999)
   parts.append(optax.adamw(schedule, b1=float(b1), b2=float(b2), eps=1e-8, weight_decay=float(optim.weight_decay)))

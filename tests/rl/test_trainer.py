@@ -38,12 +38,22 @@ def test_each_algorithm_runs_two_steps(name, model_dir, data_dir, tmp_path):
   # the random model scores 0 everywhere: DAPO's dynamic sampling would keep no group (its own tests give it a
   # scorer that varies, tests/rl/test_dynamic_sampling.py)
   extra = ["algorithm.filter_groups.enable=false", "data.gen_batch_size=4"] if name == "dapo" else []
+  # PPO: verl's critic_warmup=2 trains only the critic at step 1 (its actor trains from global step 2); the actor's
+  # Megatron scheduler decays by cosine over the run's 2 steps, and actor/lr is the rate after stepping it
+  extra += ["trainer.critic_warmup=2", "actor_rollout_ref.actor.strategy=megatron",
+            "actor_rollout_ref.actor.optim.lr_decay_style=cosine", "actor_rollout_ref.actor.optim.lr=0.002"
+            ] if name == "ppo" else []
   config = tiny_run.run_config(name, model_dir, data_dir, str(tmp_path / "run"), *extra)
   history = train(config)
   assert [m["step"] for m in history] == [1, 2]
-  for metrics in history:
-    for key in CORE + (["critic/vf_loss", "critic/values/mean"] if name == "ppo" else []):
+  for step, metrics in enumerate(history):
+    warming = name == "ppo" and step == 0
+    for key in [k for k in CORE if not (warming and k.startswith(("actor/", "timing_s/update_actor")))] + (
+        ["critic/vf_loss", "critic/values/mean"] if name == "ppo" else []):
       assert key in metrics and math.isfinite(metrics[key]), (key, metrics.get(key))
+    assert not (warming and any(k.startswith("actor/") for k in metrics)), sorted(metrics)
+  if name == "ppo":  # one actor update done: Megatron's cosine at 1 of 2 steps, 0.002 * (1 + cos(pi / 2)) / 2
+    assert history[1]["actor/lr"] == pytest.approx(0.001, rel=1e-6)
   if name == "rloo":
     assert "actor/reward_kl_penalty" in history[0]
   if name in ("grpo", "reinforce_plus_plus"):
