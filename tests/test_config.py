@@ -788,7 +788,8 @@ def test_megatron_tensor_size_counts_in_the_filled_micro_batch():
     (["actor_rollout_ref.actor.router_replay.mode=R1"], "router_replay.mode='R1': must be one of"),
     (["actor_rollout_ref.ref.router_replay.mode=R2"], "ref.router_replay.mode='R2': the reference pass follows"),
     (["actor_rollout_ref.rollout.enable_rollout_routing_replay=true"], "is replayed only by .*router_replay.mode=R3"),
-    (["actor_rollout_ref.model.override_config.moe_config.freeze_moe_router=true"], "freezing the mixture-of-experts"),
+    (["actor_rollout_ref.model.override_config.moe_config.freeze_moe_router=true"],
+     "freeze_moe_router=True: is read by verl's Megatron engine only; with actor_rollout_ref.actor.strategy=fsdp"),
 ])
 def test_router_replay_values_rljax_does_not_implement_are_errors(overrides, match):
   with pytest.raises(C.ConfigError, match=match):

@@ -941,8 +941,9 @@ KEYS = {
         mapped="fields that override the model's config.json"),
     "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router": Key(
         "Keep the mixture-of-experts router fixed (Megatron).",
-        default_only=("freezing the mixture-of-experts router is not implemented",
-                      "set actor_rollout_ref.model.override_config.moe_config.freeze_moe_router=false")),
+        mapped="read where actor_rollout_ref.actor.strategy=megatron, as verl's Megatron engine reads it: a "
+               "mixture-of-experts actor's routers take no gradient and no update (no optimizer state, no share of "
+               "the clipped norm); under fsdp, whose verl engine does not read it, true is an error"),
     "actor_rollout_ref.model.path": Key("Policy checkpoint: a Hugging Face directory, a GGUF file or a known alias."),
     "actor_rollout_ref.model.remat_policy": Key(
         "What a rematerialised layer saves for the backward pass: full, attention or dots.",
@@ -1365,7 +1366,8 @@ KEYS = {
         default_only=("the critic's Hugging Face config overrides are not applied", "drop critic.model.override_config")),
     "critic.model.override_config.moe_config.freeze_moe_router": Key(
         "Keep the critic's mixture-of-experts router fixed (Megatron).",
-        ignored="Megatron only"),
+        default_only=("freezing a mixture-of-experts critic's routers is not implemented",
+                      "set critic.model.override_config.moe_config.freeze_moe_router=false")),
     "critic.model.path": Key("Critic checkpoint; follows the policy's path."),
     "critic.model.target_modules": Key(
         "LoRA targets of the critic.",
@@ -1839,7 +1841,6 @@ KEYS = {
 
 # Sections whose every key rljax ignores: prefix -> why.
 IGNORED_SECTIONS = {
-    "actor_rollout_ref.model.override_config.moe_config": "Megatron only",
     "actor_rollout_ref.ref.fsdp_config": "the reference model is sharded like the actor",
     "actor_rollout_ref.rollout.engine_kwargs": "vLLM/SGLang/TensorRT-LLM engine arguments",
     "critic.model.fsdp_config.wrap_policy": "sharding follows logical-axis rules, not module wrapping",

@@ -321,9 +321,16 @@ def _check_schedule_engine(config: ConfigDict, role: str) -> None:
           "lr_warmup_steps and min_lr_ratio")
 
 
+FREEZE_ROUTER = "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router"
+
+
 def _check_optim(config: ConfigDict) -> None:
   for role in ("actor_rollout_ref.actor", "critic"):
     _check_schedule_engine(config, role)
+  strategy = config.actor_rollout_ref.actor.strategy
+  check(not get_node(config, FREEZE_ROUTER) or strategy == "megatron", FREEZE_ROUTER, get_node(config, FREEZE_ROUTER),
+        f"is read by verl's Megatron engine only; with actor_rollout_ref.actor.strategy={strategy} verl trains the "
+        "routers", f"set actor_rollout_ref.actor.strategy=megatron, or {FREEZE_ROUTER}=false")
   for prefix in ("actor_rollout_ref.actor.optim", "critic.optim"):
     check_enum(config, f"{prefix}.lr_scheduler_type", LR_SCHEDULERS)
     check_positive(config, f"{prefix}.lr", allow_zero=True)

@@ -37,7 +37,7 @@ from rljax.rollout import factory as rollout_factory
 from rljax.rollout.engine import Engine
 from rljax.sharding import hosts, offload
 from rljax.sharding.placement import Step, abstract as abstract_arrays, shardings_of
-from rljax.training.optim import MTP_LAYERS, make_optimizer, make_schedule, tower_frozen
+from rljax.training.optim import MTP_LAYERS, make_optimizer, make_schedule, tower_frozen, with_frozen
 
 
 @struct.dataclass
@@ -255,8 +255,9 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
   updates_per_step = arr.actor.ppo_epochs * layout.minis
   actor_schedule = (arr.actor.optim, layout.total_steps, updates_per_step, megatron_key(config, ACTOR))
   actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, *actor_schedule[1:])
-  if model.cfg.vision is not None and arr.actor.freeze_vision_tower:
-    actor_tx = tower_frozen(actor_tx)
+  freeze = steps_lib.actor_frozen_leaves(config, model.cfg.vision is not None, model.cfg.routing_shape is not None)
+  if freeze is not None:
+    actor_tx = with_frozen(actor_tx, freeze)
   if model.cfg.mtp_layers and not arr.model.mtp.enable_train:
     actor_tx = tower_frozen(actor_tx, MTP_LAYERS)
   offloads = offload.Offload.of(config, list(mesh.devices.flat))

@@ -116,17 +116,17 @@ def _reduce_metrics(metrics: Metrics) -> Metrics:
 
 
 def actor_loss(graphdef: nnx.GraphDef, actor_config: Any, temperature: float, group_size: int,
-               freeze_tower: bool = False, mtp: mtp_lib.MTPTraining | None = None,
+               freeze: Callable[[tuple], bool] | None = None, mtp: mtp_lib.MTPTraining | None = None,
                empty_slots: bool = False) -> Callable:
   """(params, micro, info, key, frozen) -> (loss, metrics) of verl's PPO actor loss on one micro-batch
-  (`freeze_tower`: no gradient reaches a vision-language model's tower; `mtp`: plus the multi-token prediction
+  (`freeze`: the leaves no gradient reaches, `actor_frozen_leaves`; `mtp`: plus the multi-token prediction
   loss, `rljax.rl.mtp`, whose counted tokens info["mtp_tokens"] holds; `empty_slots`: a padded micro-batch
   may hold slots of no row, `micro_rows`)."""
   entropy_in_loss = bool(actor_config.entropy_coeff)
 
   def loss_fn(params, micro: Experience, info, key, frozen=None):
-    if freeze_tower:
-      params = optim_lib.without_tower_gradients(params)
+    if freeze is not None:
+      params = optim_lib.without_gradients(params, freeze)
     info = dict(info)
     mtp_tokens = info.pop("mtp_tokens", None)
     model = training_model(graphdef, params, frozen, key)
@@ -352,6 +352,14 @@ def image_trailing(vision: Any) -> dict[str, tuple[int, ...]]:
           "patch_rotary": (q, 4), "patch_windows": (q,), "patch_frames": (q,), "merge_restore": (1,)}
 
 
+def actor_frozen_leaves(config: ConfigDict, vision: bool, moe: bool) -> Callable[[tuple], bool] | None:
+  """The actor's leaves that neither take a gradient nor move (`optim.frozen_leaves`): a vision-language model's
+  tower under actor.freeze_vision_tower, a mixture of experts' routers under Megatron's freeze_moe_router."""
+  arr = config.actor_rollout_ref
+  return optim_lib.frozen_leaves(vision and bool(arr.actor.freeze_vision_tower),
+                                 moe and bool(arr.model.override_config.moe_config.freeze_moe_router))
+
+
 def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *, graphdef: nnx.GraphDef,
                    trainable: Any, frozen: Any, actor_tx: optax.GradientTransformation, actor_opt_sh: Any,
                    lora_dropout: bool, reference: SplitModel | None = None, critic: CriticParts | None = None,
@@ -403,9 +411,9 @@ def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *
   mtp = None if mtp_layers == 0 else mtp_lib.training_of(config, mtp_layers)
   # the multi-token prediction layers read every position's trunk state: whole rows, no shared prompt
   actor_group = 1 if lora_dropout or actor_packed or mtp is not None else layout.update_group(shuffled)
-  freeze_tower = vision is not None and bool(arr.actor.freeze_vision_tower)
   actor_update = make_update("actor_update",
-                             actor_loss(graphdef, arr.actor, temperature, actor_group, freeze_tower, mtp,
+                             actor_loss(graphdef, arr.actor, temperature, actor_group,
+                                        actor_frozen_leaves(config, vision is not None, routing is not None), mtp,
                                         empty_slots=layout.mini_slots != layout.mini_rows),
                              actor_tx, mesh, rules, trainable, actor_opt_sh, actor_batch, layout.mini_rows, frozen=frozen,
                              info_of=None if mtp is None else mtp_info(mtp.depths))

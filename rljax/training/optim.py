@@ -198,19 +198,38 @@ def in_tower(path: tuple, subtree: str = VISION_TOWER) -> bool:
   return bool(path) and getattr(path[0], "key", None) == subtree
 
 
-def tower_frozen(tx: optax.GradientTransformation, subtree: str = VISION_TOWER) -> optax.GradientTransformation:
-  """`tx` over every parameter but `subtree`'s, whose updates are zero and which hold no optimizer state
-  (verl's freeze_vision_tower: the tower has no gradients, so no moments, decay or share of the clipped norm;
-  the MTP layers of a run that loads them and does not train them, model.mtp.enable_train=false)."""
+def is_router(path: tuple) -> bool:
+  """Whether a leaf at pytree `path` (of a model's state) is a mixture-of-experts layer's router (`mlp/router`)."""
+  keys = [getattr(part, "key", None) for part in path]
+  return any(a == "mlp" and b == "router" for a, b in zip(keys, keys[1:]))
+
+
+def frozen_leaves(tower: bool, router: bool) -> Callable[[tuple], bool] | None:
+  """Which leaves (by pytree path) take no gradient and no update: the vision tower's (`tower`, verl's
+  freeze_vision_tower), the routers' (`router`, Megatron's freeze_moe_router); None where neither."""
+  if not (tower or router):
+    return None
+  return lambda path: (tower and in_tower(path)) or (router and is_router(path))
+
+
+def with_frozen(tx: optax.GradientTransformation, is_frozen: Callable[[tuple], bool]) -> optax.GradientTransformation:
+  """`tx` over every parameter but those `is_frozen` picks (by pytree path), whose updates are zero and which hold
+  no optimizer state (they have no gradient, so no moments, decay or share of the clipped norm)."""
   labels = lambda params: jax.tree_util.tree_map_with_path(  # noqa: E731
-      lambda path, _: "frozen" if in_tower(path, subtree) else "trained", params)
+      lambda path, _: "frozen" if is_frozen(path) else "trained", params)
   return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
 
 
-def without_tower_gradients(params: Any) -> Any:
-  """`params` with the vision tower's leaves behind stop_gradient (its gradients zero, its backward pass never
-  computed)."""
-  return jax.tree_util.tree_map_with_path(lambda path, x: jax.lax.stop_gradient(x) if in_tower(path) else x, params)
+def tower_frozen(tx: optax.GradientTransformation, subtree: str = VISION_TOWER) -> optax.GradientTransformation:
+  """`tx` with `subtree` (default the vision tower) frozen (`with_frozen`): verl's freeze_vision_tower, or the MTP
+  layers of a run that loads them and does not train them (model.mtp.enable_train=false)."""
+  return with_frozen(tx, lambda path: in_tower(path, subtree))
+
+
+def without_gradients(params: Any, is_frozen: Callable[[tuple], bool]) -> Any:
+  """`params` with the leaves `is_frozen` picks behind stop_gradient (their gradients zero, their backward pass
+  never computed)."""
+  return jax.tree_util.tree_map_with_path(lambda path, x: jax.lax.stop_gradient(x) if is_frozen(path) else x, params)
 
 
 def make_optimizer(optim, grad_clip: float, total_steps: int, updates_per_step: int,

@@ -1,9 +1,12 @@
 """GRPO on a tiny Qwen3-MoE: the load-balancing loss and expert-load metrics, and expert parallelism equal to none."""
 
 import jax
+import numpy as np
 import pytest
+from flax import nnx
 
 from rljax import config as config_lib
+from rljax import models
 from rljax import sharding
 from rljax import rl
 from tests.rl import tiny_run
@@ -93,3 +96,38 @@ def test_a_packed_run_under_router_replay_gives_the_padded_runs_metrics(moe_dir,
   padded = run_metrics(moe_dir, data_dir, tmp_path / "padded", "grpo", *extra,
                        "actor_rollout_ref.model.use_remove_padding=false")
   same_metrics(packed, padded, 208)
+
+
+def _trained(config):
+  """(metrics of the run's one step, {path: array} of the actor after it)."""
+  trainer = rl.RLTrainer(config, mesh=tiny_run.one_device())
+  try:
+    metrics = trainer.fit()
+    return metrics, {"/".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(trainer.state.actor)}
+  finally:
+    trainer.close()
+
+
+@pytest.mark.slow  # two 1-step runs of the tiny MoE (about 15 s)
+def test_megatron_s_freeze_moe_router_keeps_the_routers_and_takes_them_out_of_the_gradient(moe_dir, data_dir, tmp_path):
+  # verl's Megatron engine sets requires_grad=False on each router: the routers neither move nor hold moments, and
+  # the gradient norm is the other parameters'; the experts train as before (scored by text: a real policy gradient)
+  before = {"/".join(map(str, p)): np.asarray(v[...])
+            for p, v in nnx.to_flat_state(nnx.state(models.from_pretrained(moe_dir)))}
+  runs = {}
+  for frozen in (False, True):
+    runs[frozen] = _trained(tiny_run.run_config(
+        "grpo", moe_dir, data_dir, str(tmp_path / str(frozen)), "trainer.total_training_steps=1",
+        "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.optim.lr=3e-2",
+        tiny_run.text_scorer(tmp_path), f"actor_rollout_ref.model.override_config.moe_config.freeze_moe_router={str(frozen).lower()}"))
+  routers = [name for name in before if name.endswith("mlp/router")]
+  experts = [name for name in before if name.endswith("mlp/gate")]
+  assert len(routers) == len(experts) == 2
+  for name in routers:
+    np.testing.assert_array_equal(runs[True][1][name], before[name])
+    assert np.abs(runs[False][1][name] - before[name]).max() > 1e-3
+  for name in experts:
+    assert np.abs(runs[True][1][name] - before[name]).max() > 1e-3
+  # the same loss (one step from the same weights), less gradient: the routers' share is gone
+  assert runs[True][0]["actor/pg_loss"] == pytest.approx(runs[False][0]["actor/pg_loss"], rel=1e-6)
+  assert runs[True][0]["actor/grad_norm"] < runs[False][0]["actor/grad_norm"]
