@@ -180,7 +180,10 @@ def export(checkpoint_dir: str, out_dir: str, step: int | None = None, fmt: str 
     lora.save_peft(model, lora.LoRAConfig.from_model_config(model_cfg), out_dir, model_cfg.path)
     return out_dir
   plain = lora.merge_lora(model) if model_cfg.lora_rank > 0 else model
-  tokenizer = _tokenizer(_model_path(config), model_cfg.get("custom_chat_template"))
+  source = config_lib.tokenizer_key(config)  # the run's tokenizer, written beside the weights
+  tokenizer_path = (_model_path(config) if source == "actor_rollout_ref.model.path"
+                    else os.path.expanduser(config_lib.get_node(config, source)))
+  tokenizer = _tokenizer(tokenizer_path, model_cfg.get("custom_chat_template"))
   models.save_pretrained(plain, out_dir, tokenizer=tokenizer)
   if plain.cfg.vision is not None:  # a vision-language model's image processing goes with it
     _copy_image_processing(_model_path(config), out_dir)

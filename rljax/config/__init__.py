@@ -41,7 +41,7 @@ from rljax.config.cli import (
 )
 from rljax.config.engines import MEGATRON_MESH_KEYS, PROFILED_SECTIONS
 from rljax.config.errors import NO_VALUE, ConfigError, check, is_int, is_number
-from rljax.config.fields import any_value, follow, get_node, null
+from rljax.config.fields import any_value, follow, get_node, null, tokenizer_key
 from rljax.config.keys import (
     DEPRECATED_KEYS, IGNORED_KEYS, IGNORED_SECTIONS, KEYS, MAPPED_KEYS, RLJAX_KEYS, UNIMPLEMENTED_VALUES, Key,
     ignored_reason,
@@ -87,5 +87,5 @@ __all__ = [
     "free_form_dicts", "from_yaml", "get_base_config", "get_node", "hydra_config_file", "ignored_overrides",
     "ignored_reason", "is_int", "is_number", "kernel_names", "leaf_paths", "load_config_file", "lora_defaults",
     "model_path_keys", "null", "parse_override", "parse_yaml", "reset_value",
-    "set_value", "split_overrides", "to_plain", "to_yaml", "unknown_key_error", "validate", "verl_free_form_path",
+    "set_value", "split_overrides", "to_plain", "to_yaml", "tokenizer_key", "unknown_key_error", "validate", "verl_free_form_path",
 ]

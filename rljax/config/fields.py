@@ -39,3 +39,14 @@ def get_node(config: ConfigDict, path: str) -> Any:
   for part in path.split("."):
     node = node[part]
   return node
+
+
+def tokenizer_key(config: ConfigDict) -> str:
+  """The key naming an RL run's tokenizer: data.tokenizer where set (older verl), else
+  actor_rollout_ref.model.tokenizer_path where set (verl 0.9.1's model config loads it from there), else the
+  actor's model path."""
+  if config.data.get("tokenizer"):
+    return "data.tokenizer"
+  if config.actor_rollout_ref.model.get("tokenizer_path"):
+    return "actor_rollout_ref.model.tokenizer_path"
+  return "actor_rollout_ref.model.path"

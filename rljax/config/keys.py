@@ -958,7 +958,9 @@ KEYS = {
     **described(("actor_rollout_ref.model", "critic.model"), "tiled_mlp", _TILED_MLP),
     "actor_rollout_ref.model.tokenizer_path": Key(
         "Directory of a tokenizer to use instead of the model's.",
-        default_only=("a tokenizer apart from the model is not read: the model's own would be used", "drop it, or copy the tokenizer files into actor_rollout_ref.model.path")),
+        mapped="the run's tokenizer where set (prompts, responses, rewards, validation, generation from the run's "
+               "checkpoints, the tokenizer export writes), as verl 0.9.1's model config loads it; data.tokenizer, "
+               "where set, comes first"),
     "actor_rollout_ref.model.trust_remote_code": Key(
         "Allow checkpoints that ship their own model code.",
         ignored="rljax runs no model code from checkpoints"),

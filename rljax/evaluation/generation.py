@@ -257,14 +257,14 @@ def model_directory(config: ConfigDict) -> str:
 
 
 def tokenizer_source(config: ConfigDict) -> tuple[str, str | None]:
-  """(data.tokenizer, else the run's tokenizer (model.checkpoint), else model.path; the chat template the run of
-  model.checkpoint trained with, its custom_chat_template, or None)."""
+  """(data.tokenizer, else the tokenizer the run of model.checkpoint trained with, else model.path; the chat
+  template the run of model.checkpoint trained with, its custom_chat_template, or None)."""
   if config.data.tokenizer:
     return config.data.tokenizer, None
   if config.model.checkpoint:
     run = export.load_run_config(checkpoint_location(config.model.checkpoint)[0])
-    model = run.actor_rollout_ref.model
-    return run.data.tokenizer or model.path, model.get("custom_chat_template")
+    return config_lib.get_node(run, config_lib.tokenizer_key(run)), run.actor_rollout_ref.model.get(
+        "custom_chat_template")
   return config.model.path, None
 
 

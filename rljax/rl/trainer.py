@@ -262,12 +262,12 @@ class RLTrainer:
 
 
 def load_tokenizer(config: ConfigDict) -> models.Tokenizer:
-  """data.tokenizer's, else the actor model's tokenizer, its chat template (actor_rollout_ref.model's
-  custom_chat_template where set, as verl's agent loop sets it) rendering every prompt and turn with
-  data.apply_chat_template_kwargs."""
+  """The run's tokenizer (`config_lib.tokenizer_key`: data.tokenizer, else actor_rollout_ref.model.tokenizer_path,
+  else the actor model's), its chat template (actor_rollout_ref.model's custom_chat_template where set, as verl's
+  agent loop sets it) rendering every prompt and turn with data.apply_chat_template_kwargs."""
   kwargs = config.data.apply_chat_template_kwargs
   kwargs = kwargs.to_dict() if isinstance(kwargs, ConfigDict) else dict(kwargs)
-  key = "data.tokenizer" if config.data.tokenizer else "actor_rollout_ref.model.path"
+  key = config_lib.tokenizer_key(config)
   path = config_lib.get_node(config, key)
   try:
     tokenizer = models.load_tokenizer(path)

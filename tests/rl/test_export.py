@@ -143,6 +143,41 @@ def test_a_run_s_custom_chat_template_goes_with_its_export_and_its_generations(r
   assert generation.load_tokenizer(generate).apply_chat_template(messages, tokenize=False) == "t9 t5"
 
 
+def test_a_run_s_tokenizer_path_is_its_tokenizer_in_training_export_and_generation(run, tmp_path):
+  # verl 0.9.1's model config loads the tokenizer from actor_rollout_ref.model.tokenizer_path; data.tokenizer (older
+  # verl) comes first where set
+  from rljax.evaluation import config as eval_config, generation  # pylint: disable=import-outside-toplevel
+  from rljax.rl import trainer  # pylint: disable=import-outside-toplevel
+  tok_dir, ckpt_dir = tmp_path / "tok", str(tmp_path / "ckpt")
+  tok_dir.mkdir()
+  _write_tokenizer(str(tok_dir))
+  config_path = tok_dir / "tokenizer_config.json"
+  config_path.write_text(json.dumps({**json.loads(config_path.read_text()),
+                                     "chat_template": "{% for m in messages %}{{ 't7 ' + m['content'] }}{% endfor %}"}))
+  config = config_lib.get_base_config()
+  config.actor_rollout_ref.model.path = run["base"]
+  config.actor_rollout_ref.model.tokenizer_path = str(tok_dir)
+  assert config_lib.tokenizer_key(config) == "actor_rollout_ref.model.tokenizer_path"
+  messages = [{"role": "user", "content": "t5"}]
+  assert trainer.load_tokenizer(config).apply_chat_template(messages, tokenize=False) == "t7 t5"
+  graphdef, params = _random_params(_CFG, seed=5)
+  with Checkpointer(ckpt_dir) as ckpt:
+    ckpt.save_config(config)
+    ckpt.save(1, {"actor": params})
+  out = export.export(ckpt_dir, str(tmp_path / "hf"))
+  assert transformers.AutoTokenizer.from_pretrained(out).apply_chat_template(messages, tokenize=False) == "t7 t5"
+  generate = eval_config.get_generate_config()
+  generate.model.checkpoint = ckpt_dir
+  assert generation.load_tokenizer(generate).apply_chat_template(messages, tokenize=False) == "t7 t5"
+  config.data.tokenizer = run["base"]
+  assert config_lib.tokenizer_key(config) == "data.tokenizer"
+  config.data.tokenizer = None
+  config.actor_rollout_ref.model.tokenizer_path = str(tmp_path / "missing")
+  with pytest.raises(config_lib.ConfigError, match="actor_rollout_ref.model.tokenizer_path='.*missing': its "
+                                                   "tokenizer does not load"):
+    trainer.load_tokenizer(config)
+
+
 def _cli_error(capsys, *args):
   with pytest.raises(SystemExit) as e:
     export.main(list(args))
