@@ -132,7 +132,7 @@ def main():
   fields = experience.MODEL_FIELDS + ("advantages", "ref_log_prob")
   update = steps_lib.make_update(
       "actor_update", steps_lib.actor_loss(graphdef, actor_config(args.beta), args.temperature, group), tx, mesh, None,
-      params, opt_shardings, experience.spec(fields, 1, B, L, N, mesh, None))
+      params, opt_shardings, experience.spec(fields, 1, B, L, N, mesh, None), B)
   ref_fn = steps_lib.make_forward("ref", steps_lib.log_prob_fn(graphdef, args.temperature, False, group), mesh, None,
                                   params, experience.spec(experience.MODEL_FIELDS, 1, B, L, N, mesh, None))
   algorithm = ml_collections.ConfigDict({"norm_adv_by_std_in_grpo": True})

@@ -75,7 +75,7 @@ def build(mode: str, args: argparse.Namespace) -> dict:
   update = steps_lib.make_update("actor_update", steps_lib.actor_loss(graphdef, actor_config(), 1.0, 1), tx, mesh, None,
                                  trained, opt_shardings,
                                  experience.spec(fields, 1, args.rows, args.prompt, args.response, mesh, None),
-                                 frozen=frozen)
+                                 args.rows, frozen=frozen)
   mini = experience.place(mini_batch(vocab, args.rows, args.prompt, args.response, 0), update.args[2])
   common = {"mode": mode, "rank": args.rank if mode == "lora" else None, "model": args.model,
             "rows": args.rows, "prompt": args.prompt, "response": args.response, "devices": jax.device_count(),

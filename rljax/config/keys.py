@@ -1039,7 +1039,8 @@ KEYS = {
     "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": Key("Size of each weight-update bucket."),
     "actor_rollout_ref.rollout.cpu_dot_library": Key(
         "On the CPU, the library that runs the decode step's matrix products.",
-        added="on the CPU, what runs the decode step's matmuls: auto (Eigen at 8 to 24 slots per device, else YNNPACK), ynnpack or eigen"),
+        added="on the CPU, what runs the decode step's matmuls: auto (Eigen at 8 to 24 slots per device on a host "
+              "without AVX-512, else YNNPACK), ynnpack or eigen"),
     "actor_rollout_ref.rollout.kv_cache_dtype": Key(
         "The KV cache's storage dtype (vLLM's kv_cache_dtype).",
         added="auto (rollout.dtype), int8, or fp8 / fp8_e4m3 / fp8_e5m2: 8 bits with a scale per token and KV head, "

@@ -12,6 +12,7 @@ decode jit alone and is never made for an accelerator.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -34,7 +35,7 @@ from rljax.sharding.mesh import build_mesh
 EIGEN_ROWS = (8, 24)
 
 
-def cpu_dot_options(library: str, rows: int) -> dict[str, str]:
+def cpu_dot_options(library: str, rows: int, avx512: bool | None = None) -> dict[str, str]:
   """XLA:CPU compiler options that run the decode loop's dots through `library`.
 
   XLA's CPU backend sends dots to YNNPACK by default. A decode step's dots
@@ -42,20 +43,34 @@ def cpu_dot_options(library: str, rows: int) -> dict[str, str]:
   2-core AVX2 host Eigen ran SmolLM2-135M's float32 decode step 1.25x
   faster than YNNPACK at 8 rows, 1.22x at 16, 1.11x at 24, the same at 32,
   and YNNPACK was 1.07x faster at 64; below 8 rows Eigen was 2-3x slower
-  (2, 4 and 6 rows) or the same (1 row) (BENCHMARKS.md). "auto" picks Eigen
-  for EIGEN_ROWS[0] to EIGEN_ROWS[1] rows.
+  (2, 4 and 6 rows) or the same (1 row). On a 2-core AVX-512 host (an Intel
+  Xeon with AMX) YNNPACK was faster at every count: 1.31x at 8 rows, 1.28x at
+  16, 1.22x at 24, 4.4x at 2 (BENCHMARKS.md). "auto" picks Eigen for
+  EIGEN_ROWS[0] to EIGEN_ROWS[1] rows on a host without AVX-512 only.
 
   Args:
     library: auto, ynnpack or eigen (actor_rollout_ref.rollout.cpu_dot_library).
     rows: decode rows per device.
+    avx512: whether the host's CPU has AVX-512 (None: this host's, `host_has_avx512`).
 
   Returns:
     Options for `jax.jit(compiler_options=...)`; empty keeps XLA's default.
   """
   if library not in CPU_DOT_LIBRARIES:
     raise ValueError(f"cpu_dot_library={library!r}: must be one of {', '.join(CPU_DOT_LIBRARIES)}")
-  eigen = library == "eigen" or (library == "auto" and EIGEN_ROWS[0] <= rows <= EIGEN_ROWS[1])
+  wide = host_has_avx512() if avx512 is None else avx512
+  eigen = library == "eigen" or (library == "auto" and not wide and EIGEN_ROWS[0] <= rows <= EIGEN_ROWS[1])
   return {"xla_cpu_experimental_ynn_fusion_type": ""} if eigen else {}
+
+
+@functools.cache
+def host_has_avx512() -> bool:
+  """Whether this host's CPU has AVX-512 (its `avx512f` flag in /proc/cpuinfo; False where that is not read)."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as info:
+      return any(line.startswith("flags") and "avx512f" in line.split() for line in info)
+  except OSError:
+    return False
 
 
 def decode_compiler_options(mesh: Mesh, library: str, rows_per_device: int) -> dict[str, str]:
@@ -185,6 +200,6 @@ def build_sampler(engine: Engine, rollout: ConfigDict, pad: int, tokenizer: Any 
   return RolloutSampler(engine, pad_id=pad, free_cache=rollout.free_cache_engine)
 
 
-__all__ = ["EIGEN_ROWS", "attention_kernel", "build_engine", "build_sampler", "cpu_dot_options",
+__all__ = ["EIGEN_ROWS", "attention_kernel", "build_engine", "build_sampler", "cpu_dot_options", "host_has_avx512",
            "decode_compiler_options", "dtype_of", "pad_id", "prefill_buckets", "rollout_mesh", "slots_per_device",
            "stop_ids"]

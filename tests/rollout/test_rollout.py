@@ -263,12 +263,15 @@ def test_parameters_are_read_in_place_and_updates_are_seen():
 def test_cpu_dot_library_rule():
   eigen = {"xla_cpu_experimental_ynn_fusion_type": ""}
   low, high = factory.EIGEN_ROWS
-  assert factory.cpu_dot_options("auto", 1) == {}
-  assert factory.cpu_dot_options("auto", low - 1) == {}
-  assert factory.cpu_dot_options("auto", low) == eigen
-  assert factory.cpu_dot_options("auto", high) == eigen
-  assert factory.cpu_dot_options("auto", high + 1) == {}
-  assert factory.cpu_dot_options("eigen", 512) == eigen
+  assert factory.cpu_dot_options("auto", 1, avx512=False) == {}
+  assert factory.cpu_dot_options("auto", low - 1, avx512=False) == {}
+  assert factory.cpu_dot_options("auto", low, avx512=False) == eigen
+  assert factory.cpu_dot_options("auto", high, avx512=False) == eigen
+  assert factory.cpu_dot_options("auto", high + 1, avx512=False) == {}
+  # an AVX-512 host runs every decode row count faster in YNNPACK (BENCHMARKS.md)
+  assert all(factory.cpu_dot_options("auto", rows, avx512=True) == {} for rows in (1, low, 16, high, 64))
+  assert factory.cpu_dot_options("auto", 16) == factory.cpu_dot_options("auto", 16, factory.host_has_avx512())
+  assert factory.cpu_dot_options("eigen", 512, avx512=True) == eigen
   assert factory.cpu_dot_options("ynnpack", 1) == {}
   with pytest.raises(ValueError, match="cpu_dot_library='blas': must be one of auto, ynnpack, eigen"):
     factory.cpu_dot_options("blas", 8)
@@ -279,11 +282,14 @@ def decode_hlo(engine, params):
   return engine.generate_program.lower(params, engine.init_decode_state(), 1, engine.sampling_params).compile().as_text()  # pylint: disable=protected-access
 
 
+AVX2_EIGEN = not factory.host_has_avx512()  # `auto`'s Eigen rows: on a host without AVX-512 only
+
+
 @pytest.mark.parametrize("slots,data,library,ynn", [
     (4, 1, "auto", True),       # 4 rows per device: YNNPACK (Eigen is slower below 8)
-    (16, 1, "auto", False),     # 16 rows: Eigen
+    (16, 1, "auto", not AVX2_EIGEN),  # 16 rows: Eigen on an AVX2 host
     (32, 1, "auto", True),      # 32 rows: YNNPACK, XLA's default
-    (64, 8, "auto", False),     # 64 slots over 8 devices: 8 rows each
+    (64, 8, "auto", not AVX2_EIGEN),  # 64 slots over 8 devices: 8 rows each
     (4, 1, "ynnpack", True),
     (64, 1, "eigen", False),
 ])
