@@ -790,6 +790,11 @@ def test_megatron_tensor_size_counts_in_the_filled_micro_batch():
     (["actor_rollout_ref.rollout.enable_rollout_routing_replay=true"], "is replayed only by .*router_replay.mode=R3"),
     (["actor_rollout_ref.model.override_config.moe_config.freeze_moe_router=true"],
      "freeze_moe_router=True: is read by verl's Megatron engine only; with actor_rollout_ref.actor.strategy=fsdp"),
+    (["+actor_rollout_ref.actor.megatron.override_mcore_model_config.moe_config.freeze_moe_router=true"],
+     "megatron.override_mcore_model_config.moe_config.freeze_moe_router=True: is read by verl's Megatron engine only"),
+    (["actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron",
+      "+critic.megatron.override_mcore_model_config.moe_config.freeze_moe_router=true"],
+     "freezing a mixture-of-experts critic's routers is not implemented"),
 ])
 def test_router_replay_values_rljax_does_not_implement_are_errors(overrides, match):
   with pytest.raises(C.ConfigError, match=match):

@@ -50,3 +50,28 @@ def tokenizer_key(config: ConfigDict) -> str:
   if config.actor_rollout_ref.model.get("tokenizer_path"):
     return "actor_rollout_ref.model.tokenizer_path"
   return "actor_rollout_ref.model.path"
+
+
+OLD_FREEZE_ROUTER = "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router"
+MCORE_OVERRIDES = "megatron.override_mcore_model_config"
+
+
+def routers_frozen(config: ConfigDict, role: str = "actor_rollout_ref.actor") -> tuple[str, Any] | None:
+  """(key, value) where `role` (actor_rollout_ref.actor or critic) asks for Megatron's freeze_moe_router, else None:
+  verl 0.9.1's engine reads it from ROLE.megatron.override_mcore_model_config.moe_config (a free-form dict); older
+  verl read the actor's from actor_rollout_ref.model.override_config.moe_config."""
+  value = _free_form_get(get_node(config, f"{role}.{MCORE_OVERRIDES}"), "moe_config.freeze_moe_router")
+  if value:
+    return f"{role}.{MCORE_OVERRIDES}.moe_config.freeze_moe_router", value
+  if role == "actor_rollout_ref.actor" and get_node(config, OLD_FREEZE_ROUTER):
+    return OLD_FREEZE_ROUTER, get_node(config, OLD_FREEZE_ROUTER)
+  return None
+
+
+def _free_form_get(tree: Any, dotted: str) -> Any:
+  """`tree`[a][b]... for `dotted` "a.b...", None where a step is missing (a free-form dict of verl's)."""
+  for part in dotted.split("."):
+    tree = tree.get(part) if hasattr(tree, "get") else None
+    if tree is None:
+      return None
+  return tree

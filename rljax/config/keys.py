@@ -756,7 +756,10 @@ KEYS = {
         "dist_checkpointing_prefix": dict(ignored=_MEGATRON_LM_SETTING),
         "seed": dict(ignored=_MEGATRON_LM_SETTING),
         "override_ddp_config": dict(ignored="Megatron-LM settings"),
-        "override_mcore_model_config": dict(ignored="Megatron-LM settings"),
+        "override_mcore_model_config": dict(
+            mapped="Megatron-LM settings, ignored but for moe_config.freeze_moe_router: under the actor's "
+                   "strategy=megatron its routers take no gradient and no update (verl 0.9.1 reads it here); a "
+                   "critic's is an error"),
         "use_mbridge": dict(ignored=_MEGATRON_LM_SETTING),
         "vanilla_mbridge": dict(ignored=_MEGATRON_LM_SETTING),
         "use_remove_padding": dict(ignored=_MEGATRON_LM_SETTING),
@@ -941,8 +944,9 @@ KEYS = {
         mapped="fields that override the model's config.json"),
     "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router": Key(
         "Keep the mixture-of-experts router fixed (Megatron).",
-        mapped="read where actor_rollout_ref.actor.strategy=megatron, as verl's Megatron engine reads it: a "
-               "mixture-of-experts actor's routers take no gradient and no update (no optimizer state, no share of "
+        mapped="older verl's place of the key verl 0.9.1 reads from actor_rollout_ref.actor.megatron."
+               "override_mcore_model_config (its moe_config.freeze_moe_router), read as that one: under actor_rollout_ref.actor.strategy=megatron "
+               "a mixture-of-experts actor's routers take no gradient and no update (no optimizer state, no share of "
                "the clipped norm); under fsdp, whose verl engine does not read it, true is an error"),
     "actor_rollout_ref.model.path": Key("Policy checkpoint: a Hugging Face directory, a GGUF file or a known alias."),
     "actor_rollout_ref.model.remat_policy": Key(

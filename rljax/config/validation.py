@@ -16,7 +16,7 @@ from rljax.config.choices import (
     LR_SCHEDULERS, RESUME_MODES, REWARD_MANAGERS, ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, ROLLOUT_NAMES,
     OFF_POLICY_STRATEGIES, SANITY_CHECK_MODES, TOOL_CALL_FORMATS, TRAINER_MODES, TRUNCATE_SIDES, TRUNCATIONS,
 )
-from rljax.config.fields import get_node
+from rljax.config.fields import get_node, routers_frozen
 from rljax.config.keys import UNIMPLEMENTED_VALUES
 from rljax.config.mapping import warn_once
 from rljax.config.tree import get_base_config
@@ -321,16 +321,25 @@ def _check_schedule_engine(config: ConfigDict, role: str) -> None:
           "lr_warmup_steps and min_lr_ratio")
 
 
-FREEZE_ROUTER = "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router"
-
-
 def _check_optim(config: ConfigDict) -> None:
   for role in ("actor_rollout_ref.actor", "critic"):
     _check_schedule_engine(config, role)
+  _check_frozen_routers(config)
+
+
+def _check_frozen_routers(config: ConfigDict) -> None:
+  """Megatron's freeze_moe_router: read under actor.strategy=megatron (verl's FSDP engine does not read it); a
+  critic's is not implemented."""
   strategy = config.actor_rollout_ref.actor.strategy
-  check(not get_node(config, FREEZE_ROUTER) or strategy == "megatron", FREEZE_ROUTER, get_node(config, FREEZE_ROUTER),
-        f"is read by verl's Megatron engine only; with actor_rollout_ref.actor.strategy={strategy} verl trains the "
-        "routers", f"set actor_rollout_ref.actor.strategy=megatron, or {FREEZE_ROUTER}=false")
+  frozen = routers_frozen(config)
+  if frozen is not None:
+    check(strategy == "megatron", frozen[0], frozen[1],
+          f"is read by verl's Megatron engine only; with actor_rollout_ref.actor.strategy={strategy} verl trains the "
+          "routers", f"set actor_rollout_ref.actor.strategy=megatron, or {frozen[0]}=false")
+  critic = routers_frozen(config, "critic")
+  if critic is not None:
+    check(False, critic[0], critic[1], "freezing a mixture-of-experts critic's routers is not implemented",
+          f"set {critic[0]}=false")
   for prefix in ("actor_rollout_ref.actor.optim", "critic.optim"):
     check_enum(config, f"{prefix}.lr_scheduler_type", LR_SCHEDULERS)
     check_positive(config, f"{prefix}.lr", allow_zero=True)

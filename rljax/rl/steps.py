@@ -30,6 +30,7 @@ from ml_collections import ConfigDict
 
 from rljax.algos import agg, policy_loss, value_loss
 from rljax.config import kernel_names, validation
+from rljax.config.fields import routers_frozen
 from rljax.models import moe
 from rljax.sharding import offload, rules as rules_lib
 from rljax.sharding.placement import Step, abstract, gradient_compiler_options, key_struct, shardings_of
@@ -354,10 +355,11 @@ def image_trailing(vision: Any) -> dict[str, tuple[int, ...]]:
 
 def actor_frozen_leaves(config: ConfigDict, vision: bool, moe: bool) -> Callable[[tuple], bool] | None:
   """The actor's leaves that neither take a gradient nor move (`optim.frozen_leaves`): a vision-language model's
-  tower under actor.freeze_vision_tower, a mixture of experts' routers under Megatron's freeze_moe_router."""
+  tower under actor.freeze_vision_tower, a mixture of experts' routers under Megatron's freeze_moe_router
+  (`config.fields.routers_frozen`)."""
   arr = config.actor_rollout_ref
   return optim_lib.frozen_leaves(vision and bool(arr.actor.freeze_vision_tower),
-                                 moe and bool(arr.model.override_config.moe_config.freeze_moe_router))
+                                 moe and routers_frozen(config) is not None)
 
 
 def build_rl_steps(config: ConfigDict, layout: Layout, mesh: Mesh, rules: Any, *, graphdef: nnx.GraphDef,

@@ -126,9 +126,11 @@ def megatron_schedule(optim, total_steps: int, key: str) -> MegatronSchedule:
   if optim.lr_warmup_steps_ratio is not None and (warmup is None or warmup <= 0):
     warmup = int(optim.lr_warmup_steps_ratio * decay)
   style, wsd_style = optim.lr_decay_style, optim.lr_wsd_decay_style
-  for name, value, allowed in (("lr_decay_style", style, MEGATRON_DECAY_STYLES),
-                               ("lr_wsd_decay_style", wsd_style, MEGATRON_WSD_STYLES),
-                               ("weight_decay_incr_style", optim.weight_decay_incr_style, MEGATRON_WD_STYLES)):
+  checked = [("lr_decay_style", style, MEGATRON_DECAY_STYLES),
+             ("weight_decay_incr_style", optim.weight_decay_incr_style, MEGATRON_WD_STYLES)]
+  if style == "WSD":  # Megatron reads the annealing style under WSD only
+    checked.append(("lr_wsd_decay_style", wsd_style, MEGATRON_WSD_STYLES))
+  for name, value, allowed in checked:
     near = {"inverse_square_root": "inverse-square-root", "wsd": "WSD", "minus-sqrt": "minus_sqrt"}.get(value)
     check(value in allowed, f"{key}.{name}", value, f"Megatron's scheduler knows {', '.join(allowed)}",
           f"set {key}.{name}={near or allowed[0]}")
@@ -144,9 +146,9 @@ def megatron_schedule(optim, total_steps: int, key: str) -> MegatronSchedule:
         f"a warm-up of {warmup} steps is not shorter than the {decay} decay steps, which Megatron refuses",
         f"shorten the warm-up or set {key}.lr_decay_steps above it")
   wsd_steps = optim.lr_wsd_decay_steps
-  check(style != "WSD" or (isinstance(wsd_steps, int) and 0 < wsd_steps <= decay), f"{key}.lr_wsd_decay_steps",
-        wsd_steps, f"lr_decay_style=WSD anneals over its last lr_wsd_decay_steps of the {decay} decay steps",
-        f"set {key}.lr_wsd_decay_steps between 1 and {decay}")
+  check(style != "WSD" or (isinstance(wsd_steps, int) and wsd_steps > 0), f"{key}.lr_wsd_decay_steps", wsd_steps,
+        "lr_decay_style=WSD anneals over its last lr_wsd_decay_steps steps (Megatron divides by them)",
+        f"set {key}.lr_wsd_decay_steps to a positive number of steps")
   return MegatronSchedule(init_lr, lr, min_lr, int(warmup), int(decay), style, wsd_steps, wsd_style)
 
 
@@ -234,9 +236,21 @@ def without_gradients(params: Any, is_frozen: Callable[[tuple], bool]) -> Any:
 
 def make_optimizer(optim, grad_clip: float, total_steps: int, updates_per_step: int,
                    megatron_key: str | None = None) -> optax.GradientTransformation:
-  """clip_by_global_norm(grad_clip) -> AdamW(verl's schedule, weight_decay); `megatron_key` as make_schedule's."""
+  """clip_by_global_norm(grad_clip) -> AdamW(verl's schedule, weight_decay); with `megatron_key` (as make_schedule's)
+  Megatron's schedule, and its weight decay on the leaves `megatron_decayed` picks."""
   schedule = make_schedule(optim, total_steps, updates_per_step, megatron_key)
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip and grad_clip > 0 else []
   b1, b2 = optim.get("betas", None) or (0.9, 0.999)
-  parts.append(optax.adamw(schedule, b1=float(b1), b2=float(b2), eps=1e-8, weight_decay=float(optim.weight_decay)))
+  parts.append(optax.adamw(schedule, b1=float(b1), b2=float(b2), eps=1e-8, weight_decay=float(optim.weight_decay),
+                           mask=None if megatron_key is None else megatron_decayed))
   return optax.chain(*parts)
+
+
+def megatron_decayed(params: Any) -> Any:
+  """Which leaves Megatron's optimizer decays (a tree of bools like `params`): all but biases and norm scales, its
+  1-D parameters and `*.bias` (wd_mult 0); verl's FSDP optimizer decays every parameter."""
+  def decayed(path, _):
+    names = [part.key for part in path if isinstance(getattr(part, "key", None), str)]
+    last = names[-1] if names else ""
+    return not (last == "scale" or last == "bias" or last.endswith("_bias"))
+  return jax.tree_util.tree_map_with_path(decayed, params)

@@ -110,7 +110,7 @@ def _trained(config):
 
 @pytest.mark.slow  # two 1-step runs of the tiny MoE (about 15 s)
 def test_megatron_s_freeze_moe_router_keeps_the_routers_and_takes_them_out_of_the_gradient(moe_dir, data_dir, tmp_path):
-  # verl's Megatron engine sets requires_grad=False on each router: the routers neither move nor hold moments, and
+  # verl's Megatron engine sets requires_grad=False on each router (moe_config.freeze_moe_router): the routers neither move nor hold moments, and
   # the gradient norm is the other parameters'; the experts train as before (scored by text: a real policy gradient)
   before = {"/".join(map(str, p)): np.asarray(v[...])
             for p, v in nnx.to_flat_state(nnx.state(models.from_pretrained(moe_dir)))}
@@ -119,7 +119,8 @@ def test_megatron_s_freeze_moe_router_keeps_the_routers_and_takes_them_out_of_th
     runs[frozen] = _trained(tiny_run.run_config(
         "grpo", moe_dir, data_dir, str(tmp_path / str(frozen)), "trainer.total_training_steps=1",
         "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.optim.lr=3e-2",
-        tiny_run.text_scorer(tmp_path), f"actor_rollout_ref.model.override_config.moe_config.freeze_moe_router={str(frozen).lower()}"))
+        tiny_run.text_scorer(tmp_path),  # verl 0.9.1's place of the key
+        f"+actor_rollout_ref.actor.megatron.override_mcore_model_config.moe_config.freeze_moe_router={frozen}"))
   routers = [name for name in before if name.endswith("mlp/router")]
   experts = [name for name in before if name.endswith("mlp/gate")]
   assert len(routers) == len(experts) == 2

@@ -2,6 +2,7 @@
 
 import math
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -57,7 +58,9 @@ def megatron_get_lr(s: int, init: float, top: float, floor: float, warmup: int, 
 
 MEGATRON_CASES = [  # (optim overrides, the (warm-up, decay) verl 0.9.1 derives over 20 training steps)
     (dict(lr_decay_style="cosine", min_lr=0.1, lr_warmup_steps=4, lr_warmup_init=0.5), (4, 20)),
-    (dict(lr_decay_style="linear", lr_decay_steps=12, lr_warmup_steps_ratio=0.25), (3, 12)),  # ratio of the decay
+    # the warm-up ratio is of the decay steps; an annealing style is read under WSD only (verl's YAML offers constant)
+    (dict(lr_decay_style="linear", lr_decay_steps=12, lr_warmup_steps_ratio=0.25, lr_wsd_decay_style="constant"),
+     (3, 12)),
     (dict(lr_decay_style="inverse-square-root", min_lr=0.3, lr_warmup_steps=2), (2, 20)),
     (dict(lr_decay_style="constant", lr_warmup_steps=5, lr_warmup_init=1.0), (5, 20)),
     *[(dict(lr_decay_style="WSD", lr_wsd_decay_steps=6, lr_wsd_decay_style=style, min_lr=0.2, lr_warmup_steps=2),
@@ -95,6 +98,7 @@ def test_megatron_s_cosine_by_hand():
      "constant, linear, cosine, inverse-square-root, WSD. Fix: set critic.optim.lr_decay_style=inverse-square-root"),
     (dict(lr_decay_style="WSD"), "critic.optim.lr_wsd_decay_steps=None: lr_decay_style=WSD anneals"),
     (dict(lr_decay_style="WSD", lr_wsd_decay_steps=4, lr_wsd_decay_style="constant"), "lr_wsd_decay_style='constant'"),
+    (dict(lr_decay_style="WSD", lr_wsd_decay_steps=0), "critic.optim.lr_wsd_decay_steps=0: lr_decay_style=WSD"),
     (dict(min_lr=3.0), "critic.optim.min_lr=3.0: must lie in [0, critic.optim.lr=2.0]"),
     (dict(lr_warmup_init=2.5), "critic.optim.lr_warmup_init=2.5: must not exceed"),
     (dict(lr_warmup_steps=10), "critic.optim.lr_warmup_steps=10: a warm-up of 10 steps is not shorter than the 10"),
@@ -109,3 +113,26 @@ def test_what_megatron_s_scheduler_refuses_is_a_config_error_naming_the_key(over
   with pytest.raises(config_lib.ConfigError) as info:
     make_schedule(optim, 10, 1, "critic.optim")
   assert message in str(info.value)
+
+
+@pytest.mark.parametrize("megatron", [False, True])
+def test_megatron_s_optimizer_leaves_biases_and_norm_scales_undecayed(megatron):
+  # Megatron gives its 1-D parameters and *.bias wd_mult 0; verl's FSDP AdamW decays every parameter
+  import jax  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from rljax.models import CausalLM, ModelConfig  # pylint: disable=import-outside-toplevel
+  from rljax.training.optim import make_optimizer  # pylint: disable=import-outside-toplevel
+  cfg = ModelConfig(model_type="qwen2", vocab_size=16, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2,
+                    num_kv_heads=1, head_dim=4, qkv_bias=True)
+  params = nnx.state(CausalLM(cfg, nnx.Rngs(0)), nnx.Param)
+  params = jax.tree.map(lambda x: x + 1.0, params)  # biases start at zero: no decay to see there
+  optim = config_lib.get_base_config().actor_rollout_ref.actor.optim
+  optim.lr, optim.weight_decay = 0.5, 0.1
+  tx = make_optimizer(optim, 0.0, 10, 1, "actor_rollout_ref.actor.optim" if megatron else None)
+  updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+  moved = {jax.tree_util.keystr(path): bool(np.any(np.asarray(u) != 0))
+           for path, u in jax.tree_util.tree_leaves_with_path(updates)}
+  held = [name for name in moved if name.endswith(("['scale'].value", "_bias'].value"))]
+  assert len(held) == 6  # 3 norm scales, q/k/v biases
+  assert all(moved[name] != megatron for name in held)
+  assert all(moved[name] for name in moved if name not in held)
