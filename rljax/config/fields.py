@@ -63,9 +63,8 @@ def routers_frozen(config: ConfigDict, role: str = "actor_rollout_ref.actor") ->
   value = _free_form_get(get_node(config, f"{role}.{MCORE_OVERRIDES}"), "moe_config.freeze_moe_router")
   if value:
     return f"{role}.{MCORE_OVERRIDES}.moe_config.freeze_moe_router", value
-  if role == "actor_rollout_ref.actor" and get_node(config, OLD_FREEZE_ROUTER):
-    return OLD_FREEZE_ROUTER, get_node(config, OLD_FREEZE_ROUTER)
-  return None
+  older = get_node(config, OLD_FREEZE_ROUTER) if role == "actor_rollout_ref.actor" else None
+  return (OLD_FREEZE_ROUTER, older) if older else None
 
 
 def _free_form_get(tree: Any, dotted: str) -> Any:

@@ -338,8 +338,8 @@ def _check_frozen_routers(config: ConfigDict) -> None:
           "routers", f"set actor_rollout_ref.actor.strategy=megatron, or {frozen[0]}=false")
   critic = routers_frozen(config, "critic")
   if critic is not None:
-    check(False, critic[0], critic[1], "freezing a mixture-of-experts critic's routers is not implemented",
-          f"set {critic[0]}=false")
+    raise ConfigError(critic[0], critic[1], "freezing a mixture-of-experts critic's routers is not implemented",
+                      f"set {critic[0]}=false")
   for prefix in ("actor_rollout_ref.actor.optim", "critic.optim"):
     check_enum(config, f"{prefix}.lr_scheduler_type", LR_SCHEDULERS)
     check_positive(config, f"{prefix}.lr", allow_zero=True)

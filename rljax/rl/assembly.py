@@ -253,8 +253,8 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
   lora = run_models.lora_config(config)
   graphdef, trainable, frozen = lora_lib.split_trainable(model)
   updates_per_step = arr.actor.ppo_epochs * layout.minis
-  actor_schedule = (arr.actor.optim, layout.total_steps, updates_per_step, megatron_key(config, ACTOR))
-  actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, *actor_schedule[1:])
+  schedule = (layout.total_steps, updates_per_step, megatron_key(config, ACTOR))
+  actor_tx = make_optimizer(arr.actor.optim, arr.actor.grad_clip, *schedule)
   freeze = steps_lib.actor_frozen_leaves(config, model.cfg.vision is not None, model.cfg.routing_shape is not None)
   if freeze is not None:
     actor_tx = with_frozen(actor_tx, freeze)
@@ -280,7 +280,7 @@ def build_run(config: ConfigDict, mesh: Mesh, *, abstract: bool, tokenizer: Any,
               steps=steps, engine=_engine(config, model, layout, mesh, rules, tokenizer,
                                           () if remote_rollout else rollout_devices),
               on_policy=steps_lib.on_policy(config, layout, lora_dropout),
-              actor_lr=make_schedule(*actor_schedule),
+              actor_lr=make_schedule(arr.actor.optim, *schedule),
               rollout_engine=(_engine(config, model, layout, mesh, rules, tokenizer, rollout_devices)
                               if remote_rollout else None))
   state = RunState(actor=trainable, actor_opt=actor_opt, critic=None if critic is None else critic.params,
